@@ -1,0 +1,113 @@
+/* A bump allocator with release callbacks: one release frees a message. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define CHUNK_MIN 8192
+#define CHUNK_MAX (1u << 20)
+
+void arena_init(arena_t *a, arena_chunk_t *first, size_t first_size)
+{
+    first->next = NULL;
+    first->size = first_size - sizeof(arena_chunk_t);
+    first->used = 0;
+    a->head = first;
+    a->next_size = CHUNK_MIN;
+    a->cleanups = NULL;
+}
+
+void arena_run_cleanups(arena_t *a)
+{
+    for (cleanup_t *c = a->cleanups; c; c = c->next)
+        c->fn(c->arg);
+    a->cleanups = NULL;
+}
+
+void arena_free(arena_t *a, arena_chunk_t *first)
+{
+    arena_chunk_t *c = a->head;
+    while (c) {
+        arena_chunk_t *next = c->next;
+        if (c != first)
+            free(c);
+        c = next;
+    }
+    a->head = NULL;
+}
+
+void *arena_alloc(arena_t *a, size_t size, size_t align)
+{
+    arena_chunk_t *h = a->head;
+    size_t at = (h->used + align - 1) & ~(align - 1);
+    if (at <= h->size && size <= h->size - at) {
+        h->used = at + size;
+        return h->data + at;
+    }
+    if (size > SIZE_MAX - sizeof(arena_chunk_t) - 16)
+        return NULL;
+    /* Large requests get a chunk of their own behind the head, so the head's
+     * free space is not abandoned. */
+    if (size >= a->next_size / 4) {
+        arena_chunk_t *c = malloc(sizeof(arena_chunk_t) + size);
+        if (!c)
+            return NULL;
+        c->size = size;
+        c->used = size;
+        c->next = h->next;
+        h->next = c;
+        return c->data;
+    }
+    size_t csize = a->next_size;
+    if (a->next_size < CHUNK_MAX)
+        a->next_size *= 2;
+    arena_chunk_t *c = malloc(sizeof(arena_chunk_t) + csize);
+    if (!c)
+        return NULL;
+    c->size = csize;
+    c->used = size;
+    c->next = h;
+    a->head = c;
+    return c->data;
+}
+
+gser_status_t arena_on_release(arena_t *a, void (*fn)(void *), void *arg)
+{
+    cleanup_t *c = arena_alloc(a, sizeof *c, alignof(cleanup_t));
+    if (!c)
+        return GSER_ERR_NO_MEMORY;
+    c->fn = fn;
+    c->arg = arg;
+    c->next = a->cleanups;
+    a->cleanups = c;
+    return GSER_OK;
+}
+
+static void free_vec(void *arg)
+{
+    free(*(void **)arg);
+    *(void **)arg = NULL;
+}
+
+gser_status_t arena_vec_reserve(arena_t *a, void **ptr, size_t *cap, size_t elem_size, size_t need)
+{
+    if (need <= *cap)
+        return GSER_OK;
+    size_t ncap = *cap ? *cap : 4;
+    while (ncap < need) {
+        if (ncap > SIZE_MAX / 2)
+            return GSER_ERR_NO_MEMORY;
+        ncap *= 2;
+    }
+    if (ncap > SIZE_MAX / elem_size)
+        return GSER_ERR_NO_MEMORY;
+    bool first = *ptr == NULL;
+    if (first && arena_on_release(a, free_vec, ptr) != GSER_OK)
+        return GSER_ERR_NO_MEMORY;
+    void *np = realloc(*ptr, ncap * elem_size);
+    if (!np)
+        return GSER_ERR_NO_MEMORY; /* *ptr unchanged; the cleanup frees it (or NULL) */
+    *ptr = np;
+    *cap = ncap;
+    return GSER_OK;
+}

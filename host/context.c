@@ -1,0 +1,303 @@
+/* Contexts: options, limits, the registry of families and types, and the
+ * per-thread detailed error messages. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* ---- errors -------------------------------------------------------------- */
+
+/* A few slots per thread, keyed by context id, so that threads sharing a
+ * context never see each other's messages and no lock is needed. */
+#define ERR_SLOTS 4
+#define ERR_LEN 1024
+
+typedef struct err_slot {
+    uint64_t ctx_id;
+    char text[ERR_LEN];
+} err_slot_t;
+
+static _Thread_local err_slot_t err_slots[ERR_SLOTS];
+static _Thread_local unsigned err_next;
+static atomic_uint_fast64_t next_ctx_id = 1;
+
+static err_slot_t *err_slot(uint64_t id, bool create)
+{
+    for (unsigned i = 0; i < ERR_SLOTS; i++)
+        if (err_slots[i].ctx_id == id)
+            return &err_slots[i];
+    if (!create)
+        return NULL;
+    err_slot_t *s = &err_slots[err_next++ % ERR_SLOTS];
+    s->ctx_id = id;
+    return s;
+}
+
+gser_status_t error_setv(const gser_context_t *ctx, gser_status_t st, const char *fmt, va_list ap)
+{
+    if (!ctx)
+        return st;
+    err_slot_t *s = err_slot(ctx->id, true);
+    vsnprintf(s->text, sizeof s->text, fmt, ap);
+    return st;
+}
+
+gser_status_t error_set(const gser_context_t *ctx, gser_status_t st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    error_setv(ctx, st, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+const char *gser_context_last_error(const gser_context_t *ctx)
+{
+    if (!ctx)
+        return "";
+    err_slot_t *s = err_slot(ctx->id, false);
+    return s ? s->text : "";
+}
+
+/* ---- create / destroy ---------------------------------------------------- */
+
+void limits_resolve(const gser_limits_t *in, gser_limits_t *out)
+{
+    gser_limits_t l = in ? *in : (gser_limits_t){0};
+    if (l.max_depth == 0 || l.max_depth > GSER_DEPTH_MAX)
+        l.max_depth = GSER_DEPTH_MAX;
+    if (l.max_nodes == 0)
+        l.max_nodes = GSER_DEFAULT_MAX_NODES;
+    if (l.max_frames == 0)
+        l.max_frames = GSER_DEFAULT_MAX_FRAMES;
+    if (l.max_bytes == 0)
+        l.max_bytes = GSER_DEFAULT_MAX_BYTES;
+    *out = l;
+}
+
+static bool env_trace_on(void)
+{
+    const char *v = getenv("GSER_TRACE");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+gser_status_t gser_context_create(const gser_context_options_t *opts, gser_context_t **ctx_out)
+{
+    if (!ctx_out)
+        return GSER_ERR_INVALID_ARG;
+    gser_context_options_t o = opts ? *opts : (gser_context_options_t){0};
+    if (o.limits.max_depth > GSER_DEPTH_MAX)
+        return GSER_ERR_INVALID_ARG;
+
+    gser_context_t *ctx = calloc(1, sizeof *ctx);
+    if (!ctx)
+        return GSER_ERR_NO_MEMORY;
+    ctx->id = atomic_fetch_add(&next_ctx_id, 1);
+    limits_resolve(&o.limits, &ctx->limits);
+    ctx->inline_max = o.inline_max ? o.inline_max : GSER_DEFAULT_INLINE_MAX;
+    ctx->array_min = o.array_min ? o.array_min : GSER_DEFAULT_ARRAY_MIN;
+    if (o.trace > 0 || (o.trace == 0 && env_trace_on()))
+        ctx->trace = o.trace_stream ? o.trace_stream : stderr;
+    atomic_init(&ctx->frozen, false);
+    strcpy(ctx->families[GSER_FAMILY_DEVICE], "device");
+    strcpy(ctx->families[GSER_FAMILY_HOST], "host");
+    ctx->nfamilies = 2;
+    *ctx_out = ctx;
+    return GSER_OK;
+}
+
+void gser_context_destroy(gser_context_t *ctx)
+{
+    if (!ctx)
+        return;
+    for (size_t i = 0; i < ctx->type_slots; i++) {
+        if (ctx->types[i]) {
+            free(ctx->types[i]->name);
+            free(ctx->types[i]);
+        }
+    }
+    free(ctx->types);
+    /* Forget this thread's message for ctx: a later context may reuse nothing
+     * (ids are never reused), but the slot can serve another context. */
+    err_slot_t *s = err_slot(ctx->id, false);
+    if (s)
+        s->ctx_id = 0;
+    free(ctx);
+}
+
+void context_freeze(gser_context_t *ctx)
+{
+    if (!atomic_load_explicit(&ctx->frozen, memory_order_relaxed))
+        atomic_store(&ctx->frozen, true);
+}
+
+static gser_status_t check_setup(gser_context_t *ctx, const char *what)
+{
+    if (atomic_load(&ctx->frozen))
+        return error_set(ctx, GSER_ERR_STATE,
+                         "%s: the context has been used to (de)serialize; register everything before first use",
+                         what);
+    return GSER_OK;
+}
+
+/* ---- families ------------------------------------------------------------ */
+
+int context_find_family(const gser_context_t *ctx, const char *name, size_t len)
+{
+    for (size_t i = 0; i < ctx->nfamilies; i++)
+        if (strlen(ctx->families[i]) == len && memcmp(ctx->families[i], name, len) == 0)
+            return (int)i;
+    return -1;
+}
+
+gser_status_t gser_family_register(gser_context_t *ctx, const char *name)
+{
+    if (!ctx)
+        return GSER_ERR_INVALID_ARG;
+    if (!name)
+        return error_set(ctx, GSER_ERR_INVALID_ARG, "gser_family_register: name is NULL");
+    gser_status_t st = check_setup(ctx, "gser_family_register");
+    if (st)
+        return st;
+    size_t len = strlen(name);
+    if (len == 0 || len > GSER_FAMILY_NAME_MAX || strchr(name, ','))
+        return error_set(ctx, GSER_ERR_INVALID_ARG,
+                         "gser_family_register: family name \"%.80s\" must be 1..%d bytes without commas", name,
+                         GSER_FAMILY_NAME_MAX);
+    if (context_find_family(ctx, name, len) >= 0)
+        return error_set(ctx, GSER_ERR_EXISTS, "gser_family_register: family \"%s\" is already registered", name);
+    if (ctx->nfamilies == GSER_MAX_FAMILIES)
+        return error_set(ctx, GSER_ERR_NO_MEMORY, "gser_family_register: at most %d families",
+                         GSER_MAX_FAMILIES);
+    memcpy(ctx->families[ctx->nfamilies++], name, len + 1);
+    return GSER_OK;
+}
+
+/* ---- types --------------------------------------------------------------- */
+
+static uint64_t hash_name(const char *s, size_t len)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < len; i++) {
+        h ^= (unsigned char)s[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+const gser_type_t *context_find_type(const gser_context_t *ctx, const char *name, size_t len)
+{
+    if (ctx->type_slots == 0)
+        return NULL;
+    size_t mask = ctx->type_slots - 1;
+    for (size_t i = hash_name(name, len) & mask;; i = (i + 1) & mask) {
+        const gser_type_t *t = ctx->types[i];
+        if (!t)
+            return NULL;
+        if (t->name_len == len && memcmp(t->name, name, len) == 0)
+            return t;
+    }
+}
+
+static gser_status_t types_insert(gser_context_t *ctx, gser_type_t *t)
+{
+    if ((ctx->ntypes + 1) * 2 > ctx->type_slots) {
+        size_t slots = ctx->type_slots ? ctx->type_slots * 2 : 16;
+        gser_type_t **nt = calloc(slots, sizeof *nt);
+        if (!nt)
+            return GSER_ERR_NO_MEMORY;
+        for (size_t i = 0; i < ctx->type_slots; i++) {
+            gser_type_t *o = ctx->types[i];
+            if (!o)
+                continue;
+            size_t j = hash_name(o->name, o->name_len) & (slots - 1);
+            while (nt[j])
+                j = (j + 1) & (slots - 1);
+            nt[j] = o;
+        }
+        free(ctx->types);
+        ctx->types = nt;
+        ctx->type_slots = slots;
+    }
+    size_t mask = ctx->type_slots - 1;
+    size_t j = hash_name(t->name, t->name_len) & mask;
+    while (ctx->types[j])
+        j = (j + 1) & mask;
+    ctx->types[j] = t;
+    ctx->ntypes++;
+    return GSER_OK;
+}
+
+gser_status_t gser_type_register(gser_context_t *ctx, const char *name, uint32_t version,
+                                 const gser_type_options_t *opts)
+{
+    if (!ctx)
+        return GSER_ERR_INVALID_ARG;
+    if (!name)
+        return error_set(ctx, GSER_ERR_INVALID_ARG, "gser_type_register: name is NULL");
+    gser_status_t st = check_setup(ctx, "gser_type_register");
+    if (st)
+        return st;
+    size_t len = strlen(name);
+    if (len == 0 || len > GSER_TYPE_NAME_MAX)
+        return error_set(ctx, GSER_ERR_INVALID_ARG, "gser_type_register: type name must be 1..%d bytes",
+                         GSER_TYPE_NAME_MAX);
+    if (context_find_type(ctx, name, len))
+        return error_set(ctx, GSER_ERR_EXISTS, "gser_type_register: type \"%s\" is already registered", name);
+    gser_type_options_t o = opts ? *opts : (gser_type_options_t){0};
+    if (o.min_read_version > version)
+        return error_set(ctx, GSER_ERR_INVALID_ARG,
+                         "gser_type_register: type \"%s\": min_read_version %u is newer than version %u", name,
+                         o.min_read_version, version);
+
+    gser_type_t *t = calloc(1, sizeof *t);
+    char *copy = malloc(len + 1);
+    if (!t || !copy) {
+        free(t);
+        free(copy);
+        return error_set(ctx, GSER_ERR_NO_MEMORY, "gser_type_register: out of memory");
+    }
+    memcpy(copy, name, len + 1);
+    t->name = copy;
+    t->name_len = len;
+    t->version = version;
+    t->min_read_version = o.min_read_version ? o.min_read_version : version;
+    t->destroy = o.destroy;
+    t->user_data = o.user_data;
+    if (types_insert(ctx, t) != GSER_OK) {
+        free(copy);
+        free(t);
+        return error_set(ctx, GSER_ERR_NO_MEMORY, "gser_type_register: out of memory");
+    }
+    return GSER_OK;
+}
+
+gser_status_t gser_type_add_family(gser_context_t *ctx, const char *type_name, const char *family,
+                                   gser_serialize_fn serialize, gser_deserialize_fn deserialize)
+{
+    if (!ctx)
+        return GSER_ERR_INVALID_ARG;
+    if (!type_name || !family)
+        return error_set(ctx, GSER_ERR_INVALID_ARG, "gser_type_add_family: type name or family is NULL");
+    gser_status_t st = check_setup(ctx, "gser_type_add_family");
+    if (st)
+        return st;
+    gser_type_t *t = (gser_type_t *)context_find_type(ctx, type_name, strlen(type_name));
+    if (!t)
+        return error_set(ctx, GSER_ERR_NOT_FOUND, "gser_type_add_family: type \"%s\" is not registered",
+                         type_name);
+    int f = context_find_family(ctx, family, strlen(family));
+    if (f < 0)
+        return error_set(ctx, GSER_ERR_UNKNOWN_FAMILY, "gser_type_add_family: type \"%s\": family \"%s\" is not registered",
+                         type_name, family);
+    if (!serialize || !deserialize)
+        return error_set(ctx, GSER_ERR_INVALID_ARG,
+                         "gser_type_add_family: type \"%s\", family \"%s\": serialize and deserialize are both required",
+                         type_name, family);
+    if (t->fam[f].serialize)
+        return error_set(ctx, GSER_ERR_EXISTS, "gser_type_add_family: type \"%s\" already has family \"%s\"",
+                         type_name, family);
+    t->fam[f].serialize = serialize;
+    t->fam[f].deserialize = deserialize;
+    return GSER_OK;
+}

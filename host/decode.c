@@ -1,0 +1,747 @@
+/* gser_deserialize: header + frames -> a value tree, for untrusted input.
+ *
+ * Every msgpack unit (the header, each object's sub-header) is first walked
+ * by mp_check (bounds, depth, node budget), then parsed by msgpack-c, then
+ * turned into values with every marker, frame reference and size checked.
+ * Values point into the frames where they can (bytes, buffers, arrays).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include <msgpack.h>
+
+#include "internal.h"
+
+typedef struct dec {
+    gser_context_t *ctx;
+    gser_msg_t *msg;
+    unsigned flags;
+    gser_limits_t lim;
+    const gser_frame_t *frames; /* data frames (the header is not among them) */
+    size_t nframes;
+    size_t nodes_left; /* msgpack items still allowed */
+    FILE *trace;
+    path_t path;
+    const char *what; /* "gser_deserialize" or the inspecting call */
+    char cb_err[512];
+} dec_t;
+
+struct gser_reader {
+    dec_t *dec;
+    const gser_value_t *tree;
+    uint32_t version;
+    const char *family;
+};
+
+static gser_status_t dec_fail(dec_t *d, gser_status_t st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static gser_status_t dec_fail(dec_t *d, gser_status_t st, const char *fmt, ...)
+{
+    char path[256], msg[768];
+    path_format(&d->path, path, sizeof path);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return error_set(d->ctx, st, "%s: %s: %s", d->what, path, msg);
+}
+
+static void dec_trace(dec_t *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void dec_trace(dec_t *d, const char *fmt, ...)
+{
+    char path[256], msg[512];
+    path_format(&d->path, path, sizeof path);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    trace_line(d->trace, "deserialize %s  %s", path, msg);
+}
+
+static gser_status_t nomem(dec_t *d)
+{
+    return dec_fail(d, GSER_ERR_NO_MEMORY, "out of memory");
+}
+
+static gser_status_t dec_obj(dec_t *d, const msgpack_object *o, size_t depth, size_t base, size_t n,
+                             gser_value_t **out);
+
+/* ---- small readers ------------------------------------------------------------ */
+
+static bool get_u64(const msgpack_object *o, uint64_t *v)
+{
+    if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+        return false;
+    *v = o->via.u64;
+    return true;
+}
+
+static bool is_marker(const msgpack_object *o, int *type)
+{
+    if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size == 0 ||
+        o->via.array.ptr[0].type != MSGPACK_OBJECT_EXT)
+        return false;
+    *type = o->via.array.ptr[0].via.ext.type;
+    return true;
+}
+
+static size_t dtype_align(size_t es)
+{
+    return es > 16 ? 16 : es; /* element sizes are powers of two */
+}
+
+/* Data of a buffer or array: inline bin or [frame, offset, nbytes] within
+ * this object's frames [base, base + n). Copies host data that is not aligned
+ * to align, so typed pointers handed out are always usable. */
+static gser_status_t dec_data(dec_t *d, const msgpack_object *o, size_t base, size_t n, size_t nbytes, size_t align,
+                              const void **data, const gser_frame_t **frame, char *where, size_t where_cap)
+{
+    const void *p;
+    *frame = NULL;
+    if (o->type == MSGPACK_OBJECT_BIN) {
+        if (o->via.bin.size != nbytes)
+            return dec_fail(d, GSER_ERR_FORMAT, "inline data has %u bytes, %zu expected", o->via.bin.size, nbytes);
+        p = o->via.bin.ptr;
+        snprintf(where, where_cap, "inline");
+    } else {
+        uint64_t rel, off, len;
+        if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 3 || !get_u64(&o->via.array.ptr[0], &rel) ||
+            !get_u64(&o->via.array.ptr[1], &off) || !get_u64(&o->via.array.ptr[2], &len))
+            return dec_fail(d, GSER_ERR_FORMAT, "data is neither bin nor a [frame, offset, nbytes] reference");
+        if (len != nbytes)
+            return dec_fail(d, GSER_ERR_FORMAT, "reference covers %llu bytes, %zu expected", (unsigned long long)len,
+                            nbytes);
+        if (rel >= n)
+            return dec_fail(d, GSER_ERR_FRAME, "frame reference %llu is outside this object's %zu frames",
+                            (unsigned long long)rel, n);
+        const gser_frame_t *f = &d->frames[base + rel];
+        if (off > f->size || len > f->size - off)
+            return dec_fail(d, GSER_ERR_FRAME, "bytes %llu..%llu are outside frame %zu of %zu bytes",
+                            (unsigned long long)off, (unsigned long long)(off + len), base + rel + 1, f->size);
+        if (len && !f->data)
+            return dec_fail(d, GSER_ERR_FRAME, "frame %zu has no data", base + rel + 1);
+        p = (const char *)f->data + off;
+        *frame = f;
+        snprintf(where, where_cap, "frame %zu %s", base + rel + 1, gser_memory_str(f->memory));
+        if (f->memory != GSER_MEMORY_HOST) {
+            *data = p;
+            return GSER_OK;
+        }
+    }
+    if (nbytes && ((uintptr_t)p & (align - 1))) {
+        void *copy = msg_alloc(d->msg, nbytes, 64);
+        if (!copy)
+            return nomem(d);
+        memcpy(copy, p, nbytes);
+        p = copy;
+    }
+    *data = p;
+    return GSER_OK;
+}
+
+/* ---- markers ------------------------------------------------------------------- */
+
+static gser_status_t dec_buffer(dec_t *d, const msgpack_object *o, size_t base, size_t n, gser_value_t **out)
+{
+    const msgpack_object *f = o->via.array.ptr;
+    uint64_t dtype;
+    if (o->via.array.size != 4 || !get_u64(&f[1], &dtype) || dtype >= GSER_DTYPE_COUNT_)
+        return dec_fail(d, GSER_ERR_FORMAT, "buffer marker needs [marker, dtype, shape, data] with a known dtype");
+    size_t es = gser_dtype_size((gser_dtype_t)dtype);
+    int64_t shape[GSER_MAX_NDIM];
+    uint32_t ndim = 0;
+    uint64_t total = es;
+    if (f[2].type == MSGPACK_OBJECT_ARRAY) {
+        if (f[2].via.array.size == 0 || f[2].via.array.size > GSER_MAX_NDIM)
+            return dec_fail(d, GSER_ERR_FORMAT, "buffer shape has %u dims (1..%d allowed)", f[2].via.array.size,
+                            GSER_MAX_NDIM);
+        ndim = f[2].via.array.size;
+        for (uint32_t i = 0; i < ndim; i++) {
+            uint64_t ext;
+            if (!get_u64(&f[2].via.array.ptr[i], &ext) || ext > INT64_MAX)
+                return dec_fail(d, GSER_ERR_FORMAT, "buffer shape dim %u is not a non-negative integer", i);
+            if (ext && total > UINT64_MAX / ext)
+                return dec_fail(d, GSER_ERR_FORMAT, "buffer shape overflows");
+            total *= ext;
+            shape[i] = (int64_t)ext;
+        }
+    } else if (f[2].type != MSGPACK_OBJECT_NIL) {
+        return dec_fail(d, GSER_ERR_FORMAT, "buffer shape is neither nil nor an array");
+    }
+    /* nbytes comes from the data: a bin's size or the reference's length */
+    uint64_t nbytes;
+    if (f[3].type == MSGPACK_OBJECT_BIN)
+        nbytes = f[3].via.bin.size;
+    else if (f[3].type == MSGPACK_OBJECT_ARRAY && f[3].via.array.size == 3 && get_u64(&f[3].via.array.ptr[2], &nbytes))
+        ;
+    else
+        return dec_fail(d, GSER_ERR_FORMAT, "buffer data is neither bin nor a [frame, offset, nbytes] reference");
+    if (nbytes > SIZE_MAX)
+        return dec_fail(d, GSER_ERR_FORMAT, "buffer too large");
+    if (ndim ? total != nbytes : nbytes % es != 0)
+        return dec_fail(d, GSER_ERR_FORMAT, "buffer of %s holds %llu bytes, its shape says %llu",
+                        gser_dtype_str((gser_dtype_t)dtype), (unsigned long long)nbytes,
+                        (unsigned long long)(ndim ? total : nbytes - nbytes % es));
+    const void *data;
+    const gser_frame_t *frame;
+    char where[64];
+    gser_status_t st = dec_data(d, &f[3], base, n, (size_t)nbytes, dtype_align(es), &data, &frame, where, sizeof where);
+    if (st)
+        return st;
+    gser_buffer_desc_t desc = {.data = data,
+                               .nbytes = (size_t)nbytes,
+                               .dtype = (gser_dtype_t)dtype,
+                               .ndim = ndim,
+                               .shape = shape,
+                               .memory = frame ? frame->memory : GSER_MEMORY_HOST,
+                               .device = frame ? frame->device : 0};
+    if (gser_msg_new_buffer(d->msg, &desc, out))
+        return nomem(d);
+    if (d->trace)
+        dec_trace(d, "buffer %s ndim=%u bytes=%zu %s", gser_dtype_str(desc.dtype), ndim, desc.nbytes, where);
+    return GSER_OK;
+}
+
+static gser_status_t dec_array(dec_t *d, const msgpack_object *o, size_t base, size_t n, gser_value_t **out)
+{
+    const msgpack_object *f = o->via.array.ptr;
+    uint64_t container, kind, count;
+    if (o->via.array.size != 5 || !get_u64(&f[1], &container) || container > 1 || !get_u64(&f[2], &kind) ||
+        !kind_is_array_elem((gser_kind_t)kind) || !get_u64(&f[3], &count))
+        return dec_fail(d, GSER_ERR_FORMAT,
+                        "array marker needs [marker, 0|1, bool|int|uint|float kind, count, data]");
+    size_t es = scalar_kind_size((gser_kind_t)kind);
+    if (count > SIZE_MAX / es)
+        return dec_fail(d, GSER_ERR_FORMAT, "array of %llu elements is too large", (unsigned long long)count);
+    size_t nbytes = (size_t)count * es;
+    const void *data;
+    const gser_frame_t *frame;
+    char where[64];
+    gser_status_t st = dec_data(d, &f[4], base, n, nbytes, es, &data, &frame, where, sizeof where);
+    if (st)
+        return st;
+    if (frame && frame->memory != GSER_MEMORY_HOST)
+        return dec_fail(d, GSER_ERR_FRAME, "array data is in %s memory, arrays live in host memory",
+                        gser_memory_str(frame->memory));
+    if (kind == GSER_KIND_BOOL) {
+        const unsigned char *b = data;
+        for (size_t i = 0; i < nbytes; i++)
+            if (b[i] > 1)
+                return dec_fail(d, GSER_ERR_FORMAT, "bool array element %zu is %u, not 0 or 1", i, b[i]);
+    }
+    if (value_array_wrap(d->msg, container == 1, (gser_kind_t)kind, data, (size_t)count, out))
+        return nomem(d);
+    if (d->trace)
+        dec_trace(d, "%s array<%s> n=%zu bytes=%zu %s", container ? "tuple" : "list",
+                  gser_kind_str((gser_kind_t)kind), (size_t)count, nbytes, where);
+    return GSER_OK;
+}
+
+static gser_status_t dec_unit(dec_t *d, const unsigned char *p, size_t len, size_t depth, size_t base, size_t n,
+                              gser_value_t **out);
+
+static bool dec_str(const msgpack_object *o, size_t max, const char **s, size_t *len)
+{
+    if (o->type != MSGPACK_OBJECT_STR || o->via.str.size == 0 || o->via.str.size > max ||
+        memchr(o->via.str.ptr, '\0', o->via.str.size))
+        return false;
+    *s = o->via.str.ptr;
+    *len = o->via.str.size;
+    return true;
+}
+
+static void run_destroy(void *arg)
+{
+    gser_value_t *v = arg;
+    if (v->flags & VF_OWNED)
+        v->u.obj->type->destroy(v->u.obj->obj, v->u.obj->type->user_data);
+}
+
+static gser_status_t dec_object(dec_t *d, const msgpack_object *o, size_t depth, size_t base, size_t n,
+                                gser_value_t **out)
+{
+    const msgpack_object *f = o->via.array.ptr;
+    const char *tname, *fname;
+    size_t tlen, flen;
+    uint64_t version, rel, nfr;
+    if (o->via.array.size != 7 || !dec_str(&f[1], GSER_TYPE_NAME_MAX, &tname, &tlen) ||
+        !dec_str(&f[2], GSER_FAMILY_NAME_MAX, &fname, &flen) || !get_u64(&f[3], &version) ||
+        version > UINT32_MAX || !get_u64(&f[4], &rel) || !get_u64(&f[5], &nfr) || f[6].type != MSGPACK_OBJECT_BIN)
+        return dec_fail(d, GSER_ERR_FORMAT,
+                        "object marker needs [marker, type, family, version, frame base, frame count, sub-header]");
+    if (rel > n || nfr > n - rel)
+        return dec_fail(d, GSER_ERR_FRAME, "object frames %llu..%llu are outside the %zu frames it may use",
+                        (unsigned long long)rel, (unsigned long long)(rel + nfr), n);
+    size_t first = base + (size_t)rel;
+    const unsigned char *sub = (const unsigned char *)f[6].via.bin.ptr;
+    size_t sub_len = f[6].via.bin.size;
+
+    const gser_type_t *t = context_find_type(d->ctx, tname, tlen);
+    int fam = context_find_family(d->ctx, fname, flen);
+    bool can_rebuild = t && fam >= 0 && t->fam[fam].deserialize;
+    if (!(d->flags & GSER_DESERIALIZE_KEEP_SERIALIZED) && !can_rebuild &&
+        !(d->flags & GSER_DESERIALIZE_ALLOW_UNKNOWN)) {
+        if (!t)
+            return dec_fail(d, GSER_ERR_UNKNOWN_TYPE, "type \"%.*s\" is not registered", (int)tlen, tname);
+        return dec_fail(d, GSER_ERR_NO_SERIALIZER, "type \"%.*s\" has no deserializer for family \"%.*s\"", (int)tlen,
+                        tname, (int)flen, fname);
+    }
+    if ((d->flags & GSER_DESERIALIZE_KEEP_SERIALIZED) || !can_rebuild) {
+        /* Pass-through: nothing of the object is decoded, but its sub-header
+         * must still be well-formed msgpack within the limits. */
+        size_t used, off;
+        gser_status_t st = mp_check(sub, sub_len, d->lim.max_depth + 2, &d->nodes_left, &used, &off);
+        if (st == GSER_OK && used != sub_len)
+            st = GSER_ERR_FORMAT;
+        if (st)
+            return dec_fail(d, st, "sub-header of type \"%.*s\": bad msgpack at byte %zu of %zu", (int)tlen, tname,
+                            off, sub_len);
+        gser_value_t *v = msg_value(d->msg, GSER_KIND_SERIALIZED);
+        gser_serialized_t *s = v ? msg_alloc(d->msg, sizeof *s, alignof(gser_serialized_t)) : NULL;
+        gser_frame_t *frs = s && nfr ? msg_alloc(d->msg, (size_t)nfr * sizeof *frs, alignof(gser_frame_t)) : NULL;
+        if (!s || (nfr && !frs))
+            return nomem(d);
+        s->type_name = msg_strdup(d->msg, tname, tlen);
+        s->family = msg_strdup(d->msg, fname, flen);
+        if (!s->type_name || !s->family)
+            return nomem(d);
+        s->version = (uint32_t)version;
+        s->header = sub;
+        s->header_len = sub_len;
+        for (size_t i = 0; i < nfr; i++) {
+            frs[i] = d->frames[first + i];
+            frs[i].release = NULL;
+            frs[i].release_arg = NULL;
+        }
+        s->frames = frs;
+        s->nframes = (size_t)nfr;
+        v->u.ser = s;
+        *out = v;
+        if (d->trace)
+            dec_trace(d, "serialized type=%s family=%s version=%u frames=%zu sub-header=%zu bytes (kept)",
+                      s->type_name, s->family, s->version, s->nframes, sub_len);
+        return GSER_OK;
+    }
+    if (version < t->min_read_version || version > t->version) {
+        if (t->min_read_version == t->version)
+            return dec_fail(d, GSER_ERR_VERSION, "type \"%s\" is version %llu in the message, version %u here",
+                            t->name, (unsigned long long)version, t->version);
+        return dec_fail(d, GSER_ERR_VERSION,
+                        "type \"%s\" is version %llu in the message, versions %u..%u can be read here", t->name,
+                        (unsigned long long)version, t->min_read_version, t->version);
+    }
+    gser_value_t *tree;
+    gser_status_t st = dec_unit(d, sub, sub_len, depth + 1, first, (size_t)nfr, &tree);
+    if (st)
+        return st;
+    gser_reader_t r = {.dec = d, .tree = tree, .version = (uint32_t)version, .family = d->ctx->families[fam]};
+    void *obj = NULL;
+    d->cb_err[0] = '\0';
+    st = t->fam[fam].deserialize(d->ctx, &r, &obj, t->user_data);
+    if (st != GSER_OK) {
+        if (st > GSER_OK)
+            st = GSER_ERR_CALLBACK;
+        return dec_fail(d, st, "type \"%s\", family \"%s\": deserializer failed: %s", t->name, r.family,
+                        d->cb_err[0] ? d->cb_err : gser_status_str(st));
+    }
+    gser_value_t *v = msg_value(d->msg, GSER_KIND_OBJECT);
+    gser_object_t *ob = v ? msg_alloc(d->msg, sizeof *ob, alignof(gser_object_t)) : NULL;
+    if (!ob || (t->destroy && arena_on_release(&d->msg->arena, run_destroy, v))) {
+        if (t->destroy)
+            t->destroy(obj, t->user_data);
+        return nomem(d);
+    }
+    ob->type = t;
+    ob->obj = obj;
+    v->u.obj = ob;
+    if (t->destroy)
+        v->flags |= VF_OWNED;
+    *out = v;
+    if (d->trace)
+        dec_trace(d, "object type=%s family=%s version=%llu frames=%llu sub-header=%zu bytes", t->name, r.family,
+                  (unsigned long long)version, (unsigned long long)nfr, sub_len);
+    return GSER_OK;
+}
+
+/* ---- plain values ------------------------------------------------------------- */
+
+static gser_status_t dec_scalar(dec_t *d, const msgpack_object *o, gser_value_t **out, bool *is_scalar)
+{
+    gser_msg_t *m = d->msg;
+    gser_value_t *v = NULL;
+    *is_scalar = true;
+    switch (o->type) {
+    case MSGPACK_OBJECT_NIL: *out = &m->nil; return GSER_OK;
+    case MSGPACK_OBJECT_BOOLEAN:
+        if ((v = msg_value(m, GSER_KIND_BOOL)))
+            v->u.b = o->via.boolean;
+        break;
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+        if (o->via.u64 <= (uint64_t)INT64_MAX) {
+            if ((v = msg_value(m, GSER_KIND_INT)))
+                v->u.i = (int64_t)o->via.u64;
+        } else if ((v = msg_value(m, GSER_KIND_UINT))) {
+            v->u.u = o->via.u64;
+        }
+        break;
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+        if ((v = msg_value(m, GSER_KIND_INT)))
+            v->u.i = o->via.i64;
+        break;
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64:
+        if ((v = msg_value(m, GSER_KIND_FLOAT)))
+            v->u.f = o->via.f64;
+        break;
+    case MSGPACK_OBJECT_STR:
+        if ((v = msg_value(m, GSER_KIND_STR))) {
+            v->u.s.len = o->via.str.size;
+            if (!(v->u.s.ptr = msg_strdup(m, o->via.str.ptr, o->via.str.size)))
+                v = NULL;
+        }
+        break;
+    case MSGPACK_OBJECT_BIN:
+        if ((v = msg_value(m, GSER_KIND_BYTES))) {
+            v->u.s.ptr = o->via.bin.ptr;
+            v->u.s.len = o->via.bin.size;
+        }
+        break;
+    case MSGPACK_OBJECT_EXT:
+        if (o->via.ext.type != GSER_EXT_UINT || o->via.ext.size != 8)
+            return dec_fail(d, GSER_ERR_FORMAT, "ext type %d of %u bytes where a value was expected",
+                            o->via.ext.type, o->via.ext.size);
+        if ((v = msg_value(m, GSER_KIND_UINT)))
+            memcpy(&v->u.u, o->via.ext.ptr, 8);
+        break;
+    default: *is_scalar = false; return GSER_OK;
+    }
+    if (!v)
+        return nomem(d);
+    *out = v;
+    return GSER_OK;
+}
+
+static gser_status_t dec_list(dec_t *d, const msgpack_object *items, size_t count, gser_kind_t kind, size_t depth,
+                              size_t base, size_t n, gser_value_t **out)
+{
+    gser_value_t *list;
+    if (value_list_new(d->msg, kind, &list))
+        return nomem(d);
+    if (d->trace)
+        dec_trace(d, "%s n=%zu", gser_kind_str(kind), count);
+    for (size_t i = 0; i < count; i++) {
+        gser_value_t *v;
+        d->path.seg[d->path.len++] = (path_seg_t){.key = NULL, .index = i};
+        gser_status_t st = dec_obj(d, &items[i], depth + 1, base, n, &v);
+        d->path.len--;
+        if (st)
+            return st;
+        if (gser_list_append(list, v))
+            return nomem(d);
+    }
+    *out = list;
+    return GSER_OK;
+}
+
+static gser_status_t dec_map(dec_t *d, const msgpack_object *o, size_t depth, size_t base, size_t n,
+                             gser_value_t **out)
+{
+    gser_value_t *map;
+    if (gser_msg_new_map(d->msg, &map))
+        return nomem(d);
+    gser_map_t *m = map->u.map;
+    size_t count = o->via.map.size;
+    if (count && arena_vec_reserve(&d->msg->arena, (void **)&m->pairs, &m->cap, sizeof(gser_pair_t), count))
+        return nomem(d);
+    if (d->trace)
+        dec_trace(d, "map n=%zu", count);
+    for (size_t i = 0; i < count; i++) {
+        const msgpack_object_kv *kv = &o->via.map.ptr[i];
+        gser_value_t *k, *v;
+        bool scalar;
+        d->path.seg[d->path.len++] = (path_seg_t){.key = NULL, .index = i};
+        gser_status_t st = dec_scalar(d, &kv->key, &k, &scalar);
+        if (st == GSER_OK && !scalar)
+            st = dec_fail(d, GSER_ERR_FORMAT, "map key %zu is not a scalar", i);
+        if (st == GSER_OK) {
+            d->path.seg[d->path.len - 1].key = k;
+            st = dec_obj(d, &kv->val, depth + 1, base, n, &v);
+        }
+        d->path.len--;
+        if (st)
+            return st;
+        m->pairs[m->len].key = k;
+        m->pairs[m->len].value = v;
+        m->len++;
+    }
+    *out = map;
+    return GSER_OK;
+}
+
+static gser_status_t dec_obj(dec_t *d, const msgpack_object *o, size_t depth, size_t base, size_t n,
+                             gser_value_t **out)
+{
+    if (depth > d->lim.max_depth)
+        return dec_fail(d, GSER_ERR_LIMIT_DEPTH, "nested deeper than the limit of %zu", d->lim.max_depth);
+    bool scalar;
+    gser_status_t st = dec_scalar(d, o, out, &scalar);
+    if (st || scalar) {
+        if (st == GSER_OK && d->trace) {
+            char s[80];
+            scalar_format(*out, s, sizeof s);
+            dec_trace(d, "%s %s", gser_kind_str((gser_kind_t)(*out)->kind), s);
+        }
+        return st;
+    }
+    if (o->type == MSGPACK_OBJECT_MAP)
+        return dec_map(d, o, depth, base, n, out);
+    /* an array: a list, or one of gser's markers */
+    int marker;
+    if (!is_marker(o, &marker))
+        return dec_list(d, o->via.array.ptr, o->via.array.size, GSER_KIND_LIST, depth, base, n, out);
+    if (o->via.array.ptr[0].via.ext.size != 0)
+        return dec_fail(d, GSER_ERR_FORMAT, "marker ext type %d has a payload", marker);
+    switch (marker) {
+    case GSER_EXT_TUPLE:
+        return dec_list(d, o->via.array.ptr + 1, o->via.array.size - 1, GSER_KIND_TUPLE, depth, base, n, out);
+    case GSER_EXT_BUFFER: return dec_buffer(d, o, base, n, out);
+    case GSER_EXT_ARRAY: return dec_array(d, o, base, n, out);
+    case GSER_EXT_OBJECT: return dec_object(d, o, depth, base, n, out);
+    default: return dec_fail(d, GSER_ERR_FORMAT, "unknown marker ext type %d", marker);
+    }
+}
+
+/* Parse one msgpack unit with msgpack-c once mp_check has bounded it. */
+static gser_status_t mp_parse(dec_t *d, const unsigned char *p, size_t len, const char *what,
+                              msgpack_unpacked *up)
+{
+    size_t used, off;
+    gser_status_t st = mp_check(p, len, d->lim.max_depth + 2, &d->nodes_left, &used, &off);
+    if (st == GSER_OK && used != len) {
+        st = GSER_ERR_FORMAT;
+        off = used;
+    }
+    if (st) {
+        const char *why = st == GSER_ERR_TRUNCATED     ? "ends early (or declares more than it holds)"
+                          : st == GSER_ERR_LIMIT_DEPTH ? "nests deeper than the limit"
+                          : st == GSER_ERR_LIMIT_NODES ? "has more items than the limit"
+                          : used == len               ? "holds an invalid byte"
+                                                      : "has trailing bytes";
+        return dec_fail(d, st, "%s %s at byte %zu of %zu", what, why, off, len);
+    }
+    msgpack_unpacked_init(up);
+    size_t pos = 0;
+    msgpack_unpack_return r = msgpack_unpack_next(up, (const char *)p, len, &pos);
+    if (r != MSGPACK_UNPACK_SUCCESS || pos != len) {
+        msgpack_unpacked_destroy(up);
+        return r == MSGPACK_UNPACK_NOMEM_ERROR ? nomem(d)
+                                               : dec_fail(d, GSER_ERR_FORMAT, "%s: msgpack-c rejects it", what);
+    }
+    return GSER_OK;
+}
+
+static gser_status_t dec_unit(dec_t *d, const unsigned char *p, size_t len, size_t depth, size_t base, size_t n,
+                              gser_value_t **out)
+{
+    msgpack_unpacked up;
+    gser_status_t st = mp_parse(d, p, len, "sub-header", &up);
+    if (st)
+        return st;
+    st = dec_obj(d, &up.data, depth, base, n, out);
+    msgpack_unpacked_destroy(&up);
+    return st;
+}
+
+/* ---- reader ------------------------------------------------------------------------- */
+
+const gser_value_t *gser_reader_tree(const gser_reader_t *r)
+{
+    return r ? r->tree : NULL;
+}
+
+uint32_t gser_reader_version(const gser_reader_t *r)
+{
+    return r ? r->version : 0;
+}
+
+const char *gser_reader_family(const gser_reader_t *r)
+{
+    return r ? r->family : NULL;
+}
+
+gser_msg_t *gser_reader_msg(gser_reader_t *r)
+{
+    return r ? r->dec->msg : NULL;
+}
+
+gser_status_t gser_reader_fail(gser_reader_t *r, gser_status_t status, const char *fmt, ...)
+{
+    if (!r || !fmt)
+        return status;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->dec->cb_err, sizeof r->dec->cb_err, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+/* ---- public ---------------------------------------------------------------------------- */
+
+static const unsigned char magic[] = {0x94, 0xd6, GSER_EXT_MAGIC, 'G', 'S', 'E', 'R'};
+
+static gser_status_t dec_header(dec_t *d, const gser_frame_t *hdr, gser_value_t **root)
+{
+    const unsigned char *p = hdr->data;
+    size_t len = hdr->size;
+    size_t m = len < sizeof magic ? len : sizeof magic;
+    if (memcmp(p, magic, m) != 0)
+        return error_set(d->ctx, GSER_ERR_BAD_MAGIC, "%s: frame 0 is not a gser header (no \"GSER\" magic)", d->what);
+    if (len < sizeof magic)
+        return error_set(d->ctx, GSER_ERR_TRUNCATED, "%s: header of %zu bytes ends inside the magic", d->what, len);
+
+    msgpack_unpacked up;
+    gser_status_t st = mp_parse(d, p, len, "header", &up);
+    if (st)
+        return st;
+    const msgpack_object *top = up.data.via.array.ptr; /* the magic check proved a 4-array */
+    uint64_t version = 0;
+    if (!get_u64(&top[1], &version) || version != GSER_WIRE_VERSION) {
+        st = error_set(d->ctx, GSER_ERR_WIRE_VERSION,
+                       "%s: header is wire format version %llu, this build reads version %d", d->what,
+                       (unsigned long long)version, GSER_WIRE_VERSION);
+        goto out;
+    }
+    const msgpack_object *table = &top[3];
+    if (table->type != MSGPACK_OBJECT_ARRAY || table->via.array.size != d->nframes) {
+        st = error_set(d->ctx, GSER_ERR_FRAME, "%s: header lists %u data frames, %zu were given", d->what,
+                       table->type == MSGPACK_OBJECT_ARRAY ? table->via.array.size : 0, d->nframes);
+        goto out;
+    }
+    for (size_t i = 0; i < d->nframes; i++) {
+        const msgpack_object *e = &table->via.array.ptr[i];
+        uint64_t size, mem;
+        if (e->type != MSGPACK_OBJECT_ARRAY || e->via.array.size != 3 || !get_u64(&e->via.array.ptr[0], &size) ||
+            !get_u64(&e->via.array.ptr[1], &mem) || mem > GSER_MEMORY_DEVICE) {
+            st = error_set(d->ctx, GSER_ERR_FORMAT, "%s: frame table entry %zu is not [size, memory, device]",
+                           d->what, i + 1);
+            goto out;
+        }
+        if (size != d->frames[i].size) {
+            st = error_set(d->ctx, GSER_ERR_FRAME, "%s: frame %zu has %zu bytes, the header says %llu", d->what,
+                           i + 1, d->frames[i].size, (unsigned long long)size);
+            goto out;
+        }
+    }
+    st = dec_obj(d, &top[2], 1, 0, d->nframes, root);
+out:
+    msgpack_unpacked_destroy(&up);
+    return st;
+}
+
+static gser_status_t check_frames(gser_context_t *ctx, const char *what, const gser_frame_t *frames, size_t nframes,
+                                  const gser_limits_t *lim)
+{
+    if (!frames || nframes == 0)
+        return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: no frames (frame 0 is the header)", what);
+    if (nframes - 1 > lim->max_frames)
+        return error_set(ctx, GSER_ERR_LIMIT_FRAMES, "%s: %zu data frames, the limit is %zu", what, nframes - 1,
+                         lim->max_frames);
+    uint64_t total = 0;
+    for (size_t i = 0; i < nframes; i++) {
+        if (frames[i].size && !frames[i].data)
+            return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: frame %zu has %zu bytes but no data", what, i,
+                             frames[i].size);
+        if (frames[i].memory != GSER_MEMORY_HOST && frames[i].memory != GSER_MEMORY_DEVICE)
+            return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: frame %zu has unknown memory kind %d", what, i,
+                             (int)frames[i].memory);
+        if (frames[i].size > lim->max_bytes - total)
+            return error_set(ctx, GSER_ERR_LIMIT_BYTES, "%s: frames hold more than the limit of %llu bytes", what,
+                             (unsigned long long)lim->max_bytes);
+        total += frames[i].size;
+    }
+    if (frames[0].memory != GSER_MEMORY_HOST)
+        return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: the header (frame 0) must be in host memory", what);
+    return GSER_OK;
+}
+
+gser_status_t gser_deserialize(gser_context_t *ctx, const gser_frame_t *frames, size_t nframes,
+                               const gser_deserialize_options_t *opts, gser_msg_t **msg_out)
+{
+    if (!ctx || !msg_out)
+        return ctx ? error_set(ctx, GSER_ERR_INVALID_ARG, "gser_deserialize: NULL output") : GSER_ERR_INVALID_ARG;
+    context_freeze(ctx);
+    dec_t d;
+    d.ctx = ctx;
+    d.what = "gser_deserialize";
+    d.flags = opts ? opts->flags : 0;
+    if (opts && opts->limits)
+        limits_resolve(opts->limits, &d.lim);
+    else
+        d.lim = ctx->limits;
+    gser_status_t st = check_frames(ctx, d.what, frames, nframes, &d.lim);
+    if (st)
+        return st;
+    d.frames = frames + 1;
+    d.nframes = nframes - 1;
+    d.nodes_left = d.lim.max_nodes;
+    d.trace = ctx->trace;
+    d.path.len = 0;
+    if ((st = gser_msg_create(ctx, &d.msg)))
+        return st;
+
+    if (d.trace) {
+        trace_line(d.trace, "deserialize header %zu bytes, %zu data frames", frames[0].size, nframes - 1);
+        for (size_t i = 1; i < nframes; i++)
+            trace_line(d.trace, "deserialize frame %zu %s %zu bytes", i, gser_memory_str(frames[i].memory),
+                       frames[i].size);
+    }
+    gser_value_t *root;
+    st = dec_header(&d, &frames[0], &root);
+    gser_frame_t *copy = NULL;
+    if (st == GSER_OK) {
+        copy = msg_alloc(d.msg, nframes * sizeof *copy, alignof(gser_frame_t));
+        if (!copy)
+            st = error_set(ctx, GSER_ERR_NO_MEMORY, "gser_deserialize: out of memory");
+    }
+    if (st == GSER_OK) {
+        memcpy(copy, frames, nframes * sizeof *copy);
+        d.msg->frames = copy;
+        d.msg->nframes = nframes; /* from now on the message owns frames with a release */
+    }
+    if (st) {
+        gser_msg_destroy(d.msg);
+        return st;
+    }
+    d.msg->root = root;
+    *msg_out = d.msg;
+    return GSER_OK;
+}
+
+gser_status_t gser_value_decode_serialized(gser_msg_t *msg, const gser_value_t *v, gser_value_t **tree)
+{
+    if (!msg || !v || !tree)
+        return GSER_ERR_INVALID_ARG;
+    if (v->kind != GSER_KIND_SERIALIZED)
+        return GSER_ERR_TYPE_MISMATCH;
+    const gser_serialized_t *s = v->u.ser;
+    dec_t d;
+    d.ctx = msg->ctx;
+    d.what = "gser_value_decode_serialized";
+    d.msg = msg;
+    d.flags = GSER_DESERIALIZE_KEEP_SERIALIZED;
+    d.lim = msg->ctx->limits;
+    d.frames = s->frames;
+    d.nframes = s->nframes;
+    d.nodes_left = d.lim.max_nodes;
+    d.trace = NULL;
+    d.path.len = 0;
+    return dec_unit(&d, s->header, s->header_len, 1, 0, s->nframes, tree);
+}
+
+const gser_frame_t *gser_msg_frames(const gser_msg_t *msg, size_t *nframes)
+{
+    if (nframes)
+        *nframes = msg ? msg->nframes : 0;
+    return msg ? msg->frames : NULL;
+}

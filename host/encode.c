@@ -1,0 +1,584 @@
+/* gser_serialize: the value tree -> one msgpack header (msgpack-c) + frames.
+ *
+ * One pass over the tree. Buffers and large scalar arrays become frames that
+ * point at the caller's memory; typed objects are dispatched to the first
+ * family in the caller's list that their type supports, and their sub-trees
+ * are encoded into a sub-header kept as msgpack bin, so that a receiver can
+ * forward them without decoding (docs/wire-format.md).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include <msgpack.h>
+
+#include "internal.h"
+
+/* ---- output sink for msgpack-c: growable, with a sticky out-of-memory flag -- */
+
+typedef struct obuf {
+    char *p;
+    size_t len;
+    size_t cap;
+    bool oom;
+} obuf_t;
+
+static int obuf_write(void *data, const char *buf, size_t len)
+{
+    obuf_t *b = data;
+    if (b->oom)
+        return -1;
+    if (len > b->cap - b->len) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap - b->len < len) {
+            if (cap > SIZE_MAX / 2) {
+                b->oom = true;
+                return -1;
+            }
+            cap *= 2;
+        }
+        char *np = realloc(b->p, cap);
+        if (!np) {
+            b->oom = true;
+            return -1;
+        }
+        b->p = np;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, buf, len);
+    b->len += len;
+    return 0;
+}
+
+/* ---- encoder state ---------------------------------------------------------- */
+
+typedef struct enc {
+    gser_context_t *ctx;
+    gser_frames_t *out;
+    int fam[GSER_MAX_FAMILIES];
+    size_t nfam;
+    size_t inline_max;
+    size_t array_min;
+    size_t max_depth;
+    FILE *trace;
+    path_t path;
+    char cb_err[512]; /* set by gser_writer_fail */
+} enc_t;
+
+struct gser_writer {
+    enc_t *enc;
+    int family;
+    gser_value_t *root;
+};
+
+static gser_status_t enc_value(enc_t *e, msgpack_packer *pk, const gser_value_t *v, size_t depth, size_t base);
+static bool enc_scalar(msgpack_packer *pk, const gser_value_t *v);
+
+static gser_status_t enc_fail(enc_t *e, gser_status_t st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Record "<path>: <message>" as the context's detailed error. */
+static gser_status_t enc_fail(enc_t *e, gser_status_t st, const char *fmt, ...)
+{
+    char path[256], msg[768];
+    path_format(&e->path, path, sizeof path);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return error_set(e->ctx, st, "%s: %s", path, msg);
+}
+
+static void enc_trace(enc_t *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void enc_trace(enc_t *e, const char *fmt, ...)
+{
+    char path[256], msg[512];
+    path_format(&e->path, path, sizeof path);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    trace_line(e->trace, "serialize %s  %s", path, msg);
+}
+
+static gser_status_t frames_push(gser_frames_t *f, const gser_frame_t *fr)
+{
+    if (f->n == f->cap) {
+        size_t cap = f->cap * 2;
+        gser_frame_t *nf = f->frames == f->inline_frames ? malloc(cap * sizeof *nf)
+                                                         : realloc(f->frames, cap * sizeof *nf);
+        if (!nf)
+            return GSER_ERR_NO_MEMORY;
+        if (f->frames == f->inline_frames)
+            memcpy(nf, f->inline_frames, sizeof f->inline_frames);
+        f->frames = nf;
+        f->cap = cap;
+    }
+    f->frames[f->n++] = *fr;
+    return GSER_OK;
+}
+
+static gser_status_t scratch_msg(enc_t *e, gser_msg_t **out)
+{
+    if (!e->out->scratch && gser_msg_create(e->ctx, &e->out->scratch) != GSER_OK)
+        return GSER_ERR_NO_MEMORY;
+    *out = e->out->scratch;
+    return GSER_OK;
+}
+
+static void pack_marker(msgpack_packer *pk, int type, size_t nfields)
+{
+    msgpack_pack_array(pk, nfields + 1);
+    msgpack_pack_ext(pk, 0, (int8_t)type);
+}
+
+/* Bytes of a buffer or array: inline bin when small host memory, else a
+ * frame reference [frame - base, offset, nbytes]. *where says which, for traces. */
+static gser_status_t enc_data(enc_t *e, msgpack_packer *pk, const void *data, size_t nbytes, gser_memory_t mem,
+                              int32_t device, size_t base, char *where, size_t where_cap)
+{
+    if (mem == GSER_MEMORY_HOST && nbytes < e->inline_max) {
+        msgpack_pack_bin_with_body(pk, data, nbytes);
+        snprintf(where, where_cap, "inline");
+        return GSER_OK;
+    }
+    gser_frame_t fr = {.data = data, .size = nbytes, .memory = mem, .device = device};
+    size_t idx = e->out->n;
+    if (frames_push(e->out, &fr))
+        return enc_fail(e, GSER_ERR_NO_MEMORY, "out of memory for the frame table");
+    msgpack_pack_array(pk, 3);
+    msgpack_pack_uint64(pk, idx - base);
+    msgpack_pack_uint64(pk, 0);
+    msgpack_pack_uint64(pk, nbytes);
+    snprintf(where, where_cap, "frame %zu %s", idx, gser_memory_str(mem));
+    return GSER_OK;
+}
+
+static void enc_uint(msgpack_packer *pk, uint64_t u)
+{
+    unsigned char le[8];
+    memcpy(le, &u, 8); /* little-endian host: checked in internal.h */
+    msgpack_pack_ext_with_body(pk, le, 8, GSER_EXT_UINT);
+}
+
+static void enc_scalar_bits(msgpack_packer *pk, gser_kind_t kind, const void *p)
+{
+    switch (kind) {
+    case GSER_KIND_BOOL:
+        if (*(const unsigned char *)p)
+            msgpack_pack_true(pk);
+        else
+            msgpack_pack_false(pk);
+        break;
+    case GSER_KIND_INT: {
+        int64_t i;
+        memcpy(&i, p, 8);
+        msgpack_pack_int64(pk, i);
+        break;
+    }
+    case GSER_KIND_UINT: {
+        uint64_t u;
+        memcpy(&u, p, 8);
+        enc_uint(pk, u);
+        break;
+    }
+    default: {
+        double d;
+        memcpy(&d, p, 8);
+        msgpack_pack_double(pk, d);
+        break;
+    }
+    }
+}
+
+static const char *const kind_c_type[] = {
+    [GSER_KIND_BOOL] = "bool", [GSER_KIND_INT] = "int", [GSER_KIND_UINT] = "uint", [GSER_KIND_FLOAT] = "float"};
+
+static gser_status_t enc_array(enc_t *e, msgpack_packer *pk, bool tuple, gser_kind_t kind, const void *data,
+                               size_t count, size_t base)
+{
+    size_t nbytes = count * scalar_kind_size(kind);
+    char where[64];
+    pack_marker(pk, GSER_EXT_ARRAY, 4);
+    msgpack_pack_uint8(pk, tuple ? 1 : 0);
+    msgpack_pack_uint8(pk, (uint8_t)kind);
+    msgpack_pack_uint64(pk, count);
+    gser_status_t st = enc_data(e, pk, data, nbytes, GSER_MEMORY_HOST, 0, base, where, sizeof where);
+    if (st == GSER_OK && e->trace)
+        enc_trace(e, "%s array<%s> n=%zu bytes=%zu %s", tuple ? "tuple" : "list", kind_c_type[kind], count, nbytes,
+                  where);
+    return st;
+}
+
+/* If a boxed list holds only scalars of one array kind, pack them into
+ * contiguous memory that lives as long as the frames. */
+static gser_status_t list_try_pack(enc_t *e, const gser_list_t *l, gser_kind_t *kind, void **data)
+{
+    *data = NULL;
+    gser_kind_t k = (gser_kind_t)l->items[0]->kind;
+    if (!kind_is_array_elem(k))
+        return GSER_OK;
+    for (size_t i = 1; i < l->len; i++)
+        if (l->items[i]->kind != k)
+            return GSER_OK;
+    size_t es = scalar_kind_size(k);
+    gser_msg_t *scratch;
+    unsigned char *p;
+    if (scratch_msg(e, &scratch) || !(p = msg_alloc(scratch, l->len * es, 16)))
+        return enc_fail(e, GSER_ERR_NO_MEMORY, "out of memory converting a list to an array");
+    for (size_t i = 0; i < l->len; i++) {
+        if (k == GSER_KIND_BOOL)
+            p[i] = l->items[i]->u.b;
+        else
+            memcpy(p + 8 * i, &l->items[i]->u, 8);
+    }
+    *kind = k;
+    *data = p;
+    return GSER_OK;
+}
+
+static gser_status_t enc_list(enc_t *e, msgpack_packer *pk, const gser_value_t *v, size_t depth, size_t base)
+{
+    const gser_list_t *l = v->u.list;
+    bool tuple = v->kind == GSER_KIND_TUPLE;
+    if (l->mode == LIST_ARRAY && (l->explicit_array || l->len >= e->array_min))
+        return enc_array(e, pk, tuple, l->arr_kind, l->arr, l->len, base);
+    if (l->mode == LIST_BOXED && l->len && l->len >= e->array_min) {
+        gser_kind_t k;
+        void *data;
+        gser_status_t st = list_try_pack(e, l, &k, &data);
+        if (st)
+            return st;
+        if (data)
+            return enc_array(e, pk, tuple, k, data, l->len, base);
+    }
+    if (e->trace)
+        enc_trace(e, "%s n=%zu", tuple ? "tuple" : "list", l->len);
+    msgpack_pack_array(pk, l->len + (tuple ? 1 : 0));
+    if (tuple)
+        msgpack_pack_ext(pk, 0, GSER_EXT_TUPLE);
+    if (depth + 1 > e->max_depth && l->len)
+        return enc_fail(e, GSER_ERR_LIMIT_DEPTH, "nesting deeper than %zu levels (is there a cycle?)", e->max_depth);
+    size_t es = scalar_kind_size(l->arr_kind);
+    for (size_t i = 0; i < l->len; i++) {
+        if (l->mode == LIST_ARRAY) {
+            enc_scalar_bits(pk, l->arr_kind, (const char *)l->arr + i * es);
+            continue;
+        }
+        e->path.seg[e->path.len++] = (path_seg_t){.key = NULL, .index = i};
+        gser_status_t st = enc_value(e, pk, l->items[i], depth + 1, base);
+        e->path.len--;
+        if (st)
+            return st;
+    }
+    return GSER_OK;
+}
+
+static gser_status_t enc_map(enc_t *e, msgpack_packer *pk, const gser_value_t *v, size_t depth, size_t base)
+{
+    const gser_map_t *m = v->u.map;
+    if (e->trace)
+        enc_trace(e, "map n=%zu", m->len);
+    if (depth + 1 > e->max_depth && m->len)
+        return enc_fail(e, GSER_ERR_LIMIT_DEPTH, "nesting deeper than %zu levels (is there a cycle?)", e->max_depth);
+    msgpack_pack_map(pk, m->len);
+    for (size_t i = 0; i < m->len; i++) {
+        e->path.seg[e->path.len++] = (path_seg_t){.key = m->pairs[i].key, .index = i};
+        enc_scalar(pk, m->pairs[i].key); /* gser_map_put admits scalars only */
+        gser_status_t st = enc_value(e, pk, m->pairs[i].value, depth + 1, base);
+        e->path.len--;
+        if (st)
+            return st;
+    }
+    return GSER_OK;
+}
+
+static gser_status_t enc_buffer(enc_t *e, msgpack_packer *pk, const gser_value_t *v, size_t base)
+{
+    const gser_buffer_desc_t *d = &v->u.buf->desc;
+    char where[64];
+    pack_marker(pk, GSER_EXT_BUFFER, 3);
+    msgpack_pack_uint8(pk, (uint8_t)d->dtype);
+    if (d->ndim) {
+        msgpack_pack_array(pk, d->ndim);
+        for (uint32_t i = 0; i < d->ndim; i++)
+            msgpack_pack_int64(pk, d->shape[i]);
+    } else {
+        msgpack_pack_nil(pk);
+    }
+    gser_status_t st = enc_data(e, pk, d->data, d->nbytes, d->memory, d->device, base, where, sizeof where);
+    if (st == GSER_OK && e->trace)
+        enc_trace(e, "buffer %s ndim=%u bytes=%zu %s", gser_dtype_str(d->dtype), d->ndim, d->nbytes, where);
+    return st;
+}
+
+/* [marker, type, family, version, base, nframes, sub-header]: the sub-header
+ * is the object's own msgpack tree as bin, so it can be forwarded untouched. */
+static void pack_object(msgpack_packer *pk, const char *type, const char *family, uint32_t version, size_t rel_base,
+                        size_t nframes, const void *sub, size_t sub_len)
+{
+    pack_marker(pk, GSER_EXT_OBJECT, 6);
+    msgpack_pack_str_with_body(pk, type, strlen(type));
+    msgpack_pack_str_with_body(pk, family, strlen(family));
+    msgpack_pack_uint32(pk, version);
+    msgpack_pack_uint64(pk, rel_base);
+    msgpack_pack_uint64(pk, nframes);
+    msgpack_pack_bin_with_body(pk, sub, sub_len);
+}
+
+static void families_list(const enc_t *e, char *buf, size_t cap)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < e->nfam && len < cap; i++) {
+        int n = snprintf(buf + len, cap - len, "%s%s", i ? ", " : "", e->ctx->families[e->fam[i]]);
+        if (n < 0)
+            break;
+        len += (size_t)n;
+    }
+}
+
+static gser_status_t enc_object(enc_t *e, msgpack_packer *pk, const gser_value_t *v, size_t depth, size_t base)
+{
+    const gser_type_t *t = v->u.obj->type;
+    int f = -1;
+    for (size_t i = 0; i < e->nfam && f < 0; i++)
+        if (t->fam[e->fam[i]].serialize)
+            f = e->fam[i];
+    if (f < 0) {
+        char fams[256];
+        families_list(e, fams, sizeof fams);
+        return enc_fail(e, GSER_ERR_NO_SERIALIZER, "type \"%s\" has no serializer for families [%s]", t->name, fams);
+    }
+    if (depth + 1 > e->max_depth)
+        return enc_fail(e, GSER_ERR_LIMIT_DEPTH, "nesting deeper than %zu levels (is there a cycle?)", e->max_depth);
+
+    gser_writer_t w = {.enc = e, .family = f, .root = NULL};
+    e->cb_err[0] = '\0';
+    gser_status_t st = t->fam[f].serialize(e->ctx, v->u.obj->obj, &w, t->user_data);
+    if (st != GSER_OK || !w.root) {
+        bool no_root = st == GSER_OK;
+        if (st >= GSER_OK)
+            st = GSER_ERR_CALLBACK;
+        return enc_fail(e, st, "type \"%s\", family \"%s\": serializer failed: %s", t->name, e->ctx->families[f],
+                        e->cb_err[0] ? e->cb_err : no_root ? "it set no root" : gser_status_str(st));
+    }
+
+    obuf_t sub = {0};
+    msgpack_packer spk;
+    msgpack_packer_init(&spk, &sub, obuf_write);
+    size_t first = e->out->n;
+    st = enc_value(e, &spk, w.root, depth + 1, first);
+    if (st == GSER_OK && sub.oom)
+        st = enc_fail(e, GSER_ERR_NO_MEMORY, "out of memory encoding the object");
+    if (st == GSER_OK) {
+        size_t nframes = e->out->n - first;
+        pack_object(pk, t->name, e->ctx->families[f], t->version, first - base, nframes, sub.p, sub.len);
+        if (e->trace)
+            enc_trace(e, "object type=%s family=%s version=%u frames=%zu sub-header=%zu bytes", t->name,
+                      e->ctx->families[f], t->version, nframes, sub.len);
+    }
+    free(sub.p);
+    return st;
+}
+
+static gser_status_t enc_serialized(enc_t *e, msgpack_packer *pk, const gser_value_t *v, size_t base)
+{
+    const gser_serialized_t *s = v->u.ser;
+    size_t first = e->out->n;
+    for (size_t i = 0; i < s->nframes; i++) {
+        gser_frame_t fr = s->frames[i];
+        fr.release = NULL;
+        fr.release_arg = NULL;
+        if (frames_push(e->out, &fr))
+            return enc_fail(e, GSER_ERR_NO_MEMORY, "out of memory for the frame table");
+    }
+    pack_object(pk, s->type_name, s->family, s->version, first - base, s->nframes, s->header, s->header_len);
+    if (e->trace)
+        enc_trace(e, "serialized type=%s family=%s version=%u frames=%zu sub-header=%zu bytes (forwarded)",
+                  s->type_name, s->family, s->version, s->nframes, s->header_len);
+    return GSER_OK;
+}
+
+/* Scalars (also map keys, which are never traced on their own). */
+static bool enc_scalar(msgpack_packer *pk, const gser_value_t *v)
+{
+    switch ((gser_kind_t)v->kind) {
+    case GSER_KIND_NIL: msgpack_pack_nil(pk); return true;
+    case GSER_KIND_BOOL:
+        if (v->u.b)
+            msgpack_pack_true(pk);
+        else
+            msgpack_pack_false(pk);
+        return true;
+    case GSER_KIND_INT: msgpack_pack_int64(pk, v->u.i); return true;
+    case GSER_KIND_UINT: enc_uint(pk, v->u.u); return true;
+    case GSER_KIND_FLOAT: msgpack_pack_double(pk, v->u.f); return true;
+    case GSER_KIND_STR: msgpack_pack_str_with_body(pk, v->u.s.ptr, v->u.s.len); return true;
+    case GSER_KIND_BYTES: msgpack_pack_bin_with_body(pk, v->u.s.ptr, v->u.s.len); return true;
+    default: return false;
+    }
+}
+
+static gser_status_t enc_value(enc_t *e, msgpack_packer *pk, const gser_value_t *v, size_t depth, size_t base)
+{
+    switch ((gser_kind_t)v->kind) {
+    case GSER_KIND_LIST:
+    case GSER_KIND_TUPLE: return enc_list(e, pk, v, depth, base);
+    case GSER_KIND_MAP: return enc_map(e, pk, v, depth, base);
+    case GSER_KIND_BUFFER: return enc_buffer(e, pk, v, base);
+    case GSER_KIND_OBJECT: return enc_object(e, pk, v, depth, base);
+    case GSER_KIND_SERIALIZED: return enc_serialized(e, pk, v, base);
+    default: break;
+    }
+    if (!enc_scalar(pk, v))
+        return enc_fail(e, GSER_ERR_INVALID_ARG, "value of unknown kind %d", v->kind);
+    if (e->trace) {
+        char s[80];
+        scalar_format(v, s, sizeof s);
+        enc_trace(e, "%s %s", gser_kind_str((gser_kind_t)v->kind), s);
+    }
+    return GSER_OK;
+}
+
+/* ---- public ----------------------------------------------------------------------- */
+
+gser_msg_t *gser_writer_msg(gser_writer_t *w)
+{
+    gser_msg_t *m = NULL;
+    if (w && scratch_msg(w->enc, &m) != GSER_OK)
+        return NULL;
+    return m;
+}
+
+gser_status_t gser_writer_set_root(gser_writer_t *w, gser_value_t *tree)
+{
+    if (!w || !tree)
+        return GSER_ERR_INVALID_ARG;
+    if (w->root)
+        return GSER_ERR_STATE;
+    w->root = tree;
+    return GSER_OK;
+}
+
+const char *gser_writer_family(const gser_writer_t *w)
+{
+    return w ? w->enc->ctx->families[w->family] : NULL;
+}
+
+gser_status_t gser_writer_fail(gser_writer_t *w, gser_status_t status, const char *fmt, ...)
+{
+    if (!w || !fmt)
+        return status;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(w->enc->cb_err, sizeof w->enc->cb_err, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+static gser_status_t resolve_families(enc_t *e, const gser_serialize_options_t *o)
+{
+    if (!o || !o->families) {
+        e->fam[0] = GSER_FAMILY_DEVICE;
+        e->fam[1] = GSER_FAMILY_HOST;
+        e->nfam = 2;
+        return GSER_OK;
+    }
+    if (o->nfamilies == 0 || o->nfamilies > GSER_MAX_FAMILIES)
+        return error_set(e->ctx, GSER_ERR_INVALID_ARG, "gser_serialize: %zu families given (1..%d allowed)",
+                         o->nfamilies, GSER_MAX_FAMILIES);
+    for (size_t i = 0; i < o->nfamilies; i++) {
+        const char *name = o->families[i];
+        int f = name ? context_find_family(e->ctx, name, strlen(name)) : -1;
+        if (f < 0)
+            return error_set(e->ctx, GSER_ERR_UNKNOWN_FAMILY, "gser_serialize: family \"%s\" is not registered",
+                             name ? name : "(null)");
+        e->fam[i] = f;
+    }
+    e->nfam = o->nfamilies;
+    return GSER_OK;
+}
+
+gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg, const gser_serialize_options_t *opts,
+                             gser_frames_t **frames_out)
+{
+    if (!ctx || !msg || !frames_out)
+        return ctx ? error_set(ctx, GSER_ERR_INVALID_ARG, "gser_serialize: NULL message or output") : GSER_ERR_INVALID_ARG;
+    context_freeze(ctx);
+
+    enc_t e;
+    e.ctx = ctx;
+    e.path.len = 0;
+    e.trace = ctx->trace;
+    e.inline_max = opts && opts->inline_max ? opts->inline_max : ctx->inline_max;
+    e.array_min = opts && opts->array_min ? opts->array_min : ctx->array_min;
+    e.max_depth = ctx->limits.max_depth;
+    gser_status_t st = resolve_families(&e, opts);
+    if (st)
+        return st;
+
+    gser_frames_t *f = calloc(1, sizeof *f);
+    if (!f)
+        return error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize: out of memory");
+    f->ctx = ctx;
+    f->frames = f->inline_frames;
+    f->cap = GSER_FRAMES_INLINE;
+    f->n = 1; /* [0] is the header, filled in last */
+    e.out = f;
+
+    obuf_t hdr = {0};
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &hdr, obuf_write);
+    msgpack_pack_array(&pk, 4);
+    msgpack_pack_ext_with_body(&pk, "GSER", 4, GSER_EXT_MAGIC);
+    msgpack_pack_uint32(&pk, GSER_WIRE_VERSION);
+    st = enc_value(&e, &pk, msg->root, 1, 1);
+    if (st == GSER_OK) {
+        msgpack_pack_array(&pk, f->n - 1);
+        for (size_t i = 1; i < f->n; i++) {
+            msgpack_pack_array(&pk, 3);
+            msgpack_pack_uint64(&pk, f->frames[i].size);
+            msgpack_pack_uint8(&pk, (uint8_t)f->frames[i].memory);
+            msgpack_pack_int32(&pk, f->frames[i].device);
+        }
+        if (hdr.oom)
+            st = error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize: out of memory for the header");
+    }
+    if (st) {
+        free(hdr.p);
+        gser_frames_destroy(f);
+        return st;
+    }
+    f->header = hdr.p;
+    f->header_len = hdr.len;
+    f->frames[0] = (gser_frame_t){.data = hdr.p, .size = hdr.len, .memory = GSER_MEMORY_HOST};
+    if (e.trace) {
+        trace_line(e.trace, "serialize header %zu bytes, %zu data frames", hdr.len, f->n - 1);
+        for (size_t i = 1; i < f->n; i++)
+            trace_line(e.trace, "serialize frame %zu %s %zu bytes", i, gser_memory_str(f->frames[i].memory),
+                       f->frames[i].size);
+    }
+    *frames_out = f;
+    return GSER_OK;
+}
+
+size_t gser_frames_count(const gser_frames_t *frames)
+{
+    return frames ? frames->n : 0;
+}
+
+const gser_frame_t *gser_frames_array(const gser_frames_t *frames)
+{
+    return frames ? frames->frames : NULL;
+}
+
+void gser_frames_destroy(gser_frames_t *frames)
+{
+    if (!frames)
+        return;
+    if (frames->frames != frames->inline_frames)
+        free(frames->frames);
+    free(frames->header);
+    gser_msg_destroy(frames->scratch);
+    free(frames);
+}

@@ -1,0 +1,286 @@
+/* The flattened form: one byte string holding the header and all frames.
+ *
+ *   0   8   magic 89 'G' 'S' 'E' 'R' 0d 0a 1a
+ *   8   2   version (1), little-endian
+ *   10  2   flags (0)
+ *   12  4   n = number of frames, header included (>= 1)
+ *   16  8n  frame sizes
+ *   then each frame, starting 8-byte aligned, zero-padded to 8
+ *
+ * See docs/wire-format.md.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#define FLAT_VERSION 1
+#define FLAT_PREFIX 16
+
+static const unsigned char flat_magic[8] = {0x89, 'G', 'S', 'E', 'R', 0x0d, 0x0a, 0x1a};
+static const unsigned char zeros[8];
+
+static size_t pad8(size_t n)
+{
+    return (8 - (n & 7)) & 7;
+}
+
+gser_status_t gser_flat_size(const gser_frame_t *frames, size_t nframes, size_t *size_out)
+{
+    if (!frames || nframes == 0 || nframes > UINT32_MAX || !size_out)
+        return GSER_ERR_INVALID_ARG;
+    if (nframes > (SIZE_MAX - FLAT_PREFIX) / 16)
+        return GSER_ERR_INVALID_ARG;
+    size_t total = FLAT_PREFIX + 8 * nframes;
+    for (size_t i = 0; i < nframes; i++) {
+        if (frames[i].memory != GSER_MEMORY_HOST)
+            return GSER_ERR_UNSUPPORTED; /* device frames need a device backend's copy first */
+        if (frames[i].size && !frames[i].data)
+            return GSER_ERR_INVALID_ARG;
+        size_t sz = frames[i].size + pad8(frames[i].size);
+        if (frames[i].size > SIZE_MAX - 8 || sz > SIZE_MAX - total)
+            return GSER_ERR_INVALID_ARG;
+        total += sz;
+    }
+    *size_out = total;
+    return GSER_OK;
+}
+
+static void put_le(unsigned char *p, uint64_t v, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint64_t get_le(const unsigned char *p, unsigned n)
+{
+    uint64_t v = 0;
+    for (unsigned i = n; i-- > 0;)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/* The prefix and size table: FLAT_PREFIX + 8 * nframes bytes. */
+static void write_prefix(unsigned char *p, const gser_frame_t *frames, size_t nframes)
+{
+    memcpy(p, flat_magic, 8);
+    put_le(p + 8, FLAT_VERSION, 2);
+    put_le(p + 10, 0, 2);
+    put_le(p + 12, nframes, 4);
+    for (size_t i = 0; i < nframes; i++)
+        put_le(p + FLAT_PREFIX + 8 * i, frames[i].size, 8);
+}
+
+gser_status_t gser_flat_write(const gser_frame_t *frames, size_t nframes, void *dst, size_t cap, size_t *written)
+{
+    size_t total;
+    gser_status_t st = gser_flat_size(frames, nframes, &total);
+    if (st)
+        return st;
+    if (!dst || !written || cap < total)
+        return GSER_ERR_INVALID_ARG;
+    unsigned char *p = dst;
+    write_prefix(p, frames, nframes);
+    size_t off = FLAT_PREFIX + 8 * nframes;
+    for (size_t i = 0; i < nframes; i++) {
+        if (frames[i].size)
+            memcpy(p + off, frames[i].data, frames[i].size);
+        off += frames[i].size;
+        memset(p + off, 0, pad8(frames[i].size));
+        off += pad8(frames[i].size);
+    }
+    *written = off;
+    return GSER_OK;
+}
+
+typedef gser_status_t (*sink_fn)(void *sink, const void *p, size_t n);
+
+static gser_status_t flat_emit(const gser_frame_t *frames, size_t nframes, sink_fn put, void *sink)
+{
+    size_t total;
+    gser_status_t st = gser_flat_size(frames, nframes, &total);
+    if (st)
+        return st;
+    size_t plen = FLAT_PREFIX + 8 * nframes;
+    unsigned char stackbuf[FLAT_PREFIX + 8 * 16];
+    unsigned char *prefix = plen <= sizeof stackbuf ? stackbuf : malloc(plen);
+    if (!prefix)
+        return GSER_ERR_NO_MEMORY;
+    write_prefix(prefix, frames, nframes);
+    st = put(sink, prefix, plen);
+    for (size_t i = 0; st == GSER_OK && i < nframes; i++) {
+        st = put(sink, frames[i].data, frames[i].size);
+        if (st == GSER_OK)
+            st = put(sink, zeros, pad8(frames[i].size));
+    }
+    if (prefix != stackbuf)
+        free(prefix);
+    return st;
+}
+
+static gser_status_t fd_put(void *sink, const void *p, size_t n)
+{
+    int fd = *(int *)sink;
+    const char *c = p;
+    while (n) {
+        ssize_t w = write(fd, c, n);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return GSER_ERR_IO;
+        }
+        c += w;
+        n -= (size_t)w;
+    }
+    return GSER_OK;
+}
+
+static gser_status_t file_put(void *sink, const void *p, size_t n)
+{
+    return n == 0 || fwrite(p, 1, n, (FILE *)sink) == n ? GSER_OK : GSER_ERR_IO;
+}
+
+gser_status_t gser_flat_write_fd(const gser_frame_t *frames, size_t nframes, int fd)
+{
+    if (fd < 0)
+        return GSER_ERR_INVALID_ARG;
+    return flat_emit(frames, nframes, fd_put, &fd);
+}
+
+gser_status_t gser_flat_write_file(const gser_frame_t *frames, size_t nframes, FILE *f)
+{
+    if (!f)
+        return GSER_ERR_INVALID_ARG;
+    return flat_emit(frames, nframes, file_put, f);
+}
+
+gser_status_t gser_deserialize_flat(gser_context_t *ctx, const void *buf, size_t len,
+                                    void (*release)(void *release_arg, const void *data), void *release_arg,
+                                    const gser_deserialize_options_t *opts, gser_msg_t **msg_out)
+{
+    static const char *what = "gser_deserialize_flat";
+    if (!ctx || !msg_out || (!buf && len))
+        return ctx ? error_set(ctx, GSER_ERR_INVALID_ARG, "%s: NULL buffer or output", what) : GSER_ERR_INVALID_ARG;
+    const unsigned char *p = buf;
+    size_t m = len < 8 ? len : 8;
+    if (m == 0 || memcmp(p, flat_magic, m) != 0)
+        return error_set(ctx, GSER_ERR_BAD_MAGIC, "%s: not a flattened gser message (bad magic)", what);
+    if (len < FLAT_PREFIX)
+        return error_set(ctx, GSER_ERR_TRUNCATED, "%s: %zu bytes end inside the %d-byte prefix", what, len,
+                         FLAT_PREFIX);
+    uint64_t version = get_le(p + 8, 2), flags = get_le(p + 10, 2), n = get_le(p + 12, 4);
+    if (version != FLAT_VERSION)
+        return error_set(ctx, GSER_ERR_WIRE_VERSION, "%s: flattened format version %llu, this build reads %d", what,
+                         (unsigned long long)version, FLAT_VERSION);
+    if (flags != 0)
+        return error_set(ctx, GSER_ERR_FORMAT, "%s: unknown flags 0x%llx at byte 10", what, (unsigned long long)flags);
+    if (n == 0)
+        return error_set(ctx, GSER_ERR_FORMAT, "%s: zero frames (the header is frame 0)", what);
+    gser_limits_t lim;
+    if (opts && opts->limits)
+        limits_resolve(opts->limits, &lim);
+    else
+        lim = ctx->limits;
+    if (n - 1 > lim.max_frames)
+        return error_set(ctx, GSER_ERR_LIMIT_FRAMES, "%s: %llu data frames, the limit is %zu", what,
+                         (unsigned long long)(n - 1), lim.max_frames);
+    if (n > (len - FLAT_PREFIX) / 8)
+        return error_set(ctx, GSER_ERR_TRUNCATED, "%s: the size table of %llu frames does not fit in %zu bytes", what,
+                         (unsigned long long)n, len);
+
+    gser_frame_t *frames = malloc((size_t)n * sizeof *frames);
+    if (!frames)
+        return error_set(ctx, GSER_ERR_NO_MEMORY, "%s: out of memory", what);
+    size_t off = FLAT_PREFIX + 8 * (size_t)n;
+    gser_status_t st = GSER_OK;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t sz = get_le(p + FLAT_PREFIX + 8 * i, 8);
+        if (sz > len - off) {
+            st = error_set(ctx, GSER_ERR_TRUNCATED, "%s: frame %zu (%llu bytes at byte %zu) runs past the end (%zu bytes)",
+                           what, i, (unsigned long long)sz, off, len);
+            break;
+        }
+        frames[i] = (gser_frame_t){.data = p + off, .size = (size_t)sz, .memory = GSER_MEMORY_HOST};
+        off += (size_t)sz;
+        size_t pad = pad8((size_t)sz);
+        if (pad > len - off) {
+            st = error_set(ctx, GSER_ERR_TRUNCATED, "%s: padding after frame %zu runs past the end", what, i);
+            break;
+        }
+        off += pad;
+    }
+    if (st == GSER_OK && off != len)
+        st = error_set(ctx, GSER_ERR_FORMAT, "%s: %zu trailing bytes after the last frame (at byte %zu)", what,
+                       len - off, off);
+    gser_msg_t *msg = NULL;
+    if (st == GSER_OK)
+        st = gser_deserialize(ctx, frames, (size_t)n, opts, &msg);
+    free(frames);
+    if (st)
+        return st;
+    msg->flat_release = release;
+    msg->flat_arg = release_arg;
+    msg->flat_data = buf;
+    *msg_out = msg;
+    return GSER_OK;
+}
+
+static void free_buf(void *arg, const void *data)
+{
+    (void)arg;
+    free((void *)data);
+}
+
+gser_status_t gser_deserialize_fd(gser_context_t *ctx, int fd, const gser_deserialize_options_t *opts,
+                                  gser_msg_t **msg_out)
+{
+    if (!ctx || fd < 0 || !msg_out)
+        return ctx ? error_set(ctx, GSER_ERR_INVALID_ARG, "gser_deserialize_fd: bad descriptor or NULL output")
+                   : GSER_ERR_INVALID_ARG;
+    gser_limits_t lim;
+    if (opts && opts->limits)
+        limits_resolve(opts->limits, &lim);
+    else
+        lim = ctx->limits;
+    /* The prefix, size table and padding come on top of the message bytes. */
+    uint64_t extra = FLAT_PREFIX + 16 * ((uint64_t)lim.max_frames + 1);
+    uint64_t max = lim.max_bytes > UINT64_MAX - extra ? UINT64_MAX : lim.max_bytes + extra;
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    if (!buf)
+        return error_set(ctx, GSER_ERR_NO_MEMORY, "gser_deserialize_fd: out of memory");
+    for (;;) {
+        if (len == cap) {
+            if ((uint64_t)cap > max) {
+                free(buf);
+                return error_set(ctx, GSER_ERR_LIMIT_BYTES, "gser_deserialize_fd: input exceeds the limit of %llu bytes",
+                                 (unsigned long long)lim.max_bytes);
+            }
+            char *nb = cap <= SIZE_MAX / 2 ? realloc(buf, cap * 2) : NULL;
+            if (!nb) {
+                free(buf);
+                return error_set(ctx, GSER_ERR_NO_MEMORY, "gser_deserialize_fd: out of memory after %zu bytes", len);
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        ssize_t r = read(fd, buf + len, cap - len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            int e = errno;
+            free(buf);
+            return error_set(ctx, GSER_ERR_IO, "gser_deserialize_fd: read failed after %zu bytes: %s", len,
+                             strerror(e));
+        }
+        if (r == 0)
+            break;
+        len += (size_t)r;
+    }
+    gser_status_t st = gser_deserialize_flat(ctx, buf, len, free_buf, NULL, opts, msg_out);
+    if (st)
+        free(buf);
+    return st;
+}

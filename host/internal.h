@@ -1,0 +1,272 @@
+/* Private definitions shared by the core's sources. Not installed. */
+#ifndef GSER_HOST_INTERNAL_H
+#define GSER_HOST_INTERNAL_H
+
+#include <stdalign.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "gser/gser.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+/* Arrays and the flattened prefix are little-endian on the wire and are
+ * handed out zero-copy; a big-endian port needs byte swaps in decode.c/flat.c. */
+#error "gser supports little-endian hosts only"
+#endif
+
+#define GSER_INTERNAL __attribute__((visibility("hidden")))
+
+#define GSER_MAX_FAMILIES 32
+#define GSER_FAMILY_NAME_MAX 63
+#define GSER_TYPE_NAME_MAX 255
+
+/* Defaults of gser_context_options_t / gser_limits_t. */
+#define GSER_DEFAULT_INLINE_MAX 256
+#define GSER_DEFAULT_ARRAY_MIN 16
+#define GSER_DEFAULT_MAX_NODES ((size_t)1 << 24)
+#define GSER_DEFAULT_MAX_FRAMES ((size_t)1 << 20)
+#define GSER_DEFAULT_MAX_BYTES ((uint64_t)1 << 40)
+
+/* msgpack ext type codes of gser's own markers (docs/wire-format.md). */
+enum {
+    GSER_EXT_MAGIC = 1,  /* fixext4 "GSER": first element of the header */
+    GSER_EXT_TUPLE = 2,  /* first element of an array that is a tuple */
+    GSER_EXT_UINT = 3,   /* fixext8: a uint64 value, little-endian */
+    GSER_EXT_BUFFER = 4, /* first element of [marker, dtype, shape, data] */
+    GSER_EXT_ARRAY = 5,  /* first element of [marker, container, kind, count, data] */
+    GSER_EXT_OBJECT = 6, /* first element of [marker, type, family, version, base, n, sub-header] */
+};
+
+/* ---- arena ------------------------------------------------------------- */
+
+typedef struct arena_chunk {
+    struct arena_chunk *next;
+    size_t size;
+    size_t used;
+    alignas(16) unsigned char data[];
+} arena_chunk_t;
+
+typedef struct cleanup {
+    struct cleanup *next;
+    void (*fn)(void *arg);
+    void *arg;
+} cleanup_t;
+
+#define GSER_ARENA_FIRST 3072
+
+typedef struct arena {
+    arena_chunk_t *head;
+    size_t next_size;
+    cleanup_t *cleanups; /* run in reverse order of registration */
+} arena_t;
+
+GSER_INTERNAL void arena_init(arena_t *a, arena_chunk_t *first, size_t first_size);
+/* Run the release callbacks (newest first), then free the chunks: two steps
+ * so that a message can release its frames between them. */
+GSER_INTERNAL void arena_run_cleanups(arena_t *a);
+GSER_INTERNAL void arena_free(arena_t *a, arena_chunk_t *first);
+GSER_INTERNAL void *arena_alloc(arena_t *a, size_t size, size_t align);
+/* Register fn(arg) to run when the arena is released. */
+GSER_INTERNAL gser_status_t arena_on_release(arena_t *a, void (*fn)(void *), void *arg);
+/* Grow a heap vector *ptr of *cap elements to hold at least need; the vector
+ * is freed when the arena is released (registered on first growth). */
+GSER_INTERNAL gser_status_t arena_vec_reserve(arena_t *a, void **ptr, size_t *cap, size_t elem_size,
+                                              size_t need);
+
+/* ---- values ------------------------------------------------------------ */
+
+enum {
+    VF_OWNED = 1u << 0,          /* object: the message destroys it */
+};
+
+typedef enum list_mode {
+    LIST_BOXED = 0, /* items[] holds value pointers (also the empty state) */
+    LIST_ARRAY = 1, /* arr holds unboxed scalars of arr_kind */
+} list_mode_t;
+
+typedef struct gser_list {
+    list_mode_t mode;
+    gser_kind_t arr_kind;
+    bool explicit_array; /* built as an array (or decoded from one): stays one on the wire */
+    bool arr_borrowed;   /* arr points at memory the message does not own */
+    size_t len;
+    gser_value_t **items; /* LIST_BOXED */
+    size_t items_cap;
+    void *arr;            /* LIST_ARRAY */
+    size_t arr_cap;
+    gser_value_t **cache; /* boxed snapshots of arr elements, made on demand */
+} gser_list_t;
+
+typedef struct gser_pair {
+    gser_value_t *key;
+    gser_value_t *value;
+} gser_pair_t;
+
+typedef struct gser_map {
+    size_t len;
+    size_t cap;
+    gser_pair_t *pairs;
+} gser_map_t;
+
+typedef struct gser_buffer {
+    gser_buffer_desc_t desc; /* shape points at shape_store */
+    int64_t *shape_store;
+} gser_buffer_t;
+
+typedef struct gser_type gser_type_t;
+
+typedef struct gser_object {
+    const gser_type_t *type;
+    void *obj;
+} gser_object_t;
+
+typedef struct gser_serialized {
+    const char *type_name;
+    const char *family;
+    uint32_t version;
+    const unsigned char *header;
+    size_t header_len;
+    gser_frame_t *frames;
+    size_t nframes;
+} gser_serialized_t;
+
+struct gser_value {
+    uint8_t kind;  /* gser_kind_t */
+    uint8_t flags; /* VF_* */
+    gser_msg_t *msg;
+    union {
+        bool b;
+        int64_t i;
+        uint64_t u;
+        double f;
+        struct {
+            const char *ptr;
+            size_t len;
+        } s; /* str (arena copy, NUL-terminated) and bytes (borrowed) */
+        gser_list_t *list;
+        gser_map_t *map;
+        gser_buffer_t *buf;
+        gser_object_t *obj;
+        gser_serialized_t *ser;
+    } u;
+};
+
+struct gser_msg {
+    gser_context_t *ctx;
+    gser_value_t *root;
+    arena_t arena;
+    const gser_frame_t *frames; /* what it was deserialized from; released last */
+    size_t nframes;
+    void (*flat_release)(void *arg, const void *data); /* owner of a flattened input */
+    void *flat_arg;
+    const void *flat_data;
+    gser_value_t nil;
+    alignas(16) unsigned char first_chunk[GSER_ARENA_FIRST];
+};
+
+GSER_INTERNAL void *msg_alloc(gser_msg_t *msg, size_t size, size_t align);
+GSER_INTERNAL gser_value_t *msg_value(gser_msg_t *msg, gser_kind_t kind);
+GSER_INTERNAL char *msg_strdup(gser_msg_t *msg, const char *s, size_t len);
+GSER_INTERNAL gser_status_t value_list_new(gser_msg_t *msg, gser_kind_t kind, gser_value_t **out);
+/* An array-backed list over data (borrowed, never copied). */
+GSER_INTERNAL gser_status_t value_array_wrap(gser_msg_t *msg, bool tuple, gser_kind_t elem_kind, const void *data,
+                                             size_t count, gser_value_t **out);
+GSER_INTERNAL size_t scalar_kind_size(gser_kind_t k);
+GSER_INTERNAL bool kind_is_scalar(gser_kind_t k);
+GSER_INTERNAL bool kind_is_array_elem(gser_kind_t k);
+
+/* ---- context ------------------------------------------------------------ */
+
+typedef struct gser_family_fns {
+    gser_serialize_fn serialize;
+    gser_deserialize_fn deserialize;
+} gser_family_fns_t;
+
+struct gser_type {
+    char *name;
+    size_t name_len;
+    uint32_t version;
+    uint32_t min_read_version;
+    gser_destroy_fn destroy;
+    void *user_data;
+    gser_family_fns_t fam[GSER_MAX_FAMILIES];
+};
+
+struct gser_context {
+    uint64_t id;
+    gser_limits_t limits;
+    size_t inline_max;
+    size_t array_min;
+    FILE *trace; /* NULL = off */
+    atomic_bool frozen;
+    size_t nfamilies;
+    char families[GSER_MAX_FAMILIES][GSER_FAMILY_NAME_MAX + 1];
+    gser_type_t **types; /* open addressing, power-of-two slots */
+    size_t ntypes;
+    size_t type_slots;
+};
+
+enum { GSER_FAMILY_DEVICE = 0, GSER_FAMILY_HOST = 1 };
+
+GSER_INTERNAL const gser_type_t *context_find_type(const gser_context_t *ctx, const char *name, size_t len);
+GSER_INTERNAL int context_find_family(const gser_context_t *ctx, const char *name, size_t len);
+GSER_INTERNAL void context_freeze(gser_context_t *ctx);
+GSER_INTERNAL void limits_resolve(const gser_limits_t *in, gser_limits_t *out);
+
+/* Per-thread, per-context detailed error messages. */
+GSER_INTERNAL gser_status_t error_set(const gser_context_t *ctx, gser_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+GSER_INTERNAL gser_status_t error_setv(const gser_context_t *ctx, gser_status_t st, const char *fmt, va_list ap);
+
+/* ---- paths -------------------------------------------------------------- */
+
+typedef struct path_seg {
+    const gser_value_t *key; /* map key, or NULL for an index */
+    size_t index;
+} path_seg_t;
+
+#define GSER_PATH_MAX (GSER_DEPTH_MAX + 2)
+
+typedef struct path {
+    size_t len;
+    path_seg_t seg[GSER_PATH_MAX];
+} path_t;
+
+/* Write "$.a[3]..." into buf (always NUL-terminated, truncated with "..."). */
+GSER_INTERNAL void path_format(const path_t *p, char *buf, size_t cap);
+/* Write a short rendering of a scalar value (for paths and traces). */
+GSER_INTERNAL void scalar_format(const gser_value_t *v, char *buf, size_t cap);
+
+/* ---- msgpack bounds check ----------------------------------------------- */
+
+/* Walk one msgpack object at p[0..len) without allocating: every declared
+ * length must fit in what is left, containers nest at most max_depth (and never
+ * deeper than msgpack-c's unpacker can go), and *nodes_left is charged one per
+ * item. *used is the object's size. On error *err_off is the failing offset. */
+GSER_INTERNAL gser_status_t mp_check(const unsigned char *p, size_t len, size_t max_depth, size_t *nodes_left,
+                                     size_t *used, size_t *err_off);
+
+/* ---- frames -------------------------------------------------------------- */
+
+#define GSER_FRAMES_INLINE 4
+
+struct gser_frames {
+    gser_context_t *ctx;
+    gser_frame_t *frames;
+    size_t n;
+    size_t cap;
+    void *header; /* owned */
+    size_t header_len;
+    gser_msg_t *scratch; /* values made by serializers and list conversions */
+    gser_frame_t inline_frames[GSER_FRAMES_INLINE];
+};
+
+/* ---- trace ------------------------------------------------------------- */
+
+GSER_INTERNAL void trace_line(FILE *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif /* GSER_HOST_INTERNAL_H */

@@ -1,0 +1,871 @@
+/* Messages and value trees: constructors, containers, accessors, equality. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* ---- messages ------------------------------------------------------------ */
+
+gser_status_t gser_msg_create(gser_context_t *ctx, gser_msg_t **msg_out)
+{
+    if (!ctx || !msg_out)
+        return GSER_ERR_INVALID_ARG;
+    gser_msg_t *m = malloc(sizeof *m);
+    if (!m)
+        return error_set(ctx, GSER_ERR_NO_MEMORY, "gser_msg_create: out of memory");
+    m->ctx = ctx;
+    m->frames = NULL;
+    m->nframes = 0;
+    m->flat_release = NULL;
+    m->flat_arg = NULL;
+    m->flat_data = NULL;
+    m->nil = (gser_value_t){.kind = GSER_KIND_NIL, .msg = m};
+    m->root = &m->nil;
+    arena_init(&m->arena, (arena_chunk_t *)m->first_chunk, sizeof m->first_chunk);
+    *msg_out = m;
+    return GSER_OK;
+}
+
+void gser_msg_destroy(gser_msg_t *msg)
+{
+    if (!msg)
+        return;
+    /* Objects first (they may point into frames), then the frames, then the
+     * flattened bytes the frames point into, then the memory. */
+    arena_run_cleanups(&msg->arena);
+    for (size_t i = msg->nframes; i-- > 0;)
+        if (msg->frames[i].release)
+            msg->frames[i].release(msg->frames[i].release_arg, msg->frames[i].data);
+    if (msg->flat_release)
+        msg->flat_release(msg->flat_arg, msg->flat_data);
+    arena_free(&msg->arena, (arena_chunk_t *)msg->first_chunk);
+    free(msg);
+}
+
+gser_value_t *gser_msg_root(const gser_msg_t *msg)
+{
+    return msg ? msg->root : NULL;
+}
+
+gser_status_t gser_msg_set_root(gser_msg_t *msg, gser_value_t *value)
+{
+    if (!msg || !value)
+        return GSER_ERR_INVALID_ARG;
+    msg->root = value;
+    return GSER_OK;
+}
+
+gser_context_t *gser_msg_context(const gser_msg_t *msg)
+{
+    return msg ? msg->ctx : NULL;
+}
+
+void *msg_alloc(gser_msg_t *msg, size_t size, size_t align)
+{
+    return arena_alloc(&msg->arena, size, align);
+}
+
+gser_value_t *msg_value(gser_msg_t *msg, gser_kind_t kind)
+{
+    gser_value_t *v = arena_alloc(&msg->arena, sizeof *v, alignof(gser_value_t));
+    if (v) {
+        v->kind = (uint8_t)kind;
+        v->flags = 0;
+        v->msg = msg;
+    }
+    return v;
+}
+
+char *msg_strdup(gser_msg_t *msg, const char *s, size_t len)
+{
+    if (len == SIZE_MAX)
+        return NULL;
+    char *d = arena_alloc(&msg->arena, len + 1, 1);
+    if (d) {
+        if (len)
+            memcpy(d, s, len);
+        d[len] = '\0';
+    }
+    return d;
+}
+
+static gser_status_t nomem(gser_msg_t *msg, const char *fn)
+{
+    return error_set(msg->ctx, GSER_ERR_NO_MEMORY, "%s: out of memory", fn);
+}
+
+/* ---- scalar constructors -------------------------------------------------- */
+
+#define NEW_SCALAR(fn, KIND, field, T)                                                                       \
+    gser_status_t fn(gser_msg_t *msg, T x, gser_value_t **out)                                               \
+    {                                                                                                        \
+        if (!msg || !out)                                                                                    \
+            return GSER_ERR_INVALID_ARG;                                                                     \
+        gser_value_t *v = msg_value(msg, KIND);                                                              \
+        if (!v)                                                                                              \
+            return nomem(msg, #fn);                                                                          \
+        v->u.field = x;                                                                                      \
+        *out = v;                                                                                            \
+        return GSER_OK;                                                                                      \
+    }
+
+NEW_SCALAR(gser_msg_new_bool, GSER_KIND_BOOL, b, bool)
+NEW_SCALAR(gser_msg_new_int, GSER_KIND_INT, i, int64_t)
+NEW_SCALAR(gser_msg_new_uint, GSER_KIND_UINT, u, uint64_t)
+NEW_SCALAR(gser_msg_new_float, GSER_KIND_FLOAT, f, double)
+
+gser_status_t gser_msg_new_nil(gser_msg_t *msg, gser_value_t **out)
+{
+    if (!msg || !out)
+        return GSER_ERR_INVALID_ARG;
+    *out = &msg->nil;
+    return GSER_OK;
+}
+
+gser_status_t gser_msg_new_str(gser_msg_t *msg, const char *s, size_t len, gser_value_t **out)
+{
+    if (!msg || !out || (!s && len))
+        return GSER_ERR_INVALID_ARG;
+    gser_value_t *v = msg_value(msg, GSER_KIND_STR);
+    char *copy = v ? msg_strdup(msg, s, len) : NULL;
+    if (!copy)
+        return nomem(msg, "gser_msg_new_str");
+    v->u.s.ptr = copy;
+    v->u.s.len = len;
+    *out = v;
+    return GSER_OK;
+}
+
+gser_status_t gser_msg_new_cstr(gser_msg_t *msg, const char *s, gser_value_t **out)
+{
+    if (!s)
+        return GSER_ERR_INVALID_ARG;
+    return gser_msg_new_str(msg, s, strlen(s), out);
+}
+
+gser_status_t gser_msg_new_bytes(gser_msg_t *msg, const void *data, size_t len, gser_value_t **out)
+{
+    if (!msg || !out || (!data && len))
+        return GSER_ERR_INVALID_ARG;
+    gser_value_t *v = msg_value(msg, GSER_KIND_BYTES);
+    if (!v)
+        return nomem(msg, "gser_msg_new_bytes");
+    v->u.s.ptr = data;
+    v->u.s.len = len;
+    *out = v;
+    return GSER_OK;
+}
+
+/* ---- lists ------------------------------------------------------------------ */
+
+size_t scalar_kind_size(gser_kind_t k)
+{
+    switch (k) {
+    case GSER_KIND_BOOL: return 1;
+    case GSER_KIND_INT:
+    case GSER_KIND_UINT:
+    case GSER_KIND_FLOAT: return 8;
+    default: return 0;
+    }
+}
+
+bool kind_is_array_elem(gser_kind_t k)
+{
+    return scalar_kind_size(k) != 0;
+}
+
+bool kind_is_scalar(gser_kind_t k)
+{
+    return k <= GSER_KIND_BYTES;
+}
+
+gser_status_t value_list_new(gser_msg_t *msg, gser_kind_t kind, gser_value_t **out)
+{
+    gser_value_t *v = msg_value(msg, kind);
+    gser_list_t *l = v ? msg_alloc(msg, sizeof *l, alignof(gser_list_t)) : NULL;
+    if (!l)
+        return GSER_ERR_NO_MEMORY;
+    memset(l, 0, sizeof *l);
+    l->mode = LIST_BOXED;
+    v->u.list = l;
+    *out = v;
+    return GSER_OK;
+}
+
+gser_status_t gser_msg_new_list(gser_msg_t *msg, gser_value_t **out)
+{
+    if (!msg || !out)
+        return GSER_ERR_INVALID_ARG;
+    return value_list_new(msg, GSER_KIND_LIST, out) ? nomem(msg, "gser_msg_new_list") : GSER_OK;
+}
+
+gser_status_t gser_msg_new_tuple(gser_msg_t *msg, gser_value_t **out)
+{
+    if (!msg || !out)
+        return GSER_ERR_INVALID_ARG;
+    return value_list_new(msg, GSER_KIND_TUPLE, out) ? nomem(msg, "gser_msg_new_tuple") : GSER_OK;
+}
+
+gser_status_t value_array_wrap(gser_msg_t *msg, bool tuple, gser_kind_t elem_kind, const void *data, size_t count,
+                               gser_value_t **out)
+{
+    gser_value_t *v;
+    if (value_list_new(msg, tuple ? GSER_KIND_TUPLE : GSER_KIND_LIST, &v))
+        return GSER_ERR_NO_MEMORY;
+    gser_list_t *l = v->u.list;
+    l->mode = LIST_ARRAY;
+    l->arr_kind = elem_kind;
+    l->explicit_array = true;
+    l->arr_borrowed = true;
+    l->arr = (void *)data;
+    l->len = count;
+    *out = v;
+    return GSER_OK;
+}
+
+gser_status_t gser_msg_new_array(gser_msg_t *msg, gser_kind_t elem_kind, const void *data, size_t count,
+                                 unsigned flags, gser_value_t **out)
+{
+    if (!msg || !out)
+        return GSER_ERR_INVALID_ARG;
+    if (!kind_is_array_elem(elem_kind))
+        return error_set(msg->ctx, GSER_ERR_INVALID_ARG,
+                         "gser_msg_new_array: element kind %s is not bool, int, uint or float",
+                         gser_kind_str(elem_kind));
+    size_t es = scalar_kind_size(elem_kind);
+    if (count && !data)
+        return error_set(msg->ctx, GSER_ERR_INVALID_ARG, "gser_msg_new_array: data is NULL");
+    if (count > SIZE_MAX / es)
+        return error_set(msg->ctx, GSER_ERR_INVALID_ARG, "gser_msg_new_array: count too large");
+    if (elem_kind == GSER_KIND_BOOL) {
+        const unsigned char *b = data;
+        for (size_t i = 0; i < count; i++)
+            if (b[i] > 1)
+                return error_set(msg->ctx, GSER_ERR_INVALID_ARG,
+                                 "gser_msg_new_array: bool element %zu is %u, not 0 or 1", i, b[i]);
+    }
+    const void *src = data;
+    if ((flags & GSER_ARRAY_COPY) && count) {
+        void *copy = msg_alloc(msg, count * es, 16);
+        if (!copy)
+            return nomem(msg, "gser_msg_new_array");
+        memcpy(copy, data, count * es);
+        src = copy;
+    }
+    gser_value_t *v;
+    if (value_array_wrap(msg, flags & GSER_ARRAY_TUPLE, elem_kind, src, count, &v))
+        return nomem(msg, "gser_msg_new_array");
+    *out = v;
+    return GSER_OK;
+}
+
+static bool is_list(const gser_value_t *v)
+{
+    return v && (v->kind == GSER_KIND_LIST || v->kind == GSER_KIND_TUPLE);
+}
+
+/* Box element i of an array-backed list into a new value. */
+static gser_value_t *box_elem(gser_msg_t *msg, const gser_list_t *l, size_t i)
+{
+    gser_value_t *v = msg_value(msg, l->arr_kind);
+    if (!v)
+        return NULL;
+    switch (l->arr_kind) {
+    case GSER_KIND_BOOL: v->u.b = ((const unsigned char *)l->arr)[i] != 0; break;
+    case GSER_KIND_INT: memcpy(&v->u.i, (const char *)l->arr + 8 * i, 8); break;
+    case GSER_KIND_UINT: memcpy(&v->u.u, (const char *)l->arr + 8 * i, 8); break;
+    default: memcpy(&v->u.f, (const char *)l->arr + 8 * i, 8); break;
+    }
+    return v;
+}
+
+/* Turn an array-backed list into a list of value pointers (a mixed append). */
+static gser_status_t list_box(gser_msg_t *msg, gser_list_t *l)
+{
+    if (arena_vec_reserve(&msg->arena, (void **)&l->items, &l->items_cap, sizeof(gser_value_t *), l->len + 1))
+        return GSER_ERR_NO_MEMORY;
+    for (size_t i = 0; i < l->len; i++) {
+        gser_value_t *v = l->cache && l->cache[i] ? l->cache[i] : box_elem(msg, l, i);
+        if (!v)
+            return GSER_ERR_NO_MEMORY;
+        l->items[i] = v;
+    }
+    l->mode = LIST_BOXED;
+    l->cache = NULL;
+    l->explicit_array = false;
+    return GSER_OK;
+}
+
+/* Make room for one more unboxed element, taking a private copy of a borrowed array. */
+static gser_status_t list_arr_reserve(gser_msg_t *msg, gser_list_t *l, size_t es)
+{
+    if (l->arr_borrowed) {
+        const void *old = l->arr;
+        l->arr = NULL;
+        l->arr_cap = 0;
+        if (arena_vec_reserve(&msg->arena, &l->arr, &l->arr_cap, es, l->len + 1)) {
+            l->arr = (void *)old;
+            return GSER_ERR_NO_MEMORY;
+        }
+        if (l->len)
+            memcpy(l->arr, old, l->len * es);
+        l->arr_borrowed = false;
+        return GSER_OK;
+    }
+    return arena_vec_reserve(&msg->arena, &l->arr, &l->arr_cap, es, l->len + 1);
+}
+
+/* Append a scalar without boxing when the list is (or can become) an array of its kind. */
+static gser_status_t list_push_scalar(gser_value_t *list, gser_kind_t kind, const void *bits)
+{
+    gser_list_t *l = list->u.list;
+    gser_msg_t *msg = list->msg;
+    if (l->mode == LIST_BOXED && l->len == 0) {
+        l->mode = LIST_ARRAY;
+        l->arr_kind = kind;
+    }
+    if (l->mode == LIST_ARRAY && l->arr_kind == kind) {
+        size_t es = scalar_kind_size(kind);
+        if (list_arr_reserve(msg, l, es))
+            return nomem(msg, "gser_list_append");
+        memcpy((char *)l->arr + l->len * es, bits, es);
+        l->len++;
+        l->cache = NULL;
+        return GSER_OK;
+    }
+    gser_value_t *v = msg_value(msg, kind);
+    if (!v)
+        return nomem(msg, "gser_list_append");
+    memcpy(&v->u, bits, scalar_kind_size(kind));
+    return gser_list_append(list, v);
+}
+
+gser_status_t gser_list_append(gser_value_t *list, gser_value_t *value)
+{
+    if (!is_list(list) || !value)
+        return GSER_ERR_INVALID_ARG;
+    gser_list_t *l = list->u.list;
+    gser_msg_t *msg = list->msg;
+    gser_kind_t k = value->kind;
+    if (kind_is_array_elem(k) && (l->mode == LIST_ARRAY || l->len == 0)) {
+        if (l->mode == LIST_BOXED || l->arr_kind == k) {
+            if (k == GSER_KIND_BOOL) {
+                unsigned char b = value->u.b;
+                return list_push_scalar(list, k, &b);
+            }
+            return list_push_scalar(list, k, &value->u);
+        }
+    }
+    if (l->mode == LIST_ARRAY && list_box(msg, l))
+        return nomem(msg, "gser_list_append");
+    if (arena_vec_reserve(&msg->arena, (void **)&l->items, &l->items_cap, sizeof(gser_value_t *), l->len + 1))
+        return nomem(msg, "gser_list_append");
+    l->items[l->len++] = value;
+    return GSER_OK;
+}
+
+gser_status_t gser_list_append_nil(gser_value_t *list)
+{
+    return is_list(list) ? gser_list_append(list, &list->msg->nil) : GSER_ERR_INVALID_ARG;
+}
+
+gser_status_t gser_list_append_bool(gser_value_t *list, bool v)
+{
+    unsigned char b = v;
+    return is_list(list) ? list_push_scalar(list, GSER_KIND_BOOL, &b) : GSER_ERR_INVALID_ARG;
+}
+
+gser_status_t gser_list_append_int(gser_value_t *list, int64_t v)
+{
+    return is_list(list) ? list_push_scalar(list, GSER_KIND_INT, &v) : GSER_ERR_INVALID_ARG;
+}
+
+gser_status_t gser_list_append_uint(gser_value_t *list, uint64_t v)
+{
+    return is_list(list) ? list_push_scalar(list, GSER_KIND_UINT, &v) : GSER_ERR_INVALID_ARG;
+}
+
+gser_status_t gser_list_append_float(gser_value_t *list, double v)
+{
+    return is_list(list) ? list_push_scalar(list, GSER_KIND_FLOAT, &v) : GSER_ERR_INVALID_ARG;
+}
+
+gser_status_t gser_list_append_cstr(gser_value_t *list, const char *s)
+{
+    if (!is_list(list) || !s)
+        return GSER_ERR_INVALID_ARG;
+    gser_value_t *v;
+    gser_status_t st = gser_msg_new_cstr(list->msg, s, &v);
+    return st ? st : gser_list_append(list, v);
+}
+
+gser_status_t gser_list_get(const gser_value_t *list, size_t i, gser_value_t **out)
+{
+    if (!is_list(list) || !out)
+        return GSER_ERR_INVALID_ARG;
+    gser_list_t *l = list->u.list;
+    if (i >= l->len)
+        return GSER_ERR_OUT_OF_RANGE;
+    if (l->mode == LIST_BOXED) {
+        *out = l->items[i];
+        return GSER_OK;
+    }
+    gser_msg_t *msg = list->msg;
+    if (!l->cache) {
+        l->cache = msg_alloc(msg, l->len * sizeof(gser_value_t *), alignof(gser_value_t *));
+        if (!l->cache)
+            return nomem(msg, "gser_list_get");
+        memset(l->cache, 0, l->len * sizeof(gser_value_t *));
+    }
+    if (!l->cache[i] && !(l->cache[i] = box_elem(msg, l, i)))
+        return nomem(msg, "gser_list_get");
+    *out = l->cache[i];
+    return GSER_OK;
+}
+
+gser_status_t gser_list_get_array(const gser_value_t *list, gser_kind_t *elem_kind, const void **data, size_t *count)
+{
+    if (!is_list(list) || !elem_kind || !data || !count)
+        return GSER_ERR_INVALID_ARG;
+    const gser_list_t *l = list->u.list;
+    if (l->mode != LIST_ARRAY)
+        return GSER_ERR_TYPE_MISMATCH;
+    *elem_kind = l->arr_kind;
+    *data = l->arr;
+    *count = l->len;
+    return GSER_OK;
+}
+
+/* ---- maps -------------------------------------------------------------------- */
+
+gser_status_t gser_msg_new_map(gser_msg_t *msg, gser_value_t **out)
+{
+    if (!msg || !out)
+        return GSER_ERR_INVALID_ARG;
+    gser_value_t *v = msg_value(msg, GSER_KIND_MAP);
+    gser_map_t *m = v ? msg_alloc(msg, sizeof *m, alignof(gser_map_t)) : NULL;
+    if (!m)
+        return nomem(msg, "gser_msg_new_map");
+    memset(m, 0, sizeof *m);
+    v->u.map = m;
+    *out = v;
+    return GSER_OK;
+}
+
+gser_status_t gser_map_put(gser_value_t *map, gser_value_t *key, gser_value_t *value)
+{
+    if (!map || map->kind != GSER_KIND_MAP || !key || !value)
+        return GSER_ERR_INVALID_ARG;
+    if (!kind_is_scalar(key->kind))
+        return error_set(map->msg->ctx, GSER_ERR_INVALID_ARG, "gser_map_put: a map key must be a scalar, not a %s",
+                         gser_kind_str(key->kind));
+    gser_map_t *m = map->u.map;
+    if (arena_vec_reserve(&map->msg->arena, (void **)&m->pairs, &m->cap, sizeof(gser_pair_t), m->len + 1))
+        return nomem(map->msg, "gser_map_put");
+    m->pairs[m->len].key = key;
+    m->pairs[m->len].value = value;
+    m->len++;
+    return GSER_OK;
+}
+
+gser_status_t gser_map_put_cstr(gser_value_t *map, const char *key, gser_value_t *value)
+{
+    if (!map || map->kind != GSER_KIND_MAP || !key || !value)
+        return GSER_ERR_INVALID_ARG;
+    gser_value_t *k;
+    gser_status_t st = gser_msg_new_cstr(map->msg, key, &k);
+    return st ? st : gser_map_put(map, k, value);
+}
+
+gser_status_t gser_map_get_at(const gser_value_t *map, size_t i, gser_value_t **key, gser_value_t **value)
+{
+    if (!map || map->kind != GSER_KIND_MAP)
+        return GSER_ERR_INVALID_ARG;
+    if (i >= map->u.map->len)
+        return GSER_ERR_OUT_OF_RANGE;
+    if (key)
+        *key = map->u.map->pairs[i].key;
+    if (value)
+        *value = map->u.map->pairs[i].value;
+    return GSER_OK;
+}
+
+gser_status_t gser_map_find_cstr(const gser_value_t *map, const char *key, gser_value_t **value)
+{
+    if (!map || map->kind != GSER_KIND_MAP || !key || !value)
+        return GSER_ERR_INVALID_ARG;
+    size_t n = strlen(key);
+    const gser_map_t *m = map->u.map;
+    for (size_t i = 0; i < m->len; i++) {
+        const gser_value_t *k = m->pairs[i].key;
+        if (k->kind == GSER_KIND_STR && k->u.s.len == n && memcmp(k->u.s.ptr, key, n) == 0) {
+            *value = m->pairs[i].value;
+            return GSER_OK;
+        }
+    }
+    return GSER_ERR_NOT_FOUND;
+}
+
+gser_status_t gser_map_find(const gser_value_t *map, const gser_value_t *key, gser_value_t **value)
+{
+    if (!map || map->kind != GSER_KIND_MAP || !key || !value)
+        return GSER_ERR_INVALID_ARG;
+    const gser_map_t *m = map->u.map;
+    for (size_t i = 0; i < m->len; i++) {
+        if (gser_value_equal(m->pairs[i].key, key)) {
+            *value = m->pairs[i].value;
+            return GSER_OK;
+        }
+    }
+    return GSER_ERR_NOT_FOUND;
+}
+
+/* ---- buffers and objects -------------------------------------------------------- */
+
+typedef struct owned_release {
+    void (*fn)(void *data, void *arg);
+    void *data;
+    void *arg;
+} owned_release_t;
+
+static void run_owned_release(void *arg)
+{
+    owned_release_t *r = arg;
+    r->fn(r->data, r->arg);
+}
+
+gser_status_t gser_msg_new_buffer(gser_msg_t *msg, const gser_buffer_desc_t *desc, gser_value_t **out)
+{
+    if (!msg || !desc || !out)
+        return GSER_ERR_INVALID_ARG;
+    gser_context_t *ctx = msg->ctx;
+    size_t es = gser_dtype_size(desc->dtype);
+    if (es == 0)
+        return error_set(ctx, GSER_ERR_INVALID_ARG, "gser_msg_new_buffer: unknown dtype %d", (int)desc->dtype);
+    if (desc->nbytes && !desc->data)
+        return error_set(ctx, GSER_ERR_INVALID_ARG, "gser_msg_new_buffer: data is NULL");
+    if (desc->memory != GSER_MEMORY_HOST && desc->memory != GSER_MEMORY_DEVICE)
+        return error_set(ctx, GSER_ERR_INVALID_ARG, "gser_msg_new_buffer: unknown memory kind %d", (int)desc->memory);
+    if (desc->ndim > GSER_MAX_NDIM || (desc->ndim && !desc->shape))
+        return error_set(ctx, GSER_ERR_INVALID_ARG, "gser_msg_new_buffer: ndim %u needs a shape of at most %d dims",
+                         desc->ndim, GSER_MAX_NDIM);
+    if (desc->ndim) {
+        uint64_t total = es;
+        for (uint32_t d = 0; d < desc->ndim; d++) {
+            if (desc->shape[d] < 0 ||
+                (desc->shape[d] && total > UINT64_MAX / (uint64_t)desc->shape[d]))
+                return error_set(ctx, GSER_ERR_INVALID_ARG, "gser_msg_new_buffer: bad extent %lld in dim %u",
+                                 (long long)desc->shape[d], d);
+            total *= (uint64_t)desc->shape[d];
+        }
+        if (total != desc->nbytes)
+            return error_set(ctx, GSER_ERR_INVALID_ARG,
+                             "gser_msg_new_buffer: shape holds %llu bytes of %s but nbytes is %zu",
+                             (unsigned long long)total, gser_dtype_str(desc->dtype), desc->nbytes);
+    } else if (desc->nbytes % es) {
+        return error_set(ctx, GSER_ERR_INVALID_ARG, "gser_msg_new_buffer: nbytes %zu is not a multiple of %s",
+                         desc->nbytes, gser_dtype_str(desc->dtype));
+    }
+    bool copy = desc->flags & GSER_BUFFER_COPY;
+    if (copy && desc->memory != GSER_MEMORY_HOST)
+        return error_set(ctx, GSER_ERR_UNSUPPORTED, "gser_msg_new_buffer: GSER_BUFFER_COPY needs host memory");
+    if (copy && desc->release)
+        return error_set(ctx, GSER_ERR_INVALID_ARG, "gser_msg_new_buffer: both GSER_BUFFER_COPY and release set");
+
+    gser_value_t *v = msg_value(msg, GSER_KIND_BUFFER);
+    gser_buffer_t *b = v ? msg_alloc(msg, sizeof *b, alignof(gser_buffer_t)) : NULL;
+    int64_t *shape = b && desc->ndim ? msg_alloc(msg, desc->ndim * sizeof(int64_t), 8) : NULL;
+    if (!b || (desc->ndim && !shape))
+        return nomem(msg, "gser_msg_new_buffer");
+    b->desc = *desc;
+    b->desc.flags = 0;
+    b->desc.release = NULL;
+    b->desc.release_arg = NULL;
+    if (desc->ndim)
+        memcpy(shape, desc->shape, desc->ndim * sizeof(int64_t));
+    b->shape_store = shape;
+    b->desc.shape = shape;
+    if (copy && desc->nbytes) {
+        void *d = msg_alloc(msg, desc->nbytes, 64);
+        if (!d)
+            return nomem(msg, "gser_msg_new_buffer");
+        memcpy(d, desc->data, desc->nbytes);
+        b->desc.data = d;
+    }
+    if (desc->release) {
+        /* Registered last, once nothing else can fail: the message owns data
+         * only when the call succeeds. */
+        owned_release_t *r = msg_alloc(msg, sizeof *r, alignof(owned_release_t));
+        if (!r)
+            return nomem(msg, "gser_msg_new_buffer");
+        r->fn = desc->release;
+        r->data = (void *)desc->data;
+        r->arg = desc->release_arg;
+        if (arena_on_release(&msg->arena, run_owned_release, r))
+            return nomem(msg, "gser_msg_new_buffer");
+    }
+    v->u.buf = b;
+    *out = v;
+    return GSER_OK;
+}
+
+gser_status_t gser_value_get_buffer(const gser_value_t *v, gser_buffer_desc_t *desc)
+{
+    if (!v || !desc)
+        return GSER_ERR_INVALID_ARG;
+    if (v->kind != GSER_KIND_BUFFER)
+        return GSER_ERR_TYPE_MISMATCH;
+    *desc = v->u.buf->desc;
+    return GSER_OK;
+}
+
+gser_status_t gser_msg_new_object(gser_msg_t *msg, const char *type_name, void *obj, gser_value_t **out)
+{
+    if (!msg || !type_name || !out)
+        return GSER_ERR_INVALID_ARG;
+    const gser_type_t *t = context_find_type(msg->ctx, type_name, strlen(type_name));
+    if (!t)
+        return error_set(msg->ctx, GSER_ERR_NOT_FOUND, "gser_msg_new_object: type \"%s\" is not registered",
+                         type_name);
+    gser_value_t *v = msg_value(msg, GSER_KIND_OBJECT);
+    gser_object_t *o = v ? msg_alloc(msg, sizeof *o, alignof(gser_object_t)) : NULL;
+    if (!o)
+        return nomem(msg, "gser_msg_new_object");
+    o->type = t;
+    o->obj = obj;
+    v->u.obj = o;
+    *out = v;
+    return GSER_OK;
+}
+
+gser_status_t gser_value_get_object(const gser_value_t *v, const char **type_name, void **obj)
+{
+    if (!v)
+        return GSER_ERR_INVALID_ARG;
+    if (v->kind != GSER_KIND_OBJECT)
+        return GSER_ERR_TYPE_MISMATCH;
+    if (type_name)
+        *type_name = v->u.obj->type->name;
+    if (obj)
+        *obj = v->u.obj->obj;
+    return GSER_OK;
+}
+
+gser_status_t gser_value_take_object(gser_value_t *v, void **obj)
+{
+    if (!v || !obj)
+        return GSER_ERR_INVALID_ARG;
+    if (v->kind != GSER_KIND_OBJECT)
+        return GSER_ERR_TYPE_MISMATCH;
+    v->flags &= (uint8_t)~VF_OWNED;
+    *obj = v->u.obj->obj;
+    return GSER_OK;
+}
+
+gser_status_t gser_value_get_serialized(const gser_value_t *v, gser_serialized_info_t *info)
+{
+    if (!v || !info)
+        return GSER_ERR_INVALID_ARG;
+    if (v->kind != GSER_KIND_SERIALIZED)
+        return GSER_ERR_TYPE_MISMATCH;
+    const gser_serialized_t *s = v->u.ser;
+    info->type_name = s->type_name;
+    info->family = s->family;
+    info->version = s->version;
+    info->header = s->header;
+    info->header_len = s->header_len;
+    info->nframes = s->nframes;
+    return GSER_OK;
+}
+
+/* ---- scalar accessors ----------------------------------------------------------- */
+
+gser_kind_t gser_value_kind(const gser_value_t *v)
+{
+    return v ? (gser_kind_t)v->kind : GSER_KIND_NIL;
+}
+
+gser_status_t gser_value_get_bool(const gser_value_t *v, bool *out)
+{
+    if (!v || !out)
+        return GSER_ERR_INVALID_ARG;
+    if (v->kind != GSER_KIND_BOOL)
+        return GSER_ERR_TYPE_MISMATCH;
+    *out = v->u.b;
+    return GSER_OK;
+}
+
+gser_status_t gser_value_get_int(const gser_value_t *v, int64_t *out)
+{
+    if (!v || !out)
+        return GSER_ERR_INVALID_ARG;
+    if (v->kind == GSER_KIND_INT) {
+        *out = v->u.i;
+        return GSER_OK;
+    }
+    if (v->kind == GSER_KIND_UINT) {
+        if (v->u.u > (uint64_t)INT64_MAX)
+            return GSER_ERR_OUT_OF_RANGE;
+        *out = (int64_t)v->u.u;
+        return GSER_OK;
+    }
+    return GSER_ERR_TYPE_MISMATCH;
+}
+
+gser_status_t gser_value_get_uint(const gser_value_t *v, uint64_t *out)
+{
+    if (!v || !out)
+        return GSER_ERR_INVALID_ARG;
+    if (v->kind == GSER_KIND_UINT) {
+        *out = v->u.u;
+        return GSER_OK;
+    }
+    if (v->kind == GSER_KIND_INT) {
+        if (v->u.i < 0)
+            return GSER_ERR_OUT_OF_RANGE;
+        *out = (uint64_t)v->u.i;
+        return GSER_OK;
+    }
+    return GSER_ERR_TYPE_MISMATCH;
+}
+
+gser_status_t gser_value_get_float(const gser_value_t *v, double *out)
+{
+    if (!v || !out)
+        return GSER_ERR_INVALID_ARG;
+    if (v->kind != GSER_KIND_FLOAT)
+        return GSER_ERR_TYPE_MISMATCH;
+    *out = v->u.f;
+    return GSER_OK;
+}
+
+gser_status_t gser_value_get_str(const gser_value_t *v, const char **s, size_t *len)
+{
+    if (!v || !s)
+        return GSER_ERR_INVALID_ARG;
+    if (v->kind != GSER_KIND_STR)
+        return GSER_ERR_TYPE_MISMATCH;
+    *s = v->u.s.ptr;
+    if (len)
+        *len = v->u.s.len;
+    return GSER_OK;
+}
+
+gser_status_t gser_value_get_bytes(const gser_value_t *v, const void **data, size_t *len)
+{
+    if (!v || !data || !len)
+        return GSER_ERR_INVALID_ARG;
+    if (v->kind != GSER_KIND_BYTES)
+        return GSER_ERR_TYPE_MISMATCH;
+    *data = v->u.s.ptr;
+    *len = v->u.s.len;
+    return GSER_OK;
+}
+
+size_t gser_value_len(const gser_value_t *v)
+{
+    if (!v)
+        return 0;
+    switch (v->kind) {
+    case GSER_KIND_STR:
+    case GSER_KIND_BYTES: return v->u.s.len;
+    case GSER_KIND_LIST:
+    case GSER_KIND_TUPLE: return v->u.list->len;
+    case GSER_KIND_MAP: return v->u.map->len;
+    default: return 0;
+    }
+}
+
+/* ---- equality ------------------------------------------------------------------- */
+
+/* Element i of any list as a scalar value on the stack (no allocation). */
+static bool list_elem(const gser_list_t *l, size_t i, gser_value_t *tmp, const gser_value_t **out)
+{
+    if (l->mode == LIST_BOXED) {
+        *out = l->items[i];
+        return true;
+    }
+    tmp->kind = (uint8_t)l->arr_kind;
+    switch (l->arr_kind) {
+    case GSER_KIND_BOOL: tmp->u.b = ((const unsigned char *)l->arr)[i] != 0; break;
+    default: memcpy(&tmp->u, (const char *)l->arr + 8 * i, 8); break;
+    }
+    *out = tmp;
+    return true;
+}
+
+bool gser_value_equal(const gser_value_t *a, const gser_value_t *b)
+{
+    if (!a || !b)
+        return a == b;
+    if (a->kind != b->kind)
+        return false;
+    switch (a->kind) {
+    case GSER_KIND_NIL: return true;
+    case GSER_KIND_BOOL: return a->u.b == b->u.b;
+    case GSER_KIND_INT: return a->u.i == b->u.i;
+    case GSER_KIND_UINT: return a->u.u == b->u.u;
+    case GSER_KIND_FLOAT: return a->u.f == b->u.f || (isnan(a->u.f) && isnan(b->u.f));
+    case GSER_KIND_STR:
+    case GSER_KIND_BYTES:
+        return a->u.s.len == b->u.s.len && (a->u.s.len == 0 || memcmp(a->u.s.ptr, b->u.s.ptr, a->u.s.len) == 0);
+    case GSER_KIND_LIST:
+    case GSER_KIND_TUPLE: {
+        const gser_list_t *la = a->u.list, *lb = b->u.list;
+        if (la->len != lb->len)
+            return false;
+        if (la->mode == LIST_ARRAY && lb->mode == LIST_ARRAY && la->arr_kind == lb->arr_kind &&
+            la->arr_kind != GSER_KIND_FLOAT)
+            return la->len == 0 || memcmp(la->arr, lb->arr, la->len * scalar_kind_size(la->arr_kind)) == 0;
+        for (size_t i = 0; i < la->len; i++) {
+            gser_value_t ta, tb;
+            const gser_value_t *ea, *eb;
+            list_elem(la, i, &ta, &ea);
+            list_elem(lb, i, &tb, &eb);
+            if (!gser_value_equal(ea, eb))
+                return false;
+        }
+        return true;
+    }
+    case GSER_KIND_MAP: {
+        const gser_map_t *ma = a->u.map, *mb = b->u.map;
+        if (ma->len != mb->len)
+            return false;
+        for (size_t i = 0; i < ma->len; i++)
+            if (!gser_value_equal(ma->pairs[i].key, mb->pairs[i].key) ||
+                !gser_value_equal(ma->pairs[i].value, mb->pairs[i].value))
+                return false;
+        return true;
+    }
+    case GSER_KIND_BUFFER: {
+        const gser_buffer_desc_t *da = &a->u.buf->desc, *db = &b->u.buf->desc;
+        if (da->dtype != db->dtype || da->nbytes != db->nbytes || da->ndim != db->ndim ||
+            da->memory != db->memory)
+            return false;
+        if (da->ndim && memcmp(da->shape, db->shape, da->ndim * sizeof(int64_t)) != 0)
+            return false;
+        if (da->memory != GSER_MEMORY_HOST)
+            return da->data == db->data;
+        return da->nbytes == 0 || memcmp(da->data, db->data, da->nbytes) == 0;
+    }
+    case GSER_KIND_OBJECT: return a->u.obj->type == b->u.obj->type && a->u.obj->obj == b->u.obj->obj;
+    case GSER_KIND_SERIALIZED: {
+        const gser_serialized_t *sa = a->u.ser, *sb = b->u.ser;
+        if (strcmp(sa->type_name, sb->type_name) || strcmp(sa->family, sb->family) || sa->version != sb->version ||
+            sa->header_len != sb->header_len || sa->nframes != sb->nframes ||
+            memcmp(sa->header, sb->header, sa->header_len) != 0)
+            return false;
+        for (size_t i = 0; i < sa->nframes; i++) {
+            const gser_frame_t *fa = &sa->frames[i], *fb = &sb->frames[i];
+            if (fa->size != fb->size || fa->memory != fb->memory)
+                return false;
+            if (fa->memory == GSER_MEMORY_HOST ? fa->size && memcmp(fa->data, fb->data, fa->size)
+                                               : fa->data != fb->data)
+                return false;
+        }
+        return true;
+    }
+    }
+    return false;
+}

@@ -1,0 +1,136 @@
+/* gser — serialization to header + frames, deserialization, flattening.
+ *
+ * gser_serialize turns a message into frame 0 = a msgpack header plus data
+ * frames that borrow the message's buffers (zero-copy). gser_deserialize
+ * rebuilds a message from frames, zero-copy where it can. The flattened form
+ * puts header and frames into one byte string with a small fixed prefix, for
+ * files and plain sockets. docs/wire-format.md is the normative spec.
+ */
+#ifndef GSER_SERIALIZE_H
+#define GSER_SERIALIZE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "gser/context.h"
+#include "gser/defs.h"
+#include "gser/value.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Version of the header format written by this build (see docs/wire-format.md). */
+#define GSER_WIRE_VERSION 1
+
+/**
+ * One frame: bytes somewhere in memory. Produced frames borrow (release is
+ * NULL). A frame passed to gser_deserialize with release set is owned by the
+ * resulting message from the moment the call succeeds: it calls
+ * release(release_arg, data) once when destroyed.
+ */
+typedef struct gser_frame {
+    const void *data;
+    size_t size;
+    gser_memory_t memory;
+    int32_t device;
+    void (*release)(void *release_arg, const void *data);
+    void *release_arg;
+} gser_frame_t;
+
+/** Serialize options. Zero-initialise, then set what you need. */
+typedef struct gser_serialize_options {
+    /** Families to try for typed objects, in order. NULL = {"device", "host"}. */
+    const char *const *families;
+    size_t nfamilies;
+    /** 0 = the context's inline_max / array_min. */
+    size_t inline_max;
+    size_t array_min;
+} gser_serialize_options_t;
+
+/**
+ * Serialize the tree rooted at msg's root. On success *frames_out holds
+ * frame 0 (the header, owned by the frames object) and the data frames,
+ * which borrow the message's buffers: keep msg (and every buffer it borrows)
+ * alive and unchanged until gser_frames_destroy. opts may be NULL.
+ */
+GSER_API gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg,
+                                      const gser_serialize_options_t *opts, gser_frames_t **frames_out);
+
+/** Number of frames, the header included. */
+GSER_API size_t gser_frames_count(const gser_frames_t *frames);
+
+/** The frames as an array of gser_frames_count entries; [0] is the header. */
+GSER_API const gser_frame_t *gser_frames_array(const gser_frames_t *frames);
+
+/** Free a frames object (not the message it borrows from). NULL is fine. */
+GSER_API void gser_frames_destroy(gser_frames_t *frames);
+
+/** Deserialize flags. */
+enum {
+    /** Keep every typed object serialized (pass-through); no type code runs. */
+    GSER_DESERIALIZE_KEEP_SERIALIZED = 1u << 0,
+    /** Keep objects of unregistered types (or families) serialized instead of
+     *  failing with GSER_ERR_UNKNOWN_TYPE. */
+    GSER_DESERIALIZE_ALLOW_UNKNOWN = 1u << 1,
+};
+
+/** Deserialize options. Zero-initialise, then set what you need. */
+typedef struct gser_deserialize_options {
+    unsigned flags;               /**< GSER_DESERIALIZE_* */
+    const gser_limits_t *limits;  /**< NULL = the context's limits */
+} gser_deserialize_options_t;
+
+/**
+ * Rebuild a message from frames[0] (header) and the data frames. The message
+ * borrows the frames (values point into them) unless a frame's release hands
+ * it over; keep borrowed frames valid until the message is destroyed.
+ * opts may be NULL. Untrusted input is safe: it never reads out of bounds and
+ * stops at the limits.
+ */
+GSER_API gser_status_t gser_deserialize(gser_context_t *ctx, const gser_frame_t *frames, size_t nframes,
+                                        const gser_deserialize_options_t *opts, gser_msg_t **msg_out);
+
+/** The frames a deserialized message was built from (header first); NULL
+ *  and 0 for a message built by hand. */
+GSER_API const gser_frame_t *gser_msg_frames(const gser_msg_t *msg, size_t *nframes);
+
+/* ---- flattened form ---------------------------------------------------- */
+
+/** Bytes needed to flatten these frames (host memory only). */
+GSER_API gser_status_t gser_flat_size(const gser_frame_t *frames, size_t nframes, size_t *size_out);
+
+/** Flatten frames into dst (capacity cap); *written is set on success. */
+GSER_API gser_status_t gser_flat_write(const gser_frame_t *frames, size_t nframes, void *dst, size_t cap,
+                                       size_t *written);
+
+/** Flatten frames to a file descriptor (all of it, retrying short writes). */
+GSER_API gser_status_t gser_flat_write_fd(const gser_frame_t *frames, size_t nframes, int fd);
+
+/** Flatten frames to a stdio stream. */
+GSER_API gser_status_t gser_flat_write_file(const gser_frame_t *frames, size_t nframes, FILE *f);
+
+/**
+ * Deserialize a flattened message in buf. Zero-copy: the message borrows buf
+ * (keep it valid until the message is destroyed) unless release is set, in
+ * which case the message owns buf from success on and calls
+ * release(release_arg, buf) once when destroyed. Frames that are not
+ * suitably aligned in buf are copied.
+ */
+GSER_API gser_status_t gser_deserialize_flat(gser_context_t *ctx, const void *buf, size_t len,
+                                             void (*release)(void *release_arg, const void *data),
+                                             void *release_arg, const gser_deserialize_options_t *opts,
+                                             gser_msg_t **msg_out);
+
+/** Read a whole flattened message from fd (until end of file) and
+ *  deserialize it; the message owns the bytes read. */
+GSER_API gser_status_t gser_deserialize_fd(gser_context_t *ctx, int fd, const gser_deserialize_options_t *opts,
+                                           gser_msg_t **msg_out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GSER_SERIALIZE_H */
