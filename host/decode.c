@@ -428,17 +428,19 @@ static gser_status_t dec_list(dec_t *d, const msgpack_object *items, size_t coun
     gser_value_t *list;
     if (value_list_new(d->msg, kind, &list))
         return nomem(d);
+    /* Boxed, as it was on the wire: only array markers give array-backed lists. */
+    gser_list_t *l = list->u.list;
+    if (count && arena_vec_reserve(&d->msg->arena, (void **)&l->items, &l->items_cap, sizeof(gser_value_t *), count))
+        return nomem(d);
     if (d->trace)
         dec_trace(d, "%s n=%zu", gser_kind_str(kind), count);
     for (size_t i = 0; i < count; i++) {
-        gser_value_t *v;
         d->path.seg[d->path.len++] = (path_seg_t){.key = NULL, .index = i};
-        gser_status_t st = dec_obj(d, &items[i], depth + 1, base, n, &v);
+        gser_status_t st = dec_obj(d, &items[i], depth + 1, base, n, &l->items[i]);
         d->path.len--;
         if (st)
             return st;
-        if (gser_list_append(list, v))
-            return nomem(d);
+        l->len++;
     }
     *out = list;
     return GSER_OK;

@@ -27,6 +27,8 @@ static int obuf_write(void *data, const char *buf, size_t len)
     obuf_t *b = data;
     if (b->oom)
         return -1;
+    if (len == 0) /* an empty str/bin body may come with a NULL pointer */
+        return 0;
     if (len > b->cap - b->len) {
         size_t cap = b->cap ? b->cap : 256;
         while (cap - b->len < len) {

@@ -1,0 +1,415 @@
+// Untrusted input: limits, truncation, corruption, crafted headers.
+#include <random>
+
+#include <msgpack.h>
+
+#include "host/common.hpp"
+
+namespace {
+
+// A sample message with every marker: map, tuple, array frame, inline array,
+// buffer frame, inline buffer, typed object with a frame.
+struct Sample {
+    CtxPtr ctx;
+    MsgPtr msg;
+    FramesPtr frames;
+    Blob blob{3, "three", std::vector<double>(40, 0.5)};
+    std::vector<double> floats = std::vector<double>(300, 1.5);
+    std::vector<int32_t> ints = std::vector<int32_t>(500, 7);
+};
+
+void make_sample(Sample &s, BlobStats *stats)
+{
+    s.ctx = make_ctx();
+    register_blob(s.ctx.get(), stats, {"host"});
+    gser_msg_t *m;
+    ASSERT_EQ(gser_msg_create(s.ctx.get(), &m), GSER_OK);
+    s.msg.reset(m);
+    gser_value_t *root, *v, *t;
+    gser_msg_new_map(m, &root);
+    gser_msg_new_cstr(m, "op", &v), gser_map_put_cstr(root, "op", v);
+    gser_msg_new_tuple(m, &t), gser_list_append_int(t, 1), gser_list_append_cstr(t, "k"), gser_list_append_uint(t, 9);
+    gser_map_put_cstr(root, "prio", t);
+    gser_msg_new_array(m, GSER_KIND_FLOAT, s.floats.data(), s.floats.size(), 0, &v), gser_map_put_cstr(root, "f", v);
+    gser_msg_new_array(m, GSER_KIND_FLOAT, s.floats.data(), 4, 0, &v), gser_map_put_cstr(root, "small", v);
+    gser_buffer_desc_t d{};
+    int64_t shape[2] = {25, 20};
+    d.data = s.ints.data();
+    d.nbytes = s.ints.size() * 4;
+    d.dtype = GSER_DTYPE_INT32;
+    d.ndim = 2;
+    d.shape = shape;
+    gser_msg_new_buffer(m, &d, &v), gser_map_put_cstr(root, "buf", v);
+    d.nbytes = 8;
+    d.ndim = 0;
+    gser_msg_new_buffer(m, &d, &v), gser_map_put_cstr(root, "tiny", v);
+    gser_msg_new_object(m, "test.blob", &s.blob, &v), gser_map_put_cstr(root, "obj", v);
+    gser_msg_set_root(m, root);
+    s.frames = serialize(s.ctx.get(), m);
+}
+
+bool is_error(gser_status_t st)
+{
+    return st < 0 && std::string(gser_status_str(st)).find('?') == std::string::npos;
+}
+
+// Deserialize frames and expect a failure status (and no output).
+gser_status_t expect_failure(gser_context_t *ctx, const gser_frame_t *fr, size_t n, unsigned flags = 0,
+                             const gser_limits_t *lim = nullptr)
+{
+    gser_deserialize_options_t o{};
+    o.flags = flags;
+    o.limits = lim;
+    gser_msg_t *m = nullptr;
+    gser_status_t st = gser_deserialize(ctx, fr, n, &o, &m);
+    EXPECT_TRUE(is_error(st)) << gser_status_str(st);
+    EXPECT_EQ(m, nullptr);
+    EXPECT_NE(std::string(gser_context_last_error(ctx)), "") << "an error always has a message";
+    gser_msg_destroy(m);
+    return st;
+}
+
+std::vector<gser_frame_t> copy_frames(const gser_frames_t *f)
+{
+    return std::vector<gser_frame_t>(gser_frames_array(f), gser_frames_array(f) + gser_frames_count(f));
+}
+
+// A header whose root is the msgpack built by fn, with no data frames.
+template <class Fn> std::string craft(Fn fn, uint32_t version = GSER_WIRE_VERSION)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_array(&pk, 4);
+    msgpack_pack_ext_with_body(&pk, "GSER", 4, 1);
+    msgpack_pack_uint32(&pk, version);
+    fn(&pk);
+    msgpack_pack_array(&pk, 0);
+    std::string s(sb.data, sb.size);
+    msgpack_sbuffer_destroy(&sb);
+    return s;
+}
+
+gser_status_t decode_crafted(gser_context_t *ctx, const std::string &h, std::string *err = nullptr)
+{
+    gser_frame_t f = {h.data(), h.size(), GSER_MEMORY_HOST, 0, nullptr, nullptr};
+    gser_status_t st = expect_failure(ctx, &f, 1);
+    if (err)
+        *err = gser_context_last_error(ctx);
+    return st;
+}
+
+} // namespace
+
+TEST(Safety, EveryTruncationOfTheHeaderFails)
+{
+    BlobStats stats;
+    Sample s;
+    make_sample(s, &stats);
+    auto fr = copy_frames(s.frames.get());
+    const size_t full = fr[0].size;
+    std::vector<unsigned char> copy(static_cast<const unsigned char *>(fr[0].data),
+                                   static_cast<const unsigned char *>(fr[0].data) + full);
+    for (size_t len = 0; len < full; len++) {
+        // A fresh heap copy of exactly len bytes, so ASan sees any overread.
+        std::unique_ptr<unsigned char[]> h(new unsigned char[len ? len : 1]);
+        std::memcpy(h.get(), copy.data(), len);
+        fr[0].data = h.get();
+        fr[0].size = len;
+        gser_status_t st = expect_failure(s.ctx.get(), fr.data(), fr.size());
+        EXPECT_TRUE(st == GSER_ERR_TRUNCATED || st == GSER_ERR_BAD_MAGIC || st == GSER_ERR_FORMAT ||
+                    st == GSER_ERR_FRAME)
+            << len << ": " << gser_status_str(st);
+    }
+    EXPECT_EQ(stats.destroyed, stats.deserialized) << "nothing leaked from failed decodes";
+}
+
+TEST(Safety, EveryTruncationOfTheFlattenedFormFails)
+{
+    BlobStats stats;
+    Sample s;
+    make_sample(s, &stats);
+    auto flat = flatten(s.frames.get());
+    for (size_t len = 0; len < flat.size(); len++) {
+        std::unique_ptr<unsigned char[]> b(new unsigned char[len ? len : 1]);
+        std::memcpy(b.get(), flat.data(), len);
+        gser_msg_t *m = nullptr;
+        gser_status_t st = gser_deserialize_flat(s.ctx.get(), b.get(), len, nullptr, nullptr, nullptr, &m);
+        ASSERT_TRUE(is_error(st)) << len;
+        ASSERT_EQ(m, nullptr);
+        if (len >= 8) {
+            ASSERT_NE(st, GSER_ERR_BAD_MAGIC) << len;
+        }
+    }
+    gser_msg_t *m = nullptr;
+    ASSERT_EQ(gser_deserialize_flat(s.ctx.get(), flat.data(), flat.size(), nullptr, nullptr, nullptr, &m), GSER_OK);
+    gser_value_t *sent, *got;
+    ASSERT_EQ(gser_map_find_cstr(gser_msg_root(s.msg.get()), "buf", &sent), GSER_OK);
+    ASSERT_EQ(gser_map_find_cstr(gser_msg_root(m), "buf", &got), GSER_OK);
+    EXPECT_TRUE(gser_value_equal(sent, got)) << "the untruncated message decodes";
+    gser_msg_destroy(m);
+    flat.push_back(0);
+    EXPECT_EQ(gser_deserialize_flat(s.ctx.get(), flat.data(), flat.size(), nullptr, nullptr, nullptr, &m),
+              GSER_ERR_FORMAT)
+        << "trailing bytes";
+}
+
+TEST(Safety, RandomBitFlipsNeverCrash)
+{
+    BlobStats stats;
+    Sample s;
+    make_sample(s, &stats);
+    auto flat = flatten(s.frames.get());
+    // The prefix, size table and header: where every byte means something.
+    const size_t structure = 16 + 8 * gser_frames_count(s.frames.get()) + gser_frames_array(s.frames.get())[0].size;
+    std::mt19937_64 rng(12345);
+    int ok = 0, failed = 0;
+    for (int iter = 0; iter < 20000; iter++) {
+        std::vector<unsigned char> b = flat;
+        int flips = 1 + (int)(rng() % 4);
+        for (int i = 0; i < flips; i++) {
+            // Mostly in the structure; every fourth message anywhere.
+            size_t limit = iter % 4 == 0 ? b.size() : structure;
+            size_t pos = rng() % limit;
+            b[pos] ^= (unsigned char)(1u << (rng() % 8));
+        }
+        unsigned flags = iter % 3 == 0 ? GSER_DESERIALIZE_KEEP_SERIALIZED : 0;
+        gser_deserialize_options_t o{};
+        o.flags = flags;
+        gser_msg_t *m = nullptr;
+        gser_status_t st = gser_deserialize_flat(s.ctx.get(), b.data(), b.size(), nullptr, nullptr, &o, &m);
+        if (st == GSER_OK) {
+            ok++;
+            // Whatever decoded must be usable: re-serialize it.
+            gser_frames_t *f = nullptr;
+            if (gser_serialize(s.ctx.get(), m, nullptr, &f) == GSER_OK)
+                gser_frames_destroy(f);
+            gser_msg_destroy(m);
+        } else {
+            ASSERT_TRUE(is_error(st));
+            ASSERT_EQ(m, nullptr);
+            failed++;
+        }
+    }
+    EXPECT_GT(failed, 10000) << "most corruptions are detected (" << ok << " decoded)";
+    EXPECT_EQ(stats.destroyed, stats.deserialized);
+}
+
+TEST(Safety, RandomGarbageHeaders)
+{
+    auto ctx = make_ctx();
+    std::mt19937_64 rng(99);
+    for (int iter = 0; iter < 5000; iter++) {
+        size_t len = rng() % 200;
+        std::vector<unsigned char> h(len + 7);
+        const unsigned char magic[] = {0x94, 0xd6, 0x01, 'G', 'S', 'E', 'R'};
+        std::memcpy(h.data(), magic, 7); // get past the magic check
+        for (size_t i = 7; i < h.size(); i++)
+            h[i] = (unsigned char)rng();
+        std::unique_ptr<unsigned char[]> exact(new unsigned char[h.size()]);
+        std::memcpy(exact.get(), h.data(), h.size());
+        gser_frame_t f = {exact.get(), h.size(), GSER_MEMORY_HOST, 0, nullptr, nullptr};
+        gser_msg_t *m = nullptr;
+        gser_status_t st = gser_deserialize(ctx.get(), &f, 1, nullptr, &m);
+        ASSERT_TRUE(st == GSER_OK || is_error(st));
+        gser_msg_destroy(m);
+    }
+}
+
+TEST(Safety, LimitsAreEnforcedWithTheirOwnStatus)
+{
+    BlobStats stats;
+    Sample s;
+    make_sample(s, &stats);
+    auto fr = copy_frames(s.frames.get());
+    gser_limits_t lim{};
+    lim.max_frames = 2;
+    EXPECT_EQ(expect_failure(s.ctx.get(), fr.data(), fr.size(), 0, &lim), GSER_ERR_LIMIT_FRAMES);
+    lim = {};
+    lim.max_bytes = 1000;
+    EXPECT_EQ(expect_failure(s.ctx.get(), fr.data(), fr.size(), 0, &lim), GSER_ERR_LIMIT_BYTES);
+    lim = {};
+    lim.max_nodes = 20;
+    EXPECT_EQ(expect_failure(s.ctx.get(), fr.data(), fr.size(), 0, &lim), GSER_ERR_LIMIT_NODES);
+    lim = {};
+    lim.max_depth = 1;
+    EXPECT_EQ(expect_failure(s.ctx.get(), fr.data(), fr.size(), 0, &lim), GSER_ERR_LIMIT_DEPTH);
+    lim = {};
+    lim.max_depth = 3; // root map (1), its tuple (2), the object's sub-tree map (3) and its values (4)
+    EXPECT_EQ(expect_failure(s.ctx.get(), fr.data(), fr.size(), 0, &lim), GSER_ERR_LIMIT_DEPTH);
+    EXPECT_NE(std::string(gser_context_last_error(s.ctx.get())).find("$.obj"), std::string::npos)
+        << gser_context_last_error(s.ctx.get());
+
+    // Limits in the context apply when the call gives none.
+    gser_context_options_t o{};
+    o.limits.max_frames = 1;
+    auto small = make_ctx(&o);
+    EXPECT_EQ(expect_failure(small.get(), fr.data(), fr.size(), GSER_DESERIALIZE_ALLOW_UNKNOWN),
+              GSER_ERR_LIMIT_FRAMES);
+    o.limits.max_depth = GSER_DEPTH_MAX + 1;
+    gser_context_t *c = nullptr;
+    EXPECT_EQ(gser_context_create(&o, &c), GSER_ERR_INVALID_ARG);
+    EXPECT_EQ(c, nullptr);
+}
+
+TEST(Safety, DeepNestingAndCyclesFailAtSerialize)
+{
+    auto ctx = make_ctx();
+    gser_msg_t *m;
+    ASSERT_EQ(gser_msg_create(ctx.get(), &m), GSER_OK);
+    MsgPtr mp(m);
+    gser_value_t *root, *cur;
+    gser_msg_new_list(m, &root);
+    cur = root;
+    for (int i = 2; i < GSER_DEPTH_MAX; i++) {
+        gser_value_t *next;
+        gser_msg_new_list(m, &next);
+        gser_list_append(cur, next);
+        cur = next;
+    }
+    gser_list_append_int(cur, 1); // the int is at depth GSER_DEPTH_MAX: still fine
+    gser_msg_set_root(m, root);
+    auto frames = serialize(ctx.get(), m);
+    ASSERT_TRUE(frames);
+    auto back = deserialize(ctx.get(), frames.get());
+    EXPECT_TRUE(gser_value_equal(root, gser_msg_root(back.get())));
+
+    gser_value_t *deeper;
+    gser_msg_new_list(m, &deeper);
+    gser_list_append(cur, deeper);
+    gser_list_append_int(deeper, 2);
+    gser_frames_t *f = nullptr;
+    EXPECT_EQ(gser_serialize(ctx.get(), m, nullptr, &f), GSER_ERR_LIMIT_DEPTH);
+    EXPECT_EQ(f, nullptr);
+
+    // A cycle is caught by the same limit.
+    gser_value_t *a, *b;
+    gser_msg_new_list(m, &a);
+    gser_msg_new_list(m, &b);
+    gser_list_append(a, b);
+    gser_list_append(b, a);
+    gser_msg_set_root(m, a);
+    EXPECT_EQ(gser_serialize(ctx.get(), m, nullptr, &f), GSER_ERR_LIMIT_DEPTH);
+    EXPECT_NE(std::string(gser_context_last_error(ctx.get())).find("cycle"), std::string::npos);
+}
+
+TEST(Safety, CraftedHeadersAreRejectedPrecisely)
+{
+    auto ctx = make_ctx();
+    std::string err;
+    // Not gser at all.
+    EXPECT_EQ(decode_crafted(ctx.get(), std::string("\x93\x01\x02\x03", 4)), GSER_ERR_BAD_MAGIC);
+    // Future wire version.
+    EXPECT_EQ(decode_crafted(ctx.get(), craft([](msgpack_packer *pk) { msgpack_pack_nil(pk); }, 2), &err),
+              GSER_ERR_WIRE_VERSION);
+    EXPECT_NE(err.find("version 2"), std::string::npos) << err;
+    // An array that claims 2^32-1 elements in a few bytes: no allocation, truncated.
+    std::string huge = craft([](msgpack_packer *pk) { msgpack_pack_array(pk, 0xffffffffu); });
+    EXPECT_EQ(decode_crafted(ctx.get(), huge), GSER_ERR_TRUNCATED);
+    // A map claiming 2^32-1 pairs.
+    EXPECT_EQ(decode_crafted(ctx.get(), craft([](msgpack_packer *pk) { msgpack_pack_map(pk, 0xffffffffu); })),
+              GSER_ERR_TRUNCATED);
+    // A str longer than the input.
+    EXPECT_EQ(decode_crafted(ctx.get(), craft([](msgpack_packer *pk) { msgpack_pack_str(pk, 1u << 30); })),
+              GSER_ERR_TRUNCATED);
+    // Unknown marker.
+    EXPECT_EQ(decode_crafted(ctx.get(),
+                             craft([](msgpack_packer *pk) {
+                                 msgpack_pack_array(pk, 1);
+                                 msgpack_pack_ext(pk, 0, 42);
+                             }),
+                             &err),
+              GSER_ERR_FORMAT);
+    EXPECT_NE(err.find("unknown marker ext type 42"), std::string::npos) << err;
+    // A bare ext where a value belongs.
+    EXPECT_EQ(decode_crafted(ctx.get(), craft([](msgpack_packer *pk) { msgpack_pack_ext_with_body(pk, "abcd", 4, 9); })),
+              GSER_ERR_FORMAT);
+    // A buffer that references a frame that does not exist.
+    EXPECT_EQ(decode_crafted(ctx.get(),
+                             craft([](msgpack_packer *pk) {
+                                 msgpack_pack_map(pk, 1);
+                                 msgpack_pack_str_with_body(pk, "b", 1);
+                                 msgpack_pack_array(pk, 4);
+                                 msgpack_pack_ext(pk, 0, 4);
+                                 msgpack_pack_uint8(pk, GSER_DTYPE_UINT8);
+                                 msgpack_pack_nil(pk);
+                                 msgpack_pack_array(pk, 3);
+                                 msgpack_pack_uint8(pk, 0);
+                                 msgpack_pack_uint8(pk, 0);
+                                 msgpack_pack_uint8(pk, 16);
+                             }),
+                             &err),
+              GSER_ERR_FRAME);
+    EXPECT_NE(err.find("$.b: frame reference 0 is outside this object's 0 frames"), std::string::npos) << err;
+    // A buffer whose shape disagrees with its bytes.
+    EXPECT_EQ(decode_crafted(ctx.get(),
+                             craft([](msgpack_packer *pk) {
+                                 msgpack_pack_array(pk, 4);
+                                 msgpack_pack_ext(pk, 0, 4);
+                                 msgpack_pack_uint8(pk, GSER_DTYPE_FLOAT64);
+                                 msgpack_pack_array(pk, 1);
+                                 msgpack_pack_uint8(pk, 3);
+                                 msgpack_pack_bin_with_body(pk, "0123456789abcdef", 16);
+                             }),
+                             &err),
+              GSER_ERR_FORMAT);
+    // A bool array with a 2 in it.
+    EXPECT_EQ(decode_crafted(ctx.get(), craft([](msgpack_packer *pk) {
+                  msgpack_pack_array(pk, 5);
+                  msgpack_pack_ext(pk, 0, 5);
+                  msgpack_pack_uint8(pk, 0);
+                  msgpack_pack_uint8(pk, GSER_KIND_BOOL);
+                  msgpack_pack_uint8(pk, 3);
+                  msgpack_pack_bin_with_body(pk, "\x01\x02\x00", 3);
+              })),
+              GSER_ERR_FORMAT);
+    // A map key that is a list.
+    EXPECT_EQ(decode_crafted(ctx.get(), craft([](msgpack_packer *pk) {
+                  msgpack_pack_map(pk, 1);
+                  msgpack_pack_array(pk, 0);
+                  msgpack_pack_nil(pk);
+              })),
+              GSER_ERR_FORMAT);
+    // An object whose frames lie outside the message.
+    EXPECT_EQ(decode_crafted(ctx.get(), craft([](msgpack_packer *pk) {
+                  msgpack_pack_array(pk, 7);
+                  msgpack_pack_ext(pk, 0, 6);
+                  msgpack_pack_str_with_body(pk, "t", 1);
+                  msgpack_pack_str_with_body(pk, "host", 4);
+                  msgpack_pack_uint8(pk, 1);
+                  msgpack_pack_uint8(pk, 0);
+                  msgpack_pack_uint8(pk, 5);
+                  msgpack_pack_bin_with_body(pk, "\xc0", 1);
+              })),
+              GSER_ERR_FRAME);
+    // An object whose sub-header is not msgpack (kept serialized: still checked).
+    std::string bad_sub = craft([](msgpack_packer *pk) {
+        msgpack_pack_array(pk, 7);
+        msgpack_pack_ext(pk, 0, 6);
+        msgpack_pack_str_with_body(pk, "t", 1);
+        msgpack_pack_str_with_body(pk, "host", 4);
+        msgpack_pack_uint8(pk, 1);
+        msgpack_pack_uint8(pk, 0);
+        msgpack_pack_uint8(pk, 0);
+        msgpack_pack_bin_with_body(pk, "\x91\xc1", 2);
+    });
+    gser_frame_t f = {bad_sub.data(), bad_sub.size(), GSER_MEMORY_HOST, 0, nullptr, nullptr};
+    EXPECT_EQ(expect_failure(ctx.get(), &f, 1, GSER_DESERIALIZE_ALLOW_UNKNOWN), GSER_ERR_FORMAT);
+    // Nesting deeper than msgpack-c's unpacker can take: a clean limit error.
+    std::string deep = craft([](msgpack_packer *pk) {
+        for (int i = 0; i < 40; i++)
+            msgpack_pack_array(pk, 1);
+        msgpack_pack_nil(pk);
+    });
+    EXPECT_EQ(decode_crafted(ctx.get(), deep), GSER_ERR_LIMIT_DEPTH);
+    // Frame table disagreeing with the frames given.
+    std::string ok = craft([](msgpack_packer *pk) { msgpack_pack_nil(pk); });
+    gser_frame_t two[2] = {{ok.data(), ok.size(), GSER_MEMORY_HOST, 0, nullptr, nullptr},
+                           {"xx", 2, GSER_MEMORY_HOST, 0, nullptr, nullptr}};
+    EXPECT_EQ(expect_failure(ctx.get(), two, 2), GSER_ERR_FRAME);
+    // And the same header with the right frame count decodes.
+    gser_msg_t *m = nullptr;
+    EXPECT_EQ(gser_deserialize(ctx.get(), two, 1, nullptr, &m), GSER_OK);
+    gser_msg_destroy(m);
+}

@@ -1,0 +1,120 @@
+// gser-demo and gser-inspect, run as programs.
+#include <cstdio>
+#include <cstdlib>
+#include <sys/wait.h>
+
+#include "host/common.hpp"
+
+#if defined(GSER_INSPECT_PATH) && defined(GSER_DEMO_PATH)
+
+namespace {
+
+struct ProcResult {
+    int status;
+    std::string out;
+};
+
+ProcResult run(const std::string &cmd)
+{
+    FILE *p = popen((cmd + " 2>&1").c_str(), "r");
+    ProcResult r{-1, ""};
+    if (!p)
+        return r;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0)
+        r.out.append(buf, n);
+    int st = pclose(p);
+    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return r;
+}
+
+std::string tmp_path(const char *name)
+{
+    const char *dir = getenv("TMPDIR");
+    return std::string(dir ? dir : "/tmp") + "/gser-test-" + std::to_string(getpid()) + "-" + name;
+}
+
+} // namespace
+
+TEST(Tools, DemoWritesAMessageThatInspectPrints)
+{
+    std::string file = tmp_path("demo.gser");
+    ProcResult demo = run(std::string(GSER_DEMO_PATH) + " --n 1000 --out " + file);
+    ASSERT_EQ(demo.status, 0) << demo.out;
+    EXPECT_NE(demo.out.find("round trip verified"), std::string::npos) << demo.out;
+    ProcResult insp = run(std::string(GSER_INSPECT_PATH) + " " + file);
+    ASSERT_EQ(insp.status, 0) << insp.out;
+    EXPECT_NE(insp.out.find("\"op\": str \"compute-task\""), std::string::npos) << insp.out;
+    EXPECT_NE(insp.out.find("\"data\": list array<float> n=1000 (8000 bytes, frame 1)"), std::string::npos)
+        << insp.out;
+    EXPECT_NE(insp.out.find("\"priority\": tuple n=3"), std::string::npos) << insp.out;
+    EXPECT_NE(insp.out.find("\"image\": buffer int32 shape=(64, 64) 16384 bytes host, frame 2"), std::string::npos)
+        << insp.out;
+    // stdin works too
+    ProcResult piped = run(std::string(GSER_INSPECT_PATH) + " - < " + file);
+    EXPECT_EQ(piped.status, 0);
+    EXPECT_EQ(piped.out, insp.out);
+    std::remove(file.c_str());
+}
+
+TEST(Tools, InspectShowsUnknownObjectsWithoutTheirType)
+{
+    auto ctx = make_ctx();
+    BlobStats stats;
+    register_blob(ctx.get(), &stats, {"host"});
+    Blob blob{11, "eleven", std::vector<double>(64, 2.0)};
+    gser_msg_t *m;
+    ASSERT_EQ(gser_msg_create(ctx.get(), &m), GSER_OK);
+    MsgPtr mp(m);
+    gser_value_t *v;
+    gser_msg_new_object(m, "test.blob", &blob, &v);
+    gser_msg_set_root(m, v);
+    auto frames = serialize(ctx.get(), m);
+    std::string file = tmp_path("obj.gser");
+    FILE *f = fopen(file.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(gser_flat_write_file(gser_frames_array(frames.get()), gser_frames_count(frames.get()), f), GSER_OK);
+    fclose(f);
+    ProcResult insp = run(std::string(GSER_INSPECT_PATH) + " " + file);
+    ASSERT_EQ(insp.status, 0) << insp.out;
+    EXPECT_NE(insp.out.find("object type=test.blob family=host version=1 frames=1"), std::string::npos) << insp.out;
+    EXPECT_NE(insp.out.find("\"name\": str \"eleven\""), std::string::npos) << insp.out;
+    EXPECT_NE(insp.out.find("\"data\": buffer float64 512 bytes host, frame 1"), std::string::npos) << insp.out;
+    std::remove(file.c_str());
+}
+
+TEST(Tools, InspectRejectsBadFilesWithOneLine)
+{
+    std::string file = tmp_path("bad.gser");
+    FILE *f = fopen(file.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    fputs("this is not a gser message\n", f);
+    fclose(f);
+    ProcResult r = run(std::string(GSER_INSPECT_PATH) + " " + file);
+    EXPECT_EQ(r.status, 1);
+    EXPECT_NE(r.out.find("GSER_ERR_BAD_MAGIC"), std::string::npos) << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+
+    // A truncated real message.
+    std::string good = tmp_path("good.gser");
+    ASSERT_EQ(run(std::string(GSER_DEMO_PATH) + " --n 100 --out " + good).status, 0);
+    r = run("head -c 100 " + good + " | " + GSER_INSPECT_PATH + " -");
+    EXPECT_EQ(r.status, 1);
+    EXPECT_NE(r.out.find("GSER_ERR_TRUNCATED"), std::string::npos) << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+
+    r = run(std::string(GSER_INSPECT_PATH) + " /nonexistent/file");
+    EXPECT_EQ(r.status, 2);
+    r = run(std::string(GSER_INSPECT_PATH));
+    EXPECT_EQ(r.status, 2);
+    std::remove(file.c_str());
+    std::remove(good.c_str());
+}
+
+#else
+TEST(Tools, Skipped)
+{
+    GTEST_SKIP() << "built without GSER_BUILD_TOOLS";
+}
+#endif

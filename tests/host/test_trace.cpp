@@ -1,0 +1,106 @@
+// GSER_TRACE output: path, kind/type, family, memory, bytes.
+#include <cstdio>
+#include <cstdlib>
+
+#include "host/common.hpp"
+
+namespace {
+
+std::string read_all(FILE *f)
+{
+    fflush(f);
+    rewind(f);
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+        out.append(buf, n);
+    return out;
+}
+
+} // namespace
+
+TEST(Trace, SerializeAndDeserializePrintTheTree)
+{
+    FILE *f = tmpfile();
+    ASSERT_NE(f, nullptr);
+    gser_context_options_t o{};
+    o.trace = 1;
+    o.trace_stream = f;
+    auto ctx = make_ctx(&o);
+    BlobStats stats;
+    register_blob(ctx.get(), &stats, {"host"});
+    Blob blob{5, "five", std::vector<double>(100, 1.0)};
+    gser_msg_t *m;
+    ASSERT_EQ(gser_msg_create(ctx.get(), &m), GSER_OK);
+    MsgPtr mp(m);
+    gser_value_t *root, *l, *v;
+    gser_msg_new_map(m, &root);
+    gser_msg_new_list(m, &l);
+    for (int i = 0; i < 1000; i++)
+        gser_list_append_float(l, 1.5);
+    gser_map_put_cstr(root, "data", l);
+    gser_msg_new_object(m, "test.blob", &blob, &v);
+    gser_map_put_cstr(root, "payload", v);
+    gser_msg_new_cstr(m, "go", &v);
+    gser_map_put_cstr(root, "op", v);
+    gser_msg_set_root(m, root);
+    auto frames = serialize(ctx.get(), m);
+    std::string out = read_all(f);
+    EXPECT_NE(out.find("[gser] serialize $  map n=3"), std::string::npos) << out;
+    EXPECT_NE(out.find("[gser] serialize $.data  list array<float> n=1000 bytes=8000 frame 1 host"),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find("[gser] serialize $.payload  object type=test.blob family=host version=1 frames=1"),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find("[gser] serialize $.payload.data  buffer float64 ndim=0 bytes=800 frame 2 host"),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find("[gser] serialize $.op  str \"go\""), std::string::npos) << out;
+    EXPECT_NE(out.find("[gser] serialize frame 1 host 8000 bytes"), std::string::npos) << out;
+
+    fclose(f);
+    f = tmpfile();
+    o.trace_stream = f;
+    auto rx = make_ctx(&o);
+    auto back = deserialize(rx.get(), frames.get(), GSER_DESERIALIZE_ALLOW_UNKNOWN);
+    out = read_all(f);
+    EXPECT_NE(out.find("[gser] deserialize header"), std::string::npos) << out;
+    EXPECT_NE(out.find("[gser] deserialize $.data  list array<float> n=1000 bytes=8000 frame 1 host"),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find("[gser] deserialize $.payload  serialized type=test.blob family=host version=1 frames=1"),
+              std::string::npos)
+        << out;
+    fclose(f);
+}
+
+TEST(Trace, EnvironmentVariableTurnsItOnAndOffByDefault)
+{
+    FILE *f = tmpfile();
+    ASSERT_NE(f, nullptr);
+    gser_context_options_t o{};
+    o.trace_stream = f; // trace == 0: follow GSER_TRACE
+    for (const char *env : {"1", "0"}) {
+        setenv("GSER_TRACE", env, 1);
+        gser_context_t *c = nullptr;
+        ASSERT_EQ(gser_context_create(&o, &c), GSER_OK);
+        CtxPtr ctx(c);
+        gser_msg_t *m;
+        ASSERT_EQ(gser_msg_create(c, &m), GSER_OK);
+        MsgPtr mp(m);
+        gser_value_t *v;
+        gser_msg_new_int(m, 12345, &v);
+        gser_msg_set_root(m, v);
+        auto frames = serialize(c, m);
+        std::string out = read_all(f);
+        if (env[0] == '1')
+            EXPECT_NE(out.find("[gser] serialize $  int 12345"), std::string::npos) << out;
+        else
+            EXPECT_EQ(out.find("int 12345", out.find("int 12345") + 1), std::string::npos)
+                << "GSER_TRACE=0 adds nothing: " << out;
+    }
+    unsetenv("GSER_TRACE");
+    fclose(f);
+}
