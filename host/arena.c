@@ -36,14 +36,9 @@ void arena_free(arena_t *a, arena_chunk_t *first)
     a->head = NULL;
 }
 
-void *arena_alloc(arena_t *a, size_t size, size_t align)
+void *arena_alloc_slow(arena_t *a, size_t size)
 {
     arena_chunk_t *h = a->head;
-    size_t at = (h->used + align - 1) & ~(align - 1);
-    if (at <= h->size && size <= h->size - at) {
-        h->used = at + size;
-        return h->data + at;
-    }
     if (size > SIZE_MAX - sizeof(arena_chunk_t) - 16)
         return NULL;
     /* Large requests get a chunk of their own behind the head, so the head's
@@ -101,12 +96,28 @@ gser_status_t arena_vec_reserve(arena_t *a, void **ptr, size_t *cap, size_t elem
     }
     if (ncap > SIZE_MAX / elem_size)
         return GSER_ERR_NO_MEMORY;
-    bool first = *ptr == NULL;
-    if (first && arena_on_release(a, free_vec, ptr) != GSER_OK)
+    /* Where a vector lives follows from its size alone: small ones in the
+     * arena (no malloc, nothing to free), large ones on the heap, freed when
+     * the arena is released. */
+    size_t old_bytes = *cap * elem_size, new_bytes = ncap * elem_size;
+    void *np;
+    if (new_bytes <= ARENA_VEC_HEAP) {
+        if (!(np = arena_alloc(a, new_bytes, 16)))
+            return GSER_ERR_NO_MEMORY;
+        if (old_bytes)
+            memcpy(np, *ptr, old_bytes);
+    } else if (old_bytes <= ARENA_VEC_HEAP) {
+        if (!(np = malloc(new_bytes)))
+            return GSER_ERR_NO_MEMORY;
+        if (arena_on_release(a, free_vec, ptr) != GSER_OK) {
+            free(np);
+            return GSER_ERR_NO_MEMORY;
+        }
+        if (old_bytes)
+            memcpy(np, *ptr, old_bytes);
+    } else if (!(np = realloc(*ptr, new_bytes))) {
         return GSER_ERR_NO_MEMORY;
-    void *np = realloc(*ptr, ncap * elem_size);
-    if (!np)
-        return GSER_ERR_NO_MEMORY; /* *ptr unchanged; the cleanup frees it (or NULL) */
+    }
     *ptr = np;
     *cap = ncap;
     return GSER_OK;

@@ -130,7 +130,7 @@ static gser_status_t dec_data(dec_t *d, const msgpack_object *o, size_t base, si
         }
     }
     if (nbytes && ((uintptr_t)p & (align - 1))) {
-        void *copy = msg_alloc(d->msg, nbytes, 64);
+        void *copy = msg_alloc(d->msg, nbytes, 16);
         if (!copy)
             return nomem(d);
         memcpy(copy, p, nbytes);

@@ -20,7 +20,19 @@ typedef struct obuf {
     size_t len;
     size_t cap;
     bool oom;
+    bool heap; /* p was malloc'd; else it is the caller's initial buffer */
 } obuf_t;
+
+static void obuf_init(obuf_t *b, char *initial, size_t cap)
+{
+    *b = (obuf_t){.p = initial, .cap = cap};
+}
+
+static void obuf_free(obuf_t *b)
+{
+    if (b->heap)
+        free(b->p);
+}
 
 static int obuf_write(void *data, const char *buf, size_t len)
 {
@@ -30,7 +42,7 @@ static int obuf_write(void *data, const char *buf, size_t len)
     if (len == 0) /* an empty str/bin body may come with a NULL pointer */
         return 0;
     if (len > b->cap - b->len) {
-        size_t cap = b->cap ? b->cap : 256;
+        size_t cap = b->cap;
         while (cap - b->len < len) {
             if (cap > SIZE_MAX / 2) {
                 b->oom = true;
@@ -38,13 +50,16 @@ static int obuf_write(void *data, const char *buf, size_t len)
             }
             cap *= 2;
         }
-        char *np = realloc(b->p, cap);
+        char *np = b->heap ? realloc(b->p, cap) : malloc(cap);
         if (!np) {
             b->oom = true;
             return -1;
         }
+        if (!b->heap)
+            memcpy(np, b->p, b->len);
         b->p = np;
         b->cap = cap;
+        b->heap = true;
     }
     memcpy(b->p + b->len, buf, len);
     b->len += len;
@@ -365,7 +380,9 @@ static gser_status_t enc_object(enc_t *e, msgpack_packer *pk, const gser_value_t
                         e->cb_err[0] ? e->cb_err : no_root ? "it set no root" : gser_status_str(st));
     }
 
-    obuf_t sub = {0};
+    char initial[512];
+    obuf_t sub;
+    obuf_init(&sub, initial, sizeof initial);
     msgpack_packer spk;
     msgpack_packer_init(&spk, &sub, obuf_write);
     size_t first = e->out->n;
@@ -379,7 +396,7 @@ static gser_status_t enc_object(enc_t *e, msgpack_packer *pk, const gser_value_t
             enc_trace(e, "object type=%s family=%s version=%u frames=%zu sub-header=%zu bytes", t->name,
                       e->ctx->families[f], t->version, nframes, sub.len);
     }
-    free(sub.p);
+    obuf_free(&sub);
     return st;
 }
 
@@ -519,16 +536,19 @@ gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg, const g
     if (st)
         return st;
 
-    gser_frames_t *f = calloc(1, sizeof *f);
+    gser_frames_t *f = malloc(sizeof *f);
     if (!f)
         return error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize: out of memory");
     f->ctx = ctx;
     f->frames = f->inline_frames;
     f->cap = GSER_FRAMES_INLINE;
     f->n = 1; /* [0] is the header, filled in last */
+    f->header = NULL;
+    f->scratch = NULL;
     e.out = f;
 
-    obuf_t hdr = {0};
+    obuf_t hdr;
+    obuf_init(&hdr, f->header_inline, sizeof f->header_inline);
     msgpack_packer pk;
     msgpack_packer_init(&pk, &hdr, obuf_write);
     msgpack_pack_array(&pk, 4);
@@ -547,11 +567,11 @@ gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg, const g
             st = error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize: out of memory for the header");
     }
     if (st) {
-        free(hdr.p);
+        obuf_free(&hdr);
         gser_frames_destroy(f);
         return st;
     }
-    f->header = hdr.p;
+    f->header = hdr.heap ? hdr.p : NULL;
     f->header_len = hdr.len;
     f->frames[0] = (gser_frame_t){.data = hdr.p, .size = hdr.len, .memory = GSER_MEMORY_HOST};
     if (e.trace) {

@@ -69,7 +69,22 @@ GSER_INTERNAL void arena_init(arena_t *a, arena_chunk_t *first, size_t first_siz
  * so that a message can release its frames between them. */
 GSER_INTERNAL void arena_run_cleanups(arena_t *a);
 GSER_INTERNAL void arena_free(arena_t *a, arena_chunk_t *first);
-GSER_INTERNAL void *arena_alloc(arena_t *a, size_t size, size_t align);
+GSER_INTERNAL void *arena_alloc_slow(arena_t *a, size_t size);
+
+/* Vectors of more bytes than this live on the heap instead of the arena. */
+#define ARENA_VEC_HEAP 4096
+
+/* align is a power of two, at most 16. */
+static inline void *arena_alloc(arena_t *a, size_t size, size_t align)
+{
+    arena_chunk_t *h = a->head;
+    size_t at = (h->used + align - 1) & ~(align - 1);
+    if (at <= h->size && size <= h->size - at) {
+        h->used = at + size;
+        return h->data + at;
+    }
+    return arena_alloc_slow(a, size); /* fresh chunks are 16-aligned */
+}
 /* Register fn(arg) to run when the arena is released. */
 GSER_INTERNAL gser_status_t arena_on_release(arena_t *a, void (*fn)(void *), void *arg);
 /* Grow a heap vector *ptr of *cap elements to hold at least need; the vector
@@ -259,10 +274,11 @@ struct gser_frames {
     gser_frame_t *frames;
     size_t n;
     size_t cap;
-    void *header; /* owned */
+    void *header; /* malloc'd when the header outgrew header_inline */
     size_t header_len;
     gser_msg_t *scratch; /* values made by serializers and list conversions */
     gser_frame_t inline_frames[GSER_FRAMES_INLINE];
+    char header_inline[1024];
 };
 
 /* ---- trace ------------------------------------------------------------- */

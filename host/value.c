@@ -376,19 +376,36 @@ gser_status_t gser_list_append_bool(gser_value_t *list, bool v)
     return is_list(list) ? list_push_scalar(list, GSER_KIND_BOOL, &b) : GSER_ERR_INVALID_ARG;
 }
 
+/* The common case of an append: an owned array of this kind with room left. */
+static inline bool list_push8_fast(gser_value_t *list, gser_kind_t kind, const void *bits)
+{
+    gser_list_t *l = list->u.list;
+    if (l->mode != LIST_ARRAY || l->arr_kind != kind || l->len >= l->arr_cap || l->arr_borrowed)
+        return false;
+    memcpy((char *)l->arr + 8 * l->len++, bits, 8);
+    l->cache = NULL;
+    return true;
+}
+
 gser_status_t gser_list_append_int(gser_value_t *list, int64_t v)
 {
-    return is_list(list) ? list_push_scalar(list, GSER_KIND_INT, &v) : GSER_ERR_INVALID_ARG;
+    if (!is_list(list))
+        return GSER_ERR_INVALID_ARG;
+    return list_push8_fast(list, GSER_KIND_INT, &v) ? GSER_OK : list_push_scalar(list, GSER_KIND_INT, &v);
 }
 
 gser_status_t gser_list_append_uint(gser_value_t *list, uint64_t v)
 {
-    return is_list(list) ? list_push_scalar(list, GSER_KIND_UINT, &v) : GSER_ERR_INVALID_ARG;
+    if (!is_list(list))
+        return GSER_ERR_INVALID_ARG;
+    return list_push8_fast(list, GSER_KIND_UINT, &v) ? GSER_OK : list_push_scalar(list, GSER_KIND_UINT, &v);
 }
 
 gser_status_t gser_list_append_float(gser_value_t *list, double v)
 {
-    return is_list(list) ? list_push_scalar(list, GSER_KIND_FLOAT, &v) : GSER_ERR_INVALID_ARG;
+    if (!is_list(list))
+        return GSER_ERR_INVALID_ARG;
+    return list_push8_fast(list, GSER_KIND_FLOAT, &v) ? GSER_OK : list_push_scalar(list, GSER_KIND_FLOAT, &v);
 }
 
 gser_status_t gser_list_append_cstr(gser_value_t *list, const char *s)
@@ -587,7 +604,7 @@ gser_status_t gser_msg_new_buffer(gser_msg_t *msg, const gser_buffer_desc_t *des
     b->shape_store = shape;
     b->desc.shape = shape;
     if (copy && desc->nbytes) {
-        void *d = msg_alloc(msg, desc->nbytes, 64);
+        void *d = msg_alloc(msg, desc->nbytes, 16);
         if (!d)
             return nomem(msg, "gser_msg_new_buffer");
         memcpy(d, desc->data, desc->nbytes);
