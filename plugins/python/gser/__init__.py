@@ -1,0 +1,51 @@
+"""gser: GPU-aware serialization, for Python.
+
+    header, frames = gser.dumps(obj)          # header: bytes, frames: list
+    obj = gser.loads(header, frames)
+    b = gser.to_bytes(obj)                    # one flattened bytes object
+    obj = gser.from_bytes(b)
+
+Types, exactly (subclasses are refused, so that what comes back is of the
+same type): None, bool, int (int64, or up to 2**64-1; larger raises
+OverflowError), float, str, bytes, list, tuple (kept distinct from list),
+dict with None/bool/int/float/str/bytes keys, buffer-protocol objects (numpy
+arrays keep dtype and shape and are not copied; other exporters come back as
+numpy arrays, untyped bytes such as bytearray as memoryviews; non-contiguous
+arrays are copied once into C order), and objects with
+__cuda_array_interface__, serialized as device frames (gser.DeviceFrame).
+Loading device frames needs gser's device layer (not built yet): it raises
+NotImplementedError. Anything else raises NotImplementedError: gser never
+pickles.
+
+Lists and tuples of ints, floats or bools travel as one contiguous typed
+array and come back as lists/tuples of the same Python types; mixed ones
+keep every item's type.
+
+Errors from the core raise GserError (a ValueError) whose message names the
+failing value's path, e.g. "GSER_ERR_FORMAT: gser_deserialize: $[2].payload:
+...". The Dask integration is in gser.dask.
+"""
+
+from gser._gser import (  # noqa: F401
+    DEPTH_MAX,
+    WIRE_VERSION,
+    DeviceFrame,
+    GserError,
+    __version__,
+    dumps,
+    from_bytes,
+    loads,
+    to_bytes,
+)
+
+__all__ = [
+    "DEPTH_MAX",
+    "WIRE_VERSION",
+    "DeviceFrame",
+    "GserError",
+    "__version__",
+    "dumps",
+    "from_bytes",
+    "loads",
+    "to_bytes",
+]

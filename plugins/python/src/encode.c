@@ -1,0 +1,646 @@
+/* Python objects -> a gser value tree.
+ *
+ * Exact built-in types only, so that what comes back is of the same type:
+ * None, bool, int (int64, or uint64 above INT64_MAX), float, str, bytes,
+ * list, tuple, dict with scalar keys; then buffer-protocol objects (host
+ * buffers with dtype and shape, borrowed zero-copy when C-contiguous, copied
+ * to C order otherwise) and __cuda_array_interface__ objects (device
+ * buffers, borrowed). Anything else raises NotImplementedError: gser never
+ * pickles. Lists and tuples append their int, float and bool items unboxed
+ * (gser_list_append_int/float/bool), so that one of a single kind stays a
+ * contiguous typed array in the core and is sent as one.
+ */
+#include "pygser.h" /* first: Python.h sets the feature macros */
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct enc {
+    PgOwner *owner;
+    gser_msg_t *msg;
+    bool strict;
+    pg_path_t path;
+} enc_t;
+
+static int enc_value(enc_t *e, PyObject *o, int depth, gser_value_t **out);
+
+/* A failed builder call: out of memory, in practice. */
+static int fail_st(gser_status_t st, const char *what)
+{
+    pg_raise(st, false, what);
+    return -1;
+}
+
+static int not_impl(enc_t *e, PyObject *o, const char *why)
+{
+    pg_path_raise(PyExc_NotImplementedError, GSER_OK, &e->path, "gser cannot serialize an object of type %s%s",
+                  Py_TYPE(o)->tp_name, why);
+    return -1;
+}
+
+/* ---- scalars ------------------------------------------------------------------ */
+
+/* An exact int as int64 (kind INT) or, above INT64_MAX, uint64 (kind UINT). */
+static int enc_int(enc_t *e, PyObject *o, gser_kind_t *kind, int64_t *i, uint64_t *u)
+{
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow == 0) {
+        if (v == -1 && PyErr_Occurred())
+            return -1;
+        *kind = GSER_KIND_INT;
+        *i = (int64_t)v;
+        return 0;
+    }
+    if (overflow > 0) {
+        unsigned long long uv = PyLong_AsUnsignedLongLong(o);
+        if (!(uv == (unsigned long long)-1 && PyErr_Occurred())) {
+            *kind = GSER_KIND_UINT;
+            *u = (uint64_t)uv;
+            return 0;
+        }
+        PyErr_Clear();
+    }
+    pg_path_raise(PyExc_OverflowError, GSER_OK, &e->path,
+                  "int %s does not fit in 64 bits (gser ints are int64, or uint64 up to 2**64-1)",
+                  overflow > 0 ? "above 2**64-1" : "below -2**63");
+    return -1;
+}
+
+static int enc_str(enc_t *e, PyObject *o, gser_value_t **out)
+{
+    Py_ssize_t len;
+    const char *s = PyUnicode_AsUTF8AndSize(o, &len);
+    if (!s) {
+        pg_path_raise(pg_GserError, GSER_ERR_INVALID_ARG, &e->path, "str cannot be encoded as UTF-8");
+        return -1;
+    }
+    gser_status_t st = gser_msg_new_str(e->msg, s, (size_t)len, out);
+    return st ? fail_st(st, "gser_msg_new_str") : 0;
+}
+
+static int enc_bytes(enc_t *e, PyObject *o, gser_value_t **out)
+{
+    /* The message borrows the bytes: keep them alive as long as it lives. */
+    if (pg_owner_hold_ref(e->owner, o) < 0)
+        return -1;
+    gser_status_t st = gser_msg_new_bytes(e->msg, PyBytes_AS_STRING(o), (size_t)PyBytes_GET_SIZE(o), out);
+    return st ? fail_st(st, "gser_msg_new_bytes") : 0;
+}
+
+/* Scalars that may be dict keys; 1 if o was one, 0 if not, -1 on error. */
+static int enc_scalar(enc_t *e, PyObject *o, gser_value_t **out)
+{
+    gser_status_t st;
+    PyTypeObject *t = Py_TYPE(o);
+    if (o == Py_None)
+        st = gser_msg_new_nil(e->msg, out);
+    else if (o == Py_True || o == Py_False)
+        st = gser_msg_new_bool(e->msg, o == Py_True, out);
+    else if (t == &PyFloat_Type)
+        st = gser_msg_new_float(e->msg, PyFloat_AS_DOUBLE(o), out);
+    else if (t == &PyLong_Type) {
+        gser_kind_t k;
+        int64_t i = 0;
+        uint64_t u = 0;
+        if (enc_int(e, o, &k, &i, &u) < 0)
+            return -1;
+        st = k == GSER_KIND_INT ? gser_msg_new_int(e->msg, i, out) : gser_msg_new_uint(e->msg, u, out);
+    } else if (t == &PyUnicode_Type)
+        return enc_str(e, o, out) < 0 ? -1 : 1;
+    else if (t == &PyBytes_Type)
+        return enc_bytes(e, o, out) < 0 ? -1 : 1;
+    else
+        return 0;
+    return st ? fail_st(st, "gser_msg_new_*") : 1;
+}
+
+/* ---- containers --------------------------------------------------------------- */
+
+static int check_depth(enc_t *e, int depth)
+{
+    if (depth + 1 > GSER_DEPTH_MAX) {
+        pg_path_raise(pg_GserError, GSER_ERR_LIMIT_DEPTH, &e->path,
+                      "nesting deeper than %d levels (is there a cycle?)", GSER_DEPTH_MAX);
+        return -1;
+    }
+    return 0;
+}
+
+/* Append item to a list or tuple value: ints, floats, bools and None go in
+ * unboxed, so a run of one kind stays a contiguous array. */
+static int enc_append(enc_t *e, gser_value_t *list, PyObject *item, int depth)
+{
+    PyTypeObject *t = Py_TYPE(item);
+    gser_status_t st;
+    if (t == &PyFloat_Type) {
+        st = gser_list_append_float(list, PyFloat_AS_DOUBLE(item));
+    } else if (t == &PyLong_Type) {
+        gser_kind_t k;
+        int64_t i = 0;
+        uint64_t u = 0;
+        if (enc_int(e, item, &k, &i, &u) < 0)
+            return -1;
+        st = k == GSER_KIND_INT ? gser_list_append_int(list, i) : gser_list_append_uint(list, u);
+    } else if (item == Py_True || item == Py_False) {
+        st = gser_list_append_bool(list, item == Py_True);
+    } else if (item == Py_None) {
+        st = gser_list_append_nil(list);
+    } else {
+        gser_value_t *v;
+        /* Converting may run Python code (a buffer exporter, a
+         * __cuda_array_interface__ property) that changes the container. */
+        Py_INCREF(item);
+        int r = enc_value(e, item, depth + 1, &v);
+        Py_DECREF(item);
+        if (r < 0)
+            return -1;
+        st = gser_list_append(list, v);
+    }
+    return st ? fail_st(st, "gser_list_append") : 0;
+}
+
+/* Lists shorter than this go through the appends (the core sends them as
+ * plain msgpack arrays, below its default array_min of 16). */
+#define PG_ARRAY_MIN 16
+
+/* The fast path for a list or tuple whose items are all exact floats, all
+ * bools, or all ints that fit in int64: one pass into a C array the message
+ * borrows (gser_msg_new_array), the same typed array the appends would build.
+ * 1 if done, 0 if the items are not all of one such kind, -1 on error. */
+static int enc_seq_array(enc_t *e, PyObject *o, bool tuple, gser_value_t **out)
+{
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+    if (n < PG_ARRAY_MIN)
+        return 0;
+    PyObject **items = PySequence_Fast_ITEMS(o);
+    PyObject *first = items[0];
+    gser_kind_t kind;
+    void *buf;
+    if (Py_TYPE(first) == &PyFloat_Type) {
+        double *d = malloc((size_t)n * sizeof *d);
+        if (!d)
+            goto nomem;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (Py_TYPE(items[i]) != &PyFloat_Type) {
+                free(d);
+                return 0;
+            }
+            d[i] = PyFloat_AS_DOUBLE(items[i]);
+        }
+        kind = GSER_KIND_FLOAT;
+        buf = d;
+    } else if (first == Py_True || first == Py_False) {
+        unsigned char *b = malloc((size_t)n);
+        if (!b)
+            goto nomem;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (items[i] != Py_True && items[i] != Py_False) {
+                free(b);
+                return 0;
+            }
+            b[i] = items[i] == Py_True;
+        }
+        kind = GSER_KIND_BOOL;
+        buf = b;
+    } else if (Py_TYPE(first) == &PyLong_Type) {
+        int64_t *v = malloc((size_t)n * sizeof *v);
+        if (!v)
+            goto nomem;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int overflow = 0;
+            long long x = Py_TYPE(items[i]) == &PyLong_Type ? PyLong_AsLongLongAndOverflow(items[i], &overflow) : 0;
+            if (Py_TYPE(items[i]) != &PyLong_Type || overflow || (x == -1 && PyErr_Occurred())) {
+                free(v);
+                return PyErr_Occurred() ? -1 : 0;
+            }
+            v[i] = (int64_t)x;
+        }
+        kind = GSER_KIND_INT;
+        buf = v;
+    } else {
+        return 0;
+    }
+    if (pg_owner_hold_alloc(e->owner, buf) < 0)
+        return -1;
+    gser_status_t st = gser_msg_new_array(e->msg, kind, buf, (size_t)n, tuple ? GSER_ARRAY_TUPLE : 0, out);
+    return st ? fail_st(st, "gser_msg_new_array") : 1;
+nomem:
+    PyErr_NoMemory();
+    return -1;
+}
+
+static int enc_seq(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_t **out)
+{
+    int fast = enc_seq_array(e, o, tuple, out);
+    if (fast)
+        return fast < 0 ? -1 : 0;
+
+    gser_value_t *list;
+    gser_status_t st = tuple ? gser_msg_new_tuple(e->msg, &list) : gser_msg_new_list(e->msg, &list);
+    if (st)
+        return fail_st(st, "gser_msg_new_list");
+    Py_ssize_t n = tuple ? PyTuple_GET_SIZE(o) : PyList_GET_SIZE(o);
+    if (n && check_depth(e, depth) < 0)
+        return -1;
+    int slot = e->path.len++;
+    e->path.seg[slot].key = NULL;
+    /* A list's size is read again each time: Python code run while
+     * converting an item may shrink it. */
+    for (Py_ssize_t i = 0; i < (tuple ? n : PyList_GET_SIZE(o)); i++) {
+        e->path.seg[slot].index = i;
+        PyObject *item = tuple ? PyTuple_GET_ITEM(o, i) : PyList_GET_ITEM(o, i);
+        if (enc_append(e, list, item, depth) < 0)
+            return -1;
+    }
+    e->path.len--;
+    *out = list;
+    return 0;
+}
+
+static int enc_dict(enc_t *e, PyObject *o, int depth, gser_value_t **out)
+{
+    gser_value_t *map;
+    gser_status_t st = gser_msg_new_map(e->msg, &map);
+    if (st)
+        return fail_st(st, "gser_msg_new_map");
+    if (PyDict_GET_SIZE(o) && check_depth(e, depth) < 0)
+        return -1;
+    int slot = e->path.len++;
+    Py_ssize_t pos = 0, i = 0;
+    PyObject *key, *value;
+    int r = 0;
+    while (r == 0 && PyDict_Next(o, &pos, &key, &value)) {
+        Py_INCREF(key);
+        Py_INCREF(value);
+        e->path.seg[slot].key = key;
+        e->path.seg[slot].index = i++;
+        gser_value_t *k, *v;
+        int sc = enc_scalar(e, key, &k);
+        if (sc == 0) {
+            e->path.seg[slot].key = NULL; /* the key itself cannot be shown as a path */
+            pg_path_raise(PyExc_NotImplementedError, GSER_OK, &e->path,
+                          "dict key of type %s: gser map keys are None, bool, int, float, str or bytes",
+                          Py_TYPE(key)->tp_name);
+            r = -1;
+        } else if (sc < 0) {
+            r = -1;
+        } else if (enc_value(e, value, depth + 1, &v) < 0) {
+            r = -1;
+        } else if ((st = gser_map_put(map, k, v)) != GSER_OK) {
+            r = fail_st(st, "gser_map_put");
+        }
+        Py_DECREF(key);
+        Py_DECREF(value);
+    }
+    if (r < 0)
+        return -1;
+    e->path.len--;
+    *out = map;
+    return 0;
+}
+
+/* ---- buffers ------------------------------------------------------------------- */
+
+static const char *const dtype_formats[GSER_DTYPE_COUNT_] = {
+    [GSER_DTYPE_BYTES] = "B",      [GSER_DTYPE_BOOL] = "?",      [GSER_DTYPE_INT8] = "b",
+    [GSER_DTYPE_INT16] = "h",      [GSER_DTYPE_INT32] = "i",     [GSER_DTYPE_INT64] = "q",
+    [GSER_DTYPE_UINT8] = "B",      [GSER_DTYPE_UINT16] = "H",    [GSER_DTYPE_UINT32] = "I",
+    [GSER_DTYPE_UINT64] = "Q",     [GSER_DTYPE_FLOAT16] = "e",   [GSER_DTYPE_BFLOAT16] = NULL,
+    [GSER_DTYPE_FLOAT32] = "f",    [GSER_DTYPE_FLOAT64] = "d",   [GSER_DTYPE_COMPLEX64] = "Zf",
+    [GSER_DTYPE_COMPLEX128] = "Zd",
+};
+
+const char *pg_dtype_format(gser_dtype_t dtype)
+{
+    if ((unsigned)dtype >= GSER_DTYPE_COUNT_)
+        return NULL;
+    /* numpy calls a C long "int64" where long has 64 bits: use its letter. */
+    if (sizeof(long) == 8 && dtype == GSER_DTYPE_INT64)
+        return "l";
+    if (sizeof(long) == 8 && dtype == GSER_DTYPE_UINT64)
+        return "L";
+    return dtype_formats[dtype];
+}
+
+static gser_dtype_t int_dtype(Py_ssize_t size, bool is_signed)
+{
+    switch (size) {
+    case 1: return is_signed ? GSER_DTYPE_INT8 : GSER_DTYPE_UINT8;
+    case 2: return is_signed ? GSER_DTYPE_INT16 : GSER_DTYPE_UINT16;
+    case 4: return is_signed ? GSER_DTYPE_INT32 : GSER_DTYPE_UINT32;
+    case 8: return is_signed ? GSER_DTYPE_INT64 : GSER_DTYPE_UINT64;
+    default: return GSER_DTYPE_COUNT_;
+    }
+}
+
+/* A PEP 3118 format of one element -> a dtype; GSER_DTYPE_COUNT_ if gser has
+ * none. Unsigned bytes are typed (uint8) only for numpy arrays: other
+ * exporters (bytearray, memoryview) are untyped bytes. *big: big-endian. */
+static gser_dtype_t format_dtype(const char *fmt, Py_ssize_t itemsize, bool numpy, bool *big)
+{
+    *big = false;
+    if (!fmt)
+        fmt = "B";
+    if (*fmt && strchr("@=<>!", *fmt)) {
+        *big = (*fmt == '>' || *fmt == '!') && itemsize > 1;
+        fmt++;
+    }
+    bool cplx = *fmt == 'Z';
+    if (cplx)
+        fmt++;
+    char c = *fmt;
+    if (c == '\0' || fmt[1] != '\0')
+        return GSER_DTYPE_COUNT_;
+    if (cplx) {
+        if (c == 'f' && itemsize == 8)
+            return GSER_DTYPE_COMPLEX64;
+        if (c == 'd' && itemsize == 16)
+            return GSER_DTYPE_COMPLEX128;
+        return GSER_DTYPE_COUNT_;
+    }
+    switch (c) {
+    case '?': return itemsize == 1 ? GSER_DTYPE_BOOL : GSER_DTYPE_COUNT_;
+    case 'c': return itemsize == 1 ? GSER_DTYPE_BYTES : GSER_DTYPE_COUNT_;
+    case 'B':
+        if (itemsize == 1)
+            return numpy ? GSER_DTYPE_UINT8 : GSER_DTYPE_BYTES;
+        return GSER_DTYPE_COUNT_;
+    case 'b': case 'h': case 'i': case 'l': case 'q': case 'n': return int_dtype(itemsize, true);
+    case 'H': case 'I': case 'L': case 'Q': case 'N': return int_dtype(itemsize, false);
+    case 'e': return itemsize == 2 ? GSER_DTYPE_FLOAT16 : GSER_DTYPE_COUNT_;
+    case 'f': return itemsize == 4 ? GSER_DTYPE_FLOAT32 : GSER_DTYPE_COUNT_;
+    case 'd': return itemsize == 8 ? GSER_DTYPE_FLOAT64 : GSER_DTYPE_COUNT_;
+    default: return GSER_DTYPE_COUNT_;
+    }
+}
+
+static void free_release(void *data, void *arg)
+{
+    (void)arg;
+    free(data);
+}
+
+static bool is_numpy_array(PyObject *o)
+{
+    return strcmp(Py_TYPE(o)->tp_name, "numpy.ndarray") == 0;
+}
+
+static int enc_buffer(enc_t *e, PyObject *o, gser_value_t **out)
+{
+    bool numpy = is_numpy_array(o);
+    if (e->strict && !numpy)
+        return not_impl(e, o, " in strict mode (buffers must be numpy.ndarray, so that they come back as one)");
+    Py_buffer view;
+    if (PyObject_GetBuffer(o, &view, PyBUF_RECORDS_RO) < 0) {
+        pg_path_raise(PyExc_NotImplementedError, GSER_OK, &e->path,
+                      "gser cannot serialize an object of type %s: it exports no plain buffer", Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    bool big;
+    gser_dtype_t dtype = format_dtype(view.format, view.itemsize, numpy, &big);
+    const char *why = NULL;
+    if (big)
+        why = "big-endian elements (gser buffers are little-endian; convert with .astype('<...'))";
+    else if (dtype == GSER_DTYPE_COUNT_)
+        why = "an element format gser has no dtype for";
+    else if (view.ndim == 0)
+        why = "zero dimensions (a numpy scalar or 0-d array: convert with .item() or .reshape(1))";
+    else if (view.ndim > GSER_MAX_NDIM)
+        why = "more dimensions than gser buffers have";
+    if (why) {
+        pg_path_raise(PyExc_NotImplementedError, GSER_OK, &e->path,
+                      "gser cannot serialize a buffer of type %s with format '%s': %s", Py_TYPE(o)->tp_name,
+                      view.format ? view.format : "B", why);
+        PyBuffer_Release(&view);
+        return -1;
+    }
+    int64_t shape[GSER_MAX_NDIM];
+    for (int d = 0; d < view.ndim; d++)
+        shape[d] = view.shape ? (int64_t)view.shape[d] : (int64_t)(view.len / view.itemsize);
+    gser_buffer_desc_t desc = {0};
+    desc.nbytes = (size_t)view.len;
+    desc.dtype = dtype;
+    desc.memory = GSER_MEMORY_HOST;
+    /* Untyped bytes in one dimension stay flat; everything else keeps its shape. */
+    if (!(dtype == GSER_DTYPE_BYTES && view.ndim == 1)) {
+        desc.ndim = (uint32_t)view.ndim;
+        desc.shape = shape;
+    }
+    gser_status_t st;
+    if (PyBuffer_IsContiguous(&view, 'C')) {
+        /* Zero-copy: the message borrows the exporter's memory, and the
+         * owner holds the view (and so the exporter) until it dies. */
+        desc.data = view.buf;
+        if (pg_owner_hold_view(e->owner, &view) < 0)
+            return -1;
+        st = gser_msg_new_buffer(e->msg, &desc, out);
+    } else {
+        /* Strided (a slice, a transpose, Fortran order): one copy into C order. */
+        void *copy = malloc(view.len ? (size_t)view.len : 1);
+        if (!copy) {
+            PyBuffer_Release(&view);
+            PyErr_NoMemory();
+            return -1;
+        }
+        if (PyBuffer_ToContiguous(copy, &view, view.len, 'C') < 0) {
+            free(copy);
+            PyBuffer_Release(&view);
+            return -1;
+        }
+        PyBuffer_Release(&view);
+        desc.data = copy;
+        desc.release = free_release;
+        st = gser_msg_new_buffer(e->msg, &desc, out);
+        if (st)
+            free(copy);
+    }
+    return st ? fail_st(st, "gser_msg_new_buffer") : 0;
+}
+
+/* ---- __cuda_array_interface__ ------------------------------------------------------ */
+
+/* "<f4", "|u1", "|b1", ... -> a dtype; GSER_DTYPE_COUNT_ if none fits. */
+static gser_dtype_t typestr_dtype(const char *ts, bool *big)
+{
+    *big = false;
+    if (!ts || !strchr("<>|=", ts[0]) || !ts[0] || !ts[1])
+        return GSER_DTYPE_COUNT_;
+    char kind = ts[1];
+    char *end;
+    long size = strtol(ts + 2, &end, 10);
+    if (end == ts + 2 || *end != '\0' || size <= 0 || size > 16)
+        return GSER_DTYPE_COUNT_;
+    *big = ts[0] == '>' && size > 1;
+    switch (kind) {
+    case 'b': return size == 1 ? GSER_DTYPE_BOOL : GSER_DTYPE_COUNT_;
+    case 'i': return int_dtype(size, true);
+    case 'u': return int_dtype(size, false);
+    case 'f':
+        return size == 2 ? GSER_DTYPE_FLOAT16 : size == 4 ? GSER_DTYPE_FLOAT32 : size == 8 ? GSER_DTYPE_FLOAT64
+                                                                                        : GSER_DTYPE_COUNT_;
+    case 'c': return size == 8 ? GSER_DTYPE_COMPLEX64 : size == 16 ? GSER_DTYPE_COMPLEX128 : GSER_DTYPE_COUNT_;
+    default: return GSER_DTYPE_COUNT_;
+    }
+}
+
+/* Non-contiguous arrays are refused: copying device memory needs the
+ * device layer. */
+int pg_cai_read(PyObject *cai, void **ptr, size_t *nbytes, gser_dtype_t *dtype, uint32_t *ndim, int64_t *shape,
+                const char **why)
+{
+    *why = NULL;
+    if (!PyDict_Check(cai)) {
+        *why = "__cuda_array_interface__ is not a dict";
+        return -1;
+    }
+    PyObject *shp = PyDict_GetItemString(cai, "shape");
+    PyObject *ts = PyDict_GetItemString(cai, "typestr");
+    PyObject *data = PyDict_GetItemString(cai, "data");
+    PyObject *strides = PyDict_GetItemString(cai, "strides");
+    PyObject *mask = PyDict_GetItemString(cai, "mask");
+    if (!shp || !PyTuple_Check(shp) || !ts || !PyUnicode_Check(ts) || !data || !PyTuple_Check(data) ||
+        PyTuple_GET_SIZE(data) < 1) {
+        *why = "__cuda_array_interface__ lacks a shape tuple, a typestr or a data tuple";
+        return -1;
+    }
+    if (mask && mask != Py_None) {
+        *why = "masked device arrays are not supported";
+        return -1;
+    }
+    bool big;
+    *dtype = typestr_dtype(PyUnicode_AsUTF8(ts), &big);
+    if (PyErr_Occurred())
+        return -1;
+    if (big || *dtype == GSER_DTYPE_COUNT_) {
+        *why = big ? "big-endian device arrays are not supported" : "a typestr gser has no dtype for";
+        return -1;
+    }
+    Py_ssize_t nd = PyTuple_GET_SIZE(shp);
+    if (nd == 0 || nd > GSER_MAX_NDIM) {
+        *why = nd ? "more dimensions than gser buffers have" : "zero-dimensional device arrays are not supported";
+        return -1;
+    }
+    size_t es = gser_dtype_size(*dtype);
+    uint64_t total = es;
+    for (Py_ssize_t d = 0; d < nd; d++) {
+        long long ext = PyLong_AsLongLong(PyTuple_GET_ITEM(shp, d));
+        if (ext == -1 && PyErr_Occurred())
+            return -1;
+        if (ext < 0 || (ext && total > UINT64_MAX / (uint64_t)ext)) {
+            *why = "bad extent in the shape";
+            return -1;
+        }
+        shape[d] = ext;
+        total *= (uint64_t)ext;
+    }
+    if (total > (uint64_t)PY_SSIZE_T_MAX) {
+        *why = "array too large";
+        return -1;
+    }
+    if (strides && strides != Py_None) {
+        if (!PyTuple_Check(strides) || PyTuple_GET_SIZE(strides) != nd) {
+            *why = "strides do not match the shape";
+            return -1;
+        }
+        int64_t expect = (int64_t)es;
+        for (Py_ssize_t d = nd; d-- > 0;) {
+            long long s = PyLong_AsLongLong(PyTuple_GET_ITEM(strides, d));
+            if (s == -1 && PyErr_Occurred())
+                return -1;
+            if (shape[d] > 1 && s != expect && total) {
+                *why = "non-contiguous device arrays are not supported yet (copying device memory needs gser's "
+                       "device layer)";
+                return -1;
+            }
+            expect *= shape[d] ? shape[d] : 1;
+        }
+    }
+    void *p = PyLong_AsVoidPtr(PyTuple_GET_ITEM(data, 0));
+    if (!p && PyErr_Occurred())
+        return -1;
+    if (!p && total) {
+        *why = "a NULL data pointer";
+        return -1;
+    }
+    *ptr = p;
+    *nbytes = (size_t)total;
+    *ndim = (uint32_t)nd;
+    return 0;
+}
+
+static int enc_cai(enc_t *e, PyObject *o, PyObject *cai, gser_value_t **out)
+{
+    if (e->strict)
+        return not_impl(e, o, " in strict mode (device arrays need gser's device layer to be loaded back)");
+    void *ptr;
+    size_t nbytes;
+    gser_dtype_t dtype;
+    uint32_t ndim;
+    int64_t shape[GSER_MAX_NDIM];
+    const char *why;
+    if (pg_cai_read(cai, &ptr, &nbytes, &dtype, &ndim, shape, &why) < 0) {
+        if (why)
+            pg_path_raise(PyExc_NotImplementedError, GSER_OK, &e->path,
+                          "gser cannot serialize a device array of type %s: %s", Py_TYPE(o)->tp_name, why);
+        return -1;
+    }
+    /* The message borrows the device memory: keep its owner alive. */
+    if (pg_owner_hold_ref(e->owner, o) < 0)
+        return -1;
+    gser_buffer_desc_t desc = {0};
+    desc.data = ptr;
+    desc.nbytes = nbytes;
+    desc.dtype = dtype;
+    desc.ndim = ndim;
+    desc.shape = shape;
+    desc.memory = GSER_MEMORY_DEVICE;
+    desc.device = 0; /* the ordinal needs a CUDA query: the device layer's job */
+    gser_status_t st = gser_msg_new_buffer(e->msg, &desc, out);
+    return st ? fail_st(st, "gser_msg_new_buffer") : 0;
+}
+
+/* ---- dispatch ------------------------------------------------------------------------ */
+
+static int enc_value(enc_t *e, PyObject *o, int depth, gser_value_t **out)
+{
+    PyTypeObject *t = Py_TYPE(o);
+    if (t == &PyList_Type)
+        return enc_seq(e, o, false, depth, out);
+    if (t == &PyTuple_Type)
+        return enc_seq(e, o, true, depth, out);
+    if (t == &PyDict_Type)
+        return enc_dict(e, o, depth, out);
+    int sc = enc_scalar(e, o, out);
+    if (sc)
+        return sc < 0 ? -1 : 0;
+    if (PyObject_CheckBuffer(o))
+        return enc_buffer(e, o, out);
+    PyObject *cai = PyObject_GetAttrString(o, "__cuda_array_interface__");
+    if (cai) {
+        int r = enc_cai(e, o, cai, out);
+        Py_DECREF(cai);
+        return r;
+    }
+    if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+        return -1;
+    PyErr_Clear();
+    return not_impl(e, o, " (gser never pickles: send it with another serializer)");
+}
+
+int pg_encode(PgOwner *owner, PyObject *obj, const pg_encode_options_t *opts)
+{
+    gser_status_t st = gser_msg_create(pg_ctx, &owner->msg);
+    if (st)
+        return fail_st(st, "gser_msg_create");
+    enc_t e;
+    e.owner = owner;
+    e.msg = owner->msg;
+    e.strict = opts && opts->strict;
+    e.path.len = 0;
+    gser_value_t *root;
+    if (enc_value(&e, obj, 1, &root) < 0)
+        return -1;
+    st = gser_msg_set_root(owner->msg, root);
+    return st ? fail_st(st, "gser_msg_set_root") : 0;
+}

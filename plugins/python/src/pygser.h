@@ -1,0 +1,142 @@
+/* Private definitions of the gser CPython extension (module gser._gser).
+ *
+ * The module holds one gser context for the whole process (contexts are
+ * thread-safe once set up; nothing is ever registered in this one). Python
+ * objects are turned into a gser value tree (encode.c), serialized by the
+ * core, and handed back as a header plus memoryviews over the frames; the
+ * other way, frames are deserialized by the core and the tree is turned into
+ * Python objects (decode.c). Every message lives in a PgOwner object, which
+ * everything that points into its memory keeps alive (objects.c).
+ */
+#ifndef GSER_PY_PYGSER_H
+#define GSER_PY_PYGSER_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <gser/gser.h>
+
+/* ---- module state (module.c) ---------------------------------------------- */
+
+/* The context every call uses. Created at import, never destroyed: messages
+ * may outlive the module object at interpreter exit. */
+extern gser_context_t *pg_ctx;
+/* gser.GserError, a subclass of ValueError. */
+extern PyObject *pg_GserError;
+
+/* Raise the Python exception for a failed core call: MemoryError for
+ * GSER_ERR_NO_MEMORY, GserError otherwise. With detail, the message is the
+ * context's detailed error (it names the failing value's path); without, it
+ * is what, followed by the status's description. Returns NULL. */
+PyObject *pg_raise(gser_status_t st, bool detail, const char *what);
+/* A new instance of exc with message text; for GserError the text is
+ * prefixed with the status name and the instance gets the attributes
+ * status, status_name and detail. NULL with an exception set on failure. */
+PyObject *pg_make_exc(PyObject *exc, gser_status_t st, PyObject *text);
+
+/* ---- owners and exporters (objects.c) ---------------------------------------- */
+
+/* Owns one gser message (and, after dumps, its frames object), the Python
+ * buffers the message borrows, and the objects it must keep alive. */
+typedef struct {
+    PyObject_HEAD
+    gser_msg_t *msg;
+    gser_frames_t *frames;
+    Py_buffer *views;   /* held until the owner dies */
+    Py_ssize_t nviews;
+    Py_ssize_t capviews;
+    PyObject *refs;     /* list of objects kept alive, or NULL */
+    void **allocs;      /* malloc'd memory the message borrows */
+    Py_ssize_t nallocs;
+    Py_ssize_t capallocs;
+} PgOwner;
+
+extern PyTypeObject PgOwner_Type;
+extern PyTypeObject PgFrame_Type;
+extern PyTypeObject PgDeviceFrame_Type;
+
+PgOwner *pg_owner_new(void);
+/* Take over a Py_buffer (it is released when the owner dies). On failure the
+ * view is released and -1 returned with an exception set. */
+int pg_owner_hold_view(PgOwner *o, Py_buffer *view);
+/* Keep obj alive as long as the owner. */
+int pg_owner_hold_ref(PgOwner *o, PyObject *obj);
+/* Free p (malloc'd) when the owner dies, after its message. On failure p is
+ * freed and -1 returned with an exception set. */
+int pg_owner_hold_alloc(PgOwner *o, void *p);
+
+/* The most dimensions a loaded array may have (numpy's NPY_MAXDIMS is 32). */
+#define PG_MAX_NDIM 32
+
+/* A buffer exporter over memory an owner keeps alive: memoryview(frame) and
+ * numpy.asarray(frame) view it without copying. format is a static string;
+ * ndim 0 means flat bytes. */
+PyObject *pg_frame_new(PgOwner *owner, const void *ptr, Py_ssize_t len, bool readonly, const char *format,
+                       Py_ssize_t itemsize, int ndim, const int64_t *shape);
+
+/* A device frame: an object with __cuda_array_interface__ (one-dimensional
+ * bytes) over device memory an owner keeps alive. */
+PyObject *pg_device_frame_new(PgOwner *owner, const void *ptr, size_t len, int32_t device);
+
+/* ---- Python -> gser (encode.c) ------------------------------------------------ */
+
+typedef struct pg_encode_options {
+    /* Accept only what comes back as the same Python type and lives in host
+     * memory: numpy arrays, not other buffer exporters; no device arrays.
+     * The Dask family uses this so that Dask falls through for the rest. */
+    bool strict;
+} pg_encode_options_t;
+
+/* Build the tree of obj as the root of owner->msg (created here). */
+int pg_encode(PgOwner *owner, PyObject *obj, const pg_encode_options_t *opts);
+
+/* Read a __cuda_array_interface__ dict: pointer, length, dtype and C-order
+ * shape (shape has room for GSER_MAX_NDIM). Non-contiguous or masked arrays
+ * are refused. Returns 0, or -1 with *why set and no exception, or -1 with
+ * an exception set and *why NULL. */
+int pg_cai_read(PyObject *cai, void **ptr, size_t *nbytes, gser_dtype_t *dtype, uint32_t *ndim, int64_t *shape,
+                const char **why);
+
+/* ---- gser -> Python (decode.c) ------------------------------------------------- */
+
+/* What the decoder needs to know about the frames a message was read from:
+ * whether the header's and the data frames' memory may be written, so that
+ * loaded arrays are writable exactly when the memory they view is. */
+typedef struct pg_decode_ctx {
+    PgOwner *owner;
+    const char *header;
+    size_t header_len;
+    bool header_readonly;
+    bool data_readonly; /* any data frame is read-only */
+} pg_decode_ctx_t;
+
+PyObject *pg_decode(const pg_decode_ctx_t *dc, const gser_value_t *root);
+
+/* ---- paths (path.c) ------------------------------------------------------------------ */
+
+/* The path of the value being converted: "$", then [i] for list items and
+ * .name or [key] for dict values, as the core writes them. */
+typedef struct pg_path {
+    int len;
+    struct {
+        PyObject *key; /* borrowed dict key, or NULL for an index */
+        Py_ssize_t index;
+    } seg[GSER_DEPTH_MAX + 2];
+} pg_path_t;
+
+/* A new str with the formatted path, or NULL (exception set). */
+PyObject *pg_path_str(const pg_path_t *p);
+/* Raise exc with "<path>: <message>" (st is the status when exc is
+ * GserError); returns NULL. An exception set already becomes the cause. */
+PyObject *pg_path_raise(PyObject *exc, gser_status_t st, const pg_path_t *p, const char *fmt, ...);
+
+/* ---- dtypes (encode.c) ------------------------------------------------------------------ */
+
+/* The buffer-protocol format character(s) of a dtype for this machine; NULL
+ * for a dtype Python has no format for (bfloat16). */
+const char *pg_dtype_format(gser_dtype_t dtype);
+
+#endif /* GSER_PY_PYGSER_H */

@@ -1,0 +1,312 @@
+"""Buffers: numpy arrays (dtype, shape, zero-copy both ways, non-contiguous
+inputs), other buffer exporters, __cuda_array_interface__ device arrays, and
+the lifetime of the memory they view."""
+
+import array
+import gc
+import weakref
+
+import pytest
+
+import gser
+
+np = pytest.importorskip("numpy")
+
+DTYPES = [
+    np.bool_,
+    np.int8,
+    np.int16,
+    np.int32,
+    np.int64,
+    np.uint8,
+    np.uint16,
+    np.uint32,
+    np.uint64,
+    np.float16,
+    np.float32,
+    np.float64,
+    np.complex64,
+    np.complex128,
+]
+SHAPES = [(0,), (1,), (7,), (1000,), (3, 4), (2, 3, 5), (0, 3), (1, 1, 1, 1), (64, 1, 33)]
+
+
+def make(dtype, shape):
+    n = int(np.prod(shape))
+    a = (np.arange(n) % 7 - 3).astype(dtype)
+    if np.issubdtype(dtype, np.complexfloating):
+        a = a + 1j * a[::-1]
+    return a.reshape(shape)
+
+
+def check_array(out, ref):
+    assert type(out) is np.ndarray
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    assert np.array_equal(out, ref)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_numpy_roundtrip(dtype, shape):
+    a = make(dtype, shape)
+    header, frames = gser.dumps(a)
+    check_array(gser.loads(header, frames), a)
+    check_array(gser.from_bytes(gser.to_bytes(a)), a)
+
+
+def test_numpy_in_containers():
+    obj = {"x": [np.zeros(3), (np.ones((2, 2), np.int32), "s")], "y": np.arange(100_000, dtype=np.float64)}
+    out = gser.loads(*gser.dumps(obj))
+    check_array(out["x"][0], obj["x"][0])
+    assert type(out["x"][1]) is tuple
+    check_array(out["x"][1][0], obj["x"][1][0])
+    check_array(out["y"], obj["y"])
+
+
+@pytest.mark.parametrize(
+    "view",
+    [
+        lambda a: a[::2],
+        lambda a: a[:, ::3],
+        lambda a: a.T,
+        lambda a: np.asfortranarray(a),
+        lambda a: a[::-1],
+        lambda a: a[1:3, 2:5],
+        lambda a: np.broadcast_to(a[0], (4, 12)),
+    ],
+    ids=["step", "col_step", "transpose", "fortran", "reversed", "window", "broadcast"],
+)
+def test_non_contiguous_inputs_are_copied_into_c_order(view):
+    base = np.arange(48, dtype=np.float64).reshape(4, 12)
+    a = view(base)
+    assert not a.flags.c_contiguous or a.base is not None
+    header, frames = gser.dumps(a)
+    out = gser.loads(header, frames)
+    check_array(out, np.ascontiguousarray(a))
+    assert out.flags.c_contiguous
+
+
+def test_dumps_is_zero_copy():
+    a = np.arange(1 << 16, dtype=np.float64)
+    header, frames = gser.dumps({"a": a})
+    assert len(frames) == 1
+    f = np.frombuffer(frames[0], dtype=np.float64)
+    # the frame is the array's own memory
+    assert f.ctypes.data == a.ctypes.data
+    assert np.shares_memory(f, a)
+    assert frames[0].readonly
+
+
+def test_loads_is_zero_copy():
+    a = np.arange(1 << 16, dtype=np.int32).reshape(256, 256)
+    header, frames = gser.dumps([a, "tail"])
+    received = [bytearray(f) for f in frames]  # as a transport would hand them over
+    out = gser.loads(header, received)
+    view = np.frombuffer(received[0], dtype=np.uint8)
+    assert np.shares_memory(out[0], view)
+    assert out[0].ctypes.data == view.ctypes.data
+    check_array(out[0], a)
+
+
+def test_from_bytes_is_zero_copy():
+    a = np.arange(4096, dtype=np.float32)
+    b = bytearray(gser.to_bytes(a))
+    out = gser.from_bytes(b)
+    assert np.shares_memory(out, np.frombuffer(b, dtype=np.uint8))
+    check_array(out, a)
+
+
+def test_writability_follows_the_frames():
+    a = np.arange(1000, dtype=np.float64)
+    header, frames = gser.dumps(a)
+    assert not gser.loads(header, frames).flags.writeable  # read-only memoryviews
+    out = gser.loads(bytearray(header), [bytearray(f) for f in frames])
+    assert out.flags.writeable
+    out[0] = 42.0  # writes into the received frame only
+    assert a[0] == 0.0
+    assert not gser.from_bytes(gser.to_bytes(a)).flags.writeable
+    assert gser.from_bytes(bytearray(gser.to_bytes(a))).flags.writeable
+    with pytest.raises(ValueError):
+        gser.loads(header, frames)[0] = 1.0
+
+
+def test_small_arrays_inline_in_the_header():
+    a = np.arange(40, dtype=np.uint8)
+    header, frames = gser.dumps(a)
+    assert frames == []
+    out = gser.loads(header, frames)
+    check_array(out, a)
+    assert not out.flags.writeable  # it views the (immutable) header bytes
+    assert gser.loads(bytearray(header), frames).flags.writeable
+    # wider elements may be copied out of the header to align them: then writable
+    for dt in (np.int16, np.float64, np.complex128):
+        b = np.arange(5, dtype=dt)
+        h, f = gser.dumps(b)
+        before = bytes(h)
+        out = gser.loads(h, f)
+        check_array(out, b)
+        if out.flags.writeable:
+            out[:] = 0
+        assert h == before
+
+
+def test_other_buffer_exporters():
+    # untyped bytes come back as memoryviews; typed buffers as numpy arrays
+    ba = bytearray(b"abc" * 1000)
+    out = gser.loads(*gser.dumps(ba))
+    assert type(out) is memoryview and out.tobytes() == bytes(ba)
+    mv = memoryview(b"xyz" * 500)
+    out = gser.loads(*gser.dumps(mv))
+    assert type(out) is memoryview and out.tobytes() == mv.tobytes()
+    out = gser.loads(*gser.dumps(array.array("d", [1.5, 2.5] * 100)))
+    check_array(out, np.array([1.5, 2.5] * 100))
+    out = gser.loads(*gser.dumps(array.array("i", range(300))))
+    check_array(out, np.arange(300, dtype=np.int32))
+    out = gser.loads(*gser.dumps(memoryview(np.arange(12, dtype=np.uint16).reshape(3, 4))))
+    check_array(out, np.arange(12, dtype=np.uint16).reshape(3, 4))
+
+
+def test_strict_mode_only_takes_numpy_arrays():
+    a = np.arange(10)
+    check_array(gser.loads(*gser.dumps(a, strict=True)), a)
+    for obj in (bytearray(b"x"), memoryview(b"x"), array.array("d", [1.0])):
+        with pytest.raises(NotImplementedError, match="strict"):
+            gser.dumps(obj, strict=True)
+        with pytest.raises(NotImplementedError, match="strict"):
+            gser.dumps([1, {"k": obj}], strict=True)
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        lambda: np.array([object(), 1]),
+        lambda: np.arange(3).astype("datetime64[s]"),
+        lambda: np.zeros(3, dtype=[("a", "i4"), ("b", "f8")]),
+        lambda: np.arange(3, dtype=">f8"),
+        lambda: np.array(["a", "b"]),
+        lambda: np.float64(1.5),
+        lambda: np.int64(3),
+        lambda: np.array(2.0),
+        lambda: np.zeros(2, dtype=np.longdouble),
+    ],
+    ids=["object", "datetime", "structured", "big_endian", "unicode", "float64_scalar", "int64_scalar", "0d",
+         "longdouble"],
+)
+def test_unsupported_arrays(obj):
+    with pytest.raises(NotImplementedError):
+        gser.dumps(obj())
+
+
+# ---- lifetime ------------------------------------------------------------------------------
+
+
+def test_frames_keep_the_source_alive():
+    a = np.arange(100_000, dtype=np.float64)
+    ref = weakref.ref(a)
+    header, frames = gser.dumps({"a": a})
+    del a
+    gc.collect()
+    assert ref() is not None  # the frames borrow its memory
+    out = gser.loads(header, frames)
+    check_array(out["a"], np.arange(100_000, dtype=np.float64))
+    del frames, out
+    gc.collect()
+    assert ref() is None
+
+
+def test_loaded_arrays_keep_the_frames_alive():
+    src = np.arange(100_000, dtype=np.float64)
+    header, frames = gser.dumps(src)
+    received = [np.frombuffer(bytearray(f), dtype=np.uint8) for f in frames]
+    ref = weakref.ref(received[0])
+    out = gser.loads(header, received)
+    del received, frames, header
+    gc.collect()
+    assert ref() is not None
+    check_array(out, src)
+    del out
+    gc.collect()
+    assert ref() is None
+
+
+def test_loaded_arrays_keep_the_flat_bytes_alive():
+    b = np.frombuffer(bytearray(gser.to_bytes([np.arange(5000), np.ones(5000)])), dtype=np.uint8)
+    ref = weakref.ref(b)
+    out = gser.from_bytes(b)
+    del b
+    gc.collect()
+    assert ref() is not None
+    first = out[0]
+    del out
+    gc.collect()
+    assert ref() is not None
+    check_array(first, np.arange(5000))
+    del first
+    gc.collect()
+    assert ref() is None
+
+
+# ---- device arrays (__cuda_array_interface__) ----------------------------------------------
+
+
+class FakeDeviceArray:
+    """Host memory presented through __cuda_array_interface__: enough to check
+    what dumps makes of a device array without a GPU."""
+
+    def __init__(self, a, strides=None):
+        self.host = a
+        self.strides = strides
+
+    @property
+    def __cuda_array_interface__(self):
+        return {
+            "shape": self.host.shape,
+            "typestr": self.host.dtype.str,
+            "data": (self.host.ctypes.data, False),
+            "strides": self.strides,
+            "version": 3,
+        }
+
+
+def test_device_arrays_become_device_frames():
+    host = np.arange(1000, dtype=np.float32).reshape(10, 100)
+    dev = FakeDeviceArray(host)
+    ref = weakref.ref(dev)
+    header, frames = gser.dumps({"x": dev, "y": [1, 2]})
+    assert len(frames) == 1
+    f = frames[0]
+    assert isinstance(f, gser.DeviceFrame)
+    assert f.nbytes == host.nbytes and len(f) == host.nbytes and f.ptr == host.ctypes.data
+    cai = f.__cuda_array_interface__
+    assert cai["shape"] == (host.nbytes,) and cai["typestr"] == "|u1" and cai["data"][0] == host.ctypes.data
+    del dev
+    gc.collect()
+    assert ref() is not None  # the frame keeps the device array alive
+    # loading device memory needs the device layer
+    with pytest.raises(NotImplementedError, match=r"\$\.x: a buffer of 4000 bytes of float32 in device memory"):
+        gser.loads(header, frames)
+    with pytest.raises(NotImplementedError, match="device"):
+        gser.to_bytes({"x": FakeDeviceArray(host)})
+    with pytest.raises(NotImplementedError, match="strict"):
+        gser.dumps(FakeDeviceArray(host), strict=True)
+    del header, frames, f
+    gc.collect()
+    assert ref() is None
+
+
+def test_device_array_checks():
+    host = np.arange(12, dtype=np.float64).reshape(3, 4)
+    with pytest.raises(NotImplementedError, match="non-contiguous"):
+        gser.dumps(FakeDeviceArray(host, strides=(8, 24)))
+    header, frames = gser.dumps(FakeDeviceArray(host, strides=(32, 8)))  # C-order strides given explicitly
+    assert frames[0].nbytes == 96
+    with pytest.raises(NotImplementedError, match="big-endian"):
+        gser.dumps(FakeDeviceArray(np.arange(3, dtype=">i4")))
+
+    class Broken:
+        @property
+        def __cuda_array_interface__(self):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        gser.dumps([Broken()])

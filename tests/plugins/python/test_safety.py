@@ -1,0 +1,277 @@
+"""Untrusted input never crashes: bad headers, truncated and corrupted frames
+and flattened messages raise exceptions. Reference counts and memory stay
+flat over many round trips. Threads may share the module."""
+
+import gc
+import os
+import random
+import sys
+import threading
+
+import pytest
+
+import gser
+
+np = pytest.importorskip("numpy")
+msgpack = pytest.importorskip("msgpack")
+
+SANITIZED = bool(os.environ.get("GSER_PY_SANITIZED"))
+
+
+def sample():
+    return {
+        "name": "sample",
+        "ints": list(range(40)),
+        "floats": (0.5,) * 20,
+        "mixed": [1, "two", 3.0, None, True, b"six", [7, (8,)]],
+        "big": 2**64 - 1,
+        "array": np.arange(300, dtype=np.float64).reshape(30, 10),
+        "small": np.arange(6, dtype=np.int32),
+        "bytes": bytearray(range(256)) * 2,
+        "nested": {"a": {"b": {"c": [{"d": 1}]}}},
+    }
+
+
+# Exceptions a malformed message may raise. GserError covers everything the
+# core rejects; NotImplementedError what it accepts but Python cannot hold
+# (a corrupted dtype that became bfloat16, a frame flagged as device memory).
+EXPECTED = (gser.GserError, NotImplementedError)
+
+
+def test_bad_headers():
+    header, frames = gser.dumps(sample())
+    for bad in [b"", b"\x94", b"GSER", b"\x00" * 64, os.urandom(100), header[:7], header + b"\x00", b"\xc1" * 10]:
+        with pytest.raises(gser.GserError):
+            gser.loads(bad, frames)
+
+
+def test_header_truncated_at_every_length():
+    header, frames = gser.dumps(sample())
+    for n in range(len(header)):
+        with pytest.raises(gser.GserError) as e:
+            gser.loads(header[:n], frames)
+        assert e.value.status_name in ("GSER_ERR_BAD_MAGIC", "GSER_ERR_TRUNCATED", "GSER_ERR_FORMAT"), (n, e.value)
+
+
+def test_frames_missing_extra_or_truncated():
+    header, frames = gser.dumps(sample())
+    assert len(frames) >= 2
+    with pytest.raises(gser.GserError, match="GSER_ERR_FRAME"):
+        gser.loads(header, frames[:-1])
+    with pytest.raises(gser.GserError, match="GSER_ERR_FRAME"):
+        gser.loads(header, frames + [b"extra"])
+    for i, f in enumerate(frames):
+        for cut in sorted({0, 1, len(f) // 2, len(f) - 1}):
+            bad = list(frames)
+            bad[i] = bytes(f)[:cut]
+            with pytest.raises(gser.GserError, match="GSER_ERR_FRAME"):
+                gser.loads(header, bad)
+        bad = list(frames)
+        bad[i] = bytes(f) + b"\x00"
+        with pytest.raises(gser.GserError, match="GSER_ERR_FRAME"):
+            gser.loads(header, bad)
+
+
+def test_flat_truncated_at_every_length():
+    b = gser.to_bytes(sample())
+    assert gser.from_bytes(b)["name"] == "sample"
+    for n in range(len(b)):
+        with pytest.raises(gser.GserError):
+            gser.from_bytes(b[:n])
+    with pytest.raises(gser.GserError):
+        gser.from_bytes(b + b"\x00" * 8)
+
+
+def test_corrupted_header_bytes():
+    header, frames = gser.dumps(sample())
+    rng = random.Random(1234)
+    for i in range(len(header)):
+        for v in {0x00, 0xFF, header[i] ^ 0x01, header[i] ^ 0x80, rng.randrange(256)}:
+            bad = bytearray(header)
+            bad[i] = v
+            try:
+                gser.loads(bytes(bad), frames)
+            except EXPECTED:
+                pass
+
+
+def test_corrupted_flat_bytes():
+    b = gser.to_bytes(sample())
+    rng = random.Random(99)
+    for _ in range(3000):
+        bad = bytearray(b)
+        for _ in range(rng.randrange(1, 4)):
+            bad[rng.randrange(len(bad))] = rng.randrange(256)
+        try:
+            gser.from_bytes(bytes(bad))
+        except EXPECTED:
+            pass
+
+
+def test_random_garbage():
+    rng = random.Random(7)
+    for n in range(0, 300):
+        junk = bytes(rng.randrange(256) for _ in range(n))
+        for data in (junk, b"\x94\xd6\x01GSER" + junk, b"\x89GSER\r\n\x1a" + junk):
+            try:
+                gser.from_bytes(data)
+            except EXPECTED:
+                pass
+            try:
+                gser.loads(data, [])
+            except EXPECTED:
+                pass
+
+
+def ext(t, data=b""):
+    return msgpack.ExtType(t, data)
+
+
+def handmade(root, table=()):
+    """A header written by hand: [magic, version, root, frame table]."""
+    return msgpack.packb([ext(1, b"GSER"), 1, root, list(table)], use_bin_type=True)
+
+
+def test_core_errors_name_the_path():
+    # a buffer marker with an unknown dtype, two levels down
+    h = handmade({"tasks": [0, {"payload": [ext(4), 99, None, b""]}]})
+    with pytest.raises(gser.GserError) as e:
+        gser.loads(h, [])
+    assert e.value.status_name == "GSER_ERR_FORMAT"
+    assert "$.tasks[1].payload" in str(e.value), str(e.value)
+    # a frame reference past the frames given
+    h = handmade([1, [ext(4), 13, [2], [0, 0, 16]]], table=[[8, 0, 0]])
+    with pytest.raises(gser.GserError) as e:
+        gser.loads(h, [b"\x00" * 8])
+    assert "$[1]" in str(e.value) and e.value.status_name in ("GSER_ERR_FORMAT", "GSER_ERR_FRAME"), str(e.value)
+    # a typed object nobody registered
+    h = handmade({"x": [ext(6), "myapp.blob", "host", 1, 0, 0, msgpack.packb(None)]})
+    with pytest.raises(gser.GserError) as e:
+        gser.loads(h, [])
+    assert e.value.status_name == "GSER_ERR_UNKNOWN_TYPE" and "$.x" in str(e.value)
+    # a str that is not UTF-8
+    raw = handmade({"k": "\u00e9"}).replace("\u00e9".encode(), b"\xff\xfe")
+    with pytest.raises(gser.GserError, match=r"\$\.k: a str that is not valid UTF-8"):
+        gser.loads(raw, [])
+
+
+class CudaBytes:
+    """Host bytes presented as a device frame through __cuda_array_interface__."""
+
+    def __init__(self, b):
+        self.a = np.frombuffer(bytearray(b), dtype=np.uint8)
+        self.__cuda_array_interface__ = {"shape": self.a.shape, "typestr": "|u1",
+                                         "data": (self.a.ctypes.data, False), "version": 3}
+
+
+def test_frames_arriving_in_device_memory():
+    a = np.arange(100, dtype=np.float64)
+    header, frames = gser.dumps([a])
+    with pytest.raises(NotImplementedError, match=r"\$\[0\]: a buffer of 800 bytes of float64 in device memory"):
+        gser.loads(header, [CudaBytes(frames[0])])
+    # a list converted to an array must be in host memory: the core refuses it
+    header, frames = gser.dumps([0.5] * 100)
+    with pytest.raises(gser.GserError, match="GSER_ERR_FRAME"):
+        gser.loads(header, [CudaBytes(frames[0])])
+    with pytest.raises(TypeError, match="header"):
+        gser.loads(CudaBytes(header), frames)
+
+
+# ---- reference counts and memory --------------------------------------------------------------
+
+
+def rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_refcounts_do_not_leak():
+    a = np.arange(10_000, dtype=np.float64)
+    s = "a string" * 100
+    b = b"bytes" * 100
+    floats = [1.5] * 1000
+    obj = {"a": a, "s": s, "b": b, "f": floats, "t": (a, [s, b])}
+    gc.collect()
+    before = [sys.getrefcount(x) for x in (a, s, b, floats, obj)]
+    for _ in range(300):
+        header, frames = gser.dumps(obj)
+        out = gser.loads(header, frames)
+        assert out["s"] == s
+        out2 = gser.from_bytes(gser.to_bytes(obj))
+        assert out2["b"] == b
+        try:
+            gser.dumps([obj, {1, 2}])
+        except NotImplementedError:
+            pass
+        try:
+            gser.loads(header[:-3], frames)
+        except gser.GserError:
+            pass
+    del header, frames, out, out2
+    gc.collect()
+    after = [sys.getrefcount(x) for x in (a, s, b, floats, obj)]
+    assert after == before
+
+
+@pytest.mark.skipif(SANITIZED, reason="ASan's quarantine holds freed memory: RSS is not meaningful")
+def test_memory_stays_flat():
+    obj = {
+        "floats": [0.25] * 200_000,
+        "ints": list(range(50_000)),
+        "mixed": [1, "x", 2.5, None] * 10_000,
+        "array": np.ones((256, 256)),
+        "strided": np.ones((512, 512))[::2, ::2],
+        "nested": [{"k": i, "v": (i, str(i))} for i in range(2000)],
+    }
+
+    def cycle():
+        for _ in range(10):
+            header, frames = gser.dumps(obj)
+            out = gser.loads(header, [bytearray(f) for f in frames])
+            assert len(out["floats"]) == 200_000
+            out = gser.from_bytes(gser.to_bytes(obj))
+            assert out["array"].shape == (256, 256)
+            try:
+                gser.loads(header, frames[:-1])
+            except gser.GserError:
+                pass
+
+    for _ in range(3):  # warm up allocator pools
+        cycle()
+    gc.collect()
+    start = rss_bytes()
+    for _ in range(10):
+        cycle()
+    gc.collect()
+    grown = rss_bytes() - start
+    # one message is ~5 MB; 100 more round trips must not add up
+    assert grown < 8 * 1024 * 1024, f"RSS grew by {grown / 1e6:.1f} MB over 100 round trips"
+
+
+# ---- threads -------------------------------------------------------------------------------------
+
+
+def test_threads_share_the_module():
+    errors = []
+
+    def work(seed):
+        try:
+            rng = random.Random(seed)
+            for _ in range(100):
+                obj = {"id": seed, "v": [rng.random() for _ in range(rng.randrange(1, 5000))],
+                       "a": np.full(rng.randrange(1, 3000), seed, dtype=np.int64)}
+                out = gser.loads(*gser.dumps(obj))
+                assert out["id"] == seed and out["v"] == obj["v"] and np.array_equal(out["a"], obj["a"])
+                try:
+                    gser.loads(b"\x94\xd6\x01GSER\x02", [])
+                except gser.GserError as e:
+                    assert e.status_name in ("GSER_ERR_TRUNCATED", "GSER_ERR_WIRE_VERSION", "GSER_ERR_FORMAT")
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
