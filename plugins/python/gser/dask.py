@@ -28,6 +28,8 @@ multi-process cluster start workers (and the scheduler) with
 
 from __future__ import annotations
 
+import importlib
+
 from gser import _gser
 from gser._gser import GserError
 
@@ -78,8 +80,14 @@ def loads(header, frames):
     return _gser.loads(frames[0], frames[1:])
 
 
+def _ser_module():
+    # distributed.protocol re-exports a function named serialize, which hides
+    # the submodule from attribute access: ask the import system for it.
+    return importlib.import_module("distributed.protocol.serialize")
+
+
 def _serialize_wrapper(original):
-    from distributed.protocol.serialize import Serialize
+    Serialize = _ser_module().Serialize
 
     def serialize(x, serializers=None, on_error="message", context=None, iterate_collection=None):
         if serializers is None and _state["default"]:
@@ -111,8 +119,7 @@ def register(collections: bool = True, default: bool = False) -> None:
         example worker-to-worker transfers). Every process of the cluster
         must then have registered gser.
     """
-    from distributed.protocol import serialize as ser
-
+    ser = _ser_module()
     ser.register_serialization_family(FAMILY, dumps, loads)
     _state["collections"] = bool(collections)
     _state["default"] = bool(default)
@@ -123,8 +130,7 @@ def register(collections: bool = True, default: bool = False) -> None:
 
 def unregister() -> None:
     """Undo register(): remove the family and restore Dask's serialize()."""
-    from distributed.protocol import serialize as ser
-
+    ser = _ser_module()
     ser.families.pop(FAMILY, None)
     if _state["original_serialize"] is not None:
         ser.serialize = _state["original_serialize"]
