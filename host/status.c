@@ -4,6 +4,7 @@
 const char *gser_status_str(gser_status_t status)
 {
     switch (status) {
+    case GSER_INPROGRESS: return "GSER_INPROGRESS: in progress";
     case GSER_OK: return "GSER_OK: success";
     case GSER_ERR_INVALID_ARG: return "GSER_ERR_INVALID_ARG: invalid argument";
     case GSER_ERR_NO_MEMORY: return "GSER_ERR_NO_MEMORY: out of memory";
@@ -28,6 +29,11 @@ const char *gser_status_str(gser_status_t status)
     case GSER_ERR_IO: return "GSER_ERR_IO: input/output error";
     case GSER_ERR_UNSUPPORTED: return "GSER_ERR_UNSUPPORTED: not supported";
     case GSER_ERR_CALLBACK: return "GSER_ERR_CALLBACK: callback failed";
+    case GSER_ERR_DEVICE: return "GSER_ERR_DEVICE: device error";
+    case GSER_ERR_NO_DEVICE: return "GSER_ERR_NO_DEVICE: no usable device backend";
+    case GSER_ERR_CONNECTION: return "GSER_ERR_CONNECTION: connection lost or refused";
+    case GSER_ERR_TIMEOUT: return "GSER_ERR_TIMEOUT: timed out";
+    case GSER_ERR_CANCELED: return "GSER_ERR_CANCELED: canceled";
     }
     return "GSER_ERR_?: unknown status";
 }

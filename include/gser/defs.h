@@ -40,8 +40,10 @@ typedef struct gser_writer gser_writer_t;
 /** Handed to a type's deserialize function: the sub-tree to rebuild from. */
 typedef struct gser_reader gser_reader_t;
 
-/** Status codes: 0 is success, every error is negative. */
+/** Status codes: 0 is success, every error is negative, GSER_INPROGRESS
+ *  (positive) says an asynchronous operation is still running. */
 typedef enum gser_status {
+    GSER_INPROGRESS = 1,           /**< not an error: the operation has not completed yet */
     GSER_OK = 0,
     GSER_ERR_INVALID_ARG = -1,     /**< a NULL or out-of-range argument */
     GSER_ERR_NO_MEMORY = -2,       /**< an allocation failed */
@@ -66,6 +68,12 @@ typedef enum gser_status {
     GSER_ERR_IO = -21,             /**< reading or writing a file descriptor failed */
     GSER_ERR_UNSUPPORTED = -22,    /**< valid, but not supported by this build or backend */
     GSER_ERR_CALLBACK = -23,       /**< a user callback failed without giving a gser status */
+    GSER_ERR_DEVICE = -24,         /**< the device (CUDA) reported an error */
+    GSER_ERR_NO_DEVICE = -25,      /**< device memory was asked for but no device backend is usable */
+    GSER_ERR_CONNECTION = -26,     /**< the peer disconnected or the connection failed */
+    GSER_ERR_TIMEOUT = -27,        /**< a bounded wait ran out */
+    GSER_ERR_CANCELED = -28,       /**< the operation was canceled (e.g. its endpoint closed) */
+    GSER_ERR_LAST_ = GSER_ERR_CANCELED /**< not a status: the most negative one */
 } gser_status_t;
 
 /** A static, human-readable name for a status ("GSER_ERR_FORMAT: malformed
