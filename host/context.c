@@ -167,7 +167,7 @@ gser_status_t gser_family_register(gser_context_t *ctx, const char *name)
     if (context_find_family(ctx, name, len) >= 0)
         return error_set(ctx, GSER_ERR_EXISTS, "gser_family_register: family \"%s\" is already registered", name);
     if (ctx->nfamilies == GSER_MAX_FAMILIES)
-        return error_set(ctx, GSER_ERR_NO_MEMORY, "gser_family_register: at most %d families",
+        return error_set(ctx, GSER_ERR_INVALID_ARG, "gser_family_register: \"%s\": at most %d families", name,
                          GSER_MAX_FAMILIES);
     memcpy(ctx->families[ctx->nfamilies++], name, len + 1);
     return GSER_OK;

@@ -77,10 +77,12 @@ static bool get_u64(const msgpack_object *o, uint64_t *v)
     return true;
 }
 
+/* A marker is an array whose first element is an ext with an empty payload;
+ * a list may well start with a uint (an ext with 8 bytes). */
 static bool is_marker(const msgpack_object *o, int *type)
 {
     if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size == 0 ||
-        o->via.array.ptr[0].type != MSGPACK_OBJECT_EXT)
+        o->via.array.ptr[0].type != MSGPACK_OBJECT_EXT || o->via.array.ptr[0].via.ext.size != 0)
         return false;
     *type = o->via.array.ptr[0].via.ext.type;
     return true;
@@ -502,8 +504,6 @@ static gser_status_t dec_obj(dec_t *d, const msgpack_object *o, size_t depth, si
     int marker;
     if (!is_marker(o, &marker))
         return dec_list(d, o->via.array.ptr, o->via.array.size, GSER_KIND_LIST, depth, base, n, out);
-    if (o->via.array.ptr[0].via.ext.size != 0)
-        return dec_fail(d, GSER_ERR_FORMAT, "marker ext type %d has a payload", marker);
     switch (marker) {
     case GSER_EXT_TUPLE:
         return dec_list(d, o->via.array.ptr + 1, o->via.array.size - 1, GSER_KIND_TUPLE, depth, base, n, out);
@@ -623,8 +623,13 @@ static gser_status_t dec_header(dec_t *d, const gser_frame_t *hdr, gser_value_t 
     for (size_t i = 0; i < d->nframes; i++) {
         const msgpack_object *e = &table->via.array.ptr[i];
         uint64_t size, mem;
-        if (e->type != MSGPACK_OBJECT_ARRAY || e->via.array.size != 3 || !get_u64(&e->via.array.ptr[0], &size) ||
-            !get_u64(&e->via.array.ptr[1], &mem) || mem > GSER_MEMORY_DEVICE) {
+        const msgpack_object *dev = e->type == MSGPACK_OBJECT_ARRAY && e->via.array.size == 3 ? &e->via.array.ptr[2] : NULL;
+        /* The memory kind is the sender's; the frame may arrive elsewhere (a
+         * file, a host staging buffer), so only its form is checked. */
+        if (!dev || !get_u64(&e->via.array.ptr[0], &size) || !get_u64(&e->via.array.ptr[1], &mem) ||
+            mem > GSER_MEMORY_DEVICE ||
+            (dev->type != MSGPACK_OBJECT_POSITIVE_INTEGER && dev->type != MSGPACK_OBJECT_NEGATIVE_INTEGER) ||
+            dev->via.i64 < INT32_MIN || (dev->type == MSGPACK_OBJECT_POSITIVE_INTEGER && dev->via.u64 > INT32_MAX)) {
             st = error_set(d->ctx, GSER_ERR_FORMAT, "%s: frame table entry %zu is not [size, memory, device]",
                            d->what, i + 1);
             goto out;

@@ -253,6 +253,21 @@ static gser_status_t list_try_pack(enc_t *e, const gser_list_t *l, gser_kind_t *
     return GSER_OK;
 }
 
+/* Trace element i of an array-backed list written element by element. */
+static void trace_unboxed(enc_t *e, const gser_list_t *l, size_t i)
+{
+    gser_value_t tmp = {.kind = (uint8_t)l->arr_kind};
+    if (l->arr_kind == GSER_KIND_BOOL)
+        tmp.u.b = ((const unsigned char *)l->arr)[i] != 0;
+    else
+        memcpy(&tmp.u, (const char *)l->arr + 8 * i, 8);
+    char s[80];
+    scalar_format(&tmp, s, sizeof s);
+    e->path.seg[e->path.len++] = (path_seg_t){.key = NULL, .index = i};
+    enc_trace(e, "%s %s", gser_kind_str(l->arr_kind), s);
+    e->path.len--;
+}
+
 static gser_status_t enc_list(enc_t *e, msgpack_packer *pk, const gser_value_t *v, size_t depth, size_t base)
 {
     const gser_list_t *l = v->u.list;
@@ -279,6 +294,8 @@ static gser_status_t enc_list(enc_t *e, msgpack_packer *pk, const gser_value_t *
     for (size_t i = 0; i < l->len; i++) {
         if (l->mode == LIST_ARRAY) {
             enc_scalar_bits(pk, l->arr_kind, (const char *)l->arr + i * es);
+            if (e->trace)
+                trace_unboxed(e, l, i);
             continue;
         }
         e->path.seg[e->path.len++] = (path_seg_t){.key = NULL, .index = i};

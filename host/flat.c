@@ -157,7 +157,7 @@ gser_status_t gser_flat_write_file(const gser_frame_t *frames, size_t nframes, F
 }
 
 gser_status_t gser_deserialize_flat(gser_context_t *ctx, const void *buf, size_t len,
-                                    void (*release)(void *release_arg, const void *data), void *release_arg,
+                                    void (*release)(void *data, void *release_arg), void *release_arg,
                                     const gser_deserialize_options_t *opts, gser_msg_t **msg_out)
 {
     static const char *what = "gser_deserialize_flat";
@@ -227,10 +227,10 @@ gser_status_t gser_deserialize_flat(gser_context_t *ctx, const void *buf, size_t
     return GSER_OK;
 }
 
-static void free_buf(void *arg, const void *data)
+static void free_buf(void *data, void *arg)
 {
     (void)arg;
-    free((void *)data);
+    free(data);
 }
 
 gser_status_t gser_deserialize_fd(gser_context_t *ctx, int fd, const gser_deserialize_options_t *opts,

@@ -176,7 +176,7 @@ struct gser_msg {
     arena_t arena;
     const gser_frame_t *frames; /* what it was deserialized from; released last */
     size_t nframes;
-    void (*flat_release)(void *arg, const void *data); /* owner of a flattened input */
+    void (*flat_release)(void *data, void *arg); /* owner of a flattened input */
     void *flat_arg;
     const void *flat_data;
     gser_value_t nil;

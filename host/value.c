@@ -36,9 +36,9 @@ void gser_msg_destroy(gser_msg_t *msg)
     arena_run_cleanups(&msg->arena);
     for (size_t i = msg->nframes; i-- > 0;)
         if (msg->frames[i].release)
-            msg->frames[i].release(msg->frames[i].release_arg, msg->frames[i].data);
+            msg->frames[i].release((void *)msg->frames[i].data, msg->frames[i].release_arg);
     if (msg->flat_release)
-        msg->flat_release(msg->flat_arg, msg->flat_data);
+        msg->flat_release((void *)msg->flat_data, msg->flat_arg);
     arena_free(&msg->arena, (arena_chunk_t *)msg->first_chunk);
     free(msg);
 }

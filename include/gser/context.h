@@ -14,6 +14,7 @@
 #include <stdio.h>
 
 #include "gser/defs.h"
+#include "gser/device.h"
 #include "gser/value.h"
 
 #ifdef __cplusplus
@@ -30,7 +31,8 @@ extern "C" {
  */
 typedef struct gser_limits {
     size_t max_depth;   /**< nesting, root = 1; default and maximum GSER_DEPTH_MAX */
-    size_t max_nodes;   /**< values in a message; default 16,777,216 */
+    size_t max_nodes;   /**< msgpack items in the header and all sub-headers (each value is one
+                             or a few); default 16,777,216 */
     size_t max_frames;  /**< data frames; default 1,048,576 */
     uint64_t max_bytes; /**< header + frame bytes; default 1 TiB */
 } gser_limits_t;
@@ -48,6 +50,19 @@ typedef struct gser_context_options {
     int trace;
     /** Where trace lines go; NULL = stderr. Borrowed. */
     FILE *trace_stream;
+    /** Device backend: "cuda", "emulated" or "none". NULL = the GSER_DEVICE
+     *  environment variable if set, else "cuda" when a GPU is present, else none. */
+    const char *device_backend;
+    /** Device ordinal for allocations and kernels. */
+    int device;
+    /** Device memory; NULL = the backend's stream-ordered pool (cudaMallocAsync). Borrowed. */
+    const gser_allocator_t *device_allocator;
+    /** Pinned host memory for staging; NULL = the backend's reusable pool. Borrowed. */
+    const gser_allocator_t *pinned_allocator;
+    /** Device buffers with fewer bytes than this are gathered by one kernel
+     *  into one packed frame; larger ones stay frames of their own (zero-copy).
+     *  0 = default (1 MiB); 1 = never pack. */
+    size_t pack_max;
 } gser_context_options_t;
 
 /** Create a context; opts may be NULL. The families "device" and "host" are

@@ -29,14 +29,14 @@ extern "C" {
  * One frame: bytes somewhere in memory. Produced frames borrow (release is
  * NULL). A frame passed to gser_deserialize with release set is owned by the
  * resulting message from the moment the call succeeds: it calls
- * release(release_arg, data) once when destroyed.
+ * release(data, release_arg) once when destroyed.
  */
 typedef struct gser_frame {
     const void *data;
     size_t size;
     gser_memory_t memory;
     int32_t device;
-    void (*release)(void *release_arg, const void *data);
+    void (*release)(void *data, void *release_arg);
     void *release_arg;
 } gser_frame_t;
 
@@ -45,9 +45,14 @@ typedef struct gser_serialize_options {
     /** Families to try for typed objects, in order. NULL = {"device", "host"}. */
     const char *const *families;
     size_t nfamilies;
-    /** 0 = the context's inline_max / array_min. */
+    /** 0 = the context's inline_max / array_min / pack_max. */
     size_t inline_max;
     size_t array_min;
+    size_t pack_max;
+    /** The CUDA stream (cudaStream_t) to order device work on; NULL = the
+     *  per-thread default stream. gser never synchronizes the legacy default
+     *  stream or the device. */
+    void *stream;
 } gser_serialize_options_t;
 
 /**
@@ -55,6 +60,12 @@ typedef struct gser_serialize_options {
  * frame 0 (the header, owned by the frames object) and the data frames,
  * which borrow the message's buffers: keep msg (and every buffer it borrows)
  * alive and unchanged until gser_frames_destroy. opts may be NULL.
+ *
+ * Device buffers go to the first of "device" and "host" in the family list:
+ * "device" makes device frames (small buffers gathered by one kernel into one
+ * packed frame, large ones zero-copy); "host" packs them on the device and
+ * copies them to pinned host memory with one copy. That work is queued on
+ * opts->stream: frames are usable once gser_frames_wait says so.
  */
 GSER_API gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg,
                                       const gser_serialize_options_t *opts, gser_frames_t **frames_out);
@@ -65,7 +76,20 @@ GSER_API size_t gser_frames_count(const gser_frames_t *frames);
 /** The frames as an array of gser_frames_count entries; [0] is the header. */
 GSER_API const gser_frame_t *gser_frames_array(const gser_frames_t *frames);
 
-/** Free a frames object (not the message it borrows from). NULL is fine. */
+/** Block until the device work behind the frames (packing, copies) is done.
+ *  GSER_OK at once when there was none. */
+GSER_API gser_status_t gser_frames_wait(const gser_frames_t *frames);
+
+/** GSER_OK if the frames are ready to be read, GSER_INPROGRESS if device
+ *  work is still running. */
+GSER_API gser_status_t gser_frames_query(const gser_frames_t *frames);
+
+/** An event (cudaEvent_t) that completes when the frames are ready, for
+ *  ordering other streams after them; NULL when no device work was queued. */
+GSER_API void *gser_frames_event(const gser_frames_t *frames);
+
+/** Free a frames object (not the message it borrows from), waiting for its
+ *  device work first. NULL is fine. */
 GSER_API void gser_frames_destroy(gser_frames_t *frames);
 
 /** Deserialize flags. */
@@ -75,12 +99,20 @@ enum {
     /** Keep objects of unregistered types (or families) serialized instead of
      *  failing with GSER_ERR_UNKNOWN_TYPE. */
     GSER_DESERIALIZE_ALLOW_UNKNOWN = 1u << 1,
+    /** Give every device buffer an allocation of its own (one scatter kernel
+     *  for the message) instead of a view into its frame. */
+    GSER_DESERIALIZE_SCATTER = 1u << 2,
+    /** Put buffers that were device memory at the sender but arrived in host
+     *  frames (the "host" family, a file) back on the device: one copy per
+     *  frame, then views (or a scatter with GSER_DESERIALIZE_SCATTER). */
+    GSER_DESERIALIZE_RESTORE_DEVICE = 1u << 3,
 };
 
 /** Deserialize options. Zero-initialise, then set what you need. */
 typedef struct gser_deserialize_options {
     unsigned flags;               /**< GSER_DESERIALIZE_* */
     const gser_limits_t *limits;  /**< NULL = the context's limits */
+    void *stream;                 /**< stream (cudaStream_t) for device copies; NULL = per-thread default */
 } gser_deserialize_options_t;
 
 /**
@@ -116,11 +148,11 @@ GSER_API gser_status_t gser_flat_write_file(const gser_frame_t *frames, size_t n
  * Deserialize a flattened message in buf. Zero-copy: the message borrows buf
  * (keep it valid until the message is destroyed) unless release is set, in
  * which case the message owns buf from success on and calls
- * release(release_arg, buf) once when destroyed. Frames that are not
+ * release(buf, release_arg) once when destroyed. Frames that are not
  * suitably aligned in buf are copied.
  */
 GSER_API gser_status_t gser_deserialize_flat(gser_context_t *ctx, const void *buf, size_t len,
-                                             void (*release)(void *release_arg, const void *data),
+                                             void (*release)(void *data, void *release_arg),
                                              void *release_arg, const gser_deserialize_options_t *opts,
                                              gser_msg_t **msg_out);
 

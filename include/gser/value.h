@@ -95,6 +95,12 @@ typedef struct gser_buffer_desc {
      *  once, when it is destroyed (or when creation fails: never). */
     void (*release)(void *data, void *release_arg);
     void *release_arg;
+    /** Device data only: the stream (cudaStream_t) that produces data; gser
+     *  orders its reads after the work queued there when serializing. */
+    void *stream;
+    /** Device data only: an event (cudaEvent_t) that completes when data is
+     *  ready. Deserialized buffers carry one when gser copied them on a stream. */
+    void *event;
 } gser_buffer_desc_t;
 
 /* ---- messages ---------------------------------------------------------- */

@@ -128,7 +128,7 @@ TEST(Flat, FilesAndDescriptors)
     EXPECT_EQ(gser_deserialize_fd(ctx.get(), -1, nullptr, &back), GSER_ERR_INVALID_ARG);
 }
 
-static void release_flat(void *arg, const void *data)
+static void release_flat(void *data, void *arg)
 {
     auto *calls = static_cast<std::vector<const void *> *>(arg);
     calls->push_back(data);

@@ -261,6 +261,34 @@ TEST_F(RoundTrip, BoxedHomogeneousListsAreConvertedWhenSent)
     EXPECT_TRUE(gser_value_equal(gser_msg_root(m.get()), gser_msg_root(back.get())));
 }
 
+TEST_F(RoundTrip, ShortListsStartingWithAUintAreLists)
+{
+    // A uint is an ext on the wire: an element-wise list that starts with one
+    // must not be mistaken for a marker.
+    auto m = new_msg();
+    gser_value_t *root, *l, *t;
+    gser_msg_new_list(m.get(), &root);
+    gser_msg_new_list(m.get(), &l);
+    gser_list_append_uint(l, 5);
+    gser_list_append_int(l, 1);
+    gser_list_append(root, l);
+    gser_msg_new_tuple(m.get(), &t);
+    gser_list_append_uint(t, UINT64_MAX);
+    gser_list_append_uint(t, 2);
+    gser_list_append(root, t);
+    gser_msg_set_root(m.get(), root);
+    auto back = round_trip(m.get());
+    ASSERT_TRUE(back);
+    gser_value_t *got, *e;
+    ASSERT_EQ(gser_list_get(gser_msg_root(back.get()), 0, &got), GSER_OK);
+    EXPECT_EQ(gser_value_kind(got), GSER_KIND_LIST);
+    ASSERT_EQ(gser_list_get(got, 0, &e), GSER_OK);
+    EXPECT_EQ(gser_value_kind(e), GSER_KIND_UINT);
+    ASSERT_EQ(gser_list_get(gser_msg_root(back.get()), 1, &got), GSER_OK);
+    EXPECT_EQ(gser_value_kind(got), GSER_KIND_TUPLE);
+    EXPECT_EQ(gser_value_len(got), 2u);
+}
+
 TEST_F(RoundTrip, ArrayThresholdIsConfigurable)
 {
     gser_context_options_t o{};
@@ -476,7 +504,7 @@ TEST_F(RoundTrip, MisalignedFramesAreCopiedToAlignedMemory)
     gser_msg_destroy(back);
 }
 
-static void count_frame_release(void *arg, const void *)
+static void count_frame_release(void *, void *arg)
 {
     ++*static_cast<int *>(arg);
 }
