@@ -136,6 +136,9 @@ static PgOwner *serialize(PyObject *obj, PyObject *families, bool strict)
         pg_raise(st, true, "gser_serialize");
         goto fail;
     }
+    /* TODO(device layer): once the core queues device work here (packing,
+     * device-to-host copies), wait for it (gser_frames_wait) before the
+     * frames are handed out. Today device frames are zero-copy views. */
     owner->frames = frames;
     Py_XDECREF(fam.keep);
     return owner;

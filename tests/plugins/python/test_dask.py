@@ -132,6 +132,20 @@ def test_without_collections_dask_iterates():
         gser.dask.unregister()
 
 
+def test_default_makes_gser_first_without_serializers():
+    gser.dask.register(default=True)
+    try:
+        h, f = ser.serialize([2.5] * 1000)  # Dask's default would pickle it
+        assert h["serializer"] == "gser"
+        assert ser.deserialize(h, f) == [2.5] * 1000
+        h, f = ser.serialize({1, 2})
+        assert h["serializer"] == "pickle"
+    finally:
+        gser.dask.unregister()
+    h, f = ser.serialize([2.5] * 1000)
+    assert h["serializer"] == "pickle"
+
+
 def test_register_is_idempotent_and_undone():
     original = ser.serialize
     gser.dask.register()
