@@ -18,6 +18,7 @@ typedef struct err_slot {
 } err_slot_t;
 
 static _Thread_local err_slot_t err_slots[ERR_SLOTS];
+static _Thread_local char create_err[ERR_LEN]; /* gser_context_create's, read with a NULL context */
 static _Thread_local unsigned err_next;
 static atomic_uint_fast64_t next_ctx_id = 1;
 
@@ -54,7 +55,7 @@ gser_status_t error_set(const gser_context_t *ctx, gser_status_t st, const char 
 const char *gser_context_last_error(const gser_context_t *ctx)
 {
     if (!ctx)
-        return "";
+        return create_err;
     err_slot_t *s = err_slot(ctx->id, false);
     return s ? s->text : "";
 }
@@ -102,6 +103,12 @@ gser_status_t gser_context_create(const gser_context_options_t *opts, gser_conte
     strcpy(ctx->families[GSER_FAMILY_DEVICE], "device");
     strcpy(ctx->families[GSER_FAMILY_HOST], "host");
     ctx->nfamilies = 2;
+    gser_status_t st = device_open(ctx, &o);
+    if (st != GSER_OK) {
+        snprintf(create_err, sizeof create_err, "%s", gser_context_last_error(ctx));
+        gser_context_destroy(ctx);
+        return st;
+    }
     *ctx_out = ctx;
     return GSER_OK;
 }
@@ -117,6 +124,7 @@ void gser_context_destroy(gser_context_t *ctx)
         }
     }
     free(ctx->types);
+    device_close(ctx);
     /* Forget this thread's message for ctx: a later context may reuse nothing
      * (ids are never reused), but the slot can serve another context. */
     err_slot_t *s = err_slot(ctx->id, false);

@@ -11,6 +11,7 @@
 #include <msgpack.h>
 
 #include "internal.h"
+#include "../device/backend.h"
 
 typedef struct dec {
     gser_context_t *ctx;
@@ -24,6 +25,11 @@ typedef struct dec {
     path_t path;
     const char *what; /* "gser_deserialize" or the inspecting call */
     char cb_err[512];
+    /* device work (GSER_DESERIALIZE_RESTORE_DEVICE, _SCATTER) */
+    void *stream;
+    void **uploaded;          /* per data frame: its copy on the device, made on first use */
+    gser_value_t **dev_vals;  /* device buffers that gser copied: get the event, maybe a scatter */
+    size_t ndev_vals, cap_dev_vals;
 } dec_t;
 
 struct gser_reader {
@@ -94,51 +100,98 @@ static size_t dtype_align(size_t es)
 }
 
 /* Data of a buffer or array: inline bin or [frame, offset, nbytes] within
- * this object's frames [base, base + n). Copies host data that is not aligned
- * to align, so typed pointers handed out are always usable. */
-static gser_status_t dec_data(dec_t *d, const msgpack_object *o, size_t base, size_t n, size_t nbytes, size_t align,
-                              const void **data, const gser_frame_t **frame, char *where, size_t where_cap)
+ * this object's frames [base, base + n). *raw points at the bytes as they are
+ * (in the header or the frame); *frame is the frame's index, or SIZE_MAX. */
+static gser_status_t dec_data(dec_t *d, const msgpack_object *o, size_t base, size_t n, size_t nbytes,
+                              const void **raw, size_t *frame, char *where, size_t where_cap)
 {
-    const void *p;
-    *frame = NULL;
+    *frame = SIZE_MAX;
     if (o->type == MSGPACK_OBJECT_BIN) {
         if (o->via.bin.size != nbytes)
             return dec_fail(d, GSER_ERR_FORMAT, "inline data has %u bytes, %zu expected", o->via.bin.size, nbytes);
-        p = o->via.bin.ptr;
+        *raw = o->via.bin.ptr;
         snprintf(where, where_cap, "inline");
-    } else {
-        uint64_t rel, off, len;
-        if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 3 || !get_u64(&o->via.array.ptr[0], &rel) ||
-            !get_u64(&o->via.array.ptr[1], &off) || !get_u64(&o->via.array.ptr[2], &len))
-            return dec_fail(d, GSER_ERR_FORMAT, "data is neither bin nor a [frame, offset, nbytes] reference");
-        if (len != nbytes)
-            return dec_fail(d, GSER_ERR_FORMAT, "reference covers %llu bytes, %zu expected", (unsigned long long)len,
-                            nbytes);
-        if (rel >= n)
-            return dec_fail(d, GSER_ERR_FRAME, "frame reference %llu is outside this object's %zu frames",
-                            (unsigned long long)rel, n);
-        const gser_frame_t *f = &d->frames[base + rel];
-        if (off > f->size || len > f->size - off)
-            return dec_fail(d, GSER_ERR_FRAME, "bytes %llu..%llu are outside frame %zu of %zu bytes",
-                            (unsigned long long)off, (unsigned long long)(off + len), base + rel + 1, f->size);
-        if (len && !f->data)
-            return dec_fail(d, GSER_ERR_FRAME, "frame %zu has no data", base + rel + 1);
-        p = (const char *)f->data + off;
-        *frame = f;
-        snprintf(where, where_cap, "frame %zu %s", base + rel + 1, gser_memory_str(f->memory));
-        if (f->memory != GSER_MEMORY_HOST) {
-            *data = p;
-            return GSER_OK;
-        }
+        return GSER_OK;
     }
-    if (nbytes && ((uintptr_t)p & (align - 1))) {
+    uint64_t rel, off, len;
+    if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 3 || !get_u64(&o->via.array.ptr[0], &rel) ||
+        !get_u64(&o->via.array.ptr[1], &off) || !get_u64(&o->via.array.ptr[2], &len))
+        return dec_fail(d, GSER_ERR_FORMAT, "data is neither bin nor a [frame, offset, nbytes] reference");
+    if (len != nbytes)
+        return dec_fail(d, GSER_ERR_FORMAT, "reference covers %llu bytes, %zu expected", (unsigned long long)len,
+                        nbytes);
+    if (rel >= n)
+        return dec_fail(d, GSER_ERR_FRAME, "frame reference %llu is outside this object's %zu frames",
+                        (unsigned long long)rel, n);
+    const gser_frame_t *f = &d->frames[base + rel];
+    if (off > f->size || len > f->size - off)
+        return dec_fail(d, GSER_ERR_FRAME, "bytes %llu..%llu are outside frame %zu of %zu bytes",
+                        (unsigned long long)off, (unsigned long long)(off + len), base + rel + 1, f->size);
+    if (len && !f->data)
+        return dec_fail(d, GSER_ERR_FRAME, "frame %zu has no data", base + rel + 1);
+    *raw = (const char *)f->data + off;
+    *frame = base + (size_t)rel;
+    snprintf(where, where_cap, "frame %zu %s", base + rel + 1, gser_memory_str(f->memory));
+    return GSER_OK;
+}
+
+/* Host bytes usable as a typed pointer: copied when not aligned to align. */
+static gser_status_t host_aligned(dec_t *d, const void *raw, size_t nbytes, size_t align, const void **data)
+{
+    if (nbytes && ((uintptr_t)raw & (align - 1))) {
         void *copy = msg_alloc(d->msg, nbytes, 16);
         if (!copy)
             return nomem(d);
-        memcpy(copy, p, nbytes);
-        p = copy;
+        memcpy(copy, raw, nbytes);
+        raw = copy;
     }
-    *data = p;
+    *data = raw;
+    return GSER_OK;
+}
+
+/* A buffer that lived on a device at the sender but came in host memory:
+ * put it back, uploading its whole frame once (or just it, if inline). */
+static gser_status_t restore_device(dec_t *d, const void *raw, size_t nbytes, size_t frame, void **dev)
+{
+    gser_context_t *ctx = d->ctx;
+    gser_status_t st = device_need(ctx, d->what);
+    if (st)
+        return st;
+    const void *src = raw;
+    size_t size = nbytes, off = 0;
+    if (frame != SIZE_MAX) {
+        if (!d->uploaded) {
+            d->uploaded = msg_alloc(d->msg, d->nframes * sizeof *d->uploaded, alignof(void *));
+            if (!d->uploaded)
+                return nomem(d);
+            memset(d->uploaded, 0, d->nframes * sizeof *d->uploaded);
+        }
+        off = (size_t)((const char *)raw - (const char *)d->frames[frame].data);
+        if (d->uploaded[frame]) {
+            *dev = (char *)d->uploaded[frame] + off;
+            return GSER_OK;
+        }
+        src = d->frames[frame].data;
+        size = d->frames[frame].size;
+    }
+    void *p;
+    if ((st = msgdev_alloc(d->msg, d->stream, size, false, &p)))
+        return dec_fail(d, st, "allocating %zu bytes of device memory failed", size);
+    if ((st = ctx->backend->memcpy(ctx->bstate, p, src, size, COPY_H2D, d->stream)))
+        return device_fail(ctx, st, "gser_deserialize: copying a frame to the device");
+    if (frame != SIZE_MAX)
+        d->uploaded[frame] = p;
+    *dev = (char *)p + off;
+    return GSER_OK;
+}
+
+static gser_status_t note_dev_val(dec_t *d, gser_value_t *v)
+{
+    if (d->ndev_vals == d->cap_dev_vals &&
+        arena_vec_reserve(&d->msg->arena, (void **)&d->dev_vals, &d->cap_dev_vals, sizeof *d->dev_vals,
+                          d->ndev_vals + 1))
+        return nomem(d);
+    d->dev_vals[d->ndev_vals++] = v;
     return GSER_OK;
 }
 
@@ -148,8 +201,9 @@ static gser_status_t dec_buffer(dec_t *d, const msgpack_object *o, size_t base, 
 {
     const msgpack_object *f = o->via.array.ptr;
     uint64_t dtype;
-    if (o->via.array.size != 4 || !get_u64(&f[1], &dtype) || dtype >= GSER_DTYPE_COUNT_)
-        return dec_fail(d, GSER_ERR_FORMAT, "buffer marker needs [marker, dtype, shape, data] with a known dtype");
+    if (o->via.array.size != 5 || !get_u64(&f[1], &dtype) || dtype >= GSER_DTYPE_COUNT_)
+        return dec_fail(d, GSER_ERR_FORMAT,
+                        "buffer marker needs [marker, dtype, shape, data, origin] with a known dtype");
     size_t es = gser_dtype_size((gser_dtype_t)dtype);
     int64_t shape[GSER_MAX_NDIM];
     uint32_t ndim = 0;
@@ -185,23 +239,48 @@ static gser_status_t dec_buffer(dec_t *d, const msgpack_object *o, size_t base, 
         return dec_fail(d, GSER_ERR_FORMAT, "buffer of %s holds %llu bytes, its shape says %llu",
                         gser_dtype_str((gser_dtype_t)dtype), (unsigned long long)nbytes,
                         (unsigned long long)(ndim ? total : nbytes - nbytes % es));
-    const void *data;
-    const gser_frame_t *frame;
+    uint64_t origin;
+    if (!get_u64(&f[4], &origin) || origin > GSER_MEMORY_DEVICE)
+        return dec_fail(d, GSER_ERR_FORMAT, "buffer origin is not 0 (host) or 1 (device)");
+    const void *raw, *data;
+    size_t frame;
     char where[64];
-    gser_status_t st = dec_data(d, &f[3], base, n, (size_t)nbytes, dtype_align(es), &data, &frame, where, sizeof where);
+    gser_status_t st = dec_data(d, &f[3], base, n, (size_t)nbytes, &raw, &frame, where, sizeof where);
     if (st)
         return st;
+    gser_memory_t mem = frame != SIZE_MAX ? d->frames[frame].memory : GSER_MEMORY_HOST;
+    int32_t device = frame != SIZE_MAX ? d->frames[frame].device : d->ctx->device;
+    bool copied = false;
+    if (mem == GSER_MEMORY_HOST && origin == GSER_MEMORY_DEVICE && (d->flags & GSER_DESERIALIZE_RESTORE_DEVICE) &&
+        nbytes) {
+        void *dev = NULL;
+        if ((st = restore_device(d, raw, (size_t)nbytes, frame, &dev)))
+            return st;
+        data = dev;
+        mem = GSER_MEMORY_DEVICE;
+        device = d->ctx->device;
+        copied = true;
+    } else if (mem == GSER_MEMORY_HOST) {
+        if ((st = host_aligned(d, raw, (size_t)nbytes, dtype_align(es), &data)))
+            return st;
+    } else {
+        data = raw;
+    }
     gser_buffer_desc_t desc = {.data = data,
                                .nbytes = (size_t)nbytes,
                                .dtype = (gser_dtype_t)dtype,
                                .ndim = ndim,
                                .shape = shape,
-                               .memory = frame ? frame->memory : GSER_MEMORY_HOST,
-                               .device = frame ? frame->device : 0};
+                               .memory = mem,
+                               .device = device};
     if (gser_msg_new_buffer(d->msg, &desc, out))
         return nomem(d);
+    if (mem == GSER_MEMORY_DEVICE && nbytes && (copied || (d->flags & GSER_DESERIALIZE_SCATTER)) &&
+        (st = note_dev_val(d, *out)))
+        return st;
     if (d->trace)
-        dec_trace(d, "buffer %s ndim=%u bytes=%zu %s", gser_dtype_str(desc.dtype), ndim, desc.nbytes, where);
+        dec_trace(d, "buffer %s ndim=%u bytes=%zu %s%s%s", gser_dtype_str(desc.dtype), ndim, desc.nbytes, where,
+                  origin == GSER_MEMORY_DEVICE ? " (from device)" : "", copied ? " -> device" : "");
     return GSER_OK;
 }
 
@@ -217,15 +296,17 @@ static gser_status_t dec_array(dec_t *d, const msgpack_object *o, size_t base, s
     if (count > SIZE_MAX / es)
         return dec_fail(d, GSER_ERR_FORMAT, "array of %llu elements is too large", (unsigned long long)count);
     size_t nbytes = (size_t)count * es;
-    const void *data;
-    const gser_frame_t *frame;
+    const void *raw, *data;
+    size_t frame;
     char where[64];
-    gser_status_t st = dec_data(d, &f[4], base, n, nbytes, es, &data, &frame, where, sizeof where);
+    gser_status_t st = dec_data(d, &f[4], base, n, nbytes, &raw, &frame, where, sizeof where);
     if (st)
         return st;
-    if (frame && frame->memory != GSER_MEMORY_HOST)
+    if (frame != SIZE_MAX && d->frames[frame].memory != GSER_MEMORY_HOST)
         return dec_fail(d, GSER_ERR_FRAME, "array data is in %s memory, arrays live in host memory",
-                        gser_memory_str(frame->memory));
+                        gser_memory_str(d->frames[frame].memory));
+    if ((st = host_aligned(d, raw, nbytes, es, &data)))
+        return st;
     if (kind == GSER_KIND_BOOL) {
         const unsigned char *b = data;
         for (size_t i = 0; i < nbytes; i++)
@@ -588,6 +669,57 @@ gser_status_t gser_reader_fail(gser_reader_t *r, gser_status_t status, const cha
     return status;
 }
 
+/* ---- device work after the tree is built ------------------------------------------------ */
+
+/* With GSER_DESERIALIZE_SCATTER every device buffer gets an allocation of its
+ * own, filled by one copy plan (one kernel); then one event marks the end of
+ * the message's device work and every buffer gser copied carries it. */
+static gser_status_t dec_device_finish(dec_t *d)
+{
+    if (d->ndev_vals == 0)
+        return GSER_OK;
+    gser_context_t *ctx = d->ctx;
+    gser_status_t st;
+    if (d->flags & GSER_DESERIALIZE_SCATTER) {
+        gser_copy_t *copies = malloc(d->ndev_vals * sizeof *copies);
+        if (!copies)
+            return error_set(ctx, GSER_ERR_NO_MEMORY, "%s: out of memory", d->what);
+        for (size_t i = 0; i < d->ndev_vals; i++) {
+            gser_buffer_desc_t *bd = &d->dev_vals[i]->u.buf->desc;
+            void *dst;
+            if ((st = msgdev_alloc(d->msg, d->stream, bd->nbytes, false, &dst))) {
+                free(copies);
+                return error_set(ctx, st, "%s: allocating %zu bytes of device memory for a scattered buffer failed",
+                                 d->what, bd->nbytes);
+            }
+            copies[i] = (gser_copy_t){bd->data, dst, bd->nbytes};
+        }
+        size_t nchunks = gser_plan_count(copies, d->ndev_vals);
+        void *table = NULL;
+        st = msgdev_alloc(d->msg, d->stream, nchunks * sizeof(gser_chunk_t), true, &table);
+        if (st == GSER_OK) {
+            gser_plan_fill(copies, d->ndev_vals, table);
+            st = ctx->backend->copy_plan(ctx->bstate, table, nchunks, d->stream);
+            if (st)
+                st = device_fail(ctx, st, "gser_deserialize: the scatter kernel");
+        } else {
+            st = error_set(ctx, st, "%s: allocating pinned memory for the copy plan failed", d->what);
+        }
+        if (st == GSER_OK)
+            for (size_t i = 0; i < d->ndev_vals; i++)
+                d->dev_vals[i]->u.buf->desc.data = copies[i].dst;
+        free(copies);
+        if (st)
+            return st;
+    }
+    void *event;
+    if ((st = msgdev_record(d->msg, &event)))
+        return device_fail(ctx, st, "gser_deserialize: recording the message's event");
+    for (size_t i = 0; i < d->ndev_vals; i++)
+        d->dev_vals[i]->u.buf->desc.event = event;
+    return GSER_OK;
+}
+
 /* ---- public ---------------------------------------------------------------------------- */
 
 static const unsigned char magic[] = {0x94, 0xd6, GSER_EXT_MAGIC, 'G', 'S', 'E', 'R'};
@@ -694,6 +826,13 @@ gser_status_t gser_deserialize(gser_context_t *ctx, const gser_frame_t *frames, 
     d.nodes_left = d.lim.max_nodes;
     d.trace = ctx->trace;
     d.path.len = 0;
+    d.stream = opts ? opts->stream : NULL;
+    d.uploaded = NULL;
+    d.dev_vals = NULL;
+    d.ndev_vals = d.cap_dev_vals = 0;
+    if ((d.flags & (GSER_DESERIALIZE_SCATTER | GSER_DESERIALIZE_RESTORE_DEVICE)) &&
+        (st = device_need(ctx, d.what)))
+        return st;
     if ((st = gser_msg_create(ctx, &d.msg)))
         return st;
 
@@ -705,6 +844,8 @@ gser_status_t gser_deserialize(gser_context_t *ctx, const gser_frame_t *frames, 
     }
     gser_value_t *root;
     st = dec_header(&d, &frames[0], &root);
+    if (st == GSER_OK)
+        st = dec_device_finish(&d);
     gser_frame_t *copy = NULL;
     if (st == GSER_OK) {
         copy = msg_alloc(d.msg, nframes * sizeof *copy, alignof(gser_frame_t));
@@ -743,6 +884,10 @@ gser_status_t gser_value_decode_serialized(gser_msg_t *msg, const gser_value_t *
     d.nodes_left = d.lim.max_nodes;
     d.trace = NULL;
     d.path.len = 0;
+    d.stream = NULL;
+    d.uploaded = NULL;
+    d.dev_vals = NULL;
+    d.ndev_vals = d.cap_dev_vals = 0;
     return dec_unit(&d, s->header, s->header_len, 1, 0, s->nframes, tree);
 }
 

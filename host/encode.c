@@ -12,6 +12,7 @@
 #include <msgpack.h>
 
 #include "internal.h"
+#include "../device/backend.h"
 
 /* ---- output sink for msgpack-c: growable, with a sticky out-of-memory flag -- */
 
@@ -79,6 +80,10 @@ typedef struct enc {
     FILE *trace;
     path_t path;
     char cb_err[512]; /* set by gser_writer_fail */
+    /* device buffers */
+    int device_family; /* GSER_FAMILY_DEVICE or _HOST: the first of them in the list; -1 if neither */
+    packer_t pack;
+    int group; /* packed frame of the current object scope, -1 if none yet */
 } enc_t;
 
 struct gser_writer {
@@ -89,6 +94,7 @@ struct gser_writer {
 
 static gser_status_t enc_value(enc_t *e, msgpack_packer *pk, const gser_value_t *v, size_t depth, size_t base);
 static bool enc_scalar(msgpack_packer *pk, const gser_value_t *v);
+static void families_list(const enc_t *e, char *buf, size_t cap);
 
 static gser_status_t enc_fail(enc_t *e, gser_status_t st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
@@ -117,7 +123,7 @@ static void enc_trace(enc_t *e, const char *fmt, ...)
     trace_line(e->trace, "serialize %s  %s", path, msg);
 }
 
-static gser_status_t frames_push(gser_frames_t *f, const gser_frame_t *fr)
+gser_status_t frames_push(gser_frames_t *f, const gser_frame_t *fr)
 {
     if (f->n == f->cap) {
         size_t cap = f->cap * 2;
@@ -153,20 +159,27 @@ static void pack_marker(msgpack_packer *pk, int type, size_t nfields)
 static gser_status_t enc_data(enc_t *e, msgpack_packer *pk, const void *data, size_t nbytes, gser_memory_t mem,
                               int32_t device, size_t base, char *where, size_t where_cap)
 {
-    if (mem == GSER_MEMORY_HOST && nbytes < e->inline_max) {
+    if (nbytes == 0 || (mem == GSER_MEMORY_HOST && nbytes < e->inline_max)) {
         msgpack_pack_bin_with_body(pk, data, nbytes);
         snprintf(where, where_cap, "inline");
         return GSER_OK;
     }
-    gser_frame_t fr = {.data = data, .size = nbytes, .memory = mem, .device = device};
-    size_t idx = e->out->n;
-    if (frames_push(e->out, &fr))
-        return enc_fail(e, GSER_ERR_NO_MEMORY, "out of memory for the frame table");
+    size_t idx, off = 0;
+    if (mem == GSER_MEMORY_DEVICE && (e->pack.to_host || nbytes < e->pack.pack_max)) {
+        if (packer_add(&e->pack, e->out, &e->group, data, nbytes, &idx, &off))
+            return enc_fail(e, GSER_ERR_NO_MEMORY, "out of memory planning the packed frame");
+        snprintf(where, where_cap, "frame %zu %s packed +%zu", idx, e->pack.to_host ? "host" : "device", off);
+    } else {
+        gser_frame_t fr = {.data = data, .size = nbytes, .memory = mem, .device = device};
+        idx = e->out->n;
+        if (frames_push(e->out, &fr))
+            return enc_fail(e, GSER_ERR_NO_MEMORY, "out of memory for the frame table");
+        snprintf(where, where_cap, "frame %zu %s", idx, gser_memory_str(mem));
+    }
     msgpack_pack_array(pk, 3);
     msgpack_pack_uint64(pk, idx - base);
-    msgpack_pack_uint64(pk, 0);
+    msgpack_pack_uint64(pk, off);
     msgpack_pack_uint64(pk, nbytes);
-    snprintf(where, where_cap, "frame %zu %s", idx, gser_memory_str(mem));
     return GSER_OK;
 }
 
@@ -329,8 +342,18 @@ static gser_status_t enc_map(enc_t *e, msgpack_packer *pk, const gser_value_t *v
 static gser_status_t enc_buffer(enc_t *e, msgpack_packer *pk, const gser_value_t *v, size_t base)
 {
     const gser_buffer_desc_t *d = &v->u.buf->desc;
-    char where[64];
-    pack_marker(pk, GSER_EXT_BUFFER, 3);
+    char where[96];
+    if (d->memory == GSER_MEMORY_DEVICE && d->nbytes) {
+        if (e->device_family < 0) {
+            char fams[256];
+            families_list(e, fams, sizeof fams);
+            return enc_fail(e, GSER_ERR_NO_SERIALIZER,
+                            "a device buffer needs the family \"device\" or \"host\"; families are [%s]", fams);
+        }
+        if (packer_wait_for(&e->pack, d->stream, d->event))
+            return enc_fail(e, GSER_ERR_NO_MEMORY, "out of memory");
+    }
+    pack_marker(pk, GSER_EXT_BUFFER, 4);
     msgpack_pack_uint8(pk, (uint8_t)d->dtype);
     if (d->ndim) {
         msgpack_pack_array(pk, d->ndim);
@@ -340,8 +363,10 @@ static gser_status_t enc_buffer(enc_t *e, msgpack_packer *pk, const gser_value_t
         msgpack_pack_nil(pk);
     }
     gser_status_t st = enc_data(e, pk, d->data, d->nbytes, d->memory, d->device, base, where, sizeof where);
+    msgpack_pack_uint8(pk, (uint8_t)d->memory); /* where the buffer lived at the sender */
     if (st == GSER_OK && e->trace)
-        enc_trace(e, "buffer %s ndim=%u bytes=%zu %s", gser_dtype_str(d->dtype), d->ndim, d->nbytes, where);
+        enc_trace(e, "buffer %s ndim=%u bytes=%zu %s%s", gser_dtype_str(d->dtype), d->ndim, d->nbytes, where,
+                  d->memory == GSER_MEMORY_DEVICE ? " (from device)" : "");
     return st;
 }
 
@@ -403,7 +428,10 @@ static gser_status_t enc_object(enc_t *e, msgpack_packer *pk, const gser_value_t
     msgpack_packer spk;
     msgpack_packer_init(&spk, &sub, obuf_write);
     size_t first = e->out->n;
+    int outer_group = e->group;
+    e->group = -1; /* the object's device buffers get a packed frame of its own */
     st = enc_value(e, &spk, w.root, depth + 1, first);
+    e->group = outer_group;
     if (st == GSER_OK && sub.oom)
         st = enc_fail(e, GSER_ERR_NO_MEMORY, "out of memory encoding the object");
     if (st == GSER_OK) {
@@ -535,6 +563,14 @@ static gser_status_t resolve_families(enc_t *e, const gser_serialize_options_t *
     return GSER_OK;
 }
 
+static int first_device_family(const enc_t *e)
+{
+    for (size_t i = 0; i < e->nfam; i++)
+        if (e->fam[i] == GSER_FAMILY_DEVICE || e->fam[i] == GSER_FAMILY_HOST)
+            return e->fam[i];
+    return -1;
+}
+
 gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg, const gser_serialize_options_t *opts,
                              gser_frames_t **frames_out)
 {
@@ -552,11 +588,19 @@ gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg, const g
     gser_status_t st = resolve_families(&e, opts);
     if (st)
         return st;
+    e.device_family = first_device_family(&e);
+    e.group = -1;
+    packer_init(&e.pack, ctx, e.device_family == GSER_FAMILY_HOST,
+                opts && opts->pack_max ? opts->pack_max : ctx->pack_max, opts ? opts->stream : NULL);
 
     gser_frames_t *f = malloc(sizeof *f);
-    if (!f)
+    if (!f) {
+        packer_free(&e.pack);
         return error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize: out of memory");
+    }
     f->ctx = ctx;
+    f->event = f->stream = f->dev_mem = f->pinned = f->chunks = NULL;
+    f->dev_size = f->pinned_size = f->chunks_size = 0;
     f->frames = f->inline_frames;
     f->cap = GSER_FRAMES_INLINE;
     f->n = 1; /* [0] is the header, filled in last */
@@ -572,6 +616,9 @@ gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg, const g
     msgpack_pack_ext_with_body(&pk, "GSER", 4, GSER_EXT_MAGIC);
     msgpack_pack_uint32(&pk, GSER_WIRE_VERSION);
     st = enc_value(&e, &pk, msg->root, 1, 1);
+    if (st == GSER_OK)
+        st = packer_finish(&e.pack, f); /* sizes of packed frames are known now */
+    packer_free(&e.pack);
     if (st == GSER_OK) {
         msgpack_pack_array(&pk, f->n - 1);
         for (size_t i = 1; i < f->n; i++) {
@@ -611,10 +658,38 @@ const gser_frame_t *gser_frames_array(const gser_frames_t *frames)
     return frames ? frames->frames : NULL;
 }
 
+gser_status_t gser_frames_wait(const gser_frames_t *frames)
+{
+    if (!frames)
+        return GSER_ERR_INVALID_ARG;
+    if (!frames->event)
+        return GSER_OK;
+    gser_context_t *ctx = frames->ctx;
+    gser_status_t st = ctx->backend->event_sync(ctx->bstate, frames->event);
+    return st ? device_fail(ctx, st, "gser_frames_wait") : GSER_OK;
+}
+
+gser_status_t gser_frames_query(const gser_frames_t *frames)
+{
+    if (!frames)
+        return GSER_ERR_INVALID_ARG;
+    if (!frames->event)
+        return GSER_OK;
+    gser_context_t *ctx = frames->ctx;
+    gser_status_t st = ctx->backend->event_query(ctx->bstate, frames->event);
+    return st < 0 ? device_fail(ctx, st, "gser_frames_query") : st;
+}
+
+void *gser_frames_event(const gser_frames_t *frames)
+{
+    return frames ? frames->event : NULL;
+}
+
 void gser_frames_destroy(gser_frames_t *frames)
 {
     if (!frames)
         return;
+    packer_release(frames);
     if (frames->frames != frames->inline_frames)
         free(frames->frames);
     free(frames->header);

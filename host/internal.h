@@ -30,6 +30,7 @@
 #define GSER_DEFAULT_MAX_NODES ((size_t)1 << 24)
 #define GSER_DEFAULT_MAX_FRAMES ((size_t)1 << 20)
 #define GSER_DEFAULT_MAX_BYTES ((uint64_t)1 << 40)
+#define GSER_DEFAULT_PACK_MAX ((size_t)1 << 20)
 
 /* msgpack ext type codes of gser's own markers (docs/wire-format.md). */
 enum {
@@ -170,8 +171,22 @@ struct gser_value {
     } u;
 };
 
+typedef struct msg_res {
+    void *ptr;
+    size_t size;
+    bool pinned;
+} msg_res_t;
+
+typedef struct msg_device {
+    void *event; /* backend handle, recorded after the message's device work */
+    void *stream;
+    msg_res_t *res;
+    size_t nres, cap;
+} msg_device_t;
+
 struct gser_msg {
     gser_context_t *ctx;
+    msg_device_t *dev; /* device memory the message owns (device/msgdev.c), or NULL */
     gser_value_t *root;
     arena_t arena;
     const gser_frame_t *frames; /* what it was deserialized from; released last */
@@ -211,8 +226,18 @@ struct gser_type {
     gser_family_fns_t fam[GSER_MAX_FAMILIES];
 };
 
+struct gser_backend;
+struct gser_backend_state;
+
 struct gser_context {
     uint64_t id;
+    /* device layer (device/device.c): backend NULL when there is none */
+    const struct gser_backend *backend;
+    struct gser_backend_state *bstate;
+    gser_allocator_t dev_alloc;
+    gser_allocator_t pin_alloc;
+    int device;
+    size_t pack_max;
     gser_limits_t limits;
     size_t inline_max;
     size_t array_min;
@@ -236,6 +261,17 @@ GSER_INTERNAL void limits_resolve(const gser_limits_t *in, gser_limits_t *out);
 GSER_INTERNAL gser_status_t error_set(const gser_context_t *ctx, gser_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 GSER_INTERNAL gser_status_t error_setv(const gser_context_t *ctx, gser_status_t st, const char *fmt, va_list ap);
+
+/* ---- device layer (device/device.c) ------------------------------------- */
+
+GSER_INTERNAL gser_status_t device_open(gser_context_t *ctx, const gser_context_options_t *o);
+GSER_INTERNAL void device_close(gser_context_t *ctx);
+/* GSER_ERR_NO_DEVICE with a message naming what, when ctx has no backend. */
+GSER_INTERNAL gser_status_t device_need(gser_context_t *ctx, const char *what);
+/* Record a backend failure (with the backend's own error text). */
+GSER_INTERNAL gser_status_t device_fail(gser_context_t *ctx, gser_status_t st, const char *what);
+GSER_INTERNAL gser_status_t device_copy(gser_context_t *ctx, void *dst, gser_memory_t dst_memory, const void *src,
+                                        gser_memory_t src_memory, size_t n, void *stream);
 
 /* ---- paths -------------------------------------------------------------- */
 
@@ -274,12 +310,76 @@ struct gser_frames {
     gser_frame_t *frames;
     size_t n;
     size_t cap;
+    /* device work behind the frames (device/pack.c); all NULL without it */
+    void *event;     /* backend event handle, recorded after the last copy */
+    void *stream;
+    void *dev_mem;   /* packed device frames */
+    size_t dev_size;
+    void *pinned;    /* host-family frames */
+    size_t pinned_size;
+    void *chunks;    /* the copy plan, in pinned memory */
+    size_t chunks_size;
     void *header; /* malloc'd when the header outgrew header_inline */
     size_t header_len;
     gser_msg_t *scratch; /* values made by serializers and list conversions */
     gser_frame_t inline_frames[GSER_FRAMES_INLINE];
     char header_inline[1024];
 };
+
+GSER_INTERNAL gser_status_t frames_push(gser_frames_t *f, const gser_frame_t *fr);
+
+/* ---- packing device buffers (device/pack.c) -------------------------------- */
+
+typedef struct pack_group {
+    size_t frame; /* index in the frames */
+    size_t bytes;
+    size_t start; /* in the one allocation, set by packer_finish */
+} pack_group_t;
+
+typedef struct pack_copy {
+    const void *src;
+    size_t size;
+    size_t group;
+    size_t offset;
+} pack_copy_t;
+
+typedef struct pack_wait {
+    void *stream;
+    void *event;
+} pack_wait_t;
+
+typedef struct packer {
+    gser_context_t *ctx;
+    bool to_host;   /* the host family: packed frames end up in pinned host memory */
+    bool device_work;
+    size_t pack_max;
+    void *stream;
+    pack_group_t *groups;
+    size_t ngroups, cap_groups;
+    pack_copy_t *copies;
+    size_t ncopies, cap_copies;
+    pack_wait_t *waits;
+    size_t nwaits, cap_waits;
+} packer_t;
+
+GSER_INTERNAL void packer_init(packer_t *p, gser_context_t *ctx, bool to_host, size_t pack_max, void *stream);
+GSER_INTERNAL void packer_free(packer_t *p);
+/* Order the packing after a buffer's producer (either may be NULL). */
+GSER_INTERNAL gser_status_t packer_wait_for(packer_t *p, void *stream, void *event);
+/* Give a buffer a place in the packed frame of the scope *group (-1: none yet,
+ * one is reserved in f); sets the frame index and offset. */
+GSER_INTERNAL gser_status_t packer_add(packer_t *p, gser_frames_t *f, int *group, const void *src, size_t size,
+                                       size_t *frame, size_t *offset);
+/* Allocate, plan, launch, record the event; f owns what it allocates. */
+GSER_INTERNAL gser_status_t packer_finish(packer_t *p, gser_frames_t *f);
+GSER_INTERNAL void packer_release(gser_frames_t *f);
+
+/* ---- device memory owned by a message (device/msgdev.c) ---------------------- */
+
+GSER_INTERNAL gser_status_t msgdev_alloc(gser_msg_t *m, void *stream, size_t size, bool pinned, void **ptr);
+/* Record the message's event after its device work; sets the backend handle. */
+GSER_INTERNAL gser_status_t msgdev_record(gser_msg_t *m, void **event);
+GSER_INTERNAL void msgdev_release(gser_msg_t *m);
 
 /* ---- trace ------------------------------------------------------------- */
 

@@ -15,6 +15,7 @@ gser_status_t gser_msg_create(gser_context_t *ctx, gser_msg_t **msg_out)
     if (!m)
         return error_set(ctx, GSER_ERR_NO_MEMORY, "gser_msg_create: out of memory");
     m->ctx = ctx;
+    m->dev = NULL;
     m->frames = NULL;
     m->nframes = 0;
     m->flat_release = NULL;
@@ -31,9 +32,11 @@ void gser_msg_destroy(gser_msg_t *msg)
 {
     if (!msg)
         return;
-    /* Objects first (they may point into frames), then the frames, then the
+    /* Objects first (they may point into frames), then the device memory the
+     * message made (after its copies finish), then the frames, then the
      * flattened bytes the frames point into, then the memory. */
     arena_run_cleanups(&msg->arena);
+    msgdev_release(msg);
     for (size_t i = msg->nframes; i-- > 0;)
         if (msg->frames[i].release)
             msg->frames[i].release((void *)msg->frames[i].data, msg->frames[i].release_arg);

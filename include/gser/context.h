@@ -77,7 +77,8 @@ GSER_API void gser_context_destroy(gser_context_t *ctx);
  * The detailed message of the last error this thread got from a call on ctx,
  * naming the path of the failing value, e.g. `$.tasks[3].payload: type
  * "myapp.blob" has no serializer for families [device, host]`. "" if none.
- * Valid until this thread's next call on ctx.
+ * Valid until this thread's next call on ctx. With ctx NULL: the message of
+ * this thread's last failed gser_context_create.
  */
 GSER_API const char *gser_context_last_error(const gser_context_t *ctx);
 

@@ -8,6 +8,7 @@
 
 #include "gser/context.h"
 #include "gser/defs.h"
+#include "gser/device.h"
 #include "gser/serialize.h"
 #include "gser/value.h"
 

@@ -330,7 +330,7 @@ TEST(Safety, CraftedHeadersAreRejectedPrecisely)
                              craft([](msgpack_packer *pk) {
                                  msgpack_pack_map(pk, 1);
                                  msgpack_pack_str_with_body(pk, "b", 1);
-                                 msgpack_pack_array(pk, 4);
+                                 msgpack_pack_array(pk, 5);
                                  msgpack_pack_ext(pk, 0, 4);
                                  msgpack_pack_uint8(pk, GSER_DTYPE_UINT8);
                                  msgpack_pack_nil(pk);
@@ -338,6 +338,7 @@ TEST(Safety, CraftedHeadersAreRejectedPrecisely)
                                  msgpack_pack_uint8(pk, 0);
                                  msgpack_pack_uint8(pk, 0);
                                  msgpack_pack_uint8(pk, 16);
+                                 msgpack_pack_uint8(pk, GSER_MEMORY_HOST);
                              }),
                              &err),
               GSER_ERR_FRAME);
@@ -345,14 +346,25 @@ TEST(Safety, CraftedHeadersAreRejectedPrecisely)
     // A buffer whose shape disagrees with its bytes.
     EXPECT_EQ(decode_crafted(ctx.get(),
                              craft([](msgpack_packer *pk) {
-                                 msgpack_pack_array(pk, 4);
+                                 msgpack_pack_array(pk, 5);
                                  msgpack_pack_ext(pk, 0, 4);
                                  msgpack_pack_uint8(pk, GSER_DTYPE_FLOAT64);
                                  msgpack_pack_array(pk, 1);
                                  msgpack_pack_uint8(pk, 3);
                                  msgpack_pack_bin_with_body(pk, "0123456789abcdef", 16);
+                                 msgpack_pack_uint8(pk, GSER_MEMORY_HOST);
                              }),
                              &err),
+              GSER_ERR_FORMAT);
+    // A buffer whose origin is neither host nor device.
+    EXPECT_EQ(decode_crafted(ctx.get(), craft([](msgpack_packer *pk) {
+                  msgpack_pack_array(pk, 5);
+                  msgpack_pack_ext(pk, 0, 4);
+                  msgpack_pack_uint8(pk, GSER_DTYPE_UINT8);
+                  msgpack_pack_nil(pk);
+                  msgpack_pack_bin_with_body(pk, "ab", 2);
+                  msgpack_pack_uint8(pk, 7);
+              })),
               GSER_ERR_FORMAT);
     // A bool array with a 2 in it.
     EXPECT_EQ(decode_crafted(ctx.get(), craft([](msgpack_packer *pk) {

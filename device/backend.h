@@ -1,0 +1,52 @@
+/* Device backends: every device operation of the library goes through one
+ * table, so that CUDA's calls and its error codes stay in device/cuda.c and
+ * the emulated backend can stand in for it where there is no GPU. */
+#ifndef GSER_DEVICE_BACKEND_H
+#define GSER_DEVICE_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gser/gser.h"
+#include "plan.h"
+
+typedef struct gser_backend_state gser_backend_state_t;
+
+/* Directions of a copy. */
+typedef enum copy_kind { COPY_H2H, COPY_H2D, COPY_D2H, COPY_D2D } copy_kind_t;
+
+typedef struct gser_backend {
+    const char *name;
+    /* Open the backend for a device ordinal; GSER_ERR_NO_DEVICE if it cannot. */
+    gser_status_t (*open)(int device, gser_backend_state_t **state);
+    void (*close)(gser_backend_state_t *state);
+    /* The default allocators (stream-ordered device pool, pinned pool). */
+    gser_status_t (*alloc)(gser_backend_state_t *s, size_t size, void *stream, void **ptr);
+    void (*free)(gser_backend_state_t *s, void *ptr, size_t size, void *stream);
+    gser_status_t (*pinned_alloc)(gser_backend_state_t *s, size_t size, void **ptr);
+    void (*pinned_free)(gser_backend_state_t *s, void *ptr, size_t size);
+    gser_status_t (*memcpy)(gser_backend_state_t *s, void *dst, const void *src, size_t n, copy_kind_t kind,
+                            void *stream);
+    gser_status_t (*stream_sync)(gser_backend_state_t *s, void *stream);
+    gser_status_t (*event_create)(gser_backend_state_t *s, void **event);
+    gser_status_t (*event_record)(gser_backend_state_t *s, void *event, void *stream);
+    gser_status_t (*event_query)(gser_backend_state_t *s, void *event); /* GSER_OK or GSER_INPROGRESS */
+    gser_status_t (*event_sync)(gser_backend_state_t *s, void *event);
+    gser_status_t (*stream_wait_event)(gser_backend_state_t *s, void *stream, void *event);
+    void (*event_destroy)(gser_backend_state_t *s, void *event);
+    /* Run a copy plan (gather, scatter: any mix of device-to-device copies)
+     * with one kernel launch on stream. The chunk table is in pinned host
+     * memory and must stay untouched until the work completes. */
+    gser_status_t (*copy_plan)(gser_backend_state_t *s, const gser_chunk_t *chunks, size_t nchunks,
+                               void *stream);
+    /* The last detailed error (the CUDA error string), or "". */
+    const char *(*last_error)(gser_backend_state_t *s);
+} gser_backend_t;
+
+extern const gser_backend_t gser_backend_emulated;
+#ifdef GSER_HAVE_CUDA
+extern const gser_backend_t gser_backend_cuda;
+#endif
+
+#endif /* GSER_DEVICE_BACKEND_H */

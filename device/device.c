@@ -1,0 +1,283 @@
+/* The public device API and the choice of backend; everything here goes
+ * through the context's backend table. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../host/internal.h"
+#include "backend.h"
+
+struct gser_event {
+    gser_context_t *ctx;
+    void *handle;
+};
+
+/* ---- choosing and opening a backend --------------------------------------- */
+
+static gser_status_t backend_alloc(void *user, size_t size, void *stream, void **ptr)
+{
+    gser_context_t *ctx = user;
+    return ctx->backend->alloc(ctx->bstate, size, stream, ptr);
+}
+
+static void backend_free(void *user, void *ptr, size_t size, void *stream)
+{
+    gser_context_t *ctx = user;
+    ctx->backend->free(ctx->bstate, ptr, size, stream);
+}
+
+static gser_status_t backend_pinned_alloc(void *user, size_t size, void *stream, void **ptr)
+{
+    (void)stream;
+    gser_context_t *ctx = user;
+    return ctx->backend->pinned_alloc(ctx->bstate, size, ptr);
+}
+
+static void backend_pinned_free(void *user, void *ptr, size_t size, void *stream)
+{
+    (void)stream;
+    gser_context_t *ctx = user;
+    ctx->backend->pinned_free(ctx->bstate, ptr, size);
+}
+
+gser_status_t device_open(gser_context_t *ctx, const gser_context_options_t *o)
+{
+    const char *name = o->device_backend;
+    if (!name || !*name)
+        name = getenv("GSER_DEVICE");
+    bool automatic = !name || !*name || strcmp(name, "auto") == 0;
+    const gser_backend_t *b = NULL;
+    if (automatic) {
+#ifdef GSER_HAVE_CUDA
+        b = &gser_backend_cuda;
+#endif
+    } else if (strcmp(name, "emulated") == 0) {
+        b = &gser_backend_emulated;
+    } else if (strcmp(name, "cuda") == 0) {
+#ifdef GSER_HAVE_CUDA
+        b = &gser_backend_cuda;
+#else
+        return error_set(ctx, GSER_ERR_NO_DEVICE,
+                         "gser_context_create: device backend \"cuda\" asked for, but this build has no CUDA");
+#endif
+    } else if (strcmp(name, "none") != 0) {
+        return error_set(ctx, GSER_ERR_INVALID_ARG,
+                         "gser_context_create: unknown device backend \"%s\" (cuda, emulated, none, auto)", name);
+    }
+    ctx->device = o->device;
+    ctx->pack_max = o->pack_max ? o->pack_max : GSER_DEFAULT_PACK_MAX;
+    ctx->backend = NULL;
+    ctx->bstate = NULL;
+    if (b) {
+        gser_status_t st = b->open(o->device, &ctx->bstate);
+        if (st != GSER_OK) {
+            if (automatic)
+                return GSER_OK; /* no GPU here: no device backend, not an error */
+            return error_set(ctx, st, "gser_context_create: device backend \"%s\" (device %d) cannot be used: %s",
+                             b->name, o->device, gser_status_str(st));
+        }
+        ctx->backend = b;
+    }
+    if (o->device_allocator)
+        ctx->dev_alloc = *o->device_allocator;
+    else
+        ctx->dev_alloc = (gser_allocator_t){backend_alloc, backend_free, ctx};
+    if (o->pinned_allocator)
+        ctx->pin_alloc = *o->pinned_allocator;
+    else
+        ctx->pin_alloc = (gser_allocator_t){backend_pinned_alloc, backend_pinned_free, ctx};
+    if (!ctx->dev_alloc.alloc || !ctx->dev_alloc.free || !ctx->pin_alloc.alloc || !ctx->pin_alloc.free) {
+        device_close(ctx);
+        return error_set(ctx, GSER_ERR_INVALID_ARG, "gser_context_create: an allocator lacks alloc or free");
+    }
+    return GSER_OK;
+}
+
+void device_close(gser_context_t *ctx)
+{
+    if (ctx->backend)
+        ctx->backend->close(ctx->bstate);
+    ctx->backend = NULL;
+    ctx->bstate = NULL;
+}
+
+gser_status_t device_need(gser_context_t *ctx, const char *what)
+{
+    if (ctx->backend)
+        return GSER_OK;
+    return error_set(ctx, GSER_ERR_NO_DEVICE,
+                     "%s: device memory needs a device backend, and this context has none "
+                     "(set gser_context_options_t.device_backend or GSER_DEVICE to \"cuda\" or \"emulated\")",
+                     what);
+}
+
+gser_status_t device_fail(gser_context_t *ctx, gser_status_t st, const char *what)
+{
+    const char *detail = ctx->backend ? ctx->backend->last_error(ctx->bstate) : "";
+    return error_set(ctx, st, "%s: %s%s%s", what, gser_status_str(st), *detail ? ": " : "", detail);
+}
+
+/* ---- the public API --------------------------------------------------------------- */
+
+const char *gser_device_backend(const gser_context_t *ctx)
+{
+    return ctx && ctx->backend ? ctx->backend->name : "none";
+}
+
+bool gser_device_available(const gser_context_t *ctx)
+{
+    return ctx && ctx->backend;
+}
+
+gser_status_t gser_device_alloc(gser_context_t *ctx, size_t size, void *stream, void **ptr)
+{
+    if (!ctx || !ptr)
+        return GSER_ERR_INVALID_ARG;
+    gser_status_t st = device_need(ctx, "gser_device_alloc");
+    if (st)
+        return st;
+    void *p = NULL;
+    st = ctx->dev_alloc.alloc(ctx->dev_alloc.user, size, stream, &p);
+    if (st != GSER_OK || (!p && size))
+        return error_set(ctx, st ? st : GSER_ERR_NO_MEMORY, "gser_device_alloc: %zu bytes: allocation failed", size);
+    *ptr = p;
+    return GSER_OK;
+}
+
+void gser_device_free(gser_context_t *ctx, void *ptr, size_t size, void *stream)
+{
+    if (ctx && ptr && ctx->backend)
+        ctx->dev_alloc.free(ctx->dev_alloc.user, ptr, size, stream);
+}
+
+gser_status_t gser_pinned_alloc(gser_context_t *ctx, size_t size, void **ptr)
+{
+    if (!ctx || !ptr)
+        return GSER_ERR_INVALID_ARG;
+    gser_status_t st = device_need(ctx, "gser_pinned_alloc");
+    if (st)
+        return st;
+    void *p = NULL;
+    st = ctx->pin_alloc.alloc(ctx->pin_alloc.user, size, NULL, &p);
+    if (st != GSER_OK || (!p && size))
+        return error_set(ctx, st ? st : GSER_ERR_NO_MEMORY, "gser_pinned_alloc: %zu bytes: allocation failed", size);
+    *ptr = p;
+    return GSER_OK;
+}
+
+void gser_pinned_free(gser_context_t *ctx, void *ptr, size_t size)
+{
+    if (ctx && ptr && ctx->backend)
+        ctx->pin_alloc.free(ctx->pin_alloc.user, ptr, size, NULL);
+}
+
+static copy_kind_t copy_kind(gser_memory_t dst, gser_memory_t src)
+{
+    if (src == GSER_MEMORY_DEVICE)
+        return dst == GSER_MEMORY_DEVICE ? COPY_D2D : COPY_D2H;
+    return dst == GSER_MEMORY_DEVICE ? COPY_H2D : COPY_H2H;
+}
+
+gser_status_t device_copy(gser_context_t *ctx, void *dst, gser_memory_t dst_memory, const void *src,
+                          gser_memory_t src_memory, size_t n, void *stream)
+{
+    if (n == 0)
+        return GSER_OK;
+    copy_kind_t k = copy_kind(dst_memory, src_memory);
+    if (k == COPY_H2H && !ctx->backend) {
+        memmove(dst, src, n);
+        return GSER_OK;
+    }
+    gser_status_t st = device_need(ctx, "gser_device_memcpy");
+    if (st)
+        return st;
+    st = ctx->backend->memcpy(ctx->bstate, dst, src, n, k, stream);
+    return st ? device_fail(ctx, st, "gser_device_memcpy") : GSER_OK;
+}
+
+gser_status_t gser_device_memcpy(gser_context_t *ctx, void *dst, gser_memory_t dst_memory, const void *src,
+                                 gser_memory_t src_memory, size_t n, void *stream)
+{
+    if (!ctx || (n && (!dst || !src)))
+        return GSER_ERR_INVALID_ARG;
+    return device_copy(ctx, dst, dst_memory, src, src_memory, n, stream);
+}
+
+gser_status_t gser_stream_sync(gser_context_t *ctx, void *stream)
+{
+    if (!ctx)
+        return GSER_ERR_INVALID_ARG;
+    gser_status_t st = device_need(ctx, "gser_stream_sync");
+    if (st)
+        return st;
+    st = ctx->backend->stream_sync(ctx->bstate, stream);
+    return st ? device_fail(ctx, st, "gser_stream_sync") : GSER_OK;
+}
+
+gser_status_t gser_event_create(gser_context_t *ctx, gser_event_t **event)
+{
+    if (!ctx || !event)
+        return GSER_ERR_INVALID_ARG;
+    gser_status_t st = device_need(ctx, "gser_event_create");
+    if (st)
+        return st;
+    gser_event_t *e = malloc(sizeof *e);
+    if (!e)
+        return error_set(ctx, GSER_ERR_NO_MEMORY, "gser_event_create: out of memory");
+    e->ctx = ctx;
+    st = ctx->backend->event_create(ctx->bstate, &e->handle);
+    if (st) {
+        free(e);
+        return device_fail(ctx, st, "gser_event_create");
+    }
+    *event = e;
+    return GSER_OK;
+}
+
+gser_status_t gser_event_record(gser_event_t *event, void *stream)
+{
+    if (!event)
+        return GSER_ERR_INVALID_ARG;
+    gser_context_t *ctx = event->ctx;
+    gser_status_t st = ctx->backend->event_record(ctx->bstate, event->handle, stream);
+    return st ? device_fail(ctx, st, "gser_event_record") : GSER_OK;
+}
+
+gser_status_t gser_event_query(gser_event_t *event)
+{
+    if (!event)
+        return GSER_ERR_INVALID_ARG;
+    gser_context_t *ctx = event->ctx;
+    gser_status_t st = ctx->backend->event_query(ctx->bstate, event->handle);
+    return st < 0 ? device_fail(ctx, st, "gser_event_query") : st;
+}
+
+gser_status_t gser_event_sync(gser_event_t *event)
+{
+    if (!event)
+        return GSER_ERR_INVALID_ARG;
+    gser_context_t *ctx = event->ctx;
+    gser_status_t st = ctx->backend->event_sync(ctx->bstate, event->handle);
+    return st ? device_fail(ctx, st, "gser_event_sync") : GSER_OK;
+}
+
+gser_status_t gser_stream_wait_event(void *stream, gser_event_t *event)
+{
+    if (!event)
+        return GSER_ERR_INVALID_ARG;
+    gser_context_t *ctx = event->ctx;
+    gser_status_t st = ctx->backend->stream_wait_event(ctx->bstate, stream, event->handle);
+    return st ? device_fail(ctx, st, "gser_stream_wait_event") : GSER_OK;
+}
+
+void *gser_event_handle(const gser_event_t *event)
+{
+    return event ? event->handle : NULL;
+}
+
+void gser_event_destroy(gser_event_t *event)
+{
+    if (!event)
+        return;
+    event->ctx->backend->event_destroy(event->ctx->bstate, event->handle);
+    free(event);
+}

@@ -1,0 +1,220 @@
+/* Packing device buffers while a message is serialized.
+ *
+ * Small device buffers (and, for the host family, all of them) are given a
+ * place in a packed frame as the encoder meets them: one packed frame per
+ * object scope, so that an object's frames stay its own and can be forwarded.
+ * When the tree is done, one allocation holds every packed frame, and one
+ * copy plan (one kernel launch) gathers the buffers into it; for the host
+ * family one more copy moves it all to pinned host memory. Everything is
+ * queued on the caller's stream, after the streams and events that produce
+ * the buffers, and an event marks the end.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../host/internal.h"
+#include "backend.h"
+
+static size_t align_up(size_t n, size_t a)
+{
+    return (n + a - 1) & ~(a - 1);
+}
+
+void packer_init(packer_t *p, gser_context_t *ctx, bool to_host, size_t pack_max, void *stream)
+{
+    memset(p, 0, sizeof *p);
+    p->ctx = ctx;
+    p->to_host = to_host;
+    p->pack_max = pack_max;
+    p->stream = stream;
+}
+
+void packer_free(packer_t *p)
+{
+    free(p->groups);
+    free(p->copies);
+    free(p->waits);
+    p->groups = NULL;
+    p->copies = NULL;
+    p->waits = NULL;
+}
+
+static gser_status_t grow(void **v, size_t *cap, size_t n, size_t es)
+{
+    if (n < *cap)
+        return GSER_OK;
+    size_t nc = *cap ? *cap * 2 : 8;
+    void *nv = realloc(*v, nc * es);
+    if (!nv)
+        return GSER_ERR_NO_MEMORY;
+    *v = nv;
+    *cap = nc;
+    return GSER_OK;
+}
+
+gser_status_t packer_wait_for(packer_t *p, void *stream, void *event)
+{
+    if (!stream && !event)
+        return GSER_OK;
+    for (size_t i = 0; i < p->nwaits; i++)
+        if (p->waits[i].stream == stream && p->waits[i].event == event)
+            return GSER_OK;
+    if (grow((void **)&p->waits, &p->cap_waits, p->nwaits, sizeof *p->waits))
+        return GSER_ERR_NO_MEMORY;
+    p->waits[p->nwaits].stream = stream;
+    p->waits[p->nwaits].event = event;
+    p->nwaits++;
+    p->device_work = true;
+    return GSER_OK;
+}
+
+gser_status_t packer_add(packer_t *p, gser_frames_t *f, int *group, const void *src, size_t size, size_t *frame,
+                         size_t *offset)
+{
+    if (*group < 0) {
+        if (grow((void **)&p->groups, &p->cap_groups, p->ngroups, sizeof *p->groups))
+            return GSER_ERR_NO_MEMORY;
+        gser_frame_t placeholder = {.memory = p->to_host ? GSER_MEMORY_HOST : GSER_MEMORY_DEVICE,
+                                    .device = p->ctx->device};
+        size_t idx = f->n;
+        if (frames_push(f, &placeholder))
+            return GSER_ERR_NO_MEMORY;
+        p->groups[p->ngroups] = (pack_group_t){.frame = idx, .bytes = 0};
+        *group = (int)p->ngroups++;
+    }
+    if (grow((void **)&p->copies, &p->cap_copies, p->ncopies, sizeof *p->copies))
+        return GSER_ERR_NO_MEMORY;
+    pack_group_t *g = &p->groups[*group];
+    size_t off = align_up(g->bytes, GSER_PACK_ALIGN);
+    if (off < g->bytes || size > SIZE_MAX - off)
+        return GSER_ERR_NO_MEMORY;
+    g->bytes = off + size;
+    p->copies[p->ncopies++] = (pack_copy_t){.src = src, .size = size, .group = (size_t)*group, .offset = off};
+    *frame = g->frame;
+    *offset = off;
+    p->device_work = true;
+    return GSER_OK;
+}
+
+/* Make p->stream wait for every producer of the buffers. */
+static gser_status_t wait_producers(packer_t *p)
+{
+    gser_context_t *ctx = p->ctx;
+    const gser_backend_t *b = ctx->backend;
+    for (size_t i = 0; i < p->nwaits; i++) {
+        gser_status_t st = GSER_OK;
+        if (p->waits[i].event) {
+            st = b->stream_wait_event(ctx->bstate, p->stream, p->waits[i].event);
+        } else if (p->waits[i].stream != p->stream) {
+            void *ev;
+            st = b->event_create(ctx->bstate, &ev);
+            if (st == GSER_OK) {
+                st = b->event_record(ctx->bstate, ev, p->waits[i].stream);
+                if (st == GSER_OK)
+                    st = b->stream_wait_event(ctx->bstate, p->stream, ev);
+                b->event_destroy(ctx->bstate, ev); /* released once it completes */
+            }
+        }
+        if (st)
+            return device_fail(ctx, st, "gser_serialize: waiting for a buffer's stream or event");
+    }
+    return GSER_OK;
+}
+
+gser_status_t packer_finish(packer_t *p, gser_frames_t *f)
+{
+    if (!p->device_work)
+        return GSER_OK;
+    gser_context_t *ctx = p->ctx;
+    gser_status_t st = device_need(ctx, "gser_serialize");
+    if (st)
+        return st;
+    const gser_backend_t *b = ctx->backend;
+    f->stream = p->stream;
+    if ((st = b->event_create(ctx->bstate, &f->event)))
+        return device_fail(ctx, st, "gser_serialize: creating the frames' event");
+    if ((st = wait_producers(p)))
+        return st;
+
+    /* One allocation for all packed frames, each starting 64-byte aligned. */
+    size_t total = 0;
+    for (size_t g = 0; g < p->ngroups; g++) {
+        p->groups[g].start = align_up(total, GSER_PACK_ALIGN);
+        total = p->groups[g].start + p->groups[g].bytes;
+    }
+    if (p->ncopies) {
+        void *dev = NULL;
+        if ((st = ctx->dev_alloc.alloc(ctx->dev_alloc.user, total, p->stream, &dev)) || (!dev && total))
+            return error_set(ctx, st ? st : GSER_ERR_NO_MEMORY,
+                             "gser_serialize: allocating %zu bytes of device memory for packed frames failed", total);
+        f->dev_mem = dev;
+        f->dev_size = total;
+
+        size_t nchunks = 0;
+        gser_copy_t *copies = malloc(p->ncopies * sizeof *copies);
+        if (!copies)
+            return error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize: out of memory");
+        for (size_t i = 0; i < p->ncopies; i++) {
+            const pack_copy_t *c = &p->copies[i];
+            copies[i] = (gser_copy_t){c->src, (char *)dev + p->groups[c->group].start + c->offset, c->size};
+        }
+        nchunks = gser_plan_count(copies, p->ncopies);
+        void *table = NULL;
+        size_t table_size = nchunks * sizeof(gser_chunk_t);
+        if (nchunks && ((st = ctx->pin_alloc.alloc(ctx->pin_alloc.user, table_size, NULL, &table)) || !table)) {
+            free(copies);
+            return error_set(ctx, st ? st : GSER_ERR_NO_MEMORY,
+                             "gser_serialize: allocating %zu bytes of pinned memory for the copy plan failed",
+                             table_size);
+        }
+        f->chunks = table;
+        f->chunks_size = table_size;
+        if (nchunks)
+            gser_plan_fill(copies, p->ncopies, table);
+        free(copies);
+        if (nchunks && (st = b->copy_plan(ctx->bstate, table, nchunks, p->stream)))
+            return device_fail(ctx, st, "gser_serialize: the pack kernel");
+
+        void *frames_base = dev;
+        if (p->to_host) {
+            /* The host family: one device-to-host copy of everything packed. */
+            void *pinned = NULL;
+            if ((st = ctx->pin_alloc.alloc(ctx->pin_alloc.user, total, NULL, &pinned)) || (!pinned && total))
+                return error_set(ctx, st ? st : GSER_ERR_NO_MEMORY,
+                                 "gser_serialize: allocating %zu bytes of pinned memory for host frames failed", total);
+            f->pinned = pinned;
+            f->pinned_size = total;
+            if ((st = b->memcpy(ctx->bstate, pinned, dev, total, COPY_D2H, p->stream)))
+                return device_fail(ctx, st, "gser_serialize: copying packed frames to the host");
+            frames_base = pinned;
+        }
+        for (size_t g = 0; g < p->ngroups; g++) {
+            gser_frame_t *fr = &f->frames[p->groups[g].frame];
+            fr->data = (char *)frames_base + p->groups[g].start;
+            fr->size = p->groups[g].bytes;
+        }
+    }
+    if ((st = b->event_record(ctx->bstate, f->event, p->stream)))
+        return device_fail(ctx, st, "gser_serialize: recording the frames' event");
+    return GSER_OK;
+}
+
+/* Called by gser_frames_destroy: wait for the device work, then free. */
+void packer_release(gser_frames_t *f)
+{
+    gser_context_t *ctx = f->ctx;
+    if (!ctx->backend)
+        return;
+    const gser_backend_t *b = ctx->backend;
+    if (f->event)
+        b->event_sync(ctx->bstate, f->event);
+    if (f->chunks)
+        ctx->pin_alloc.free(ctx->pin_alloc.user, f->chunks, f->chunks_size, NULL);
+    if (f->pinned)
+        ctx->pin_alloc.free(ctx->pin_alloc.user, f->pinned, f->pinned_size, NULL);
+    if (f->dev_mem)
+        ctx->dev_alloc.free(ctx->dev_alloc.user, f->dev_mem, f->dev_size, f->stream);
+    if (f->event)
+        b->event_destroy(ctx->bstate, f->event);
+    f->event = f->chunks = f->pinned = f->dev_mem = NULL;
+}

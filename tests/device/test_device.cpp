@@ -1,0 +1,580 @@
+// The device layer, run over every memory backend: plain host memory, the
+// emulated device (always), and CUDA when a GPU is present (skipped visibly
+// otherwise).
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+#include "host/common.hpp"
+
+#include "device/plan.h"
+
+// tests/device/plan_hook.c: runs a copy plan on the context's backend.
+extern "C" gser_status_t test_copy_plan(gser_context_t *ctx, const gser_chunk_t *chunks, size_t n);
+
+namespace {
+
+struct Backend {
+    const char *name;       // "host", "emulated", "cuda"
+    gser_memory_t memory;   // where the test's buffers live
+};
+
+std::ostream &operator<<(std::ostream &os, const Backend &b)
+{
+    return os << b.name;
+}
+
+// Device memory (or host memory for the "host" backend) owned by a test.
+struct Mem {
+    gser_context_t *ctx = nullptr;
+    gser_memory_t memory = GSER_MEMORY_HOST;
+    void *base = nullptr;
+    size_t size = 0;
+    Mem() = default;
+    Mem(const Mem &) = delete;
+    Mem &operator=(const Mem &) = delete;
+    ~Mem()
+    {
+        if (memory == GSER_MEMORY_DEVICE)
+            gser_device_free(ctx, base, size, nullptr);
+        else
+            free(base);
+    }
+};
+
+class DeviceTest : public ::testing::TestWithParam<Backend> {
+  public:
+    void SetUp() override
+    {
+        const Backend &b = GetParam();
+        gser_context_options_t o{};
+        o.trace = -1;
+        o.device_backend = b.memory == GSER_MEMORY_DEVICE ? b.name : "none";
+        o.pack_max = 4096;
+        gser_context_t *c = nullptr;
+        gser_status_t st = gser_context_create(&o, &c);
+        if (st != GSER_OK && std::string(b.name) == "cuda")
+            GTEST_SKIP() << "no usable CUDA device here: " << gser_context_last_error(nullptr);
+        ASSERT_EQ(st, GSER_OK) << gser_context_last_error(nullptr);
+        ctx_.reset(c);
+        EXPECT_STREQ(gser_device_backend(c), b.memory == GSER_MEMORY_DEVICE ? b.name : "none");
+    }
+
+    gser_context_t *ctx() { return ctx_.get(); }
+    gser_memory_t mem() const { return GetParam().memory; }
+
+    // size bytes at an address offset bytes past an aligned allocation.
+    std::unique_ptr<Mem> alloc(size_t size, size_t offset = 0)
+    {
+        auto m = std::make_unique<Mem>();
+        m->ctx = ctx();
+        m->memory = mem();
+        m->size = size + offset + 64;
+        if (mem() == GSER_MEMORY_DEVICE) {
+            EXPECT_EQ(gser_device_alloc(ctx(), m->size, nullptr, &m->base), GSER_OK) << gser_context_last_error(ctx());
+        } else {
+            m->base = malloc(m->size);
+        }
+        return m;
+    }
+
+    void put(void *dst, const std::vector<unsigned char> &src)
+    {
+        ASSERT_EQ(gser_device_memcpy(ctx(), dst, mem(), src.data(), GSER_MEMORY_HOST, src.size(), nullptr), GSER_OK)
+            << gser_context_last_error(ctx());
+        if (mem() == GSER_MEMORY_DEVICE) {
+            ASSERT_EQ(gser_stream_sync(ctx(), nullptr), GSER_OK);
+        }
+    }
+
+    std::vector<unsigned char> get(const void *src, gser_memory_t from, size_t n)
+    {
+        std::vector<unsigned char> out(n, 0xEE);
+        EXPECT_EQ(gser_device_memcpy(ctx(), out.data(), GSER_MEMORY_HOST, src, from, n, nullptr), GSER_OK)
+            << gser_context_last_error(ctx());
+        if (from == GSER_MEMORY_DEVICE) {
+            EXPECT_EQ(gser_stream_sync(ctx(), nullptr), GSER_OK);
+        }
+        return out;
+    }
+
+    CtxPtr ctx_;
+};
+
+std::vector<unsigned char> pattern(size_t n, uint32_t seed)
+{
+    std::vector<unsigned char> v(n);
+    std::mt19937 rng(seed);
+    for (auto &b : v)
+        b = (unsigned char)rng();
+    return v;
+}
+
+struct Sent {
+    std::unique_ptr<Mem> mem;
+    void *data;
+    std::vector<unsigned char> bytes;
+};
+
+// A message whose root is a list of buffers with random sizes (0 included)
+// and alignments, pattern-filled, in the backend's memory.
+void make_buffers(DeviceTest *t, gser_msg_t *m, std::vector<Sent> &sent, size_t count, size_t max_size,
+                  uint32_t seed)
+{
+    std::mt19937 rng(seed);
+    gser_value_t *root;
+    ASSERT_EQ(gser_msg_new_list(m, &root), GSER_OK);
+    for (size_t i = 0; i < count; i++) {
+        size_t size = rng() % 7 == 0 ? 0 : rng() % (max_size + 1);
+        size_t offset = rng() % 16;
+        Sent s;
+        s.mem = t->alloc(size, offset);
+        s.data = (char *)s.mem->base + offset;
+        s.bytes = pattern(size, seed * 1000 + (uint32_t)i);
+        t->put(s.data, s.bytes);
+        gser_buffer_desc_t d{};
+        d.data = s.data;
+        d.nbytes = size;
+        d.memory = t->mem();
+        gser_value_t *v;
+        ASSERT_EQ(gser_msg_new_buffer(m, &d, &v), GSER_OK) << gser_context_last_error(t->ctx());
+        ASSERT_EQ(gser_list_append(root, v), GSER_OK);
+        sent.push_back(std::move(s));
+    }
+    ASSERT_EQ(gser_msg_set_root(m, root), GSER_OK);
+}
+
+} // namespace
+
+TEST_P(DeviceTest, DeviceFamilyPacksSmallBuffersAndKeepsLargeOnesZeroCopy)
+{
+    for (uint32_t seed : {1u, 2u, 3u}) {
+        gser_msg_t *m;
+        ASSERT_EQ(gser_msg_create(ctx(), &m), GSER_OK);
+        MsgPtr mp(m);
+        std::vector<Sent> sent;
+        make_buffers(this, m, sent, 60, 9000, seed);
+        auto frames = serialize(ctx(), m);
+        ASSERT_TRUE(frames);
+        ASSERT_EQ(gser_frames_wait(frames.get()), GSER_OK);
+        const gser_frame_t *fr = gser_frames_array(frames.get());
+        size_t nf = gser_frames_count(frames.get());
+        size_t large = 0;
+        for (auto &s : sent)
+            large += s.bytes.size() >= 4096 || (mem() == GSER_MEMORY_HOST && s.bytes.size() >= 256);
+        if (mem() == GSER_MEMORY_DEVICE) {
+            // One packed frame for all small buffers plus one frame per large one.
+            EXPECT_EQ(nf, 1 + 1 + large) << "seed " << seed;
+            for (size_t i = 1; i < nf; i++)
+                EXPECT_EQ(fr[i].memory, GSER_MEMORY_DEVICE);
+            for (auto &s : sent) {
+                if (s.bytes.size() < 4096)
+                    continue;
+                bool zero_copy = false;
+                for (size_t i = 1; i < nf; i++)
+                    zero_copy |= fr[i].data == s.data;
+                EXPECT_TRUE(zero_copy) << "a large buffer is its own frame, not a copy";
+            }
+        }
+        for (unsigned flags : {0u, (unsigned)GSER_DESERIALIZE_SCATTER}) {
+            if (flags && mem() != GSER_MEMORY_DEVICE)
+                continue;
+            auto back = deserialize(ctx(), frames.get(), flags);
+            ASSERT_TRUE(back);
+            gser_value_t *root = gser_msg_root(back.get());
+            ASSERT_EQ(gser_value_len(root), sent.size());
+            for (size_t i = 0; i < sent.size(); i++) {
+                gser_value_t *v;
+                gser_buffer_desc_t d;
+                ASSERT_EQ(gser_list_get(root, i, &v), GSER_OK);
+                ASSERT_EQ(gser_value_get_buffer(v, &d), GSER_OK);
+                ASSERT_EQ(d.nbytes, sent[i].bytes.size());
+                if (!d.nbytes)
+                    continue;
+                EXPECT_EQ(d.memory, mem());
+                if (flags & GSER_DESERIALIZE_SCATTER) {
+                    ASSERT_NE(d.event, nullptr) << "scattered buffers carry the message's event";
+                    for (size_t f = 1; f < nf; f++)
+                        EXPECT_FALSE(d.data >= fr[f].data && (const char *)d.data < (const char *)fr[f].data + fr[f].size)
+                            << "a scattered buffer has its own allocation";
+                }
+                ASSERT_EQ(get(d.data, d.memory, d.nbytes), sent[i].bytes) << "buffer " << i << " seed " << seed;
+            }
+        }
+    }
+}
+
+TEST_P(DeviceTest, PackThresholdBoundaries)
+{
+    for (size_t size : {4095u, 4096u}) {
+        gser_msg_t *m;
+        ASSERT_EQ(gser_msg_create(ctx(), &m), GSER_OK);
+        MsgPtr mp(m);
+        auto buf = alloc(size);
+        auto bytes = pattern(size, (uint32_t)size);
+        put(buf->base, bytes);
+        gser_buffer_desc_t d{};
+        d.data = buf->base;
+        d.nbytes = size;
+        d.memory = mem();
+        gser_value_t *v;
+        ASSERT_EQ(gser_msg_new_buffer(m, &d, &v), GSER_OK);
+        gser_msg_set_root(m, v);
+        auto frames = serialize(ctx(), m);
+        ASSERT_EQ(gser_frames_count(frames.get()), 2u);
+        const gser_frame_t &f = gser_frames_array(frames.get())[1];
+        if (mem() == GSER_MEMORY_DEVICE) {
+            EXPECT_EQ(f.data == buf->base, size >= 4096) << size << ": packed below pack_max, zero-copy from it";
+        }
+        ASSERT_EQ(gser_frames_wait(frames.get()), GSER_OK);
+        EXPECT_EQ(get(f.data, f.memory, size), bytes);
+    }
+}
+
+TEST_P(DeviceTest, HostFamilyStagesDeviceBuffersInOneHostFrame)
+{
+    if (mem() != GSER_MEMORY_DEVICE)
+        GTEST_SKIP() << "host buffers take no staging";
+    gser_msg_t *m;
+    ASSERT_EQ(gser_msg_create(ctx(), &m), GSER_OK);
+    MsgPtr mp(m);
+    std::vector<Sent> sent;
+    make_buffers(this, m, sent, 25, 20000, 7); // small and large alike
+    const char *const host_only[] = {"host"};
+    gser_serialize_options_t so{};
+    so.families = host_only;
+    so.nfamilies = 1;
+    auto frames = serialize(ctx(), m, &so);
+    ASSERT_TRUE(frames);
+    ASSERT_EQ(gser_frames_wait(frames.get()), GSER_OK);
+    ASSERT_EQ(gser_frames_count(frames.get()), 2u) << "every device buffer in one pinned host frame";
+    EXPECT_EQ(gser_frames_array(frames.get())[1].memory, GSER_MEMORY_HOST);
+
+    // Through bytes, as a file would carry it.
+    auto flat = flatten(frames.get());
+    gser_msg_t *h = nullptr;
+    ASSERT_EQ(gser_deserialize_flat(ctx(), flat.data(), flat.size(), nullptr, nullptr, nullptr, &h), GSER_OK);
+    MsgPtr hp(h);
+    gser_deserialize_options_t restore{};
+    restore.flags = GSER_DESERIALIZE_RESTORE_DEVICE;
+    gser_msg_t *dv = nullptr;
+    ASSERT_EQ(gser_deserialize_flat(ctx(), flat.data(), flat.size(), nullptr, nullptr, &restore, &dv), GSER_OK)
+        << gser_context_last_error(ctx());
+    MsgPtr dp(dv);
+    for (size_t i = 0; i < sent.size(); i++) {
+        gser_value_t *v;
+        gser_buffer_desc_t d;
+        ASSERT_EQ(gser_list_get(gser_msg_root(h), i, &v), GSER_OK);
+        ASSERT_EQ(gser_value_get_buffer(v, &d), GSER_OK);
+        EXPECT_EQ(d.memory, GSER_MEMORY_HOST) << "rebuilt in host memory";
+        ASSERT_EQ(std::vector<unsigned char>((const unsigned char *)d.data, (const unsigned char *)d.data + d.nbytes),
+                  sent[i].bytes);
+        ASSERT_EQ(gser_list_get(gser_msg_root(dv), i, &v), GSER_OK);
+        ASSERT_EQ(gser_value_get_buffer(v, &d), GSER_OK);
+        if (!d.nbytes)
+            continue;
+        EXPECT_EQ(d.memory, GSER_MEMORY_DEVICE) << "or back on the device";
+        EXPECT_NE(d.event, nullptr);
+        ASSERT_EQ(get(d.data, d.memory, d.nbytes), sent[i].bytes) << i;
+    }
+}
+
+// A type whose serializer puts device buffers in its sub-tree.
+struct DevBlob {
+    void *data;
+    size_t n;
+    gser_memory_t memory;
+};
+
+static gser_status_t devblob_ser(gser_context_t *, const void *obj, gser_writer_t *w, void *)
+{
+    auto *b = static_cast<const DevBlob *>(obj);
+    gser_msg_t *m = gser_writer_msg(w);
+    gser_value_t *l, *v;
+    gser_msg_new_list(m, &l);
+    for (int half = 0; half < 2; half++) {
+        gser_buffer_desc_t d{};
+        d.data = (char *)b->data + half * (b->n / 2);
+        d.nbytes = b->n / 2;
+        d.memory = b->memory;
+        if (gser_msg_new_buffer(m, &d, &v) || gser_list_append(l, v))
+            return GSER_ERR_NO_MEMORY;
+    }
+    return gser_writer_set_root(w, l);
+}
+
+static gser_status_t devblob_de(gser_context_t *, gser_reader_t *r, void **out, void *)
+{
+    gser_value_t *v;
+    gser_buffer_desc_t d;
+    if (gser_list_get(gser_reader_tree(r), 0, &v) || gser_value_get_buffer(v, &d))
+        return GSER_ERR_FORMAT;
+    *out = new DevBlob{const_cast<void *>(d.data), d.nbytes * 2, d.memory};
+    return GSER_OK;
+}
+
+TEST_P(DeviceTest, MixedMessagesWithObjectsKeepObjectFramesTogether)
+{
+    ASSERT_EQ(gser_type_register(ctx(), "test.devblob", 1, nullptr), GSER_OK);
+    ASSERT_EQ(gser_type_add_family(ctx(), "test.devblob", "device", devblob_ser, devblob_de), GSER_OK);
+    ASSERT_EQ(gser_type_add_family(ctx(), "test.devblob", "host", devblob_ser, devblob_de), GSER_OK);
+    auto a = alloc(1000), b = alloc(2000);
+    auto pa = pattern(1000, 11), pb = pattern(2000, 12);
+    put(a->base, pa);
+    put(b->base, pb);
+    DevBlob blob{b->base, 2000, mem()};
+    std::vector<double> host(500, 2.5);
+    gser_msg_t *m;
+    ASSERT_EQ(gser_msg_create(ctx(), &m), GSER_OK);
+    MsgPtr mp(m);
+    gser_value_t *root, *v;
+    gser_msg_new_map(m, &root);
+    gser_buffer_desc_t d{};
+    d.data = a->base;
+    d.nbytes = 1000;
+    d.memory = mem();
+    gser_msg_new_buffer(m, &d, &v), gser_map_put_cstr(root, "small", v);
+    gser_buffer_desc_t h{};
+    h.data = host.data();
+    h.nbytes = host.size() * 8;
+    h.dtype = GSER_DTYPE_FLOAT64;
+    gser_msg_new_buffer(m, &h, &v), gser_map_put_cstr(root, "host", v);
+    ASSERT_EQ(gser_msg_new_object(m, "test.devblob", &blob, &v), GSER_OK);
+    gser_map_put_cstr(root, "obj", v);
+    gser_msg_set_root(m, root);
+    auto frames = serialize(ctx(), m);
+    ASSERT_TRUE(frames);
+    ASSERT_EQ(gser_frames_wait(frames.get()), GSER_OK);
+
+    // A scheduler forwards the object without decoding it: the object's own
+    // packed frame travels with it.
+    auto kept = deserialize(ctx(), frames.get(), GSER_DESERIALIZE_KEEP_SERIALIZED);
+    gser_value_t *obj;
+    ASSERT_EQ(gser_map_find_cstr(gser_msg_root(kept.get()), "obj", &obj), GSER_OK);
+    gser_serialized_info_t info;
+    ASSERT_EQ(gser_value_get_serialized(obj, &info), GSER_OK);
+    EXPECT_EQ(info.nframes, mem() == GSER_MEMORY_DEVICE ? 1u : 2u)
+        << "device: both halves packed in the object's own frame";
+    auto fwd = serialize(ctx(), kept.get());
+    EXPECT_EQ(header_bytes(fwd.get()), header_bytes(frames.get()));
+
+    auto back = deserialize(ctx(), fwd.get());
+    ASSERT_EQ(gser_map_find_cstr(gser_msg_root(back.get()), "obj", &obj), GSER_OK);
+    void *p;
+    ASSERT_EQ(gser_value_take_object(obj, &p), GSER_OK);
+    std::unique_ptr<DevBlob> got(static_cast<DevBlob *>(p));
+    EXPECT_EQ(get(got->data, got->memory, 1000), std::vector<unsigned char>(pb.begin(), pb.begin() + 1000));
+    gser_value_t *small;
+    ASSERT_EQ(gser_map_find_cstr(gser_msg_root(back.get()), "small", &small), GSER_OK);
+    gser_buffer_desc_t sd;
+    ASSERT_EQ(gser_value_get_buffer(small, &sd), GSER_OK);
+    EXPECT_EQ(get(sd.data, sd.memory, 1000), pa);
+}
+
+// An allocator that fails the n-th allocation, and counts what is live.
+struct FailingAlloc {
+    gser_context_t *real = nullptr;
+    int fail_at = -1;
+    int calls = 0;
+    int live = 0;
+    static gser_status_t alloc(void *u, size_t size, void *stream, void **p)
+    {
+        auto *f = static_cast<FailingAlloc *>(u);
+        if (f->calls++ == f->fail_at)
+            return GSER_ERR_NO_MEMORY;
+        gser_status_t st = gser_device_alloc(f->real, size, stream, p);
+        if (st == GSER_OK)
+            f->live++;
+        return st;
+    }
+    static void release(void *u, void *p, size_t size, void *stream)
+    {
+        auto *f = static_cast<FailingAlloc *>(u);
+        f->live--;
+        gser_device_free(f->real, p, size, stream);
+    }
+};
+
+TEST_P(DeviceTest, AllocationFailuresAreCleanErrors)
+{
+    if (mem() != GSER_MEMORY_DEVICE)
+        GTEST_SKIP() << "host buffers allocate no device memory";
+    std::vector<Sent> sent;
+    for (int fail_at = 0; fail_at < 4; fail_at++) {
+        FailingAlloc fa;
+        fa.real = ctx();
+        fa.fail_at = fail_at;
+        gser_allocator_t a{FailingAlloc::alloc, FailingAlloc::release, &fa};
+        gser_context_options_t o{};
+        o.trace = -1;
+        o.device_backend = GetParam().name;
+        o.device_allocator = &a;
+        o.pinned_allocator = &a; // pinned requests fail the same way
+        o.pack_max = 4096;
+        gser_context_t *c;
+        ASSERT_EQ(gser_context_create(&o, &c), GSER_OK);
+        CtxPtr cp(c);
+        gser_msg_t *m;
+        ASSERT_EQ(gser_msg_create(c, &m), GSER_OK);
+        MsgPtr mp(m);
+        sent.clear();
+        make_buffers(this, m, sent, 10, 3000, 5);
+        gser_frames_t *f = nullptr;
+        const char *const host_only[] = {"host"};
+        gser_serialize_options_t so{};
+        so.families = host_only;
+        so.nfamilies = 1;
+        gser_status_t st = gser_serialize(c, m, &so, &f);
+        // The host family needs device staging, the plan and the pinned frame.
+        if (fail_at < 3) {
+            EXPECT_EQ(st, GSER_ERR_NO_MEMORY) << fail_at;
+            EXPECT_EQ(f, nullptr);
+            EXPECT_NE(std::string(gser_context_last_error(c)).find("failed"), std::string::npos)
+                << gser_context_last_error(c);
+        } else {
+            EXPECT_EQ(st, GSER_OK) << gser_context_last_error(c);
+        }
+        gser_frames_destroy(f);
+        EXPECT_EQ(fa.live, 0) << "everything allocated was given back, fail_at " << fail_at;
+    }
+}
+
+TEST_P(DeviceTest, ProducerStreamsAndEventsAreWaitedFor)
+{
+    if (mem() != GSER_MEMORY_DEVICE)
+        GTEST_SKIP() << "host buffers have no producer stream";
+    gser_event_t *ev;
+    ASSERT_EQ(gser_event_create(ctx(), &ev), GSER_OK);
+    auto buf = alloc(1000);
+    auto bytes = pattern(1000, 99);
+    // Written on the per-thread stream, then an event recorded after it.
+    ASSERT_EQ(gser_device_memcpy(ctx(), buf->base, mem(), bytes.data(), GSER_MEMORY_HOST, 1000, nullptr), GSER_OK);
+    ASSERT_EQ(gser_event_record(ev, nullptr), GSER_OK);
+    gser_msg_t *m;
+    ASSERT_EQ(gser_msg_create(ctx(), &m), GSER_OK);
+    MsgPtr mp(m);
+    gser_buffer_desc_t d{};
+    d.data = buf->base;
+    d.nbytes = 1000;
+    d.memory = mem();
+    d.event = gser_event_handle(ev);
+    gser_value_t *v;
+    ASSERT_EQ(gser_msg_new_buffer(m, &d, &v), GSER_OK);
+    gser_msg_set_root(m, v);
+    auto frames = serialize(ctx(), m);
+    ASSERT_NE(gser_frames_event(frames.get()), nullptr);
+    ASSERT_EQ(gser_frames_wait(frames.get()), GSER_OK);
+    EXPECT_EQ(gser_frames_query(frames.get()), GSER_OK);
+    const gser_frame_t &f = gser_frames_array(frames.get())[1];
+    EXPECT_EQ(get(f.data, f.memory, 1000), bytes);
+    gser_event_destroy(ev);
+}
+
+TEST_P(DeviceTest, DeviceBuffersNeedADeviceFamilyAndABackend)
+{
+    if (mem() != GSER_MEMORY_DEVICE)
+        GTEST_SKIP() << "about device buffers";
+    auto buf = alloc(100);
+    gser_msg_t *m;
+    ASSERT_EQ(gser_msg_create(ctx(), &m), GSER_OK);
+    MsgPtr mp(m);
+    gser_buffer_desc_t d{};
+    d.data = buf->base;
+    d.nbytes = 100;
+    d.memory = GSER_MEMORY_DEVICE;
+    gser_value_t *root, *v;
+    gser_msg_new_map(m, &root);
+    gser_msg_new_buffer(m, &d, &v);
+    gser_map_put_cstr(root, "col", v);
+    gser_msg_set_root(m, root);
+    ASSERT_EQ(gser_family_register(ctx(), "custom"), GSER_OK);
+    const char *const custom[] = {"custom"};
+    gser_serialize_options_t so{};
+    so.families = custom;
+    so.nfamilies = 1;
+    gser_frames_t *f = nullptr;
+    EXPECT_EQ(gser_serialize(ctx(), m, &so, &f), GSER_ERR_NO_SERIALIZER);
+    EXPECT_NE(std::string(gser_context_last_error(ctx())).find("$.col: a device buffer needs the family"),
+              std::string::npos)
+        << gser_context_last_error(ctx());
+
+    // A context with no device backend cannot pack it.
+    auto plain = make_ctx();
+    gser_msg_t *pm;
+    ASSERT_EQ(gser_msg_create(plain.get(), &pm), GSER_OK);
+    MsgPtr pmp(pm);
+    gser_msg_new_buffer(pm, &d, &v);
+    gser_msg_set_root(pm, v);
+    EXPECT_EQ(gser_serialize(plain.get(), pm, nullptr, &f), GSER_ERR_NO_DEVICE);
+    EXPECT_NE(std::string(gser_context_last_error(plain.get())).find("device backend"), std::string::npos);
+    void *p;
+    EXPECT_EQ(gser_device_alloc(plain.get(), 16, nullptr, &p), GSER_ERR_NO_DEVICE);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, DeviceTest,
+                         ::testing::Values(Backend{"host", GSER_MEMORY_HOST}, Backend{"emulated", GSER_MEMORY_DEVICE},
+                                           Backend{"cuda", GSER_MEMORY_DEVICE}),
+                         [](const ::testing::TestParamInfo<Backend> &i) { return std::string(i.param.name); });
+
+// ---- the copy plan and the per-lane copy, at every relative alignment -------------
+
+class CopyPlanTest : public ::testing::TestWithParam<const char *> {};
+
+TEST_P(CopyPlanTest, EveryAlignmentAndSizeIsCopiedExactly)
+{
+    gser_context_options_t o{};
+    o.device_backend = GetParam();
+    gser_context_t *c = nullptr;
+    if (gser_context_create(&o, &c) != GSER_OK)
+        GTEST_SKIP() << GetParam() << " backend unavailable: " << gser_context_last_error(nullptr);
+    CtxPtr cp(c);
+    std::mt19937 rng(2024);
+    std::vector<size_t> sizes = {0, 1, 2, 3, 4, 5, 7, 13, 15, 16, 17, 31, 33, 63, 64, 65, 255, 4097,
+                                 GSER_CHUNK_BYTES - 1, GSER_CHUNK_BYTES, GSER_CHUNK_BYTES + 1, 3 * GSER_CHUNK_BYTES + 5};
+    for (int i = 0; i < 40; i++)
+        sizes.push_back(rng() % 70000);
+    // Sources and destinations at every offset 0..15 within 16 bytes.
+    std::vector<gser_copy_t> copies;
+    size_t src_total = 0, dst_total = 0;
+    std::vector<std::pair<size_t, size_t>> at; // offsets in the src / dst allocations
+    for (size_t i = 0; i < sizes.size() * 16; i++) {
+        size_t sz = sizes[i % sizes.size()];
+        size_t so = (src_total + 63) / 64 * 64 + i % 16, dof = (dst_total + 63) / 64 * 64 + (i / 16) % 16;
+        at.emplace_back(so, dof);
+        copies.push_back({nullptr, nullptr, sz});
+        src_total = so + sz;
+        dst_total = dof + sz;
+    }
+    std::vector<unsigned char> src = pattern(src_total + 64, 5), expect(dst_total + 64, 0xA5);
+    void *dsrc, *ddst;
+    ASSERT_EQ(gser_device_alloc(c, src.size(), nullptr, &dsrc), GSER_OK);
+    ASSERT_EQ(gser_device_alloc(c, expect.size(), nullptr, &ddst), GSER_OK);
+    ASSERT_EQ(gser_device_memcpy(c, dsrc, GSER_MEMORY_DEVICE, src.data(), GSER_MEMORY_HOST, src.size(), nullptr), GSER_OK);
+    // Poison the destination: every byte a copy does not cover must stay 0xA5.
+    ASSERT_EQ(gser_device_memcpy(c, ddst, GSER_MEMORY_DEVICE, expect.data(), GSER_MEMORY_HOST, expect.size(), nullptr),
+              GSER_OK);
+    for (size_t i = 0; i < copies.size(); i++) {
+        copies[i].src = (const char *)dsrc + at[i].first;
+        copies[i].dst = (char *)ddst + at[i].second;
+        std::memcpy(&expect[at[i].second], &src[at[i].first], copies[i].size);
+    }
+    size_t n = gser_plan_count(copies.data(), copies.size());
+    void *table;
+    ASSERT_EQ(gser_pinned_alloc(c, n * sizeof(gser_chunk_t), &table), GSER_OK);
+    gser_plan_fill(copies.data(), copies.size(), static_cast<gser_chunk_t *>(table));
+    for (size_t k = 0; k < n; k++)
+        ASSERT_TRUE(static_cast<gser_chunk_t *>(table)[k].len >= 1 &&
+                    static_cast<gser_chunk_t *>(table)[k].len <= GSER_CHUNK_BYTES);
+    ASSERT_EQ(test_copy_plan(c, static_cast<gser_chunk_t *>(table), n), GSER_OK);
+    std::vector<unsigned char> got(expect.size());
+    ASSERT_EQ(gser_device_memcpy(c, got.data(), GSER_MEMORY_HOST, ddst, GSER_MEMORY_DEVICE, got.size(), nullptr), GSER_OK);
+    ASSERT_EQ(gser_stream_sync(c, nullptr), GSER_OK);
+    for (size_t i = 0; i < got.size(); i++)
+        ASSERT_EQ(got[i], expect[i]) << "byte " << i;
+    gser_pinned_free(c, table, n * sizeof(gser_chunk_t));
+    gser_device_free(c, dsrc, src.size(), nullptr);
+    gser_device_free(c, ddst, expect.size(), nullptr);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, CopyPlanTest, ::testing::Values("emulated", "cuda"),
+                         [](const ::testing::TestParamInfo<const char *> &i) { return std::string(i.param); });
