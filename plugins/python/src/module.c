@@ -136,9 +136,16 @@ static PgOwner *serialize(PyObject *obj, PyObject *families, bool strict)
         pg_raise(st, true, "gser_serialize");
         goto fail;
     }
-    /* TODO(device layer): once the core queues device work here (packing,
-     * device-to-host copies), wait for it (gser_frames_wait) before the
-     * frames are handed out. Today device frames are zero-copy views. */
+    /* Packing and device-to-host staging run on a stream: frames handed to
+     * Python must be complete. */
+    Py_BEGIN_ALLOW_THREADS
+    st = gser_frames_wait(frames);
+    Py_END_ALLOW_THREADS
+    if (st) {
+        gser_frames_destroy(frames);
+        pg_raise(st, true, "gser_frames_wait");
+        goto fail;
+    }
     owner->frames = frames;
     Py_XDECREF(fam.keep);
     return owner;

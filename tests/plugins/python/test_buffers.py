@@ -3,6 +3,7 @@ inputs), other buffer exporters, __cuda_array_interface__ device arrays, and
 the lifetime of the memory they view."""
 
 import array
+import ctypes
 import gc
 import weakref
 
@@ -268,8 +269,15 @@ class FakeDeviceArray:
         }
 
 
+def device_bytes(frame):
+    # The tests run on the emulated device backend (GSER_DEVICE=emulated),
+    # whose device memory is host memory: readable through ctypes.
+    return ctypes.string_at(frame.ptr, frame.nbytes)
+
+
 def test_device_arrays_become_device_frames():
-    host = np.arange(1000, dtype=np.float32).reshape(10, 100)
+    # At least pack_max (1 MiB): a zero-copy frame of its own.
+    host = np.arange(300_000, dtype=np.float32).reshape(3, 100_000)
     dev = FakeDeviceArray(host)
     ref = weakref.ref(dev)
     header, frames = gser.dumps({"x": dev, "y": [1, 2]})
@@ -283,7 +291,7 @@ def test_device_arrays_become_device_frames():
     gc.collect()
     assert ref() is not None  # the frame keeps the device array alive
     # loading device memory needs the device layer
-    with pytest.raises(NotImplementedError, match=r"\$\.x: a buffer of 4000 bytes of float32 in device memory"):
+    with pytest.raises(NotImplementedError, match=r"\$\.x: a buffer of 1200000 bytes of float32 in device memory"):
         gser.loads(header, frames)
     with pytest.raises(NotImplementedError, match="device"):
         gser.to_bytes({"x": FakeDeviceArray(host)})
@@ -292,6 +300,20 @@ def test_device_arrays_become_device_frames():
     del header, frames, f
     gc.collect()
     assert ref() is None
+
+
+def test_small_device_arrays_are_packed_into_one_device_frame():
+    a = np.arange(1000, dtype=np.float32)
+    b = np.arange(77, dtype=np.int16)
+    header, frames = gser.dumps([FakeDeviceArray(a), FakeDeviceArray(b)])
+    assert len(frames) == 1, "both gathered into one packed frame"
+    f = frames[0]
+    assert isinstance(f, gser.DeviceFrame)
+    assert f.ptr not in (a.ctypes.data, b.ctypes.data), "packed: a copy, not a view"
+    data = device_bytes(f)
+    assert data[: a.nbytes] == a.tobytes()
+    # each packed buffer starts 64-byte aligned
+    assert data[4032 : 4032 + b.nbytes] == b.tobytes()
 
 
 def test_device_array_checks():
