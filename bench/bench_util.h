@@ -30,7 +30,7 @@ static inline double bench_median_us(void (*fn)(void *), void *arg, int warmup, 
 {
     for (int i = 0; i < warmup; i++)
         fn(arg);
-    double *t = malloc(sizeof(double) * (size_t)reps);
+    double *t = (double *)malloc(sizeof(double) * (size_t)reps);
     if (!t)
         abort();
     for (int i = 0; i < reps; i++) {
