@@ -891,6 +891,21 @@ gser_status_t gser_value_decode_serialized(gser_msg_t *msg, const gser_value_t *
     return dec_unit(&d, s->header, s->header_len, 1, 0, s->nframes, tree);
 }
 
+gser_status_t gser_msg_take_frame(gser_msg_t *msg, size_t i, gser_frame_t *frame)
+{
+    if (!msg || !frame)
+        return GSER_ERR_INVALID_ARG;
+    if (i >= msg->nframes)
+        return GSER_ERR_OUT_OF_RANGE;
+    gser_frame_t *f = (gser_frame_t *)&msg->frames[i]; /* the message's own copy */
+    if (!f->release)
+        return error_set(msg->ctx, GSER_ERR_STATE, "gser_msg_take_frame: the message does not own frame %zu", i);
+    *frame = *f;
+    f->release = NULL;
+    f->release_arg = NULL;
+    return GSER_OK;
+}
+
 const gser_frame_t *gser_msg_frames(const gser_msg_t *msg, size_t *nframes)
 {
     if (nframes)

@@ -129,6 +129,15 @@ GSER_API gser_status_t gser_deserialize(gser_context_t *ctx, const gser_frame_t 
  *  and 0 for a message built by hand. */
 GSER_API const gser_frame_t *gser_msg_frames(const gser_msg_t *msg, size_t *nframes);
 
+/**
+ * Take ownership of frame i of a deserialized message (e.g. a received packed
+ * device frame): *frame gets it with its release callback, and the message
+ * will no longer release it. Values keep pointing into it, so keep the frame
+ * alive as long as the message is used. GSER_ERR_STATE if the message does
+ * not own that frame (it was borrowed, or taken already).
+ */
+GSER_API gser_status_t gser_msg_take_frame(gser_msg_t *msg, size_t i, gser_frame_t *frame);
+
 /* ---- flattened form ---------------------------------------------------- */
 
 /** Bytes needed to flatten these frames (host memory only). */

@@ -530,6 +530,19 @@ TEST_F(RoundTrip, FramesHandedOverAreReleasedOnceAndOnlyOnSuccess)
     gser_msg_destroy(back);
     EXPECT_EQ(released, 2);
 
+    // Taking a frame moves its release to the caller.
+    released = 0;
+    ASSERT_EQ(gser_deserialize(ctx(), fr.data(), fr.size(), nullptr, &back), GSER_OK);
+    gser_frame_t taken;
+    ASSERT_EQ(gser_msg_take_frame(back, 1, &taken), GSER_OK);
+    EXPECT_EQ(taken.data, fr[1].data);
+    EXPECT_EQ(gser_msg_take_frame(back, 1, &taken), GSER_ERR_STATE) << "taken already";
+    EXPECT_EQ(gser_msg_take_frame(back, 9, &taken), GSER_ERR_OUT_OF_RANGE);
+    gser_msg_destroy(back);
+    EXPECT_EQ(released, 1) << "only the header was released by the message";
+    taken.release((void *)taken.data, taken.release_arg);
+    EXPECT_EQ(released, 2);
+
     released = 0;
     fr[1].size -= 8; // now the frame table disagrees: the call fails
     EXPECT_EQ(gser_deserialize(ctx(), fr.data(), fr.size(), nullptr, &back), GSER_ERR_FRAME);
