@@ -8,6 +8,7 @@
 #include "fuzz_common.h"
 
 static gser_context_t *ctx;
+static gser_context_t *dev_ctx; /* the emulated device backend: restore and scatter paths */
 
 /* Touch every value so that bad pointers or lengths show up under ASan. */
 static unsigned walk(gser_msg_t *msg, const gser_value_t *v, int depth)
@@ -32,12 +33,23 @@ static unsigned walk(gser_msg_t *msg, const gser_value_t *v, int depth)
         for (size_t i = 0; i < n; i++)
             h = h * 31 + ((const unsigned char *)data)[i];
         break;
-    case GSER_KIND_BUFFER:
+    case GSER_KIND_BUFFER: {
         gser_value_get_buffer(v, &d);
-        if (d.memory == GSER_MEMORY_HOST)
-            for (size_t i = 0; i < d.nbytes; i++)
-                h = h * 31 + ((const unsigned char *)d.data)[i];
+        const unsigned char *bytes = d.data;
+        unsigned char *copy = NULL;
+        if (d.memory == GSER_MEMORY_DEVICE) {
+            /* Through the backend, as a user would read device memory. */
+            copy = malloc(d.nbytes ? d.nbytes : 1);
+            if (!copy || gser_device_memcpy(gser_msg_context(msg), copy, GSER_MEMORY_HOST, d.data, d.memory,
+                                            d.nbytes, NULL) != GSER_OK)
+                abort();
+            bytes = copy;
+        }
+        for (size_t i = 0; i < d.nbytes; i++)
+            h = h * 31 + bytes[i];
+        free(copy);
         break;
+    }
     case GSER_KIND_LIST:
     case GSER_KIND_TUPLE:
         if (gser_list_get_array(v, &ek, &data, &count) == GSER_OK) {
@@ -78,6 +90,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         o.limits.max_bytes = 1 << 24;
         if (gser_context_create(&o, &ctx) || fuzz_register(ctx))
             abort();
+        o.device_backend = "emulated";
+        if (gser_context_create(&o, &dev_ctx) || fuzz_register(dev_ctx))
+            abort();
+    }
+    {
+        /* Buffers that were device memory at the sender go back to the
+         * (emulated) device, then every device buffer is scattered. */
+        gser_deserialize_options_t o = {0};
+        o.flags = GSER_DESERIALIZE_RESTORE_DEVICE | GSER_DESERIALIZE_SCATTER | GSER_DESERIALIZE_ALLOW_UNKNOWN;
+        gser_msg_t *msg = NULL;
+        if (gser_deserialize_flat(dev_ctx, data, size, NULL, NULL, &o, &msg) == GSER_OK) {
+            volatile unsigned h = walk(msg, gser_msg_root(msg), 0);
+            (void)h;
+            gser_msg_destroy(msg);
+        }
     }
     static const unsigned flags[] = {0, GSER_DESERIALIZE_KEEP_SERIALIZED | GSER_DESERIALIZE_ALLOW_UNKNOWN};
     for (int i = 0; i < 2; i++) {

@@ -107,6 +107,49 @@ int main(int argc, char **argv)
     if (write_msg(ctx, m, dir, "objects.gser"))
         return 1;
     gser_msg_destroy(m);
+
+    /* 4: device buffers through the host family (origin device, one pinned
+     * frame), made on the emulated device backend */
+    gser_context_t *host_ctx = ctx;
+    o.device_backend = "emulated";
+    o.pack_max = 64;
+    if (gser_context_create(&o, &ctx) || fuzz_register(ctx))
+        return 1;
+    void *dev;
+    static const char bytes[200] = "device bytes, packed then staged to host";
+    CK(gser_device_alloc(ctx, sizeof bytes, NULL, &dev));
+    CK(gser_device_memcpy(ctx, dev, GSER_MEMORY_DEVICE, bytes, GSER_MEMORY_HOST, sizeof bytes, NULL));
+    CK(gser_msg_create(ctx, &m));
+    CK(gser_msg_new_list(m, &root));
+    for (int i = 0; i < 3; i++) {
+        gser_buffer_desc_t dd = {0};
+        dd.data = (const char *)dev + 40 * i;
+        dd.nbytes = 40 + 13 * (size_t)i;
+        dd.memory = GSER_MEMORY_DEVICE;
+        CK(gser_msg_new_buffer(m, &dd, &v));
+        CK(gser_list_append(root, v));
+    }
+    CK(gser_msg_set_root(m, root));
+    {
+        const char *const host_only[] = {"host"};
+        gser_serialize_options_t so = {0};
+        so.families = host_only;
+        so.nfamilies = 1;
+        gser_frames_t *f;
+        CK(gser_serialize(ctx, m, &so, &f));
+        CK(gser_frames_wait(f));
+        char path[512];
+        snprintf(path, sizeof path, "%s/device.gser", dir);
+        FILE *out = fopen(path, "wb");
+        if (!out)
+            return 1;
+        CK(gser_flat_write_file(gser_frames_array(f), gser_frames_count(f), out));
+        fclose(out);
+        gser_frames_destroy(f);
+    }
+    gser_msg_destroy(m);
+    gser_device_free(ctx, dev, sizeof bytes, NULL);
     gser_context_destroy(ctx);
+    gser_context_destroy(host_ctx);
     return 0;
 }
