@@ -12,6 +12,8 @@
 
 #include <stdint.h>
 
+#include "plan.h"
+
 #define GSER_LANES 32u
 
 #ifdef __CUDACC__
@@ -97,6 +99,14 @@ GSER_HD void gser_copy_chunk_lane(const unsigned char *src, unsigned char *dst, 
         done += 4 * nw;
     }
     gser_copy_bytes(src, dst, done, len, lane);
+}
+
+/* One chunk of a plan for one lane: its copy, then its zero padding. */
+GSER_HD void gser_run_chunk_lane(const gser_chunk_t *ch, unsigned lane)
+{
+    gser_copy_chunk_lane(ch->src, ch->dst, ch->len, lane);
+    for (uint32_t i = lane; i < ch->zpad; i += GSER_LANES)
+        ch->dst[ch->len + i] = 0;
 }
 
 #endif

@@ -117,7 +117,7 @@ static gser_status_t emu_copy_plan(gser_backend_state_t *s, const gser_chunk_t *
     (void)stream;
     for (size_t c = 0; c < nchunks; c++)
         for (unsigned lane = 0; lane < GSER_LANES; lane++)
-            gser_copy_chunk_lane(chunks[c].src, chunks[c].dst, chunks[c].len, lane);
+            gser_run_chunk_lane(&chunks[c], lane);
     return GSER_OK;
 }
 

@@ -20,11 +20,10 @@ static size_t align_up(size_t n, size_t a)
     return (n + a - 1) & ~(a - 1);
 }
 
-void packer_init(packer_t *p, gser_context_t *ctx, bool to_host, size_t pack_max, void *stream)
+void packer_init(packer_t *p, gser_context_t *ctx, size_t pack_max, void *stream)
 {
     memset(p, 0, sizeof *p);
     p->ctx = ctx;
-    p->to_host = to_host;
     p->pack_max = pack_max;
     p->stream = stream;
 }
@@ -68,18 +67,19 @@ gser_status_t packer_wait_for(packer_t *p, void *stream, void *event)
     return GSER_OK;
 }
 
-gser_status_t packer_add(packer_t *p, gser_frames_t *f, int *group, const void *src, size_t size, size_t *frame,
-                         size_t *offset)
+gser_status_t packer_add(packer_t *p, gser_frames_t *f, int *group, bool to_host, const void *src, size_t size,
+                         size_t *frame, size_t *offset)
 {
     if (*group < 0) {
         if (grow((void **)&p->groups, &p->cap_groups, p->ngroups, sizeof *p->groups))
             return GSER_ERR_NO_MEMORY;
-        gser_frame_t placeholder = {.memory = p->to_host ? GSER_MEMORY_HOST : GSER_MEMORY_DEVICE,
-                                    .device = p->ctx->device};
+        gser_frame_t placeholder = {.memory = to_host ? GSER_MEMORY_HOST : GSER_MEMORY_DEVICE,
+                                    .device = to_host ? 0 : p->ctx->device};
         size_t idx = f->n;
         if (frames_push(f, &placeholder))
             return GSER_ERR_NO_MEMORY;
-        p->groups[p->ngroups] = (pack_group_t){.frame = idx, .bytes = 0};
+        p->groups[p->ngroups] = (pack_group_t){.frame = idx, .bytes = 0, .to_host = to_host};
+        p->any_host |= to_host;
         *group = (int)p->ngroups++;
     }
     if (grow((void **)&p->copies, &p->cap_copies, p->ncopies, sizeof *p->copies))
@@ -136,12 +136,21 @@ gser_status_t packer_finish(packer_t *p, gser_frames_t *f)
     if ((st = wait_producers(p)))
         return st;
 
-    /* One allocation for all packed frames, each starting 64-byte aligned. */
-    size_t total = 0;
-    for (size_t g = 0; g < p->ngroups; g++) {
-        p->groups[g].start = align_up(total, GSER_PACK_ALIGN);
-        total = p->groups[g].start + p->groups[g].bytes;
+    /* One allocation for all packed frames, each starting 64-byte aligned:
+     * device frames first, then the host family's, so that one copy moves
+     * all of the latter to pinned memory. */
+    size_t total = 0, host_start = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1)
+            host_start = total = align_up(total, GSER_PACK_ALIGN);
+        for (size_t g = 0; g < p->ngroups; g++) {
+            if (p->groups[g].to_host != (pass == 1))
+                continue;
+            p->groups[g].start = align_up(total, GSER_PACK_ALIGN);
+            total = p->groups[g].start + p->groups[g].bytes;
+        }
     }
+    total = align_up(total, GSER_PACK_ALIGN);
     if (p->ncopies) {
         void *dev = NULL;
         if ((st = ctx->dev_alloc.alloc(ctx->dev_alloc.user, total, p->stream, &dev)) || (!dev && total))
@@ -150,15 +159,17 @@ gser_status_t packer_finish(packer_t *p, gser_frames_t *f)
         f->dev_mem = dev;
         f->dev_size = total;
 
-        size_t nchunks = 0;
+        /* Each copy also zeroes up to the next 64-byte boundary: the gaps
+         * between packed buffers never carry stale device memory. */
         gser_copy_t *copies = malloc(p->ncopies * sizeof *copies);
         if (!copies)
             return error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize: out of memory");
         for (size_t i = 0; i < p->ncopies; i++) {
             const pack_copy_t *c = &p->copies[i];
-            copies[i] = (gser_copy_t){c->src, (char *)dev + p->groups[c->group].start + c->offset, c->size};
+            size_t at = p->groups[c->group].start + c->offset;
+            copies[i] = (gser_copy_t){c->src, (char *)dev + at, c->size, align_up(at + c->size, GSER_PACK_ALIGN) - at - c->size};
         }
-        nchunks = gser_plan_count(copies, p->ncopies);
+        size_t nchunks = gser_plan_count(copies, p->ncopies);
         void *table = NULL;
         size_t table_size = nchunks * sizeof(gser_chunk_t);
         if (nchunks && ((st = ctx->pin_alloc.alloc(ctx->pin_alloc.user, table_size, NULL, &table)) || !table)) {
@@ -175,22 +186,23 @@ gser_status_t packer_finish(packer_t *p, gser_frames_t *f)
         if (nchunks && (st = b->copy_plan(ctx->bstate, table, nchunks, p->stream)))
             return device_fail(ctx, st, "gser_serialize: the pack kernel");
 
-        void *frames_base = dev;
-        if (p->to_host) {
-            /* The host family: one device-to-host copy of everything packed. */
-            void *pinned = NULL;
-            if ((st = ctx->pin_alloc.alloc(ctx->pin_alloc.user, total, NULL, &pinned)) || (!pinned && total))
+        void *pinned = NULL;
+        if (p->any_host) {
+            /* The host family: one device-to-host copy of everything it packed. */
+            size_t host_size = total - host_start;
+            if ((st = ctx->pin_alloc.alloc(ctx->pin_alloc.user, host_size, NULL, &pinned)) || (!pinned && host_size))
                 return error_set(ctx, st ? st : GSER_ERR_NO_MEMORY,
-                                 "gser_serialize: allocating %zu bytes of pinned memory for host frames failed", total);
+                                 "gser_serialize: allocating %zu bytes of pinned memory for host frames failed",
+                                 host_size);
             f->pinned = pinned;
-            f->pinned_size = total;
-            if ((st = b->memcpy(ctx->bstate, pinned, dev, total, COPY_D2H, p->stream)))
+            f->pinned_size = host_size;
+            if ((st = b->memcpy(ctx->bstate, pinned, (char *)dev + host_start, host_size, COPY_D2H, p->stream)))
                 return device_fail(ctx, st, "gser_serialize: copying packed frames to the host");
-            frames_base = pinned;
         }
         for (size_t g = 0; g < p->ngroups; g++) {
             gser_frame_t *fr = &f->frames[p->groups[g].frame];
-            fr->data = (char *)frames_base + p->groups[g].start;
+            fr->data = p->groups[g].to_host ? (char *)pinned + (p->groups[g].start - host_start)
+                                            : (char *)dev + p->groups[g].start;
             fr->size = p->groups[g].bytes;
         }
     }

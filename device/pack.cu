@@ -17,7 +17,7 @@ __global__ void __launch_bounds__(GSER_BLOCK) gser_copy_kernel(const gser_chunk_
     const size_t warps = (size_t)gridDim.x * GSER_WARPS_PER_BLOCK;
     for (size_t c = (size_t)blockIdx.x * GSER_WARPS_PER_BLOCK + threadIdx.x / 32; c < n; c += warps) {
         const gser_chunk_t ch = chunks[c];
-        gser_copy_chunk_lane(ch.src, ch.dst, ch.len, lane);
+        gser_run_chunk_lane(&ch, lane);
     }
 }
 

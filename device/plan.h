@@ -21,16 +21,18 @@ extern "C" {
 typedef struct gser_chunk {
     const unsigned char *src;
     unsigned char *dst;
-    uint64_t len; /* 1..GSER_CHUNK_BYTES */
+    uint32_t len;  /* bytes to copy, 0..GSER_CHUNK_BYTES */
+    uint32_t zpad; /* zero bytes to write after them (the padding to the next packed buffer) */
 } gser_chunk_t;
 
 typedef struct gser_copy {
     const void *src;
     void *dst;
     size_t size;
+    size_t zpad; /* zero bytes after dst + size: no stale memory in packed frames */
 } gser_copy_t;
 
-/* Chunks needed for these copies (empty copies need none). */
+/* Chunks needed for these copies (an empty copy with no padding needs none). */
 size_t gser_plan_count(const gser_copy_t *copies, size_t n);
 
 /* Write the chunks of these copies into out (gser_plan_count entries). */

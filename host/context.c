@@ -87,12 +87,17 @@ gser_status_t gser_context_create(const gser_context_options_t *opts, gser_conte
     if (!ctx_out)
         return GSER_ERR_INVALID_ARG;
     gser_context_options_t o = opts ? *opts : (gser_context_options_t){0};
-    if (o.limits.max_depth > GSER_DEPTH_MAX)
+    if (o.limits.max_depth > GSER_DEPTH_MAX) {
+        snprintf(create_err, sizeof create_err, "gser_context_create: limits.max_depth %zu is over the maximum of %d",
+                 o.limits.max_depth, GSER_DEPTH_MAX);
         return GSER_ERR_INVALID_ARG;
+    }
 
     gser_context_t *ctx = calloc(1, sizeof *ctx);
-    if (!ctx)
+    if (!ctx) {
+        snprintf(create_err, sizeof create_err, "gser_context_create: out of memory");
         return GSER_ERR_NO_MEMORY;
+    }
     ctx->id = atomic_fetch_add(&next_ctx_id, 1);
     limits_resolve(&o.limits, &ctx->limits);
     ctx->inline_max = o.inline_max ? o.inline_max : GSER_DEFAULT_INLINE_MAX;

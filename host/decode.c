@@ -30,6 +30,7 @@ typedef struct dec {
     void **uploaded;          /* per data frame: its copy on the device, made on first use */
     gser_value_t **dev_vals;  /* device buffers that gser copied: get the event, maybe a scatter */
     size_t ndev_vals, cap_dev_vals;
+    size_t flushed;           /* dev_vals before this one are done */
 } dec_t;
 
 struct gser_reader {
@@ -251,6 +252,10 @@ static gser_status_t dec_buffer(dec_t *d, const msgpack_object *o, size_t base, 
     gser_memory_t mem = frame != SIZE_MAX ? d->frames[frame].memory : GSER_MEMORY_HOST;
     int32_t device = frame != SIZE_MAX ? d->frames[frame].device : d->ctx->device;
     bool copied = false;
+    if (nbytes == 0 && origin == GSER_MEMORY_DEVICE) {
+        mem = GSER_MEMORY_DEVICE; /* an empty device buffer travels inline; it is still one */
+        raw = NULL;
+    }
     if (mem == GSER_MEMORY_HOST && origin == GSER_MEMORY_DEVICE && (d->flags & GSER_DESERIALIZE_RESTORE_DEVICE) &&
         nbytes) {
         void *dev = NULL;
@@ -323,6 +328,7 @@ static gser_status_t dec_array(dec_t *d, const msgpack_object *o, size_t base, s
 
 static gser_status_t dec_unit(dec_t *d, const unsigned char *p, size_t len, size_t depth, size_t base, size_t n,
                               gser_value_t **out);
+static gser_status_t dec_device_flush(dec_t *d);
 
 static bool dec_str(const msgpack_object *o, size_t max, const char **s, size_t *len)
 {
@@ -417,6 +423,10 @@ static gser_status_t dec_object(dec_t *d, const msgpack_object *o, size_t depth,
     gser_value_t *tree;
     gser_status_t st = dec_unit(d, sub, sub_len, depth + 1, first, (size_t)nfr, &tree);
     if (st)
+        return st;
+    /* The deserializer must see its buffers as they will be: scattered,
+     * restored, and with the event of the copies. */
+    if ((st = dec_device_flush(d)))
         return st;
     gser_reader_t r = {.dec = d, .tree = tree, .version = (uint32_t)version, .family = d->ctx->families[fam]};
     void *obj = NULL;
@@ -673,32 +683,35 @@ gser_status_t gser_reader_fail(gser_reader_t *r, gser_status_t status, const cha
 
 /* With GSER_DESERIALIZE_SCATTER every device buffer gets an allocation of its
  * own, filled by one copy plan (one kernel); then one event marks the end of
- * the message's device work and every buffer gser copied carries it. */
-static gser_status_t dec_device_finish(dec_t *d)
+ * the device work so far and every buffer gser copied carries it. Runs once
+ * at the end, and before a type's deserializer if it has buffers pending. */
+static gser_status_t dec_device_flush(dec_t *d)
 {
-    if (d->ndev_vals == 0)
+    size_t first = d->flushed, n = d->ndev_vals - first;
+    if (n == 0)
         return GSER_OK;
     gser_context_t *ctx = d->ctx;
+    gser_value_t **vals = d->dev_vals + first;
     gser_status_t st;
     if (d->flags & GSER_DESERIALIZE_SCATTER) {
-        gser_copy_t *copies = malloc(d->ndev_vals * sizeof *copies);
+        gser_copy_t *copies = malloc(n * sizeof *copies);
         if (!copies)
             return error_set(ctx, GSER_ERR_NO_MEMORY, "%s: out of memory", d->what);
-        for (size_t i = 0; i < d->ndev_vals; i++) {
-            gser_buffer_desc_t *bd = &d->dev_vals[i]->u.buf->desc;
+        for (size_t i = 0; i < n; i++) {
+            gser_buffer_desc_t *bd = &vals[i]->u.buf->desc;
             void *dst;
             if ((st = msgdev_alloc(d->msg, d->stream, bd->nbytes, false, &dst))) {
                 free(copies);
                 return error_set(ctx, st, "%s: allocating %zu bytes of device memory for a scattered buffer failed",
                                  d->what, bd->nbytes);
             }
-            copies[i] = (gser_copy_t){bd->data, dst, bd->nbytes};
+            copies[i] = (gser_copy_t){bd->data, dst, bd->nbytes, 0};
         }
-        size_t nchunks = gser_plan_count(copies, d->ndev_vals);
+        size_t nchunks = gser_plan_count(copies, n);
         void *table = NULL;
         st = msgdev_alloc(d->msg, d->stream, nchunks * sizeof(gser_chunk_t), true, &table);
         if (st == GSER_OK) {
-            gser_plan_fill(copies, d->ndev_vals, table);
+            gser_plan_fill(copies, n, table);
             st = ctx->backend->copy_plan(ctx->bstate, table, nchunks, d->stream);
             if (st)
                 st = device_fail(ctx, st, "gser_deserialize: the scatter kernel");
@@ -706,8 +719,8 @@ static gser_status_t dec_device_finish(dec_t *d)
             st = error_set(ctx, st, "%s: allocating pinned memory for the copy plan failed", d->what);
         }
         if (st == GSER_OK)
-            for (size_t i = 0; i < d->ndev_vals; i++)
-                d->dev_vals[i]->u.buf->desc.data = copies[i].dst;
+            for (size_t i = 0; i < n; i++)
+                vals[i]->u.buf->desc.data = copies[i].dst;
         free(copies);
         if (st)
             return st;
@@ -715,8 +728,9 @@ static gser_status_t dec_device_finish(dec_t *d)
     void *event;
     if ((st = msgdev_record(d->msg, &event)))
         return device_fail(ctx, st, "gser_deserialize: recording the message's event");
-    for (size_t i = 0; i < d->ndev_vals; i++)
-        d->dev_vals[i]->u.buf->desc.event = event;
+    for (size_t i = 0; i < n; i++)
+        vals[i]->u.buf->desc.event = event;
+    d->flushed = d->ndev_vals;
     return GSER_OK;
 }
 
@@ -829,7 +843,7 @@ gser_status_t gser_deserialize(gser_context_t *ctx, const gser_frame_t *frames, 
     d.stream = opts ? opts->stream : NULL;
     d.uploaded = NULL;
     d.dev_vals = NULL;
-    d.ndev_vals = d.cap_dev_vals = 0;
+    d.ndev_vals = d.cap_dev_vals = d.flushed = 0;
     if ((d.flags & (GSER_DESERIALIZE_SCATTER | GSER_DESERIALIZE_RESTORE_DEVICE)) &&
         (st = device_need(ctx, d.what)))
         return st;
@@ -845,7 +859,7 @@ gser_status_t gser_deserialize(gser_context_t *ctx, const gser_frame_t *frames, 
     gser_value_t *root;
     st = dec_header(&d, &frames[0], &root);
     if (st == GSER_OK)
-        st = dec_device_finish(&d);
+        st = dec_device_flush(&d);
     gser_frame_t *copy = NULL;
     if (st == GSER_OK) {
         copy = msg_alloc(d.msg, nframes * sizeof *copy, alignof(gser_frame_t));
@@ -887,8 +901,19 @@ gser_status_t gser_value_decode_serialized(gser_msg_t *msg, const gser_value_t *
     d.stream = NULL;
     d.uploaded = NULL;
     d.dev_vals = NULL;
-    d.ndev_vals = d.cap_dev_vals = 0;
+    d.ndev_vals = d.cap_dev_vals = d.flushed = 0;
     return dec_unit(&d, s->header, s->header_len, 1, 0, s->nframes, tree);
+}
+
+gser_status_t gser_msg_wait(const gser_msg_t *msg)
+{
+    if (!msg)
+        return GSER_ERR_INVALID_ARG;
+    if (!msg->dev || !msg->dev->event)
+        return GSER_OK;
+    gser_context_t *ctx = msg->ctx;
+    gser_status_t st = ctx->backend->event_sync(ctx->bstate, msg->dev->event);
+    return st ? device_fail(ctx, st, "gser_msg_wait") : GSER_OK;
 }
 
 gser_status_t gser_msg_take_frame(gser_msg_t *msg, size_t i, gser_frame_t *frame)

@@ -82,6 +82,7 @@ typedef struct enc {
     char cb_err[512]; /* set by gser_writer_fail */
     /* device buffers */
     int device_family; /* GSER_FAMILY_DEVICE or _HOST: the first of them in the list; -1 if neither */
+    bool to_host;      /* this scope's device buffers go to host frames (the host family) */
     packer_t pack;
     int group; /* packed frame of the current object scope, -1 if none yet */
 } enc_t;
@@ -165,12 +166,12 @@ static gser_status_t enc_data(enc_t *e, msgpack_packer *pk, const void *data, si
         return GSER_OK;
     }
     size_t idx, off = 0;
-    if (mem == GSER_MEMORY_DEVICE && (e->pack.to_host || nbytes < e->pack.pack_max)) {
-        if (packer_add(&e->pack, e->out, &e->group, data, nbytes, &idx, &off))
+    if (mem == GSER_MEMORY_DEVICE && (e->to_host || nbytes < e->pack.pack_max)) {
+        if (packer_add(&e->pack, e->out, &e->group, e->to_host, data, nbytes, &idx, &off))
             return enc_fail(e, GSER_ERR_NO_MEMORY, "out of memory planning the packed frame");
-        snprintf(where, where_cap, "frame %zu %s packed +%zu", idx, e->pack.to_host ? "host" : "device", off);
+        snprintf(where, where_cap, "frame %zu %s packed +%zu", idx, e->to_host ? "host" : "device", off);
     } else {
-        gser_frame_t fr = {.data = data, .size = nbytes, .memory = mem, .device = device};
+        gser_frame_t fr = {.data = data, .size = nbytes, .memory = mem, .device = mem == GSER_MEMORY_DEVICE ? device : 0};
         idx = e->out->n;
         if (frames_push(e->out, &fr))
             return enc_fail(e, GSER_ERR_NO_MEMORY, "out of memory for the frame table");
@@ -429,9 +430,13 @@ static gser_status_t enc_object(enc_t *e, msgpack_packer *pk, const gser_value_t
     msgpack_packer_init(&spk, &sub, obuf_write);
     size_t first = e->out->n;
     int outer_group = e->group;
+    bool outer_to_host = e->to_host;
     e->group = -1; /* the object's device buffers get a packed frame of its own */
+    if (f == GSER_FAMILY_HOST || f == GSER_FAMILY_DEVICE)
+        e->to_host = f == GSER_FAMILY_HOST; /* a host serializer's sub-tree is all host frames */
     st = enc_value(e, &spk, w.root, depth + 1, first);
     e->group = outer_group;
+    e->to_host = outer_to_host;
     if (st == GSER_OK && sub.oom)
         st = enc_fail(e, GSER_ERR_NO_MEMORY, "out of memory encoding the object");
     if (st == GSER_OK) {
@@ -589,9 +594,9 @@ gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg, const g
     if (st)
         return st;
     e.device_family = first_device_family(&e);
+    e.to_host = e.device_family == GSER_FAMILY_HOST;
     e.group = -1;
-    packer_init(&e.pack, ctx, e.device_family == GSER_FAMILY_HOST,
-                opts && opts->pack_max ? opts->pack_max : ctx->pack_max, opts ? opts->stream : NULL);
+    packer_init(&e.pack, ctx, opts && opts->pack_max ? opts->pack_max : ctx->pack_max, opts ? opts->stream : NULL);
 
     gser_frames_t *f = malloc(sizeof *f);
     if (!f) {

@@ -334,6 +334,7 @@ typedef struct pack_group {
     size_t frame; /* index in the frames */
     size_t bytes;
     size_t start; /* in the one allocation, set by packer_finish */
+    bool to_host; /* the host family's: ends up in pinned host memory */
 } pack_group_t;
 
 typedef struct pack_copy {
@@ -350,7 +351,7 @@ typedef struct pack_wait {
 
 typedef struct packer {
     gser_context_t *ctx;
-    bool to_host;   /* the host family: packed frames end up in pinned host memory */
+    bool any_host;  /* some group belongs to the host family */
     bool device_work;
     size_t pack_max;
     void *stream;
@@ -362,14 +363,15 @@ typedef struct packer {
     size_t nwaits, cap_waits;
 } packer_t;
 
-GSER_INTERNAL void packer_init(packer_t *p, gser_context_t *ctx, bool to_host, size_t pack_max, void *stream);
+GSER_INTERNAL void packer_init(packer_t *p, gser_context_t *ctx, size_t pack_max, void *stream);
 GSER_INTERNAL void packer_free(packer_t *p);
 /* Order the packing after a buffer's producer (either may be NULL). */
 GSER_INTERNAL gser_status_t packer_wait_for(packer_t *p, void *stream, void *event);
 /* Give a buffer a place in the packed frame of the scope *group (-1: none yet,
- * one is reserved in f); sets the frame index and offset. */
-GSER_INTERNAL gser_status_t packer_add(packer_t *p, gser_frames_t *f, int *group, const void *src, size_t size,
-                                       size_t *frame, size_t *offset);
+ * one is reserved in f, in host memory when to_host); sets the frame index
+ * and offset. */
+GSER_INTERNAL gser_status_t packer_add(packer_t *p, gser_frames_t *f, int *group, bool to_host, const void *src,
+                                       size_t size, size_t *frame, size_t *offset);
 /* Allocate, plan, launch, record the event; f owns what it allocates. */
 GSER_INTERNAL gser_status_t packer_finish(packer_t *p, gser_frames_t *f);
 GSER_INTERNAL void packer_release(gser_frames_t *f);

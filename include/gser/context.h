@@ -55,9 +55,11 @@ typedef struct gser_context_options {
     const char *device_backend;
     /** Device ordinal for allocations and kernels. */
     int device;
-    /** Device memory; NULL = the backend's stream-ordered pool (cudaMallocAsync). Borrowed. */
+    /** Device memory; NULL = the backend's stream-ordered pool (cudaMallocAsync).
+     *  The struct is copied; its user pointer must outlive the context. */
     const gser_allocator_t *device_allocator;
-    /** Pinned host memory for staging; NULL = the backend's reusable pool. Borrowed. */
+    /** Pinned host memory for staging; NULL = the backend's reusable pool.
+     *  The struct is copied; its user pointer must outlive the context. */
     const gser_allocator_t *pinned_allocator;
     /** Device buffers with fewer bytes than this are gathered by one kernel
      *  into one packed frame; larger ones stay frames of their own (zero-copy).

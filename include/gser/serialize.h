@@ -129,6 +129,11 @@ GSER_API gser_status_t gser_deserialize(gser_context_t *ctx, const gser_frame_t 
  *  and 0 for a message built by hand. */
 GSER_API const gser_frame_t *gser_msg_frames(const gser_msg_t *msg, size_t *nframes);
 
+/** Block until the device copies gser made while deserializing (restored and
+ *  scattered buffers, whose descriptions carry the same event) are done.
+ *  GSER_OK at once when there were none. */
+GSER_API gser_status_t gser_msg_wait(const gser_msg_t *msg);
+
 /**
  * Take ownership of frame i of a deserialized message (e.g. a received packed
  * device frame): *frame gets it with its release callback, and the message

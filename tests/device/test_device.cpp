@@ -176,6 +176,25 @@ TEST_P(DeviceTest, DeviceFamilyPacksSmallBuffersAndKeepsLargeOnesZeroCopy)
                 EXPECT_TRUE(zero_copy) << "a large buffer is its own frame, not a copy";
             }
         }
+        if (mem() == GSER_MEMORY_DEVICE) {
+            // The packed frame holds the small buffers at 64-byte offsets and
+            // zeros between them, never stale memory.
+            size_t pi = 1; // the packed frame: the one that is no sent buffer
+            while (pi < nf && std::any_of(sent.begin(), sent.end(), [&](const Sent &x) { return x.data == fr[pi].data; }))
+                pi++;
+            ASSERT_LT(pi, nf);
+            const gser_frame_t &packed = fr[pi];
+            auto bytes = get(packed.data, packed.memory, packed.size);
+            std::vector<unsigned char> want(packed.size, 0);
+            size_t off = 0;
+            for (auto &sb : sent) {
+                if (sb.bytes.empty() || sb.bytes.size() >= 4096)
+                    continue;
+                std::memcpy(&want[off], sb.bytes.data(), sb.bytes.size());
+                off = (off + sb.bytes.size() + 63) / 64 * 64;
+            }
+            EXPECT_EQ(bytes, want) << "seed " << seed;
+        }
         for (unsigned flags : {0u, (unsigned)GSER_DESERIALIZE_SCATTER}) {
             if (flags && mem() != GSER_MEMORY_DEVICE)
                 continue;
@@ -266,6 +285,10 @@ TEST_P(DeviceTest, HostFamilyStagesDeviceBuffersInOneHostFrame)
         gser_buffer_desc_t d;
         ASSERT_EQ(gser_list_get(gser_msg_root(h), i, &v), GSER_OK);
         ASSERT_EQ(gser_value_get_buffer(v, &d), GSER_OK);
+        if (!d.nbytes) {
+            EXPECT_EQ(d.memory, GSER_MEMORY_DEVICE) << "an empty device buffer stays a device buffer";
+            continue;
+        }
         EXPECT_EQ(d.memory, GSER_MEMORY_HOST) << "rebuilt in host memory";
         ASSERT_EQ(std::vector<unsigned char>((const unsigned char *)d.data, (const unsigned char *)d.data + d.nbytes),
                   sent[i].bytes);
@@ -369,6 +392,57 @@ TEST_P(DeviceTest, MixedMessagesWithObjectsKeepObjectFramesTogether)
     gser_buffer_desc_t sd;
     ASSERT_EQ(gser_value_get_buffer(small, &sd), GSER_OK);
     EXPECT_EQ(get(sd.data, sd.memory, 1000), pa);
+}
+
+TEST_P(DeviceTest, HostSerializersGetHostFramesAndDeserializersSeeFinalBuffers)
+{
+    if (mem() != GSER_MEMORY_DEVICE)
+        GTEST_SKIP() << "about device buffers";
+    // A type with only a host serializer: its device buffers are staged to
+    // host frames even though the caller's list starts with "device".
+    ASSERT_EQ(gser_type_register(ctx(), "test.hostblob", 1, nullptr), GSER_OK);
+    ASSERT_EQ(gser_type_add_family(ctx(), "test.hostblob", "host", devblob_ser, devblob_de), GSER_OK);
+    auto a = alloc(512), b = alloc(600);
+    auto pa = pattern(512, 21), pb = pattern(600, 22);
+    put(a->base, pa);
+    put(b->base, pb);
+    DevBlob blob{b->base, 600, mem()};
+    gser_msg_t *m;
+    ASSERT_EQ(gser_msg_create(ctx(), &m), GSER_OK);
+    MsgPtr mp(m);
+    gser_value_t *root, *v;
+    gser_msg_new_list(m, &root);
+    gser_buffer_desc_t d{};
+    d.data = a->base;
+    d.nbytes = 512;
+    d.memory = mem();
+    gser_msg_new_buffer(m, &d, &v), gser_list_append(root, v);
+    ASSERT_EQ(gser_msg_new_object(m, "test.hostblob", &blob, &v), GSER_OK);
+    gser_list_append(root, v);
+    gser_msg_set_root(m, root);
+    auto frames = serialize(ctx(), m);
+    ASSERT_TRUE(frames);
+    ASSERT_EQ(gser_frames_wait(frames.get()), GSER_OK);
+    ASSERT_EQ(gser_frames_count(frames.get()), 3u);
+    EXPECT_EQ(gser_frames_array(frames.get())[1].memory, GSER_MEMORY_DEVICE) << "the top level's packed frame";
+    EXPECT_EQ(gser_frames_array(frames.get())[2].memory, GSER_MEMORY_HOST) << "the host serializer's frame";
+
+    // Receiving with SCATTER and RESTORE_DEVICE: the deserializer already sees
+    // the object's buffer back on the device, in its own allocation.
+    auto back = deserialize(ctx(), frames.get(), GSER_DESERIALIZE_SCATTER | GSER_DESERIALIZE_RESTORE_DEVICE);
+    ASSERT_TRUE(back);
+    ASSERT_EQ(gser_msg_wait(back.get()), GSER_OK);
+    gser_value_t *obj;
+    ASSERT_EQ(gser_list_get(gser_msg_root(back.get()), 1, &obj), GSER_OK);
+    void *p;
+    ASSERT_EQ(gser_value_take_object(obj, &p), GSER_OK);
+    std::unique_ptr<DevBlob> got(static_cast<DevBlob *>(p));
+    EXPECT_EQ(got->memory, GSER_MEMORY_DEVICE);
+    const gser_frame_t *fr = gser_frames_array(frames.get());
+    for (size_t i = 1; i < 3; i++)
+        EXPECT_FALSE(got->data >= fr[i].data && (const char *)got->data < (const char *)fr[i].data + fr[i].size)
+            << "the deserializer saw the scattered copy, not a view into frame " << i;
+    EXPECT_EQ(get(got->data, got->memory, 300), std::vector<unsigned char>(pb.begin(), pb.begin() + 300));
 }
 
 // An allocator that fails the n-th allocation, and counts what is live.
@@ -541,9 +615,11 @@ TEST_P(CopyPlanTest, EveryAlignmentAndSizeIsCopiedExactly)
         size_t sz = sizes[i % sizes.size()];
         size_t so = (src_total + 63) / 64 * 64 + i % 16, dof = (dst_total + 63) / 64 * 64 + (i / 16) % 16;
         at.emplace_back(so, dof);
-        copies.push_back({nullptr, nullptr, sz});
+        // Every third copy also zeroes up to the next 64-byte boundary, as packing does.
+        size_t zpad = i % 3 == 0 ? (64 - (dof + sz) % 64) % 64 : 0;
+        copies.push_back({nullptr, nullptr, sz, zpad});
         src_total = so + sz;
-        dst_total = dof + sz;
+        dst_total = dof + sz + zpad;
     }
     std::vector<unsigned char> src = pattern(src_total + 64, 5), expect(dst_total + 64, 0xA5);
     void *dsrc, *ddst;
@@ -557,13 +633,14 @@ TEST_P(CopyPlanTest, EveryAlignmentAndSizeIsCopiedExactly)
         copies[i].src = (const char *)dsrc + at[i].first;
         copies[i].dst = (char *)ddst + at[i].second;
         std::memcpy(&expect[at[i].second], &src[at[i].first], copies[i].size);
+        std::memset(&expect[at[i].second + copies[i].size], 0, copies[i].zpad);
     }
     size_t n = gser_plan_count(copies.data(), copies.size());
     void *table;
     ASSERT_EQ(gser_pinned_alloc(c, n * sizeof(gser_chunk_t), &table), GSER_OK);
     gser_plan_fill(copies.data(), copies.size(), static_cast<gser_chunk_t *>(table));
     for (size_t k = 0; k < n; k++)
-        ASSERT_TRUE(static_cast<gser_chunk_t *>(table)[k].len >= 1 &&
+        ASSERT_TRUE((static_cast<gser_chunk_t *>(table)[k].len >= 1 || static_cast<gser_chunk_t *>(table)[k].zpad >= 1) &&
                     static_cast<gser_chunk_t *>(table)[k].len <= GSER_CHUNK_BYTES);
     ASSERT_EQ(test_copy_plan(c, static_cast<gser_chunk_t *>(table), n), GSER_OK);
     std::vector<unsigned char> got(expect.size());
