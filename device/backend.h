@@ -42,6 +42,16 @@ typedef struct gser_backend {
                                void *stream);
     /* The last detailed error (the CUDA error string), or "". */
     const char *(*last_error)(gser_backend_state_t *s);
+    /* Two small ops for compacting sliced Arrow columns (plugins/arrow), on
+     * stream, both buffers device memory, not overlapping.
+     * dst[i] = src[i] - src[0] for count offsets of width 4 or 8 bytes
+     * (src[0] is read on the device: no host round trip). */
+    gser_status_t (*rebase_offsets)(gser_backend_state_t *s, void *dst, const void *src, size_t count,
+                                    unsigned width, void *stream);
+    /* Bits [src_bit, src_bit + nbits) of src (LSB first, Arrow order) become
+     * bits [0, nbits) of dst: (nbits + 7) / 8 bytes written, bits past nbits 0. */
+    gser_status_t (*copy_bits)(gser_backend_state_t *s, void *dst, const void *src, uint64_t src_bit,
+                               uint64_t nbits, void *stream);
 } gser_backend_t;
 
 extern const gser_backend_t gser_backend_emulated;

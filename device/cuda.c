@@ -14,6 +14,11 @@
 
 /* The launcher of the copy kernel (device/pack.cu). */
 cudaError_t gser_cuda_launch_copy(const gser_chunk_t *chunks, size_t nchunks, int sm_count, cudaStream_t stream);
+/* The launchers of the Arrow helper kernels (device/arrow_kernels.cu). */
+cudaError_t gser_cuda_launch_rebase_offsets(void *dst, const void *src, size_t count, unsigned width, int sm_count,
+                                            cudaStream_t stream);
+cudaError_t gser_cuda_launch_copy_bits(void *dst, const void *src, uint64_t src_bit, uint64_t nbits, int sm_count,
+                                       cudaStream_t stream);
 
 /* Pinned blocks are kept by power-of-two size class for reuse: cudaMallocHost
  * costs milliseconds, a staging buffer is needed for every transfer. */
@@ -234,6 +239,20 @@ static gser_status_t cu_copy_plan(gser_backend_state_t *s, const gser_chunk_t *c
     return st ? st : st2;
 }
 
+static gser_status_t cu_rebase_offsets(gser_backend_state_t *s, void *dst, const void *src, size_t count,
+                                       unsigned width, void *stream)
+{
+    return cuda_check(gser_cuda_launch_rebase_offsets(dst, src, count, width, s->sm_count, stream_of(stream)),
+                      "the offsets rebase kernel");
+}
+
+static gser_status_t cu_copy_bits(gser_backend_state_t *s, void *dst, const void *src, uint64_t src_bit,
+                                  uint64_t nbits, void *stream)
+{
+    return cuda_check(gser_cuda_launch_copy_bits(dst, src, src_bit, nbits, s->sm_count, stream_of(stream)),
+                      "the bit copy kernel");
+}
+
 static const char *cu_last_error(gser_backend_state_t *s)
 {
     (void)s;
@@ -258,4 +277,6 @@ const gser_backend_t gser_backend_cuda = {
     .event_destroy = cu_event_destroy,
     .copy_plan = cu_copy_plan,
     .last_error = cu_last_error,
+    .rebase_offsets = cu_rebase_offsets,
+    .copy_bits = cu_copy_bits,
 };

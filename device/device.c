@@ -281,3 +281,55 @@ void gser_event_destroy(gser_event_t *event)
     event->ctx->backend->event_destroy(event->ctx->bstate, event->handle);
     free(event);
 }
+
+/* ---- the Arrow helpers ------------------------------------------------------------ */
+
+static bool ranges_overlap(const void *a, size_t na, const void *b, size_t nb)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return na && nb && x < y + nb && y < x + na;
+}
+
+gser_status_t gser_device_rebase_offsets(gser_context_t *ctx, void *dst, const void *src, size_t count, size_t width,
+                                         void *stream)
+{
+    static const char what[] = "gser_device_rebase_offsets";
+    if (!ctx)
+        return GSER_ERR_INVALID_ARG;
+    if (width != 4 && width != 8)
+        return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: width %zu (4 or 8 bytes)", what, width);
+    if (count == 0)
+        return GSER_OK;
+    if (!dst || !src || count > SIZE_MAX / width)
+        return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: NULL buffer or too many offsets", what);
+    /* The kernel loads whole offsets: misaligned ones would fault on a GPU. */
+    if ((uintptr_t)dst % width || (uintptr_t)src % width)
+        return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: buffers must be aligned to %zu bytes", what, width);
+    if (ranges_overlap(dst, count * width, src, count * width))
+        return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: source and destination overlap", what);
+    gser_status_t st = device_need(ctx, what);
+    if (st)
+        return st;
+    st = ctx->backend->rebase_offsets(ctx->bstate, dst, src, count, (unsigned)width, stream);
+    return st ? device_fail(ctx, st, what) : GSER_OK;
+}
+
+gser_status_t gser_device_copy_bits(gser_context_t *ctx, void *dst, const void *src, uint64_t src_bit_offset,
+                                    uint64_t nbits, void *stream)
+{
+    static const char what[] = "gser_device_copy_bits";
+    if (!ctx)
+        return GSER_ERR_INVALID_ARG;
+    if (nbits == 0)
+        return GSER_OK;
+    if (!dst || !src || src_bit_offset > UINT64_MAX - 7 - nbits)
+        return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: NULL buffer or bit range too large", what);
+    uint64_t first = src_bit_offset / 8, end = (src_bit_offset + nbits + 7) / 8;
+    if (ranges_overlap(dst, (size_t)((nbits + 7) / 8), (const char *)src + first, (size_t)(end - first)))
+        return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: source and destination overlap", what);
+    gser_status_t st = device_need(ctx, what);
+    if (st)
+        return st;
+    st = ctx->backend->copy_bits(ctx->bstate, dst, src, src_bit_offset, nbits, stream);
+    return st ? device_fail(ctx, st, what) : GSER_OK;
+}

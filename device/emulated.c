@@ -121,6 +121,47 @@ static gser_status_t emu_copy_plan(gser_backend_state_t *s, const gser_chunk_t *
     return GSER_OK;
 }
 
+/* The Arrow helpers, on the CPU. Unsigned arithmetic: offsets are checked
+ * by the caller, and a bad one must wrap, not be undefined behaviour. */
+static gser_status_t emu_rebase_offsets(gser_backend_state_t *s, void *dst, const void *src, size_t count,
+                                        unsigned width, void *stream)
+{
+    (void)s;
+    (void)stream;
+    if (width == 4) {
+        const uint32_t *in = src;
+        uint32_t *out = dst, base = in[0];
+        for (size_t i = 0; i < count; i++)
+            out[i] = in[i] - base;
+    } else {
+        const uint64_t *in = src;
+        uint64_t *out = dst, base = in[0];
+        for (size_t i = 0; i < count; i++)
+            out[i] = in[i] - base;
+    }
+    return GSER_OK;
+}
+
+static gser_status_t emu_copy_bits(gser_backend_state_t *s, void *dst, const void *src, uint64_t src_bit,
+                                   uint64_t nbits, void *stream)
+{
+    (void)s;
+    (void)stream;
+    const unsigned char *in = (const unsigned char *)src + src_bit / 8;
+    unsigned char *out = dst;
+    unsigned shift = (unsigned)(src_bit % 8);
+    uint64_t nbytes = (nbits + 7) / 8, in_bytes = (shift + nbits + 7) / 8; /* never read past the range */
+    for (uint64_t j = 0; j < nbytes; j++) {
+        unsigned v = in[j] >> shift;
+        if (shift && j + 1 < in_bytes)
+            v |= (unsigned)in[j + 1] << (8 - shift);
+        if (j == nbytes - 1 && nbits % 8)
+            v &= (1u << (nbits % 8)) - 1;
+        out[j] = (unsigned char)v;
+    }
+    return GSER_OK;
+}
+
 static const char *emu_last_error(gser_backend_state_t *s)
 {
     (void)s;
@@ -145,4 +186,6 @@ const gser_backend_t gser_backend_emulated = {
     .event_destroy = emu_event_destroy,
     .copy_plan = emu_copy_plan,
     .last_error = emu_last_error,
+    .rebase_offsets = emu_rebase_offsets,
+    .copy_bits = emu_copy_bits,
 };

@@ -70,6 +70,27 @@ GSER_API void *gser_event_handle(const gser_event_t *event);
 /** NULL is fine. */
 GSER_API void gser_event_destroy(gser_event_t *event);
 
+/* ---- small device ops for Arrow columns (used by plugins/arrow) ------------- */
+
+/**
+ * Rebase an offsets buffer so that it starts at 0: dst[i] = src[i] - src[0]
+ * for count offsets of width 4 (int32) or 8 (int64) bytes, queued on stream.
+ * src[0] is read on the device (no host round trip). Both buffers are device
+ * memory, aligned to width, and must not overlap. count 0 does nothing.
+ */
+GSER_API gser_status_t gser_device_rebase_offsets(gser_context_t *ctx, void *dst, const void *src, size_t count,
+                                                  size_t width, void *stream);
+
+/**
+ * Copy the bit range [src_bit_offset, src_bit_offset + nbits) of the bitmap
+ * src (least significant bit first, as Arrow orders them) to bits
+ * [0, nbits) of dst, queued on stream: (nbits + 7) / 8 bytes of dst are
+ * written, the bits past nbits in the last one as 0. No byte of src outside
+ * the range is read. Both are device memory and must not overlap.
+ */
+GSER_API gser_status_t gser_device_copy_bits(gser_context_t *ctx, void *dst, const void *src,
+                                             uint64_t src_bit_offset, uint64_t nbits, void *stream);
+
 #ifdef __cplusplus
 }
 #endif
