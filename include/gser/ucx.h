@@ -1,0 +1,352 @@
+/* gser — the UCX transport (library gser::ucx, plugins/ucx).
+ *
+ * Moves serialized messages (a header frame plus data frames, as produced by
+ * gser_serialize) between processes and nodes with UCX, and hands the
+ * received frames to gser_deserialize. docs/ucx.md specifies the wire
+ * protocol: a handshake per connection, then per message one send holding
+ * the header, the frame table and the small frames, followed by one tagged
+ * send per large frame.
+ *
+ * Objects: a transport context (one UCX context), workers (one UCX worker
+ * each: progress, event file descriptor, thread mode), listeners and
+ * endpoints on a worker, and requests for operations in flight.
+ *
+ * Every call returns a gser_status_t; outputs are set only on success.
+ * Asynchronous operations make progress only inside gser_ucx_worker_progress
+ * and the blocking calls (wait, send, recv, accept, connect). Completion
+ * callbacks run inside those calls, never inside the call that started the
+ * operation, and may call any gser_ucx function except the destroy ones on
+ * their own worker. gser_ucx_last_error gives a detailed message.
+ */
+#ifndef GSER_UCX_H
+#define GSER_UCX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gser/context.h"
+#include "gser/defs.h"
+#include "gser/serialize.h"
+#include "gser/value.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Version of the transport's own wire protocol (handshake and per-message
+ *  layout, docs/ucx.md). Both sides of a connection must speak the same. */
+#define GSER_UCX_WIRE_VERSION 1
+
+/** Capability bits exchanged in the handshake. */
+enum {
+    /** This side's UCX can read and write CUDA device memory. */
+    GSER_UCX_CAP_CUDA = 1u << 0,
+};
+
+typedef struct gser_ucx_context gser_ucx_context_t;
+typedef struct gser_ucx_worker gser_ucx_worker_t;
+typedef struct gser_ucx_listener gser_ucx_listener_t;
+typedef struct gser_ucx_ep gser_ucx_ep_t;
+typedef struct gser_ucx_request gser_ucx_request_t;
+
+/** The detailed message of the last error this thread got from a gser_ucx
+ *  call ("" if none). Valid until this thread's next gser_ucx call. */
+GSER_API const char *gser_ucx_last_error(void);
+
+/* ---- transport context ---------------------------------------------------- */
+
+/** Transport context options. Zero-initialise, then set what you need. */
+typedef struct gser_ucx_context_options {
+    /** UCX transports, as UCX_TLS would list them ("tcp", "posix,sysv,cma,self,tcp").
+     *  NULL = the UCX_TLS environment variable, else UCX's default. Connecting
+     *  by address needs a network transport (tcp) on the address's device. */
+    const char *transports;
+    /** A peer that stays silent this long while a connection is open is
+     *  declared failed, and everything pending on it completes with
+     *  GSER_ERR_CONNECTION. A peer whose process dies is noticed at once on
+     *  the connection's socket. 0 = 10000 ms. */
+    unsigned peer_timeout_ms;
+} gser_ucx_context_options_t;
+
+/** Create a transport context (ucp_init). opts may be NULL. */
+GSER_API gser_status_t gser_ucx_context_create(const gser_ucx_context_options_t *opts,
+                                               gser_ucx_context_t **ctx_out);
+
+/** Destroy a context; its workers must be destroyed first. NULL is fine. */
+GSER_API void gser_ucx_context_destroy(gser_ucx_context_t *ctx);
+
+/** GSER_UCX_CAP_* bits this context would announce in a handshake. */
+GSER_API uint32_t gser_ucx_context_caps(const gser_ucx_context_t *ctx);
+
+/* ---- workers ----------------------------------------------------------------- */
+
+/** Which threads may call into one worker (the UCX thread modes). */
+typedef enum gser_ucx_thread_mode {
+    GSER_UCX_THREAD_SINGLE = 0,     /**< only the thread that created it */
+    GSER_UCX_THREAD_SERIALIZED = 1, /**< any thread, one at a time (the caller serializes) */
+    GSER_UCX_THREAD_MULTI = 2,      /**< any threads at once (the worker locks) */
+} gser_ucx_thread_mode_t;
+
+/** Worker options. Zero-initialise, then set what you need. */
+typedef struct gser_ucx_worker_options {
+    gser_ucx_thread_mode_t thread_mode;
+    /** The gser context whose device backend allocates received device
+     *  frames and runs staging copies. Borrowed: it must outlive the worker.
+     *  NULL: no device backend; device frames are neither sent nor received. */
+    gser_context_t *gser_ctx;
+    /** Limits checked on every incoming message before anything is allocated
+     *  for it (max_frames and max_bytes; zero fields = the core's defaults).
+     *  A message over a limit is rejected and its endpoint closed. */
+    gser_limits_t limits;
+    /** Host frames of at most this many bytes travel inside the message's
+     *  first send. 0 = 8192; SIZE_MAX is capped at the inline budget. */
+    size_t inline_max;
+    /** Most bytes of small frames inlined in one message's first send.
+     *  0 = 65536. */
+    size_t inline_budget;
+    /** Device frames cross a UCX that cannot read device memory through
+     *  pinned host bounce buffers of this many bytes. 0 = 4 MiB. */
+    size_t staging_chunk;
+    /** Bounce buffers in flight per staged frame and direction; at least 2.
+     *  0 = 4. */
+    unsigned staging_depth;
+    /** Blocking calls on this worker sleep on the event file descriptor
+     *  instead of polling (lower CPU use, higher latency). */
+    bool blocking_sleep;
+    /** For tests: the wire version this worker announces in handshakes.
+     *  0 = GSER_UCX_WIRE_VERSION. */
+    uint32_t announce_version;
+} gser_ucx_worker_options_t;
+
+/** Create a worker. opts may be NULL. */
+GSER_API gser_status_t gser_ucx_worker_create(gser_ucx_context_t *ctx, const gser_ucx_worker_options_t *opts,
+                                              gser_ucx_worker_t **worker_out);
+
+/**
+ * Destroy a worker: its listeners and the endpoints it still has are closed
+ * (what is in flight on them completes with GSER_ERR_CANCELED first), then
+ * UCX's worker is destroyed. Requests the caller still holds stay valid to
+ * test and free. NULL is fine.
+ */
+GSER_API void gser_ucx_worker_destroy(gser_ucx_worker_t *worker);
+
+/** Make progress: run UCX's progress, match incoming messages to pending
+ *  receives, advance staging, and run completion callbacks. Returns how many
+ *  events were handled (0: nothing happened). */
+GSER_API unsigned gser_ucx_worker_progress(gser_ucx_worker_t *worker);
+
+/** The worker's event file descriptor, for epoll/select/asyncio: readable
+ *  when gser_ucx_worker_progress has work. See gser_ucx_worker_arm. */
+GSER_API gser_status_t gser_ucx_worker_efd(gser_ucx_worker_t *worker, int *fd_out);
+
+/**
+ * Arm the event file descriptor before waiting on it. GSER_OK: armed, it is
+ * safe to sleep until it is readable. GSER_INPROGRESS: events are pending;
+ * call gser_ucx_worker_progress and arm again.
+ */
+GSER_API gser_status_t gser_ucx_worker_arm(gser_ucx_worker_t *worker);
+
+/** Progress until something happens or timeout_ms passes (-1: no limit),
+ *  sleeping on the event file descriptor in between. GSER_OK or
+ *  GSER_ERR_TIMEOUT. */
+GSER_API gser_status_t gser_ucx_worker_wait(gser_ucx_worker_t *worker, int timeout_ms);
+
+/* ---- listeners and endpoints ---------------------------------------------------- */
+
+/** Called when an accepted connection finished its handshake (status
+ *  GSER_OK, ep is the caller's to destroy) or failed it (ep NULL, e.g.
+ *  GSER_ERR_WIRE_VERSION). */
+typedef void (*gser_ucx_accept_cb)(gser_ucx_listener_t *listener, gser_ucx_ep_t *ep, gser_status_t status,
+                                   void *user_data);
+
+/** Listener options. Zero-initialise, then set what you need. */
+typedef struct gser_ucx_listener_options {
+    /** IPv4 or IPv6 address to listen on; NULL = every interface. */
+    const char *address;
+    /** Port; 0 = a free one (see gser_ucx_listener_port). */
+    uint16_t port;
+    /** NULL: connections wait in a queue for gser_ucx_listener_accept. */
+    gser_ucx_accept_cb accept_cb;
+    void *user_data;
+} gser_ucx_listener_options_t;
+
+/** Listen for connections. opts may be NULL (every interface, a free port). */
+GSER_API gser_status_t gser_ucx_listener_create(gser_ucx_worker_t *worker, const gser_ucx_listener_options_t *opts,
+                                                gser_ucx_listener_t **listener_out);
+
+/** The port the listener is bound to. */
+GSER_API uint16_t gser_ucx_listener_port(const gser_ucx_listener_t *listener);
+
+/**
+ * The next connection that finished its handshake, waiting up to timeout_ms
+ * (-1: no limit; 0: only what is queued). GSER_ERR_TIMEOUT if none came. A
+ * connection whose handshake failed is reported once with its status (e.g.
+ * GSER_ERR_WIRE_VERSION); the listener goes on serving others.
+ */
+GSER_API gser_status_t gser_ucx_listener_accept(gser_ucx_listener_t *listener, int timeout_ms,
+                                                gser_ucx_ep_t **ep_out);
+
+/** Stop listening. Connections accepted but not yet taken are closed. NULL is fine. */
+GSER_API void gser_ucx_listener_destroy(gser_ucx_listener_t *listener);
+
+/**
+ * Start connecting to host:port (host: IPv4/IPv6 address or name). The
+ * endpoint exists at once; gser_ucx_ep_status says when the handshake is
+ * done. Receives may be posted right away; sends need a ready endpoint.
+ */
+GSER_API gser_status_t gser_ucx_ep_connect_nb(gser_ucx_worker_t *worker, const char *host, uint16_t port,
+                                              gser_ucx_ep_t **ep_out);
+
+/** Connect and wait up to timeout_ms (-1: no limit) for the handshake. On
+ *  failure nothing is left to destroy. */
+GSER_API gser_status_t gser_ucx_ep_connect(gser_ucx_worker_t *worker, const char *host, uint16_t port,
+                                           int timeout_ms, gser_ucx_ep_t **ep_out);
+
+/** GSER_OK when ready, GSER_INPROGRESS while the handshake runs, else why
+ *  the endpoint failed (GSER_ERR_CONNECTION, GSER_ERR_WIRE_VERSION,
+ *  GSER_ERR_CANCELED after gser_ucx_ep_close, ...). */
+GSER_API gser_status_t gser_ucx_ep_status(const gser_ucx_ep_t *ep);
+
+/** What the peer announced in the handshake. */
+typedef struct gser_ucx_peer_info {
+    uint32_t wire_version;      /**< the peer's GSER_UCX_WIRE_VERSION */
+    uint32_t gser_wire_version; /**< the peer's GSER_WIRE_VERSION */
+    uint32_t caps;              /**< the peer's GSER_UCX_CAP_* bits */
+} gser_ucx_peer_info_t;
+
+/** The peer's handshake; GSER_ERR_STATE before the handshake is done. */
+GSER_API gser_status_t gser_ucx_ep_peer_info(const gser_ucx_ep_t *ep, gser_ucx_peer_info_t *info);
+
+/** The worker an endpoint belongs to. */
+GSER_API gser_ucx_worker_t *gser_ucx_ep_worker(const gser_ucx_ep_t *ep);
+
+/**
+ * Close an endpoint now: every send and receive in flight on it completes
+ * with GSER_ERR_CANCELED (callbacks run during this call), and the
+ * connection is dropped (the peer sees GSER_ERR_CONNECTION). The endpoint
+ * stays allocated, in status GSER_ERR_CANCELED, until destroyed.
+ */
+GSER_API gser_status_t gser_ucx_ep_close(gser_ucx_ep_t *ep);
+
+/**
+ * Destroy an endpoint. Sends that completed are flushed to the peer first
+ * (bounded); anything still in flight is canceled as by gser_ucx_ep_close.
+ * NULL is fine.
+ */
+GSER_API void gser_ucx_ep_destroy(gser_ucx_ep_t *ep);
+
+/* ---- requests ------------------------------------------------------------------- */
+
+/** Called once when an operation completes (inside a progress call). req is
+ *  the request; freeing it from the callback is fine. */
+typedef void (*gser_ucx_callback_t)(gser_ucx_request_t *req, gser_status_t status, void *user_data);
+
+/** Parameters of a non-blocking operation. Zero-initialise. */
+typedef struct gser_ucx_op_params {
+    gser_ucx_callback_t cb; /**< NULL: none; test or wait on the request */
+    void *user_data;
+} gser_ucx_op_params_t;
+
+/** GSER_INPROGRESS while running, else the operation's final status. */
+GSER_API gser_status_t gser_ucx_request_test(const gser_ucx_request_t *req);
+
+/** Progress until the request completes or timeout_ms passes (-1: no
+ *  limit). Its final status, or GSER_ERR_TIMEOUT (it keeps running). */
+GSER_API gser_status_t gser_ucx_request_wait(gser_ucx_request_t *req, int timeout_ms);
+
+/**
+ * Cancel a running request; it completes with GSER_ERR_CANCELED (its
+ * callback runs during this call). A receive that has not matched a message
+ * yet leaves the endpoint intact; canceling a send, or a receive halfway
+ * through a message, closes the endpoint (the stream of messages would
+ * otherwise be torn). No effect on a completed request.
+ */
+GSER_API gser_status_t gser_ucx_request_cancel(gser_ucx_request_t *req);
+
+/** Free a request; a running one is canceled first. Received frames not
+ *  taken are released. NULL is fine. */
+GSER_API void gser_ucx_request_free(gser_ucx_request_t *req);
+
+/* ---- sending ------------------------------------------------------------------- */
+
+/**
+ * Send a message without blocking: frames[0] is the header (host memory),
+ * then the data frames, as gser_frames_array gives them. The frames array
+ * is copied; the bytes are not: keep them valid and unchanged until the
+ * request completes. Messages sent on one endpoint arrive in order. On
+ * success *req_out is a request to test, wait on or free; req_out may be
+ * NULL when params has a callback (the request is then freed after it).
+ */
+GSER_API gser_status_t gser_ucx_ep_send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames, size_t nframes,
+                                           const gser_ucx_op_params_t *params, gser_ucx_request_t **req_out);
+
+/** Send and wait up to timeout_ms (-1: no limit). On GSER_ERR_TIMEOUT the
+ *  endpoint is closed (the message may have been half sent). */
+GSER_API gser_status_t gser_ucx_ep_send(gser_ucx_ep_t *ep, const gser_frame_t *frames, size_t nframes,
+                                        int timeout_ms);
+
+/** Serialize msg (opts may be NULL), wait for its device work, send it and
+ *  wait up to timeout_ms. */
+GSER_API gser_status_t gser_ucx_ep_send_msg(gser_ucx_ep_t *ep, gser_context_t *ctx, const gser_msg_t *msg,
+                                            const gser_serialize_options_t *opts, int timeout_ms);
+
+/* ---- receiving ----------------------------------------------------------------- */
+
+/** Post a receive of the next message from ep. */
+GSER_API gser_status_t gser_ucx_ep_recv_nb(gser_ucx_ep_t *ep, const gser_ucx_op_params_t *params,
+                                           gser_ucx_request_t **req_out);
+
+/** Post a receive of the next message from any endpoint of the worker (see
+ *  gser_ucx_request_ep for which). */
+GSER_API gser_status_t gser_ucx_worker_recv_nb(gser_ucx_worker_t *worker, const gser_ucx_op_params_t *params,
+                                               gser_ucx_request_t **req_out);
+
+/** The endpoint a request runs on: for a receive from any endpoint, the one
+ *  the message came from (NULL until known). */
+GSER_API gser_ucx_ep_t *gser_ucx_request_ep(const gser_ucx_request_t *req);
+
+/** Frames of a received message, handed to the caller. */
+typedef struct gser_ucx_recv {
+    gser_frame_t *frames; /**< header first; frames with release set own their memory */
+    size_t nframes;
+    gser_ucx_ep_t *ep;    /**< where the message came from */
+} gser_ucx_recv_t;
+
+/**
+ * Take the frames of a completed receive. Pass them to gser_deserialize,
+ * then call gser_ucx_recv_finish(out, st == GSER_OK): a successful
+ * deserialize owns the frame memory; otherwise it is released.
+ */
+GSER_API gser_status_t gser_ucx_request_take(gser_ucx_request_t *req, gser_ucx_recv_t *out);
+
+/** Release what gser_ucx_request_take handed over: the frame memory unless
+ *  handed_over (a message owns it now), and the frame array. */
+GSER_API void gser_ucx_recv_finish(gser_ucx_recv_t *recv, bool handed_over);
+
+/**
+ * Deserialize the frames of a completed receive into a message that owns
+ * them (opts may be NULL). A header that is malformed or over the limits
+ * closes the endpoint it came from.
+ */
+GSER_API gser_status_t gser_ucx_request_deserialize(gser_ucx_request_t *req, gser_context_t *ctx,
+                                                    const gser_deserialize_options_t *opts, gser_msg_t **msg_out);
+
+/** Receive the next message from ep and deserialize it, waiting up to
+ *  timeout_ms (-1: no limit). A timeout before the message started leaves
+ *  the endpoint usable. */
+GSER_API gser_status_t gser_ucx_ep_recv_msg(gser_ucx_ep_t *ep, gser_context_t *ctx,
+                                            const gser_deserialize_options_t *opts, int timeout_ms,
+                                            gser_msg_t **msg_out);
+
+/** Receive the next message from any endpoint and deserialize it; *ep_out
+ *  (may be NULL) says where it came from. */
+GSER_API gser_status_t gser_ucx_worker_recv_msg(gser_ucx_worker_t *worker, gser_context_t *ctx,
+                                                const gser_deserialize_options_t *opts, int timeout_ms,
+                                                gser_msg_t **msg_out, gser_ucx_ep_t **ep_out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GSER_UCX_H */

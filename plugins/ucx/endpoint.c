@@ -1,0 +1,728 @@
+/* Listeners, connections, the handshake, and endpoint failure and teardown. */
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "internal.h"
+
+#define GUX_SLOT_BITS 20
+#define GUX_SLOT_MASK ((1u << GUX_SLOT_BITS) - 1)
+
+/* ---- connection ids -------------------------------------------------------------- */
+
+static gser_status_t slot_take(gser_ucx_worker_t *w, gser_ucx_ep_t *ep)
+{
+    size_t i = w->free_slot_hint;
+    while (i < w->nslots && w->slots[i])
+        i++;
+    if (i == w->nslots) {
+        if (w->nslots >= GUX_SLOT_MASK - 1)
+            return gux_fail(GSER_ERR_NO_MEMORY, "too many endpoints on one worker");
+        size_t cap = w->nslots ? w->nslots * 2 : 16;
+        gser_ucx_ep_t **s = realloc(w->slots, cap * sizeof *s);
+        if (!s)
+            return gux_fail(GSER_ERR_NO_MEMORY, "endpoint table: out of memory");
+        w->slots = s;
+        uint32_t *g = realloc(w->slot_gen, cap * sizeof *g);
+        if (!g)
+            return gux_fail(GSER_ERR_NO_MEMORY, "endpoint table: out of memory");
+        w->slot_gen = g;
+        memset(s + w->nslots, 0, (cap - w->nslots) * sizeof *s);
+        memset(g + w->nslots, 0, (cap - w->nslots) * sizeof *g);
+        w->nslots = cap;
+    }
+    w->slots[i] = ep;
+    w->free_slot_hint = i + 1;
+    /* A generation in the high bits keeps a reused slot from catching a
+     * message meant for the endpoint that had it before. */
+    ep->local_id = ((w->slot_gen[i] & 0xfffu) << GUX_SLOT_BITS) | (uint32_t)(i + 1);
+    return GSER_OK;
+}
+
+static void slot_put(gser_ucx_worker_t *w, gser_ucx_ep_t *ep)
+{
+    size_t i = (ep->local_id & GUX_SLOT_MASK) - 1;
+    if (!ep->local_id || i >= w->nslots || w->slots[i] != ep)
+        return;
+    w->slots[i] = NULL;
+    w->slot_gen[i]++;
+    if (i < w->free_slot_hint)
+        w->free_slot_hint = i;
+}
+
+gser_ucx_ep_t *gux_ep_lookup(gser_ucx_worker_t *w, uint32_t id)
+{
+    size_t i = (size_t)(id & GUX_SLOT_MASK) - 1;
+    if ((id & GUX_SLOT_MASK) == 0 || i >= w->nslots)
+        return NULL;
+    gser_ucx_ep_t *ep = w->slots[i];
+    return ep && ep->local_id == id ? ep : NULL;
+}
+
+/* ---- endpoint objects -------------------------------------------------------------------- */
+
+static gser_status_t ep_new(gser_ucx_worker_t *w, gser_ucx_ep_t **out)
+{
+    gser_ucx_ep_t *ep = calloc(1, sizeof *ep);
+    if (!ep)
+        return gux_fail(GSER_ERR_NO_MEMORY, "endpoint: out of memory");
+    ep->worker = w;
+    ep->state = GUX_EP_CONNECTING;
+    gux_list_init(&ep->reqs);
+    gux_list_init(&ep->alink);
+    gser_status_t st = slot_take(w, ep);
+    if (st) {
+        free(ep);
+        return st;
+    }
+    gux_list_push(&w->eps, &ep->wlink);
+    *out = ep;
+    return GSER_OK;
+}
+
+void gux_ep_free(gser_ucx_ep_t *ep)
+{
+    slot_put(ep->worker, ep);
+    gux_list_del(&ep->wlink);
+    gux_list_del(&ep->alink);
+    /* Requests that outlive the endpoint no longer point at it. */
+    while (!gux_list_empty(&ep->reqs)) {
+        gser_ucx_request_t *r = gux_container(ep->reqs.next, gser_ucx_request_t, elink);
+        gux_list_del(&r->elink);
+        r->ep = NULL;
+    }
+    free(ep);
+}
+
+static void err_cb(void *arg, ucp_ep_h uep, ucs_status_t status)
+{
+    (void)uep;
+    gser_ucx_ep_t *ep = arg;
+    if (!ep->ucx_failed) {
+        ep->ucx_failed = true;
+        ep->ucx_error = status;
+    }
+    ep->worker->eps_dirty = true;
+}
+
+static void close_cb(void *req, ucs_status_t status, void *user_data)
+{
+    (void)status;
+    gser_ucx_ep_t *ep = user_data;
+    ucp_request_free(req);
+    ep->close_req = NULL;
+    ep->worker->eps_dirty = true;
+}
+
+/* Hand the UCX endpoint back. force: at once, purging what is in flight;
+ * else after flushing what was sent. */
+static void ep_ucp_close(gser_ucx_ep_t *ep, bool force)
+{
+    if (!ep->ucp)
+        return;
+    ucp_request_param_t p = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0,
+        .cb.send = close_cb,
+        .user_data = ep,
+    };
+    ucp_ep_h uep = ep->ucp;
+    ep->ucp = NULL;
+    ucs_status_ptr_t sp = ucp_ep_close_nbx(uep, &p);
+    if (UCS_PTR_IS_PTR(sp))
+        ep->close_req = sp;
+}
+
+/* Whether a request on ep is still running, or UCX still has parts of one. */
+static bool ep_busy(const gser_ucx_ep_t *ep)
+{
+    for (const gux_list_t *n = ep->reqs.next; n != &ep->reqs; n = n->next) {
+        const gser_ucx_request_t *r = gux_container(n, gser_ucx_request_t, elink);
+        if (r->status == GSER_INPROGRESS || r->outstanding)
+            return true;
+    }
+    return false;
+}
+
+static bool ep_quiet(void *arg)
+{
+    gser_ucx_ep_t *ep = arg;
+    return !ep->close_req && !ep->hs_pending && !ep_busy(ep);
+}
+
+/* End every request in flight on ep with st. */
+static void ep_abort_reqs(gser_ucx_ep_t *ep, gser_status_t st, bool keep_waiting_recvs)
+{
+    gux_list_t *n = ep->reqs.next;
+    while (n != &ep->reqs) {
+        gser_ucx_request_t *r = gux_container(n, gser_ucx_request_t, elink);
+        n = n->next;
+        if (r->status != GSER_INPROGRESS)
+            continue;
+        if (r->kind == GUX_REQ_RECV && r->stage == GUX_RECV_WAIT_HEAD) {
+            if (!keep_waiting_recvs)
+                gux_req_complete(r, st);
+        } else {
+            gux_req_abort(r, st);
+        }
+    }
+}
+
+void gux_ep_fail(gser_ucx_ep_t *ep, gser_status_t st)
+{
+    if (ep->state >= GUX_EP_FAILED)
+        return;
+    ep->state = GUX_EP_FAILED;
+    ep->error = st;
+    /* A peer that went away may have sent whole messages first: receives
+     * still get those (gux_recvs_match probes once more before failing). */
+    ep->drain = st == GSER_ERR_CONNECTION;
+    ep->worker->eps_dirty = true;
+    ep_abort_reqs(ep, st, ep->drain);
+    /* After a version mismatch our hello must still leave, so that the peer
+     * sees the mismatch too: the close waits for its send (ep_process). */
+    if (st != GSER_ERR_WIRE_VERSION || !ep->hs_pending)
+        ep_ucp_close(ep, true);
+}
+
+void gux_ep_shutdown(gser_ucx_ep_t *ep, gser_status_t st, bool force)
+{
+    if (ep->state < GUX_EP_FAILED) {
+        ep->state = GUX_EP_CLOSED;
+        ep->error = st;
+    }
+    ep->drain = false;
+    ep_abort_reqs(ep, st, false);
+    ep_ucp_close(ep, force);
+    if (ep->listener) {
+        gux_list_del(&ep->alink);
+        ep->listener = NULL;
+    }
+    ep->worker->eps_dirty = true;
+}
+
+/* ---- handshake ------------------------------------------------------------------------- */
+
+static void hs_send_cb(void *req, ucs_status_t status, void *user_data)
+{
+    gser_ucx_ep_t *ep = user_data;
+    ucp_request_free(req);
+    ep->hs_pending--;
+    if (status == UCS_OK)
+        ep->hs_sent = true;
+    else if (ep->hs_status == UCS_OK)
+        ep->hs_status = status;
+    ep->worker->eps_dirty = true;
+}
+
+static void hs_recv_cb(void *req, ucs_status_t status, size_t length, void *user_data)
+{
+    gser_ucx_ep_t *ep = user_data;
+    ucp_request_free(req);
+    ep->hs_pending--;
+    if (status == UCS_OK && length == GUX_HELLO_LEN)
+        ep->hs_received = true;
+    else if (ep->hs_status == UCS_OK)
+        ep->hs_status = status == UCS_OK ? UCS_ERR_MESSAGE_TRUNCATED : status;
+    ep->worker->eps_dirty = true;
+}
+
+static gser_status_t hs_start(gser_ucx_ep_t *ep)
+{
+    gser_ucx_worker_t *w = ep->worker;
+    gux_hello_t h = {.wire_version = w->announce_version,
+                     .gser_wire_version = GSER_WIRE_VERSION,
+                     .caps = w->ctx->caps,
+                     .conn_id = ep->local_id};
+    gux_hello_encode(&h, ep->hello_out);
+
+    ucp_request_param_t sp = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .cb.send = hs_send_cb,
+        .user_data = ep,
+    };
+    ucs_status_ptr_t r = ucp_stream_send_nbx(ep->ucp, ep->hello_out, GUX_HELLO_LEN, &sp);
+    if (UCS_PTR_IS_ERR(r))
+        return GUX_CALL("handshake: ucp_stream_send_nbx", UCS_PTR_STATUS(r));
+    if (r)
+        ep->hs_pending++;
+    else
+        ep->hs_sent = true;
+
+    size_t len = 0;
+    ucp_request_param_t rp = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
+        .flags = UCP_STREAM_RECV_FLAG_WAITALL,
+        .cb.recv_stream = hs_recv_cb,
+        .user_data = ep,
+    };
+    r = ucp_stream_recv_nbx(ep->ucp, ep->hello_in, GUX_HELLO_LEN, &len, &rp);
+    if (UCS_PTR_IS_ERR(r))
+        return GUX_CALL("handshake: ucp_stream_recv_nbx", UCS_PTR_STATUS(r));
+    if (r)
+        ep->hs_pending++;
+    else
+        ep->hs_received = true, ep->worker->eps_dirty = true;
+    return GSER_OK;
+}
+
+/* The handshake finished on our side: check what the peer announced. */
+static void hs_check(gser_ucx_ep_t *ep)
+{
+    gux_hello_t h;
+    if (gux_hello_decode(ep->hello_in, &h)) {
+        gux_ep_fail(ep, GSER_ERR_BAD_MAGIC);
+        return;
+    }
+    ep->peer.wire_version = h.wire_version;
+    ep->peer.gser_wire_version = h.gser_wire_version;
+    ep->peer.caps = h.caps;
+    uint32_t mine = ep->worker->announce_version;
+    if (h.wire_version != mine || h.gser_wire_version != GSER_WIRE_VERSION) {
+        gux_fail(GSER_ERR_WIRE_VERSION,
+                 "handshake: the peer speaks transport wire version %u and gser wire version %u, "
+                 "this side %u and %u",
+                 h.wire_version, h.gser_wire_version, mine, GSER_WIRE_VERSION);
+        gux_ep_fail(ep, GSER_ERR_WIRE_VERSION);
+        return;
+    }
+    ep->peer_id = h.conn_id;
+    ep->state = GUX_EP_READY;
+}
+
+/* ---- listener bookkeeping ---------------------------------------------------------------- */
+
+/* Returns whether a user callback ran. */
+static bool listener_report(gser_ucx_listener_t *l, gser_ucx_ep_t *ep)
+{
+    ep->hs_reported = true;
+    ep->listener = NULL;
+    if (ep->state == GUX_EP_READY) {
+        if (l->cb) {
+            ep->user_owned = true;
+            l->cb(l, ep, GSER_OK, l->user_data);
+            return true;
+        }
+        ep->listener = l;
+        gux_list_push(&l->accepted, &ep->alink);
+        return false;
+    }
+    if (l->cb) {
+        l->cb(l, NULL, ep->error, l->user_data);
+        return true;
+    }
+    if (l->nfailures == l->failures_cap) {
+        size_t cap = l->failures_cap ? l->failures_cap * 2 : 4;
+        gser_status_t *f = realloc(l->failures, cap * sizeof *f);
+        if (!f)
+            return false; /* the failure goes unreported; the endpoint is still cleaned up */
+        l->failures = f;
+        l->failures_cap = cap;
+    }
+    l->failures[l->nfailures++] = ep->error;
+    return false;
+}
+
+/* Returns whether a user callback ran (the endpoint list may have changed). */
+static bool ep_process(gser_ucx_ep_t *ep)
+{
+    gser_ucx_worker_t *w = ep->worker;
+    /* The peer's hello first: a peer that hangs up right after a version
+     * mismatch must be reported as a mismatch. */
+    if (ep->state == GUX_EP_CONNECTING && ep->hs_received)
+        hs_check(ep);
+    if (ep->state < GUX_EP_FAILED && ep->ucx_failed) {
+        gux_fail(GSER_ERR_CONNECTION, "connection to the peer lost: %s", ucs_status_string(ep->ucx_error));
+        gux_ep_fail(ep, GSER_ERR_CONNECTION);
+    }
+    if (ep->state == GUX_EP_CONNECTING && ep->hs_status != UCS_OK) {
+        gux_fail(GSER_ERR_CONNECTION, "handshake failed: %s", ucs_status_string(ep->hs_status));
+        gux_ep_fail(ep, GSER_ERR_CONNECTION);
+    }
+    if (ep->state == GUX_EP_FAILED && ep->ucp && !ep->hs_pending)
+        ep_ucp_close(ep, true); /* the hello of a version mismatch is out */
+    if (ep->listener && !ep->hs_reported && ep->state != GUX_EP_CONNECTING && listener_report(ep->listener, ep))
+        return true;
+    if ((ep->user_owned && !ep->zombie) || ep->listener)
+        return false;
+    /* Ours alone: not handed out (its listener went away or its handshake
+     * failed) or destroyed by the caller while UCX still held parts of it. */
+    if (ep->state < GUX_EP_FAILED)
+        gux_ep_shutdown(ep, GSER_ERR_CANCELED, true);
+    if (ep->state >= GUX_EP_FAILED && ep_quiet(ep))
+        gux_ep_free(ep);
+    else
+        w->eps_dirty = true; /* look again after the next progress */
+    return false;
+}
+
+void gux_eps_process(gser_ucx_worker_t *w)
+{
+    w->eps_dirty = false;
+    gux_list_t *n = w->eps.next;
+    while (n != &w->eps) {
+        gser_ucx_ep_t *ep = gux_container(n, gser_ucx_ep_t, wlink);
+        n = n->next;
+        if (ep_process(ep))
+            n = w->eps.next; /* a callback ran: start over (reported endpoints are skipped) */
+    }
+}
+
+/* ---- listeners --------------------------------------------------------------------------- */
+
+static void conn_cb(ucp_conn_request_h cr, void *arg)
+{
+    gser_ucx_listener_t *l = arg;
+    gser_ucx_worker_t *w = l->worker;
+    if (w->nconn_reqs == w->conn_reqs_cap) {
+        size_t cap = w->conn_reqs_cap ? w->conn_reqs_cap * 2 : 8;
+        gux_conn_req_t *a = realloc(w->conn_reqs, cap * sizeof *a);
+        if (!a) {
+            ucp_listener_reject(l->ucp, cr);
+            return;
+        }
+        w->conn_reqs = a;
+        w->conn_reqs_cap = cap;
+    }
+    w->conn_reqs[w->nconn_reqs++] = (gux_conn_req_t){l, cr};
+}
+
+static gser_status_t accept_one(gser_ucx_listener_t *l, ucp_conn_request_h cr)
+{
+    gser_ucx_worker_t *w = l->worker;
+    gser_ucx_ep_t *ep;
+    gser_status_t st = ep_new(w, &ep);
+    if (st) {
+        ucp_listener_reject(l->ucp, cr);
+        return st;
+    }
+    ucp_ep_params_t p = {
+        .field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .conn_request = cr,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = err_cb, .arg = ep},
+    };
+    if ((st = GUX_CALL("accept: ucp_ep_create", ucp_ep_create(w->ucp, &p, &ep->ucp)))) {
+        gux_ep_free(ep);
+        return st;
+    }
+    ep->listener = l;
+    if ((st = hs_start(ep)))
+        gux_ep_fail(ep, st); /* reported to the listener and cleaned up by gux_eps_process */
+    w->eps_dirty = true;
+    return GSER_OK;
+}
+
+void gux_conn_reqs_process(gser_ucx_worker_t *w)
+{
+    /* accept_one may not add requests (no UCX progress runs in it). */
+    for (size_t i = 0; i < w->nconn_reqs; i++)
+        accept_one(w->conn_reqs[i].listener, w->conn_reqs[i].req);
+    w->nconn_reqs = 0;
+}
+
+static gser_status_t resolve(const char *host, uint16_t port, bool passive, struct sockaddr_storage *out,
+                             socklen_t *len)
+{
+    char ps[8];
+    snprintf(ps, sizeof ps, "%u", port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0)};
+    if (passive && !host)
+        hints.ai_family = AF_INET;
+    struct addrinfo *res = NULL;
+    int rc = getaddrinfo(host, ps, &hints, &res);
+    if (rc || !res)
+        return gux_fail(GSER_ERR_INVALID_ARG, "cannot resolve \"%s\": %s", host ? host : "*", gai_strerror(rc));
+    memcpy(out, res->ai_addr, res->ai_addrlen);
+    *len = res->ai_addrlen;
+    freeaddrinfo(res);
+    return GSER_OK;
+}
+
+gser_status_t gser_ucx_listener_create(gser_ucx_worker_t *w, const gser_ucx_listener_options_t *opts,
+                                       gser_ucx_listener_t **listener_out)
+{
+    gser_ucx_listener_options_t o = {0};
+    if (opts)
+        o = *opts;
+    if (!w || !listener_out)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_listener_create: bad argument");
+    gux_error_clear();
+    struct sockaddr_storage sa;
+    socklen_t salen;
+    gser_status_t st = resolve(o.address, o.port, true, &sa, &salen);
+    if (st)
+        return st;
+    gser_ucx_listener_t *l = calloc(1, sizeof *l);
+    if (!l)
+        return gux_fail(GSER_ERR_NO_MEMORY, "listener: out of memory");
+    l->worker = w;
+    l->cb = o.accept_cb;
+    l->user_data = o.user_data;
+    gux_list_init(&l->accepted);
+
+    ucp_listener_params_t p = {
+        .field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
+        .sockaddr = {.addr = (const struct sockaddr *)&sa, .addrlen = salen},
+        .conn_handler = {.cb = conn_cb, .arg = l},
+    };
+    ucp_listener_attr_t attr = {.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR};
+    gux_lock(w);
+    if ((st = GUX_CALL("ucp_listener_create", ucp_listener_create(w->ucp, &p, &l->ucp))))
+        goto fail;
+    if ((st = GUX_CALL("ucp_listener_query", ucp_listener_query(l->ucp, &attr)))) {
+        ucp_listener_destroy(l->ucp);
+        goto fail;
+    }
+    if (attr.sockaddr.ss_family == AF_INET6)
+        l->port = ntohs(((const struct sockaddr_in6 *)&attr.sockaddr)->sin6_port);
+    else
+        l->port = ntohs(((const struct sockaddr_in *)&attr.sockaddr)->sin_port);
+    gux_list_push(&w->listeners, &l->wlink);
+    gux_unlock(w);
+    *listener_out = l;
+    return GSER_OK;
+fail:
+    gux_unlock(w);
+    free(l);
+    return st;
+}
+
+uint16_t gser_ucx_listener_port(const gser_ucx_listener_t *l)
+{
+    return l ? l->port : 0;
+}
+
+static bool accept_ready(void *arg)
+{
+    gser_ucx_listener_t *l = arg;
+    return !gux_list_empty(&l->accepted) || l->nfailures;
+}
+
+gser_status_t gser_ucx_listener_accept(gser_ucx_listener_t *l, int timeout_ms, gser_ucx_ep_t **ep_out)
+{
+    if (!l || !ep_out)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_listener_accept: bad argument");
+    gser_ucx_worker_t *w = l->worker;
+    gux_lock(w);
+    gux_error_clear();
+    gser_status_t st = gux_wait(w, accept_ready, l, timeout_ms);
+    if (st) {
+        gux_fail(st, "accept: no connection within %d ms", timeout_ms);
+        goto out;
+    }
+    if (l->nfailures) {
+        st = l->failures[0];
+        memmove(l->failures, l->failures + 1, --l->nfailures * sizeof *l->failures);
+        gux_fail(st, "accept: a connection failed its handshake: %s", gser_status_str(st));
+        goto out;
+    }
+    gser_ucx_ep_t *ep = gux_container(l->accepted.next, gser_ucx_ep_t, alink);
+    gux_list_del(&ep->alink);
+    ep->listener = NULL;
+    ep->user_owned = true;
+    *ep_out = ep;
+out:
+    gux_unlock(w);
+    return st;
+}
+
+void gser_ucx_listener_destroy(gser_ucx_listener_t *l)
+{
+    if (!l)
+        return;
+    gser_ucx_worker_t *w = l->worker;
+    gux_lock(w);
+    /* Requests UCX queued for this listener and we did not handle yet. */
+    size_t k = 0;
+    for (size_t i = 0; i < w->nconn_reqs; i++) {
+        if (w->conn_reqs[i].listener == l)
+            ucp_listener_reject(l->ucp, w->conn_reqs[i].req);
+        else
+            w->conn_reqs[k++] = w->conn_reqs[i];
+    }
+    w->nconn_reqs = k;
+    ucp_listener_destroy(l->ucp);
+    /* Endpoints accepted but not taken, and handshakes still running. */
+    for (gux_list_t *n = w->eps.next; n != &w->eps; n = n->next) {
+        gser_ucx_ep_t *ep = gux_container(n, gser_ucx_ep_t, wlink);
+        if (ep->listener == l) {
+            gux_list_del(&ep->alink);
+            ep->listener = NULL;
+            ep->hs_reported = true;
+            w->eps_dirty = true;
+        }
+    }
+    gux_list_del(&l->wlink);
+    free(l->failures);
+    free(l);
+    gux_unlock(w);
+}
+
+/* ---- connecting -------------------------------------------------------------------------- */
+
+gser_status_t gser_ucx_ep_connect_nb(gser_ucx_worker_t *w, const char *host, uint16_t port, gser_ucx_ep_t **ep_out)
+{
+    if (!w || !host || !ep_out || port == 0)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_connect_nb: bad argument");
+    gux_error_clear();
+    struct sockaddr_storage sa;
+    socklen_t salen;
+    gser_status_t st = resolve(host, port, false, &sa, &salen);
+    if (st)
+        return st;
+    gux_lock(w);
+    gser_ucx_ep_t *ep;
+    if ((st = ep_new(w, &ep)))
+        goto out;
+    ucp_ep_params_t p = {
+        .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
+        .sockaddr = {.addr = (const struct sockaddr *)&sa, .addrlen = salen},
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = err_cb, .arg = ep},
+    };
+    if ((st = GUX_CALL("connect: ucp_ep_create", ucp_ep_create(w->ucp, &p, &ep->ucp)))) {
+        gux_ep_free(ep);
+        goto out;
+    }
+    ep->user_owned = true;
+    if ((st = hs_start(ep))) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", gser_ucx_last_error());
+        gux_unlock(w);
+        gser_ucx_ep_destroy(ep);
+        return gux_fail(st, "%s", msg);
+    }
+    *ep_out = ep;
+out:
+    gux_unlock(w);
+    return st;
+}
+
+static bool ep_settled(void *arg)
+{
+    return ((gser_ucx_ep_t *)arg)->state != GUX_EP_CONNECTING;
+}
+
+gser_status_t gser_ucx_ep_connect(gser_ucx_worker_t *w, const char *host, uint16_t port, int timeout_ms,
+                                  gser_ucx_ep_t **ep_out)
+{
+    gser_ucx_ep_t *ep;
+    gser_status_t st = gser_ucx_ep_connect_nb(w, host, port, &ep);
+    if (st)
+        return st;
+    gux_lock(w);
+    st = gux_wait(w, ep_settled, ep, timeout_ms);
+    if (st)
+        gux_fail(st, "connect to %s:%u: no handshake within %d ms", host, port, timeout_ms);
+    else if (ep->state != GUX_EP_READY)
+        st = ep->error; /* the message was recorded when it failed */
+    gux_unlock(w);
+    if (st) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", gser_ucx_last_error());
+        gser_ucx_ep_destroy(ep);
+        return gux_fail(st, "%s", msg);
+    }
+    *ep_out = ep;
+    return GSER_OK;
+}
+
+gser_status_t gser_ucx_ep_status(const gser_ucx_ep_t *ep)
+{
+    if (!ep)
+        return GSER_ERR_INVALID_ARG;
+    switch (ep->state) {
+    case GUX_EP_CONNECTING:
+        return GSER_INPROGRESS;
+    case GUX_EP_READY:
+        return GSER_OK;
+    default:
+        return ep->error;
+    }
+}
+
+gser_status_t gser_ucx_ep_peer_info(const gser_ucx_ep_t *ep, gser_ucx_peer_info_t *info)
+{
+    if (!ep || !info)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_peer_info: bad argument");
+    if (!ep->hs_received)
+        return gux_fail(GSER_ERR_STATE, "gser_ucx_ep_peer_info: the handshake is not done");
+    *info = ep->peer;
+    return GSER_OK;
+}
+
+gser_ucx_worker_t *gser_ucx_ep_worker(const gser_ucx_ep_t *ep)
+{
+    return ep ? ep->worker : NULL;
+}
+
+/* ---- closing ----------------------------------------------------------------------------- */
+
+gser_status_t gser_ucx_ep_close(gser_ucx_ep_t *ep)
+{
+    if (!ep)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_close: ep is NULL");
+    gser_ucx_worker_t *w = ep->worker;
+    gux_lock(w);
+    gux_ep_shutdown(ep, GSER_ERR_CANCELED, true);
+    /* Sends complete once UCX hands their buffers back (bounded). */
+    gux_wait(w, ep_quiet, ep, GUX_CLOSE_TIMEOUT_MS);
+    gux_completions_run(w);
+    gux_unlock(w);
+    return GSER_OK;
+}
+
+static void flush_cb(void *req, ucs_status_t status, void *user_data)
+{
+    (void)req;
+    (void)status;
+    *(bool *)user_data = true;
+}
+
+static bool flag_set(void *arg)
+{
+    return *(bool *)arg;
+}
+
+void gser_ucx_ep_destroy(gser_ucx_ep_t *ep)
+{
+    if (!ep)
+        return;
+    gser_ucx_worker_t *w = ep->worker;
+    gux_lock(w);
+    if (ep->state == GUX_EP_READY && !ep_busy(ep) && ep->ucp) {
+        /* Nothing in flight: flush what was sent (UCX's flush waits for the
+         * peer's acknowledgement, bounded), then hang up. */
+        bool flushed = false;
+        ucp_request_param_t p = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+            .cb.send = flush_cb,
+            .user_data = &flushed,
+        };
+        ucs_status_ptr_t sp = ucp_ep_flush_nbx(ep->ucp, &p);
+        if (UCS_PTR_IS_PTR(sp)) {
+            gux_wait(w, flag_set, &flushed, GUX_CLOSE_TIMEOUT_MS);
+            ucp_request_free(sp); /* no callback after this, done or not */
+        }
+    }
+    gux_ep_shutdown(ep, GSER_ERR_CANCELED, true);
+    gux_wait(w, ep_quiet, ep, GUX_CLOSE_TIMEOUT_MS);
+    gux_completions_run(w);
+    ep->user_owned = false;
+    if (ep_quiet(ep)) {
+        gux_ep_free(ep);
+    } else {
+        ep->zombie = true; /* UCX still holds parts of it: freed when it lets go */
+        w->eps_dirty = true;
+    }
+    gux_unlock(w);
+}

@@ -1,0 +1,333 @@
+/* Private definitions of the UCX transport. Not installed.
+ *
+ * Threading: every public entry point takes the worker's lock (a recursive
+ * mutex, only in GSER_UCX_THREAD_MULTI). UCX callbacks only record what
+ * happened and queue work; the work itself (posting follow-up receives,
+ * failing endpoints, user callbacks) runs in gux_progress after UCX's own
+ * progress returns, so nothing is posted from inside a UCX callback. */
+#ifndef GSER_UCX_INTERNAL_H
+#define GSER_UCX_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <ucp/api/ucp.h>
+
+#include "error.h"
+#include "gser/device.h"
+#include "gser/ucx.h"
+#include "wire.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "gser supports little-endian hosts only"
+#endif
+
+#define GUX_INTERNAL __attribute__((visibility("hidden")))
+
+/* Defaults (documented in gser/ucx.h and gser/context.h). */
+#define GUX_DEFAULT_PEER_TIMEOUT_MS 10000u
+#define GUX_DEFAULT_INLINE_MAX 8192u
+#define GUX_DEFAULT_INLINE_BUDGET 65536u
+#define GUX_DEFAULT_CHUNK ((size_t)4 << 20)
+#define GUX_DEFAULT_DEPTH 4u
+#define GUX_DEFAULT_MAX_FRAMES ((size_t)1 << 20)
+#define GUX_DEFAULT_MAX_BYTES ((uint64_t)1 << 40)
+/* How long teardown waits for UCX to finish closing before giving up. */
+#define GUX_CLOSE_TIMEOUT_MS 2000
+/* Heads up to this size are built inside the request, without a malloc. */
+#define GUX_HEAD_INLINE 256
+/* Received frames start at this alignment (a cache line). */
+#define GUX_FRAME_ALIGN 64
+
+/* ---- intrusive lists ------------------------------------------------------- */
+
+typedef struct gux_list {
+    struct gux_list *prev, *next;
+} gux_list_t;
+
+static inline void gux_list_init(gux_list_t *l)
+{
+    l->prev = l->next = l;
+}
+static inline bool gux_list_empty(const gux_list_t *l)
+{
+    return l->next == l;
+}
+static inline bool gux_list_linked(const gux_list_t *n)
+{
+    return n->next != NULL && n->next != n;
+}
+static inline void gux_list_push(gux_list_t *l, gux_list_t *n)
+{
+    n->prev = l->prev;
+    n->next = l;
+    l->prev->next = n;
+    l->prev = n;
+}
+static inline void gux_list_del(gux_list_t *n)
+{
+    if (!gux_list_linked(n))
+        return;
+    n->prev->next = n->next;
+    n->next->prev = n->prev;
+    n->prev = n->next = n;
+}
+#define gux_container(ptr, type, member) ((type *)(void *)((char *)(ptr) - offsetof(type, member)))
+
+/* ---- status conversion: the one place ucs_status_t becomes gser_status_t ------ */
+
+GUX_INTERNAL gser_status_t gux_status(ucs_status_t st);
+/* Convert st; on an error also record "what: <UCX's message>". */
+GUX_INTERNAL gser_status_t gux_check(ucs_status_t st, const char *what);
+/* The UCX call wrapper: every ucp_* call that returns a status goes through it. */
+#define GUX_CALL(what, call) gux_check((call), (what))
+
+/* ---- objects ------------------------------------------------------------------- */
+
+struct gser_ucx_context {
+    ucp_context_h ucp;
+    uint32_t caps;
+    size_t ucp_request_size;
+};
+
+typedef struct gux_conn_req {
+    gser_ucx_listener_t *listener;
+    ucp_conn_request_h req;
+} gux_conn_req_t;
+
+typedef struct gux_staging gux_staging_t;
+
+struct gser_ucx_worker {
+    gser_ucx_context_t *ctx;
+    ucp_worker_h ucp;
+    bool mt;
+    pthread_mutex_t lock;
+    int efd;
+    bool blocking_sleep;
+
+    /* resolved options */
+    gser_context_t *gser_ctx;
+    bool have_device;
+    size_t max_frames;
+    uint64_t max_bytes;
+    size_t inline_max;
+    size_t inline_budget;
+    size_t chunk;
+    unsigned depth;
+    uint32_t announce_version;
+
+    gux_list_t eps;       /* every endpoint (gser_ucx_ep_t.wlink) */
+    gux_list_t listeners; /* gser_ucx_listener_t.wlink */
+    gux_list_t recvs;     /* receives waiting for a head, oldest first (req.wlink) */
+    gux_list_t ready;     /* requests whose UCX parts finished (req.rlink) */
+    gux_list_t done;      /* requests whose user callback is due (req.wlink) */
+    gux_list_t all;       /* every request not yet freed (req.alink) */
+    bool eps_dirty;       /* an endpoint has an error or handshake event to handle */
+
+    gux_conn_req_t *conn_reqs; /* connection requests from listeners, not yet handled */
+    size_t nconn_reqs, conn_reqs_cap;
+
+    /* connection ids: slot index + 1 in the low 20 bits, a generation above */
+    gser_ucx_ep_t **slots;
+    uint32_t *slot_gen;
+    size_t nslots;
+    size_t free_slot_hint;
+
+    unsigned events;      /* handled since the last progress call returned */
+    bool in_completions;  /* running user callbacks */
+    gux_staging_t *staging;
+};
+
+typedef enum gux_ep_state {
+    GUX_EP_CONNECTING = 0,
+    GUX_EP_READY = 1,
+    GUX_EP_FAILED = 2, /* by the peer, the network, a bad message or a version mismatch */
+    GUX_EP_CLOSED = 3, /* by this side */
+} gux_ep_state_t;
+
+struct gser_ucx_ep {
+    gser_ucx_worker_t *worker;
+    ucp_ep_h ucp; /* NULL once closed */
+    void *close_req; /* ucp_ep_close_nbx still running */
+    bool drain;      /* failed by the peer: messages that fully arrived are still delivered */
+    uint32_t local_id;
+    uint32_t peer_id;
+    gux_ep_state_t state;
+    gser_status_t error; /* why it failed or closed */
+    gser_ucx_peer_info_t peer;
+    uint32_t send_seq;
+    uint32_t recv_seq;
+    gux_list_t reqs;  /* requests in flight on it (req.elink) */
+    gux_list_t wlink; /* in worker->eps */
+
+    /* accepted by a listener, not yet handed to the caller */
+    gser_ucx_listener_t *listener;
+    gux_list_t alink;
+
+    /* handshake */
+    unsigned char hello_out[GUX_HELLO_LEN];
+    unsigned char hello_in[GUX_HELLO_LEN];
+    unsigned hs_pending; /* stream send/recv not completed by UCX yet */
+    bool hs_sent, hs_received;
+    ucs_status_t hs_status;
+    bool hs_reported; /* the listener reported this endpoint's outcome */
+
+    /* reported by UCX's error handler, handled in progress */
+    bool ucx_failed;
+    ucs_status_t ucx_error;
+    bool user_owned; /* handed to the caller (connect or accept) */
+    bool zombie;     /* destroyed by the caller while UCX still held parts of it */
+};
+
+struct gser_ucx_listener {
+    gser_ucx_worker_t *worker;
+    ucp_listener_h ucp;
+    uint16_t port;
+    gser_ucx_accept_cb cb;
+    void *user_data;
+    gux_list_t accepted; /* ready endpoints (ep.alink) */
+    gser_status_t *failures; /* handshake failures not yet reported */
+    size_t nfailures, failures_cap;
+    gux_list_t wlink;
+};
+
+typedef enum gux_req_kind { GUX_REQ_SEND = 0, GUX_REQ_RECV = 1 } gux_req_kind_t;
+
+typedef enum gux_recv_stage {
+    GUX_RECV_WAIT_HEAD = 0, /* in worker->recvs, probing */
+    GUX_RECV_HEAD = 1,      /* head matched, its data on the way */
+    GUX_RECV_FRAMES = 2,    /* frames on the way */
+    GUX_RECV_DISCARD = 3,   /* receiving the head of a message nobody wants */
+} gux_recv_stage_t;
+
+typedef struct gux_stage_op gux_stage_op_t;
+
+struct gser_ucx_request {
+    gux_req_kind_t kind;
+    gser_ucx_worker_t *worker;
+    gser_ucx_ep_t *ep;
+    gser_status_t status; /* GSER_INPROGRESS until the caller sees it complete */
+    gser_ucx_callback_t cb;
+    void *user_data;
+    bool user_holds; /* the caller has the handle and has not freed it */
+    bool in_cb;
+    bool cb_queued;
+    bool any; /* receive from any endpoint */
+    gux_recv_stage_t stage;
+
+    unsigned outstanding; /* UCX operations and staging copies not finished */
+    bool posting;         /* still issuing parts: completion waits for the end */
+    ucs_status_t first_error;
+    gser_status_t fail_status; /* set when the request must end in an error */
+
+    gux_list_t elink; /* in ep->reqs while in flight */
+    gux_list_t wlink; /* in worker->recvs or worker->done */
+    gux_list_t rlink; /* in worker->ready */
+    gux_list_t alink; /* in worker->all */
+
+    /* send */
+    const gser_frame_t *sframes; /* copy of the frames, when some are staged */
+    uint8_t *routes;
+    unsigned char *head;
+    size_t head_len;
+    uint32_t seq;
+
+    /* receive */
+    unsigned char *rhead; /* received head: frame 0 and inlined frames point into it */
+    size_t rhead_len;
+    gux_head_frame_t *table;
+    uint32_t chunk; /* staging chunk of the message */
+    gser_frame_t *frames;
+    size_t nframes;
+    void **ucx_reqs; /* frame receives, for canceling */
+    size_t nucx_reqs, ucx_reqs_cap;
+    bool taken; /* frames handed to the caller */
+
+    /* staging of device frames, one frame at a time, in frame order */
+    gux_stage_op_t *stage_op;
+    size_t stage_next; /* next frame index to look at */
+
+    unsigned char head_inline[GUX_HEAD_INLINE];
+};
+
+/* ---- worker internals (worker.c) ------------------------------------------------- */
+
+GUX_INTERNAL void gux_lock(gser_ucx_worker_t *w);
+GUX_INTERNAL void gux_unlock(gser_ucx_worker_t *w);
+/* One round: UCX progress, then the queued work. Lock held. */
+GUX_INTERNAL unsigned gux_progress(gser_ucx_worker_t *w);
+/* Progress until done(arg) or the timeout (-1: none). GSER_OK or GSER_ERR_TIMEOUT. Lock held. */
+GUX_INTERNAL gser_status_t gux_wait(gser_ucx_worker_t *w, bool (*done)(void *arg), void *arg, int timeout_ms);
+GUX_INTERNAL double gux_now_ms(void);
+
+/* ---- endpoints (endpoint.c) ----------------------------------------------------------- */
+
+GUX_INTERNAL gser_ucx_ep_t *gux_ep_lookup(gser_ucx_worker_t *w, uint32_t id);
+/* Handle errors and handshake events UCX reported. */
+GUX_INTERNAL void gux_eps_process(gser_ucx_worker_t *w);
+GUX_INTERNAL void gux_conn_reqs_process(gser_ucx_worker_t *w);
+/* Fail ep with st (a message is recorded); cancels what is in flight on it. */
+GUX_INTERNAL void gux_ep_fail(gser_ucx_ep_t *ep, gser_status_t st);
+/* Close ep from this side with st as its status; cancels what is in flight. */
+GUX_INTERNAL void gux_ep_shutdown(gser_ucx_ep_t *ep, gser_status_t st, bool force);
+GUX_INTERNAL void gux_ep_free(gser_ucx_ep_t *ep);
+
+/* ---- requests (request.c, send.c, recv.c) --------------------------------------------- */
+
+GUX_INTERNAL gser_ucx_request_t *gux_req_new(gser_ucx_worker_t *w, gux_req_kind_t kind, gser_ucx_ep_t *ep,
+                                             const gser_ucx_op_params_t *params, bool user_holds);
+/* The request is over for the caller: record st, queue its callback. */
+GUX_INTERNAL void gux_req_complete(gser_ucx_request_t *req, gser_status_t st);
+/* Free it if nobody (caller, UCX, callback queue) refers to it any more. */
+GUX_INTERNAL void gux_req_release_if_idle(gser_ucx_request_t *req);
+/* Track a UCX operation started for req: NULL (done at once), a request, or an error. */
+GUX_INTERNAL gser_status_t gux_req_track(gser_ucx_request_t *req, ucs_status_ptr_t sp, const char *what,
+                                         bool cancelable);
+/* A part of req finished (from a UCX callback or a staging step). */
+GUX_INTERNAL void gux_req_part_done(gser_ucx_request_t *req, ucs_status_t st);
+/* Run queued work of requests whose parts finished. */
+GUX_INTERNAL void gux_ready_process(gser_ucx_worker_t *w);
+/* Run due user callbacks. */
+GUX_INTERNAL void gux_completions_run(gser_ucx_worker_t *w);
+/* Abort req because its endpoint failed or closed: cancel its receives and
+ * complete it with st (a send completes once UCX gave its buffers back). */
+GUX_INTERNAL void gux_req_abort(gser_ucx_request_t *req, gser_status_t st);
+
+/* UCX callbacks shared by the operations. */
+GUX_INTERNAL void gux_send_cb(void *ucx_req, ucs_status_t st, void *user_data);
+GUX_INTERNAL void gux_recv_cb(void *ucx_req, ucs_status_t st, const ucp_tag_recv_info_t *info, void *user_data);
+
+/* recv.c */
+GUX_INTERNAL unsigned gux_recvs_match(gser_ucx_worker_t *w);
+GUX_INTERNAL void gux_recv_ready(gser_ucx_request_t *req);
+/* Release received frame memory not handed to the caller. */
+GUX_INTERNAL void gux_recv_release(gser_ucx_request_t *req);
+
+/* send.c */
+GUX_INTERNAL void gux_send_ready(gser_ucx_request_t *req);
+
+/* ---- device staging (staging.c) -------------------------------------------------------- */
+
+GUX_INTERNAL gser_status_t gux_staging_create(gser_ucx_worker_t *w);
+GUX_INTERNAL void gux_staging_destroy(gser_ucx_worker_t *w);
+/* Start or advance the staged frames of req (send or receive). GSER_OK when
+ * every staged frame is done, GSER_INPROGRESS while some are running. */
+GUX_INTERNAL gser_status_t gux_staging_advance(gser_ucx_request_t *req);
+/* Advance all staging in flight (copies finishing, buffers freed). */
+GUX_INTERNAL unsigned gux_staging_progress(gser_ucx_worker_t *w);
+/* Stop issuing chunks of req and take back its chunk receives; the staging
+ * part finishes once the copies in flight are done. */
+GUX_INTERNAL void gux_staging_abort(gser_ucx_request_t *req);
+/* Drop req's staging state (after completion or abort). */
+GUX_INTERNAL void gux_staging_release(gser_ucx_request_t *req);
+
+/* Device memory for a received frame, from the gser context's allocator. */
+GUX_INTERNAL gser_status_t gux_staging_device_frame(gser_ucx_worker_t *w, size_t size, int32_t device,
+                                                    gser_frame_t *out);
+/* Memory for received frames. */
+GUX_INTERNAL gser_status_t gux_frame_alloc(gser_ucx_worker_t *w, size_t size, gser_memory_t *memory, int32_t device,
+                                           gser_frame_t *out);
+
+#endif /* GSER_UCX_INTERNAL_H */

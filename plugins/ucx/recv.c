@@ -1,0 +1,507 @@
+/* Receiving a message: probe for the next head from an endpoint (or any),
+ * receive it, check it against the limits, allocate the frames per memory
+ * kind, and receive the frames that did not travel inline. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* ---- frame memory ------------------------------------------------------------------------ */
+
+static void host_release(void *data, void *arg)
+{
+    (void)arg;
+    free(data);
+}
+
+/* Frame 0 (the header) starts inside the head buffer, which it owns. */
+static void head_release(void *data, void *arg)
+{
+    (void)data;
+    free(arg);
+}
+
+static void *host_alloc(size_t size)
+{
+    void *p = NULL;
+    size_t rounded = (size + GUX_FRAME_ALIGN - 1) & ~(size_t)(GUX_FRAME_ALIGN - 1);
+    if (posix_memalign(&p, GUX_FRAME_ALIGN, rounded ? rounded : GUX_FRAME_ALIGN))
+        return NULL;
+    return p;
+}
+
+gser_status_t gux_frame_alloc(gser_ucx_worker_t *w, size_t size, gser_memory_t *memory, int32_t device,
+                              gser_frame_t *out)
+{
+    if (*memory == GSER_MEMORY_DEVICE && w->have_device)
+        return gux_staging_device_frame(w, size, device, out);
+    /* Host frames, and device frames on a worker without a device backend:
+     * the bytes arrive intact in host memory and the frame says so. */
+    void *p = host_alloc(size);
+    if (!p)
+        return gux_fail(GSER_ERR_NO_MEMORY, "receive: cannot allocate a %zu-byte frame", size);
+    *memory = GSER_MEMORY_HOST;
+    *out = (gser_frame_t){.data = p, .size = size, .memory = GSER_MEMORY_HOST, .release = host_release};
+    return GSER_OK;
+}
+
+void gux_recv_release(gser_ucx_request_t *r)
+{
+    if (r->frames) {
+        bool head_owned = r->frames[0].release != NULL;
+        if (!r->taken)
+            for (size_t i = 0; i < r->nframes; i++)
+                if (r->frames[i].release)
+                    r->frames[i].release((void *)r->frames[i].data, r->frames[i].release_arg);
+        if (head_owned)
+            r->rhead = NULL;
+        free(r->frames);
+        r->frames = NULL;
+    }
+    free(r->rhead);
+    r->rhead = NULL;
+    free(r->table);
+    r->table = NULL;
+}
+
+/* ---- posting ----------------------------------------------------------------------------- */
+
+static gser_status_t post_recv(gser_ucx_request_t *r)
+{
+    gser_ucx_worker_t *w = r->worker;
+    r->kind = GUX_REQ_RECV;
+    r->stage = GUX_RECV_WAIT_HEAD;
+    gux_list_push(&w->recvs, &r->wlink);
+    return GSER_OK;
+}
+
+gser_status_t gser_ucx_ep_recv_nb(gser_ucx_ep_t *ep, const gser_ucx_op_params_t *params, gser_ucx_request_t **req_out)
+{
+    if (!ep || (!req_out && !(params && params->cb)))
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_recv_nb: bad argument (a request or a callback is needed)");
+    gser_ucx_worker_t *w = ep->worker;
+    gser_status_t st = GSER_OK;
+    gux_lock(w);
+    gux_error_clear();
+    if (ep->state >= GUX_EP_FAILED && !ep->drain) {
+        st = gux_fail(ep->error, "receive: the endpoint is %s (%s)", ep->state == GUX_EP_CLOSED ? "closed" : "failed",
+                      gser_status_str(ep->error));
+        goto out;
+    }
+    gser_ucx_request_t *r = gux_req_new(w, GUX_REQ_RECV, ep, params, req_out != NULL);
+    if (!r) {
+        st = GSER_ERR_NO_MEMORY;
+        goto out;
+    }
+    post_recv(r);
+    if (req_out)
+        *req_out = r;
+out:
+    gux_unlock(w);
+    return st;
+}
+
+gser_status_t gser_ucx_worker_recv_nb(gser_ucx_worker_t *w, const gser_ucx_op_params_t *params,
+                                      gser_ucx_request_t **req_out)
+{
+    if (!w || (!req_out && !(params && params->cb)))
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_worker_recv_nb: bad argument (a request or a callback is needed)");
+    gser_status_t st = GSER_OK;
+    gux_lock(w);
+    gux_error_clear();
+    gser_ucx_request_t *r = gux_req_new(w, GUX_REQ_RECV, NULL, params, req_out != NULL);
+    if (!r) {
+        st = GSER_ERR_NO_MEMORY;
+        goto out;
+    }
+    r->any = true;
+    post_recv(r);
+    if (req_out)
+        *req_out = r;
+out:
+    gux_unlock(w);
+    return st;
+}
+
+/* ---- heads ------------------------------------------------------------------------------- */
+
+static void head_cb(void *ucx_req, ucs_status_t st, const ucp_tag_recv_info_t *info, void *user_data)
+{
+    (void)info;
+    ucp_request_free(ucx_req);
+    gux_req_part_done(user_data, st);
+}
+
+/* The message is bad: the request ends with st and the endpoint is closed. */
+static void reject(gser_ucx_request_t *r, gser_status_t st)
+{
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", gser_ucx_last_error());
+    gux_req_complete(r, st);
+    if (r->ep)
+        gux_ep_fail(r->ep, st);
+    gux_fail(st, "%s", msg);
+}
+
+/* Receive the head described by msg into a buffer of its size. */
+static void head_start(gser_ucx_request_t *r, ucp_tag_message_h msg, const ucp_tag_recv_info_t *info)
+{
+    gser_ucx_worker_t *w = r->worker;
+    ucp_tag_recv_info_t imm;
+    ucp_request_param_t p = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO |
+                        UCP_OP_ATTR_FIELD_MEMORY_TYPE,
+        .cb.recv = head_cb,
+        .user_data = r,
+        .memory_type = UCS_MEMORY_TYPE_HOST,
+        .recv_info.tag_info = &imm,
+    };
+    size_t len = info->length;
+    bool too_big = len > gux_head_max(w->max_frames, w->max_bytes);
+    if (too_big)
+        gux_fail(GSER_ERR_LIMIT_BYTES, "receive: a %zu-byte message head is over the limits", len);
+    else if (len < GUX_HEAD_FIXED)
+        gux_fail(GSER_ERR_TRUNCATED, "receive: a %zu-byte message head is shorter than its fixed part", len);
+    /* A head that is over the limits or too short is still taken off UCX's
+     * queue, into a small buffer (UCX truncates it, never moving the rest),
+     * before the endpoint is closed. */
+    bool bad = too_big || len < GUX_HEAD_FIXED;
+    size_t cap = bad ? GUX_HEAD_FIXED : len;
+    r->rhead = malloc(cap);
+    if (!r->rhead) {
+        gux_fail(GSER_ERR_NO_MEMORY, "receive: cannot allocate a %zu-byte head", len);
+        bad = true;
+        cap = 0;
+    }
+    r->rhead_len = len;
+    r->stage = GUX_RECV_HEAD;
+    r->outstanding++;
+    gser_status_t st = gux_req_track(r, ucp_tag_msg_recv_nbx(w->ucp, r->rhead, cap, msg, &p),
+                                     "receive: ucp_tag_msg_recv_nbx", false);
+    if (bad) {
+        r->fail_status = too_big ? GSER_ERR_LIMIT_BYTES : r->rhead ? GSER_ERR_TRUNCATED : GSER_ERR_NO_MEMORY;
+        reject(r, r->fail_status);
+    } else if (st) {
+        reject(r, st);
+    } else if (r->outstanding == 0) {
+        gux_recv_ready(r);
+    }
+}
+
+/* Drop a message nobody can receive (its endpoint is gone). */
+static void discard(gser_ucx_worker_t *w, ucp_tag_message_h msg, const ucp_tag_recv_info_t *info)
+{
+    gser_ucx_request_t *r = gux_req_new(w, GUX_REQ_RECV, NULL, NULL, false);
+    if (!r)
+        return; /* it stays in UCX's queue until the worker goes */
+    r->stage = GUX_RECV_DISCARD;
+    r->fail_status = GSER_ERR_CANCELED;
+    r->status = GSER_ERR_CANCELED; /* nobody waits for it */
+    ucp_request_param_t p = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .cb.recv = head_cb,
+        .user_data = r,
+    };
+    (void)info;
+    r->rhead = malloc(GUX_HEAD_FIXED); /* truncated on purpose: the bytes do not matter */
+    r->outstanding++;
+    gux_req_track(r, ucp_tag_msg_recv_nbx(w->ucp, r->rhead, r->rhead ? GUX_HEAD_FIXED : 0, msg, &p),
+                  "discard: ucp_tag_msg_recv_nbx", false);
+    gux_req_release_if_idle(r);
+}
+
+unsigned gux_recvs_match(gser_ucx_worker_t *w)
+{
+    unsigned n = 0;
+    gux_list_t *it = w->recvs.next;
+    while (it != &w->recvs) {
+        gser_ucx_request_t *r = gux_container(it, gser_ucx_request_t, wlink);
+        it = it->next;
+        ucp_tag_recv_info_t info;
+        ucp_tag_message_h msg;
+        if (r->any) {
+            msg = ucp_tag_probe_nb(w->ucp, gux_tag(0, GUX_KIND_HEAD, 0), GUX_TAG_MASK_KIND, 1, &info);
+            if (!msg)
+                continue;
+            gser_ucx_ep_t *ep = gux_ep_lookup(w, gux_tag_conn(info.sender_tag));
+            if (!ep || ep->state == GUX_EP_CLOSED || (ep->state == GUX_EP_FAILED && !ep->drain)) {
+                discard(w, msg, &info);
+                it = &r->wlink; /* probe again for the same receive */
+                continue;
+            }
+            r->ep = ep;
+            gux_list_push(&ep->reqs, &r->elink);
+        } else {
+            gser_ucx_ep_t *ep = r->ep;
+            msg = ucp_tag_probe_nb(w->ucp, gux_tag(ep->local_id, GUX_KIND_HEAD, 0), GUX_TAG_MASK_CONN_KIND, 1, &info);
+            if (!msg) {
+                if (ep->state >= GUX_EP_FAILED) {
+                    /* Everything the peer sent before it went is delivered. */
+                    gux_fail(ep->error, "receive: the endpoint %s (%s)",
+                             ep->state == GUX_EP_CLOSED ? "is closed" : "failed", gser_status_str(ep->error));
+                    gux_req_complete(r, ep->error);
+                    n++;
+                }
+                continue;
+            }
+        }
+        n++;
+        gux_list_del(&r->wlink);
+        head_start(r, msg, &info);
+        it = w->recvs.next; /* head_start may have completed others (a rejected endpoint) */
+    }
+    return n;
+}
+
+/* The head is in: check it, set up the frames, receive the large ones. */
+static void head_parse(gser_ucx_request_t *r)
+{
+    gser_ucx_worker_t *w = r->worker;
+    gser_ucx_ep_t *ep = r->ep;
+    gux_head_info_t info;
+    gser_status_t st = gux_head_parse_fixed(r->rhead, r->rhead_len, w->max_frames, &info);
+    if (st)
+        goto bad;
+    if (info.seq != (ep->recv_seq & GUX_SEQ_MASK)) {
+        st = gux_fail(GSER_ERR_FORMAT, "receive: message %u arrived where message %u was due", info.seq,
+                      ep->recv_seq & GUX_SEQ_MASK);
+        goto bad;
+    }
+    ep->recv_seq++;
+    r->seq = info.seq;
+    size_t n = info.nframes;
+    r->table = malloc(n * sizeof *r->table);
+    r->frames = calloc(n, sizeof *r->frames);
+    if (!r->table || !r->frames) {
+        st = gux_fail(GSER_ERR_NO_MEMORY, "receive: out of memory for a %zu-frame table", n);
+        goto bad;
+    }
+    r->nframes = n;
+    if ((st = gux_head_parse_table(r->rhead, r->rhead_len, w->max_bytes, &info, r->table)))
+        goto bad;
+    if (info.chunk && info.chunk > w->max_bytes) {
+        st = gux_fail(GSER_ERR_LIMIT_BYTES, "receive: a staging chunk of %u bytes is over the limits", info.chunk);
+        goto bad;
+    }
+
+    /* Frame 0 owns the head buffer; inlined frames point into it. */
+    for (size_t i = 0; i < n; i++) {
+        const gux_head_frame_t *t = &r->table[i];
+        if (t->route != GUX_ROUTE_INLINE)
+            continue;
+        r->frames[i] = (gser_frame_t){.data = r->rhead + t->offset, .size = (size_t)t->size,
+                                      .memory = GSER_MEMORY_HOST};
+    }
+    r->frames[0].release = head_release;
+    r->frames[0].release_arg = r->rhead;
+
+    r->stage = GUX_RECV_FRAMES;
+    r->posting = true;
+    uint64_t ftag = gux_tag(ep->local_id, GUX_KIND_FRAME, info.seq);
+    bool staged = false;
+    for (size_t i = 1; i < n && !st; i++) {
+        const gux_head_frame_t *t = &r->table[i];
+        if (t->route == GUX_ROUTE_INLINE)
+            continue;
+        gser_memory_t mem = (gser_memory_t)t->memory;
+        if ((st = gux_frame_alloc(w, (size_t)t->size, &mem, t->device, &r->frames[i])))
+            break;
+        if (t->route == GUX_ROUTE_STAGED) {
+            staged = true;
+            continue;
+        }
+        ucp_tag_recv_info_t imm;
+        ucp_request_param_t p = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO |
+                            UCP_OP_ATTR_FIELD_MEMORY_TYPE,
+            .cb.recv = gux_recv_cb,
+            .user_data = r,
+            .memory_type = mem == GSER_MEMORY_DEVICE ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST,
+            .recv_info.tag_info = &imm,
+        };
+        r->outstanding++;
+        st = gux_req_track(r,
+                           ucp_tag_recv_nbx(w->ucp, (void *)r->frames[i].data, r->frames[i].size, ftag,
+                                            GUX_TAG_MASK_ALL, &p),
+                           "receive: ucp_tag_recv_nbx", true);
+    }
+    if (!st && staged) {
+        r->chunk = info.chunk;
+        r->outstanding++; /* the staging part */
+        gux_staging_advance(r);
+    }
+    r->posting = false;
+    if (st) {
+        /* Frames of this message may be on the way: the stream is torn. */
+        reject(r, st);
+        return;
+    }
+    if (r->outstanding == 0)
+        gux_recv_ready(r);
+    return;
+bad:
+    reject(r, st);
+}
+
+void gux_recv_ready(gser_ucx_request_t *r)
+{
+    if (r->status != GSER_INPROGRESS) {
+        gux_req_release_if_idle(r);
+        return;
+    }
+    gser_ucx_ep_t *ep = r->ep;
+    if (r->fail_status || r->first_error != UCS_OK) {
+        gser_status_t st = r->fail_status;
+        if (!st)
+            st = ep && ep->state >= GUX_EP_FAILED ? ep->error : GUX_CALL("receive", r->first_error);
+        reject(r, st);
+        return;
+    }
+    if (r->stage == GUX_RECV_HEAD)
+        head_parse(r);
+    else
+        gux_req_complete(r, GSER_OK);
+}
+
+/* ---- handing frames over --------------------------------------------------------------------- */
+
+static gser_status_t check_taken(const gser_ucx_request_t *r, const char *what)
+{
+    if (r->kind != GUX_REQ_RECV)
+        return gux_fail(GSER_ERR_INVALID_ARG, "%s: not a receive", what);
+    if (r->status != GSER_OK)
+        return gux_fail(r->status == GSER_INPROGRESS ? GSER_ERR_STATE : r->status, "%s: the receive %s", what,
+                        r->status == GSER_INPROGRESS ? "is still running" : "failed");
+    if (r->taken || !r->frames)
+        return gux_fail(GSER_ERR_STATE, "%s: the frames were taken already", what);
+    return GSER_OK;
+}
+
+gser_status_t gser_ucx_request_take(gser_ucx_request_t *r, gser_ucx_recv_t *out)
+{
+    if (!r || !out)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_request_take: bad argument");
+    gser_status_t st = check_taken(r, "gser_ucx_request_take");
+    if (st)
+        return st;
+    out->frames = r->frames;
+    out->nframes = r->nframes;
+    out->ep = r->ep;
+    r->frames = NULL;
+    r->rhead = NULL;
+    r->taken = true;
+    return GSER_OK;
+}
+
+void gser_ucx_recv_finish(gser_ucx_recv_t *recv, bool handed_over)
+{
+    if (!recv)
+        return;
+    if (!handed_over && recv->frames)
+        for (size_t i = 0; i < recv->nframes; i++)
+            if (recv->frames[i].release)
+                recv->frames[i].release((void *)recv->frames[i].data, recv->frames[i].release_arg);
+    free(recv->frames);
+    recv->frames = NULL;
+    recv->nframes = 0;
+    recv->ep = NULL;
+}
+
+/* Statuses that say the bytes themselves are bad. */
+static bool malformed(gser_status_t st)
+{
+    switch (st) {
+    case GSER_ERR_BAD_MAGIC:
+    case GSER_ERR_WIRE_VERSION:
+    case GSER_ERR_FORMAT:
+    case GSER_ERR_TRUNCATED:
+    case GSER_ERR_FRAME:
+    case GSER_ERR_LIMIT_DEPTH:
+    case GSER_ERR_LIMIT_NODES:
+    case GSER_ERR_LIMIT_FRAMES:
+    case GSER_ERR_LIMIT_BYTES:
+        return true;
+    default:
+        return false;
+    }
+}
+
+gser_status_t gser_ucx_request_deserialize(gser_ucx_request_t *r, gser_context_t *ctx,
+                                           const gser_deserialize_options_t *opts, gser_msg_t **msg_out)
+{
+    if (!r || !ctx || !msg_out)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_request_deserialize: bad argument");
+    gser_status_t st = check_taken(r, "gser_ucx_request_deserialize");
+    if (st)
+        return st;
+    gser_msg_t *msg;
+    st = gser_deserialize(ctx, r->frames, r->nframes, opts, &msg);
+    if (st) {
+        gux_fail(st, "deserialize: %s", gser_context_last_error(ctx));
+        gser_ucx_worker_t *w = r->worker;
+        if (malformed(st) && w && r->ep) {
+            gux_lock(w);
+            gux_ep_fail(r->ep, st);
+            gux_unlock(w);
+            gux_fail(st, "deserialize: %s (the endpoint was closed)", gser_context_last_error(ctx));
+        }
+        return st;
+    }
+    /* The message owns the frame memory now; the frame array was copied. */
+    r->taken = true;
+    r->rhead = NULL;
+    *msg_out = msg;
+    return GSER_OK;
+}
+
+/* ---- blocking receives -------------------------------------------------------------------- */
+
+static gser_status_t recv_finish(gser_ucx_request_t *r, int timeout_ms, gser_context_t *ctx,
+                                 const gser_deserialize_options_t *opts, gser_msg_t **msg_out, gser_ucx_ep_t **ep_out)
+{
+    gser_status_t st = gser_ucx_request_wait(r, timeout_ms);
+    if (st == GSER_ERR_TIMEOUT) {
+        /* Not started: canceled cleanly. Halfway: the endpoint is closed. */
+        bool started = r->stage != GUX_RECV_WAIT_HEAD;
+        gser_ucx_request_free(r);
+        return gux_fail(GSER_ERR_TIMEOUT, "receive: no message within %d ms%s", timeout_ms,
+                        started ? " (it had started: the endpoint was closed)" : "");
+    }
+    if (st == GSER_OK) {
+        gser_ucx_ep_t *ep = r->ep;
+        gser_msg_t *m;
+        st = gser_ucx_request_deserialize(r, ctx, opts, &m);
+        if (st == GSER_OK) {
+            *msg_out = m;
+            if (ep_out)
+                *ep_out = ep;
+        }
+    }
+    gser_ucx_request_free(r);
+    return st;
+}
+
+gser_status_t gser_ucx_ep_recv_msg(gser_ucx_ep_t *ep, gser_context_t *ctx, const gser_deserialize_options_t *opts,
+                                   int timeout_ms, gser_msg_t **msg_out)
+{
+    if (!ep || !ctx || !msg_out)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_recv_msg: bad argument");
+    gser_ucx_request_t *r;
+    gser_status_t st = gser_ucx_ep_recv_nb(ep, NULL, &r);
+    if (st)
+        return st;
+    return recv_finish(r, timeout_ms, ctx, opts, msg_out, NULL);
+}
+
+gser_status_t gser_ucx_worker_recv_msg(gser_ucx_worker_t *w, gser_context_t *ctx,
+                                       const gser_deserialize_options_t *opts, int timeout_ms, gser_msg_t **msg_out,
+                                       gser_ucx_ep_t **ep_out)
+{
+    if (!w || !ctx || !msg_out)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_worker_recv_msg: bad argument");
+    gser_ucx_request_t *r;
+    gser_status_t st = gser_ucx_worker_recv_nb(w, NULL, &r);
+    if (st)
+        return st;
+    return recv_finish(r, timeout_ms, ctx, opts, msg_out, ep_out);
+}

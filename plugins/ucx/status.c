@@ -1,0 +1,74 @@
+/* Where UCX statuses become gser statuses, and the per-thread detailed
+ * error message. */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "internal.h"
+
+static _Thread_local char last_error[512];
+
+const char *gser_ucx_last_error(void)
+{
+    return last_error;
+}
+
+void gux_error_clear(void)
+{
+    last_error[0] = '\0';
+}
+
+gser_status_t gux_fail(gser_status_t st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+gser_status_t gux_status(ucs_status_t st)
+{
+    switch (st) {
+    case UCS_OK:
+        return GSER_OK;
+    case UCS_INPROGRESS:
+        return GSER_INPROGRESS;
+    case UCS_ERR_NO_MEMORY:
+    case UCS_ERR_EXCEEDS_LIMIT:
+        return GSER_ERR_NO_MEMORY;
+    case UCS_ERR_INVALID_PARAM:
+    case UCS_ERR_INVALID_ADDR:
+        return GSER_ERR_INVALID_ARG;
+    case UCS_ERR_CANCELED:
+        return GSER_ERR_CANCELED;
+    case UCS_ERR_TIMED_OUT:
+        return GSER_ERR_TIMEOUT;
+    case UCS_ERR_MESSAGE_TRUNCATED:
+        return GSER_ERR_FRAME;
+    case UCS_ERR_UNSUPPORTED:
+    case UCS_ERR_NO_ELEM:
+    case UCS_ERR_NO_DEVICE:
+    case UCS_ERR_NO_RESOURCE:
+        return GSER_ERR_UNSUPPORTED;
+    case UCS_ERR_BUSY:
+    case UCS_ERR_ALREADY_EXISTS:
+        return GSER_ERR_EXISTS;
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_NOT_CONNECTED:
+    case UCS_ERR_REJECTED:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+    case UCS_ERR_SOME_CONNECTS_FAILED:
+        return GSER_ERR_CONNECTION;
+    default:
+        return GSER_ERR_IO;
+    }
+}
+
+gser_status_t gux_check(ucs_status_t st, const char *what)
+{
+    gser_status_t g = gux_status(st);
+    if (g < 0)
+        gux_fail(g, "%s: %s", what, ucs_status_string(st));
+    return g;
+}

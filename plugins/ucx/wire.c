@@ -1,0 +1,199 @@
+/* Encoding and checking of the handshake record and the message head
+ * (layout in wire.h and docs/ucx.md). Every field is little-endian and read
+ * byte by byte, so the head may sit at any address. */
+#include <string.h>
+
+#include "error.h"
+#include "wire.h"
+
+static const unsigned char hello_magic[8] = {0x89, 'G', 'S', 'E', 'R', 'U', 'C', 'X'};
+static const unsigned char head_magic[4] = {'G', 'S', 'X', 'M'};
+
+static void put_le(unsigned char *p, uint64_t v, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint64_t get_le(const unsigned char *p, unsigned n)
+{
+    uint64_t v = 0;
+    for (unsigned i = n; i-- > 0;)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static size_t align_up(size_t n)
+{
+    return (n + GUX_HEAD_ALIGN - 1) & ~(size_t)(GUX_HEAD_ALIGN - 1);
+}
+
+void gux_hello_encode(const gux_hello_t *h, unsigned char out[GUX_HELLO_LEN])
+{
+    memset(out, 0, GUX_HELLO_LEN);
+    memcpy(out, hello_magic, sizeof hello_magic);
+    put_le(out + 8, h->wire_version, 4);
+    put_le(out + 12, h->gser_wire_version, 4);
+    put_le(out + 16, h->caps, 4);
+    put_le(out + 20, h->conn_id, 4);
+}
+
+gser_status_t gux_hello_decode(const unsigned char in[GUX_HELLO_LEN], gux_hello_t *out)
+{
+    if (memcmp(in, hello_magic, sizeof hello_magic) != 0)
+        return gux_fail(GSER_ERR_BAD_MAGIC, "handshake: the peer is not a gser UCX endpoint (bad magic)");
+    gux_hello_t h = {
+        .wire_version = (uint32_t)get_le(in + 8, 4),
+        .gser_wire_version = (uint32_t)get_le(in + 12, 4),
+        .caps = (uint32_t)get_le(in + 16, 4),
+        .conn_id = (uint32_t)get_le(in + 20, 4),
+    };
+    *out = h;
+    return GSER_OK;
+}
+
+/* Zero-byte frames always travel inline: they need no send of their own. */
+static uint8_t route_of(const gser_frame_t *f, size_t i, const gux_route_policy_t *pol, size_t *budget)
+{
+    if (i == 0 || f->size == 0)
+        return GUX_ROUTE_INLINE;
+    if (f->memory == GSER_MEMORY_DEVICE)
+        return pol->device_direct ? GUX_ROUTE_TAG : GUX_ROUTE_STAGED;
+    if (f->size <= pol->inline_max && f->size <= *budget) {
+        *budget -= f->size;
+        return GUX_ROUTE_INLINE;
+    }
+    return GUX_ROUTE_TAG;
+}
+
+gser_status_t gux_head_plan(const gser_frame_t *frames, size_t nframes, const gux_route_policy_t *pol,
+                            uint8_t *routes, size_t *head_len)
+{
+    if (nframes == 0 || frames[0].memory != GSER_MEMORY_HOST)
+        return gux_fail(GSER_ERR_INVALID_ARG, "send: frame 0 must be the header, in host memory");
+    if (nframes > UINT32_MAX)
+        return gux_fail(GSER_ERR_LIMIT_FRAMES, "send: %zu frames do not fit the frame table", nframes);
+    size_t budget = pol->inline_budget;
+    size_t len = GUX_HEAD_FIXED + GUX_HEAD_ENTRY * nframes;
+    for (size_t i = 0; i < nframes; i++) {
+        const gser_frame_t *f = &frames[i];
+        if (f->size && !f->data)
+            return gux_fail(GSER_ERR_INVALID_ARG, "send: frame %zu has %zu bytes but no data", i, f->size);
+        if (f->memory != GSER_MEMORY_HOST && f->memory != GSER_MEMORY_DEVICE)
+            return gux_fail(GSER_ERR_INVALID_ARG, "send: frame %zu has unknown memory kind %d", i, (int)f->memory);
+        routes[i] = route_of(f, i, pol, &budget);
+        if (routes[i] == GUX_ROUTE_INLINE) {
+            if (f->size > SIZE_MAX / 2 - len)
+                return gux_fail(GSER_ERR_INVALID_ARG, "send: frame %zu is too large", i);
+            len = align_up(len) + f->size;
+        }
+    }
+    *head_len = len;
+    return GSER_OK;
+}
+
+void gux_head_write(const gser_frame_t *frames, size_t nframes, const uint8_t *routes, uint32_t seq, uint32_t chunk,
+                    unsigned char *out, size_t head_len)
+{
+    memcpy(out, head_magic, 4);
+    put_le(out + 4, GSER_UCX_WIRE_VERSION, 2);
+    put_le(out + 6, 0, 2);
+    put_le(out + 8, nframes, 4);
+    put_le(out + 12, seq, 4);
+    put_le(out + 16, chunk, 4);
+    put_le(out + 20, 0, 4);
+    size_t off = GUX_HEAD_FIXED + GUX_HEAD_ENTRY * nframes;
+    for (size_t i = 0; i < nframes; i++) {
+        unsigned char *e = out + GUX_HEAD_FIXED + GUX_HEAD_ENTRY * i;
+        put_le(e, frames[i].size, 8);
+        e[8] = (unsigned char)frames[i].memory;
+        e[9] = routes[i];
+        put_le(e + 10, 0, 2);
+        put_le(e + 12, (uint32_t)frames[i].device, 4);
+        if (routes[i] == GUX_ROUTE_INLINE) {
+            size_t at = align_up(off);
+            memset(out + off, 0, at - off);
+            if (frames[i].size)
+                memcpy(out + at, frames[i].data, frames[i].size);
+            off = at + frames[i].size;
+        }
+    }
+    (void)head_len; /* == off, by gux_head_plan */
+}
+
+gser_status_t gux_head_parse_fixed(const unsigned char *head, size_t len, size_t max_frames, gux_head_info_t *info)
+{
+    if (len < GUX_HEAD_FIXED)
+        return gux_fail(GSER_ERR_TRUNCATED, "message head of %zu bytes is shorter than its fixed part", len);
+    if (memcmp(head, head_magic, 4) != 0)
+        return gux_fail(GSER_ERR_BAD_MAGIC, "message head has no \"GSXM\" magic");
+    uint64_t version = get_le(head + 4, 2);
+    if (version != GSER_UCX_WIRE_VERSION)
+        return gux_fail(GSER_ERR_WIRE_VERSION, "message head is transport wire version %llu, this build speaks %d",
+                        (unsigned long long)version, GSER_UCX_WIRE_VERSION);
+    if (get_le(head + 6, 2) != 0 || get_le(head + 20, 4) != 0)
+        return gux_fail(GSER_ERR_FORMAT, "message head has unknown flags or a nonzero reserved field");
+    uint64_t n = get_le(head + 8, 4);
+    if (n == 0)
+        return gux_fail(GSER_ERR_FORMAT, "message head lists no frames (frame 0 is the header)");
+    if (n - 1 > max_frames)
+        return gux_fail(GSER_ERR_LIMIT_FRAMES, "message has %llu data frames, the limit is %zu",
+                        (unsigned long long)(n - 1), max_frames);
+    if (n > (len - GUX_HEAD_FIXED) / GUX_HEAD_ENTRY)
+        return gux_fail(GSER_ERR_TRUNCATED, "message head of %zu bytes cannot hold a table of %llu frames", len,
+                        (unsigned long long)n);
+    gux_head_info_t in = {.nframes = (uint32_t)n,
+                          .seq = (uint32_t)get_le(head + 12, 4),
+                          .chunk = (uint32_t)get_le(head + 16, 4)};
+    *info = in;
+    return GSER_OK;
+}
+
+gser_status_t gux_head_parse_table(const unsigned char *head, size_t len, uint64_t max_bytes, gux_head_info_t *info,
+                                   gux_head_frame_t *out)
+{
+    size_t n = info->nframes;
+    size_t off = GUX_HEAD_FIXED + GUX_HEAD_ENTRY * n; /* fits: checked by gux_head_parse_fixed */
+    uint64_t total = 0;
+    bool staged = false;
+    for (size_t i = 0; i < n; i++) {
+        const unsigned char *e = head + GUX_HEAD_FIXED + GUX_HEAD_ENTRY * i;
+        gux_head_frame_t f = {.size = get_le(e, 8), .memory = e[8], .route = e[9],
+                              .device = (int32_t)(uint32_t)get_le(e + 12, 4)};
+        if (f.memory > GSER_MEMORY_DEVICE || f.route > GUX_ROUTE_STAGED || get_le(e + 10, 2) != 0)
+            return gux_fail(GSER_ERR_FORMAT, "frame table entry %zu has memory %u, route %u or reserved bits", i,
+                            f.memory, f.route);
+        if (i == 0 && (f.memory != GSER_MEMORY_HOST || f.route != GUX_ROUTE_INLINE))
+            return gux_fail(GSER_ERR_FORMAT, "frame 0 (the header) must be inline host memory");
+        if (f.size > max_bytes - total)
+            return gux_fail(GSER_ERR_LIMIT_BYTES, "message frames hold more than the limit of %llu bytes",
+                            (unsigned long long)max_bytes);
+        total += f.size;
+        if (f.route == GUX_ROUTE_INLINE) {
+            size_t at = align_up(off);
+            if (at > len || f.size > len - at)
+                return gux_fail(GSER_ERR_TRUNCATED, "inlined frame %zu (%llu bytes) runs past the %zu-byte head", i,
+                                (unsigned long long)f.size, len);
+            f.offset = at;
+            off = at + (size_t)f.size;
+        } else if (f.size == 0) {
+            return gux_fail(GSER_ERR_FORMAT, "frame %zu is empty but not inline", i);
+        }
+        if (f.route == GUX_ROUTE_STAGED)
+            staged = true;
+        out[i] = f;
+    }
+    if (off != len)
+        return gux_fail(GSER_ERR_FORMAT, "message head has %zu bytes, its frames end at %zu", len, off);
+    if (staged && info->chunk == 0)
+        return gux_fail(GSER_ERR_FORMAT, "message has staged frames but a staging chunk of 0 bytes");
+    info->total_bytes = total;
+    return GSER_OK;
+}
+
+uint64_t gux_head_max(size_t max_frames, uint64_t max_bytes)
+{
+    uint64_t n = (uint64_t)max_frames + 1;
+    uint64_t fixed = GUX_HEAD_FIXED + (GUX_HEAD_ENTRY + GUX_HEAD_ALIGN) * n;
+    return max_bytes > UINT64_MAX - fixed ? UINT64_MAX : max_bytes + fixed;
+}

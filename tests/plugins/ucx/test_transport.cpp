@@ -1,0 +1,764 @@
+// The UCX transport in one process: two workers, connected over 127.0.0.1
+// with whatever transports UCX_TLS allows (ctest runs this suite over tcp
+// and over shared memory).
+#include <poll.h>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <numeric>
+
+#include "ucx_common.hpp"
+
+namespace {
+
+class Transport : public ::testing::Test {
+  protected:
+    void SetUp() override
+    {
+        ctx_ = make_ctx();
+        pair_.open();
+    }
+    void TearDown() override { pair_.close(); }
+
+    gser_context_t *ctx() { return ctx_.get(); }
+
+    // Send msg from the client and receive it on the server.
+    MsgPtr round_trip(const gser_msg_t *msg)
+    {
+        auto frames = serialize(ctx(), const_cast<gser_msg_t *>(msg));
+        gser_ucx_request_t *sr = nullptr, *rr = nullptr;
+        EXPECT_EQ(gser_ucx_ep_send_nb(pair_.cep.get(), gser_frames_array(frames.get()),
+                                      gser_frames_count(frames.get()), nullptr, &sr),
+                  GSER_OK)
+            << gser_ucx_last_error();
+        EXPECT_EQ(gser_ucx_ep_recv_nb(pair_.sep.get(), nullptr, &rr), GSER_OK) << gser_ucx_last_error();
+        ReqPtr s(sr), r(rr);
+        EXPECT_EQ(drive({pair_.client.get(), pair_.server.get()}, sr), GSER_OK) << gser_ucx_last_error();
+        EXPECT_EQ(drive({pair_.client.get(), pair_.server.get()}, rr), GSER_OK) << gser_ucx_last_error();
+        gser_msg_t *m = nullptr;
+        EXPECT_EQ(gser_ucx_request_deserialize(rr, ctx(), nullptr, &m), GSER_OK) << gser_ucx_last_error();
+        return MsgPtr(m);
+    }
+
+    CtxPtr ctx_;
+    Pair pair_;
+};
+
+TEST_F(Transport, HandshakeReportsVersionsAndCaps)
+{
+    gser_ucx_peer_info_t pi{};
+    UCX_OK(gser_ucx_ep_peer_info(pair_.cep.get(), &pi));
+    EXPECT_EQ(pi.wire_version, (uint32_t)GSER_UCX_WIRE_VERSION);
+    EXPECT_EQ(pi.gser_wire_version, (uint32_t)GSER_WIRE_VERSION);
+    EXPECT_EQ(pi.caps, gser_ucx_context_caps(pair_.ctx.get()));
+    UCX_OK(gser_ucx_ep_peer_info(pair_.sep.get(), &pi));
+    EXPECT_EQ(pi.wire_version, (uint32_t)GSER_UCX_WIRE_VERSION);
+    EXPECT_EQ(gser_ucx_ep_worker(pair_.cep.get()), pair_.client.get());
+}
+
+TEST_F(Transport, EmptyMessage)
+{
+    auto m = std::make_unique<TestMsg>(ctx(), std::vector<size_t>{});
+    MsgPtr nil_msg;
+    {
+        gser_msg_t *raw = nullptr;
+        ASSERT_EQ(gser_msg_create(ctx(), &raw), GSER_OK);
+        nil_msg.reset(raw);
+    }
+    auto got = round_trip(nil_msg.get());
+    ASSERT_TRUE(got);
+    EXPECT_EQ(gser_value_kind(gser_msg_root(got.get())), GSER_KIND_NIL);
+    got = round_trip(m->msg.get());
+    ASSERT_TRUE(got);
+    EXPECT_TRUE(same_msg(got.get(), {}, 1));
+}
+
+TEST_F(Transport, FrameSizes)
+{
+    // Inline (in the header or in the head send), tag sends around the
+    // inline limit, and rendezvous sizes.
+    std::vector<size_t> sizes = {0, 1, 255, 256, 4095, 8192, 8193, 65536, 65537, (size_t)1 << 20, 3000001};
+    TestMsg m(ctx(), sizes, 7);
+    auto got = round_trip(m.msg.get());
+    ASSERT_TRUE(got);
+    EXPECT_TRUE(same_msg(got.get(), sizes, 7));
+}
+
+// Frames straight through the transport, without gser content checks:
+// zero-byte frames, one byte, and what arrives is what was sent.
+TEST_F(Transport, RawFramesZeroAndOneByte)
+{
+    unsigned char hdr[3] = {1, 2, 3}, one = 0xab;
+    std::vector<unsigned char> big(100000, 0x5a);
+    gser_frame_t f[5] = {};
+    f[0].data = hdr, f[0].size = sizeof hdr;
+    f[1].data = nullptr, f[1].size = 0;
+    f[2].data = &one, f[2].size = 1;
+    f[3].data = big.data(), f[3].size = big.size();
+    f[4].data = hdr, f[4].size = 0;
+    gser_ucx_request_t *sr, *rr;
+    UCX_OK(gser_ucx_ep_send_nb(pair_.cep.get(), f, 5, nullptr, &sr));
+    UCX_OK(gser_ucx_ep_recv_nb(pair_.sep.get(), nullptr, &rr));
+    ReqPtr s(sr), r(rr);
+    UCX_OK(drive({pair_.client.get(), pair_.server.get()}, sr));
+    UCX_OK(drive({pair_.client.get(), pair_.server.get()}, rr));
+    EXPECT_EQ(gser_ucx_request_ep(rr), pair_.sep.get());
+    gser_ucx_recv_t got{};
+    UCX_OK(gser_ucx_request_take(rr, &got));
+    ASSERT_EQ(got.nframes, 5u);
+    EXPECT_EQ(got.ep, pair_.sep.get());
+    EXPECT_EQ(got.frames[0].size, 3u);
+    EXPECT_EQ(std::memcmp(got.frames[0].data, hdr, 3), 0);
+    EXPECT_EQ(got.frames[1].size, 0u);
+    EXPECT_NE(got.frames[1].data, nullptr); // a zero-byte frame still points somewhere
+    ASSERT_EQ(got.frames[2].size, 1u);
+    EXPECT_EQ(*(const unsigned char *)got.frames[2].data, 0xab);
+    ASSERT_EQ(got.frames[3].size, big.size());
+    EXPECT_EQ(std::memcmp(got.frames[3].data, big.data(), big.size()), 0);
+    EXPECT_EQ((uintptr_t)got.frames[3].data % 64, 0u);
+    EXPECT_EQ(got.frames[4].size, 0u);
+    for (size_t i = 0; i < 5; i++)
+        EXPECT_EQ(got.frames[i].memory, GSER_MEMORY_HOST);
+    // A second take fails: the frames are the caller's now.
+    gser_ucx_recv_t again{};
+    EXPECT_EQ(gser_ucx_request_take(rr, &again), GSER_ERR_STATE);
+    gser_ucx_recv_finish(&got, false);
+    EXPECT_EQ(got.frames, nullptr);
+}
+
+TEST_F(Transport, Frame256MiB)
+{
+    const size_t n = (size_t)256 << 20;
+    std::unique_ptr<unsigned char[]> big(new unsigned char[n]);
+    for (size_t i = 0; i < n; i += 4096)
+        big[i] = (unsigned char)(i >> 12);
+    big[n - 1] = 0x77;
+    unsigned char hdr[8] = {'h'};
+    gser_frame_t f[2] = {};
+    f[0].data = hdr, f[0].size = sizeof hdr;
+    f[1].data = big.get(), f[1].size = n;
+    gser_ucx_request_t *sr, *rr;
+    UCX_OK(gser_ucx_ep_send_nb(pair_.cep.get(), f, 2, nullptr, &sr));
+    UCX_OK(gser_ucx_ep_recv_nb(pair_.sep.get(), nullptr, &rr));
+    ReqPtr s(sr), r(rr);
+    UCX_OK(drive({pair_.client.get(), pair_.server.get()}, rr, 60000));
+    UCX_OK(drive({pair_.client.get(), pair_.server.get()}, sr));
+    gser_ucx_recv_t got{};
+    UCX_OK(gser_ucx_request_take(rr, &got));
+    ASSERT_EQ(got.nframes, 2u);
+    ASSERT_EQ(got.frames[1].size, n);
+    EXPECT_EQ(std::memcmp(got.frames[1].data, big.get(), n), 0);
+    gser_ucx_recv_finish(&got, false);
+}
+
+// 100,000 small messages in order, with a window of sends in flight; the
+// receiver checks each one's sequence number.
+TEST_F(Transport, HundredThousandSmallMessages)
+{
+    const int total = 100000, window = 128;
+    int sent = 0, received = 0, send_done = 0;
+    std::vector<FramesPtr> live(window);
+    std::vector<gser_ucx_request_t *> sends(window, nullptr);
+    gser_ucx_request_t *recv = nullptr;
+    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    bool ok = true;
+    while (ok && received < total && std::chrono::steady_clock::now() < end) {
+        // Reap completed sends, start new ones while the window allows.
+        for (int k = 0; k < window && sent < total; k++) {
+            if (sends[k] && gser_ucx_request_test(sends[k]) == GSER_INPROGRESS)
+                continue;
+            if (sends[k]) {
+                ASSERT_EQ(gser_ucx_request_test(sends[k]), GSER_OK) << gser_ucx_last_error();
+                gser_ucx_request_free(sends[k]);
+                sends[k] = nullptr;
+                send_done++;
+            }
+            gser_msg_t *m;
+            gser_value_t *root, *v;
+            ASSERT_EQ(gser_msg_create(ctx(), &m), GSER_OK);
+            MsgPtr mp(m);
+            ASSERT_EQ(gser_msg_new_map(m, &root), GSER_OK);
+            ASSERT_EQ(gser_msg_new_int(m, sent, &v), GSER_OK);
+            ASSERT_EQ(gser_map_put_cstr(root, "i", v), GSER_OK);
+            ASSERT_EQ(gser_msg_set_root(m, root), GSER_OK);
+            gser_frames_t *fr;
+            ASSERT_EQ(gser_serialize(ctx(), m, nullptr, &fr), GSER_OK);
+            live[k].reset(fr); // the header frame lives until the send completes
+            UCX_OK(gser_ucx_ep_send_nb(pair_.cep.get(), gser_frames_array(fr), gser_frames_count(fr), nullptr,
+                                       &sends[k]));
+            sent++;
+        }
+        gser_ucx_worker_progress(pair_.client.get());
+        gser_ucx_worker_progress(pair_.server.get());
+        if (!recv)
+            UCX_OK(gser_ucx_ep_recv_nb(pair_.sep.get(), nullptr, &recv));
+        while (recv && gser_ucx_request_test(recv) != GSER_INPROGRESS) {
+            gser_msg_t *m = nullptr;
+            UCX_OK(gser_ucx_request_deserialize(recv, ctx(), nullptr, &m));
+            MsgPtr mp(m);
+            gser_value_t *v;
+            int64_t i = -1;
+            ASSERT_EQ(gser_map_find_cstr(gser_msg_root(m), "i", &v), GSER_OK);
+            ASSERT_EQ(gser_value_get_int(v, &i), GSER_OK);
+            if (i != received) {
+                ADD_FAILURE() << "message " << i << " arrived where " << received << " was due";
+                ok = false;
+            }
+            received++;
+            gser_ucx_request_free(recv);
+            recv = nullptr;
+            if (received < total) {
+                UCX_OK(gser_ucx_ep_recv_nb(pair_.sep.get(), nullptr, &recv));
+                gser_ucx_worker_progress(pair_.server.get());
+            }
+        }
+    }
+    EXPECT_EQ(received, total);
+    for (auto *s : sends) {
+        if (s) {
+            EXPECT_EQ(drive({pair_.client.get(), pair_.server.get()}, s), GSER_OK);
+            gser_ucx_request_free(s);
+        }
+    }
+    gser_ucx_request_free(recv);
+}
+
+// Several endpoints from one client worker, sends interleaved across them;
+// each endpoint's messages arrive in order, whether received per endpoint
+// or from any endpoint.
+TEST_F(Transport, InterleavedEndpoints)
+{
+    const int neps = 4, per_ep = 50;
+    std::vector<EpPtr> ceps(neps), seps(neps);
+    for (int e = 0; e < neps; e++)
+        ASSERT_NO_FATAL_FAILURE(pair_.connect(&ceps[e], &seps[e]));
+    std::vector<std::unique_ptr<TestMsg>> msgs;
+    std::vector<FramesPtr> frames;
+    std::vector<ReqPtr> sends;
+    for (int k = 0; k < per_ep; k++) {
+        for (int e = 0; e < neps; e++) {
+            std::vector<size_t> sizes = {(size_t)(k % 3 == 0 ? 70000 : 16 * k)};
+            msgs.push_back(std::make_unique<TestMsg>(ctx(), sizes, (unsigned)(e * 1000 + k)));
+            frames.push_back(serialize(ctx(), msgs.back()->msg.get()));
+            gser_ucx_request_t *r;
+            UCX_OK(gser_ucx_ep_send_nb(ceps[e].get(), gser_frames_array(frames.back().get()),
+                                       gser_frames_count(frames.back().get()), nullptr, &r));
+            sends.emplace_back(r);
+        }
+    }
+    // The first half from any endpoint, the rest per endpoint.
+    std::map<gser_ucx_ep_t *, int> next;
+    for (int i = 0; i < neps * per_ep / 2; i++) {
+        gser_ucx_request_t *rr;
+        UCX_OK(gser_ucx_worker_recv_nb(pair_.server.get(), nullptr, &rr));
+        ReqPtr r(rr);
+        UCX_OK(drive({pair_.client.get(), pair_.server.get()}, rr));
+        gser_ucx_ep_t *from = gser_ucx_request_ep(rr);
+        int e = (int)(std::find_if(seps.begin(), seps.end(), [&](const EpPtr &p) { return p.get() == from; }) -
+                      seps.begin());
+        ASSERT_LT(e, neps) << "message from an unknown endpoint";
+        gser_msg_t *m;
+        UCX_OK(gser_ucx_request_deserialize(rr, ctx(), nullptr, &m));
+        MsgPtr mp(m);
+        int k = next[from]++;
+        std::vector<size_t> sizes = {(size_t)(k % 3 == 0 ? 70000 : 16 * k)};
+        EXPECT_TRUE(same_msg(m, sizes, (unsigned)(e * 1000 + k)));
+    }
+    for (int e = 0; e < neps; e++) {
+        for (int k = next[seps[e].get()]; k < per_ep; k++) {
+            gser_msg_t *m = nullptr;
+            // Blocking receives progress only the server's worker: the
+            // client's sends are buffered or wait for it, so drive it too.
+            gser_ucx_request_t *rr;
+            UCX_OK(gser_ucx_ep_recv_nb(seps[e].get(), nullptr, &rr));
+            ReqPtr r(rr);
+            UCX_OK(drive({pair_.client.get(), pair_.server.get()}, rr));
+            UCX_OK(gser_ucx_request_deserialize(rr, ctx(), nullptr, &m));
+            MsgPtr mp(m);
+            std::vector<size_t> sizes = {(size_t)(k % 3 == 0 ? 70000 : 16 * k)};
+            EXPECT_TRUE(same_msg(m, sizes, (unsigned)(e * 1000 + k)));
+        }
+    }
+    for (auto &s : sends)
+        EXPECT_EQ(drive({pair_.client.get(), pair_.server.get()}, s.get()), GSER_OK);
+}
+
+// Receives posted before the sends, several in flight, completion callbacks
+// (including fire-and-forget sends whose request is freed after the callback).
+TEST_F(Transport, CallbacksAndPostedReceives)
+{
+    struct Counts {
+        int sends = 0, recvs = 0;
+        std::vector<gser_ucx_request_t *> done;
+    } counts;
+    auto send_cb = [](gser_ucx_request_t *, gser_status_t st, void *ud) {
+        EXPECT_EQ(st, GSER_OK);
+        static_cast<Counts *>(ud)->sends++;
+    };
+    auto recv_cb = [](gser_ucx_request_t *req, gser_status_t st, void *ud) {
+        EXPECT_EQ(st, GSER_OK);
+        auto *c = static_cast<Counts *>(ud);
+        c->recvs++;
+        c->done.push_back(req);
+    };
+    gser_ucx_op_params_t rp{recv_cb, &counts};
+    std::vector<gser_ucx_request_t *> recvs(10);
+    for (auto &r : recvs)
+        UCX_OK(gser_ucx_ep_recv_nb(pair_.sep.get(), &rp, &r));
+    std::vector<std::unique_ptr<TestMsg>> msgs;
+    std::vector<FramesPtr> frames;
+    gser_ucx_op_params_t sp{send_cb, &counts};
+    for (unsigned i = 0; i < 10; i++) {
+        msgs.push_back(std::make_unique<TestMsg>(ctx(), std::vector<size_t>{100 * i, 20000}, i));
+        frames.push_back(serialize(ctx(), msgs.back()->msg.get()));
+        UCX_OK(gser_ucx_ep_send_nb(pair_.cep.get(), gser_frames_array(frames.back().get()),
+                                   gser_frames_count(frames.back().get()), &sp, nullptr));
+    }
+    EXPECT_EQ(counts.sends, 0); // callbacks never run inside the starting call
+    ASSERT_TRUE(drive_until({pair_.client.get(), pair_.server.get()},
+                            [&] { return counts.sends == 10 && counts.recvs == 10; }));
+    // Completed in the order posted, each with the message sent in that order.
+    ASSERT_EQ(counts.done, recvs);
+    for (unsigned i = 0; i < 10; i++) {
+        gser_msg_t *m;
+        UCX_OK(gser_ucx_request_deserialize(recvs[i], ctx(), nullptr, &m));
+        MsgPtr mp(m);
+        EXPECT_TRUE(same_msg(m, {100 * i, 20000}, i));
+        gser_ucx_request_free(recvs[i]);
+    }
+}
+
+// Driving a worker from an event loop: arm, poll the fd, progress.
+TEST_F(Transport, EventFdLoop)
+{
+    int sfd = -1;
+    UCX_OK(gser_ucx_worker_efd(pair_.server.get(), &sfd));
+    ASSERT_GE(sfd, 0);
+    gser_ucx_request_t *rr;
+    UCX_OK(gser_ucx_ep_recv_nb(pair_.sep.get(), nullptr, &rr));
+    ReqPtr r(rr);
+    // Nothing was sent: once armed, the fd stays quiet.
+    gser_status_t st;
+    while ((st = gser_ucx_worker_arm(pair_.server.get())) == GSER_INPROGRESS)
+        gser_ucx_worker_progress(pair_.server.get());
+    ASSERT_EQ(st, GSER_OK) << gser_ucx_last_error();
+    pollfd p{sfd, POLLIN, 0};
+    EXPECT_EQ(poll(&p, 1, 50), 0);
+
+    TestMsg m(ctx(), {10, 100000}, 3);
+    auto frames = serialize(ctx(), m.msg.get());
+    gser_ucx_request_t *sr;
+    UCX_OK(gser_ucx_ep_send_nb(pair_.cep.get(), gser_frames_array(frames.get()), gser_frames_count(frames.get()),
+                               nullptr, &sr));
+    ReqPtr s(sr);
+    // The client is driven by a thread; the server sleeps on its fd.
+    std::atomic<bool> stop{false};
+    std::thread t([&] {
+        while (!stop)
+            gser_ucx_worker_progress(pair_.client.get());
+    });
+    auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(kWaitMs);
+    int wakeups = 0;
+    while (gser_ucx_request_test(rr) == GSER_INPROGRESS && std::chrono::steady_clock::now() < end) {
+        if (gser_ucx_worker_progress(pair_.server.get()))
+            continue;
+        if (gser_ucx_worker_arm(pair_.server.get()) == GSER_OK && poll(&p, 1, 100) > 0)
+            wakeups++;
+    }
+    stop = true;
+    t.join();
+    UCX_OK(gser_ucx_request_test(rr));
+    EXPECT_GT(wakeups, 0);
+    gser_msg_t *got;
+    UCX_OK(gser_ucx_request_deserialize(rr, ctx(), nullptr, &got));
+    MsgPtr gp(got);
+    EXPECT_TRUE(same_msg(got, {10, 100000}, 3));
+    UCX_OK(drive({pair_.client.get(), pair_.server.get()}, sr));
+}
+
+// The blocking calls, with their timeouts.
+TEST_F(Transport, BlockingCallsAndTimeouts)
+{
+    gser_msg_t *got = nullptr;
+    auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(gser_ucx_ep_recv_msg(pair_.sep.get(), ctx(), nullptr, 100, &got), GSER_ERR_TIMEOUT);
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_GE(ms, 90);
+    EXPECT_LT(ms, 5000);
+    EXPECT_EQ(got, nullptr);
+    // A receive that timed out before anything arrived leaves the endpoint usable.
+    UCX_OK(gser_ucx_ep_status(pair_.sep.get()));
+    // Waiting for any event returns within its bound (UCX may have some of its own).
+    gser_status_t st = gser_ucx_worker_wait(pair_.server.get(), 30);
+    EXPECT_TRUE(st == GSER_OK || st == GSER_ERR_TIMEOUT) << gser_status_str(st);
+
+    TestMsg m(ctx(), {5, 900}, 11);
+    // Small messages complete locally without the receiver (larger ones
+    // wait for it: this thread drives one worker at a time).
+    UCX_OK(gser_ucx_ep_send_msg(pair_.cep.get(), ctx(), m.msg.get(), nullptr, kWaitMs));
+    UCX_OK(gser_ucx_ep_recv_msg(pair_.sep.get(), ctx(), nullptr, kWaitMs, &got));
+    MsgPtr gp(got);
+    EXPECT_TRUE(same_msg(got, {5, 900}, 11));
+
+    TestMsg m2(ctx(), {3}, 12);
+    UCX_OK(gser_ucx_ep_send_msg(pair_.sep.get(), ctx(), m2.msg.get(), nullptr, kWaitMs));
+    gser_ucx_ep_t *from = nullptr;
+    UCX_OK(gser_ucx_worker_recv_msg(pair_.client.get(), ctx(), nullptr, kWaitMs, &got, &from));
+    MsgPtr gp2(got);
+    EXPECT_EQ(from, pair_.cep.get());
+    EXPECT_TRUE(same_msg(got, {3}, 12));
+}
+
+TEST_F(Transport, CancelReceiveBeforeItStarts)
+{
+    gser_ucx_request_t *rr;
+    UCX_OK(gser_ucx_ep_recv_nb(pair_.sep.get(), nullptr, &rr));
+    gser_ucx_worker_progress(pair_.server.get());
+    UCX_OK(gser_ucx_request_cancel(rr));
+    EXPECT_EQ(gser_ucx_request_test(rr), GSER_ERR_CANCELED);
+    gser_ucx_request_free(rr);
+    // Free of a running receive cancels it too.
+    UCX_OK(gser_ucx_worker_recv_nb(pair_.server.get(), nullptr, &rr));
+    gser_ucx_request_free(rr);
+    // The endpoint still works, and the next message goes to the next receive.
+    TestMsg m(ctx(), {1}, 5);
+    auto got = round_trip(m.msg.get());
+    ASSERT_TRUE(got);
+    EXPECT_TRUE(same_msg(got.get(), {1}, 5));
+}
+
+// Closing an endpoint with sends and receives in flight completes all of
+// them with GSER_ERR_CANCELED at once; the peer's pending receive fails
+// with a connection error.
+TEST_F(Transport, CloseWithTrafficInFlight)
+{
+    const size_t big = (size_t)32 << 20;
+    std::vector<unsigned char> data(big, 1);
+    unsigned char hdr[4] = {1};
+    gser_frame_t f[2] = {};
+    f[0].data = hdr, f[0].size = sizeof hdr;
+    f[1].data = data.data(), f[1].size = big;
+    std::vector<gser_ucx_request_t *> reqs;
+    for (int i = 0; i < 4; i++) {
+        gser_ucx_request_t *r;
+        UCX_OK(gser_ucx_ep_send_nb(pair_.cep.get(), f, 2, nullptr, &r));
+        reqs.push_back(r);
+    }
+    for (int i = 0; i < 3; i++) {
+        gser_ucx_request_t *r;
+        UCX_OK(gser_ucx_ep_recv_nb(pair_.cep.get(), nullptr, &r));
+        reqs.push_back(r);
+    }
+    // The server starts receiving the first message, then stops driving.
+    gser_ucx_request_t *srr;
+    UCX_OK(gser_ucx_ep_recv_nb(pair_.sep.get(), nullptr, &srr));
+    ReqPtr sr(srr);
+    for (int i = 0; i < 20; i++) {
+        gser_ucx_worker_progress(pair_.client.get());
+        gser_ucx_worker_progress(pair_.server.get());
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    UCX_OK(gser_ucx_ep_close(pair_.cep.get()));
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(ms, 3000);
+    EXPECT_EQ(gser_ucx_ep_status(pair_.cep.get()), GSER_ERR_CANCELED);
+    int canceled = 0;
+    for (auto *r : reqs) {
+        gser_status_t st = gser_ucx_request_test(r);
+        EXPECT_NE(st, GSER_INPROGRESS);
+        canceled += st == GSER_ERR_CANCELED;
+        gser_ucx_request_free(r);
+    }
+    // A send that completed before the close stays completed.
+    EXPECT_GE(canceled, 4);
+    // New operations on the closed endpoint fail at once.
+    gser_ucx_request_t *r;
+    EXPECT_EQ(gser_ucx_ep_send_nb(pair_.cep.get(), f, 2, nullptr, &r), GSER_ERR_CANCELED);
+    EXPECT_EQ(gser_ucx_ep_recv_nb(pair_.cep.get(), nullptr, &r), GSER_ERR_CANCELED);
+    // The server's receive either got the first message whole or fails.
+    gser_status_t st = drive({pair_.server.get(), pair_.client.get()}, srr);
+    EXPECT_TRUE(st == GSER_OK || st == GSER_ERR_CONNECTION) << gser_status_str(st);
+    ASSERT_TRUE(drive_until({pair_.server.get()}, [&] { return gser_ucx_ep_status(pair_.sep.get()) != GSER_OK; }));
+    EXPECT_EQ(gser_ucx_ep_status(pair_.sep.get()), GSER_ERR_CONNECTION);
+}
+
+// Messages that fully arrived before the peer hung up are still delivered.
+TEST_F(Transport, MessagesBeforeDisconnectAreDelivered)
+{
+    TestMsg m(ctx(), {100, 2000}, 21);
+    auto frames = serialize(ctx(), m.msg.get());
+    for (int i = 0; i < 3; i++)
+        UCX_OK(gser_ucx_ep_send(pair_.cep.get(), gser_frames_array(frames.get()), gser_frames_count(frames.get()),
+                                kWaitMs));
+    // A graceful destroy flushes (the peer takes part: a thread drives it),
+    // then hangs up.
+    {
+        std::atomic<bool> stop{false};
+        std::thread t([&] {
+            while (!stop)
+                gser_ucx_worker_progress(pair_.server.get());
+        });
+        auto t0 = std::chrono::steady_clock::now();
+        gser_ucx_ep_destroy(pair_.cep.release());
+        auto ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+        stop = true;
+        t.join();
+        EXPECT_LT(ms, 1500);
+    }
+    ASSERT_TRUE(drive_until({pair_.server.get(), pair_.client.get()},
+                            [&] { return gser_ucx_ep_status(pair_.sep.get()) != GSER_OK; }));
+    for (int i = 0; i < 3; i++) {
+        gser_msg_t *got = nullptr;
+        UCX_OK(gser_ucx_ep_recv_msg(pair_.sep.get(), ctx(), nullptr, kWaitMs, &got));
+        MsgPtr gp(got);
+        EXPECT_TRUE(same_msg(got, {100, 2000}, 21));
+    }
+    gser_msg_t *got = nullptr;
+    EXPECT_EQ(gser_ucx_ep_recv_msg(pair_.sep.get(), ctx(), nullptr, kWaitMs, &got), GSER_ERR_CONNECTION);
+}
+
+// A header that is not a gser header: deserialize rejects it and the
+// endpoint is closed; the process and the listener go on.
+TEST_F(Transport, MalformedHeaderClosesEndpoint)
+{
+    unsigned char junk[40];
+    for (size_t i = 0; i < sizeof junk; i++)
+        junk[i] = (unsigned char)(i * 37);
+    gser_frame_t f{};
+    f.data = junk;
+    f.size = sizeof junk;
+    UCX_OK(gser_ucx_ep_send(pair_.cep.get(), &f, 1, kWaitMs));
+    gser_msg_t *got = nullptr;
+    gser_status_t st = gser_ucx_ep_recv_msg(pair_.sep.get(), ctx(), nullptr, kWaitMs, &got);
+    EXPECT_EQ(st, GSER_ERR_BAD_MAGIC) << gser_ucx_last_error();
+    EXPECT_NE(std::string(gser_ucx_last_error()).find("closed"), std::string::npos) << gser_ucx_last_error();
+    EXPECT_EQ(gser_ucx_ep_status(pair_.sep.get()), GSER_ERR_BAD_MAGIC);
+    ASSERT_TRUE(drive_until({pair_.client.get(), pair_.server.get()},
+                            [&] { return gser_ucx_ep_status(pair_.cep.get()) != GSER_OK; }));
+    EXPECT_EQ(gser_ucx_ep_status(pair_.cep.get()), GSER_ERR_CONNECTION);
+    // A new connection works.
+    EpPtr c2, s2;
+    ASSERT_NO_FATAL_FAILURE(pair_.connect(&c2, &s2));
+    TestMsg m(ctx(), {64}, 4);
+    UCX_OK(gser_ucx_ep_send_msg(c2.get(), ctx(), m.msg.get(), nullptr, kWaitMs));
+    UCX_OK(gser_ucx_ep_recv_msg(s2.get(), ctx(), nullptr, kWaitMs, &got));
+    MsgPtr gp(got);
+    EXPECT_TRUE(same_msg(got, {64}, 4));
+}
+
+TEST(TransportSetup, ConnectToNobodyFailsInBoundedTime)
+{
+    auto uctx = make_ucx_ctx();
+    auto w = make_worker(uctx.get());
+    // Find a port nobody listens on: listen, note it, stop listening.
+    gser_ucx_listener_t *l;
+    gser_ucx_listener_options_t lo{};
+    lo.address = "127.0.0.1";
+    UCX_OK(gser_ucx_listener_create(w.get(), &lo, &l));
+    uint16_t port = gser_ucx_listener_port(l);
+    gser_ucx_listener_destroy(l);
+    gser_ucx_ep_t *ep = nullptr;
+    auto t0 = std::chrono::steady_clock::now();
+    gser_status_t st = gser_ucx_ep_connect(w.get(), "127.0.0.1", port, 10000, &ep);
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(st, GSER_ERR_CONNECTION) << gser_status_str(st) << ": " << gser_ucx_last_error();
+    EXPECT_EQ(ep, nullptr);
+    EXPECT_LT(ms, 10000);
+    EXPECT_EQ(gser_ucx_ep_connect(w.get(), "no-such-host.invalid", 1, 1000, &ep), GSER_ERR_INVALID_ARG);
+}
+
+TEST(TransportSetup, VersionMismatchIsAnErrorOnBothSides)
+{
+    auto uctx = make_ucx_ctx();
+    auto server = make_worker(uctx.get());
+    gser_ucx_worker_options_t old{};
+    old.announce_version = 99;
+    auto client = make_worker(uctx.get(), &old);
+    gser_ucx_listener_options_t lo{};
+    lo.address = "127.0.0.1";
+    gser_ucx_listener_t *l;
+    UCX_OK(gser_ucx_listener_create(server.get(), &lo, &l));
+    ListenerPtr lp(l);
+    uint16_t port = gser_ucx_listener_port(l);
+
+    gser_ucx_ep_t *cep;
+    UCX_OK(gser_ucx_ep_connect_nb(client.get(), "127.0.0.1", port, &cep));
+    EpPtr cp(cep);
+    gser_status_t accept_st = GSER_ERR_TIMEOUT;
+    gser_ucx_ep_t *sep = nullptr;
+    ASSERT_TRUE(drive_until({server.get(), client.get()}, [&] {
+        if (accept_st == GSER_ERR_TIMEOUT)
+            accept_st = gser_ucx_listener_accept(l, 0, &sep);
+        return accept_st != GSER_ERR_TIMEOUT && gser_ucx_ep_status(cep) != GSER_INPROGRESS;
+    }));
+    EXPECT_EQ(gser_ucx_ep_status(cep), GSER_ERR_WIRE_VERSION);
+    EXPECT_EQ(accept_st, GSER_ERR_WIRE_VERSION);
+    EXPECT_EQ(sep, nullptr);
+    cp.reset();
+
+    // The blocking connect says so too, with both versions in the message.
+    gser_ucx_ep_t *ep2 = nullptr;
+    std::atomic<bool> stop{false};
+    std::thread t([&] {
+        gser_ucx_ep_t *s = nullptr;
+        EXPECT_EQ(gser_ucx_listener_accept(l, kWaitMs, &s), GSER_ERR_WIRE_VERSION);
+        while (!stop) // the server's hello still has to reach the client
+            gser_ucx_worker_progress(server.get());
+    });
+    EXPECT_EQ(gser_ucx_ep_connect(client.get(), "127.0.0.1", port, kWaitMs, &ep2), GSER_ERR_WIRE_VERSION);
+    stop = true;
+    t.join();
+    EXPECT_NE(std::string(gser_ucx_last_error()).find("99"), std::string::npos) << gser_ucx_last_error();
+
+    // The listener keeps serving peers that speak its version.
+    auto good = make_worker(uctx.get());
+    gser_ucx_ep_t *gep = nullptr, *gsep = nullptr;
+    UCX_OK(gser_ucx_ep_connect_nb(good.get(), "127.0.0.1", port, &gep));
+    EpPtr gp(gep);
+    ASSERT_TRUE(drive_until({server.get(), good.get()}, [&] {
+        if (!gsep)
+            gser_ucx_listener_accept(l, 0, &gsep);
+        return gsep && gser_ucx_ep_status(gep) != GSER_INPROGRESS;
+    }));
+    EpPtr gsp(gsep);
+    UCX_OK(gser_ucx_ep_status(gep));
+}
+
+// An incoming message over the receiver's limits is rejected before
+// anything is allocated for it, and its endpoint closed.
+TEST(TransportSetup, MessageOverLimitsIsRejected)
+{
+    auto gctx = make_ctx();
+    gser_ucx_worker_options_t so{};
+    so.limits.max_frames = 2;
+    so.limits.max_bytes = 1 << 20;
+    Pair p;
+    ASSERT_NO_FATAL_FAILURE(p.open(&so, nullptr));
+    for (int which = 0; which < 2; which++) {
+        EpPtr c, s;
+        if (which == 0) {
+            c = std::move(p.cep);
+            s = std::move(p.sep);
+        } else {
+            ASSERT_NO_FATAL_FAILURE(p.connect(&c, &s));
+        }
+        // Too many frames, then too many bytes.
+        std::vector<size_t> sizes = which == 0 ? std::vector<size_t>{1000, 1000, 1000}
+                                               : std::vector<size_t>{(size_t)2 << 20};
+        TestMsg m(gctx.get(), sizes, 1);
+        auto frames = serialize(gctx.get(), m.msg.get());
+        gser_ucx_request_t *sr, *rr;
+        UCX_OK(gser_ucx_ep_send_nb(c.get(), gser_frames_array(frames.get()), gser_frames_count(frames.get()),
+                                   nullptr, &sr));
+        ReqPtr sp(sr);
+        UCX_OK(gser_ucx_ep_recv_nb(s.get(), nullptr, &rr));
+        ReqPtr rp(rr);
+        gser_status_t st = drive({p.server.get(), p.client.get()}, rr);
+        EXPECT_EQ(st, which == 0 ? GSER_ERR_LIMIT_FRAMES : GSER_ERR_LIMIT_BYTES) << gser_ucx_last_error();
+        EXPECT_EQ(gser_ucx_ep_status(s.get()), st);
+        // The sender learns that the connection is gone.
+        st = drive({p.server.get(), p.client.get()}, sr);
+        EXPECT_TRUE(st == GSER_OK || st == GSER_ERR_CONNECTION) << gser_status_str(st);
+        ASSERT_TRUE(drive_until({p.server.get(), p.client.get()},
+                                [&] { return gser_ucx_ep_status(c.get()) != GSER_OK; }));
+    }
+    // Within the limits, it works.
+    EpPtr c, s;
+    ASSERT_NO_FATAL_FAILURE(p.connect(&c, &s));
+    TestMsg m(gctx.get(), {1000, 1000}, 2);
+    UCX_OK(gser_ucx_ep_send_msg(c.get(), gctx.get(), m.msg.get(), nullptr, kWaitMs));
+    gser_msg_t *got;
+    UCX_OK(gser_ucx_ep_recv_msg(s.get(), gctx.get(), nullptr, kWaitMs, &got));
+    MsgPtr gp(got);
+    EXPECT_TRUE(same_msg(got, {1000, 1000}, 2));
+    c.reset();
+    s.reset();
+    p.close();
+}
+
+// An accept callback instead of the queue.
+TEST(TransportSetup, AcceptCallback)
+{
+    auto uctx = make_ucx_ctx();
+    auto server = make_worker(uctx.get());
+    auto client = make_worker(uctx.get());
+    std::vector<gser_ucx_ep_t *> accepted;
+    gser_ucx_listener_options_t lo{};
+    lo.address = "127.0.0.1";
+    lo.accept_cb = [](gser_ucx_listener_t *, gser_ucx_ep_t *ep, gser_status_t st, void *ud) {
+        EXPECT_EQ(st, GSER_OK);
+        static_cast<std::vector<gser_ucx_ep_t *> *>(ud)->push_back(ep);
+    };
+    lo.user_data = &accepted;
+    gser_ucx_listener_t *l;
+    UCX_OK(gser_ucx_listener_create(server.get(), &lo, &l));
+    ListenerPtr lp(l);
+    std::vector<EpPtr> clients;
+    for (int i = 0; i < 3; i++) {
+        gser_ucx_ep_t *c;
+        UCX_OK(gser_ucx_ep_connect_nb(client.get(), "127.0.0.1", gser_ucx_listener_port(l), &c));
+        clients.emplace_back(c);
+    }
+    ASSERT_TRUE(drive_until({server.get(), client.get()}, [&] { return accepted.size() == 3; }));
+    for (auto *ep : accepted)
+        ep_close_destroy(ep);
+}
+
+// Several threads on one GSER_UCX_THREAD_MULTI worker.
+TEST(TransportSetup, MultiThreadedWorker)
+{
+    auto gctx = make_ctx();
+    gser_ucx_worker_options_t mt{};
+    mt.thread_mode = GSER_UCX_THREAD_MULTI;
+    Pair p;
+    ASSERT_NO_FATAL_FAILURE(p.open(&mt, &mt));
+    const int n = 200;
+    std::atomic<int> errors{0};
+    std::thread sender([&] {
+        for (int i = 0; i < n; i++) {
+            TestMsg m(gctx.get(), {(size_t)(i * 37 % 20000)}, (unsigned)i);
+            if (gser_ucx_ep_send_msg(p.cep.get(), gctx.get(), m.msg.get(), nullptr, kWaitMs) != GSER_OK)
+                errors++;
+        }
+    });
+    std::thread progress([&] {
+        for (int i = 0; i < 20000 && errors == 0; i++)
+            gser_ucx_worker_progress(p.client.get());
+    });
+    for (int i = 0; i < n; i++) {
+        gser_msg_t *got = nullptr;
+        gser_status_t st = gser_ucx_ep_recv_msg(p.sep.get(), gctx.get(), nullptr, kWaitMs, &got);
+        ASSERT_EQ(st, GSER_OK) << gser_ucx_last_error();
+        MsgPtr gp(got);
+        EXPECT_TRUE(same_msg(got, {(size_t)(i * 37 % 20000)}, (unsigned)i));
+    }
+    sender.join();
+    progress.join();
+    EXPECT_EQ(errors, 0);
+    p.close();
+}
+
+TEST(TransportSetup, NullArgumentsAndDestroyNull)
+{
+    gser_ucx_context_destroy(nullptr);
+    gser_ucx_worker_destroy(nullptr);
+    gser_ucx_listener_destroy(nullptr);
+    gser_ucx_ep_destroy(nullptr);
+    gser_ucx_request_free(nullptr);
+    gser_ucx_recv_finish(nullptr, false);
+    EXPECT_EQ(gser_ucx_context_create(nullptr, nullptr), GSER_ERR_INVALID_ARG);
+    EXPECT_EQ(gser_ucx_worker_progress(nullptr), 0u);
+    EXPECT_EQ(gser_ucx_request_test(nullptr), GSER_ERR_INVALID_ARG);
+    EXPECT_EQ(gser_ucx_ep_status(nullptr), GSER_ERR_INVALID_ARG);
+    auto uctx = make_ucx_ctx();
+    gser_ucx_worker_options_t bad{};
+    bad.staging_depth = 1;
+    gser_ucx_worker_t *w = nullptr;
+    EXPECT_EQ(gser_ucx_worker_create(uctx.get(), &bad, &w), GSER_ERR_INVALID_ARG);
+    EXPECT_EQ(w, nullptr);
+    EXPECT_STRNE(gser_ucx_last_error(), "");
+}
+
+} // namespace

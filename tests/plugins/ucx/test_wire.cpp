@@ -1,0 +1,1 @@
+#include "ucx_common.hpp"
