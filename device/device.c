@@ -269,6 +269,17 @@ gser_status_t gser_stream_wait_event(void *stream, gser_event_t *event)
     return st ? device_fail(ctx, st, "gser_stream_wait_event") : GSER_OK;
 }
 
+gser_status_t gser_stream_wait_handle(gser_context_t *ctx, void *stream, void *event_handle)
+{
+    if (!ctx || !event_handle)
+        return GSER_ERR_INVALID_ARG;
+    gser_status_t st = device_need(ctx, "gser_stream_wait_handle");
+    if (st)
+        return st;
+    st = ctx->backend->stream_wait_event(ctx->bstate, stream, event_handle);
+    return st ? device_fail(ctx, st, "gser_stream_wait_handle") : GSER_OK;
+}
+
 void *gser_event_handle(const gser_event_t *event)
 {
     return event ? event->handle : NULL;

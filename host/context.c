@@ -52,6 +52,17 @@ gser_status_t error_set(const gser_context_t *ctx, gser_status_t st, const char 
     return st;
 }
 
+gser_status_t gser_context_fail(gser_context_t *ctx, gser_status_t status, const char *fmt, ...)
+{
+    if (!ctx || !fmt)
+        return status;
+    va_list ap;
+    va_start(ap, fmt);
+    error_setv(ctx, status, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
 const char *gser_context_last_error(const gser_context_t *ctx)
 {
     if (!ctx)

@@ -668,6 +668,16 @@ gser_msg_t *gser_reader_msg(gser_reader_t *r)
     return r ? r->dec->msg : NULL;
 }
 
+void *gser_reader_stream(const gser_reader_t *r)
+{
+    return r ? r->dec->stream : NULL;
+}
+
+unsigned gser_reader_flags(const gser_reader_t *r)
+{
+    return r ? r->dec->flags : 0;
+}
+
 gser_status_t gser_reader_fail(gser_reader_t *r, gser_status_t status, const char *fmt, ...)
 {
     if (!r || !fmt)

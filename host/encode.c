@@ -534,6 +534,11 @@ const char *gser_writer_family(const gser_writer_t *w)
     return w ? w->enc->ctx->families[w->family] : NULL;
 }
 
+void *gser_writer_stream(const gser_writer_t *w)
+{
+    return w ? w->enc->pack.stream : NULL;
+}
+
 gser_status_t gser_writer_fail(gser_writer_t *w, gser_status_t status, const char *fmt, ...)
 {
     if (!w || !fmt)

@@ -84,6 +84,14 @@ GSER_API void gser_context_destroy(gser_context_t *ctx);
  */
 GSER_API const char *gser_context_last_error(const gser_context_t *ctx);
 
+/** Set this thread's detailed error message for ctx (printf-style) and return
+ *  status, for libraries built on gser (plugins) that report through it. */
+GSER_API gser_status_t gser_context_fail(gser_context_t *ctx, gser_status_t status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
 /** Register a serializer family by name (1..63 bytes, no commas). At most 32
  *  families, the two built-in ones included. */
 GSER_API gser_status_t gser_family_register(gser_context_t *ctx, const char *name);
@@ -134,6 +142,10 @@ GSER_API gser_status_t gser_writer_set_root(gser_writer_t *w, gser_value_t *tree
 /** The family this serialization runs in. */
 GSER_API const char *gser_writer_family(const gser_writer_t *w);
 
+/** The stream (cudaStream_t) the serialization orders device work on (the
+ *  caller's gser_serialize_options_t.stream; NULL = per-thread default). */
+GSER_API void *gser_writer_stream(const gser_writer_t *w);
+
 /** The sub-tree the object was serialized into. Buffers in it point into
  *  the received frames; it lives as long as the message being built. */
 GSER_API const gser_value_t *gser_reader_tree(const gser_reader_t *r);
@@ -146,6 +158,12 @@ GSER_API const char *gser_reader_family(const gser_reader_t *r);
 
 /** The message being built; the object will be destroyed with it. */
 GSER_API gser_msg_t *gser_reader_msg(gser_reader_t *r);
+
+/** The deserialization's stream (cudaStream_t; NULL = per-thread default). */
+GSER_API void *gser_reader_stream(const gser_reader_t *r);
+
+/** The GSER_DESERIALIZE_* flags the caller gave. */
+GSER_API unsigned gser_reader_flags(const gser_reader_t *r);
 
 /**
  * Record a detailed error message (printf-style) for the current

@@ -65,6 +65,9 @@ GSER_API gser_status_t gser_event_query(gser_event_t *event);
 GSER_API gser_status_t gser_event_sync(gser_event_t *event);
 /** Make stream wait (on the device, not the host) for the event. */
 GSER_API gser_status_t gser_stream_wait_event(void *stream, gser_event_t *event);
+/** Make stream wait (on the device) for an event the backend did not create
+ *  through gser: a cudaEvent_t from the caller, an Arrow sync_event, ... */
+GSER_API gser_status_t gser_stream_wait_handle(gser_context_t *ctx, void *stream, void *event_handle);
 /** The backend's own handle (cudaEvent_t for CUDA). */
 GSER_API void *gser_event_handle(const gser_event_t *event);
 /** NULL is fine. */

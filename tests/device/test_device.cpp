@@ -655,3 +655,21 @@ TEST_P(CopyPlanTest, EveryAlignmentAndSizeIsCopiedExactly)
 
 INSTANTIATE_TEST_SUITE_P(Backends, CopyPlanTest, ::testing::Values("emulated", "cuda"),
                          [](const ::testing::TestParamInfo<const char *> &i) { return std::string(i.param); });
+
+TEST(DeviceApi, ForeignEventHandlesCanBeWaitedFor)
+{
+    gser_context_options_t o{};
+    o.device_backend = "emulated";
+    gser_context_t *c = nullptr;
+    ASSERT_EQ(gser_context_create(&o, &c), GSER_OK);
+    CtxPtr cp(c);
+    gser_event_t *ev;
+    ASSERT_EQ(gser_event_create(c, &ev), GSER_OK);
+    ASSERT_EQ(gser_event_record(ev, nullptr), GSER_OK);
+    EXPECT_EQ(gser_stream_wait_handle(c, nullptr, gser_event_handle(ev)), GSER_OK);
+    EXPECT_EQ(gser_stream_wait_handle(c, nullptr, nullptr), GSER_ERR_INVALID_ARG);
+    gser_event_destroy(ev);
+    auto plain = make_ctx();
+    int fake;
+    EXPECT_EQ(gser_stream_wait_handle(plain.get(), nullptr, &fake), GSER_ERR_NO_DEVICE);
+}

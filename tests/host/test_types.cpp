@@ -496,3 +496,53 @@ TEST(Threads, OneContextManyThreads)
         t.join();
     EXPECT_EQ(failures.load(), 0);
 }
+
+// What serializers and deserializers can see of the call they run in.
+static void *g_seen_stream;
+static unsigned g_seen_flags;
+
+static gser_status_t peek_ser(gser_context_t *c, const void *obj, gser_writer_t *w, void *ud)
+{
+    g_seen_stream = gser_writer_stream(w);
+    return blob_serialize(c, obj, w, ud);
+}
+
+static gser_status_t peek_de(gser_context_t *c, gser_reader_t *r, void **out, void *ud)
+{
+    g_seen_flags = gser_reader_flags(r);
+    g_seen_stream = gser_reader_stream(r);
+    return blob_deserialize(c, r, out, ud);
+}
+
+TEST(Callbacks, SeeTheStreamAndFlagsOfTheCall)
+{
+    auto ctx = make_ctx();
+    gser_type_options_t to{};
+    to.destroy = blob_destroy;
+    ASSERT_EQ(gser_type_register(ctx.get(), "test.blob", 1, &to), GSER_OK);
+    ASSERT_EQ(gser_type_add_family(ctx.get(), "test.blob", "host", peek_ser, peek_de), GSER_OK);
+    TaskMsg t;
+    build_task_msg(ctx.get(), t);
+    int marker;
+    gser_serialize_options_t so{};
+    so.stream = &marker; // never used: the message has no device buffers
+    auto frames = serialize(ctx.get(), t.msg.get(), &so);
+    EXPECT_EQ(g_seen_stream, &marker);
+    gser_deserialize_options_t o{};
+    o.flags = GSER_DESERIALIZE_ALLOW_UNKNOWN;
+    o.stream = &t;
+    gser_msg_t *m = nullptr;
+    ASSERT_EQ(gser_deserialize(ctx.get(), gser_frames_array(frames.get()), gser_frames_count(frames.get()), &o, &m),
+              GSER_OK);
+    EXPECT_EQ(g_seen_flags, (unsigned)GSER_DESERIALIZE_ALLOW_UNKNOWN);
+    EXPECT_EQ(g_seen_stream, &t);
+    gser_msg_destroy(m);
+}
+
+TEST(Callbacks, PluginsCanReportThroughTheContext)
+{
+    auto ctx = make_ctx();
+    EXPECT_EQ(gser_context_fail(ctx.get(), GSER_ERR_CONNECTION, "peer %s went away", "10.0.0.7"),
+              GSER_ERR_CONNECTION);
+    EXPECT_STREQ(gser_context_last_error(ctx.get()), "peer 10.0.0.7 went away");
+}
