@@ -151,7 +151,7 @@ static bool ep_busy(const gser_ucx_ep_t *ep)
 static bool ep_quiet(void *arg)
 {
     gser_ucx_ep_t *ep = arg;
-    return !ep->close_req && !ep->hs_pending && !ep_busy(ep);
+    return !ep->ucp && !ep->close_req && !ep->hs_pending && !ep_busy(ep);
 }
 
 /* End every request in flight on ep with st. */
@@ -172,6 +172,20 @@ static void ep_abort_reqs(gser_ucx_ep_t *ep, gser_status_t st, bool keep_waiting
     }
 }
 
+gser_status_t gux_ep_part_error(gser_ucx_ep_t *ep, ucs_status_t st, const char *what)
+{
+    if (ep && ep->state >= GUX_EP_FAILED)
+        return gux_fail(ep->error, "%s: the endpoint %s (%s)", what,
+                        ep->state == GUX_EP_CLOSED ? "was closed" : "failed", gser_status_str(ep->error));
+    /* We cancel UCX operations only when closing: a cancel we did not ask
+     * for is UCX purging an endpoint whose peer is gone (its error handler
+     * may not have been handled yet). */
+    if ((ep && ep->ucx_failed) || st == UCS_ERR_CANCELED)
+        return gux_fail(GSER_ERR_CONNECTION, "%s: connection to the peer lost: %s", what,
+                        ucs_status_string(ep && ep->ucx_failed ? ep->ucx_error : st));
+    return GUX_CALL(what, st);
+}
+
 void gux_ep_fail(gser_ucx_ep_t *ep, gser_status_t st)
 {
     if (ep->state >= GUX_EP_FAILED)
@@ -183,9 +197,13 @@ void gux_ep_fail(gser_ucx_ep_t *ep, gser_status_t st)
     ep->drain = st == GSER_ERR_CONNECTION;
     ep->worker->eps_dirty = true;
     ep_abort_reqs(ep, st, ep->drain);
-    /* After a version mismatch our hello must still leave, so that the peer
-     * sees the mismatch too: the close waits for its send (ep_process). */
-    if (st != GSER_ERR_WIRE_VERSION || !ep->hs_pending)
+    /* After a version mismatch the connection stays up until the peer, who
+     * has our hello too, hangs up (bounded): closing at once could reach the
+     * peer before our hello does, and it would see a lost connection
+     * instead of the mismatch. */
+    if (st == GSER_ERR_WIRE_VERSION)
+        ep->close_deadline = gux_now_ms() + GUX_CLOSE_TIMEOUT_MS;
+    else
         ep_ucp_close(ep, true);
 }
 
@@ -343,8 +361,12 @@ static bool ep_process(gser_ucx_ep_t *ep)
         gux_fail(GSER_ERR_CONNECTION, "handshake failed: %s", ucs_status_string(ep->hs_status));
         gux_ep_fail(ep, GSER_ERR_CONNECTION);
     }
-    if (ep->state == GUX_EP_FAILED && ep->ucp && !ep->hs_pending)
-        ep_ucp_close(ep, true); /* the hello of a version mismatch is out */
+    if (ep->state == GUX_EP_FAILED && ep->ucp) { /* a version mismatch, waiting for the peer to hang up */
+        if (ep->ucx_failed || gux_now_ms() > ep->close_deadline)
+            ep_ucp_close(ep, true);
+        else
+            w->eps_dirty = true;
+    }
     if (ep->listener && !ep->hs_reported && ep->state != GUX_EP_CONNECTING && listener_report(ep->listener, ep))
         return true;
     if ((ep->user_owned && !ep->zombie) || ep->listener)
@@ -693,6 +715,14 @@ static bool flag_set(void *arg)
     return *(bool *)arg;
 }
 
+static void settle(gser_ucx_worker_t *w)
+{
+    double end = gux_now_ms() + GUX_SETTLE_MS;
+    unsigned quiet = 0;
+    while (quiet < 8 && gux_now_ms() < end)
+        quiet = gux_progress(w) ? 0 : quiet + 1;
+}
+
 void gser_ucx_ep_destroy(gser_ucx_ep_t *ep)
 {
     if (!ep)
@@ -716,6 +746,9 @@ void gser_ucx_ep_destroy(gser_ucx_ep_t *ep)
     }
     gux_ep_shutdown(ep, GSER_ERR_CANCELED, true);
     gux_wait(w, ep_quiet, ep, GUX_CLOSE_TIMEOUT_MS);
+    /* UCX tears the connection down in its progress: give it a few rounds
+     * so that the peer hears of it even if this worker goes idle now. */
+    settle(w);
     gux_completions_run(w);
     ep->user_owned = false;
     if (ep_quiet(ep)) {

@@ -36,6 +36,8 @@
 #define GUX_DEFAULT_MAX_BYTES ((uint64_t)1 << 40)
 /* How long teardown waits for UCX to finish closing before giving up. */
 #define GUX_CLOSE_TIMEOUT_MS 2000
+/* Longest a destroy lets UCX finish tearing a connection down. */
+#define GUX_SETTLE_MS 20
 /* Heads up to this size are built inside the request, without a malloc. */
 #define GUX_HEAD_INLINE 256
 /* Received frames start at this alignment (a cache line). */
@@ -152,6 +154,7 @@ struct gser_ucx_ep {
     ucp_ep_h ucp; /* NULL once closed */
     void *close_req; /* ucp_ep_close_nbx still running */
     bool drain;      /* failed by the peer: messages that fully arrived are still delivered */
+    double close_deadline; /* a version mismatch: when to hang up if the peer has not */
     uint32_t local_id;
     uint32_t peer_id;
     gux_ep_state_t state;
@@ -268,6 +271,8 @@ GUX_INTERNAL gser_ucx_ep_t *gux_ep_lookup(gser_ucx_worker_t *w, uint32_t id);
 /* Handle errors and handshake events UCX reported. */
 GUX_INTERNAL void gux_eps_process(gser_ucx_worker_t *w);
 GUX_INTERNAL void gux_conn_reqs_process(gser_ucx_worker_t *w);
+/* The status for a UCX operation of ep that ended with st (recorded). */
+GUX_INTERNAL gser_status_t gux_ep_part_error(gser_ucx_ep_t *ep, ucs_status_t st, const char *what);
 /* Fail ep with st (a message is recorded); cancels what is in flight on it. */
 GUX_INTERNAL void gux_ep_fail(gser_ucx_ep_t *ep, gser_status_t st);
 /* Close ep from this side with st as its status; cancels what is in flight. */

@@ -353,7 +353,7 @@ void gux_recv_ready(gser_ucx_request_t *r)
     if (r->fail_status || r->first_error != UCS_OK) {
         gser_status_t st = r->fail_status;
         if (!st)
-            st = ep && ep->state >= GUX_EP_FAILED ? ep->error : GUX_CALL("receive", r->first_error);
+            st = gux_ep_part_error(ep, r->first_error, "receive");
         reject(r, st);
         return;
     }

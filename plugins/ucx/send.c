@@ -30,14 +30,9 @@ void gux_send_ready(gser_ucx_request_t *r)
     if (r->fail_status) {
         st = r->fail_status;
     } else if (r->first_error != UCS_OK) {
-        gser_ucx_ep_t *ep = r->ep;
-        if (ep && ep->state >= GUX_EP_FAILED) {
-            st = ep->error;
-        } else {
-            st = GUX_CALL("send", r->first_error);
-            if (ep) /* part of the message may be out: the stream is torn */
-                gux_ep_fail(ep, st);
-        }
+        st = gux_ep_part_error(r->ep, r->first_error, "send");
+        if (r->ep) /* part of the message may be out: the stream is torn */
+            gux_ep_fail(r->ep, st);
     }
     gux_req_complete(r, st);
 }

@@ -1,2 +1,347 @@
+// The transport between two processes: this test binary re-executed as a
+// child (--child <role> ...), peers that die in the middle of a transfer on
+// either side, and a listener that goes on serving after one of its peers
+// died. Children report on stdout one line per step; every wait has a
+// deadline and children are killed when a test ends.
+#include <atomic>
+
 #include "ucx_common.hpp"
-int ucx_child_main(int, char **) { return 2; }
+
+namespace {
+
+// ---- child roles -----------------------------------------------------------
+
+struct ChildEnv {
+    UcxCtxPtr ctx;
+    WorkerPtr worker;
+    CtxPtr gctx;
+};
+
+bool child_setup(ChildEnv *e)
+{
+    e->ctx = make_ucx_ctx();
+    if (!e->ctx)
+        return false;
+    e->worker = make_worker(e->ctx.get());
+    e->gctx = make_ctx();
+    return e->worker && e->gctx;
+}
+
+void say(const std::string &line)
+{
+    std::string l = line + "\n";
+    if (write(1, l.data(), l.size()) < 0)
+        _exit(3);
+}
+
+// Progress for ms milliseconds, then stop driving UCX entirely.
+void progress_for(gser_ucx_worker_t *w, int ms)
+{
+    auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    while (std::chrono::steady_clock::now() < end)
+        gser_ucx_worker_progress(w);
+}
+
+// echo-server <n>: listen, accept one connection, send back n messages.
+int child_echo_server(int n)
+{
+    ChildEnv e;
+    if (!child_setup(&e))
+        return 10;
+    gser_ucx_listener_options_t lo{};
+    lo.address = "127.0.0.1";
+    gser_ucx_listener_t *l;
+    if (gser_ucx_listener_create(e.worker.get(), &lo, &l))
+        return 11;
+    ListenerPtr lp(l);
+    say("port " + std::to_string(gser_ucx_listener_port(l)));
+    gser_ucx_ep_t *ep;
+    if (gser_ucx_listener_accept(l, kWaitMs, &ep))
+        return 12;
+    EpPtr epp(ep);
+    for (int i = 0; i < n; i++) {
+        gser_ucx_request_t *r;
+        if (gser_ucx_ep_recv_nb(ep, nullptr, &r) || gser_ucx_request_wait(r, kWaitMs))
+            return 13;
+        gser_ucx_recv_t got{};
+        if (gser_ucx_request_take(r, &got))
+            return 14;
+        gser_ucx_request_free(r);
+        gser_status_t st = gser_ucx_ep_send(ep, got.frames, got.nframes, kWaitMs);
+        gser_ucx_recv_finish(&got, false);
+        if (st)
+            return 15;
+    }
+    say("done");
+    // Stay until the parent has what it needs and hangs up.
+    gser_ucx_request_t *r;
+    if (gser_ucx_ep_recv_nb(ep, nullptr, &r) == GSER_OK) {
+        gser_ucx_request_wait(r, kWaitMs);
+        gser_ucx_request_free(r);
+    }
+    return 0;
+}
+
+// stall-sender <port> <bytes>: connect, start sending a message with one
+// large frame, then stop driving UCX (the transfer hangs halfway) until killed.
+int child_stall_sender(uint16_t port, size_t bytes)
+{
+    ChildEnv e;
+    if (!child_setup(&e))
+        return 10;
+    gser_ucx_ep_t *ep;
+    if (gser_ucx_ep_connect(e.worker.get(), "127.0.0.1", port, kWaitMs, &ep))
+        return 11;
+    std::vector<unsigned char> big(bytes, 7);
+    unsigned char hdr[8] = {1};
+    gser_frame_t f[2] = {};
+    f[0].data = hdr, f[0].size = sizeof hdr;
+    f[1].data = big.data(), f[1].size = bytes;
+    gser_ucx_request_t *r;
+    if (gser_ucx_ep_send_nb(ep, f, 2, nullptr, &r))
+        return 12;
+    // Long enough for the head to leave, far too short for the frame.
+    progress_for(e.worker.get(), 10);
+    say("stalled");
+    pause();
+    return 0;
+}
+
+// stall-receiver: listen, accept, then drive UCX without ever receiving:
+// the head of what the parent sends is taken in, its large frame waits.
+int child_stall_receiver()
+{
+    ChildEnv e;
+    if (!child_setup(&e))
+        return 10;
+    gser_ucx_listener_options_t lo{};
+    lo.address = "127.0.0.1";
+    gser_ucx_listener_t *l;
+    if (gser_ucx_listener_create(e.worker.get(), &lo, &l))
+        return 11;
+    say("port " + std::to_string(gser_ucx_listener_port(l)));
+    gser_ucx_ep_t *ep;
+    if (gser_ucx_listener_accept(l, kWaitMs, &ep))
+        return 12;
+    say("accepted");
+    for (;;)
+        gser_ucx_worker_progress(e.worker.get());
+}
+
+// client <port> <n>: connect, send n messages, receive n replies, check them.
+int child_client(uint16_t port, int n)
+{
+    ChildEnv e;
+    if (!child_setup(&e))
+        return 10;
+    gser_ucx_ep_t *ep;
+    if (gser_ucx_ep_connect(e.worker.get(), "127.0.0.1", port, kWaitMs, &ep))
+        return 11;
+    EpPtr epp(ep);
+    for (int i = 0; i < n; i++) {
+        std::vector<size_t> sizes = {(size_t)i * 1000, 50000};
+        TestMsg m(e.gctx.get(), sizes, (unsigned)i);
+        if (gser_ucx_ep_send_msg(ep, e.gctx.get(), m.msg.get(), nullptr, kWaitMs))
+            return 12;
+        gser_msg_t *got;
+        if (gser_ucx_ep_recv_msg(ep, e.gctx.get(), nullptr, kWaitMs, &got))
+            return 13;
+        MsgPtr gp(got);
+        if (!same_msg(got, sizes, (unsigned)i))
+            return 14;
+    }
+    say("done");
+    return 0;
+}
+
+} // namespace
+
+int ucx_child_main(int argc, char **argv)
+{
+    std::string role = argc > 0 ? argv[0] : "";
+    if (role == "echo-server" && argc == 2)
+        return child_echo_server(std::atoi(argv[1]));
+    if (role == "stall-sender" && argc == 3)
+        return child_stall_sender((uint16_t)std::atoi(argv[1]), (size_t)std::atoll(argv[2]));
+    if (role == "stall-receiver" && argc == 1)
+        return child_stall_receiver();
+    if (role == "client" && argc == 3)
+        return child_client((uint16_t)std::atoi(argv[1]), std::atoi(argv[2]));
+    return 2;
+}
+
+namespace {
+
+uint16_t port_of(const std::string &line)
+{
+    return line.rfind("port ", 0) == 0 ? (uint16_t)std::atoi(line.c_str() + 5) : 0;
+}
+
+// ---- the parent's side ---------------------------------------------------------
+
+class TwoProcess : public ::testing::Test {
+  protected:
+    void SetUp() override
+    {
+        ctx_ = make_ucx_ctx();
+        ASSERT_TRUE(ctx_);
+        worker_ = make_worker(ctx_.get());
+        ASSERT_TRUE(worker_);
+        gctx_ = make_ctx();
+    }
+    void TearDown() override
+    {
+        worker_.reset();
+        ctx_.reset();
+    }
+    UcxCtxPtr ctx_;
+    WorkerPtr worker_;
+    CtxPtr gctx_;
+};
+
+TEST_F(TwoProcess, RoundTripThroughAnotherProcess)
+{
+    std::vector<std::vector<size_t>> msgs = {{}, {0, 1}, {100, 100000}, {(size_t)64 << 20}, {3, 5, 7}};
+    Child child({"echo-server", std::to_string(msgs.size())});
+    uint16_t port = port_of(child.read_line());
+    ASSERT_NE(port, 0) << "the child did not start";
+    gser_ucx_ep_t *ep;
+    UCX_OK(gser_ucx_ep_connect(worker_.get(), "127.0.0.1", port, kWaitMs, &ep));
+    EpPtr epp(ep);
+    for (size_t i = 0; i < msgs.size(); i++) {
+        TestMsg m(gctx_.get(), msgs[i], (unsigned)i);
+        auto frames = serialize(gctx_.get(), m.msg.get());
+        gser_ucx_request_t *sr;
+        UCX_OK(gser_ucx_ep_send_nb(ep, gser_frames_array(frames.get()), gser_frames_count(frames.get()), nullptr,
+                                   &sr));
+        ReqPtr s(sr);
+        gser_msg_t *got = nullptr;
+        UCX_OK(gser_ucx_ep_recv_msg(ep, gctx_.get(), nullptr, kWaitMs, &got));
+        MsgPtr gp(got);
+        EXPECT_TRUE(same_msg(got, msgs[i], (unsigned)i)) << "message " << i;
+        UCX_OK(gser_ucx_request_wait(sr, kWaitMs));
+    }
+    EXPECT_EQ(child.read_line(), "done");
+    epp.reset();
+    EXPECT_EQ(child.wait(), 0);
+}
+
+// The peer dies while this side receives a large frame from it: the receive
+// completes with a connection error, soon.
+TEST_F(TwoProcess, PeerKilledWhileWeReceive)
+{
+    gser_ucx_listener_options_t lo{};
+    lo.address = "127.0.0.1";
+    gser_ucx_listener_t *l;
+    UCX_OK(gser_ucx_listener_create(worker_.get(), &lo, &l));
+    ListenerPtr lp(l);
+    Child child({"stall-sender", std::to_string(gser_ucx_listener_port(l)), std::to_string(128 << 20)});
+    gser_ucx_ep_t *ep;
+    UCX_OK(gser_ucx_listener_accept(l, kWaitMs, &ep));
+    EpPtr epp(ep);
+    gser_ucx_request_t *rr;
+    UCX_OK(gser_ucx_ep_recv_nb(ep, nullptr, &rr));
+    ReqPtr r(rr);
+    // Drive our side while the child sends, until it stalls.
+    std::atomic<bool> stop{false};
+    std::string line;
+    std::thread reader([&] { line = child.read_line(); stop = true; });
+    while (!stop)
+        gser_ucx_worker_progress(worker_.get());
+    reader.join();
+    ASSERT_EQ(line, "stalled");
+    progress_for(worker_.get(), 100);
+    ASSERT_EQ(gser_ucx_request_test(rr), GSER_INPROGRESS) << "the transfer was expected to hang halfway";
+    child.kill_now();
+    auto t0 = std::chrono::steady_clock::now();
+    gser_status_t st = gser_ucx_request_wait(rr, kWaitMs);
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(st, GSER_ERR_CONNECTION) << gser_ucx_last_error();
+    EXPECT_LT(ms, 10000);
+    EXPECT_EQ(gser_ucx_ep_status(ep), GSER_ERR_CONNECTION);
+    // Later receives on it fail at once.
+    gser_msg_t *got;
+    EXPECT_EQ(gser_ucx_ep_recv_msg(ep, gctx_.get(), nullptr, 1000, &got), GSER_ERR_CONNECTION);
+}
+
+// The peer dies while this side sends it a large frame: the send completes
+// with a connection error, soon, and our buffer is ours again.
+TEST_F(TwoProcess, PeerKilledWhileWeSend)
+{
+    Child child({"stall-receiver"});
+    uint16_t port = port_of(child.read_line());
+    ASSERT_NE(port, 0);
+    gser_ucx_ep_t *ep;
+    UCX_OK(gser_ucx_ep_connect(worker_.get(), "127.0.0.1", port, kWaitMs, &ep));
+    EpPtr epp(ep);
+    ASSERT_EQ(child.read_line(), "accepted");
+    std::vector<unsigned char> big((size_t)64 << 20, 3);
+    unsigned char hdr[8] = {1};
+    gser_frame_t f[2] = {};
+    f[0].data = hdr, f[0].size = sizeof hdr;
+    f[1].data = big.data(), f[1].size = big.size();
+    gser_ucx_request_t *sr;
+    UCX_OK(gser_ucx_ep_send_nb(ep, f, 2, nullptr, &sr));
+    ReqPtr s(sr);
+    progress_for(worker_.get(), 300);
+    ASSERT_EQ(gser_ucx_request_test(sr), GSER_INPROGRESS) << "the transfer was expected to hang halfway";
+    child.kill_now();
+    auto t0 = std::chrono::steady_clock::now();
+    gser_status_t st = gser_ucx_request_wait(sr, kWaitMs);
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(st, GSER_ERR_CONNECTION) << gser_ucx_last_error();
+    EXPECT_LT(ms, 10000);
+    // New sends fail at once.
+    gser_ucx_request_t *r2 = nullptr;
+    EXPECT_EQ(gser_ucx_ep_send_nb(ep, f, 1, nullptr, &r2), GSER_ERR_CONNECTION);
+}
+
+// One peer dies mid-transfer; the listener goes on serving another one,
+// whose messages arrive through a receive from any endpoint.
+TEST_F(TwoProcess, ListenerServesOnAfterAPeerDies)
+{
+    gser_ucx_listener_options_t lo{};
+    lo.address = "127.0.0.1";
+    gser_ucx_listener_t *l;
+    UCX_OK(gser_ucx_listener_create(worker_.get(), &lo, &l));
+    ListenerPtr lp(l);
+    std::string port = std::to_string(gser_ucx_listener_port(l));
+    {
+        Child doomed({"stall-sender", port, std::to_string(128 << 20)});
+        gser_ucx_ep_t *ep;
+        UCX_OK(gser_ucx_listener_accept(l, kWaitMs, &ep));
+        EpPtr epp(ep);
+        gser_ucx_request_t *rr;
+        UCX_OK(gser_ucx_ep_recv_nb(ep, nullptr, &rr));
+        ReqPtr r(rr);
+        std::atomic<bool> stop{false};
+        std::thread reader([&] { doomed.read_line(); stop = true; });
+        while (!stop)
+            gser_ucx_worker_progress(worker_.get());
+        reader.join();
+        doomed.kill_now();
+        gser_status_t st = gser_ucx_request_wait(rr, kWaitMs);
+        EXPECT_TRUE(st == GSER_ERR_CONNECTION || st == GSER_OK) << gser_status_str(st);
+    }
+    const int n = 5;
+    Child client({"client", port, std::to_string(n)});
+    gser_ucx_ep_t *ep;
+    UCX_OK(gser_ucx_listener_accept(l, kWaitMs, &ep));
+    EpPtr epp(ep);
+    for (int i = 0; i < n; i++) {
+        gser_ucx_request_t *rr;
+        UCX_OK(gser_ucx_worker_recv_nb(worker_.get(), nullptr, &rr));
+        ReqPtr r(rr);
+        UCX_OK(gser_ucx_request_wait(rr, kWaitMs));
+        ASSERT_EQ(gser_ucx_request_ep(rr), ep);
+        gser_ucx_recv_t got{};
+        UCX_OK(gser_ucx_request_take(rr, &got));
+        gser_status_t st = gser_ucx_ep_send(ep, got.frames, got.nframes, kWaitMs);
+        gser_ucx_recv_finish(&got, false);
+        UCX_OK(st);
+    }
+    EXPECT_EQ(client.read_line(), "done");
+    EXPECT_EQ(client.wait(), 0);
+}
+
+} // namespace

@@ -1,1 +1,211 @@
+// The transport's wire layout on its own (plugins/ucx/wire.c): the
+// handshake record and the message head, written and read back, and every
+// malformed head rejected with its own status, never read out of bounds.
+#include <random>
+
 #include "ucx_common.hpp"
+
+extern "C" {
+#include "wire.h"
+}
+
+namespace {
+
+TEST(Wire, HelloRoundTripAndMagic)
+{
+    gux_hello_t h{GSER_UCX_WIRE_VERSION, GSER_WIRE_VERSION, GSER_UCX_CAP_CUDA, 0x00312345u};
+    unsigned char b[GUX_HELLO_LEN];
+    gux_hello_encode(&h, b);
+    // Little-endian at fixed offsets (docs/ucx.md).
+    EXPECT_EQ(b[0], 0x89);
+    EXPECT_EQ(std::memcmp(b + 1, "GSERUCX", 7), 0);
+    EXPECT_EQ(b[8], GSER_UCX_WIRE_VERSION);
+    EXPECT_EQ(b[20], 0x45);
+    EXPECT_EQ(b[23], 0x00);
+    gux_hello_t g{};
+    ASSERT_EQ(gux_hello_decode(b, &g), GSER_OK);
+    EXPECT_EQ(g.wire_version, h.wire_version);
+    EXPECT_EQ(g.gser_wire_version, h.gser_wire_version);
+    EXPECT_EQ(g.caps, h.caps);
+    EXPECT_EQ(g.conn_id, h.conn_id);
+    b[3] ^= 1;
+    EXPECT_EQ(gux_hello_decode(b, &g), GSER_ERR_BAD_MAGIC);
+}
+
+TEST(Wire, Tags)
+{
+    uint64_t t = gux_tag(0xabcdef01u, GUX_KIND_FRAME, 0x1fffffffu);
+    EXPECT_EQ(gux_tag_conn(t), 0xabcdef01u);
+    EXPECT_EQ(gux_tag_seq(t), 0x0fffffffu); // the sequence wraps at 28 bits
+    EXPECT_EQ((t & GUX_TAG_MASK_KIND) >> 28, (uint64_t)GUX_KIND_FRAME);
+}
+
+struct Built {
+    std::vector<unsigned char> head;
+    std::vector<uint8_t> routes;
+};
+
+Built build(const std::vector<gser_frame_t> &frames, const gux_route_policy_t &pol, uint32_t seq = 5,
+            uint32_t chunk = 0)
+{
+    Built b;
+    b.routes.resize(frames.size());
+    size_t len = 0;
+    EXPECT_EQ(gux_head_plan(frames.data(), frames.size(), &pol, b.routes.data(), &len), GSER_OK)
+        << gser_ucx_last_error();
+    b.head.resize(len);
+    gux_head_write(frames.data(), frames.size(), b.routes.data(), seq, chunk, b.head.data(), len);
+    return b;
+}
+
+gser_status_t parse(const std::vector<unsigned char> &head, std::vector<gux_head_frame_t> *out = nullptr,
+                    size_t max_frames = 1000, uint64_t max_bytes = (uint64_t)1 << 40)
+{
+    gux_head_info_t info{};
+    gser_status_t st = gux_head_parse_fixed(head.data(), head.size(), max_frames, &info);
+    if (st)
+        return st;
+    std::vector<gux_head_frame_t> t(info.nframes);
+    st = gux_head_parse_table(head.data(), head.size(), max_bytes, &info, t.data());
+    if (!st && out)
+        *out = t;
+    return st;
+}
+
+gser_frame_t frame(const void *p, size_t n, gser_memory_t m = GSER_MEMORY_HOST)
+{
+    gser_frame_t f{};
+    f.data = p;
+    f.size = n;
+    f.memory = m;
+    return f;
+}
+
+TEST(Wire, HeadRoutesAndLayout)
+{
+    std::vector<unsigned char> hdr(37, 'h'), small(100, 's'), mid(5000, 'm'), big(20000, 'b');
+    std::vector<gser_frame_t> f = {frame(hdr.data(), hdr.size()), frame(nullptr, 0),        frame(small.data(), 100),
+                                   frame(big.data(), big.size()), frame(mid.data(), 5000), frame(mid.data(), 5000),
+                                   frame(big.data(), 64, GSER_MEMORY_DEVICE)};
+    gux_route_policy_t pol{8192, 6000, false};
+    Built b = build(f, pol, 77, 4096);
+    // header and empty inline; 100 + 5000 fit the budget of 6000, the second 5000 does not.
+    std::vector<uint8_t> want = {GUX_ROUTE_INLINE, GUX_ROUTE_INLINE, GUX_ROUTE_INLINE, GUX_ROUTE_TAG,
+                                 GUX_ROUTE_INLINE, GUX_ROUTE_TAG,    GUX_ROUTE_STAGED};
+    EXPECT_EQ(b.routes, want);
+    std::vector<gux_head_frame_t> t;
+    ASSERT_EQ(parse(b.head, &t), GSER_OK) << gser_ucx_last_error();
+    ASSERT_EQ(t.size(), f.size());
+    gux_head_info_t info{};
+    ASSERT_EQ(gux_head_parse_fixed(b.head.data(), b.head.size(), 100, &info), GSER_OK);
+    EXPECT_EQ(info.seq, 77u);
+    EXPECT_EQ(info.chunk, 4096u);
+    for (size_t i = 0; i < f.size(); i++) {
+        EXPECT_EQ(t[i].size, f[i].size) << i;
+        EXPECT_EQ(t[i].route, want[i]) << i;
+        EXPECT_EQ(t[i].memory, (uint8_t)f[i].memory) << i;
+        if (t[i].route == GUX_ROUTE_INLINE) {
+            EXPECT_EQ(t[i].offset % GUX_HEAD_ALIGN, 0u) << i;
+            if (f[i].size) {
+                EXPECT_EQ(std::memcmp(b.head.data() + t[i].offset, f[i].data, f[i].size), 0) << i;
+            }
+        }
+    }
+    // With device-capable UCX on both sides device frames go as tag sends.
+    pol.device_direct = true;
+    EXPECT_EQ(build(f, pol).routes[6], GUX_ROUTE_TAG);
+}
+
+TEST(Wire, HeadPlanRejectsBadFrames)
+{
+    std::vector<unsigned char> hdr(8);
+    gux_route_policy_t pol{8192, 65536, false};
+    uint8_t routes[2];
+    size_t len;
+    gser_frame_t dev = frame(hdr.data(), 8, GSER_MEMORY_DEVICE);
+    EXPECT_EQ(gux_head_plan(&dev, 1, &pol, routes, &len), GSER_ERR_INVALID_ARG);
+    gser_frame_t f[2] = {frame(hdr.data(), 8), frame(nullptr, 10)};
+    EXPECT_EQ(gux_head_plan(f, 2, &pol, routes, &len), GSER_ERR_INVALID_ARG);
+    f[1] = frame(hdr.data(), 8, (gser_memory_t)7);
+    EXPECT_EQ(gux_head_plan(f, 2, &pol, routes, &len), GSER_ERR_INVALID_ARG);
+    EXPECT_EQ(gux_head_plan(f, 0, &pol, routes, &len), GSER_ERR_INVALID_ARG);
+}
+
+TEST(Wire, HeadParseRejectsMalformed)
+{
+    std::vector<unsigned char> hdr(20, 'h'), big(30000, 'b'), small(10, 's');
+    std::vector<gser_frame_t> f = {frame(hdr.data(), hdr.size()), frame(small.data(), 10), frame(big.data(), 30000)};
+    Built b = build(f, {8192, 65536, false});
+    ASSERT_EQ(parse(b.head), GSER_OK);
+    auto mut = [&](size_t off, unsigned char v) {
+        auto h = b.head;
+        h[off] = v;
+        return parse(h);
+    };
+    const size_t t0 = GUX_HEAD_FIXED, e = GUX_HEAD_ENTRY;
+    EXPECT_EQ(parse(std::vector<unsigned char>(b.head.begin(), b.head.begin() + 10)), GSER_ERR_TRUNCATED);
+    EXPECT_EQ(mut(0, 'X'), GSER_ERR_BAD_MAGIC);
+    EXPECT_EQ(mut(4, 9), GSER_ERR_WIRE_VERSION);
+    EXPECT_EQ(mut(6, 1), GSER_ERR_FORMAT);           // flags
+    EXPECT_EQ(mut(20, 1), GSER_ERR_FORMAT);          // reserved
+    EXPECT_EQ(mut(8, 0), GSER_ERR_FORMAT);           // no frames
+    EXPECT_EQ(mut(11, 0x10), GSER_ERR_LIMIT_FRAMES); // 2^28 + 3 frames
+    EXPECT_EQ(parse(b.head, nullptr, 1), GSER_ERR_LIMIT_FRAMES);
+    EXPECT_EQ(mut(8, 200), GSER_ERR_TRUNCATED);       // a table longer than the head
+    EXPECT_EQ(mut(t0 + e + 8, 2), GSER_ERR_FORMAT);   // memory kind 2
+    EXPECT_EQ(mut(t0 + e + 9, 3), GSER_ERR_FORMAT);   // route 3
+    EXPECT_EQ(mut(t0 + e + 10, 1), GSER_ERR_FORMAT);  // reserved bits
+    EXPECT_EQ(mut(t0 + 8, 1), GSER_ERR_FORMAT);       // header in device memory
+    EXPECT_EQ(mut(t0 + 9, GUX_ROUTE_TAG), GSER_ERR_FORMAT); // header not inline
+    EXPECT_EQ(mut(t0 + e + 1, 1), GSER_ERR_TRUNCATED); // inline frame runs past the end
+    EXPECT_EQ(mut(t0 + e, 9), GSER_ERR_FORMAT);        // ... or ends early
+    EXPECT_EQ(mut(t0 + 2 * e + 9, GUX_ROUTE_STAGED), GSER_ERR_FORMAT); // staged with chunk 0
+    EXPECT_EQ(parse(b.head, nullptr, 1000, 29999), GSER_ERR_LIMIT_BYTES);
+    {
+        auto h = b.head;
+        std::memset(&h[t0 + 2 * e], 0, 8); // a tag frame of 0 bytes
+        EXPECT_EQ(parse(h), GSER_ERR_FORMAT);
+    }
+    {
+        auto h = b.head;
+        std::memset(&h[t0 + 2 * e], 0xff, 8); // 2^64-1 bytes
+        EXPECT_EQ(parse(h), GSER_ERR_LIMIT_BYTES);
+    }
+    auto h = b.head;
+    h.push_back(0);
+    EXPECT_EQ(parse(h), GSER_ERR_FORMAT); // trailing byte
+    EXPECT_GE(gux_head_max(1000, 30000), b.head.size());
+    EXPECT_EQ(gux_head_max(SIZE_MAX, UINT64_MAX - 5), UINT64_MAX);
+}
+
+// Random corruption of valid heads: every outcome is a status, and a head
+// that parses describes frames inside its bytes (ASan checks the reads).
+TEST(Wire, HeadParseSurvivesCorruption)
+{
+    std::mt19937 rng(1234);
+    std::vector<unsigned char> data(3000);
+    for (auto &c : data)
+        c = (unsigned char)rng();
+    for (int round = 0; round < 2000; round++) {
+        size_t n = 1 + rng() % 6;
+        std::vector<gser_frame_t> f;
+        for (size_t i = 0; i < n; i++)
+            f.push_back(frame(data.data() + rng() % 100, rng() % 1500));
+        Built b = build(f, {1024, 2048, false});
+        size_t flips = 1 + rng() % 4;
+        for (size_t k = 0; k < flips; k++)
+            b.head[rng() % b.head.size()] ^= (unsigned char)(1u << (rng() % 8));
+        if (rng() % 4 == 0)
+            b.head.resize(rng() % (b.head.size() + 1));
+        std::vector<gux_head_frame_t> t;
+        if (parse(b.head, &t) == GSER_OK) {
+            for (auto &e : t) {
+                if (e.route == GUX_ROUTE_INLINE) {
+                    ASSERT_LE(e.offset + e.size, b.head.size());
+                }
+            }
+        }
+    }
+}
+
+} // namespace
