@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Installs gser's build and test dependencies from Debian's packages.
 #   tools/setup.sh [core|all] [--update]
-# core: what the library, tools and demo need; all: also tests, sanitizers,
-# the fuzzer, UCX and Python. Only missing packages are installed, with sudo
+# core: what the library, the UCX plugin, the tools and the demo need; all:
+# also tests, sanitizers, the fuzzer, ucx_perftest and Python. Only missing packages are installed, with sudo
 # when not root. --update runs `apt-get update` first even if nothing is missing.
 set -euo pipefail
 
-CORE_PKGS=(build-essential cmake ninja-build pkg-config libmsgpack-dev)
-ALL_PKGS=("${CORE_PKGS[@]}" libgtest-dev clang libclang-rt-14-dev libucx-dev ucx-utils
+CORE_PKGS=(build-essential cmake ninja-build pkg-config libmsgpack-dev libucx-dev)
+ALL_PKGS=("${CORE_PKGS[@]}" libgtest-dev clang libclang-rt-14-dev ucx-utils
           python3-dev python3-pytest python3-numpy python3-distributed)
 
 group=${1:-all}
