@@ -1,0 +1,40 @@
+/* The synthetic table of gser-demo and gser-bench-arrow: C columns of int64,
+ * float64 with nulls, utf8 and list<int32> in turn, built as an Arrow C Device
+ * Data table in host or device memory, and a checksum of a column's logical
+ * values that any valid layout of the same values agrees on. */
+#ifndef GSER_TOOLS_DEMO_TABLE_H
+#define GSER_TOOLS_DEMO_TABLE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <gser/arrow.h>
+#include <gser/gser.h>
+
+enum { COL_INT64, COL_FLOAT64, COL_UTF8, COL_LIST, COL_KINDS };
+extern const char *const col_format[COL_KINDS];
+extern const char *const col_kind_name[COL_KINDS];
+
+/* Who is talking, for the messages of die(). */
+extern const char *who;
+
+/* Print "who: what: status: detail" and exit(1). */
+void die(const char *what, gser_status_t st, const char *detail);
+
+#define CK(ctx, call)                                                                                        \
+    do {                                                                                                     \
+        gser_status_t st_ = (call);                                                                          \
+        if (st_ != GSER_OK)                                                                                  \
+            die(#call, st_, gser_context_last_error(ctx));                                                   \
+    } while (0)
+
+/* A table of rows x cols in device memory (device) or host memory; released
+ * by the arrays' and the schema's release callbacks. */
+void make_table(gser_context_t *ctx, bool device, int64_t rows, int cols, struct ArrowDeviceArray *da,
+                struct ArrowSchema *schema);
+
+/* Checksum of column a (format is its schema format), read through host
+ * copies when device. */
+uint64_t column_checksum(gser_context_t *ctx, bool device, const struct ArrowArray *a, const char *format);
+
+#endif
