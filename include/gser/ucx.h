@@ -111,6 +111,10 @@ typedef struct gser_ucx_worker_options {
     /** Bounce buffers in flight per staged frame and direction; at least 2.
      *  0 = 4. */
     unsigned staging_depth;
+    /** Received host frames of 64 KiB or more use buffers that released
+     *  frames gave back, cached up to this many bytes: a fresh buffer costs
+     *  page faults on every byte. 0 = 256 MiB; 1 = no cache. */
+    size_t recv_cache_bytes;
     /** Blocking calls on this worker sleep on the event file descriptor
      *  instead of polling (lower CPU use, higher latency). */
     bool blocking_sleep;

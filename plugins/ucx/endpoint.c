@@ -137,15 +137,39 @@ static void ep_ucp_close(gser_ucx_ep_t *ep, bool force)
         ep->close_req = sp;
 }
 
-/* Whether a request on ep is still running, or UCX still has parts of one. */
+/* Whether a request on ep is still running. */
 static bool ep_busy(const gser_ucx_ep_t *ep)
 {
     for (const gux_list_t *n = ep->reqs.next; n != &ep->reqs; n = n->next) {
         const gser_ucx_request_t *r = gux_container(n, gser_ucx_request_t, elink);
-        if (r->status == GSER_INPROGRESS || r->outstanding)
+        if (r->status == GSER_INPROGRESS)
             return true;
     }
     return false;
+}
+
+/* Sends UCX did not give back when it closed ep: UCX 1.13 leaves
+ * rendezvous sends that wait for the peer out of its purge. The connection
+ * is gone, so their bytes are not read any more; they end here with the
+ * endpoint's status, and UCX's parts of them (if it ever finishes them)
+ * drain into the request, which lives until then or until the worker goes. */
+static void ep_abandon_sends(gser_ucx_ep_t *ep)
+{
+    if (ep->ucp || ep->close_req)
+        return;
+    gux_list_t *n = ep->reqs.next;
+    while (n != &ep->reqs) {
+        gser_ucx_request_t *r = gux_container(n, gser_ucx_request_t, elink);
+        n = n->next;
+        if (r->kind == GUX_REQ_SEND && r->status == GSER_INPROGRESS && !r->stage_op)
+            gux_req_complete(r, r->fail_status ? r->fail_status : ep->error);
+    }
+}
+
+static bool ep_closed(void *arg)
+{
+    gser_ucx_ep_t *ep = arg;
+    return !ep->ucp && !ep->close_req;
 }
 
 static bool ep_quiet(void *arg)
@@ -367,6 +391,8 @@ static bool ep_process(gser_ucx_ep_t *ep)
         else
             w->eps_dirty = true;
     }
+    if (ep->state >= GUX_EP_FAILED)
+        ep_abandon_sends(ep);
     if (ep->listener && !ep->hs_reported && ep->state != GUX_EP_CONNECTING && listener_report(ep->listener, ep))
         return true;
     if ((ep->user_owned && !ep->zombie) || ep->listener)
@@ -689,6 +715,16 @@ gser_ucx_worker_t *gser_ucx_ep_worker(const gser_ucx_ep_t *ep)
 
 /* ---- closing ----------------------------------------------------------------------------- */
 
+/* UCX tears a connection down in its progress: give it a few rounds so
+ * that the peer hears of it even if this worker goes idle now. */
+static void settle(gser_ucx_worker_t *w)
+{
+    double end = gux_now_ms() + GUX_SETTLE_MS;
+    unsigned quiet = 0;
+    while (quiet < 8 && gux_now_ms() < end)
+        quiet = gux_progress(w) ? 0 : quiet + 1;
+}
+
 gser_status_t gser_ucx_ep_close(gser_ucx_ep_t *ep)
 {
     if (!ep)
@@ -697,7 +733,10 @@ gser_status_t gser_ucx_ep_close(gser_ucx_ep_t *ep)
     gux_lock(w);
     gux_ep_shutdown(ep, GSER_ERR_CANCELED, true);
     /* Sends complete once UCX hands their buffers back (bounded). */
+    gux_wait(w, ep_closed, ep, GUX_CLOSE_TIMEOUT_MS);
+    ep_abandon_sends(ep);
     gux_wait(w, ep_quiet, ep, GUX_CLOSE_TIMEOUT_MS);
+    settle(w);
     gux_completions_run(w);
     gux_unlock(w);
     return GSER_OK;
@@ -715,13 +754,6 @@ static bool flag_set(void *arg)
     return *(bool *)arg;
 }
 
-static void settle(gser_ucx_worker_t *w)
-{
-    double end = gux_now_ms() + GUX_SETTLE_MS;
-    unsigned quiet = 0;
-    while (quiet < 8 && gux_now_ms() < end)
-        quiet = gux_progress(w) ? 0 : quiet + 1;
-}
 
 void gser_ucx_ep_destroy(gser_ucx_ep_t *ep)
 {
@@ -745,9 +777,9 @@ void gser_ucx_ep_destroy(gser_ucx_ep_t *ep)
         }
     }
     gux_ep_shutdown(ep, GSER_ERR_CANCELED, true);
+    gux_wait(w, ep_closed, ep, GUX_CLOSE_TIMEOUT_MS);
+    ep_abandon_sends(ep);
     gux_wait(w, ep_quiet, ep, GUX_CLOSE_TIMEOUT_MS);
-    /* UCX tears the connection down in its progress: give it a few rounds
-     * so that the peer hears of it even if this worker goes idle now. */
     settle(w);
     gux_completions_run(w);
     ep->user_owned = false;

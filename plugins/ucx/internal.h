@@ -32,6 +32,7 @@
 #define GUX_DEFAULT_INLINE_BUDGET 65536u
 #define GUX_DEFAULT_CHUNK ((size_t)4 << 20)
 #define GUX_DEFAULT_DEPTH 4u
+#define GUX_DEFAULT_RECV_CACHE ((size_t)256 << 20)
 #define GUX_DEFAULT_MAX_FRAMES ((size_t)1 << 20)
 #define GUX_DEFAULT_MAX_BYTES ((uint64_t)1 << 40)
 /* How long teardown waits for UCX to finish closing before giving up. */
@@ -40,6 +41,11 @@
 #define GUX_SETTLE_MS 20
 /* Heads up to this size are built inside the request, without a malloc. */
 #define GUX_HEAD_INLINE 256
+/* Receives of up to this many frames keep their table and frame array in
+ * the request itself. */
+#define GUX_FRAMES_INLINE 4
+/* Freed requests kept for reuse, per worker. */
+#define GUX_REQ_CACHE 256
 /* Received frames start at this alignment (a cache line). */
 #define GUX_FRAME_ALIGN 64
 
@@ -100,6 +106,7 @@ typedef struct gux_conn_req {
 } gux_conn_req_t;
 
 typedef struct gux_staging gux_staging_t;
+typedef struct gux_pool gux_pool_t;
 
 struct gser_ucx_worker {
     gser_ucx_context_t *ctx;
@@ -119,6 +126,7 @@ struct gser_ucx_worker {
     size_t chunk;
     unsigned depth;
     uint32_t announce_version;
+    gux_pool_t *pool; /* cache of host receive buffers */
 
     gux_list_t eps;       /* every endpoint (gser_ucx_ep_t.wlink) */
     gux_list_t listeners; /* gser_ucx_listener_t.wlink */
@@ -137,6 +145,8 @@ struct gser_ucx_worker {
     size_t nslots;
     size_t free_slot_hint;
 
+    gser_ucx_request_t **req_cache; /* freed requests, for reuse */
+    size_t nreq_cache;
     unsigned events;      /* handled since the last progress call returned */
     bool in_completions;  /* running user callbacks */
     gux_staging_t *staging;
@@ -252,6 +262,8 @@ struct gser_ucx_request {
     gux_stage_op_t *stage_op;
     size_t stage_next; /* next frame index to look at */
 
+    gux_head_frame_t table_inline[GUX_FRAMES_INLINE];
+    gser_frame_t frames_inline[GUX_FRAMES_INLINE];
     unsigned char head_inline[GUX_HEAD_INLINE];
 };
 
@@ -331,6 +343,12 @@ GUX_INTERNAL void gux_staging_release(gser_ucx_request_t *req);
 /* Device memory for a received frame, from the gser context's allocator. */
 GUX_INTERNAL gser_status_t gux_staging_device_frame(gser_ucx_worker_t *w, size_t size, int32_t device,
                                                     gser_frame_t *out);
+/* The cache of host receive buffers (pool.c). */
+GUX_INTERNAL gux_pool_t *gux_pool_create(size_t max_cached);
+/* The worker lets go; buffers still out come back to nothing. NULL is fine. */
+GUX_INTERNAL void gux_pool_close(gux_pool_t *p);
+/* A host frame of size bytes (64-byte aligned) whose release returns it to p. */
+GUX_INTERNAL gser_status_t gux_pool_frame(gux_pool_t *p, size_t size, gser_frame_t *out);
 /* Memory for received frames. */
 GUX_INTERNAL gser_status_t gux_frame_alloc(gser_ucx_worker_t *w, size_t size, gser_memory_t *memory, int32_t device,
                                            gser_frame_t *out);

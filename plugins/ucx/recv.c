@@ -8,26 +8,11 @@
 
 /* ---- frame memory ------------------------------------------------------------------------ */
 
-static void host_release(void *data, void *arg)
-{
-    (void)arg;
-    free(data);
-}
-
 /* Frame 0 (the header) starts inside the head buffer, which it owns. */
 static void head_release(void *data, void *arg)
 {
     (void)data;
     free(arg);
-}
-
-static void *host_alloc(size_t size)
-{
-    void *p = NULL;
-    size_t rounded = (size + GUX_FRAME_ALIGN - 1) & ~(size_t)(GUX_FRAME_ALIGN - 1);
-    if (posix_memalign(&p, GUX_FRAME_ALIGN, rounded ? rounded : GUX_FRAME_ALIGN))
-        return NULL;
-    return p;
 }
 
 gser_status_t gux_frame_alloc(gser_ucx_worker_t *w, size_t size, gser_memory_t *memory, int32_t device,
@@ -37,12 +22,8 @@ gser_status_t gux_frame_alloc(gser_ucx_worker_t *w, size_t size, gser_memory_t *
         return gux_staging_device_frame(w, size, device, out);
     /* Host frames, and device frames on a worker without a device backend:
      * the bytes arrive intact in host memory and the frame says so. */
-    void *p = host_alloc(size);
-    if (!p)
-        return gux_fail(GSER_ERR_NO_MEMORY, "receive: cannot allocate a %zu-byte frame", size);
     *memory = GSER_MEMORY_HOST;
-    *out = (gser_frame_t){.data = p, .size = size, .memory = GSER_MEMORY_HOST, .release = host_release};
-    return GSER_OK;
+    return gux_pool_frame(w->pool, size, out);
 }
 
 void gux_recv_release(gser_ucx_request_t *r)
@@ -55,12 +36,14 @@ void gux_recv_release(gser_ucx_request_t *r)
                     r->frames[i].release((void *)r->frames[i].data, r->frames[i].release_arg);
         if (head_owned)
             r->rhead = NULL;
-        free(r->frames);
+        if (r->frames != r->frames_inline)
+            free(r->frames);
         r->frames = NULL;
     }
     free(r->rhead);
     r->rhead = NULL;
-    free(r->table);
+    if (r->table != r->table_inline)
+        free(r->table);
     r->table = NULL;
 }
 
@@ -270,8 +253,14 @@ static void head_parse(gser_ucx_request_t *r)
     ep->recv_seq++;
     r->seq = info.seq;
     size_t n = info.nframes;
-    r->table = malloc(n * sizeof *r->table);
-    r->frames = calloc(n, sizeof *r->frames);
+    if (n <= GUX_FRAMES_INLINE) {
+        r->table = r->table_inline;
+        r->frames = r->frames_inline;
+        memset(r->frames, 0, n * sizeof *r->frames);
+    } else {
+        r->table = malloc(n * sizeof *r->table);
+        r->frames = calloc(n, sizeof *r->frames);
+    }
     if (!r->table || !r->frames) {
         st = gux_fail(GSER_ERR_NO_MEMORY, "receive: out of memory for a %zu-frame table", n);
         goto bad;
@@ -384,6 +373,14 @@ gser_status_t gser_ucx_request_take(gser_ucx_request_t *r, gser_ucx_recv_t *out)
     gser_status_t st = check_taken(r, "gser_ucx_request_take");
     if (st)
         return st;
+    if (r->frames == r->frames_inline) {
+        /* The caller frees the array with gser_ucx_recv_finish. */
+        gser_frame_t *a = malloc(r->nframes * sizeof *a);
+        if (!a)
+            return gux_fail(GSER_ERR_NO_MEMORY, "gser_ucx_request_take: out of memory");
+        memcpy(a, r->frames, r->nframes * sizeof *a);
+        r->frames = a;
+    }
     out->frames = r->frames;
     out->nframes = r->nframes;
     out->ep = r->ep;

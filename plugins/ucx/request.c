@@ -8,7 +8,7 @@
 gser_ucx_request_t *gux_req_new(gser_ucx_worker_t *w, gux_req_kind_t kind, gser_ucx_ep_t *ep,
                                 const gser_ucx_op_params_t *params, bool user_holds)
 {
-    gser_ucx_request_t *r = malloc(sizeof *r);
+    gser_ucx_request_t *r = w->nreq_cache ? w->req_cache[--w->nreq_cache] : malloc(sizeof *r);
     if (!r) {
         gux_fail(GSER_ERR_NO_MEMORY, "request: out of memory");
         return NULL;
@@ -49,6 +49,15 @@ static void req_free(gser_ucx_request_t *r)
     gux_list_del(&r->wlink);
     gux_list_del(&r->rlink);
     gux_list_del(&r->alink);
+    gser_ucx_worker_t *w = r->worker;
+    if (w && w->nreq_cache < GUX_REQ_CACHE) {
+        if (!w->req_cache && !(w->req_cache = malloc(GUX_REQ_CACHE * sizeof *w->req_cache))) {
+            free(r);
+            return;
+        }
+        w->req_cache[w->nreq_cache++] = r;
+        return;
+    }
     free(r);
 }
 

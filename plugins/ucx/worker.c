@@ -78,9 +78,16 @@ gser_status_t gser_ucx_context_create(const gser_ucx_context_options_t *opts, gs
     /* Endpoints use peer error handling (a dead peer must fail what is
      * pending, not hang it); UCX's shared-memory transports take part in
      * that only when asked. */
-    if (may_use_shm(o.transports) && !getenv("UCX_POSIX_ERROR_HANDLING") && !getenv("UCX_SYSV_ERROR_HANDLING") &&
-        (st = config_default(cfg, "MM_ERROR_HANDLING", "y", false))) /* posix and sysv share it */
-        goto fail_cfg;
+    if (may_use_shm(o.transports)) {
+        if (!getenv("UCX_POSIX_ERROR_HANDLING") && !getenv("UCX_SYSV_ERROR_HANDLING") &&
+            (st = config_default(cfg, "MM_ERROR_HANDLING", "y", false))) /* posix and sysv share it */
+            goto fail_cfg;
+        /* Connections are set up through tcp, which then also offers itself
+         * as the rendezvous lane for local peers and takes large messages
+         * off shared memory: without its put emulation it does not. */
+        if (!getenv("UCX_TCP_PUT_ENABLE") && (st = config_default(cfg, "PUT_ENABLE", "n", false))) /* tcp's */
+            goto fail_cfg;
+    }
 
     ucp_params_t params = {
         .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME,
@@ -210,8 +217,15 @@ gser_status_t gser_ucx_worker_create(gser_ucx_context_t *ctx, const gser_ucx_wor
         goto fail_lock;
     if ((st = GUX_CALL("ucp_worker_get_efd", ucp_worker_get_efd(w->ucp, &w->efd))))
         goto fail_ucp;
-    if ((st = gux_staging_create(w)))
+    w->pool = gux_pool_create(o.recv_cache_bytes ? o.recv_cache_bytes : GUX_DEFAULT_RECV_CACHE);
+    if (!w->pool) {
+        st = gux_fail(GSER_ERR_NO_MEMORY, "gser_ucx_worker_create: out of memory");
         goto fail_ucp;
+    }
+    if ((st = gux_staging_create(w))) {
+        gux_pool_close(w->pool);
+        goto fail_ucp;
+    }
     *worker_out = w;
     return GSER_OK;
 
@@ -289,6 +303,10 @@ void gser_ucx_worker_destroy(gser_ucx_worker_t *w)
         r->cb_queued = false;
         gux_req_release_if_idle(r);
     }
+    gux_pool_close(w->pool);
+    for (size_t i = 0; i < w->nreq_cache; i++)
+        free(w->req_cache[i]);
+    free(w->req_cache);
     free(w->conn_reqs);
     free(w->slots);
     free(w->slot_gen);
@@ -374,24 +392,26 @@ gser_status_t gux_wait(gser_ucx_worker_t *w, bool (*done)(void *arg), void *arg,
 {
     double deadline = timeout_ms < 0 ? 0 : gux_now_ms() + timeout_ms;
     unsigned idle = 0;
-    for (;;) {
+    for (unsigned round = 1;; round++) {
         if (done && done(arg))
             return GSER_OK;
         unsigned n = gux_progress(w);
-        if (done && done(arg))
+        if (done ? done(arg) : n > 0)
             return GSER_OK;
-        double left = timeout_ms < 0 ? 1e9 : deadline - gux_now_ms();
-        if (left <= 0)
-            return GSER_ERR_TIMEOUT;
-        if (!done && n)
-            return GSER_OK; /* waiting for anything: something happened */
-        if (n) {
-            idle = 0;
-            continue;
+        idle = n ? 0 : idle + 1;
+        bool sleep = !n && (w->blocking_sleep || idle > GUX_SPIN_ROUNDS);
+        /* Reading the clock costs as much as a progress round: while
+         * polling, look at it every few rounds only. */
+        if (sleep || round % 16 == 0) {
+            double left = timeout_ms < 0 ? 1e9 : deadline - gux_now_ms();
+            if (left <= 0)
+                return GSER_ERR_TIMEOUT;
+            if (sleep) {
+                sleep_on_fd(w, left);
+                continue;
+            }
         }
-        if (w->blocking_sleep || ++idle > GUX_SPIN_ROUNDS) {
-            sleep_on_fd(w, left);
-        } else if (w->mt) {
+        if (w->mt) {
             gux_unlock(w); /* let other threads in between rounds */
             gux_lock(w);
         }

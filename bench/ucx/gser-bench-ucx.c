@@ -1,0 +1,592 @@
+/* gser-bench-ucx: gser's UCX transport against ucx_perftest on the same
+ * transport, both measured in the same run, between two processes on
+ * 127.0.0.1.
+ *
+ *   gser-bench-ucx [--json] [--quick] [--transport tcp|shm|all] [--device BACKEND] [--only lat|bw]
+ *                  [--perftest PATH]
+ *
+ * For each transport (tcp: UCX_TLS=tcp; shm: UCX_TLS=posix,sysv,cma,self,tcp,
+ * where tcp only sets connections up), with UCX_NET_DEVICES=lo:
+ *
+ *   ucx_<tl>_lat_8B     one-way latency of a small message (an 8-byte
+ *                       payload): serialize, send, receive, deserialize, and
+ *                       the same back; half the median round trip, vs
+ *                       ucx_perftest tag_lat 8 B (its median)
+ *   ucx_<tl>_bw_<size>  bandwidth of a stream of messages with one frame of
+ *                       <size> bytes (64 KiB, 4 MiB, 64 MiB), serialized and
+ *                       deserialized each, vs ucx_perftest tag_bw <size>
+ *   ucx_<tl>_rate_8B    the same with 8-byte messages: messages per second
+ *
+ * ucx_perftest runs with -e (peer error handling, which gser's endpoints use
+ * so that a dead peer fails what is pending) and the same UCX environment, so
+ * both use the same UCX lanes. With --device (default: "cuda" when a GPU is
+ * there), ucx_<tl>_device_1g sends 1 GiB of device frames through the
+ * staging path to a receiver with device memory, vs the slower of the pinned
+ * device-to-host copy and the host transport (64 MiB) measured in this run.
+ *
+ * --quick: small counts, to check that it runs; its numbers mean nothing.
+ * The child role (--serve) is internal.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gser/device.h>
+#include <gser/gser.h>
+#include <gser/ucx.h>
+
+#include "../bench_util.h"
+
+#define WAIT_MS 60000
+
+static gser_context_t *g_ctx;
+
+#define CK(x)                                                                                                \
+    do {                                                                                                     \
+        gser_status_t st_ = (x);                                                                             \
+        if (st_ != GSER_OK) {                                                                                \
+            fprintf(stderr, "%s:%d: %s: %s | %s\n", __FILE__, __LINE__, gser_status_str(st_),               \
+                    gser_ucx_last_error(), g_ctx ? gser_context_last_error(g_ctx) : "");                    \
+            exit(1);                                                                                         \
+        }                                                                                                    \
+    } while (0)
+
+static const char *g_self;
+
+/* ---- small gser messages for control ---------------------------------------------- */
+
+typedef struct cmd {
+    char op[16];
+    uint64_t n, size;
+} cmd_t;
+
+static void send_cmd(gser_ucx_ep_t *ep, const char *op, uint64_t n, uint64_t size)
+{
+    gser_msg_t *m;
+    gser_value_t *root, *v;
+    CK(gser_msg_create(g_ctx, &m));
+    CK(gser_msg_new_map(m, &root));
+    CK(gser_msg_new_cstr(m, op, &v));
+    CK(gser_map_put_cstr(root, "op", v));
+    CK(gser_msg_new_uint(m, n, &v));
+    CK(gser_map_put_cstr(root, "n", v));
+    CK(gser_msg_new_uint(m, size, &v));
+    CK(gser_map_put_cstr(root, "size", v));
+    CK(gser_msg_set_root(m, root));
+    CK(gser_ucx_ep_send_msg(ep, g_ctx, m, NULL, WAIT_MS));
+    gser_msg_destroy(m);
+}
+
+static void recv_cmd(gser_ucx_ep_t *ep, cmd_t *c)
+{
+    gser_msg_t *m;
+    gser_value_t *v;
+    const char *s;
+    CK(gser_ucx_ep_recv_msg(ep, g_ctx, NULL, WAIT_MS, &m));
+    memset(c, 0, sizeof *c);
+    CK(gser_map_find_cstr(gser_msg_root(m), "op", &v));
+    CK(gser_value_get_str(v, &s, NULL));
+    snprintf(c->op, sizeof c->op, "%s", s);
+    CK(gser_map_find_cstr(gser_msg_root(m), "n", &v));
+    CK(gser_value_get_uint(v, &c->n));
+    CK(gser_map_find_cstr(gser_msg_root(m), "size", &v));
+    CK(gser_value_get_uint(v, &c->size));
+    gser_msg_destroy(m);
+}
+
+/* A message with one buffer of size bytes at data (host or device memory). */
+static gser_msg_t *data_msg(const void *data, size_t size, gser_memory_t mem)
+{
+    gser_msg_t *m;
+    gser_value_t *root, *v;
+    CK(gser_msg_create(g_ctx, &m));
+    CK(gser_msg_new_map(m, &root));
+    CK(gser_msg_new_cstr(m, "data", &v));
+    CK(gser_map_put_cstr(root, "op", v));
+    gser_buffer_desc_t d = {.data = data, .nbytes = size, .memory = mem};
+    if (size < 256 && mem == GSER_MEMORY_HOST)
+        CK(gser_msg_new_bytes(m, data, size, &v)); /* small: a bytes value in the header */
+    else
+        CK(gser_msg_new_buffer(m, &d, &v));
+    CK(gser_map_put_cstr(root, "x", v));
+    CK(gser_msg_set_root(m, root));
+    return m;
+}
+
+/* ---- the serving child ---------------------------------------------------------------- */
+
+#define RECV_WINDOW 8
+
+static int serve(const char *device_backend)
+{
+    gser_context_options_t co = {.trace = -1, .device_backend = device_backend ? device_backend : "none"};
+    CK(gser_context_create(&co, &g_ctx));
+    gser_ucx_context_t *uctx;
+    CK(gser_ucx_context_create(NULL, &uctx));
+    gser_ucx_worker_options_t wo = {.gser_ctx = device_backend ? g_ctx : NULL};
+    gser_ucx_worker_t *w;
+    CK(gser_ucx_worker_create(uctx, &wo, &w));
+    gser_ucx_listener_options_t lo = {.address = "127.0.0.1"};
+    gser_ucx_listener_t *l;
+    CK(gser_ucx_listener_create(w, &lo, &l));
+    printf("port %u\n", gser_ucx_listener_port(l));
+    fflush(stdout);
+    gser_ucx_ep_t *ep;
+    CK(gser_ucx_listener_accept(l, WAIT_MS, &ep));
+    for (;;) {
+        cmd_t c;
+        recv_cmd(ep, &c);
+        if (strcmp(c.op, "quit") == 0)
+            break;
+        if (strcmp(c.op, "echo") == 0) {
+            /* Receive, deserialize, serialize again and send back. */
+            for (uint64_t i = 0; i < c.n; i++) {
+                gser_msg_t *m;
+                CK(gser_ucx_ep_recv_msg(ep, g_ctx, NULL, WAIT_MS, &m));
+                CK(gser_ucx_ep_send_msg(ep, g_ctx, m, NULL, WAIT_MS));
+                gser_msg_destroy(m);
+            }
+        } else if (strcmp(c.op, "sink") == 0) {
+            /* Receive and deserialize n messages, RECV_WINDOW receives posted. */
+            gser_ucx_request_t *r[RECV_WINDOW] = {0};
+            uint64_t posted = 0, done = 0;
+            /* Large frames: as many in flight as the receive cache holds. */
+            uint64_t window = c.size >= ((size_t)16 << 20) ? 4 : RECV_WINDOW;
+            while (done < c.n) {
+                while (posted < c.n && posted - done < window)
+                    CK(gser_ucx_ep_recv_nb(ep, NULL, &r[posted++ % RECV_WINDOW]));
+                gser_ucx_request_t *q = r[done % RECV_WINDOW];
+                CK(gser_ucx_request_wait(q, WAIT_MS));
+                gser_msg_t *m;
+                CK(gser_ucx_request_deserialize(q, g_ctx, NULL, &m));
+                gser_msg_destroy(m);
+                gser_ucx_request_free(q);
+                done++;
+            }
+            send_cmd(ep, "ack", c.n, 0);
+        }
+    }
+    gser_ucx_ep_destroy(ep);
+    gser_ucx_listener_destroy(l);
+    gser_ucx_worker_destroy(w);
+    gser_ucx_context_destroy(uctx);
+    gser_context_destroy(g_ctx);
+    return 0;
+}
+
+/* ---- child processes --------------------------------------------------------------------- */
+
+typedef struct proc {
+    pid_t pid;
+    FILE *out;
+} proc_t;
+
+static proc_t spawn(char *const argv[], bool quiet)
+{
+    int p[2];
+    if (pipe(p))
+        abort();
+    proc_t c = {.pid = fork()};
+    if (c.pid == 0) {
+        dup2(p[1], 1);
+        if (quiet)
+            dup2(p[1], 2);
+        close(p[0]);
+        close(p[1]);
+        execvp(argv[0], argv);
+        _exit(127);
+    }
+    close(p[1]);
+    c.out = fdopen(p[0], "r");
+    return c;
+}
+
+static int reap(proc_t *c)
+{
+    int status = 0;
+    if (c->out)
+        fclose(c->out);
+    c->out = NULL;
+    for (int i = 0; i < 2000 && c->pid > 0; i++) {
+        if (waitpid(c->pid, &status, WNOHANG) == c->pid) {
+            c->pid = -1;
+            return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        }
+        usleep(5000);
+    }
+    if (c->pid > 0) {
+        kill(c->pid, SIGKILL);
+        waitpid(c->pid, NULL, 0);
+    }
+    c->pid = -1;
+    return -1;
+}
+
+static uint16_t free_port(void)
+{
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof a) || getsockname(s, (struct sockaddr *)&a, &len))
+        abort();
+    close(s);
+    return ntohs(a.sin_port);
+}
+
+/* ---- ucx_perftest --------------------------------------------------------------------------- */
+
+static const char *g_perftest;
+
+/* Run one ucx_perftest test; its CSV line's columns: iterations, median
+ * latency (us), average latency, overall latency, average bandwidth (MB/s,
+ * MB = 2^20), overall bandwidth, message rates. */
+static bool perftest(const char *test, size_t size, long iters, long warmup, double *median_us, double *bw_gbs,
+                     double *rate_m)
+{
+    char port[16], sz[32], n[32], w[32];
+    for (int attempt = 0; attempt < 3; attempt++) {
+        snprintf(port, sizeof port, "%u", free_port());
+        snprintf(sz, sizeof sz, "%zu", size);
+        snprintf(n, sizeof n, "%ld", iters);
+        snprintf(w, sizeof w, "%ld", warmup);
+        char *server_argv[] = {(char *)g_perftest, "-p", port, "-e", NULL};
+        proc_t server = spawn(server_argv, true);
+        proc_t client = {0};
+        char line[512], last[512] = "";
+        for (int tries = 0; tries < 40; tries++) {
+            usleep(50000);
+            char *client_argv[] = {(char *)g_perftest, "127.0.0.1", "-p", port, "-t", (char *)test, "-s", sz,
+                                   "-n", n, "-w", w, "-e", "-f", "-v", NULL};
+            client = spawn(client_argv, true);
+            last[0] = '\0';
+            while (fgets(line, sizeof line, client.out))
+                if (line[0] == ' ' || (line[0] >= '0' && line[0] <= '9'))
+                    snprintf(last, sizeof last, "%s", line);
+            if (reap(&client) == 0 && last[0])
+                break;
+            last[0] = '\0';
+        }
+        reap(&server);
+        long it;
+        double med, avg, overall, avg_bw, overall_bw, avg_mr, overall_mr;
+        if (last[0] && sscanf(last, " %ld,%lf,%lf,%lf,%lf,%lf,%lf,%lf", &it, &med, &avg, &overall, &avg_bw,
+                              &overall_bw, &avg_mr, &overall_mr) == 8) {
+            *median_us = med;
+            *bw_gbs = overall_bw * 1048576.0 / 1e9;
+            *rate_m = overall_mr / 1e6;
+            return true;
+        }
+    }
+    fprintf(stderr, "ucx_perftest %s %zu failed\n", test, size);
+    return false;
+}
+
+/* ---- gser's side ----------------------------------------------------------------------------- */
+
+typedef struct conn {
+    proc_t server;
+    gser_ucx_context_t *uctx;
+    gser_ucx_worker_t *w;
+    gser_ucx_ep_t *ep;
+} conn_t;
+
+static void conn_open(conn_t *c, const char *device_backend)
+{
+    char *argv[] = {(char *)g_self, "--serve", (char *)(device_backend ? device_backend : "-"), NULL};
+    c->server = spawn(argv, false);
+    unsigned port = 0;
+    char line[128];
+    if (!fgets(line, sizeof line, c->server.out) || sscanf(line, "port %u", &port) != 1) {
+        fprintf(stderr, "the serving child did not start\n");
+        exit(1);
+    }
+    CK(gser_ucx_context_create(NULL, &c->uctx));
+    gser_ucx_worker_options_t wo = {.gser_ctx = device_backend ? g_ctx : NULL};
+    CK(gser_ucx_worker_create(c->uctx, &wo, &c->w));
+    CK(gser_ucx_ep_connect(c->w, "127.0.0.1", (uint16_t)port, WAIT_MS, &c->ep));
+}
+
+static void conn_close(conn_t *c)
+{
+    send_cmd(c->ep, "quit", 0, 0);
+    gser_ucx_ep_destroy(c->ep);
+    if (reap(&c->server) != 0)
+        fprintf(stderr, "the serving child failed\n");
+    gser_ucx_worker_destroy(c->w);
+    gser_ucx_context_destroy(c->uctx);
+}
+
+/* Half the median round trip of a small message, encoding included. */
+static double gser_latency_us(conn_t *c, long n, long warmup)
+{
+    unsigned char payload[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    gser_msg_t *m = data_msg(payload, sizeof payload, GSER_MEMORY_HOST);
+    send_cmd(c->ep, "echo", (uint64_t)(n + warmup), 0);
+    double *rtt = malloc(sizeof(double) * (size_t)n);
+    for (long i = 0; i < n + warmup; i++) {
+        double t0 = bench_now_us();
+        gser_frames_t *f;
+        CK(gser_serialize(g_ctx, m, NULL, &f));
+        gser_ucx_request_t *s, *r;
+        CK(gser_ucx_ep_send_nb(c->ep, gser_frames_array(f), gser_frames_count(f), NULL, &s));
+        CK(gser_ucx_ep_recv_nb(c->ep, NULL, &r));
+        CK(gser_ucx_request_wait(r, WAIT_MS));
+        gser_msg_t *got;
+        CK(gser_ucx_request_deserialize(r, g_ctx, NULL, &got));
+        gser_msg_destroy(got);
+        gser_ucx_request_free(r);
+        CK(gser_ucx_request_wait(s, WAIT_MS));
+        gser_ucx_request_free(s);
+        gser_frames_destroy(f);
+        if (i >= warmup)
+            rtt[i - warmup] = bench_now_us() - t0;
+    }
+    qsort(rtt, (size_t)n, sizeof *rtt, bench_cmp_double);
+    double med = rtt[n / 2] / 2;
+    free(rtt);
+    gser_msg_destroy(m);
+    return med;
+}
+
+#define SEND_WINDOW 16
+
+/* Send n messages with one frame of size bytes at data (window of
+ * SEND_WINDOW); the receiver deserializes each and acknowledges the last. */
+static double gser_stream(conn_t *c, const void *data, size_t size, gser_memory_t mem, long n)
+{
+    send_cmd(c->ep, "sink", (uint64_t)n, size);
+    gser_msg_t *m = data_msg(data, size, mem);
+    gser_ucx_request_t *req[SEND_WINDOW] = {0};
+    gser_frames_t *fr[SEND_WINDOW] = {0};
+    double t0 = bench_now_us();
+    for (long i = 0; i < n + SEND_WINDOW; i++) {
+        int k = (int)(i % SEND_WINDOW);
+        if (req[k]) {
+            CK(gser_ucx_request_wait(req[k], WAIT_MS));
+            gser_ucx_request_free(req[k]);
+            gser_frames_destroy(fr[k]);
+            req[k] = NULL;
+        }
+        if (i < n) {
+            CK(gser_serialize(g_ctx, m, NULL, &fr[k]));
+            CK(gser_frames_wait(fr[k]));
+            CK(gser_ucx_ep_send_nb(c->ep, gser_frames_array(fr[k]), gser_frames_count(fr[k]), NULL, &req[k]));
+        }
+    }
+    cmd_t ack;
+    recv_cmd(c->ep, &ack);
+    double us = bench_now_us() - t0;
+    gser_msg_destroy(m);
+    return (double)size * (double)n / us / 1e3; /* GB/s */
+}
+
+/* ---- one transport ------------------------------------------------------------------------- */
+
+static const char *size_name(size_t s)
+{
+    static char buf[32];
+    if (s >= (1u << 20))
+        snprintf(buf, sizeof buf, "%zuMiB", s >> 20);
+    else if (s >= 1024)
+        snprintf(buf, sizeof buf, "%zuKiB", s >> 10);
+    else
+        snprintf(buf, sizeof buf, "%zuB", s);
+    return buf;
+}
+
+static void set_transport(const char *tl)
+{
+    setenv("UCX_NET_DEVICES", "lo", 1);
+    if (strcmp(tl, "tcp") == 0) {
+        setenv("UCX_TLS", "tcp", 1);
+        unsetenv("UCX_POSIX_ERROR_HANDLING");
+        unsetenv("UCX_SYSV_ERROR_HANDLING");
+    } else {
+        setenv("UCX_TLS", "posix,sysv,cma,self,tcp", 1);
+        /* What gser's context sets for itself; ucx_perftest needs it in its environment. */
+        setenv("UCX_POSIX_ERROR_HANDLING", "y", 1);
+        setenv("UCX_SYSV_ERROR_HANDLING", "y", 1);
+    }
+}
+
+static double median3(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, bench_cmp_double);
+    return v[n / 2];
+}
+
+/* Rounds of each measurement, ucx_perftest and gser alternating, so that
+ * both see the same machine (other load on it drifts); medians reported. */
+#define ROUNDS 3
+
+static double run_transport(const char *tl, bool quick, bool json, const char *only)
+{
+    set_transport(tl);
+    char name[64], anchor[96];
+    double host_bw_64m = 0;
+    int rounds = quick ? 1 : ROUNDS;
+    double pv[ROUNDS], gv[ROUNDS], unused;
+    bool have_pf = true;
+
+    conn_t c;
+    conn_open(&c, NULL);
+
+    /* latency */
+    long lat_n = quick ? 200 : 20000;
+    for (int k = 0; k < rounds && (!only || strcmp(only, "lat") == 0); k++) {
+        have_pf &= perftest("tag_lat", 8, lat_n, lat_n / 10, &pv[k], &unused, &unused);
+        gv[k] = gser_latency_us(&c, lat_n, lat_n / 10);
+    }
+    snprintf(name, sizeof name, "ucx_%s_lat_8B", tl);
+    snprintf(anchor, sizeof anchor, "ucx_perftest tag_lat 8 B, %s", tl);
+    bench_result_t r = {name, median3(gv, rounds), "us", anchor, have_pf ? median3(pv, rounds) : NAN, "<= 1.5",
+                        "median, one way"};
+    if (!only || strcmp(only, "lat") == 0)
+        bench_print(&r, json);
+
+    /* bandwidth; for 8-byte messages, the message rate */
+    static const size_t sizes[] = {8, 64 << 10, 4 << 20, 64 << 20};
+    static const long counts[] = {200000, 20000, 600, 40};
+    static const char *targets[] = {">= 0.1", ">= 0.5", ">= 0.9", ">= 0.9"};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        if (only && strcmp(only, "bw") != 0)
+            break;
+        size_t sz = sizes[i];
+        bool rate = sz == 8;
+        long n = quick ? (counts[i] / 100 > 4 ? counts[i] / 100 : 4) : counts[i];
+        unsigned char *buf = malloc(sz);
+        memset(buf, 7, sz);
+        gser_stream(&c, buf, sz, GSER_MEMORY_HOST, n / 10 + 4); /* warm-up: buffers, registrations */
+        have_pf = true;
+        for (int k = 0; k < rounds; k++) {
+            double bw, mr;
+            have_pf &= perftest("tag_bw", sz, n, n / 10 + 1, &unused, &bw, &mr);
+            pv[k] = rate ? mr : bw;
+            gv[k] = gser_stream(&c, buf, sz, GSER_MEMORY_HOST, n);
+            if (rate)
+                gv[k] = gv[k] * 1e9 / (double)sz / 1e6; /* GB/s -> million messages/s */
+        }
+        free(buf);
+        double g = median3(gv, rounds);
+        if (sz == (size_t)64 << 20)
+            host_bw_64m = g;
+        snprintf(name, sizeof name, "ucx_%s_%s_%s", tl, rate ? "rate" : "bw", size_name(sz));
+        snprintf(anchor, sizeof anchor, "ucx_perftest tag_bw %s, %s", size_name(sz), tl);
+        bench_result_t b = {name, g, rate ? "Mmsg/s" : "GB/s", anchor, have_pf ? median3(pv, rounds) : NAN, targets[i],
+                            rate ? "each message serialized and deserialized" : NULL};
+        bench_print(&b, json);
+    }
+    conn_close(&c);
+    return host_bw_64m;
+}
+
+/* 1 GiB of device frames (16 x 64 MiB) through staging to a receiver with
+ * device memory, vs the slower of the pinned copy and the host transport. */
+static void run_device(const char *tl, const char *backend, double host_bw, bool quick, bool json)
+{
+    set_transport(tl);
+    size_t frame = quick ? (size_t)4 << 20 : (size_t)64 << 20;
+    long n = 16;
+    void *dev, *pinned;
+    CK(gser_device_alloc(g_ctx, frame, NULL, &dev));
+    CK(gser_pinned_alloc(g_ctx, frame, &pinned));
+    CK(gser_device_memcpy(g_ctx, dev, GSER_MEMORY_DEVICE, pinned, GSER_MEMORY_HOST, frame, NULL));
+    CK(gser_stream_sync(g_ctx, NULL));
+    /* The pinned device-to-host copy, as staging does it (4 MiB chunks). */
+    size_t chunk = (size_t)4 << 20;
+    double t0 = bench_now_us();
+    for (int rep = 0; rep < 4; rep++)
+        for (size_t off = 0; off < frame; off += chunk)
+            CK(gser_device_memcpy(g_ctx, (char *)pinned + off, GSER_MEMORY_HOST, (char *)dev + off,
+                                  GSER_MEMORY_DEVICE, chunk, NULL));
+    CK(gser_stream_sync(g_ctx, NULL));
+    double copy_bw = 4.0 * (double)frame / (bench_now_us() - t0) / 1e3;
+
+    conn_t c;
+    conn_open(&c, backend);
+    gser_stream(&c, dev, frame, GSER_MEMORY_DEVICE, 2);
+    double g = gser_stream(&c, dev, frame, GSER_MEMORY_DEVICE, n);
+    conn_close(&c);
+    gser_pinned_free(g_ctx, pinned, frame);
+    gser_device_free(g_ctx, dev, frame, NULL);
+
+    char name[64], anchor[128], note[128];
+    snprintf(name, sizeof name, "ucx_%s_device_%s", tl, quick ? "64m" : "1g");
+    double lim = copy_bw < host_bw ? copy_bw : host_bw;
+    snprintf(anchor, sizeof anchor, "min(pinned D2H copy, host bw 64MiB), %s", tl);
+    snprintf(note, sizeof note, "%s; pinned copy %.2f GB/s, host transport %.2f GB/s", backend, copy_bw, host_bw);
+    bench_result_t r = {name, g, "GB/s", anchor, lim, ">= 0.8", note};
+    bench_print(&r, json);
+}
+
+int main(int argc, char **argv)
+{
+    g_self = argv[0];
+    if (argc == 3 && strcmp(argv[1], "--serve") == 0)
+        return serve(strcmp(argv[2], "-") == 0 ? NULL : argv[2]);
+    signal(SIGPIPE, SIG_IGN);
+    bool json = false, quick = false;
+    const char *transport = "all", *device = NULL, *only = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0)
+            json = true;
+        else if (strcmp(argv[i], "--quick") == 0)
+            quick = true;
+        else if (strcmp(argv[i], "--transport") == 0 && i + 1 < argc)
+            transport = argv[++i];
+        else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
+            device = argv[++i];
+        else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
+            only = argv[++i];
+        else if (strcmp(argv[i], "--perftest") == 0 && i + 1 < argc)
+            g_perftest = argv[++i];
+        else {
+            fprintf(stderr, "usage: gser-bench-ucx [--json] [--quick] [--transport tcp|shm|all] "
+                            "[--device cuda|emulated|none] [--only lat|bw] [--perftest PATH]\n");
+            return 2;
+        }
+    }
+    if (!g_perftest)
+        g_perftest = "ucx_perftest";
+    char *pt_argv[] = {(char *)g_perftest, "-h", NULL};
+    proc_t probe = spawn(pt_argv, true);
+    char line[256];
+    bool found = false;
+    while (fgets(line, sizeof line, probe.out))
+        found |= strstr(line, "tag_bw") != NULL;
+    reap(&probe);
+    if (!found) {
+        fprintf(stderr, "gser-bench-ucx: %s not found (apt-get install ucx-utils, or --perftest PATH); "
+                        "the anchors are missing\n", g_perftest);
+        return 2;
+    }
+
+    /* The device context: CUDA when a GPU is there unless told otherwise. */
+    gser_context_options_t co = {.trace = -1, .device_backend = device};
+    if (gser_context_create(&co, &g_ctx) != GSER_OK) {
+        co.device_backend = "none";
+        CK(gser_context_create(&co, &g_ctx));
+    }
+    const char *backend = gser_device_backend(g_ctx);
+    bool run_dev = strcmp(backend, "none") != 0 && (device || strcmp(backend, "cuda") == 0);
+
+    if (!json)
+        printf("%-20s %12s %-4s  %-34s %12s  %-15s %-14s\n", "name", "value", "unit", "anchor", "anchor value",
+               "ratio", "target");
+    const char *tls[] = {"tcp", "shm"};
+    for (int i = 0; i < 2; i++) {
+        if (strcmp(transport, "all") != 0 && strcmp(transport, tls[i]) != 0)
+            continue;
+        double host_bw = run_transport(tls[i], quick, json, only);
+        if (run_dev && !only)
+            run_device(tls[i], backend, host_bw, quick, json);
+    }
+    gser_context_destroy(g_ctx);
+    return 0;
+}
