@@ -415,7 +415,7 @@ static void set_transport(const char *tl)
     }
 }
 
-static double median3(double *v, int n)
+static double median(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof *v, bench_cmp_double);
     return v[n / 2];
@@ -423,7 +423,7 @@ static double median3(double *v, int n)
 
 /* Rounds of each measurement, ucx_perftest and gser alternating, so that
  * both see the same machine (other load on it drifts); medians reported. */
-#define ROUNDS 3
+#define ROUNDS 5
 
 static double run_transport(const char *tl, bool quick, bool json, const char *only)
 {
@@ -445,7 +445,7 @@ static double run_transport(const char *tl, bool quick, bool json, const char *o
     }
     snprintf(name, sizeof name, "ucx_%s_lat_8B", tl);
     snprintf(anchor, sizeof anchor, "ucx_perftest tag_lat 8 B, %s", tl);
-    bench_result_t r = {name, median3(gv, rounds), "us", anchor, have_pf ? median3(pv, rounds) : NAN, "<= 1.5",
+    bench_result_t r = {name, median(gv, rounds), "us", anchor, have_pf ? median(pv, rounds) : NAN, "<= 1.5",
                         "median, one way"};
     if (!only || strcmp(only, "lat") == 0)
         bench_print(&r, json);
@@ -473,12 +473,12 @@ static double run_transport(const char *tl, bool quick, bool json, const char *o
                 gv[k] = gv[k] * 1e9 / (double)sz / 1e6; /* GB/s -> million messages/s */
         }
         free(buf);
-        double g = median3(gv, rounds);
+        double g = median(gv, rounds);
         if (sz == (size_t)64 << 20)
             host_bw_64m = g;
         snprintf(name, sizeof name, "ucx_%s_%s_%s", tl, rate ? "rate" : "bw", size_name(sz));
         snprintf(anchor, sizeof anchor, "ucx_perftest tag_bw %s, %s", size_name(sz), tl);
-        bench_result_t b = {name, g, rate ? "Mmsg/s" : "GB/s", anchor, have_pf ? median3(pv, rounds) : NAN, targets[i],
+        bench_result_t b = {name, g, rate ? "Mmsg/s" : "GB/s", anchor, have_pf ? median(pv, rounds) : NAN, targets[i],
                             rate ? "each message serialized and deserialized" : NULL};
         bench_print(&b, json);
     }

@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "internal.h"
 
@@ -14,17 +15,18 @@
 #define POOL_MIN ((size_t)64 << 10)
 /* Size classes: four per power of two, so at most a quarter is wasted. */
 #define POOL_CLASSES 260
-/* Before each buffer, a cache line saying where it goes back to. */
-#define POOL_HDR GUX_FRAME_ALIGN
 
-typedef struct pool_hdr {
-    gux_pool_t *pool; /* NULL: a plain buffer */
-    unsigned cls;
-} pool_hdr_t;
-
+/* A buffer: its bytes, and where it goes back to. Buffers of 2 MiB and more
+ * are 2 MiB aligned and asked to use huge pages: the kernel copies received
+ * bytes into them page by page, and so does the CPU's TLB. */
 typedef struct pool_buf {
-    struct pool_buf *next;
+    struct pool_buf *next; /* in a free list */
+    gux_pool_t *pool;      /* NULL: not cached */
+    unsigned cls;
+    void *data;
 } pool_buf_t;
+
+#define POOL_HUGE ((size_t)2 << 20)
 
 struct gux_pool {
     pthread_mutex_t lock;
@@ -63,13 +65,19 @@ gux_pool_t *gux_pool_create(size_t max_cached)
     return p;
 }
 
+static void buf_free(pool_buf_t *b)
+{
+    free(b->data);
+    free(b);
+}
+
 static void pool_free_all(gux_pool_t *p)
 {
     for (unsigned c = 0; c < POOL_CLASSES; c++) {
         while (p->free[c]) {
             pool_buf_t *b = p->free[c];
             p->free[c] = b->next;
-            free((char *)b - POOL_HDR);
+            buf_free(b);
         }
     }
     p->cached = 0;
@@ -97,26 +105,24 @@ void gux_pool_close(gux_pool_t *p)
 
 static void pool_release(void *data, void *arg)
 {
-    (void)arg;
-    pool_hdr_t *h = (pool_hdr_t *)((char *)data - POOL_HDR);
-    gux_pool_t *p = h->pool;
+    (void)data;
+    pool_buf_t *b = arg;
+    gux_pool_t *p = b->pool;
     if (!p) {
-        free(h);
+        buf_free(b);
         return;
     }
-    unsigned cls = h->cls;
-    size_t cap = class_cap(cls);
+    size_t cap = class_cap(b->cls);
     pthread_mutex_lock(&p->lock);
     if (!p->closed && p->cached + cap <= p->max_cached) {
-        pool_buf_t *b = data;
-        b->next = p->free[cls];
-        p->free[cls] = b;
+        b->next = p->free[b->cls];
+        p->free[b->cls] = b;
         p->cached += cap;
-        h = NULL;
+        b = NULL;
     }
     pthread_mutex_unlock(&p->lock);
-    if (h)
-        free(h);
+    if (b)
+        buf_free(b);
     pool_unref(p);
 }
 
@@ -125,33 +131,38 @@ gser_status_t gux_pool_frame(gux_pool_t *p, size_t size, gser_frame_t *out)
     size_t cap = size;
     unsigned cls = 0;
     bool pooled = p && size >= POOL_MIN;
+    pool_buf_t *b = NULL;
     if (pooled) {
         cls = size_class(size, &cap);
         pthread_mutex_lock(&p->lock);
-        pool_buf_t *b = p->free[cls];
-        if (b) {
+        if ((b = p->free[cls])) {
             p->free[cls] = b->next;
             p->cached -= cap;
         }
         pthread_mutex_unlock(&p->lock);
-        if (b) {
-            atomic_fetch_add(&p->refs, 1);
-            *out = (gser_frame_t){.data = b, .size = size, .memory = GSER_MEMORY_HOST, .release = pool_release};
-            return GSER_OK;
-        }
     }
-    size_t rounded = (cap + GUX_FRAME_ALIGN - 1) & ~(size_t)(GUX_FRAME_ALIGN - 1);
-    if (rounded < cap || rounded > SIZE_MAX - POOL_HDR)
-        return gux_fail(GSER_ERR_NO_MEMORY, "receive: a %zu-byte frame is too large", size);
-    void *raw = NULL;
-    if (posix_memalign(&raw, GUX_FRAME_ALIGN, POOL_HDR + (rounded ? rounded : GUX_FRAME_ALIGN)))
-        return gux_fail(GSER_ERR_NO_MEMORY, "receive: cannot allocate a %zu-byte frame", size);
-    pool_hdr_t *h = raw;
-    h->pool = pooled ? p : NULL;
-    h->cls = cls;
+    if (!b) {
+        size_t align = cap >= POOL_HUGE ? POOL_HUGE : GUX_FRAME_ALIGN;
+        size_t rounded = (cap + align - 1) & ~(align - 1);
+        if (rounded < cap)
+            return gux_fail(GSER_ERR_NO_MEMORY, "receive: a %zu-byte frame is too large", size);
+        if (!(b = malloc(sizeof *b)))
+            return gux_fail(GSER_ERR_NO_MEMORY, "receive: out of memory");
+        b->data = NULL;
+        if (posix_memalign(&b->data, align, rounded ? rounded : align)) {
+            free(b);
+            return gux_fail(GSER_ERR_NO_MEMORY, "receive: cannot allocate a %zu-byte frame", size);
+        }
+#ifdef MADV_HUGEPAGE
+        if (align == POOL_HUGE)
+            madvise(b->data, rounded, MADV_HUGEPAGE); /* a hint: no huge pages is fine */
+#endif
+        b->pool = pooled ? p : NULL;
+        b->cls = cls;
+    }
     if (pooled)
         atomic_fetch_add(&p->refs, 1);
-    *out = (gser_frame_t){.data = (char *)raw + POOL_HDR, .size = size, .memory = GSER_MEMORY_HOST,
-                          .release = pool_release};
+    *out = (gser_frame_t){.data = b->data, .size = size, .memory = GSER_MEMORY_HOST, .release = pool_release,
+                          .release_arg = b};
     return GSER_OK;
 }

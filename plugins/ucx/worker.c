@@ -78,16 +78,16 @@ gser_status_t gser_ucx_context_create(const gser_ucx_context_options_t *opts, gs
     /* Endpoints use peer error handling (a dead peer must fail what is
      * pending, not hang it); UCX's shared-memory transports take part in
      * that only when asked. */
-    if (may_use_shm(o.transports)) {
-        if (!getenv("UCX_POSIX_ERROR_HANDLING") && !getenv("UCX_SYSV_ERROR_HANDLING") &&
-            (st = config_default(cfg, "MM_ERROR_HANDLING", "y", false))) /* posix and sysv share it */
-            goto fail_cfg;
-        /* Connections are set up through tcp, which then also offers itself
-         * as the rendezvous lane for local peers and takes large messages
-         * off shared memory: without its put emulation it does not. */
-        if (!getenv("UCX_TCP_PUT_ENABLE") && (st = config_default(cfg, "PUT_ENABLE", "n", false))) /* tcp's */
-            goto fail_cfg;
-    }
+    if (may_use_shm(o.transports) && !getenv("UCX_POSIX_ERROR_HANDLING") && !getenv("UCX_SYSV_ERROR_HANDLING") &&
+        (st = config_default(cfg, "MM_ERROR_HANDLING", "y", false))) /* posix and sysv share it */
+        goto fail_cfg;
+    /* Endpoints connected through a listener get tcp's put emulation, which
+     * UCX then picks for rendezvous: slower than its active-message
+     * rendezvous on tcp, and for local peers it takes large messages off
+     * shared memory. Without it the lanes are those of address-connected
+     * endpoints (what ucx_perftest measures). */
+    if (!getenv("UCX_TCP_PUT_ENABLE") && (st = config_default(cfg, "PUT_ENABLE", "n", false))) /* tcp's */
+        goto fail_cfg;
 
     ucp_params_t params = {
         .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME,
