@@ -161,8 +161,10 @@ static void ep_abandon_sends(gser_ucx_ep_t *ep)
     while (n != &ep->reqs) {
         gser_ucx_request_t *r = gux_container(n, gser_ucx_request_t, elink);
         n = n->next;
-        if (r->kind == GUX_REQ_SEND && r->status == GSER_INPROGRESS && !r->stage_op)
-            gux_req_complete(r, r->fail_status ? r->fail_status : ep->error);
+        if (r->kind != GUX_REQ_SEND || r->status != GSER_INPROGRESS)
+            continue;
+        gux_staging_abandon(r);
+        gux_req_complete(r, r->fail_status ? r->fail_status : ep->error);
     }
 }
 

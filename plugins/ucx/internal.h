@@ -337,6 +337,8 @@ GUX_INTERNAL unsigned gux_staging_progress(gser_ucx_worker_t *w);
 /* Stop issuing chunks of req and take back its chunk receives; the staging
  * part finishes once the copies in flight are done. */
 GUX_INTERNAL void gux_staging_abort(gser_ucx_request_t *req);
+/* The endpoint of send req is closed: give up its chunk sends UCX kept. */
+GUX_INTERNAL void gux_staging_abandon(gser_ucx_request_t *req);
 /* Drop req's staging state (after completion or abort). */
 GUX_INTERNAL void gux_staging_release(gser_ucx_request_t *req);
 

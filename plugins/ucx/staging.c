@@ -482,6 +482,27 @@ void gux_staging_abort(gser_ucx_request_t *r)
             ucp_request_cancel(r->worker->ucp, op->slots[i].ucx_req);
 }
 
+void gux_staging_abandon(gser_ucx_request_t *r)
+{
+    gux_stage_op_t *op = r->stage_op;
+    if (!op || !op->send)
+        return;
+    gux_staging_abort(r);
+    /* Chunk sends UCX kept when it closed the endpoint: released (no
+     * callback after this), their bounce buffers free again. */
+    for (unsigned i = 0; i < op->depth; i++) {
+        gux_slot_t *s = &op->slots[i];
+        if (s->state == SLOT_XFER && !s->xfer_done) {
+            if (s->ucx_req)
+                ucp_request_free(s->ucx_req);
+            s->ucx_req = NULL;
+            s->xfer_done = true;
+            s->xfer_status = UCS_ERR_CANCELED;
+        }
+    }
+    op_advance(op);
+}
+
 unsigned gux_staging_progress(gser_ucx_worker_t *w)
 {
     unsigned n = 0;

@@ -247,9 +247,11 @@ static bool teardown_done(void *arg)
         if (ep->close_req || ep->hs_pending)
             return false;
     }
+    /* Parts of requests that already ended (sends UCX kept when it closed
+     * their endpoint) are not waited for: the worker's end takes them. */
     for (gux_list_t *n = w->all.next; n != &w->all; n = n->next) {
         gser_ucx_request_t *r = gux_container(n, gser_ucx_request_t, alink);
-        if (r->outstanding)
+        if (r->status == GSER_INPROGRESS)
             return false;
     }
     return true;

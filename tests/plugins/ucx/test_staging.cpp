@@ -235,6 +235,32 @@ TEST_P(Staging, CloseWhileStaging)
     EXPECT_TRUE(st == GSER_ERR_CONNECTION || st == GSER_OK) << gser_status_str(st) << ": " << gser_ucx_last_error();
 }
 
+// The same, closing the sending side.
+TEST_P(Staging, CloseSenderWhileStaging)
+{
+    ASSERT_NO_FATAL_FAILURE(open(64 << 10, 64 << 10));
+    DevBuf big(dctx_.get(), 16 << 20, 1);
+    unsigned char hdr[8] = {1};
+    gser_frame_t f[2] = {};
+    f[0].data = hdr, f[0].size = sizeof hdr;
+    f[1].data = big.p, f[1].size = big.n, f[1].memory = GSER_MEMORY_DEVICE;
+    gser_ucx_request_t *sr, *rr;
+    UCX_OK(gser_ucx_ep_recv_nb(pair_.sep.get(), nullptr, &rr));
+    UCX_OK(gser_ucx_ep_send_nb(pair_.cep.get(), f, 2, nullptr, &sr));
+    ReqPtr s(sr), r(rr);
+    for (int i = 0; i < 30; i++) {
+        gser_ucx_worker_progress(pair_.client.get());
+        gser_ucx_worker_progress(pair_.server.get());
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    UCX_OK(gser_ucx_ep_close(pair_.cep.get()));
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(ms, 1500);
+    EXPECT_EQ(gser_ucx_request_test(sr), GSER_ERR_CANCELED);
+    gser_status_t st = drive({pair_.client.get(), pair_.server.get()}, rr);
+    EXPECT_EQ(st, GSER_ERR_CONNECTION) << gser_status_str(st) << ": " << gser_ucx_last_error();
+}
+
 // Without a device backend on the sending side, device frames are refused.
 TEST(StagingSetup, SenderWithoutDeviceRefusesDeviceFrames)
 {
