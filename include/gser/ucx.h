@@ -278,9 +278,14 @@ GSER_API void gser_ucx_request_free(gser_ucx_request_t *req);
  * Send a message without blocking: frames[0] is the header (host memory),
  * then the data frames, as gser_frames_array gives them. The frames array
  * is copied; the bytes are not: keep them valid and unchanged until the
- * request completes. Messages sent on one endpoint arrive in order. On
+ * request completes, and let device work that produces them finish first
+ * (gser_frames_wait). Messages sent on one endpoint arrive in order. On
  * success *req_out is a request to test, wait on or free; req_out may be
  * NULL when params has a callback (the request is then freed after it).
+ * Device frames need a device backend (the worker's gser_ctx) unless both
+ * sides' UCX move device memory: GSER_ERR_NO_DEVICE otherwise, and nothing
+ * is sent. A send that fails halfway (the message is torn) fails the
+ * endpoint.
  */
 GSER_API gser_status_t gser_ucx_ep_send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames, size_t nframes,
                                            const gser_ucx_op_params_t *params, gser_ucx_request_t **req_out);

@@ -120,9 +120,10 @@ static void reject(gser_ucx_request_t *r, gser_status_t st)
 {
     char msg[512];
     snprintf(msg, sizeof msg, "%s", gser_ucx_last_error());
-    gux_req_complete(r, st);
-    if (r->ep)
-        gux_ep_fail(r->ep, st);
+    gser_ucx_ep_t *ep = r->ep;
+    gux_req_complete(r, st); /* r may be gone after this */
+    if (ep)
+        gux_ep_fail(ep, st);
     gux_fail(st, "%s", msg);
 }
 
