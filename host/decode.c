@@ -605,11 +605,18 @@ static gser_status_t dec_obj(dec_t *d, const msgpack_object *o, size_t depth, si
     }
 }
 
-/* Parse one msgpack unit with msgpack-c once mp_check has bounded it. */
-static gser_status_t mp_parse(dec_t *d, const unsigned char *p, size_t len, const char *what,
-                              msgpack_unpacked *up)
+/* One parsed msgpack unit: msgpack-c's objects in a zone of their own. */
+typedef struct mp_unit {
+    msgpack_zone zone;
+    msgpack_object obj;
+} mp_unit_t;
+
+/* Parse one msgpack unit with msgpack-c once mp_check has bounded it. The
+ * walk counted the items, so the zone's one chunk is sized to hold them all
+ * (24 bytes an object, a map pair two): small headers cost one small malloc. */
+static gser_status_t mp_parse(dec_t *d, const unsigned char *p, size_t len, const char *what, mp_unit_t *u)
 {
-    size_t used, off;
+    size_t used, off, before = d->nodes_left;
     gser_status_t st = mp_check(p, len, d->lim.max_depth + 2, &d->nodes_left, &used, &off);
     if (st == GSER_OK && used != len) {
         st = GSER_ERR_FORMAT;
@@ -623,11 +630,16 @@ static gser_status_t mp_parse(dec_t *d, const unsigned char *p, size_t len, cons
                                                       : "has trailing bytes";
         return dec_fail(d, st, "%s %s at byte %zu of %zu", what, why, off, len);
     }
-    msgpack_unpacked_init(up);
+    size_t items = before - d->nodes_left;
+    size_t chunk = items > (SIZE_MAX - 256) / sizeof(msgpack_object) ? SIZE_MAX : items * sizeof(msgpack_object) + 256;
+    if (chunk > 65536)
+        chunk = 65536; /* big headers: the zone grows in chunks like this */
+    if (!msgpack_zone_init(&u->zone, chunk))
+        return nomem(d);
     size_t pos = 0;
-    msgpack_unpack_return r = msgpack_unpack_next(up, (const char *)p, len, &pos);
+    msgpack_unpack_return r = msgpack_unpack((const char *)p, len, &pos, &u->zone, &u->obj);
     if (r != MSGPACK_UNPACK_SUCCESS || pos != len) {
-        msgpack_unpacked_destroy(up);
+        msgpack_zone_destroy(&u->zone);
         return r == MSGPACK_UNPACK_NOMEM_ERROR ? nomem(d)
                                                : dec_fail(d, GSER_ERR_FORMAT, "%s: msgpack-c rejects it", what);
     }
@@ -637,12 +649,12 @@ static gser_status_t mp_parse(dec_t *d, const unsigned char *p, size_t len, cons
 static gser_status_t dec_unit(dec_t *d, const unsigned char *p, size_t len, size_t depth, size_t base, size_t n,
                               gser_value_t **out)
 {
-    msgpack_unpacked up;
-    gser_status_t st = mp_parse(d, p, len, "sub-header", &up);
+    mp_unit_t u;
+    gser_status_t st = mp_parse(d, p, len, "sub-header", &u);
     if (st)
         return st;
-    st = dec_obj(d, &up.data, depth, base, n, out);
-    msgpack_unpacked_destroy(&up);
+    st = dec_obj(d, &u.obj, depth, base, n, out);
+    msgpack_zone_destroy(&u.zone);
     return st;
 }
 
@@ -758,11 +770,11 @@ static gser_status_t dec_header(dec_t *d, const gser_frame_t *hdr, gser_value_t 
     if (len < sizeof magic)
         return error_set(d->ctx, GSER_ERR_TRUNCATED, "%s: header of %zu bytes ends inside the magic", d->what, len);
 
-    msgpack_unpacked up;
+    mp_unit_t up;
     gser_status_t st = mp_parse(d, p, len, "header", &up);
     if (st)
         return st;
-    const msgpack_object *top = up.data.via.array.ptr; /* the magic check proved a 4-array */
+    const msgpack_object *top = up.obj.via.array.ptr; /* the magic check proved a 4-array */
     uint64_t version = 0;
     if (!get_u64(&top[1], &version) || version != GSER_WIRE_VERSION) {
         st = error_set(d->ctx, GSER_ERR_WIRE_VERSION,
@@ -798,7 +810,7 @@ static gser_status_t dec_header(dec_t *d, const gser_frame_t *hdr, gser_value_t 
     }
     st = dec_obj(d, &top[2], 1, 0, d->nframes, root);
 out:
-    msgpack_unpacked_destroy(&up);
+    msgpack_zone_destroy(&up.zone);
     return st;
 }
 

@@ -35,35 +35,51 @@ static void obuf_free(obuf_t *b)
         free(b->p);
 }
 
-static int obuf_write(void *data, const char *buf, size_t len)
+/* The slow path of obuf_write: grow (from the initial buffer to the heap). */
+static int obuf_grow_write(obuf_t *b, const char *buf, size_t len)
 {
-    obuf_t *b = data;
     if (b->oom)
         return -1;
-    if (len == 0) /* an empty str/bin body may come with a NULL pointer */
-        return 0;
-    if (len > b->cap - b->len) {
-        size_t cap = b->cap;
-        while (cap - b->len < len) {
-            if (cap > SIZE_MAX / 2) {
-                b->oom = true;
-                return -1;
-            }
-            cap *= 2;
-        }
-        char *np = b->heap ? realloc(b->p, cap) : malloc(cap);
-        if (!np) {
+    size_t cap = b->cap;
+    while (cap - b->len < len) {
+        if (cap > SIZE_MAX / 2) {
             b->oom = true;
             return -1;
         }
-        if (!b->heap)
-            memcpy(np, b->p, b->len);
-        b->p = np;
-        b->cap = cap;
-        b->heap = true;
+        cap *= 2;
     }
+    char *np = b->heap ? realloc(b->p, cap) : malloc(cap);
+    if (!np) {
+        b->oom = true;
+        return -1;
+    }
+    if (!b->heap)
+        memcpy(np, b->p, b->len);
+    b->p = np;
+    b->cap = cap;
+    b->heap = true;
     memcpy(b->p + b->len, buf, len);
     b->len += len;
+    return 0;
+}
+
+/* msgpack-c calls this for every token (type bytes and bodies alike), so the
+ * common case of a few bytes that fit is kept short. After a failed growth
+ * the output is discarded (oom is checked at the end), so what still fits
+ * may be written. */
+static int obuf_write(void *data, const char *buf, size_t len)
+{
+    obuf_t *b = data;
+    if (len > b->cap - b->len)
+        return obuf_grow_write(b, buf, len);
+    char *d = b->p + b->len;
+    b->len += len;
+    if (len <= 16) { /* an empty body may come with a NULL pointer: no memcpy */
+        while (len--)
+            *d++ = *buf++;
+    } else {
+        memcpy(d, buf, len);
+    }
     return 0;
 }
 
