@@ -124,12 +124,17 @@ static int receiver(int port_pipe)
             schema.release(&schema);
             if (getenv("GSER_BENCH_PHASES"))
                 fprintf(stderr, "receiver: take + release %.1f ms\n", (bench_now_us() - t0) / 1e3);
-        } else { /* "bufs": n messages of one buffer each follow */
-            for (int64_t i = 0; i < n; i++) {
-                gser_msg_t *b;
-                CKU(gser_ucx_ep_recv_msg(ep, ctx, NULL, TIMEOUT_MS, &b));
-                gser_msg_destroy(b);
-            }
+        } else { /* "bufs": n messages of one buffer each follow, all kept
+                  * until the last arrived, as a receiver rebuilding the table
+                  * must (cuDF's deserialize needs every frame) */
+            gser_msg_t **kept = calloc((size_t)n, sizeof *kept);
+            if (!kept)
+                die("calloc", GSER_ERR_NO_MEMORY, NULL);
+            for (int64_t i = 0; i < n; i++)
+                CKU(gser_ucx_ep_recv_msg(ep, ctx, NULL, TIMEOUT_MS, &kept[i]));
+            for (int64_t i = 0; i < n; i++)
+                gser_msg_destroy(kept[i]);
+            free(kept);
         }
         gser_msg_destroy(m);
         send_op(ctx, ep, "ack", 0);

@@ -213,15 +213,31 @@ uint64_t arrow_host_count_bits(const unsigned char *src, uint64_t from, uint64_t
     return count;
 }
 
-int64_t arrow_offset_at(const void *offsets, uint32_t width, int64_t i)
+int64_t arrow_first_decrease(const void *offsets, uint32_t width, int64_t from, int64_t count)
 {
-    const unsigned char *p = (const unsigned char *)offsets + (size_t)i * width;
+    /* A branch-free pass first (the common case: none), then the search for
+     * the error message. Called on whole columns: keep it a tight loop. */
+    int bad = 0;
+    const unsigned char *p = (const unsigned char *)offsets + (size_t)from * width;
     if (width == 4) {
-        int32_t v;
-        memcpy(&v, p, 4);
-        return v;
+        for (int64_t k = 1; k < count; k++) {
+            int32_t a, b; /* memcpy: buffers need not be aligned */
+            memcpy(&a, p + 4 * (k - 1), 4);
+            memcpy(&b, p + 4 * k, 4);
+            bad |= b < a;
+        }
+    } else {
+        for (int64_t k = 1; k < count; k++) {
+            int64_t a, b;
+            memcpy(&a, p + 8 * (k - 1), 8);
+            memcpy(&b, p + 8 * k, 8);
+            bad |= b < a;
+        }
     }
-    int64_t v;
-    memcpy(&v, p, 8);
-    return v;
+    if (!bad)
+        return -1;
+    for (int64_t k = 1; k < count; k++)
+        if (arrow_offset_at(offsets, width, from + k) < arrow_offset_at(offsets, width, from + k - 1))
+            return k;
+    return -1;
 }

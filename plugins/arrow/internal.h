@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "gser/arrow.h"
 #include "gser/gser.h"
@@ -62,7 +63,23 @@ ARROW_HIDDEN void arrow_host_copy_bits(unsigned char *dst, const unsigned char *
 ARROW_HIDDEN uint64_t arrow_host_count_bits(const unsigned char *src, uint64_t from, uint64_t n);
 
 /* Offset i of an offsets buffer of width 4 or 8 (host memory, any alignment). */
-ARROW_HIDDEN int64_t arrow_offset_at(const void *offsets, uint32_t width, int64_t i);
+/* Offset i of an int32 (width 4) or int64 offsets buffer, aligned or not. */
+static inline int64_t arrow_offset_at(const void *offsets, uint32_t width, int64_t i)
+{
+    const unsigned char *p = (const unsigned char *)offsets + (size_t)i * width;
+    if (width == 4) {
+        int32_t v;
+        memcpy(&v, p, 4);
+        return v;
+    }
+    int64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+/* The first k in 1..count-1 where offset from+k is less than offset
+ * from+k-1, or -1 when the offsets never decrease. */
+ARROW_HIDDEN int64_t arrow_first_decrease(const void *offsets, uint32_t width, int64_t from, int64_t count);
 
 /* The serializer and deserializer of both families (send.c, recv.c). */
 ARROW_HIDDEN gser_status_t arrow_serialize(gser_context_t *ctx, const void *obj, gser_writer_t *w, void *user_data);

@@ -208,16 +208,13 @@ static gser_status_t check_host_offsets(rctx_t *rc, int32_t i, const gser_buffer
 {
     if (d->memory != GSER_MEMORY_HOST)
         return GSER_OK;
-    int64_t prev = arrow_offset_at(d->data, w, 0);
-    if (prev != 0)
-        return rfail(rc, i, GSER_ERR_FORMAT, "offsets start at %lld, not 0", (long long)prev);
-    for (int64_t k = 1; k <= len; k++) {
-        int64_t v = arrow_offset_at(d->data, w, k);
-        if (v < prev)
-            return rfail(rc, i, GSER_ERR_FORMAT, "offset %lld is less than offset %lld", (long long)k,
-                         (long long)(k - 1));
-        prev = v;
-    }
+    int64_t first = arrow_offset_at(d->data, w, 0);
+    if (first != 0)
+        return rfail(rc, i, GSER_ERR_FORMAT, "offsets start at %lld, not 0", (long long)first);
+    int64_t k = arrow_first_decrease(d->data, w, 0, len + 1);
+    if (k >= 0)
+        return rfail(rc, i, GSER_ERR_FORMAT, "offset %lld is less than offset %lld", (long long)k, (long long)(k - 1));
+    int64_t prev = arrow_offset_at(d->data, w, len);
     if ((uint64_t)prev != end)
         return rfail(rc, i, GSER_ERR_FORMAT, "offsets end at %lld, the data has %llu", (long long)prev,
                      (unsigned long long)end);

@@ -365,19 +365,17 @@ static gser_status_t check_offsets(sctx_t *sc, int32_t i)
                         (long long)(n->off + n->len), (long long)n->last, (long long)n->off, (long long)n->first);
         return GSER_OK;
     }
-    int64_t prev = arrow_offset_at(base, w, from);
-    if (prev < 0)
+    int64_t first = arrow_offset_at(base, w, from);
+    if (first < 0)
         return fail(sc, i, GSER_ERR_OUT_OF_RANGE, "offset %lld is negative (%lld)", (long long)n->off,
-                    (long long)prev);
-    for (int64_t k = 1; k < count; k++) {
-        int64_t v = arrow_offset_at(base, w, from + k);
-        if (v < prev)
-            return fail(sc, i, GSER_ERR_OUT_OF_RANGE, "offset %lld (%lld) is less than offset %lld (%lld)",
-                        (long long)(n->off + k), (long long)v, (long long)(n->off + k - 1), (long long)prev);
-        prev = v;
-    }
-    n->first = arrow_offset_at(base, w, from);
-    n->last = prev;
+                    (long long)first);
+    int64_t k = arrow_first_decrease(base, w, from, count);
+    if (k >= 0)
+        return fail(sc, i, GSER_ERR_OUT_OF_RANGE, "offset %lld (%lld) is less than offset %lld (%lld)",
+                    (long long)(n->off + k), (long long)arrow_offset_at(base, w, from + k),
+                    (long long)(n->off + k - 1), (long long)arrow_offset_at(base, w, from + k - 1));
+    n->first = first;
+    n->last = arrow_offset_at(base, w, from + count - 1);
     return GSER_OK;
 }
 
