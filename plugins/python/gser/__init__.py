@@ -3,7 +3,7 @@
     header, frames = gser.dumps(obj)          # header: bytes, frames: list
     obj = gser.loads(header, frames)
     b = gser.to_bytes(obj)                    # one flattened bytes object
-    obj = gser.from_bytes(b)
+    obj = gser.from_bytes(b)                  # device=True: device buffers back on the device
 
 Types, exactly (subclasses are refused, so that what comes back is of the
 same type): None, bool, int (int64, or up to 2**64-1; larger raises
@@ -11,10 +11,14 @@ OverflowError), float, str, bytes, list, tuple (kept distinct from list),
 dict with None/bool/int/float/str/bytes keys, buffer-protocol objects (numpy
 arrays keep dtype and shape and are not copied; other exporters come back as
 numpy arrays, untyped bytes such as bytearray as memoryviews; non-contiguous
-arrays are copied once into C order), and objects with
-__cuda_array_interface__, serialized as device frames (gser.DeviceFrame).
-Loading device frames needs gser's device layer (not built yet): it raises
-NotImplementedError. Anything else raises NotImplementedError: gser never
+arrays are copied once into C order), objects with __cuda_array_interface__,
+serialized as device frames (gser.DeviceFrame) and loaded as gser.DeviceArray
+(__cuda_array_interface__ v3, copy_to_host()), and Arrow tables with the Arrow
+PyCapsule interface (__arrow_c_device_array__ / __arrow_c_array__), loaded as
+gser.ArrowArray, which hands the table over once through the same interface.
+to_bytes stages device data into host frames. The device backend follows
+GSER_DEVICE (cuda, emulated, none; default: cuda when a GPU is present):
+gser.DEVICE_BACKEND. Anything else raises NotImplementedError: gser never
 pickles.
 
 Lists and tuples of ints, floats or bools travel as one contiguous typed
@@ -28,7 +32,11 @@ failing value's path, e.g. "GSER_ERR_FORMAT: gser_deserialize: $[2].payload:
 
 from gser._gser import (  # noqa: F401
     DEPTH_MAX,
+    DEVICE_BACKEND,
+    HAVE_ARROW,
     WIRE_VERSION,
+    ArrowArray,
+    DeviceArray,
     DeviceFrame,
     GserError,
     __version__,
@@ -40,7 +48,11 @@ from gser._gser import (  # noqa: F401
 
 __all__ = [
     "DEPTH_MAX",
+    "DEVICE_BACKEND",
+    "HAVE_ARROW",
     "WIRE_VERSION",
+    "ArrowArray",
+    "DeviceArray",
     "DeviceFrame",
     "GserError",
     "__version__",

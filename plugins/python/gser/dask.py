@@ -9,9 +9,10 @@ register() adds the family with
 distributed.protocol.serialize.register_serialization_family, following
 Dask's family contract: dumps(x) returns a msgpack-serializable header dict
 and a list of frames; an object gser cannot carry as the same type (a
-pandas frame, a set, an int above 2**64-1, a bytearray, a device array while
-gser's device layer is missing, ...) raises NotImplementedError, so Dask falls
-through to the next family in `serializers=[...]`. gser never pickles.
+pandas frame, a set, an int above 2**64-1, a bytearray, a device array or an
+Arrow table, which would come back as gser.DeviceArray / gser.ArrowArray, ...)
+raises NotImplementedError, so Dask falls through to the next family in
+`serializers=[...]`. gser never pickles.
 
 Dask serializes the items of a list, tuple or dict wrapped in to_serialize()
 (task results among them) one by one, and a list of 1,000,000 floats then

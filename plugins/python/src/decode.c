@@ -5,11 +5,15 @@
  * equal, bit for bit, to the one before it is shared, as ints and floats are
  * immutable); buffers become numpy arrays (memoryviews when numpy is not
  * installed, and for untyped bytes) that view the received memory through a
- * PgFrame, which keeps the message and its input alive.
+ * PgFrame, which keeps the message and its input alive; device buffers
+ * become gser.DeviceArray objects, which keep them alive too. "arrow.array"
+ * objects are taken out of the message into gser.ArrowArray objects.
  */
 #include "pygser.h" /* first: Python.h sets the feature macros */
 
 #include <string.h>
+
+#include <gser/arrow.h>
 
 typedef struct dec {
     const pg_decode_ctx_t *dc;
@@ -167,11 +171,12 @@ static PyObject *dec_buffer(dec_t *d, const gser_value_t *v)
     gser_status_t st = gser_value_get_buffer(v, &desc);
     if (st)
         return fail_st(st, "gser_value_get_buffer");
+    /* loads waited for the device copies gser made (desc.event) already. */
+    if (desc.memory == GSER_MEMORY_DEVICE)
+        return pg_device_array_new(d->dc->owner, &desc);
     if (desc.memory != GSER_MEMORY_HOST)
-        return pg_path_raise(PyExc_NotImplementedError, GSER_OK, &d->path,
-                             "a buffer of %zu bytes of %s in %s memory (device %d): loading device memory needs "
-                             "gser's device layer, which this Python module does not have yet",
-                             desc.nbytes, gser_dtype_str(desc.dtype), gser_memory_str(desc.memory), (int)desc.device);
+        return pg_path_raise(pg_GserError, GSER_ERR_FORMAT, &d->path, "a buffer in unknown memory kind %d",
+                             (int)desc.memory);
     const char *fmt = pg_dtype_format(desc.dtype);
     if (!fmt)
         return pg_path_raise(PyExc_NotImplementedError, GSER_OK, &d->path,
@@ -262,12 +267,24 @@ static PyObject *dec_value(dec_t *d, const gser_value_t *v, int depth)
     case GSER_KIND_SERIALIZED: {
         const char *type = "?";
         gser_serialized_info_t info;
-        if (gser_value_get_serialized(v, &info) == GSER_OK)
+        if (gser_value_get_serialized(v, &info) == GSER_OK) {
             type = info.type_name;
-        else
-            gser_value_get_object(v, &type, NULL);
+        } else if (gser_value_get_object(v, &type, NULL) == GSER_OK && pg_have_arrow &&
+                   strcmp(type, GSER_ARROW_TYPE) == 0) {
+            PyObject *t = pg_arrow_take((gser_value_t *)v, &st);
+            if (!t && st)
+                return pg_path_raise(pg_GserError, st, &d->path, "gser_value_take_arrow: %s", gser_status_str(st));
+            return t;
+        }
+        if (pg_have_arrow)
+            return pg_path_raise(PyExc_NotImplementedError, GSER_OK, &d->path,
+                                 "a typed object of type \"%s\": the Python module loads \"" GSER_ARROW_TYPE
+                                 "\" objects only",
+                                 type);
         return pg_path_raise(PyExc_NotImplementedError, GSER_OK, &d->path,
-                             "a typed object of type \"%s\": the Python module registers no gser types yet", type);
+                             "a typed object of type \"%s\": the Python module registers no gser types (it was "
+                             "built without gser::arrow)",
+                             type);
     }
     }
     if (st)

@@ -4,9 +4,9 @@
  * None, bool, int (int64, or uint64 above INT64_MAX), float, str, bytes,
  * list, tuple, dict with scalar keys; then buffer-protocol objects (host
  * buffers with dtype and shape, borrowed zero-copy when C-contiguous, copied
- * to C order otherwise) and __cuda_array_interface__ objects (device
- * buffers, borrowed). Anything else raises NotImplementedError: gser never
- * pickles. Lists and tuples append their int, float and bool items unboxed
+ * to C order otherwise), Arrow PyCapsule producers ("arrow.array" values,
+ * arrow.c) and __cuda_array_interface__ objects (device buffers, borrowed).
+ * Anything else raises NotImplementedError: gser never pickles. Lists and tuples append their int, float and bool items unboxed
  * (gser_list_append_int/float/bool), so that one of a single kind stays a
  * contiguous typed array in the core and is sent as one.
  */
@@ -484,12 +484,13 @@ static gser_dtype_t typestr_dtype(const char *ts, bool *big)
     }
 }
 
-/* Non-contiguous arrays are refused: copying device memory needs the
- * device layer. */
+/* Non-contiguous arrays are refused: gser buffers are C-contiguous, and
+ * gathering a strided device array is the producer's job (cupy.ascontiguousarray). */
 int pg_cai_read(PyObject *cai, void **ptr, size_t *nbytes, gser_dtype_t *dtype, uint32_t *ndim, int64_t *shape,
-                const char **why)
+                void **stream, const char **why)
 {
     *why = NULL;
+    *stream = NULL;
     if (!PyDict_Check(cai)) {
         *why = "__cuda_array_interface__ is not a dict";
         return -1;
@@ -549,8 +550,8 @@ int pg_cai_read(PyObject *cai, void **ptr, size_t *nbytes, gser_dtype_t *dtype, 
             if (s == -1 && PyErr_Occurred())
                 return -1;
             if (shape[d] > 1 && s != expect && total) {
-                *why = "non-contiguous device arrays are not supported yet (copying device memory needs gser's "
-                       "device layer)";
+                *why = "non-contiguous device arrays are not supported (make them C-contiguous first, e.g. "
+                       "cupy.ascontiguousarray)";
                 return -1;
             }
             expect *= shape[d] ? shape[d] : 1;
@@ -563,6 +564,23 @@ int pg_cai_read(PyObject *cai, void **ptr, size_t *nbytes, gser_dtype_t *dtype, 
         *why = "a NULL data pointer";
         return -1;
     }
+    /* Version 3: the stream the data is produced on (1: legacy default,
+     * 2: per-thread default, as CUDA's own handles; 0 is forbidden). */
+    PyObject *stream_obj = PyDict_GetItemString(cai, "stream");
+    if (stream_obj && stream_obj != Py_None) {
+        if (!PyLong_Check(stream_obj)) {
+            *why = "the stream is not an int";
+            return -1;
+        }
+        void *sp = PyLong_AsVoidPtr(stream_obj);
+        if (!sp && PyErr_Occurred())
+            return -1;
+        if (!sp) {
+            *why = "stream 0, which the CUDA Array Interface forbids (ambiguous)";
+            return -1;
+        }
+        *stream = sp;
+    }
     *ptr = p;
     *nbytes = (size_t)total;
     *ndim = (uint32_t)nd;
@@ -572,14 +590,14 @@ int pg_cai_read(PyObject *cai, void **ptr, size_t *nbytes, gser_dtype_t *dtype, 
 static int enc_cai(enc_t *e, PyObject *o, PyObject *cai, gser_value_t **out)
 {
     if (e->strict)
-        return not_impl(e, o, " in strict mode (device arrays need gser's device layer to be loaded back)");
-    void *ptr;
+        return not_impl(e, o, " in strict mode (device arrays come back as gser.DeviceArray, not as their own type)");
+    void *ptr, *stream;
     size_t nbytes;
     gser_dtype_t dtype;
     uint32_t ndim;
     int64_t shape[GSER_MAX_NDIM];
     const char *why;
-    if (pg_cai_read(cai, &ptr, &nbytes, &dtype, &ndim, shape, &why) < 0) {
+    if (pg_cai_read(cai, &ptr, &nbytes, &dtype, &ndim, shape, &stream, &why) < 0) {
         if (why)
             pg_path_raise(PyExc_NotImplementedError, GSER_OK, &e->path,
                           "gser cannot serialize a device array of type %s: %s", Py_TYPE(o)->tp_name, why);
@@ -595,9 +613,28 @@ static int enc_cai(enc_t *e, PyObject *o, PyObject *cai, gser_value_t **out)
     desc.ndim = ndim;
     desc.shape = shape;
     desc.memory = GSER_MEMORY_DEVICE;
-    desc.device = 0; /* the ordinal needs a CUDA query: the device layer's job */
+    desc.device = 0; /* the interface does not say; the pointer does, to CUDA */
+    desc.stream = stream; /* gser's reads are ordered after the producer's work */
     gser_status_t st = gser_msg_new_buffer(e->msg, &desc, out);
     return st ? fail_st(st, "gser_msg_new_buffer") : 0;
+}
+
+/* ---- the Arrow PyCapsule interface ---------------------------------------------------- */
+
+static int enc_arrow(enc_t *e, PyObject *o, int method, gser_value_t **out)
+{
+    if (e->strict)
+        return not_impl(e, o, " in strict mode (Arrow tables come back as gser.ArrowArray, not as their own type)");
+    if (!pg_have_arrow)
+        return not_impl(e, o, ": an Arrow table, and this module was built without gser::arrow");
+    const char *why;
+    if (pg_arrow_encode(e->owner, o, method, out, &why) == 0)
+        return 0;
+    /* The producer's own exceptions go through as they are. */
+    if (why)
+        pg_path_raise(PyExc_ValueError, GSER_OK, &e->path, "an Arrow table of type %s: %s", Py_TYPE(o)->tp_name,
+                      why);
+    return -1;
 }
 
 /* ---- dispatch ------------------------------------------------------------------------ */
@@ -616,6 +653,9 @@ static int enc_value(enc_t *e, PyObject *o, int depth, gser_value_t **out)
         return sc < 0 ? -1 : 0;
     if (PyObject_CheckBuffer(o))
         return enc_buffer(e, o, out);
+    int arrow = pg_arrow_probe(o);
+    if (arrow)
+        return arrow < 0 ? -1 : enc_arrow(e, o, arrow, out);
     PyObject *cai = PyObject_GetAttrString(o, "__cuda_array_interface__");
     if (cai) {
         int r = enc_cai(e, o, cai, out);

@@ -1,12 +1,14 @@
-/* gser._gser: dumps/loads, to_bytes/from_bytes, GserError.
+/* gser._gser: dumps/loads, to_bytes/from_bytes, GserError, DeviceFrame,
+ * DeviceArray, ArrowArray.
  *
  *   header, frames = dumps(obj, families=("device", "host"), *, strict=False)
- *   obj = loads(header, frames)
- *   b = to_bytes(obj, families=("device", "host"))
- *   obj = from_bytes(b)
+ *   obj = loads(header, frames, *, device=False)
+ *   b = to_bytes(obj, families=("host",))
+ *   obj = from_bytes(b, *, device=False)
  *
  * The core runs with the GIL released; everything it borrows is held by a
- * PgOwner for as long as it is used.
+ * PgOwner for as long as it is used. Device copies the core makes while
+ * deserializing are waited for before the objects are handed out.
  */
 #include "pygser.h" /* first: Python.h sets the feature macros */
 
@@ -67,16 +69,39 @@ PyObject *pg_raise(gser_status_t st, bool detail, const char *what)
 /* families: None (the default order), one str, or a sequence of str. */
 typedef struct fam_list {
     PyObject *keep; /* what the names point into */
-    const char *names[32];
+    const char *names[33];
     size_t n;
 } fam_list_t;
 
-static int families_parse(PyObject *families, fam_list_t *f)
+/* For the flattened form, which holds host memory only: "device" is left
+ * out and "host" added at the end when missing, so that device buffers are
+ * staged into host frames. */
+static void families_flat(fam_list_t *f)
+{
+    size_t n = 0;
+    bool host = false;
+    for (size_t i = 0; i < f->n; i++) {
+        if (strcmp(f->names[i], "device") == 0)
+            continue;
+        host |= strcmp(f->names[i], "host") == 0;
+        f->names[n++] = f->names[i];
+    }
+    if (!host)
+        f->names[n++] = "host";
+    f->n = n;
+}
+
+static int families_parse(PyObject *families, bool flat, fam_list_t *f)
 {
     f->keep = NULL;
     f->n = 0;
-    if (!families || families == Py_None)
+    if (!families || families == Py_None) {
+        if (flat) {
+            f->names[0] = "host";
+            f->n = 1;
+        }
         return 0;
+    }
     PyObject *seq;
     if (PyUnicode_Check(families))
         seq = PyTuple_Pack(1, families);
@@ -105,14 +130,16 @@ static int families_parse(PyObject *families, fam_list_t *f)
     }
     f->keep = seq;
     f->n = (size_t)n;
+    if (flat)
+        families_flat(f);
     return 0;
 }
 
 /* Encode obj and serialize it: a new owner holding the message and frames. */
-static PgOwner *serialize(PyObject *obj, PyObject *families, bool strict)
+static PgOwner *serialize(PyObject *obj, PyObject *families, bool strict, bool flat)
 {
     fam_list_t fam;
-    if (families_parse(families, &fam) < 0)
+    if (families_parse(families, flat, &fam) < 0)
         return NULL;
     PgOwner *owner = pg_owner_new();
     if (!owner) {
@@ -161,9 +188,11 @@ PyDoc_STRVAR(dumps_doc,
 "frames: memoryviews over host memory, gser.DeviceFrame objects for device\n"
 "memory. Frames borrow obj's buffers (numpy arrays are not copied): keep\n"
 "them unchanged while the frames are in use. families orders the serializer\n"
-"families tried for typed objects. strict=True refuses (NotImplementedError)\n"
-"what would not come back as the same type or in host memory: buffers other\n"
-"than numpy.ndarray, and device arrays.");
+"families tried for typed objects (Arrow tables) and says where device buffers\n"
+"go: \"device\" keeps them in device frames, \"host\" stages them into host\n"
+"frames. strict=True refuses (NotImplementedError) what would not come back as\n"
+"the same type or in host memory: buffers other than numpy.ndarray, device\n"
+"arrays, Arrow tables.");
 
 static PyObject *py_dumps(PyObject *self, PyObject *args, PyObject *kw)
 {
@@ -173,7 +202,7 @@ static PyObject *py_dumps(PyObject *self, PyObject *args, PyObject *kw)
     int strict = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$p:dumps", kwlist, &obj, &families, &strict))
         return NULL;
-    PgOwner *owner = serialize(obj, families, strict);
+    PgOwner *owner = serialize(obj, families, strict, false);
     if (!owner)
         return NULL;
     size_t n = gser_frames_count(owner->frames);
@@ -203,9 +232,12 @@ static PyObject *py_dumps(PyObject *self, PyObject *args, PyObject *kw)
 }
 
 PyDoc_STRVAR(to_bytes_doc,
-"to_bytes(obj, families=('device', 'host')) -> bytes\n\n"
+"to_bytes(obj, families=('host',)) -> bytes\n\n"
 "Serialize obj into gser's flattened form: one bytes object holding the\n"
-"header and every frame (host memory only).");
+"header and every frame. It holds host memory only: the \"host\" family is\n"
+"always used (\"device\" is left out of families, \"host\" added when\n"
+"missing), so device buffers and device Arrow tables are staged into host\n"
+"frames; from_bytes(b, device=True) puts them back on the device.");
 
 static PyObject *py_to_bytes(PyObject *self, PyObject *args, PyObject *kw)
 {
@@ -214,7 +246,7 @@ static PyObject *py_to_bytes(PyObject *self, PyObject *args, PyObject *kw)
     PyObject *obj, *families = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:to_bytes", kwlist, &obj, &families))
         return NULL;
-    PgOwner *owner = serialize(obj, families, false);
+    PgOwner *owner = serialize(obj, families, false, true);
     if (!owner)
         return NULL;
     size_t n = gser_frames_count(owner->frames);
@@ -222,10 +254,7 @@ static PyObject *py_to_bytes(PyObject *self, PyObject *args, PyObject *kw)
     size_t size, written = 0;
     gser_status_t st = gser_flat_size(fr, n, &size);
     PyObject *out = NULL;
-    if (st == GSER_ERR_UNSUPPORTED) {
-        PyErr_SetString(PyExc_NotImplementedError,
-                        "gser.to_bytes: the message has device frames; flattening them needs gser's device layer");
-    } else if (st) {
+    if (st) {
         pg_raise(st, false, "gser_flat_size");
     } else if (size > (size_t)PY_SSIZE_T_MAX) {
         PyErr_NoMemory();
@@ -263,18 +292,30 @@ static int frame_get(PgOwner *owner, PyObject *o, Py_ssize_t index, gser_frame_t
     if (index > 0) {
         PyObject *cai = PyObject_GetAttrString(o, "__cuda_array_interface__");
         if (cai) {
-            void *ptr;
+            void *ptr, *stream;
             size_t nbytes;
             gser_dtype_t dtype;
             uint32_t ndim;
             int64_t shape[GSER_MAX_NDIM];
             const char *why;
-            int r = pg_cai_read(cai, &ptr, &nbytes, &dtype, &ndim, shape, &why);
+            int r = pg_cai_read(cai, &ptr, &nbytes, &dtype, &ndim, shape, &stream, &why);
             Py_DECREF(cai);
             if (r < 0) {
                 if (why)
                     PyErr_Format(PyExc_NotImplementedError, "gser.loads: frame %zd: %s", index, why);
                 return -1;
+            }
+            /* The interface's consumer synchronizes with the producer's
+             * stream: the loaded arrays view this memory with no stream. */
+            if (stream) {
+                gser_status_t st;
+                Py_BEGIN_ALLOW_THREADS
+                st = gser_stream_sync(pg_ctx, stream);
+                Py_END_ALLOW_THREADS
+                if (st) {
+                    pg_raise(st, true, "gser_stream_sync");
+                    return -1;
+                }
             }
             fr->data = ptr;
             fr->size = nbytes;
@@ -293,18 +334,39 @@ static int frame_get(PgOwner *owner, PyObject *o, Py_ssize_t index, gser_frame_t
 }
 
 PyDoc_STRVAR(loads_doc,
-"loads(header, frames) -> obj\n\n"
+"loads(header, frames, *, device=False) -> obj\n\n"
 "Rebuild an object from a header and frames made by dumps (bytes-like\n"
 "objects; device frames are objects with __cuda_array_interface__).\n"
 "Arrays in the result view the frames without copying, and are writable\n"
-"only when the frames are. Malformed input raises GserError.");
+"only when the frames are; buffers in device memory come back as\n"
+"gser.DeviceArray, Arrow tables as gser.ArrowArray. device=True puts buffers\n"
+"that were device memory at the sender but came in host frames (the \"host\"\n"
+"family) back on the device. Device copies are waited for before loads\n"
+"returns. Malformed input raises GserError.");
+
+/* Wait for the device copies gser made while deserializing (restored or
+ * scattered buffers carry their event), so that the objects handed out need
+ * no synchronization (their __cuda_array_interface__ has no stream). */
+static int msg_wait(gser_msg_t *msg)
+{
+    gser_status_t st;
+    Py_BEGIN_ALLOW_THREADS
+    st = gser_msg_wait(msg);
+    Py_END_ALLOW_THREADS
+    if (st) {
+        pg_raise(st, true, "gser_msg_wait");
+        return -1;
+    }
+    return 0;
+}
 
 static PyObject *py_loads(PyObject *self, PyObject *args, PyObject *kw)
 {
     (void)self;
-    static char *kwlist[] = {"header", "frames", NULL};
+    static char *kwlist[] = {"header", "frames", "device", NULL};
     PyObject *header, *frames_obj;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO:loads", kwlist, &header, &frames_obj))
+    int device = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$p:loads", kwlist, &header, &frames_obj, &device))
         return NULL;
     PyObject *seq = PySequence_Fast(frames_obj, "gser.loads: frames must be a sequence");
     if (!seq)
@@ -329,17 +391,19 @@ static PyObject *py_loads(PyObject *self, PyObject *args, PyObject *kw)
     }
     dc.header = fr[0].data;
     dc.header_len = fr[0].size;
+    gser_deserialize_options_t opts = {.flags = device ? GSER_DESERIALIZE_RESTORE_DEVICE : 0};
     gser_status_t st;
     gser_msg_t *msg = NULL;
     Py_BEGIN_ALLOW_THREADS
-    st = gser_deserialize(pg_ctx, fr, (size_t)nf + 1, NULL, &msg);
+    st = gser_deserialize(pg_ctx, fr, (size_t)nf + 1, &opts, &msg);
     Py_END_ALLOW_THREADS
     if (st) {
         pg_raise(st, true, "gser_deserialize");
         goto done;
     }
     owner->msg = msg;
-    out = pg_decode(&dc, gser_msg_root(msg));
+    if (msg_wait(msg) == 0)
+        out = pg_decode(&dc, gser_msg_root(msg));
 done:
     Py_XDECREF(owner);
     PyMem_Free(fr);
@@ -348,13 +412,21 @@ done:
 }
 
 PyDoc_STRVAR(from_bytes_doc,
-"from_bytes(b) -> obj\n\n"
+"from_bytes(b, *, device=False) -> obj\n\n"
 "Rebuild an object from gser's flattened form (any bytes-like object).\n"
-"Arrays in the result view b without copying (writable only if b is).");
+"Arrays in the result view b without copying (writable only if b is); device\n"
+"buffers of the sender come back as host numpy arrays, or with device=True\n"
+"(GSER_DESERIALIZE_RESTORE_DEVICE) as gser.DeviceArray, copied to the device;\n"
+"Arrow tables as gser.ArrowArray, on the device with device=True.");
 
-static PyObject *py_from_bytes(PyObject *self, PyObject *arg)
+static PyObject *py_from_bytes(PyObject *self, PyObject *args, PyObject *kw)
 {
     (void)self;
+    static char *kwlist[] = {"b", "device", NULL};
+    PyObject *arg;
+    int device = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$p:from_bytes", kwlist, &arg, &device))
+        return NULL;
     PgOwner *owner = pg_owner_new();
     if (!owner)
         return NULL;
@@ -367,16 +439,19 @@ static PyObject *py_from_bytes(PyObject *self, PyObject *arg)
     bool readonly = view.readonly;
     if (pg_owner_hold_view(owner, &view) < 0)
         goto done;
+    gser_deserialize_options_t opts = {.flags = device ? GSER_DESERIALIZE_RESTORE_DEVICE : 0};
     gser_status_t st;
     gser_msg_t *msg = NULL;
     Py_BEGIN_ALLOW_THREADS
-    st = gser_deserialize_flat(pg_ctx, buf, len, NULL, NULL, NULL, &msg);
+    st = gser_deserialize_flat(pg_ctx, buf, len, NULL, NULL, &opts, &msg);
     Py_END_ALLOW_THREADS
     if (st) {
         pg_raise(st, true, "gser_deserialize_flat");
         goto done;
     }
     owner->msg = msg;
+    if (msg_wait(msg) < 0)
+        goto done;
     size_t n;
     const gser_frame_t *fr = gser_msg_frames(msg, &n);
     pg_decode_ctx_t dc = {.owner = owner,
@@ -396,14 +471,14 @@ static PyMethodDef methods[] = {
     {"dumps", (PyCFunction)(void (*)(void))py_dumps, METH_VARARGS | METH_KEYWORDS, dumps_doc},
     {"loads", (PyCFunction)(void (*)(void))py_loads, METH_VARARGS | METH_KEYWORDS, loads_doc},
     {"to_bytes", (PyCFunction)(void (*)(void))py_to_bytes, METH_VARARGS | METH_KEYWORDS, to_bytes_doc},
-    {"from_bytes", (PyCFunction)py_from_bytes, METH_O, from_bytes_doc},
+    {"from_bytes", (PyCFunction)(void (*)(void))py_from_bytes, METH_VARARGS | METH_KEYWORDS, from_bytes_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,
     .m_name = "gser._gser",
-    .m_doc = "gser's C core for Python: dumps/loads, to_bytes/from_bytes.",
+    .m_doc = "gser's C core for Python: dumps/loads, to_bytes/from_bytes, device arrays, Arrow tables.",
     .m_size = -1,
     .m_methods = methods,
 };
@@ -411,15 +486,25 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC PyInit__gser(void)
 {
     if (PyType_Ready(&PgOwner_Type) < 0 || PyType_Ready(&PgFrame_Type) < 0 ||
-        PyType_Ready(&PgDeviceFrame_Type) < 0)
+        PyType_Ready(&PgDeviceFrame_Type) < 0 || PyType_Ready(&PgDeviceArray_Type) < 0 ||
+        PyType_Ready(&PgArrowArray_Type) < 0)
         return NULL;
     if (!pg_ctx) {
-        gser_status_t st = gser_context_create(NULL, &pg_ctx);
+        /* The device backend follows GSER_DEVICE (cuda, emulated, none). */
+        gser_context_t *ctx;
+        gser_status_t st = gser_context_create(NULL, &ctx);
         if (st) {
+            const char *d = gser_context_last_error(NULL);
             PyErr_Format(st == GSER_ERR_NO_MEMORY ? PyExc_MemoryError : PyExc_RuntimeError,
-                         "gser: cannot create a context: %s", gser_status_str(st));
+                         "gser: cannot create a context: %s", *d ? d : gser_status_str(st));
             return NULL;
         }
+        if ((st = pg_arrow_register(ctx))) {
+            PyErr_Format(PyExc_RuntimeError, "gser: cannot register \"arrow.array\": %s", gser_status_str(st));
+            gser_context_destroy(ctx);
+            return NULL;
+        }
+        pg_ctx = ctx;
     }
     if (!pg_GserError) {
         pg_GserError = PyErr_NewExceptionWithDoc(
@@ -437,6 +522,10 @@ PyMODINIT_FUNC PyInit__gser(void)
         return NULL;
     if (PyModule_AddObjectRef(m, "GserError", pg_GserError) < 0 ||
         PyModule_AddObjectRef(m, "DeviceFrame", (PyObject *)&PgDeviceFrame_Type) < 0 ||
+        PyModule_AddObjectRef(m, "DeviceArray", (PyObject *)&PgDeviceArray_Type) < 0 ||
+        PyModule_AddObjectRef(m, "ArrowArray", (PyObject *)&PgArrowArray_Type) < 0 ||
+        PyModule_AddStringConstant(m, "DEVICE_BACKEND", gser_device_backend(pg_ctx)) < 0 ||
+        PyModule_AddObjectRef(m, "HAVE_ARROW", pg_have_arrow ? Py_True : Py_False) < 0 ||
         PyModule_AddStringConstant(m, "__version__", gser_version_string()) < 0 ||
         PyModule_AddIntConstant(m, "WIRE_VERSION", GSER_WIRE_VERSION) < 0 ||
         PyModule_AddIntConstant(m, "DEPTH_MAX", GSER_DEPTH_MAX) < 0) {

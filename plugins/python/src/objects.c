@@ -1,7 +1,8 @@
-/* Owners of messages, and the buffer exporters that view their memory.
+/* Owners of messages, and the objects that view their memory.
  *
  * Lifetime chain: numpy array -> memoryview -> PgFrame -> PgOwner -> gser
- * message + the Python buffers it borrows. The owner dies with the last
+ * message + the Python buffers it borrows; gser.DeviceFrame and
+ * gser.DeviceArray hold the owner directly. The owner dies with the last
  * view, and then frees the message before releasing those buffers.
  */
 #include "pygser.h" /* first: Python.h sets the feature macros */
@@ -16,6 +17,10 @@
 static void owner_dealloc(PgOwner *self)
 {
     PyObject_GC_UnTrack(self);
+    /* Cleanups may run Python code (an Arrow producer's release callback),
+     * and the owner may die while an exception is being raised. */
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
     /* The frames borrow the message, the message borrows the views. */
     gser_frames_destroy(self->frames);
     self->frames = NULL;
@@ -26,13 +31,14 @@ static void owner_dealloc(PgOwner *self)
     PyMem_Free(self->views);
     self->views = NULL;
     self->nviews = 0;
-    for (Py_ssize_t i = 0; i < self->nallocs; i++)
-        free(self->allocs[i]);
-    PyMem_Free(self->allocs);
-    self->allocs = NULL;
-    self->nallocs = 0;
+    for (Py_ssize_t i = 0; i < self->ncleanups; i++)
+        self->cleanups[i].fn(self->cleanups[i].p);
+    PyMem_Free(self->cleanups);
+    self->cleanups = NULL;
+    self->ncleanups = 0;
     Py_CLEAR(self->refs);
     Py_TYPE(self)->tp_free((PyObject *)self);
+    PyErr_Restore(et, ev, etb);
 }
 
 static int owner_traverse(PgOwner *self, visitproc visit, void *arg)
@@ -64,9 +70,9 @@ PgOwner *pg_owner_new(void)
     o->nviews = 0;
     o->capviews = 0;
     o->refs = NULL;
-    o->allocs = NULL;
-    o->nallocs = 0;
-    o->capallocs = 0;
+    o->cleanups = NULL;
+    o->ncleanups = 0;
+    o->capcleanups = 0;
     PyObject_GC_Track(o);
     return o;
 }
@@ -95,21 +101,26 @@ int pg_owner_hold_ref(PgOwner *o, PyObject *obj)
     return PyList_Append(o->refs, obj);
 }
 
-int pg_owner_hold_alloc(PgOwner *o, void *p)
+int pg_owner_on_destroy(PgOwner *o, void (*fn)(void *p), void *p)
 {
-    if (o->nallocs == o->capallocs) {
-        Py_ssize_t cap = o->capallocs ? o->capallocs * 2 : 4;
-        void **na = PyMem_Realloc(o->allocs, (size_t)cap * sizeof *na);
-        if (!na) {
-            free(p);
+    if (o->ncleanups == o->capcleanups) {
+        Py_ssize_t cap = o->capcleanups ? o->capcleanups * 2 : 4;
+        pg_cleanup_t *nc = PyMem_Realloc(o->cleanups, (size_t)cap * sizeof *nc);
+        if (!nc) {
+            fn(p);
             PyErr_NoMemory();
             return -1;
         }
-        o->allocs = na;
-        o->capallocs = cap;
+        o->cleanups = nc;
+        o->capcleanups = cap;
     }
-    o->allocs[o->nallocs++] = p;
+    o->cleanups[o->ncleanups++] = (pg_cleanup_t){fn, p};
     return 0;
+}
+
+int pg_owner_hold_alloc(PgOwner *o, void *p)
+{
+    return pg_owner_on_destroy(o, free, p);
 }
 
 /* ---- PgFrame: a buffer exporter ------------------------------------------------------ */
@@ -252,8 +263,9 @@ static PyObject *dframe_cai(PgDeviceFrame *self, void *closure)
 
 static PyObject *dframe_repr(PgDeviceFrame *self)
 {
-    return PyUnicode_FromFormat("<gser.DeviceFrame %zd bytes on device %d at 0x%zx>", self->nbytes, self->device,
-                                (size_t)self->ptr);
+    /* PyUnicode_FromFormat has no %zx: %p writes 0x... */
+    return PyUnicode_FromFormat("<gser.DeviceFrame %zd bytes on device %d at %p>", self->nbytes, self->device,
+                                (void *)(uintptr_t)self->ptr);
 }
 
 static Py_ssize_t dframe_len(PgDeviceFrame *self)
@@ -305,4 +317,229 @@ PyObject *pg_device_frame_new(PgOwner *owner, const void *ptr, size_t len, int32
     f->device = device;
     PyObject_GC_Track(f);
     return (PyObject *)f;
+}
+
+/* ---- PgDeviceArray ---------------------------------------------------------------------- */
+
+static const char *const dtype_typestrs[GSER_DTYPE_COUNT_] = {
+    [GSER_DTYPE_BYTES] = "|u1",    [GSER_DTYPE_BOOL] = "|b1",     [GSER_DTYPE_INT8] = "|i1",
+    [GSER_DTYPE_INT16] = "<i2",    [GSER_DTYPE_INT32] = "<i4",    [GSER_DTYPE_INT64] = "<i8",
+    [GSER_DTYPE_UINT8] = "|u1",    [GSER_DTYPE_UINT16] = "<u2",   [GSER_DTYPE_UINT32] = "<u4",
+    [GSER_DTYPE_UINT64] = "<u8",   [GSER_DTYPE_FLOAT16] = "<f2",  [GSER_DTYPE_BFLOAT16] = "|V2",
+    [GSER_DTYPE_FLOAT32] = "<f4",  [GSER_DTYPE_FLOAT64] = "<f8",  [GSER_DTYPE_COMPLEX64] = "<c8",
+    [GSER_DTYPE_COMPLEX128] = "<c16",
+};
+
+const char *pg_dtype_typestr(gser_dtype_t dtype)
+{
+    return (unsigned)dtype < GSER_DTYPE_COUNT_ ? dtype_typestrs[dtype] : "|u1";
+}
+
+typedef struct {
+    PyObject_HEAD
+    PgOwner *owner;
+    unsigned long long ptr;
+    Py_ssize_t nbytes;
+    gser_dtype_t dtype;
+    int device;
+    int ndim;
+    Py_ssize_t shape[PG_MAX_NDIM];
+} PgDeviceArray;
+
+static void darray_dealloc(PgDeviceArray *self)
+{
+    PyObject_GC_UnTrack(self);
+    Py_CLEAR(self->owner);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int darray_traverse(PgDeviceArray *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->owner);
+    return 0;
+}
+
+static PyObject *darray_shape(PgDeviceArray *self, void *closure)
+{
+    (void)closure;
+    PyObject *t = PyTuple_New(self->ndim);
+    for (int d = 0; t && d < self->ndim; d++) {
+        PyObject *x = PyLong_FromSsize_t(self->shape[d]);
+        if (!x) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, d, x);
+    }
+    return t;
+}
+
+static PyObject *darray_typestr(PgDeviceArray *self, void *closure)
+{
+    (void)closure;
+    return PyUnicode_FromString(pg_dtype_typestr(self->dtype));
+}
+
+/* numpy.dtype(typestr) when numpy is installed, else the typestr. */
+static PyObject *darray_dtype(PgDeviceArray *self, void *closure)
+{
+    (void)closure;
+    PyObject *np = PyImport_ImportModule("numpy");
+    if (!np) {
+        if (!PyErr_ExceptionMatches(PyExc_ImportError))
+            return NULL;
+        PyErr_Clear();
+        return darray_typestr(self, NULL);
+    }
+    PyObject *out = PyObject_CallMethod(np, "dtype", "s", pg_dtype_typestr(self->dtype));
+    Py_DECREF(np);
+    return out;
+}
+
+/* Version 3. The data is ready when loads returns (it waited for gser's
+ * copies): stream None, no synchronization needed. */
+static PyObject *darray_cai(PgDeviceArray *self, void *closure)
+{
+    (void)closure;
+    PyObject *shape = darray_shape(self, NULL);
+    if (!shape)
+        return NULL;
+    return Py_BuildValue("{s:N,s:s,s:(NO),s:O,s:O,s:i}", "shape", shape, "typestr", pg_dtype_typestr(self->dtype),
+                         "data", PyLong_FromUnsignedLongLong(self->ptr), Py_False, "strides", Py_None, "stream",
+                         Py_None, "version", 3);
+}
+
+PyDoc_STRVAR(darray_copy_to_host_doc,
+"copy_to_host() -> numpy.ndarray\n\n"
+"A new host array with this array's dtype, shape and contents, copied with\n"
+"gser_device_memcpy (a bytearray when numpy is not installed).");
+
+static PyObject *darray_copy_to_host(PgDeviceArray *self, PyObject *unused)
+{
+    (void)unused;
+    PyObject *out;
+    PyObject *np = PyImport_ImportModule("numpy");
+    if (np) {
+        PyObject *shape = darray_shape(self, NULL);
+        out = shape ? PyObject_CallMethod(np, "empty", "Os", shape, pg_dtype_typestr(self->dtype)) : NULL;
+        Py_XDECREF(shape);
+        Py_DECREF(np);
+    } else if (PyErr_ExceptionMatches(PyExc_ImportError)) {
+        PyErr_Clear();
+        out = PyByteArray_FromStringAndSize(NULL, self->nbytes);
+    } else {
+        return NULL;
+    }
+    if (!out)
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(out, &view, PyBUF_SIMPLE | PyBUF_WRITABLE) < 0) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    gser_status_t st = GSER_OK;
+    if (view.len != self->nbytes) {
+        st = GSER_ERR_STATE;
+    } else if (self->nbytes) {
+        void *src = (void *)(uintptr_t)self->ptr;
+        Py_BEGIN_ALLOW_THREADS
+        st = gser_device_memcpy(pg_ctx, view.buf, GSER_MEMORY_HOST, src, GSER_MEMORY_DEVICE, (size_t)self->nbytes,
+                                NULL);
+        if (st == GSER_OK)
+            st = gser_stream_sync(pg_ctx, NULL);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&view);
+    if (st) {
+        Py_DECREF(out);
+        return pg_raise(st, true, "gser.DeviceArray.copy_to_host");
+    }
+    return out;
+}
+
+static PyObject *darray_repr(PgDeviceArray *self)
+{
+    PyObject *shape = darray_shape(self, NULL);
+    if (!shape)
+        return NULL;
+    PyObject *r = PyUnicode_FromFormat("<gser.DeviceArray %s shape=%R (%zd bytes) on device %d at %p>",
+                                       gser_dtype_str(self->dtype), shape, self->nbytes, self->device,
+                                       (void *)(uintptr_t)self->ptr);
+    Py_DECREF(shape);
+    return r;
+}
+
+static Py_ssize_t darray_len(PgDeviceArray *self)
+{
+    return self->shape[0];
+}
+
+static PyGetSetDef darray_getset[] = {
+    {"__cuda_array_interface__", (getter)darray_cai, NULL,
+     "CUDA Array Interface v3: shape, typestr, data, strides None, stream None.", NULL},
+    {"shape", (getter)darray_shape, NULL, "Extents, C order.", NULL},
+    {"dtype", (getter)darray_dtype, NULL, "numpy.dtype of the elements (the typestr without numpy).", NULL},
+    {"typestr", (getter)darray_typestr, NULL, "The array interface's typestr (\"<f8\", ...).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef darray_members[] = {
+    {"nbytes", T_PYSSIZET, offsetof(PgDeviceArray, nbytes), READONLY, "Length in bytes."},
+    {"device", T_INT, offsetof(PgDeviceArray, device), READONLY, "Device ordinal."},
+    {"ptr", T_ULONGLONG, offsetof(PgDeviceArray, ptr), READONLY, "Device pointer."},
+    {"ndim", T_INT, offsetof(PgDeviceArray, ndim), READONLY, "Number of dimensions."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyMethodDef darray_methods[] = {
+    {"copy_to_host", (PyCFunction)darray_copy_to_host, METH_NOARGS, darray_copy_to_host_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods darray_as_sequence = {
+    .sq_length = (lenfunc)darray_len,
+};
+
+PyTypeObject PgDeviceArray_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gser.DeviceArray",
+    .tp_doc = "An array in device memory returned by gser.loads / gser.from_bytes: exposes\n"
+              "__cuda_array_interface__ (v3, with dtype and shape; CuPy, Numba and PyTorch read it\n"
+              "without copying), keeps the loaded message and its frames alive, and copies to the\n"
+              "host with copy_to_host(). Its data is ready: loads waited for gser's device copies.",
+    .tp_basicsize = sizeof(PgDeviceArray),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_dealloc = (destructor)darray_dealloc,
+    .tp_traverse = (traverseproc)darray_traverse,
+    .tp_repr = (reprfunc)darray_repr,
+    .tp_getset = darray_getset,
+    .tp_members = darray_members,
+    .tp_methods = darray_methods,
+    .tp_as_sequence = &darray_as_sequence,
+};
+
+PyObject *pg_device_array_new(PgOwner *owner, const gser_buffer_desc_t *desc)
+{
+    size_t es = gser_dtype_size(desc->dtype);
+    if (desc->nbytes > (size_t)PY_SSIZE_T_MAX || desc->ndim > PG_MAX_NDIM || !es) {
+        PyErr_SetString(PyExc_ValueError, "gser: a device buffer too large for Python");
+        return NULL;
+    }
+    PgDeviceArray *a = PyObject_GC_New(PgDeviceArray, &PgDeviceArray_Type);
+    if (!a)
+        return NULL;
+    a->owner = (PgOwner *)Py_NewRef((PyObject *)owner);
+    a->ptr = (unsigned long long)(uintptr_t)desc->data;
+    a->nbytes = (Py_ssize_t)desc->nbytes;
+    a->dtype = desc->dtype;
+    a->device = desc->device;
+    /* A flat buffer is one-dimensional: nbytes / element size items. */
+    a->ndim = desc->ndim ? (int)desc->ndim : 1;
+    if (desc->ndim)
+        for (uint32_t d = 0; d < desc->ndim; d++)
+            a->shape[d] = (Py_ssize_t)desc->shape[d];
+    else
+        a->shape[0] = (Py_ssize_t)(desc->nbytes / es);
+    PyObject_GC_Track(a);
+    return (PyObject *)a;
 }

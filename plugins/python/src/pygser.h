@@ -6,7 +6,10 @@
  * core, and handed back as a header plus memoryviews over the frames; the
  * other way, frames are deserialized by the core and the tree is turned into
  * Python objects (decode.c). Every message lives in a PgOwner object, which
- * everything that points into its memory keeps alive (objects.c).
+ * everything that points into its memory keeps alive (objects.c). Device
+ * buffers come back as gser.DeviceArray (objects.c); Arrow tables, through
+ * the Arrow PyCapsule interface and the type "arrow.array" of gser::arrow,
+ * as gser.ArrowArray (arrow.c).
  */
 #ifndef GSER_PY_PYGSER_H
 #define GSER_PY_PYGSER_H
@@ -22,7 +25,10 @@
 /* ---- module state (module.c) ---------------------------------------------- */
 
 /* The context every call uses. Created at import, never destroyed: messages
- * may outlive the module object at interpreter exit. */
+ * and Arrow arrays taken from them may outlive the module object at
+ * interpreter exit. Its device backend follows GSER_DEVICE (cuda, emulated,
+ * none; default: cuda when a GPU is present). "arrow.array" is registered in
+ * it when the module is built with gser::arrow. */
 extern gser_context_t *pg_ctx;
 /* gser.GserError, a subclass of ValueError. */
 extern PyObject *pg_GserError;
@@ -39,6 +45,12 @@ PyObject *pg_make_exc(PyObject *exc, gser_status_t st, PyObject *text);
 
 /* ---- owners and exporters (objects.c) ---------------------------------------- */
 
+/* Something to run when an owner dies, after its message and frames. */
+typedef struct pg_cleanup {
+    void (*fn)(void *p);
+    void *p;
+} pg_cleanup_t;
+
 /* Owns one gser message (and, after dumps, its frames object), the Python
  * buffers the message borrows, and the objects it must keep alive. */
 typedef struct {
@@ -49,14 +61,15 @@ typedef struct {
     Py_ssize_t nviews;
     Py_ssize_t capviews;
     PyObject *refs;     /* list of objects kept alive, or NULL */
-    void **allocs;      /* malloc'd memory the message borrows */
-    Py_ssize_t nallocs;
-    Py_ssize_t capallocs;
+    pg_cleanup_t *cleanups; /* memory the message borrows: freed after it, in order */
+    Py_ssize_t ncleanups;
+    Py_ssize_t capcleanups;
 } PgOwner;
 
 extern PyTypeObject PgOwner_Type;
 extern PyTypeObject PgFrame_Type;
 extern PyTypeObject PgDeviceFrame_Type;
+extern PyTypeObject PgDeviceArray_Type;
 
 PgOwner *pg_owner_new(void);
 /* Take over a Py_buffer (it is released when the owner dies). On failure the
@@ -67,6 +80,10 @@ int pg_owner_hold_ref(PgOwner *o, PyObject *obj);
 /* Free p (malloc'd) when the owner dies, after its message. On failure p is
  * freed and -1 returned with an exception set. */
 int pg_owner_hold_alloc(PgOwner *o, void *p);
+/* Run fn(p) when the owner dies, after its frames and message are destroyed
+ * (cleanups run in the order they were added). On failure fn(p) runs at once
+ * and -1 is returned with an exception set. */
+int pg_owner_on_destroy(PgOwner *o, void (*fn)(void *p), void *p);
 
 /* The most dimensions a loaded array may have (numpy's NPY_MAXDIMS is 32). */
 #define PG_MAX_NDIM 32
@@ -81,6 +98,15 @@ PyObject *pg_frame_new(PgOwner *owner, const void *ptr, Py_ssize_t len, bool rea
  * bytes) over device memory an owner keeps alive. */
 PyObject *pg_device_frame_new(PgOwner *owner, const void *ptr, size_t len, int32_t device);
 
+/* A gser.DeviceArray over a device buffer of a loaded message (desc, as
+ * gser_value_get_buffer gives it; the device work that filled it must be
+ * done): __cuda_array_interface__ with dtype and shape, copy_to_host(). */
+PyObject *pg_device_array_new(PgOwner *owner, const gser_buffer_desc_t *desc);
+
+/* The __cuda_array_interface__ typestr of a dtype ("<f4", "|u1" for bytes,
+ * "|V2" for bfloat16, which numpy has no type for). */
+const char *pg_dtype_typestr(gser_dtype_t dtype);
+
 /* ---- Python -> gser (encode.c) ------------------------------------------------ */
 
 typedef struct pg_encode_options {
@@ -93,12 +119,15 @@ typedef struct pg_encode_options {
 /* Build the tree of obj as the root of owner->msg (created here). */
 int pg_encode(PgOwner *owner, PyObject *obj, const pg_encode_options_t *opts);
 
-/* Read a __cuda_array_interface__ dict: pointer, length, dtype and C-order
- * shape (shape has room for GSER_MAX_NDIM). Non-contiguous or masked arrays
- * are refused. Returns 0, or -1 with *why set and no exception, or -1 with
- * an exception set and *why NULL. */
+/* Read a __cuda_array_interface__ dict: pointer, length, dtype, C-order
+ * shape (shape has room for GSER_MAX_NDIM) and the stream that produces the
+ * data (a cudaStream_t: the interface's 1 and 2 are CUDA's legacy and
+ * per-thread default stream handles; NULL when the dict has no stream, or
+ * None: no synchronization needed). Non-contiguous or masked arrays, and
+ * stream 0 (which the interface forbids), are refused. Returns 0, or -1
+ * with *why set and no exception, or -1 with an exception set and *why NULL. */
 int pg_cai_read(PyObject *cai, void **ptr, size_t *nbytes, gser_dtype_t *dtype, uint32_t *ndim, int64_t *shape,
-                const char **why);
+                void **stream, const char **why);
 
 /* ---- gser -> Python (decode.c) ------------------------------------------------- */
 
@@ -114,6 +143,35 @@ typedef struct pg_decode_ctx {
 } pg_decode_ctx_t;
 
 PyObject *pg_decode(const pg_decode_ctx_t *dc, const gser_value_t *root);
+
+/* ---- Arrow (arrow.c) ------------------------------------------------------------------ */
+
+/* Whether the module was built with gser::arrow ("arrow.array"). */
+extern const bool pg_have_arrow;
+extern PyTypeObject PgArrowArray_Type;
+
+/* Register "arrow.array" in ctx (a no-op without gser::arrow). */
+gser_status_t pg_arrow_register(gser_context_t *ctx);
+
+/* Which Arrow PyCapsule method obj has: 2 for __arrow_c_device_array__,
+ * 1 for __arrow_c_array__ only, 0 for neither; -1 with an exception set
+ * when looking it up failed. */
+int pg_arrow_probe(PyObject *obj);
+
+/* Export obj's table through the method pg_arrow_probe found, move it out of
+ * the capsules (the producer's structs are left released: release NULL),
+ * and make an "arrow.array" value of it in owner->msg. The owner releases
+ * the table after the frames and the message. Returns 0, or -1 with *why
+ * set and no exception (the producer broke the protocol), or -1 with an
+ * exception set and *why NULL. */
+int pg_arrow_encode(PgOwner *owner, PyObject *obj, int method, gser_value_t **out, const char **why);
+
+/* Take the table of a deserialized "arrow.array" value into a new
+ * gser.ArrowArray (which needs nothing of the message: the table is copied
+ * out of the frames, which Python lends, once). On failure NULL, with an
+ * exception set and *st_out GSER_OK, or with no exception and *st_out the
+ * status of gser_value_take_arrow. */
+PyObject *pg_arrow_take(gser_value_t *v, gser_status_t *st_out);
 
 /* ---- paths (path.c) ------------------------------------------------------------------ */
 

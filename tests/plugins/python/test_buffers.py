@@ -290,14 +290,16 @@ def test_device_arrays_become_device_frames():
     del dev
     gc.collect()
     assert ref() is not None  # the frame keeps the device array alive
-    # loading device memory needs the device layer
-    with pytest.raises(NotImplementedError, match=r"\$\.x: a buffer of 1200000 bytes of float32 in device memory"):
-        gser.loads(header, frames)
-    with pytest.raises(NotImplementedError, match="device"):
-        gser.to_bytes({"x": FakeDeviceArray(host)})
+    # loaded: a DeviceArray viewing the (zero-copy) frame, so the source's memory
+    out = gser.loads(header, frames)
+    assert isinstance(out["x"], gser.DeviceArray) and out["x"].ptr == host.ctypes.data
     with pytest.raises(NotImplementedError, match="strict"):
         gser.dumps(FakeDeviceArray(host), strict=True)
     del header, frames, f
+    gc.collect()
+    assert ref() is not None  # the loaded array keeps it alive
+    assert np.array_equal(out["x"].copy_to_host(), host)
+    del out
     gc.collect()
     assert ref() is None
 

@@ -34,7 +34,7 @@ def sample():
 
 # Exceptions a malformed message may raise. GserError covers everything the
 # core rejects; NotImplementedError what it accepts but Python cannot hold
-# (a corrupted dtype that became bfloat16, a frame flagged as device memory).
+# (a corrupted dtype that became bfloat16, a typed object of an unknown type).
 EXPECTED = (gser.GserError, NotImplementedError)
 
 
@@ -167,8 +167,10 @@ class CudaBytes:
 def test_frames_arriving_in_device_memory():
     a = np.arange(100, dtype=np.float64)
     header, frames = gser.dumps([a])
-    with pytest.raises(NotImplementedError, match=r"\$\[0\]: a buffer of 800 bytes of float64 in device memory"):
-        gser.loads(header, [CudaBytes(frames[0])])
+    frame = CudaBytes(frames[0])
+    out = gser.loads(header, [frame])  # a host buffer that arrived in device memory stays there
+    assert isinstance(out[0], gser.DeviceArray) and out[0].ptr == frame.a.ctypes.data
+    assert np.array_equal(out[0].copy_to_host(), a)
     # a list converted to an array must be in host memory: the core refuses it
     header, frames = gser.dumps([0.5] * 100)
     with pytest.raises(gser.GserError, match="GSER_ERR_FRAME"):
