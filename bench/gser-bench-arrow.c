@@ -32,30 +32,6 @@
 
 #define TIMEOUT_MS 120000
 
-#define CKU(call)                                                                                            \
-    do {                                                                                                     \
-        gser_status_t st_ = (call);                                                                          \
-        if (st_ != GSER_OK)                                                                                  \
-            die(#call, st_, gser_ucx_last_error());                                                          \
-    } while (0)
-
-static gser_context_t *make_ctx(void)
-{
-    gser_context_t *ctx;
-    if (gser_context_create(NULL, &ctx) != GSER_OK)
-        die("gser_context_create", GSER_ERR_NO_DEVICE, gser_context_last_error(NULL));
-    CK(ctx, gser_arrow_register(ctx));
-    return ctx;
-}
-
-static void make_worker(gser_context_t *ctx, gser_ucx_context_t **uc, gser_ucx_worker_t **w)
-{
-    CKU(gser_ucx_context_create(NULL, uc));
-    gser_ucx_worker_options_t wo = {0};
-    wo.gser_ctx = ctx;
-    CKU(gser_ucx_worker_create(*uc, &wo, w));
-}
-
 static const char *op_of(gser_context_t *ctx, gser_msg_t *m, int64_t *n)
 {
     gser_value_t *v;

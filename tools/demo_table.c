@@ -1,4 +1,4 @@
-/* The synthetic table of gser-demo and gser-bench-arrow (demo_table.h). */
+/* What gser-demo and gser-bench-arrow share (demo_table.h). */
 #define _POSIX_C_SOURCE 200809L
 #include <inttypes.h>
 #include <stdio.h>
@@ -8,6 +8,23 @@
 #include "demo_table.h"
 
 const char *who = "gser";
+
+gser_context_t *make_ctx(void)
+{
+    gser_context_t *ctx;
+    if (gser_context_create(NULL, &ctx) != GSER_OK)
+        die("gser_context_create", GSER_ERR_NO_DEVICE, gser_context_last_error(NULL));
+    CK(ctx, gser_arrow_register(ctx));
+    return ctx;
+}
+
+void make_worker(gser_context_t *ctx, gser_ucx_context_t **uc, gser_ucx_worker_t **w)
+{
+    CKU(gser_ucx_context_create(NULL, uc));
+    gser_ucx_worker_options_t wo = {0};
+    wo.gser_ctx = ctx;
+    CKU(gser_ucx_worker_create(*uc, &wo, w));
+}
 
 void die(const char *what, gser_status_t st, const char *detail)
 {

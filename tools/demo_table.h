@@ -1,4 +1,5 @@
-/* The synthetic table of gser-demo and gser-bench-arrow: C columns of int64,
+/* What gser-demo and gser-bench-arrow share: setting up a context and a UCX
+ * worker, and the synthetic table: C columns of int64,
  * float64 with nulls, utf8 and list<int32> in turn, built as an Arrow C Device
  * Data table in host or device memory, and a checksum of a column's logical
  * values that any valid layout of the same values agrees on. */
@@ -10,6 +11,7 @@
 
 #include <gser/arrow.h>
 #include <gser/gser.h>
+#include <gser/ucx.h>
 
 enum { COL_INT64, COL_FLOAT64, COL_UTF8, COL_LIST, COL_KINDS };
 extern const char *const col_format[COL_KINDS];
@@ -27,6 +29,19 @@ void die(const char *what, gser_status_t st, const char *detail);
         if (st_ != GSER_OK)                                                                                  \
             die(#call, st_, gser_context_last_error(ctx));                                                   \
     } while (0)
+
+#define CKU(call)                                                                                            \
+    do {                                                                                                     \
+        gser_status_t st_ = (call);                                                                          \
+        if (st_ != GSER_OK)                                                                                  \
+            die(#call, st_, gser_ucx_last_error());                                                          \
+    } while (0)
+
+/* A gser context (device backend as GSER_DEVICE says) with the Arrow type. */
+gser_context_t *make_ctx(void);
+
+/* A UCX transport context and one worker using ctx's device backend. */
+void make_worker(gser_context_t *ctx, gser_ucx_context_t **uc, gser_ucx_worker_t **w);
 
 /* A table of rows x cols in device memory (device) or host memory; released
  * by the arrays' and the schema's release callbacks. */

@@ -48,13 +48,6 @@ typedef struct opts {
     const char *save;
 } opts_t;
 
-#define CKU(call)                                                                                            \
-    do {                                                                                                     \
-        gser_status_t st_ = (call);                                                                          \
-        if (st_ != GSER_OK)                                                                                  \
-            die(#call, st_, gser_ucx_last_error());                                                          \
-    } while (0)
-
 static double now_s(void)
 {
     struct timespec ts;
@@ -63,24 +56,6 @@ static double now_s(void)
 }
 
 /* ---- the two roles ---------------------------------------------------------------- */
-
-static gser_context_t *make_ctx(void)
-{
-    gser_context_t *ctx;
-    gser_context_options_t co = {0};
-    if (gser_context_create(&co, &ctx) != GSER_OK)
-        die("gser_context_create", GSER_ERR_NO_DEVICE, gser_context_last_error(NULL));
-    CK(ctx, gser_arrow_register(ctx));
-    return ctx;
-}
-
-static void make_worker(gser_context_t *ctx, gser_ucx_context_t **uc, gser_ucx_worker_t **w)
-{
-    CKU(gser_ucx_context_create(NULL, uc));
-    gser_ucx_worker_options_t wo = {0};
-    wo.gser_ctx = ctx;
-    CKU(gser_ucx_worker_create(*uc, &wo, w));
-}
 
 static int run_receiver(const opts_t *o, int port_pipe)
 {
