@@ -37,6 +37,28 @@ __global__ void __launch_bounds__(GSER_ARROW_BLOCK)
     }
 }
 
+// Validate offsets: bit 0 if the first is not 0, bit 1 if any decreases, bit
+// 2 if the last is not end (or is negative). Each thread compares pairs; the
+// flags meet in one word with atomicOr, set only when something is wrong.
+template <typename T>
+__global__ void __launch_bounds__(GSER_ARROW_BLOCK)
+    gser_check_offsets_kernel(const T *__restrict__ o, size_t n, long long end, unsigned *verdict)
+{
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    unsigned v = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const T cur = o[i];
+        if (i == 0 && cur != 0)
+            v |= 1u;
+        if (i > 0 && cur < o[i - 1])
+            v |= 2u;
+        if (i + 1 == n && (cur < 0 || (long long)cur != end))
+            v |= 4u;
+    }
+    if (v)
+        atomicOr(verdict, v);
+}
+
 static unsigned grid_for(uint64_t n, int sm_count)
 {
     uint64_t blocks = (n + GSER_ARROW_BLOCK - 1) / GSER_ARROW_BLOCK;
@@ -70,5 +92,22 @@ extern "C" cudaError_t gser_cuda_launch_copy_bits(void *dst, const void *src, ui
     uint64_t nbytes = (nbits + 7) / 8, in_bytes = (shift + nbits + 7) / 8;
     gser_copy_bits_kernel<<<grid_for(nbytes, sm_count), GSER_ARROW_BLOCK, 0, stream>>>(
         (unsigned char *)dst, (const unsigned char *)src + src_bit / 8, shift, nbits, nbytes, in_bytes);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t gser_cuda_launch_check_offsets(const void *offsets, size_t count, unsigned width, uint64_t end,
+                                                     uint32_t *verdict, int sm_count, cudaStream_t stream)
+{
+    if (count == 0)
+        return cudaSuccess;
+    // An end past INT64_MAX cannot match a signed offset: flag it here.
+    long long e = end > (uint64_t)INT64_MAX ? -1 : (long long)end;
+    unsigned grid = grid_for(count, sm_count);
+    if (width == 4)
+        gser_check_offsets_kernel<int32_t>
+            <<<grid, GSER_ARROW_BLOCK, 0, stream>>>((const int32_t *)offsets, count, e, (unsigned *)verdict);
+    else
+        gser_check_offsets_kernel<int64_t>
+            <<<grid, GSER_ARROW_BLOCK, 0, stream>>>((const int64_t *)offsets, count, e, (unsigned *)verdict);
     return cudaGetLastError();
 }

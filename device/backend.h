@@ -52,6 +52,11 @@ typedef struct gser_backend {
      * bits [0, nbits) of dst: (nbits + 7) / 8 bytes written, bits past nbits 0. */
     gser_status_t (*copy_bits)(gser_backend_state_t *s, void *dst, const void *src, uint64_t src_bit,
                                uint64_t nbits, void *stream);
+    /* Check count offsets of width 4 or 8 (signed) in device memory: the
+     * first is 0, none decreases, the last is end. Waits for the answer:
+     * *verdict 0 when they are valid, else GSER_OFFSETS_* bits. */
+    gser_status_t (*check_offsets)(gser_backend_state_t *s, const void *offsets, size_t count, unsigned width,
+                                   uint64_t end, void *stream, uint32_t *verdict);
 } gser_backend_t;
 
 extern const gser_backend_t gser_backend_emulated;

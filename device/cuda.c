@@ -17,6 +17,8 @@ cudaError_t gser_cuda_launch_copy(const gser_chunk_t *chunks, size_t nchunks, in
 /* The launchers of the Arrow helper kernels (device/arrow_kernels.cu). */
 cudaError_t gser_cuda_launch_rebase_offsets(void *dst, const void *src, size_t count, unsigned width, int sm_count,
                                             cudaStream_t stream);
+cudaError_t gser_cuda_launch_check_offsets(const void *offsets, size_t count, unsigned width, uint64_t end,
+                                          uint32_t *verdict, int sm_count, cudaStream_t stream);
 cudaError_t gser_cuda_launch_copy_bits(void *dst, const void *src, uint64_t src_bit, uint64_t nbits, int sm_count,
                                        cudaStream_t stream);
 
@@ -259,6 +261,27 @@ static const char *cu_last_error(gser_backend_state_t *s)
     return cuda_err;
 }
 
+/* The verdict is one word in device memory that the kernel ORs into; it comes
+ * back with one small copy and a wait on the stream. */
+static gser_status_t cu_check_offsets(gser_backend_state_t *s, const void *offsets, size_t count, unsigned width,
+                                      uint64_t end, void *stream, uint32_t *verdict)
+{
+    cudaStream_t st_ = stream_of(stream);
+    uint32_t *flag = NULL, host = 0;
+    gser_status_t st = CUDA(cudaMallocFromPoolAsync((void **)&flag, sizeof *flag, s->pool, st_));
+    if (st)
+        return st;
+    if (!(st = CUDA(cudaMemsetAsync(flag, 0, sizeof *flag, st_))) &&
+        !(st = cuda_check(gser_cuda_launch_check_offsets(offsets, count, width, end, flag, s->sm_count, st_),
+                          "the offsets check kernel")) &&
+        !(st = CUDA(cudaMemcpyAsync(&host, flag, sizeof host, cudaMemcpyDeviceToHost, st_))))
+        st = CUDA(cudaStreamSynchronize(st_));
+    gser_status_t st2 = CUDA(cudaFreeAsync(flag, st_));
+    if (st == GSER_OK && st2 == GSER_OK)
+        *verdict = host;
+    return st ? st : st2;
+}
+
 const gser_backend_t gser_backend_cuda = {
     .name = "cuda",
     .open = cu_open,
@@ -279,4 +302,5 @@ const gser_backend_t gser_backend_cuda = {
     .last_error = cu_last_error,
     .rebase_offsets = cu_rebase_offsets,
     .copy_bits = cu_copy_bits,
+    .check_offsets = cu_check_offsets,
 };

@@ -301,6 +301,31 @@ static bool ranges_overlap(const void *a, size_t na, const void *b, size_t nb)
     return na && nb && x < y + nb && y < x + na;
 }
 
+gser_status_t gser_device_check_offsets(gser_context_t *ctx, const void *offsets, size_t count, size_t width,
+                                        uint64_t end, void *stream, uint32_t *verdict)
+{
+    static const char what[] = "gser_device_check_offsets";
+    if (!ctx || !verdict)
+        return GSER_ERR_INVALID_ARG;
+    if (width != 4 && width != 8)
+        return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: width %zu (4 or 8 bytes)", what, width);
+    if (count == 0) {
+        *verdict = 0;
+        return GSER_OK;
+    }
+    if (!offsets || count > SIZE_MAX / width || (uintptr_t)offsets % width)
+        return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: NULL, misaligned or too many offsets", what);
+    gser_status_t st = device_need(ctx, what);
+    if (st)
+        return st;
+    uint32_t v = 0;
+    st = ctx->backend->check_offsets(ctx->bstate, offsets, count, (unsigned)width, end, stream, &v);
+    if (st)
+        return device_fail(ctx, st, what);
+    *verdict = v;
+    return GSER_OK;
+}
+
 gser_status_t gser_device_rebase_offsets(gser_context_t *ctx, void *dst, const void *src, size_t count, size_t width,
                                          void *stream)
 {

@@ -168,6 +168,34 @@ static const char *emu_last_error(gser_backend_state_t *s)
     return "";
 }
 
+static gser_status_t emu_check_offsets(gser_backend_state_t *s, const void *offsets, size_t count, unsigned width,
+                                       uint64_t end, void *stream, uint32_t *verdict)
+{
+    (void)s;
+    (void)stream;
+    uint32_t v = 0;
+    int64_t prev = 0;
+    for (size_t i = 0; i < count; i++) {
+        int64_t o;
+        if (width == 4) {
+            int32_t o32;
+            memcpy(&o32, (const char *)offsets + 4 * i, 4);
+            o = o32;
+        } else {
+            memcpy(&o, (const char *)offsets + 8 * i, 8);
+        }
+        if (i == 0 && o != 0)
+            v |= 1u; /* GSER_OFFSETS_FIRST */
+        if (i > 0 && o < prev)
+            v |= 2u; /* GSER_OFFSETS_DECREASE */
+        if (i + 1 == count && (o < 0 || (uint64_t)o != end))
+            v |= 4u; /* GSER_OFFSETS_LAST */
+        prev = o;
+    }
+    *verdict = v;
+    return GSER_OK;
+}
+
 const gser_backend_t gser_backend_emulated = {
     .name = "emulated",
     .open = emu_open,
@@ -188,4 +216,5 @@ const gser_backend_t gser_backend_emulated = {
     .last_error = emu_last_error,
     .rebase_offsets = emu_rebase_offsets,
     .copy_bits = emu_copy_bits,
+    .check_offsets = emu_check_offsets,
 };

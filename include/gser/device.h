@@ -94,6 +94,24 @@ GSER_API gser_status_t gser_device_rebase_offsets(gser_context_t *ctx, void *dst
 GSER_API gser_status_t gser_device_copy_bits(gser_context_t *ctx, void *dst, const void *src,
                                              uint64_t src_bit_offset, uint64_t nbits, void *stream);
 
+/** What gser_device_check_offsets found wrong (bits of its verdict). */
+enum {
+    GSER_OFFSETS_FIRST = 1u << 0,    /**< the first offset is not 0 */
+    GSER_OFFSETS_DECREASE = 1u << 1, /**< some offset is less than the one before */
+    GSER_OFFSETS_LAST = 1u << 2,     /**< the last offset is not end */
+};
+
+/**
+ * Check an Arrow offsets buffer in device memory without copying it to the
+ * host: count signed offsets of width 4 or 8 bytes must start at 0, never
+ * decrease, and end at end (the size of what they index). One pass on the
+ * device, ordered on stream; the call waits for the verdict: 0 when valid,
+ * else GSER_OFFSETS_* bits. For receivers that must not trust a peer's
+ * device buffers (plugins/arrow). count 0 is valid.
+ */
+GSER_API gser_status_t gser_device_check_offsets(gser_context_t *ctx, const void *offsets, size_t count, size_t width,
+                                                 uint64_t end, void *stream, uint32_t *verdict);
+
 #ifdef __cplusplus
 }
 #endif

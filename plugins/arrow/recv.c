@@ -200,14 +200,28 @@ static gser_status_t get_buffer(rctx_t *rc, int32_t i, const gser_value_t *node,
     return GSER_OK;
 }
 
-/* Offsets in host memory are checked as the sender checked them: from 0,
- * never decreasing, ending at the size of what they index. Device memory
- * would need a round trip: only the sizes are checked there. */
+/* Offsets are checked as the sender checked them: from 0, never decreasing,
+ * ending at the size of what they index; in host memory here, in device
+ * memory by one pass on the device. */
 static gser_status_t check_host_offsets(rctx_t *rc, int32_t i, const gser_buffer_desc_t *d, uint32_t w,
                                         int64_t len, uint64_t end)
 {
-    if (d->memory != GSER_MEMORY_HOST)
+    if (d->memory != GSER_MEMORY_HOST) {
+        /* A peer's device offsets are checked on the device (one pass, one
+         * word back): a consumer's kernels must not read past the data. */
+        gser_msg_t *m = gser_reader_msg(rc->r);
+        uint32_t verdict = 0;
+        gser_status_t st = gser_device_check_offsets(gser_msg_context(m), d->data, (size_t)len + 1, w, end,
+                                                     gser_reader_stream(rc->r), &verdict);
+        if (st)
+            return rfail(rc, i, st, "checking the offsets on the device failed");
+        if (verdict)
+            return rfail(rc, i, GSER_ERR_FORMAT, "offsets %s%s%s (the data has %llu)",
+                         verdict & GSER_OFFSETS_FIRST ? "do not start at 0; " : "",
+                         verdict & GSER_OFFSETS_DECREASE ? "decrease; " : "",
+                         verdict & GSER_OFFSETS_LAST ? "do not end at the data's size" : "", (unsigned long long)end);
         return GSER_OK;
+    }
     int64_t first = arrow_offset_at(d->data, w, 0);
     if (first != 0)
         return rfail(rc, i, GSER_ERR_FORMAT, "offsets start at %lld, not 0", (long long)first);

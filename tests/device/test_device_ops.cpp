@@ -174,6 +174,45 @@ TEST(DeviceOpsNoBackend, NeedADeviceBackend)
     EXPECT_NE(std::string(gser_context_last_error(c.get())).find("device backend"), std::string::npos);
 }
 
+// The receiver's check of a peer's offsets in device memory.
+template <typename T> uint32_t verdict_of(DeviceOpsTest *t, const std::vector<T> &offs, uint64_t end)
+{
+    void *d = t->dalloc(offs.size() * sizeof(T) + 1);
+    if (!offs.empty())
+        t->put(d, offs.data(), offs.size() * sizeof(T));
+    uint32_t v = 0xdead;
+    EXPECT_EQ(gser_device_check_offsets(t->ctx(), d, offs.size(), sizeof(T), end, nullptr, &v), GSER_OK)
+        << gser_context_last_error(t->ctx());
+    return v;
+}
+
+TEST_P(DeviceOpsTest, CheckOffsetsFindsEveryKindOfBadOffsets)
+{
+    std::vector<int32_t> good(100001);
+    for (size_t i = 1; i < good.size(); i++)
+        good[i] = good[i - 1] + (int32_t)(i % 5);
+    uint64_t end = (uint64_t)good.back();
+    EXPECT_EQ(verdict_of(this, good, end), 0u);
+    EXPECT_EQ(verdict_of(this, good, end + 1), (uint32_t)GSER_OFFSETS_LAST);
+    auto bad = good;
+    bad[0] = 3;
+    EXPECT_EQ(verdict_of(this, bad, end), (uint32_t)(GSER_OFFSETS_FIRST | GSER_OFFSETS_DECREASE));
+    bad = good;
+    bad[77777] = -5; // a decrease deep inside, and a negative value
+    EXPECT_EQ(verdict_of(this, bad, end), (uint32_t)GSER_OFFSETS_DECREASE);
+    bad = good;
+    bad.back() = 1 << 30; // ends far past the data (what a hostile peer sends)
+    EXPECT_EQ(verdict_of(this, bad, end), (uint32_t)GSER_OFFSETS_LAST);
+    std::vector<int64_t> wide = {0, 10, 10, 4000000000ll};
+    EXPECT_EQ(verdict_of(this, wide, 4000000000ull), 0u);
+    EXPECT_EQ(verdict_of(this, wide, UINT64_MAX), (uint32_t)GSER_OFFSETS_LAST);
+    EXPECT_EQ(verdict_of(this, std::vector<int32_t>{0}, 0), 0u) << "an empty column";
+    uint32_t v;
+    EXPECT_EQ(gser_device_check_offsets(ctx(), nullptr, 0, 4, 0, nullptr, &v), GSER_OK);
+    EXPECT_EQ(v, 0u);
+    EXPECT_EQ(gser_device_check_offsets(ctx(), dalloc(16), 2, 3, 0, nullptr, &v), GSER_ERR_INVALID_ARG);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, DeviceOpsTest, ::testing::Values("emulated", "cuda"),
                          [](const ::testing::TestParamInfo<const char *> &i) { return std::string(i.param); });
 

@@ -462,3 +462,73 @@ TEST(ArrowReceiver, MalformedSubTreesAreRefused)
 }
 
 } // namespace
+
+// A peer's offsets in device memory: the receiver checks them on the device
+// (one pass, gser_device_check_offsets) before a consumer's kernel can read
+// past the data. Found by fuzz_arrow.
+TEST(ArrowReceiver, DeviceOffsetsFromAPeerAreChecked)
+{
+    gser_context_options_t o{};
+    o.trace = -1;
+    o.device_backend = "emulated";
+    CtxPtr evil = make_ctx(&o);
+    ASSERT_EQ(gser_type_register(evil.get(), GSER_ARROW_TYPE, GSER_ARROW_TYPE_VERSION, nullptr), GSER_OK);
+    ASSERT_EQ(gser_type_add_family(evil.get(), GSER_ARROW_TYPE, "device", evil_serialize, evil_deserialize), GSER_OK);
+    CtxPtr good = ctx_for("emulated");
+    std::vector<void *> dev;
+    auto devbuf = [&](gser_msg_t *m, std::vector<uint8_t> bytes) {
+        void *p = nullptr;
+        EXPECT_EQ(gser_device_alloc(evil.get(), bytes.size(), nullptr, &p), GSER_OK);
+        EXPECT_EQ(gser_device_memcpy(evil.get(), p, GSER_MEMORY_DEVICE, bytes.data(), GSER_MEMORY_HOST, bytes.size(),
+                                     nullptr),
+                  GSER_OK);
+        dev.push_back(p);
+        gser_buffer_desc_t d{};
+        d.data = p;
+        d.nbytes = bytes.size();
+        d.memory = GSER_MEMORY_DEVICE;
+        gser_value_t *v;
+        gser_msg_new_buffer(m, &d, &v);
+        return v;
+    };
+    Wire w;
+    struct Case {
+        std::vector<int32_t> offs;
+        gser_status_t status;
+        const char *fragment;
+    } cases[] = {
+        {{0, 1, 2}, GSER_OK, ""},
+        {{0, 1, 4718592}, GSER_ERR_FORMAT, "do not end at the data's size"},
+        {{0, 2, 1}, GSER_ERR_FORMAT, "decrease"},
+        {{1, 1, 2}, GSER_ERR_FORMAT, "do not start at 0"},
+    };
+    for (const Case &c : cases) {
+        Builder build = [&](gser_msg_t *m) {
+            gser_value_t *root = w.root(
+                m, w.list(m, {w.schema_node(m, "u")}),
+                w.list(m, {w.list(m, {w.i(m, 2), w.i(m, 0), w.nil(m), devbuf(m, i32s(c.offs)), devbuf(m, {'a', 'b'})})}));
+            gser_map_put_cstr(root, "device", w.i(m, ARROW_DEVICE_CUDA));
+            return root;
+        };
+        gser_msg_t *m;
+        ASSERT_EQ(gser_msg_create(evil.get(), &m), GSER_OK);
+        MsgPtr mp(m);
+        gser_value_t *v;
+        ASSERT_EQ(gser_msg_new_object(m, GSER_ARROW_TYPE, &build, &v), GSER_OK);
+        ASSERT_EQ(gser_msg_set_root(m, v), GSER_OK);
+        gser_frames_t *f;
+        ASSERT_EQ(gser_serialize(evil.get(), m, nullptr, &f), GSER_OK) << gser_context_last_error(evil.get());
+        FramesPtr fp(f);
+        ASSERT_EQ(gser_frames_wait(f), GSER_OK);
+        gser_msg_t *rm = nullptr;
+        EXPECT_EQ(gser_deserialize(good.get(), gser_frames_array(f), gser_frames_count(f), nullptr, &rm), c.status)
+            << gser_context_last_error(good.get());
+        if (c.status != GSER_OK) {
+            std::string why = gser_context_last_error(good.get());
+            EXPECT_NE(why.find(c.fragment), std::string::npos) << why;
+        }
+        gser_msg_destroy(rm);
+    }
+    for (void *p : dev)
+        gser_device_free(evil.get(), p, 0, nullptr);
+}
