@@ -4,6 +4,7 @@
 #include <stdio.h>
 
 #include "fuzz_common.h"
+#include "plugins/ucx/wire.h"
 #include "tools/demo_table.h"
 
 #undef CK /* demo_table.h's takes a context; this one reports through ctx */
@@ -187,5 +188,42 @@ int main(int argc, char **argv)
     }
     gser_context_destroy(ctx);
     gser_context_destroy(host_ctx);
+
+    /* 7..9: UCX message heads and a hello (fuzz_ucx_head's seeds, in DIR-ucx). */
+    char udir[480];
+    snprintf(udir, sizeof udir, "%s-ucx", dir);
+    static const char small[40] = "inlined bytes", big[16] = "tag";
+    static char header[48] = "header bytes";
+    const gser_frame_t frames[4] = {{header, sizeof header, GSER_MEMORY_HOST, 0, NULL, NULL},
+                                    {small, sizeof small, GSER_MEMORY_HOST, 0, NULL, NULL},
+                                    {big, 70000, GSER_MEMORY_HOST, 0, NULL, NULL},
+                                    {big, 16, GSER_MEMORY_DEVICE, 1, NULL, NULL}};
+    for (int variant = 0; variant < 2; variant++) {
+        gux_route_policy_t pol = {.inline_max = 8192, .inline_budget = 65536, .device_direct = variant == 1};
+        uint8_t routes[4];
+        size_t len;
+        if (gux_head_plan(frames, 4, &pol, routes, &len) != GSER_OK)
+            return 1;
+        unsigned char *head = calloc(1, len);
+        if (!head)
+            return 1;
+        gux_head_write(frames, 4, routes, 7, variant ? 0 : 4u << 20, head, len);
+        char path[600];
+        snprintf(path, sizeof path, "%s/head-%d.bin", udir, variant);
+        FILE *out = fopen(path, "wb");
+        if (!out || fwrite(head, 1, len, out) != len)
+            return 1;
+        fclose(out);
+        free(head);
+    }
+    gux_hello_t hello = {GSER_UCX_WIRE_VERSION, GSER_WIRE_VERSION, 0, 42};
+    unsigned char hb[GUX_HELLO_LEN];
+    gux_hello_encode(&hello, hb);
+    char path[600];
+    snprintf(path, sizeof path, "%s/hello.bin", udir);
+    FILE *out = fopen(path, "wb");
+    if (!out || fwrite(hb, 1, sizeof hb, out) != sizeof hb)
+        return 1;
+    fclose(out);
     return 0;
 }
