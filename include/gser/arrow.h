@@ -132,8 +132,20 @@ struct ArrowDeviceArray {
  */
 GSER_API gser_status_t gser_arrow_register(gser_context_t *ctx);
 
+/** Flags of gser_arrow_send_options_t (distinct from the take flags). */
+enum {
+    /** Check every offset of each string and list column when serializing,
+     *  not only the first and last: one pass over the offsets on the CPU, or
+     *  on the device for device columns (gser_device_check_offsets). Off by
+     *  default: the sender never reads through the offsets between, and the
+     *  receiver checks all of them anyway; on for a clear error at the
+     *  producer instead of one at the peer. */
+    GSER_ARROW_CHECK_OFFSETS = 1u << 8,
+};
+
 /** Options of gser_msg_new_arrow. Zero-initialise, then set what you need. */
 typedef struct gser_arrow_send_options {
+    unsigned flags; /**< GSER_ARROW_CHECK_OFFSETS */
     /**
      * The stream (cudaStream_t) on which gser compacts sliced device columns
      * (bit shifts, offset rebases) and reads what it must know on the host
@@ -160,10 +172,10 @@ typedef struct gser_arrow_send_options {
  * gser_serialize with GSER_ERR_INVALID_ARG (GSER_ERR_OUT_OF_RANGE for
  * offsets, GSER_ERR_UNSUPPORTED for formats and device types), and the
  * context's last error names the column path, e.g. `column "a.b" (format
- * "+l"): offset 5 (3) is less than offset 4 (7)`. In device memory only what
- * needs no round trip is checked: the first and last offset of each string or
- * list column are (they are read anyway, to size the data), the ones between
- * are not. opts may be NULL.
+ * "+l"): offset 5 (3) is less than offset 4 (7)`. Of the offsets of a string
+ * or list column, the first and last sent are checked (they size the data);
+ * the ones between only with GSER_ARROW_CHECK_OFFSETS, or when they were
+ * read anyway (short device columns). opts may be NULL.
  */
 GSER_API gser_status_t gser_msg_new_arrow(gser_msg_t *msg, const struct ArrowDeviceArray *array,
                                           const struct ArrowSchema *schema, const gser_arrow_send_options_t *opts,

@@ -24,6 +24,7 @@ typedef struct arrow_send {
     const struct ArrowDeviceArray *array;
     const struct ArrowSchema *schema;
     void *stream;
+    unsigned flags; /* GSER_ARROW_CHECK_OFFSETS */
 } arrow_send_t;
 
 enum { SLOT_ROOT = -2, SLOT_DICT = -1 };
@@ -54,6 +55,7 @@ typedef struct sctx {
     int32_t device_id;
     void *event;       /* the table's sync_event (cudaEvent_t), carried by every buffer it lends */
     void *stream;
+    unsigned flags;
     snode_t *nodes;
     size_t n, cap;
     int32_t max_depth;
@@ -330,8 +332,38 @@ static gser_status_t add_bits(sctx_t *sc, int32_t i, gser_value_t *node, int b, 
 
 /* ---- offsets ------------------------------------------------------------------------- */
 
-/* Check offsets[off..off+len] and set n->first, n->last. Host memory: all of
- * them (non-negative, non-decreasing); device memory: what was read. */
+/* The first and last offset sent are what sizing the data needs: they are
+ * always checked. Those between only with GSER_ARROW_CHECK_OFFSETS (or when
+ * they were read anyway): the sender never reads through them, and the
+ * receiver checks every offset it is given. */
+static gser_status_t check_bounds(sctx_t *sc, int32_t i, int64_t first, int64_t last)
+{
+    snode_t *n = &sc->nodes[i];
+    if (first < 0)
+        return fail(sc, i, GSER_ERR_OUT_OF_RANGE, "offset %lld is negative (%lld)", (long long)n->off,
+                    (long long)first);
+    if (last < first)
+        return fail(sc, i, GSER_ERR_OUT_OF_RANGE, "offset %lld (%lld) is less than offset %lld (%lld)",
+                    (long long)(n->off + n->len), (long long)last, (long long)n->off, (long long)first);
+    n->first = first;
+    n->last = last;
+    return GSER_OK;
+}
+
+/* Every offset in [from, from + count) of base, in host memory. */
+static gser_status_t check_all_host(sctx_t *sc, int32_t i, const void *base, int64_t from, int64_t count)
+{
+    snode_t *n = &sc->nodes[i];
+    uint32_t w = n->fmt.width;
+    int64_t k = arrow_first_decrease(base, w, from, count);
+    if (k >= 0)
+        return fail(sc, i, GSER_ERR_OUT_OF_RANGE, "offset %lld (%lld) is less than offset %lld (%lld)",
+                    (long long)(n->off + k), (long long)arrow_offset_at(base, w, from + k),
+                    (long long)(n->off + k - 1), (long long)arrow_offset_at(base, w, from + k - 1));
+    return GSER_OK;
+}
+
+/* Check offsets[off..off+len] and set n->first, n->last. */
 static gser_status_t check_offsets(sctx_t *sc, int32_t i)
 {
     snode_t *n = &sc->nodes[i];
@@ -344,38 +376,30 @@ static gser_status_t check_offsets(sctx_t *sc, int32_t i)
         }
         return fail(sc, i, GSER_ERR_INVALID_ARG, "buffer 1 (offsets) is NULL");
     }
-    const void *base;
-    int64_t from, count;
+    bool all = sc->flags & GSER_ARROW_CHECK_OFFSETS;
+    gser_status_t st;
     if (!sc->device) {
-        base = offs;
-        from = n->off;
-        count = n->len + 1;
-    } else if (n->read_all) {
-        base = n->read;
-        from = 0;
-        count = n->len + 1;
-    } else {
-        n->first = arrow_offset_at(n->read, w, 0);
-        n->last = arrow_offset_at(n->read, w, 1);
-        if (n->first < 0)
-            return fail(sc, i, GSER_ERR_OUT_OF_RANGE, "offset %lld is negative (%lld)", (long long)n->off,
-                        (long long)n->first);
-        if (n->last < n->first)
-            return fail(sc, i, GSER_ERR_OUT_OF_RANGE, "offset %lld (%lld) is less than offset %lld (%lld)",
-                        (long long)(n->off + n->len), (long long)n->last, (long long)n->off, (long long)n->first);
-        return GSER_OK;
+        if ((st = check_bounds(sc, i, arrow_offset_at(offs, w, n->off), arrow_offset_at(offs, w, n->off + n->len))))
+            return st;
+        return all ? check_all_host(sc, i, offs, n->off, n->len + 1) : GSER_OK;
     }
-    int64_t first = arrow_offset_at(base, w, from);
-    if (first < 0)
-        return fail(sc, i, GSER_ERR_OUT_OF_RANGE, "offset %lld is negative (%lld)", (long long)n->off,
-                    (long long)first);
-    int64_t k = arrow_first_decrease(base, w, from, count);
-    if (k >= 0)
-        return fail(sc, i, GSER_ERR_OUT_OF_RANGE, "offset %lld (%lld) is less than offset %lld (%lld)",
-                    (long long)(n->off + k), (long long)arrow_offset_at(base, w, from + k),
-                    (long long)(n->off + k - 1), (long long)arrow_offset_at(base, w, from + k - 1));
-    n->first = first;
-    n->last = arrow_offset_at(base, w, from + count - 1);
+    if (n->read_all) { /* all of them are on the host already: check them */
+        if ((st = check_bounds(sc, i, arrow_offset_at(n->read, w, 0), arrow_offset_at(n->read, w, n->len))))
+            return st;
+        return check_all_host(sc, i, n->read, 0, n->len + 1);
+    }
+    if ((st = check_bounds(sc, i, arrow_offset_at(n->read, w, 0), arrow_offset_at(n->read, w, 1))) || !all)
+        return st;
+    /* One pass on the device. It checks that they start at 0 and end at
+     * end as well: the end is known, the start need not be 0. */
+    uint32_t verdict = 0;
+    const unsigned char *dev = (const unsigned char *)offs + (size_t)n->off * w;
+    if ((st = gser_device_check_offsets(sc->ctx, dev, (size_t)n->len + 1, w, (uint64_t)n->last, sc->stream,
+                                        &verdict)))
+        return fail(sc, i, st, "checking offsets on the device: %s", gser_context_last_error(sc->ctx));
+    if (verdict & GSER_OFFSETS_DECREASE)
+        return fail(sc, i, GSER_ERR_OUT_OF_RANGE, "offsets %lld..%lld decrease somewhere (checked on the device)",
+                    (long long)n->off, (long long)(n->off + n->len));
     return GSER_OK;
 }
 
@@ -690,7 +714,7 @@ gser_status_t arrow_serialize(gser_context_t *ctx, const void *obj, gser_writer_
                                 "not a table made by gser_msg_new_arrow (a received table is sent again by "
                                 "taking it and making a new value)");
     const struct ArrowDeviceArray *da = in->array;
-    sctx_t sc = {.ctx = ctx, .w = w, .m = gser_writer_msg(w), .stream = in->stream, .device_id = 0};
+    sctx_t sc = {.ctx = ctx, .w = w, .m = gser_writer_msg(w), .stream = in->stream, .flags = in->flags, .device_id = 0};
     if (!sc.m)
         return gser_writer_fail(w, GSER_ERR_NO_MEMORY, "out of memory");
     switch (da->device_type) {
@@ -777,7 +801,8 @@ gser_status_t gser_msg_new_arrow(gser_msg_t *msg, const struct ArrowDeviceArray 
         return GSER_ERR_INVALID_ARG;
     /* The object lives in the message: a copied host buffer is message memory
      * that needs no cleanup of its own (it is not linked into the tree). */
-    arrow_send_t s = {.magic = ARROW_MAGIC_SEND, .array = array, .schema = schema, .stream = opts ? opts->stream : NULL};
+    arrow_send_t s = {.magic = ARROW_MAGIC_SEND, .array = array, .schema = schema, .stream = opts ? opts->stream : NULL,
+                      .flags = opts ? opts->flags : 0};
     gser_buffer_desc_t d = {.data = &s, .nbytes = sizeof s, .flags = GSER_BUFFER_COPY};
     gser_value_t *holder, *v;
     gser_status_t st = gser_msg_new_buffer(msg, &d, &holder);

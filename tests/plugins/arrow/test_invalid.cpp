@@ -41,9 +41,12 @@ class ArrowInvalid : public ::testing::TestWithParam<const char *> {
         return t;
     }
 
-    // Serialize root (finished beforehand, possibly mutated): the status, and
-    // the context's message in *why.
-    gser_status_t serialize(Node &root, std::string *why, int device_type = 0)
+    // Serialize root (finished beforehand, possibly mutated) with the send
+    // flags: the status, and the context's message in *why. When recv is
+    // given and serializing worked, also deserialize the frames, as a peer
+    // would: its status in *recv and its message in *recv_why.
+    gser_status_t serialize(Node &root, std::string *why, int device_type = 0, unsigned flags = 0,
+                            gser_status_t *recv = nullptr, std::string *recv_why = nullptr)
     {
         ArrowDeviceArray da{};
         da.array = root.array;
@@ -53,21 +56,30 @@ class ArrowInvalid : public ::testing::TestWithParam<const char *> {
         MsgPtr mp(m);
         gser_value_t *map, *v;
         EXPECT_EQ(gser_msg_new_map(m, &map), GSER_OK);
-        EXPECT_EQ(gser_msg_new_arrow(m, &da, &root.schema, nullptr, &v), GSER_OK);
+        gser_arrow_send_options_t so{};
+        so.flags = flags;
+        EXPECT_EQ(gser_msg_new_arrow(m, &da, &root.schema, &so, &v), GSER_OK);
         EXPECT_EQ(gser_map_put_cstr(map, "table", v), GSER_OK);
         EXPECT_EQ(gser_msg_set_root(m, map), GSER_OK);
         gser_frames_t *f = nullptr;
         gser_status_t st = gser_serialize(ctx(), m, nullptr, &f);
         *why = gser_context_last_error(ctx());
+        if (st == GSER_OK && recv) {
+            gser_msg_t *back = nullptr;
+            *recv = gser_deserialize(ctx(), gser_frames_array(f), gser_frames_count(f), nullptr, &back);
+            *recv_why = gser_context_last_error(ctx());
+            gser_msg_destroy(back);
+        }
         gser_frames_destroy(f);
         return st;
     }
 
     // Expect status and every fragment in the message.
-    void expect(Node &root, gser_status_t status, std::vector<std::string> fragments, int device_type = 0)
+    void expect(Node &root, gser_status_t status, std::vector<std::string> fragments, int device_type = 0,
+                unsigned flags = 0)
     {
         std::string why;
-        EXPECT_EQ(serialize(root, &why, device_type), status) << why;
+        EXPECT_EQ(serialize(root, &why, device_type, flags), status) << why;
         for (auto &f : fragments)
             EXPECT_NE(why.find(f), std::string::npos) << "\"" << f << "\" not in: " << why;
         EXPECT_NE(why.find("$.table"), std::string::npos) << "the value's path: " << why;
@@ -116,25 +128,55 @@ TEST_P(ArrowInvalid, OffsetsOutOfBoundsOrDecreasing)
         expect(*t, GSER_ERR_OUT_OF_RANGE, {"column \"b\" (format \"u\")", "offset 0 is negative"});
     }
     {
-        // Decreasing in the middle: found in host memory, and in device
-        // memory while the offsets are few enough to be read whole.
+        // Decreasing in the middle. By default the sender checks the first
+        // and last offset only, unless it read them all anyway (a short
+        // device column); the receiver finds it either way. With
+        // GSER_ARROW_CHECK_OFFSETS the sender finds it too.
         auto t = table20();
         int32_t v = -1;
         std::memcpy(&t->children[1]->bufs[1][6 * 4], &v, 4);
         t->finish(ctx(), device_);
-        expect(*t, GSER_ERR_OUT_OF_RANGE, {"column \"b\"", "offset 6 (-1) is less than offset 5"});
+        expect(*t, GSER_ERR_OUT_OF_RANGE, {"column \"b\"", "offset 6 (-1) is less than offset 5"}, 0,
+               GSER_ARROW_CHECK_OFFSETS);
+        std::string why, recv_why;
+        gser_status_t recv = GSER_OK;
+        if (device_) {
+            expect(*t, GSER_ERR_OUT_OF_RANGE, {"column \"b\"", "offset 6 (-1) is less than offset 5"});
+        } else {
+            ASSERT_EQ(serialize(*t, &why, 0, 0, &recv, &recv_why), GSER_OK) << why;
+            EXPECT_EQ(recv, GSER_ERR_FORMAT) << recv_why;
+            EXPECT_NE(recv_why.find("offset 6 is less than offset 5"), std::string::npos) << recv_why;
+        }
     }
     {
-        // A long device column: only the first and last offsets are read (the
-        // ones between would need a round trip); the end before the start is found.
+        // A long column, decreasing in the middle: in device memory the
+        // sender reads only the first and last offset; with the flag it
+        // checks the rest on the device. The receiver always finds it.
+        auto t = table20(200);
+        int32_t v = 3;
+        std::memcpy(&t->children[1]->bufs[1][120 * 4], &v, 4);
+        t->finish(ctx(), device_);
+        expect(*t, GSER_ERR_OUT_OF_RANGE,
+               {"column \"b\"", device_ ? "offsets 0..200 decrease somewhere (checked on the device)"
+                                         : "offset 120 (3) is less than offset 119"},
+               0, GSER_ARROW_CHECK_OFFSETS);
+        std::string why, recv_why;
+        gser_status_t recv = GSER_OK;
+        ASSERT_EQ(serialize(*t, &why, 0, 0, &recv, &recv_why), GSER_OK) << why;
+        EXPECT_EQ(recv, GSER_ERR_FORMAT) << recv_why;
+        EXPECT_NE(recv_why.find(device_ ? "decrease" : "offset 120 is less than offset 119"), std::string::npos)
+            << recv_why;
+        EXPECT_NE(recv_why.find("$.table"), std::string::npos) << recv_why;
+    }
+    {
+        // A long column: the end before the start is found without the flag.
         auto t = table20(200);
         auto &offs = t->children[1]->bufs[1];
         int32_t first = 50, last = 10;
         std::memcpy(&offs[0], &first, 4);
         std::memcpy(&offs[200 * 4], &last, 4);
         t->finish(ctx(), device_);
-        expect(*t, GSER_ERR_OUT_OF_RANGE,
-               {"column \"b\"", device_ ? "offset 200 (10) is less than offset 0 (50)" : "is less than offset 0 (50)"});
+        expect(*t, GSER_ERR_OUT_OF_RANGE, {"column \"b\"", "offset 200 (10) is less than offset 0 (50)"});
     }
 }
 
