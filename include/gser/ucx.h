@@ -113,8 +113,13 @@ typedef struct gser_ucx_worker_options {
     unsigned staging_depth;
     /** Received host frames of 64 KiB or more use buffers that released
      *  frames gave back, cached up to this many bytes: a fresh buffer costs
-     *  page faults on every byte. 0 = 256 MiB; 1 = no cache. */
+     *  page faults on every byte. 0 = 256 MiB; 1 = no cache. The limit then
+     *  grows to the host bytes of the largest message received, up to
+     *  recv_cache_max_bytes. */
     size_t recv_cache_bytes;
+    /** The most the receive cache may grow to. 0 = an eighth of physical
+     *  memory; at most recv_cache_bytes (e.g. equal to it) = a fixed limit. */
+    size_t recv_cache_max_bytes;
     /** Blocking calls on this worker sleep on the event file descriptor
      *  instead of polling (lower CPU use, higher latency). */
     bool blocking_sleep;
@@ -134,6 +139,17 @@ GSER_API gser_status_t gser_ucx_worker_create(gser_ucx_context_t *ctx, const gse
  * test and free. NULL is fine.
  */
 GSER_API void gser_ucx_worker_destroy(gser_ucx_worker_t *worker);
+
+/** What a worker's cache of host receive buffers holds and did. */
+typedef struct gser_ucx_cache_stats {
+    size_t cached_bytes; /**< held for reuse now */
+    size_t limit_bytes;  /**< the most it may hold now */
+    uint64_t hits;       /**< frames received into a reused buffer */
+    uint64_t misses;     /**< frames of 64 KiB or more that needed a fresh buffer */
+} gser_ucx_cache_stats_t;
+
+/** The receive cache's numbers now (see recv_cache_bytes). */
+GSER_API gser_status_t gser_ucx_worker_cache_stats(gser_ucx_worker_t *worker, gser_ucx_cache_stats_t *out);
 
 /** Make progress: run UCX's progress, match incoming messages to pending
  *  receives, advance staging, and run completion callbacks. Returns how many

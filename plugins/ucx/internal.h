@@ -346,7 +346,11 @@ GUX_INTERNAL void gux_staging_release(gser_ucx_request_t *req);
 GUX_INTERNAL gser_status_t gux_staging_device_frame(gser_ucx_worker_t *w, size_t size, int32_t device,
                                                     gser_frame_t *out);
 /* The cache of host receive buffers (pool.c). */
-GUX_INTERNAL gux_pool_t *gux_pool_create(size_t max_cached);
+GUX_INTERNAL gux_pool_t *gux_pool_create(size_t max_cached, size_t grow_max);
+/* A message of bytes host frames is coming: let the cache hold that much
+ * (up to its grow_max). */
+GUX_INTERNAL void gux_pool_expect(gux_pool_t *p, size_t bytes);
+GUX_INTERNAL void gux_pool_stats(gux_pool_t *p, gser_ucx_cache_stats_t *out);
 /* The worker lets go; buffers still out come back to nothing. NULL is fine. */
 GUX_INTERNAL void gux_pool_close(gux_pool_t *p);
 /* A host frame of size bytes (64-byte aligned) whose release returns it to p. */

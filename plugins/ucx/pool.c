@@ -3,7 +3,10 @@
  * buffers of frames a message released go back here and are reused by later
  * frames of a similar size. Buffers outlive the worker when messages do: the
  * cache is reference counted, one count per buffer out plus one for the
- * worker, and releases may come from any thread. */
+ * worker, and releases may come from any thread. The limit grows, up to
+ * grow_max, to hold the largest message seen: a worker that keeps receiving
+ * 1 GiB tables gains nothing from a 256 MiB cache, since every message would
+ * fault in 768 MiB of fresh pages. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +36,9 @@ struct gux_pool {
     atomic_size_t refs;
     bool closed;
     size_t max_cached;
+    size_t grow_max; /* 0: the limit is fixed */
     size_t cached;
+    uint64_t hits, misses;
     pool_buf_t *free[POOL_CLASSES];
 };
 
@@ -54,7 +59,7 @@ static size_t class_cap(unsigned cls)
     return base + (cls % 4) * (base >> 2);
 }
 
-gux_pool_t *gux_pool_create(size_t max_cached)
+gux_pool_t *gux_pool_create(size_t max_cached, size_t grow_max)
 {
     gux_pool_t *p = calloc(1, sizeof *p);
     if (!p)
@@ -62,7 +67,27 @@ gux_pool_t *gux_pool_create(size_t max_cached)
     pthread_mutex_init(&p->lock, NULL);
     atomic_init(&p->refs, 1);
     p->max_cached = max_cached;
+    p->grow_max = grow_max > max_cached ? grow_max : 0;
     return p;
+}
+
+void gux_pool_expect(gux_pool_t *p, size_t bytes)
+{
+    if (!p || !p->grow_max || bytes <= p->max_cached)
+        return;
+    pthread_mutex_lock(&p->lock);
+    size_t want = bytes < p->grow_max ? bytes : p->grow_max;
+    if (want > p->max_cached)
+        p->max_cached = want;
+    pthread_mutex_unlock(&p->lock);
+}
+
+void gux_pool_stats(gux_pool_t *p, gser_ucx_cache_stats_t *out)
+{
+    pthread_mutex_lock(&p->lock);
+    *out = (gser_ucx_cache_stats_t){
+        .cached_bytes = p->cached, .limit_bytes = p->max_cached, .hits = p->hits, .misses = p->misses};
+    pthread_mutex_unlock(&p->lock);
 }
 
 static void buf_free(pool_buf_t *b)
@@ -138,6 +163,9 @@ gser_status_t gux_pool_frame(gux_pool_t *p, size_t size, gser_frame_t *out)
         if ((b = p->free[cls])) {
             p->free[cls] = b->next;
             p->cached -= cap;
+            p->hits++;
+        } else {
+            p->misses++;
         }
         pthread_mutex_unlock(&p->lock);
     }

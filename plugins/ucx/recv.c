@@ -285,6 +285,12 @@ static void head_parse(gser_ucx_request_t *r)
     r->frames[0].release = head_release;
     r->frames[0].release_arg = r->rhead;
 
+    size_t host_bytes = 0;
+    for (size_t i = 1; i < n; i++)
+        if (r->table[i].route != GUX_ROUTE_INLINE && (r->table[i].memory == GSER_MEMORY_HOST || !w->have_device))
+            host_bytes += (size_t)r->table[i].size; /* the table's total is within max_bytes */
+    gux_pool_expect(w->pool, host_bytes);
+
     r->stage = GUX_RECV_FRAMES;
     r->posting = true;
     uint64_t ftag = gux_tag(ep->local_id, GUX_KIND_FRAME, info.seq);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "internal.h"
 
@@ -147,6 +148,16 @@ void gux_unlock(gser_ucx_worker_t *w)
         pthread_mutex_unlock(&w->lock);
 }
 
+/* How far the receive cache may grow by default: an eighth of physical
+ * memory (256 MiB when that cannot be told). */
+static size_t default_cache_max(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || size <= 0)
+        return GUX_DEFAULT_RECV_CACHE;
+    return (size_t)pages / 8 * (size_t)size;
+}
+
 static ucs_thread_mode_t thread_mode(gser_ucx_thread_mode_t m)
 {
     switch (m) {
@@ -217,7 +228,10 @@ gser_status_t gser_ucx_worker_create(gser_ucx_context_t *ctx, const gser_ucx_wor
         goto fail_lock;
     if ((st = GUX_CALL("ucp_worker_get_efd", ucp_worker_get_efd(w->ucp, &w->efd))))
         goto fail_ucp;
-    w->pool = gux_pool_create(o.recv_cache_bytes ? o.recv_cache_bytes : GUX_DEFAULT_RECV_CACHE);
+    w->pool = gux_pool_create(o.recv_cache_bytes ? o.recv_cache_bytes : GUX_DEFAULT_RECV_CACHE,
+                              o.recv_cache_bytes == 1 ? 0
+                              : o.recv_cache_max_bytes ? o.recv_cache_max_bytes
+                                                       : default_cache_max());
     if (!w->pool) {
         st = gux_fail(GSER_ERR_NO_MEMORY, "gser_ucx_worker_create: out of memory");
         goto fail_ucp;
@@ -336,6 +350,14 @@ unsigned gux_progress(gser_ucx_worker_t *w)
     w->events = 0;
     gux_completions_run(w);
     return n;
+}
+
+gser_status_t gser_ucx_worker_cache_stats(gser_ucx_worker_t *w, gser_ucx_cache_stats_t *out)
+{
+    if (!w || !out)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_worker_cache_stats: NULL argument");
+    gux_pool_stats(w->pool, out);
+    return GSER_OK;
 }
 
 unsigned gser_ucx_worker_progress(gser_ucx_worker_t *w)

@@ -678,6 +678,90 @@ TEST(TransportSetup, MessageOverLimitsIsRejected)
     p.close();
 }
 
+// The receive cache: buffers of released frames are reused, and its limit
+// grows to the host bytes of the largest message, up to its maximum.
+TEST(TransportSetup, ReceiveCacheReusesBuffersAndGrowsToTheLargestMessage)
+{
+    const size_t MiB = (size_t)1 << 20;
+    auto gctx = make_ctx();
+    auto stats = [](gser_ucx_worker_t *w) {
+        gser_ucx_cache_stats_t s{};
+        EXPECT_EQ(gser_ucx_worker_cache_stats(w, &s), GSER_OK);
+        return s;
+    };
+    // Send sizes from the client, receive and release them on the server.
+    auto pass = [&](Pair &p, const std::vector<size_t> &sizes, unsigned seed) {
+        TestMsg m(gctx.get(), sizes, seed);
+        auto frames = serialize(gctx.get(), m.msg.get());
+        gser_ucx_request_t *sr = nullptr, *rr = nullptr;
+        UCX_OK(gser_ucx_ep_send_nb(p.cep.get(), gser_frames_array(frames.get()), gser_frames_count(frames.get()),
+                                   nullptr, &sr));
+        UCX_OK(gser_ucx_ep_recv_nb(p.sep.get(), nullptr, &rr));
+        ReqPtr sp(sr), rp(rr);
+        UCX_OK(drive({p.client.get(), p.server.get()}, sr));
+        UCX_OK(drive({p.client.get(), p.server.get()}, rr));
+        gser_msg_t *got = nullptr;
+        UCX_OK(gser_ucx_request_deserialize(rr, gctx.get(), nullptr, &got));
+        MsgPtr gp(got);
+        EXPECT_TRUE(same_msg(got, sizes, seed));
+    };
+    const std::vector<size_t> four = {MiB, MiB, MiB, MiB};
+    {
+        gser_ucx_worker_options_t so{};
+        so.recv_cache_bytes = MiB;
+        so.recv_cache_max_bytes = 16 * MiB;
+        Pair p;
+        ASSERT_NO_FATAL_FAILURE(p.open(&so, nullptr));
+        auto s = stats(p.server.get());
+        EXPECT_EQ(s.limit_bytes, MiB);
+        EXPECT_EQ(s.cached_bytes, 0u);
+        pass(p, four, 1);
+        s = stats(p.server.get());
+        EXPECT_EQ(s.limit_bytes, 4 * MiB) << "grown to the message";
+        EXPECT_EQ(s.cached_bytes, 4 * MiB) << "all four kept";
+        EXPECT_EQ(s.misses, 4u);
+        EXPECT_EQ(s.hits, 0u);
+        pass(p, four, 2);
+        s = stats(p.server.get());
+        EXPECT_EQ(s.hits, 4u) << "the second message reuses every buffer";
+        EXPECT_EQ(s.misses, 4u);
+        pass(p, {20 * MiB}, 3);
+        EXPECT_EQ(stats(p.server.get()).limit_bytes, 16 * MiB) << "no further than the maximum";
+        p.close();
+    }
+    {
+        // A fixed limit: one of the four buffers is kept.
+        gser_ucx_worker_options_t so{};
+        so.recv_cache_bytes = MiB;
+        so.recv_cache_max_bytes = MiB;
+        Pair p;
+        ASSERT_NO_FATAL_FAILURE(p.open(&so, nullptr));
+        pass(p, four, 4);
+        pass(p, four, 5);
+        auto s = stats(p.server.get());
+        EXPECT_EQ(s.limit_bytes, MiB);
+        EXPECT_EQ(s.hits, 1u);
+        EXPECT_EQ(s.misses, 7u);
+        EXPECT_LE(s.cached_bytes, MiB);
+        p.close();
+    }
+    {
+        // 1: no cache at all.
+        gser_ucx_worker_options_t so{};
+        so.recv_cache_bytes = 1;
+        Pair p;
+        ASSERT_NO_FATAL_FAILURE(p.open(&so, nullptr));
+        pass(p, four, 6);
+        pass(p, four, 7);
+        auto s = stats(p.server.get());
+        EXPECT_EQ(s.hits, 0u);
+        EXPECT_EQ(s.cached_bytes, 0u);
+        p.close();
+    }
+    gser_ucx_cache_stats_t s{};
+    EXPECT_EQ(gser_ucx_worker_cache_stats(nullptr, &s), GSER_ERR_INVALID_ARG);
+}
+
 // An accept callback instead of the queue.
 TEST(TransportSetup, AcceptCallback)
 {
