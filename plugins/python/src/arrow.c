@@ -44,7 +44,7 @@ gser_status_t pg_arrow_register(gser_context_t *ctx)
 
 /* ---- dumps: importing a producer's table --------------------------------------------- */
 
-static int has_attr(PyObject *o, const char *name)
+int pg_has_attr(PyObject *o, const char *name)
 {
     PyObject *a = PyObject_GetAttrString(o, name);
     if (a) {
@@ -59,10 +59,10 @@ static int has_attr(PyObject *o, const char *name)
 
 int pg_arrow_probe(PyObject *obj)
 {
-    int r = has_attr(obj, "__arrow_c_device_array__");
+    int r = pg_has_attr(obj, "__arrow_c_device_array__");
     if (r)
         return r < 0 ? -1 : 2;
-    return has_attr(obj, "__arrow_c_array__");
+    return pg_has_attr(obj, "__arrow_c_array__");
 }
 
 /* A table moved out of a producer's capsules, lent to a message. */

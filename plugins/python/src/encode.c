@@ -5,7 +5,8 @@
  * list, tuple, dict with scalar keys; then buffer-protocol objects (host
  * buffers with dtype and shape, borrowed zero-copy when C-contiguous, copied
  * to C order otherwise), Arrow PyCapsule producers ("arrow.array" values,
- * arrow.c) and __cuda_array_interface__ objects (device buffers, borrowed).
+ * arrow.c), __cuda_array_interface__ objects (device buffers, borrowed) and
+ * DLPack tensors (host or device buffers, borrowed; dlpack.c).
  * Anything else raises NotImplementedError: gser never pickles. Lists and tuples append their int, float and bool items unboxed
  * (gser_list_append_int/float/bool), so that one of a single kind stays a
  * contiguous typed array in the core and is sent as one.
@@ -484,6 +485,35 @@ static gser_dtype_t typestr_dtype(const char *ts, bool *big)
     }
 }
 
+int pg_extents_total(const int64_t *shape, int nd, size_t elem_size, uint64_t *total, const char **why)
+{
+    uint64_t n = elem_size;
+    for (int d = 0; d < nd; d++) {
+        if (shape[d] < 0 || (shape[d] && n > UINT64_MAX / (uint64_t)shape[d])) {
+            *why = "a bad extent in the shape";
+            return -1;
+        }
+        n *= (uint64_t)shape[d];
+    }
+    if (n > (uint64_t)PY_SSIZE_T_MAX) {
+        *why = "too large for Python";
+        return -1;
+    }
+    *total = n;
+    return 0;
+}
+
+bool pg_c_contiguous(const int64_t *shape, const int64_t *strides, int nd, int64_t unit)
+{
+    int64_t expect = unit;
+    for (int d = nd; d-- > 0;) {
+        if (shape[d] > 1 && strides[d] != expect)
+            return false; /* extents of 1 (and arrays of no elements) may have any stride */
+        expect *= shape[d] ? shape[d] : 1;
+    }
+    return true;
+}
+
 /* Non-contiguous arrays are refused: gser buffers are C-contiguous, and
  * gathering a strided device array is the producer's job (cupy.ascontiguousarray). */
 int pg_cai_read(PyObject *cai, void **ptr, size_t *nbytes, gser_dtype_t *dtype, uint32_t *ndim, int64_t *shape,
@@ -522,39 +552,32 @@ int pg_cai_read(PyObject *cai, void **ptr, size_t *nbytes, gser_dtype_t *dtype, 
         *why = nd ? "more dimensions than gser buffers have" : "zero-dimensional device arrays are not supported";
         return -1;
     }
-    size_t es = gser_dtype_size(*dtype);
-    uint64_t total = es;
     for (Py_ssize_t d = 0; d < nd; d++) {
         long long ext = PyLong_AsLongLong(PyTuple_GET_ITEM(shp, d));
         if (ext == -1 && PyErr_Occurred())
             return -1;
-        if (ext < 0 || (ext && total > UINT64_MAX / (uint64_t)ext)) {
-            *why = "bad extent in the shape";
-            return -1;
-        }
         shape[d] = ext;
-        total *= (uint64_t)ext;
     }
-    if (total > (uint64_t)PY_SSIZE_T_MAX) {
-        *why = "array too large";
+    size_t es = gser_dtype_size(*dtype);
+    uint64_t total;
+    if (pg_extents_total(shape, (int)nd, es, &total, why) < 0)
         return -1;
-    }
     if (strides && strides != Py_None) {
         if (!PyTuple_Check(strides) || PyTuple_GET_SIZE(strides) != nd) {
             *why = "strides do not match the shape";
             return -1;
         }
-        int64_t expect = (int64_t)es;
-        for (Py_ssize_t d = nd; d-- > 0;) {
-            long long s = PyLong_AsLongLong(PyTuple_GET_ITEM(strides, d));
-            if (s == -1 && PyErr_Occurred())
+        int64_t st[GSER_MAX_NDIM];
+        for (Py_ssize_t d = 0; d < nd; d++) {
+            long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(strides, d));
+            if (v == -1 && PyErr_Occurred())
                 return -1;
-            if (shape[d] > 1 && s != expect && total) {
-                *why = "non-contiguous device arrays are not supported (make them C-contiguous first, e.g. "
-                       "cupy.ascontiguousarray)";
-                return -1;
-            }
-            expect *= shape[d] ? shape[d] : 1;
+            st[d] = v;
+        }
+        if (total && !pg_c_contiguous(shape, st, (int)nd, (int64_t)es)) {
+            *why = "non-contiguous device arrays are not supported (make them C-contiguous first, e.g. "
+                   "cupy.ascontiguousarray)";
+            return -1;
         }
     }
     void *p = PyLong_AsVoidPtr(PyTuple_GET_ITEM(data, 0));
@@ -619,6 +642,25 @@ static int enc_cai(enc_t *e, PyObject *o, PyObject *cai, gser_value_t **out)
     return st ? fail_st(st, "gser_msg_new_buffer") : 0;
 }
 
+/* ---- DLPack ------------------------------------------------------------------------------ */
+
+static int enc_dlpack(enc_t *e, PyObject *o, gser_value_t **out)
+{
+    if (e->strict)
+        return not_impl(e, o, " in strict mode (DLPack tensors come back as numpy arrays or gser.DeviceArray)");
+    gser_buffer_desc_t desc;
+    int64_t shape[GSER_MAX_NDIM];
+    const char *why;
+    if (pg_dlpack_encode(e->owner, o, &desc, shape, &why) < 0) {
+        if (why)
+            pg_path_raise(PyExc_NotImplementedError, GSER_OK, &e->path,
+                          "gser cannot serialize a DLPack tensor of type %s: %s", Py_TYPE(o)->tp_name, why);
+        return -1;
+    }
+    gser_status_t st = gser_msg_new_buffer(e->msg, &desc, out);
+    return st ? fail_st(st, "gser_msg_new_buffer") : 0;
+}
+
 /* ---- the Arrow PyCapsule interface ---------------------------------------------------- */
 
 static int enc_arrow(enc_t *e, PyObject *o, int method, gser_value_t **out)
@@ -665,6 +707,9 @@ static int enc_value(enc_t *e, PyObject *o, int depth, gser_value_t **out)
     if (!PyErr_ExceptionMatches(PyExc_AttributeError))
         return -1;
     PyErr_Clear();
+    int dl = pg_has_attr(o, "__dlpack__");
+    if (dl)
+        return dl < 0 ? -1 : enc_dlpack(e, o, out);
     return not_impl(e, o, " (gser never pickles: send it with another serializer)");
 }
 

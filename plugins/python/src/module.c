@@ -186,13 +186,14 @@ PyDoc_STRVAR(dumps_doc,
 "dumps(obj, families=('device', 'host'), *, strict=False) -> (header, frames)\n\n"
 "Serialize obj into a header (bytes: gser's msgpack header) and a list of\n"
 "frames: memoryviews over host memory, gser.DeviceFrame objects for device\n"
-"memory. Frames borrow obj's buffers (numpy arrays are not copied): keep\n"
-"them unchanged while the frames are in use. families orders the serializer\n"
+"memory. Frames borrow obj's buffers (numpy arrays, __cuda_array_interface__\n"
+"and DLPack tensors are not copied): keep them unchanged while the frames are\n"
+"in use. families orders the serializer\n"
 "families tried for typed objects (Arrow tables) and says where device buffers\n"
 "go: \"device\" keeps them in device frames, \"host\" stages them into host\n"
 "frames. strict=True refuses (NotImplementedError) what would not come back as\n"
 "the same type or in host memory: buffers other than numpy.ndarray, device\n"
-"arrays, Arrow tables.");
+"arrays, DLPack tensors, Arrow tables.");
 
 static PyObject *py_dumps(PyObject *self, PyObject *args, PyObject *kw)
 {

@@ -491,7 +491,47 @@ static PyMemberDef darray_members[] = {
     {NULL, 0, 0, 0, NULL},
 };
 
+PyDoc_STRVAR(darray_dlpack_doc,
+"__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None) -> PyCapsule\n\n"
+"Lend the array through DLPack (torch.from_dlpack, cupy.from_dlpack, ...):\n"
+"a \"dltensor\" capsule, zero-copy, keeping this array alive until the consumer\n"
+"lets go. The data is ready, so any stream is fine. copy=True and another\n"
+"dl_device raise BufferError: gser does not copy here.");
+
+static PyObject *darray_dlpack(PgDeviceArray *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kw[] = {"stream", "max_version", "dl_device", "copy", NULL};
+    PyObject *stream = Py_None, *max_version = Py_None, *dl_device = Py_None, *copy = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOO:__dlpack__", kw, &stream, &max_version, &dl_device,
+                                     &copy))
+        return NULL;
+    if (copy != Py_None && PyObject_IsTrue(copy)) {
+        PyErr_SetString(PyExc_BufferError, "gser.DeviceArray.__dlpack__: copy=True is not supported");
+        return NULL;
+    }
+    if (dl_device != Py_None) {
+        int type = -1, id = -1;
+        if (!PyArg_ParseTuple(dl_device, "ii:dl_device", &type, &id))
+            return NULL;
+        if (type != 2 || id != self->device) {
+            PyErr_Format(PyExc_BufferError, "gser.DeviceArray.__dlpack__: the array is on CUDA device %d", self->device);
+            return NULL;
+        }
+    }
+    return pg_dlpack_export((PyObject *)self, (void *)(uintptr_t)self->ptr, self->dtype, self->ndim, self->shape,
+                            true, self->device);
+}
+
+static PyObject *darray_dlpack_device(PgDeviceArray *self, PyObject *unused)
+{
+    (void)unused;
+    return Py_BuildValue("(ii)", 2 /* kDLCUDA */, self->device);
+}
+
 static PyMethodDef darray_methods[] = {
+    {"__dlpack__", (PyCFunction)(void (*)(void))darray_dlpack, METH_VARARGS | METH_KEYWORDS, darray_dlpack_doc},
+    {"__dlpack_device__", (PyCFunction)darray_dlpack_device, METH_NOARGS,
+     "(2, device): DLPack's kDLCUDA and the device ordinal."},
     {"copy_to_host", (PyCFunction)darray_copy_to_host, METH_NOARGS, darray_copy_to_host_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -505,7 +545,7 @@ PyTypeObject PgDeviceArray_Type = {
     .tp_name = "gser.DeviceArray",
     .tp_doc = "An array in device memory returned by gser.loads / gser.from_bytes: exposes\n"
               "__cuda_array_interface__ (v3, with dtype and shape; CuPy, Numba and PyTorch read it\n"
-              "without copying), keeps the loaded message and its frames alive, and copies to the\n"
+              "without copying) and DLPack (__dlpack__, __dlpack_device__), keeps the loaded message and its frames alive, and copies to the\n"
               "host with copy_to_host(). Its data is ready: loads waited for gser's device copies.",
     .tp_basicsize = sizeof(PgDeviceArray),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,

@@ -129,6 +129,19 @@ int pg_encode(PgOwner *owner, PyObject *obj, const pg_encode_options_t *opts);
 int pg_cai_read(PyObject *cai, void **ptr, size_t *nbytes, gser_dtype_t *dtype, uint32_t *ndim, int64_t *shape,
                 void **stream, const char **why);
 
+/* ---- DLPack (dlpack.c) ------------------------------------------------------------ */
+
+/* Borrow obj's tensor through DLPack into *desc (shape has room for
+ * GSER_MAX_NDIM): host memory for CPU and CUDA host tensors, device memory
+ * for CUDA and managed ones. The owner calls the tensor's deleter when the
+ * message dies. Returns 0, or -1 with *why set and no exception, or -1 with
+ * an exception set and *why NULL. */
+int pg_dlpack_encode(PgOwner *owner, PyObject *obj, gser_buffer_desc_t *desc, int64_t *shape, const char **why);
+/* A "dltensor" capsule lending data (C-contiguous, ndim extents of dtype)
+ * while keeping keep alive, until the consumer deletes it. */
+PyObject *pg_dlpack_export(PyObject *keep, void *data, gser_dtype_t dtype, int ndim, const Py_ssize_t *shape,
+                           bool device, int device_id);
+
 /* ---- gser -> Python (decode.c) ------------------------------------------------- */
 
 /* What the decoder needs to know about the frames a message was read from:
@@ -190,6 +203,17 @@ PyObject *pg_path_str(const pg_path_t *p);
 /* Raise exc with "<path>: <message>" (st is the status when exc is
  * GserError); returns NULL. An exception set already becomes the cause. */
 PyObject *pg_path_raise(PyObject *exc, gser_status_t st, const pg_path_t *p, const char *fmt, ...);
+
+/* ---- shapes (encode.c) ------------------------------------------------------------------ */
+
+/* The bytes of a C-order array of nd extents (checked: none negative, no
+ * overflow, within Py_ssize_t): 0, or -1 with *why set. */
+int pg_extents_total(const int64_t *shape, int nd, size_t elem_size, uint64_t *total, const char **why);
+/* Whether strides, counted in units of unit (1: elements, or the element
+ * size: bytes), lay shape out in C order. */
+bool pg_c_contiguous(const int64_t *shape, const int64_t *strides, int nd, int64_t unit);
+/* 1 if o has the attribute, 0 if not, -1 with an exception set (arrow.c). */
+int pg_has_attr(PyObject *o, const char *name);
 
 /* ---- dtypes (encode.c) ------------------------------------------------------------------ */
 
