@@ -1,9 +1,9 @@
 /* gser_deserialize: header + frames -> a value tree, for untrusted input.
  *
- * Every msgpack unit (the header, each object's sub-header) is first walked
- * by mp_check (bounds, depth, node budget), then parsed by msgpack-c, then
- * turned into values with every marker, frame reference and size checked.
- * Values point into the frames where they can (bytes, buffers, arrays).
+ * Every msgpack unit (the header, each object's sub-header) is parsed by
+ * msgpack-c's unpack template under gser's limits (mpparse.c), then turned
+ * into values with every marker, frame reference and size checked. Values
+ * point into the frames where they can (bytes, buffers, arrays).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +25,7 @@ typedef struct dec {
     path_t path;
     const char *what; /* "gser_deserialize" or the inspecting call */
     char cb_err[512];
+    mp_scratch_t scratch; /* the parsed msgpack objects of the units being decoded */
     /* device work (GSER_DESERIALIZE_RESTORE_DEVICE, _SCATTER) */
     void *stream;
     void **uploaded;          /* per data frame: its copy on the device, made on first use */
@@ -605,56 +606,26 @@ static gser_status_t dec_obj(dec_t *d, const msgpack_object *o, size_t depth, si
     }
 }
 
-/* One parsed msgpack unit: msgpack-c's objects in a zone of their own. */
-typedef struct mp_unit {
-    msgpack_zone zone;
-    msgpack_object obj;
-} mp_unit_t;
-
-/* Parse one msgpack unit with msgpack-c once mp_check has bounded it. The
- * walk counted the items, so the zone's one chunk is sized to hold them all
- * (24 bytes an object, a map pair two): small headers cost one small malloc. */
-static gser_status_t mp_parse(dec_t *d, const unsigned char *p, size_t len, const char *what, mp_unit_t *u)
+/* Parse one msgpack unit (its objects go to d->scratch). */
+static gser_status_t mp_parse(dec_t *d, const unsigned char *p, size_t len, const char *what, msgpack_object *obj)
 {
-    size_t used, off, before = d->nodes_left;
-    gser_status_t st = mp_check(p, len, d->lim.max_depth + 2, &d->nodes_left, &used, &off);
-    if (st == GSER_OK && used != len) {
-        st = GSER_ERR_FORMAT;
-        off = used;
-    }
-    if (st) {
-        const char *why = st == GSER_ERR_TRUNCATED     ? "ends early (or declares more than it holds)"
-                          : st == GSER_ERR_LIMIT_DEPTH ? "nests deeper than the limit"
-                          : st == GSER_ERR_LIMIT_NODES ? "has more items than the limit"
-                          : used == len               ? "holds an invalid byte"
-                                                      : "has trailing bytes";
+    size_t off;
+    const char *why;
+    gser_status_t st = mp_unpack(&d->scratch, p, len, &d->nodes_left, obj, &off, &why);
+    if (st)
         return dec_fail(d, st, "%s %s at byte %zu of %zu", what, why, off, len);
-    }
-    size_t items = before - d->nodes_left;
-    size_t chunk = items > (SIZE_MAX - 256) / sizeof(msgpack_object) ? SIZE_MAX : items * sizeof(msgpack_object) + 256;
-    if (chunk > 65536)
-        chunk = 65536; /* big headers: the zone grows in chunks like this */
-    if (!msgpack_zone_init(&u->zone, chunk))
-        return nomem(d);
-    size_t pos = 0;
-    msgpack_unpack_return r = msgpack_unpack((const char *)p, len, &pos, &u->zone, &u->obj);
-    if (r != MSGPACK_UNPACK_SUCCESS || pos != len) {
-        msgpack_zone_destroy(&u->zone);
-        return r == MSGPACK_UNPACK_NOMEM_ERROR ? nomem(d)
-                                               : dec_fail(d, GSER_ERR_FORMAT, "%s: msgpack-c rejects it", what);
-    }
     return GSER_OK;
 }
 
 static gser_status_t dec_unit(dec_t *d, const unsigned char *p, size_t len, size_t depth, size_t base, size_t n,
                               gser_value_t **out)
 {
-    mp_unit_t u;
-    gser_status_t st = mp_parse(d, p, len, "sub-header", &u);
-    if (st)
-        return st;
-    st = dec_obj(d, &u.obj, depth, base, n, out);
-    msgpack_zone_destroy(&u.zone);
+    mp_mark_t mark = mp_scratch_mark(&d->scratch);
+    msgpack_object obj;
+    gser_status_t st = mp_parse(d, p, len, "sub-header", &obj);
+    if (st == GSER_OK)
+        st = dec_obj(d, &obj, depth, base, n, out);
+    mp_scratch_release(&d->scratch, mark);
     return st;
 }
 
@@ -770,23 +741,21 @@ static gser_status_t dec_header(dec_t *d, const gser_frame_t *hdr, gser_value_t 
     if (len < sizeof magic)
         return error_set(d->ctx, GSER_ERR_TRUNCATED, "%s: header of %zu bytes ends inside the magic", d->what, len);
 
-    mp_unit_t up;
+    msgpack_object up;
     gser_status_t st = mp_parse(d, p, len, "header", &up);
     if (st)
         return st;
-    const msgpack_object *top = up.obj.via.array.ptr; /* the magic check proved a 4-array */
+    const msgpack_object *top = up.via.array.ptr; /* the magic check proved a 4-array */
     uint64_t version = 0;
     if (!get_u64(&top[1], &version) || version != GSER_WIRE_VERSION) {
-        st = error_set(d->ctx, GSER_ERR_WIRE_VERSION,
+        return error_set(d->ctx, GSER_ERR_WIRE_VERSION,
                        "%s: header is wire format version %llu, this build reads version %d", d->what,
                        (unsigned long long)version, GSER_WIRE_VERSION);
-        goto out;
     }
     const msgpack_object *table = &top[3];
     if (table->type != MSGPACK_OBJECT_ARRAY || table->via.array.size != d->nframes) {
-        st = error_set(d->ctx, GSER_ERR_FRAME, "%s: header lists %u data frames, %zu were given", d->what,
+        return error_set(d->ctx, GSER_ERR_FRAME, "%s: header lists %u data frames, %zu were given", d->what,
                        table->type == MSGPACK_OBJECT_ARRAY ? table->via.array.size : 0, d->nframes);
-        goto out;
     }
     for (size_t i = 0; i < d->nframes; i++) {
         const msgpack_object *e = &table->via.array.ptr[i];
@@ -798,20 +767,15 @@ static gser_status_t dec_header(dec_t *d, const gser_frame_t *hdr, gser_value_t 
             mem > GSER_MEMORY_DEVICE ||
             (dev->type != MSGPACK_OBJECT_POSITIVE_INTEGER && dev->type != MSGPACK_OBJECT_NEGATIVE_INTEGER) ||
             dev->via.i64 < INT32_MIN || (dev->type == MSGPACK_OBJECT_POSITIVE_INTEGER && dev->via.u64 > INT32_MAX)) {
-            st = error_set(d->ctx, GSER_ERR_FORMAT, "%s: frame table entry %zu is not [size, memory, device]",
+            return error_set(d->ctx, GSER_ERR_FORMAT, "%s: frame table entry %zu is not [size, memory, device]",
                            d->what, i + 1);
-            goto out;
         }
         if (size != d->frames[i].size) {
-            st = error_set(d->ctx, GSER_ERR_FRAME, "%s: frame %zu has %zu bytes, the header says %llu", d->what,
+            return error_set(d->ctx, GSER_ERR_FRAME, "%s: frame %zu has %zu bytes, the header says %llu", d->what,
                            i + 1, d->frames[i].size, (unsigned long long)size);
-            goto out;
         }
     }
-    st = dec_obj(d, &top[2], 1, 0, d->nframes, root);
-out:
-    msgpack_zone_destroy(&up.zone);
-    return st;
+    return dec_obj(d, &top[2], 1, 0, d->nframes, root);
 }
 
 static gser_status_t check_frames(gser_context_t *ctx, const char *what, const gser_frame_t *frames, size_t nframes,
@@ -879,7 +843,9 @@ gser_status_t gser_deserialize(gser_context_t *ctx, const gser_frame_t *frames, 
                        frames[i].size);
     }
     gser_value_t *root;
+    mp_scratch_init(&d.scratch);
     st = dec_header(&d, &frames[0], &root);
+    mp_scratch_free(&d.scratch);
     if (st == GSER_OK)
         st = dec_device_flush(&d);
     gser_frame_t *copy = NULL;
@@ -924,7 +890,10 @@ gser_status_t gser_value_decode_serialized(gser_msg_t *msg, const gser_value_t *
     d.uploaded = NULL;
     d.dev_vals = NULL;
     d.ndev_vals = d.cap_dev_vals = d.flushed = 0;
-    return dec_unit(&d, s->header, s->header_len, 1, 0, s->nframes, tree);
+    mp_scratch_init(&d.scratch);
+    gser_status_t st = dec_unit(&d, s->header, s->header_len, 1, 0, s->nframes, tree);
+    mp_scratch_free(&d.scratch);
+    return st;
 }
 
 gser_status_t gser_msg_wait(const gser_msg_t *msg)

@@ -301,6 +301,40 @@ GSER_INTERNAL void scalar_format(const gser_value_t *v, char *buf, size_t cap);
 GSER_INTERNAL gser_status_t mp_check(const unsigned char *p, size_t len, size_t max_depth, size_t *nodes_left,
                                      size_t *used, size_t *err_off);
 
+/* ---- msgpack parsing ------------------------------------------------------- */
+
+/* Where parsed objects live while a message is decoded: a buffer in the
+ * decoder's frame first, then heap blocks. Units nest (an object's
+ * sub-header is parsed while the header's objects are in use), so space is
+ * given back to a mark. */
+typedef struct mp_scratch {
+    unsigned char *base;
+    size_t cap, used;
+    struct mp_block *blocks; /* heap blocks, newest first */
+    _Alignas(16) unsigned char local[2048];
+} mp_scratch_t;
+
+typedef struct mp_mark {
+    unsigned char *base;
+    size_t cap, used;
+    struct mp_block *blocks;
+} mp_mark_t;
+
+GSER_INTERNAL void mp_scratch_init(mp_scratch_t *s);
+GSER_INTERNAL void mp_scratch_free(mp_scratch_t *s);
+GSER_INTERNAL mp_mark_t mp_scratch_mark(const mp_scratch_t *s);
+GSER_INTERNAL void mp_scratch_release(mp_scratch_t *s, mp_mark_t m);
+
+struct msgpack_object;
+/* Parse the msgpack object that is exactly p[0..len) into *out, its arrays
+ * and maps in s; strings, bins and exts point into p. Charges *nodes_left one
+ * per item and fails before allocating for a count the input cannot hold.
+ * Containers nest at most 32 deep (the caller checks its own, lower, limit as
+ * it walks). On error *err_off is where parsing stopped and *why says what
+ * went wrong, for the caller's message. */
+GSER_INTERNAL gser_status_t mp_unpack(mp_scratch_t *s, const unsigned char *p, size_t len, size_t *nodes_left,
+                                      struct msgpack_object *out, size_t *err_off, const char **why);
+
 /* ---- frames -------------------------------------------------------------- */
 
 #define GSER_FRAMES_INLINE 4

@@ -394,6 +394,89 @@ TEST(PassThrough, NestedObjectsWithFramesRoundTripAndForward)
     EXPECT_EQ(gser_value_kind(inner), GSER_KIND_SERIALIZED) << "nested objects stay serialized";
 }
 
+// "test.bag": a vector of ints, written as a list of one-item lists, so that
+// its sub-header holds thousands of msgpack arrays.
+using Bag = std::vector<int64_t>;
+
+static gser_status_t bag_serialize(gser_context_t *, const void *obj, gser_writer_t *w, void *)
+{
+    gser_msg_t *m = gser_writer_msg(w);
+    gser_value_t *list, *item;
+    gser_status_t st = gser_msg_new_list(m, &list);
+    for (int64_t x : *static_cast<const Bag *>(obj))
+        if (st || (st = gser_msg_new_list(m, &item)) || (st = gser_list_append_int(item, x)) ||
+            (st = gser_list_append(list, item)))
+            return st;
+    return st ? st : gser_writer_set_root(w, list);
+}
+
+static gser_status_t bag_deserialize(gser_context_t *, gser_reader_t *r, void **out, void *)
+{
+    const gser_value_t *t = gser_reader_tree(r);
+    auto b = std::make_unique<Bag>();
+    for (size_t i = 0; i < gser_value_len(t); i++) {
+        gser_value_t *item, *x;
+        int64_t v;
+        if (gser_list_get(t, i, &item) || gser_list_get(item, 0, &x) || gser_value_get_int(x, &v))
+            return gser_reader_fail(r, GSER_ERR_FORMAT, "bag item %zu is not [int]", i);
+        b->push_back(v);
+    }
+    *out = b.release();
+    return GSER_OK;
+}
+
+// A header of thousands of items, and objects whose sub-headers are parsed
+// while the header's own items are still in use: the parser's scratch grows
+// past its first buffer into heap blocks, each large sub-header takes a block
+// of its own and gives it back, and small ones reuse the space (ASan watches).
+TEST(Objects, LargeHeadersAndLargeSubHeadersDecode)
+{
+    auto ctx = make_ctx();
+    gser_type_options_t to{};
+    to.destroy = [](void *o, void *) { delete static_cast<Bag *>(o); };
+    ASSERT_EQ(gser_type_register(ctx.get(), "test.bag", 1, &to), GSER_OK);
+    ASSERT_EQ(gser_type_add_family(ctx.get(), "test.bag", "host", bag_serialize, bag_deserialize), GSER_OK);
+    const int n = 40, keys = 16, items = 3000;
+    std::vector<Bag> bags(n);
+    gser_msg_t *m;
+    ASSERT_EQ(gser_msg_create(ctx.get(), &m), GSER_OK);
+    MsgPtr mp(m);
+    gser_value_t *root, *v, *map;
+    ASSERT_EQ(gser_msg_new_list(m, &root), GSER_OK);
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < (i % 2 ? 5 : items); j++) /* small ones reuse what big ones gave back */
+            bags[i].push_back((int64_t)i * 1000000 + j);
+        ASSERT_EQ(gser_msg_new_object(m, "test.bag", &bags[i], &v), GSER_OK);
+        ASSERT_EQ(gser_list_append(root, v), GSER_OK);
+        ASSERT_EQ(gser_msg_new_map(m, &map), GSER_OK);
+        for (int k = 0; k < keys; k++) {
+            ASSERT_EQ(gser_msg_new_int(m, (int64_t)i * 100 + k, &v), GSER_OK);
+            ASSERT_EQ(gser_map_put_cstr(map, ("k" + std::to_string(k)).c_str(), v), GSER_OK);
+        }
+        ASSERT_EQ(gser_list_append(root, map), GSER_OK);
+    }
+    gser_msg_set_root(m, root);
+    auto frames = serialize(ctx.get(), m);
+    ASSERT_TRUE(frames);
+    auto back = deserialize(ctx.get(), frames.get());
+    ASSERT_TRUE(back) << error_of(ctx.get());
+    const gser_value_t *r = gser_msg_root(back.get());
+    ASSERT_EQ(gser_value_len(r), (size_t)(2 * n));
+    for (int i = 0; i < n; i++) {
+        gser_value_t *ov, *mv, *kv;
+        ASSERT_EQ(gser_list_get(r, (size_t)(2 * i), &ov), GSER_OK);
+        void *obj = nullptr;
+        ASSERT_EQ(gser_value_get_object(ov, nullptr, &obj), GSER_OK);
+        EXPECT_EQ(*static_cast<const Bag *>(obj), bags[i]) << i;
+        ASSERT_EQ(gser_list_get(r, (size_t)(2 * i + 1), &mv), GSER_OK);
+        ASSERT_EQ(gser_value_len(mv), (size_t)keys);
+        int64_t x = -1;
+        ASSERT_EQ(gser_map_find_cstr(mv, "k15", &kv), GSER_OK);
+        ASSERT_EQ(gser_value_get_int(kv, &x), GSER_OK);
+        EXPECT_EQ(x, (int64_t)i * 100 + 15);
+    }
+}
+
 TEST(Versions, MismatchNamesBothVersionsUnlessOlderOnesAreReadable)
 {
     auto sender = make_ctx();
