@@ -84,10 +84,8 @@ static void free_vec(void *arg)
     *(void **)arg = NULL;
 }
 
-gser_status_t arena_vec_reserve(arena_t *a, void **ptr, size_t *cap, size_t elem_size, size_t need)
+gser_status_t arena_vec_grow(arena_t *a, void **ptr, size_t *cap, size_t elem_size, size_t need)
 {
-    if (need <= *cap)
-        return GSER_OK;
     size_t ncap = *cap ? *cap : 4;
     while (ncap < need) {
         if (ncap > SIZE_MAX / 2)

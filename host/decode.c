@@ -244,7 +244,7 @@ static gser_status_t dec_buffer(dec_t *d, const msgpack_object *o, size_t base, 
     uint64_t origin;
     if (!get_u64(&f[4], &origin) || origin > GSER_MEMORY_DEVICE)
         return dec_fail(d, GSER_ERR_FORMAT, "buffer origin is not 0 (host) or 1 (device)");
-    const void *raw, *data;
+    const void *raw, *data = NULL;
     size_t frame;
     char where[64];
     gser_status_t st = dec_data(d, &f[3], base, n, (size_t)nbytes, &raw, &frame, where, sizeof where);
@@ -302,7 +302,7 @@ static gser_status_t dec_array(dec_t *d, const msgpack_object *o, size_t base, s
     if (count > SIZE_MAX / es)
         return dec_fail(d, GSER_ERR_FORMAT, "array of %llu elements is too large", (unsigned long long)count);
     size_t nbytes = (size_t)count * es;
-    const void *raw, *data;
+    const void *raw, *data = NULL;
     size_t frame;
     char where[64];
     gser_status_t st = dec_data(d, &f[4], base, n, nbytes, &raw, &frame, where, sizeof where);
@@ -460,7 +460,8 @@ static gser_status_t dec_object(dec_t *d, const msgpack_object *o, size_t depth,
 
 /* ---- plain values ------------------------------------------------------------- */
 
-static gser_status_t dec_scalar(dec_t *d, const msgpack_object *o, gser_value_t **out, bool *is_scalar)
+static inline __attribute__((always_inline)) gser_status_t dec_scalar(dec_t *d, const msgpack_object *o, gser_value_t **out,
+                                                               bool *is_scalar)
 {
     gser_msg_t *m = d->msg;
     gser_value_t *v = NULL;
@@ -554,7 +555,7 @@ static gser_status_t dec_map(dec_t *d, const msgpack_object *o, size_t depth, si
         dec_trace(d, "map n=%zu", count);
     for (size_t i = 0; i < count; i++) {
         const msgpack_object_kv *kv = &o->via.map.ptr[i];
-        gser_value_t *k, *v;
+        gser_value_t *k = NULL, *v;
         bool scalar;
         d->path.seg[d->path.len++] = (path_seg_t){.key = NULL, .index = i};
         gser_status_t st = dec_scalar(d, &kv->key, &k, &scalar);

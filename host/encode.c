@@ -9,7 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <msgpack.h>
+#include <msgpack/pack_define.h>
+#include <msgpack/timestamp.h>
 
 #include "internal.h"
 #include "../device/backend.h"
@@ -36,7 +37,7 @@ static void obuf_free(obuf_t *b)
 }
 
 /* The slow path of obuf_write: grow (from the initial buffer to the heap). */
-static int obuf_grow_write(obuf_t *b, const char *buf, size_t len)
+static int obuf_grow_write(obuf_t *b, const void *buf, size_t len)
 {
     if (b->oom)
         return -1;
@@ -63,24 +64,55 @@ static int obuf_grow_write(obuf_t *b, const char *buf, size_t len)
     return 0;
 }
 
-/* msgpack-c calls this for every token (type bytes and bodies alike), so the
- * common case of a few bytes that fit is kept short. After a failed growth
- * the output is discarded (oom is checked at the end), so what still fits
- * may be written. */
-static int obuf_write(void *data, const char *buf, size_t len)
+/* Appends one token (a type byte with its fixed payload, or a body). After a
+ * failed growth the output is discarded (oom is checked at the end), so what
+ * still fits may be written. */
+static inline int obuf_write(obuf_t *b, const void *buf, size_t len)
 {
-    obuf_t *b = data;
     if (len > b->cap - b->len)
         return obuf_grow_write(b, buf, len);
-    char *d = b->p + b->len;
+    if (len) /* an empty body may come with a NULL pointer */
+        memcpy(b->p + b->len, buf, len);
     b->len += len;
-    if (len <= 16) { /* an empty body may come with a NULL pointer: no memcpy */
-        while (len--)
-            *d++ = *buf++;
-    } else {
-        memcpy(d, buf, len);
-    }
     return 0;
+}
+
+/* msgpack-c's pack template (the one msgpack_pack_* are made from),
+ * instantiated as pk_* to append straight into an obuf: with the sink known,
+ * the compiler turns each token into a few stores instead of an indirect call.
+ * The template's timestamp code calls msgpack_pack_ext by name. */
+#define msgpack_pack_inline_func(name) static inline int pk##name
+#define msgpack_pack_inline_func_fixint(name) static inline int pk_fix##name
+#define msgpack_pack_inline_func_cint(name) static inline int pk##name
+#define msgpack_pack_user obuf_t *
+#define msgpack_pack_append_buffer(user, buf, len) return obuf_write(user, buf, len)
+#define msgpack_pack_ext pk_ext
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"
+#endif
+#include <msgpack/pack_template.h>
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+#undef msgpack_pack_ext
+
+static inline void pk_str_with_body(obuf_t *pk, const void *b, size_t l)
+{
+    pk_str(pk, l);
+    pk_str_body(pk, b, l);
+}
+
+static inline void pk_bin_with_body(obuf_t *pk, const void *b, size_t l)
+{
+    pk_bin(pk, l);
+    pk_bin_body(pk, b, l);
+}
+
+static inline void pk_ext_with_body(obuf_t *pk, const void *b, size_t l, int8_t type)
+{
+    pk_ext(pk, l, type);
+    pk_ext_body(pk, b, l);
 }
 
 /* ---- encoder state ---------------------------------------------------------- */
@@ -109,8 +141,8 @@ struct gser_writer {
     gser_value_t *root;
 };
 
-static gser_status_t enc_value(enc_t *e, msgpack_packer *pk, const gser_value_t *v, size_t depth, size_t base);
-static bool enc_scalar(msgpack_packer *pk, const gser_value_t *v);
+static gser_status_t enc_value(enc_t *e, obuf_t *pk, const gser_value_t *v, size_t depth, size_t base);
+static bool enc_scalar(obuf_t *pk, const gser_value_t *v);
 static void families_list(const enc_t *e, char *buf, size_t cap);
 
 static gser_status_t enc_fail(enc_t *e, gser_status_t st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -165,19 +197,19 @@ static gser_status_t scratch_msg(enc_t *e, gser_msg_t **out)
     return GSER_OK;
 }
 
-static void pack_marker(msgpack_packer *pk, int type, size_t nfields)
+static void pack_marker(obuf_t *pk, int type, size_t nfields)
 {
-    msgpack_pack_array(pk, nfields + 1);
-    msgpack_pack_ext(pk, 0, (int8_t)type);
+    pk_array(pk, nfields + 1);
+    pk_ext(pk, 0, (int8_t)type);
 }
 
 /* Bytes of a buffer or array: inline bin when small host memory, else a
  * frame reference [frame - base, offset, nbytes]. *where says which, for traces. */
-static gser_status_t enc_data(enc_t *e, msgpack_packer *pk, const void *data, size_t nbytes, gser_memory_t mem,
+static gser_status_t enc_data(enc_t *e, obuf_t *pk, const void *data, size_t nbytes, gser_memory_t mem,
                               int32_t device, size_t base, char *where, size_t where_cap)
 {
     if (nbytes == 0 || (mem == GSER_MEMORY_HOST && nbytes < e->inline_max)) {
-        msgpack_pack_bin_with_body(pk, data, nbytes);
+        pk_bin_with_body(pk, data, nbytes);
         snprintf(where, where_cap, "inline");
         return GSER_OK;
     }
@@ -193,33 +225,33 @@ static gser_status_t enc_data(enc_t *e, msgpack_packer *pk, const void *data, si
             return enc_fail(e, GSER_ERR_NO_MEMORY, "out of memory for the frame table");
         snprintf(where, where_cap, "frame %zu %s", idx, gser_memory_str(mem));
     }
-    msgpack_pack_array(pk, 3);
-    msgpack_pack_uint64(pk, idx - base);
-    msgpack_pack_uint64(pk, off);
-    msgpack_pack_uint64(pk, nbytes);
+    pk_array(pk, 3);
+    pk_uint64(pk, idx - base);
+    pk_uint64(pk, off);
+    pk_uint64(pk, nbytes);
     return GSER_OK;
 }
 
-static void enc_uint(msgpack_packer *pk, uint64_t u)
+static void enc_uint(obuf_t *pk, uint64_t u)
 {
     unsigned char le[8];
     memcpy(le, &u, 8); /* little-endian host: checked in internal.h */
-    msgpack_pack_ext_with_body(pk, le, 8, GSER_EXT_UINT);
+    pk_ext_with_body(pk, le, 8, GSER_EXT_UINT);
 }
 
-static void enc_scalar_bits(msgpack_packer *pk, gser_kind_t kind, const void *p)
+static void enc_scalar_bits(obuf_t *pk, gser_kind_t kind, const void *p)
 {
     switch (kind) {
     case GSER_KIND_BOOL:
         if (*(const unsigned char *)p)
-            msgpack_pack_true(pk);
+            pk_true(pk);
         else
-            msgpack_pack_false(pk);
+            pk_false(pk);
         break;
     case GSER_KIND_INT: {
         int64_t i;
         memcpy(&i, p, 8);
-        msgpack_pack_int64(pk, i);
+        pk_int64(pk, i);
         break;
     }
     case GSER_KIND_UINT: {
@@ -231,7 +263,7 @@ static void enc_scalar_bits(msgpack_packer *pk, gser_kind_t kind, const void *p)
     default: {
         double d;
         memcpy(&d, p, 8);
-        msgpack_pack_double(pk, d);
+        pk_double(pk, d);
         break;
     }
     }
@@ -240,15 +272,15 @@ static void enc_scalar_bits(msgpack_packer *pk, gser_kind_t kind, const void *p)
 static const char *const kind_c_type[] = {
     [GSER_KIND_BOOL] = "bool", [GSER_KIND_INT] = "int", [GSER_KIND_UINT] = "uint", [GSER_KIND_FLOAT] = "float"};
 
-static gser_status_t enc_array(enc_t *e, msgpack_packer *pk, bool tuple, gser_kind_t kind, const void *data,
+static gser_status_t enc_array(enc_t *e, obuf_t *pk, bool tuple, gser_kind_t kind, const void *data,
                                size_t count, size_t base)
 {
     size_t nbytes = count * scalar_kind_size(kind);
     char where[64];
     pack_marker(pk, GSER_EXT_ARRAY, 4);
-    msgpack_pack_uint8(pk, tuple ? 1 : 0);
-    msgpack_pack_uint8(pk, (uint8_t)kind);
-    msgpack_pack_uint64(pk, count);
+    pk_uint8(pk, tuple ? 1 : 0);
+    pk_uint8(pk, (uint8_t)kind);
+    pk_uint64(pk, count);
     gser_status_t st = enc_data(e, pk, data, nbytes, GSER_MEMORY_HOST, 0, base, where, sizeof where);
     if (st == GSER_OK && e->trace)
         enc_trace(e, "%s array<%s> n=%zu bytes=%zu %s", tuple ? "tuple" : "list", kind_c_type[kind], count, nbytes,
@@ -298,7 +330,7 @@ static void trace_unboxed(enc_t *e, const gser_list_t *l, size_t i)
     e->path.len--;
 }
 
-static gser_status_t enc_list(enc_t *e, msgpack_packer *pk, const gser_value_t *v, size_t depth, size_t base)
+static gser_status_t enc_list(enc_t *e, obuf_t *pk, const gser_value_t *v, size_t depth, size_t base)
 {
     const gser_list_t *l = v->u.list;
     bool tuple = v->kind == GSER_KIND_TUPLE;
@@ -315,9 +347,9 @@ static gser_status_t enc_list(enc_t *e, msgpack_packer *pk, const gser_value_t *
     }
     if (e->trace)
         enc_trace(e, "%s n=%zu", tuple ? "tuple" : "list", l->len);
-    msgpack_pack_array(pk, l->len + (tuple ? 1 : 0));
+    pk_array(pk, l->len + (tuple ? 1 : 0));
     if (tuple)
-        msgpack_pack_ext(pk, 0, GSER_EXT_TUPLE);
+        pk_ext(pk, 0, GSER_EXT_TUPLE);
     if (depth + 1 > e->max_depth && l->len)
         return enc_fail(e, GSER_ERR_LIMIT_DEPTH, "nesting deeper than %zu levels (is there a cycle?)", e->max_depth);
     size_t es = scalar_kind_size(l->arr_kind);
@@ -337,14 +369,14 @@ static gser_status_t enc_list(enc_t *e, msgpack_packer *pk, const gser_value_t *
     return GSER_OK;
 }
 
-static gser_status_t enc_map(enc_t *e, msgpack_packer *pk, const gser_value_t *v, size_t depth, size_t base)
+static gser_status_t enc_map(enc_t *e, obuf_t *pk, const gser_value_t *v, size_t depth, size_t base)
 {
     const gser_map_t *m = v->u.map;
     if (e->trace)
         enc_trace(e, "map n=%zu", m->len);
     if (depth + 1 > e->max_depth && m->len)
         return enc_fail(e, GSER_ERR_LIMIT_DEPTH, "nesting deeper than %zu levels (is there a cycle?)", e->max_depth);
-    msgpack_pack_map(pk, m->len);
+    pk_map(pk, m->len);
     for (size_t i = 0; i < m->len; i++) {
         e->path.seg[e->path.len++] = (path_seg_t){.key = m->pairs[i].key, .index = i};
         enc_scalar(pk, m->pairs[i].key); /* gser_map_put admits scalars only */
@@ -356,7 +388,7 @@ static gser_status_t enc_map(enc_t *e, msgpack_packer *pk, const gser_value_t *v
     return GSER_OK;
 }
 
-static gser_status_t enc_buffer(enc_t *e, msgpack_packer *pk, const gser_value_t *v, size_t base)
+static gser_status_t enc_buffer(enc_t *e, obuf_t *pk, const gser_value_t *v, size_t base)
 {
     const gser_buffer_desc_t *d = &v->u.buf->desc;
     char where[96];
@@ -371,16 +403,16 @@ static gser_status_t enc_buffer(enc_t *e, msgpack_packer *pk, const gser_value_t
             return enc_fail(e, GSER_ERR_NO_MEMORY, "out of memory");
     }
     pack_marker(pk, GSER_EXT_BUFFER, 4);
-    msgpack_pack_uint8(pk, (uint8_t)d->dtype);
+    pk_uint8(pk, (uint8_t)d->dtype);
     if (d->ndim) {
-        msgpack_pack_array(pk, d->ndim);
+        pk_array(pk, d->ndim);
         for (uint32_t i = 0; i < d->ndim; i++)
-            msgpack_pack_int64(pk, d->shape[i]);
+            pk_int64(pk, d->shape[i]);
     } else {
-        msgpack_pack_nil(pk);
+        pk_nil(pk);
     }
     gser_status_t st = enc_data(e, pk, d->data, d->nbytes, d->memory, d->device, base, where, sizeof where);
-    msgpack_pack_uint8(pk, (uint8_t)d->memory); /* where the buffer lived at the sender */
+    pk_uint8(pk, (uint8_t)d->memory); /* where the buffer lived at the sender */
     if (st == GSER_OK && e->trace)
         enc_trace(e, "buffer %s ndim=%u bytes=%zu %s%s", gser_dtype_str(d->dtype), d->ndim, d->nbytes, where,
                   d->memory == GSER_MEMORY_DEVICE ? " (from device)" : "");
@@ -389,16 +421,16 @@ static gser_status_t enc_buffer(enc_t *e, msgpack_packer *pk, const gser_value_t
 
 /* [marker, type, family, version, base, nframes, sub-header]: the sub-header
  * is the object's own msgpack tree as bin, so it can be forwarded untouched. */
-static void pack_object(msgpack_packer *pk, const char *type, const char *family, uint32_t version, size_t rel_base,
+static void pack_object(obuf_t *pk, const char *type, const char *family, uint32_t version, size_t rel_base,
                         size_t nframes, const void *sub, size_t sub_len)
 {
     pack_marker(pk, GSER_EXT_OBJECT, 6);
-    msgpack_pack_str_with_body(pk, type, strlen(type));
-    msgpack_pack_str_with_body(pk, family, strlen(family));
-    msgpack_pack_uint32(pk, version);
-    msgpack_pack_uint64(pk, rel_base);
-    msgpack_pack_uint64(pk, nframes);
-    msgpack_pack_bin_with_body(pk, sub, sub_len);
+    pk_str_with_body(pk, type, strlen(type));
+    pk_str_with_body(pk, family, strlen(family));
+    pk_uint32(pk, version);
+    pk_uint64(pk, rel_base);
+    pk_uint64(pk, nframes);
+    pk_bin_with_body(pk, sub, sub_len);
 }
 
 static void families_list(const enc_t *e, char *buf, size_t cap)
@@ -413,7 +445,7 @@ static void families_list(const enc_t *e, char *buf, size_t cap)
     }
 }
 
-static gser_status_t enc_object(enc_t *e, msgpack_packer *pk, const gser_value_t *v, size_t depth, size_t base)
+static gser_status_t enc_object(enc_t *e, obuf_t *pk, const gser_value_t *v, size_t depth, size_t base)
 {
     const gser_type_t *t = v->u.obj->type;
     int f = -1;
@@ -442,15 +474,13 @@ static gser_status_t enc_object(enc_t *e, msgpack_packer *pk, const gser_value_t
     char initial[512];
     obuf_t sub;
     obuf_init(&sub, initial, sizeof initial);
-    msgpack_packer spk;
-    msgpack_packer_init(&spk, &sub, obuf_write);
     size_t first = e->out->n;
     int outer_group = e->group;
     bool outer_to_host = e->to_host;
     e->group = -1; /* the object's device buffers get a packed frame of its own */
     if (f == GSER_FAMILY_HOST || f == GSER_FAMILY_DEVICE)
         e->to_host = f == GSER_FAMILY_HOST; /* a host serializer's sub-tree is all host frames */
-    st = enc_value(e, &spk, w.root, depth + 1, first);
+    st = enc_value(e, &sub, w.root, depth + 1, first);
     e->group = outer_group;
     e->to_host = outer_to_host;
     if (st == GSER_OK && sub.oom)
@@ -466,7 +496,7 @@ static gser_status_t enc_object(enc_t *e, msgpack_packer *pk, const gser_value_t
     return st;
 }
 
-static gser_status_t enc_serialized(enc_t *e, msgpack_packer *pk, const gser_value_t *v, size_t base)
+static gser_status_t enc_serialized(enc_t *e, obuf_t *pk, const gser_value_t *v, size_t base)
 {
     const gser_serialized_t *s = v->u.ser;
     size_t first = e->out->n;
@@ -485,26 +515,26 @@ static gser_status_t enc_serialized(enc_t *e, msgpack_packer *pk, const gser_val
 }
 
 /* Scalars (also map keys, which are never traced on their own). */
-static bool enc_scalar(msgpack_packer *pk, const gser_value_t *v)
+static bool enc_scalar(obuf_t *pk, const gser_value_t *v)
 {
     switch ((gser_kind_t)v->kind) {
-    case GSER_KIND_NIL: msgpack_pack_nil(pk); return true;
+    case GSER_KIND_NIL: pk_nil(pk); return true;
     case GSER_KIND_BOOL:
         if (v->u.b)
-            msgpack_pack_true(pk);
+            pk_true(pk);
         else
-            msgpack_pack_false(pk);
+            pk_false(pk);
         return true;
-    case GSER_KIND_INT: msgpack_pack_int64(pk, v->u.i); return true;
+    case GSER_KIND_INT: pk_int64(pk, v->u.i); return true;
     case GSER_KIND_UINT: enc_uint(pk, v->u.u); return true;
-    case GSER_KIND_FLOAT: msgpack_pack_double(pk, v->u.f); return true;
-    case GSER_KIND_STR: msgpack_pack_str_with_body(pk, v->u.s.ptr, v->u.s.len); return true;
-    case GSER_KIND_BYTES: msgpack_pack_bin_with_body(pk, v->u.s.ptr, v->u.s.len); return true;
+    case GSER_KIND_FLOAT: pk_double(pk, v->u.f); return true;
+    case GSER_KIND_STR: pk_str_with_body(pk, v->u.s.ptr, v->u.s.len); return true;
+    case GSER_KIND_BYTES: pk_bin_with_body(pk, v->u.s.ptr, v->u.s.len); return true;
     default: return false;
     }
 }
 
-static gser_status_t enc_value(enc_t *e, msgpack_packer *pk, const gser_value_t *v, size_t depth, size_t base)
+static gser_status_t enc_value(enc_t *e, obuf_t *pk, const gser_value_t *v, size_t depth, size_t base)
 {
     switch ((gser_kind_t)v->kind) {
     case GSER_KIND_LIST:
@@ -636,22 +666,21 @@ gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg, const g
 
     obuf_t hdr;
     obuf_init(&hdr, f->header_inline, sizeof f->header_inline);
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &hdr, obuf_write);
-    msgpack_pack_array(&pk, 4);
-    msgpack_pack_ext_with_body(&pk, "GSER", 4, GSER_EXT_MAGIC);
-    msgpack_pack_uint32(&pk, GSER_WIRE_VERSION);
-    st = enc_value(&e, &pk, msg->root, 1, 1);
+    obuf_t *pk = &hdr;
+    pk_array(pk, 4);
+    pk_ext_with_body(pk, "GSER", 4, GSER_EXT_MAGIC);
+    pk_uint32(pk, GSER_WIRE_VERSION);
+    st = enc_value(&e, pk, msg->root, 1, 1);
     if (st == GSER_OK)
         st = packer_finish(&e.pack, f); /* sizes of packed frames are known now */
     packer_free(&e.pack);
     if (st == GSER_OK) {
-        msgpack_pack_array(&pk, f->n - 1);
+        pk_array(pk, f->n - 1);
         for (size_t i = 1; i < f->n; i++) {
-            msgpack_pack_array(&pk, 3);
-            msgpack_pack_uint64(&pk, f->frames[i].size);
-            msgpack_pack_uint8(&pk, (uint8_t)f->frames[i].memory);
-            msgpack_pack_int32(&pk, f->frames[i].device);
+            pk_array(pk, 3);
+            pk_uint64(pk, f->frames[i].size);
+            pk_uint8(pk, (uint8_t)f->frames[i].memory);
+            pk_int32(pk, f->frames[i].device);
         }
         if (hdr.oom)
             st = error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize: out of memory for the header");

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "gser/gser.h"
 
@@ -90,8 +91,11 @@ static inline void *arena_alloc(arena_t *a, size_t size, size_t align)
 GSER_INTERNAL gser_status_t arena_on_release(arena_t *a, void (*fn)(void *), void *arg);
 /* Grow a heap vector *ptr of *cap elements to hold at least need; the vector
  * is freed when the arena is released (registered on first growth). */
-GSER_INTERNAL gser_status_t arena_vec_reserve(arena_t *a, void **ptr, size_t *cap, size_t elem_size,
-                                              size_t need);
+GSER_INTERNAL gser_status_t arena_vec_grow(arena_t *a, void **ptr, size_t *cap, size_t elem_size, size_t need);
+static inline gser_status_t arena_vec_reserve(arena_t *a, void **ptr, size_t *cap, size_t elem_size, size_t need)
+{
+    return need <= *cap ? GSER_OK : arena_vec_grow(a, ptr, cap, elem_size, need);
+}
 
 /* ---- values ------------------------------------------------------------ */
 
@@ -198,9 +202,36 @@ struct gser_msg {
     alignas(16) unsigned char first_chunk[GSER_ARENA_FIRST];
 };
 
-GSER_INTERNAL void *msg_alloc(gser_msg_t *msg, size_t size, size_t align);
-GSER_INTERNAL gser_value_t *msg_value(gser_msg_t *msg, gser_kind_t kind);
-GSER_INTERNAL char *msg_strdup(gser_msg_t *msg, const char *s, size_t len);
+/* Inline: building and decoding a message is mostly these. */
+static inline void *msg_alloc(gser_msg_t *msg, size_t size, size_t align)
+{
+    return arena_alloc(&msg->arena, size, align);
+}
+
+static inline gser_value_t *msg_value(gser_msg_t *msg, gser_kind_t kind)
+{
+    gser_value_t *v = (gser_value_t *)arena_alloc(&msg->arena, sizeof *v, alignof(gser_value_t));
+    if (v) {
+        v->kind = (uint8_t)kind;
+        v->flags = 0;
+        v->msg = msg;
+    }
+    return v;
+}
+
+/* A NUL-terminated copy of s[0..len). */
+static inline char *msg_strdup(gser_msg_t *msg, const char *s, size_t len)
+{
+    if (len == SIZE_MAX)
+        return NULL;
+    char *d = (char *)arena_alloc(&msg->arena, len + 1, 1);
+    if (d) {
+        if (len)
+            memcpy(d, s, len);
+        d[len] = '\0';
+    }
+    return d;
+}
 GSER_INTERNAL gser_status_t value_list_new(gser_msg_t *msg, gser_kind_t kind, gser_value_t **out);
 /* An array-backed list over data (borrowed, never copied). */
 GSER_INTERNAL gser_status_t value_array_wrap(gser_msg_t *msg, bool tuple, gser_kind_t elem_kind, const void *data,

@@ -64,35 +64,6 @@ gser_context_t *gser_msg_context(const gser_msg_t *msg)
     return msg ? msg->ctx : NULL;
 }
 
-void *msg_alloc(gser_msg_t *msg, size_t size, size_t align)
-{
-    return arena_alloc(&msg->arena, size, align);
-}
-
-gser_value_t *msg_value(gser_msg_t *msg, gser_kind_t kind)
-{
-    gser_value_t *v = arena_alloc(&msg->arena, sizeof *v, alignof(gser_value_t));
-    if (v) {
-        v->kind = (uint8_t)kind;
-        v->flags = 0;
-        v->msg = msg;
-    }
-    return v;
-}
-
-char *msg_strdup(gser_msg_t *msg, const char *s, size_t len)
-{
-    if (len == SIZE_MAX)
-        return NULL;
-    char *d = arena_alloc(&msg->arena, len + 1, 1);
-    if (d) {
-        if (len)
-            memcpy(d, s, len);
-        d[len] = '\0';
-    }
-    return d;
-}
-
 static gser_status_t nomem(gser_msg_t *msg, const char *fn)
 {
     return error_set(msg->ctx, GSER_ERR_NO_MEMORY, "%s: out of memory", fn);
