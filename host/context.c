@@ -63,6 +63,14 @@ gser_status_t gser_context_fail(gser_context_t *ctx, gser_status_t status, const
     return status;
 }
 
+gser_status_t gser_context_get_limits(const gser_context_t *ctx, gser_limits_t *out)
+{
+    if (!ctx || !out)
+        return GSER_ERR_INVALID_ARG;
+    *out = ctx->limits;
+    return GSER_OK;
+}
+
 const char *gser_context_last_error(const gser_context_t *ctx)
 {
     if (!ctx)

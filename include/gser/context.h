@@ -75,6 +75,11 @@ GSER_API gser_status_t gser_context_create(const gser_context_options_t *opts, g
  *  destroyed first. NULL is fine. */
 GSER_API void gser_context_destroy(gser_context_t *ctx);
 
+/** The limits ctx decodes under, defaults filled in (what a zero field of
+ *  gser_context_options_t.limits became). For transports and other plugins
+ *  that check incoming messages before handing them to gser_deserialize. */
+GSER_API gser_status_t gser_context_get_limits(const gser_context_t *ctx, gser_limits_t *out);
+
 /**
  * The detailed message of the last error this thread got from a call on ctx,
  * naming the path of the failing value, e.g. `$.tasks[3].payload: type

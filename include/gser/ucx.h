@@ -96,7 +96,8 @@ typedef struct gser_ucx_worker_options {
      *  NULL: no device backend; device frames are neither sent nor received. */
     gser_context_t *gser_ctx;
     /** Limits checked on every incoming message before anything is allocated
-     *  for it (max_frames and max_bytes; zero fields = the core's defaults).
+     *  for it (max_frames and max_bytes). Zero fields = gser_ctx's limits
+     *  (gser_context_get_limits), or the core's defaults without gser_ctx.
      *  A message over a limit is rejected and its endpoint closed. */
     gser_limits_t limits;
     /** Host frames of at most this many bytes travel inside the message's

@@ -190,8 +190,13 @@ gser_status_t gser_ucx_worker_create(gser_ucx_context_t *ctx, const gser_ucx_wor
     w->efd = -1;
     w->blocking_sleep = o.blocking_sleep;
     w->gser_ctx = o.gser_ctx;
-    w->max_frames = o.limits.max_frames ? o.limits.max_frames : GUX_DEFAULT_MAX_FRAMES;
-    w->max_bytes = o.limits.max_bytes ? o.limits.max_bytes : GUX_DEFAULT_MAX_BYTES;
+    /* Unset limits follow the gser context's, so that a message it would
+     * refuse is refused here before anything is allocated for it. */
+    gser_limits_t lim = {.max_frames = GUX_DEFAULT_MAX_FRAMES, .max_bytes = GUX_DEFAULT_MAX_BYTES};
+    if (o.gser_ctx)
+        gser_context_get_limits(o.gser_ctx, &lim);
+    w->max_frames = o.limits.max_frames ? o.limits.max_frames : lim.max_frames;
+    w->max_bytes = o.limits.max_bytes ? o.limits.max_bytes : lim.max_bytes;
     w->inline_budget = o.inline_budget ? o.inline_budget : GUX_DEFAULT_INLINE_BUDGET;
     w->inline_max = o.inline_max ? o.inline_max : GUX_DEFAULT_INLINE_MAX;
     if (w->inline_max > w->inline_budget)

@@ -678,6 +678,46 @@ TEST(TransportSetup, MessageOverLimitsIsRejected)
     p.close();
 }
 
+// A worker whose limits are unset takes its gser context's: the message that
+// context would refuse is refused at the transport, before allocation.
+TEST(TransportSetup, UnsetLimitsFollowTheGserContext)
+{
+    gser_context_options_t co{};
+    co.limits.max_frames = 2;
+    co.device_backend = "none";
+    auto lctx = make_ctx(&co);
+    gser_limits_t lim{};
+    ASSERT_EQ(gser_context_get_limits(lctx.get(), &lim), GSER_OK);
+    EXPECT_EQ(lim.max_frames, 2u);
+    EXPECT_EQ(lim.max_depth, (size_t)GSER_DEPTH_MAX) << "defaults are filled in";
+    EXPECT_GT(lim.max_bytes, 0u);
+    EXPECT_EQ(gser_context_get_limits(nullptr, &lim), GSER_ERR_INVALID_ARG);
+    EXPECT_EQ(gser_context_get_limits(lctx.get(), nullptr), GSER_ERR_INVALID_ARG);
+
+    auto gctx = make_ctx();
+    gser_ucx_worker_options_t so{};
+    so.gser_ctx = lctx.get();
+    Pair p;
+    ASSERT_NO_FATAL_FAILURE(p.open(&so, nullptr));
+    for (size_t nframes : {2, 3}) {
+        EpPtr c, s;
+        ASSERT_NO_FATAL_FAILURE(p.connect(&c, &s));
+        TestMsg m(gctx.get(), std::vector<size_t>(nframes, 1000), 1);
+        auto frames = serialize(gctx.get(), m.msg.get());
+        gser_ucx_request_t *sr, *rr;
+        UCX_OK(gser_ucx_ep_send_nb(c.get(), gser_frames_array(frames.get()), gser_frames_count(frames.get()),
+                                   nullptr, &sr));
+        ReqPtr sp(sr);
+        UCX_OK(gser_ucx_ep_recv_nb(s.get(), nullptr, &rr));
+        ReqPtr rp(rr);
+        gser_status_t st = drive({p.server.get(), p.client.get()}, rr);
+        EXPECT_EQ(st, nframes == 2 ? GSER_OK : GSER_ERR_LIMIT_FRAMES) << nframes << ": " << gser_ucx_last_error();
+        st = drive({p.server.get(), p.client.get()}, sr);
+        EXPECT_TRUE(st == GSER_OK || st == GSER_ERR_CONNECTION) << gser_status_str(st);
+    }
+    p.close();
+}
+
 // The receive cache: buffers of released frames are reused, and its limit
 // grows to the host bytes of the largest message, up to its maximum.
 TEST(TransportSetup, ReceiveCacheReusesBuffersAndGrowsToTheLargestMessage)
