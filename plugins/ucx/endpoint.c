@@ -763,6 +763,18 @@ void gser_ucx_ep_destroy(gser_ucx_ep_t *ep)
         return;
     gser_ucx_worker_t *w = ep->worker;
     gux_lock(w);
+    if (ep->state == GUX_EP_FAILED && ep->error == GSER_ERR_WIRE_VERSION && ep->ucp) {
+        /* A version mismatch: the peer may not have read our hello yet, and a
+         * hang-up can overtake it there (it would see a lost connection, not
+         * the mismatch). The worker hangs up when the peer has, or at the
+         * close deadline (ep_process). */
+        ep->user_owned = false;
+        ep->zombie = true;
+        w->eps_dirty = true;
+        gux_completions_run(w);
+        gux_unlock(w);
+        return;
+    }
     if (ep->state == GUX_EP_READY && !ep_busy(ep) && ep->ucp) {
         /* Nothing in flight: flush what was sent (UCX's flush waits for the
          * peer's acknowledgement, bounded), then hang up. */
