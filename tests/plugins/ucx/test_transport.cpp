@@ -626,6 +626,26 @@ TEST(TransportSetup, VersionMismatchIsAnErrorOnBothSides)
     UCX_OK(gser_ucx_ep_status(gep));
 }
 
+// Send a message of frames of these sizes from c to s over p: the status of
+// its receive, and (in *send_st) of its send.
+static gser_status_t send_one(Pair &p, gser_ucx_ep_t *c, gser_ucx_ep_t *s, gser_context_t *gctx,
+                              const std::vector<size_t> &sizes, gser_status_t *send_st)
+{
+    TestMsg m(gctx, sizes, 1);
+    auto frames = serialize(gctx, m.msg.get());
+    gser_ucx_request_t *sr = nullptr, *rr = nullptr;
+    EXPECT_EQ(gser_ucx_ep_send_nb(c, gser_frames_array(frames.get()), gser_frames_count(frames.get()), nullptr, &sr),
+              GSER_OK);
+    ReqPtr sp(sr);
+    EXPECT_EQ(gser_ucx_ep_recv_nb(s, nullptr, &rr), GSER_OK);
+    ReqPtr rp(rr);
+    if (!sr || !rr)
+        return GSER_ERR_STATE;
+    gser_status_t st = drive({p.server.get(), p.client.get()}, rr);
+    *send_st = drive({p.server.get(), p.client.get()}, sr);
+    return st;
+}
+
 // An incoming message over the receiver's limits is rejected before
 // anything is allocated for it, and its endpoint closed.
 TEST(TransportSetup, MessageOverLimitsIsRejected)
@@ -647,20 +667,12 @@ TEST(TransportSetup, MessageOverLimitsIsRejected)
         // Too many frames, then too many bytes.
         std::vector<size_t> sizes = which == 0 ? std::vector<size_t>{1000, 1000, 1000}
                                                : std::vector<size_t>{(size_t)2 << 20};
-        TestMsg m(gctx.get(), sizes, 1);
-        auto frames = serialize(gctx.get(), m.msg.get());
-        gser_ucx_request_t *sr, *rr;
-        UCX_OK(gser_ucx_ep_send_nb(c.get(), gser_frames_array(frames.get()), gser_frames_count(frames.get()),
-                                   nullptr, &sr));
-        ReqPtr sp(sr);
-        UCX_OK(gser_ucx_ep_recv_nb(s.get(), nullptr, &rr));
-        ReqPtr rp(rr);
-        gser_status_t st = drive({p.server.get(), p.client.get()}, rr);
+        gser_status_t sst;
+        gser_status_t st = send_one(p, c.get(), s.get(), gctx.get(), sizes, &sst);
         EXPECT_EQ(st, which == 0 ? GSER_ERR_LIMIT_FRAMES : GSER_ERR_LIMIT_BYTES) << gser_ucx_last_error();
         EXPECT_EQ(gser_ucx_ep_status(s.get()), st);
         // The sender learns that the connection is gone.
-        st = drive({p.server.get(), p.client.get()}, sr);
-        EXPECT_TRUE(st == GSER_OK || st == GSER_ERR_CONNECTION) << gser_status_str(st);
+        EXPECT_TRUE(sst == GSER_OK || sst == GSER_ERR_CONNECTION) << gser_status_str(sst);
         ASSERT_TRUE(drive_until({p.server.get(), p.client.get()},
                                 [&] { return gser_ucx_ep_status(c.get()) != GSER_OK; }));
     }
@@ -702,18 +714,10 @@ TEST(TransportSetup, UnsetLimitsFollowTheGserContext)
     for (size_t nframes : {2, 3}) {
         EpPtr c, s;
         ASSERT_NO_FATAL_FAILURE(p.connect(&c, &s));
-        TestMsg m(gctx.get(), std::vector<size_t>(nframes, 1000), 1);
-        auto frames = serialize(gctx.get(), m.msg.get());
-        gser_ucx_request_t *sr, *rr;
-        UCX_OK(gser_ucx_ep_send_nb(c.get(), gser_frames_array(frames.get()), gser_frames_count(frames.get()),
-                                   nullptr, &sr));
-        ReqPtr sp(sr);
-        UCX_OK(gser_ucx_ep_recv_nb(s.get(), nullptr, &rr));
-        ReqPtr rp(rr);
-        gser_status_t st = drive({p.server.get(), p.client.get()}, rr);
+        gser_status_t sst;
+        gser_status_t st = send_one(p, c.get(), s.get(), gctx.get(), std::vector<size_t>(nframes, 1000), &sst);
         EXPECT_EQ(st, nframes == 2 ? GSER_OK : GSER_ERR_LIMIT_FRAMES) << nframes << ": " << gser_ucx_last_error();
-        st = drive({p.server.get(), p.client.get()}, sr);
-        EXPECT_TRUE(st == GSER_OK || st == GSER_ERR_CONNECTION) << gser_status_str(st);
+        EXPECT_TRUE(sst == GSER_OK || sst == GSER_ERR_CONNECTION) << gser_status_str(sst);
     }
     p.close();
 }
