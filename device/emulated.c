@@ -8,6 +8,132 @@
 #include "backend.h"
 #include "copy_impl.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#define EMU_POISON 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define EMU_POISON 1
+#endif
+#endif
+
+#ifdef EMU_POISON
+/* Under AddressSanitizer, emulated device memory is poisoned except while a
+ * backend operation works on it. Host code that dereferences a device
+ * pointer -- which on a GPU would fault or read garbage -- then fails in CI
+ * instead of passing by accident. Every live allocation is registered (sorted
+ * by address) with a count of the operations that have it open, so that
+ * concurrent operations on one allocation do not poison it under each other. */
+#include <pthread.h>
+#include <sanitizer/asan_interface.h>
+
+typedef struct emu_alloc_rec {
+    char *base;
+    size_t size;
+    unsigned open;
+} emu_alloc_rec_t;
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static emu_alloc_rec_t *g_recs;
+static size_t g_n, g_cap;
+
+/* Index of the first record whose base is above p. Lock held. */
+static size_t rec_upper(const void *p)
+{
+    size_t lo = 0, hi = g_n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if ((const char *)p < g_recs[mid].base)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
+/* The record of the allocation holding p, or NULL (host memory). Lock held. */
+static emu_alloc_rec_t *rec_find(const void *p)
+{
+    size_t i = rec_upper(p);
+    if (i == 0)
+        return NULL;
+    emu_alloc_rec_t *r = &g_recs[i - 1];
+    return (const char *)p < r->base + r->size ? r : NULL;
+}
+
+static bool rec_add(char *base, size_t size)
+{
+    pthread_mutex_lock(&g_lock);
+    if (g_n == g_cap) {
+        size_t cap = g_cap ? 2 * g_cap : 64;
+        emu_alloc_rec_t *n = realloc(g_recs, cap * sizeof *n);
+        if (!n) {
+            pthread_mutex_unlock(&g_lock);
+            return false;
+        }
+        g_recs = n;
+        g_cap = cap;
+    }
+    size_t i = rec_upper(base);
+    memmove(&g_recs[i + 1], &g_recs[i], (g_n - i) * sizeof *g_recs);
+    g_recs[i] = (emu_alloc_rec_t){base, size, 0};
+    g_n++;
+    ASAN_POISON_MEMORY_REGION(base, size);
+    pthread_mutex_unlock(&g_lock);
+    return true;
+}
+
+static void rec_del(char *base)
+{
+    pthread_mutex_lock(&g_lock);
+    emu_alloc_rec_t *r = rec_find(base);
+    if (r) {
+        ASAN_UNPOISON_MEMORY_REGION(r->base, r->size);
+        size_t i = (size_t)(r - g_recs);
+        memmove(&g_recs[i], &g_recs[i + 1], (g_n - i - 1) * sizeof *g_recs);
+        g_n--;
+    }
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* An operation starts (open) or ends (close) its work on the memory at p. */
+static void dev_open(const void *p)
+{
+    pthread_mutex_lock(&g_lock);
+    emu_alloc_rec_t *r = rec_find(p);
+    if (r && r->open++ == 0)
+        ASAN_UNPOISON_MEMORY_REGION(r->base, r->size);
+    pthread_mutex_unlock(&g_lock);
+}
+
+static void dev_close(const void *p)
+{
+    pthread_mutex_lock(&g_lock);
+    emu_alloc_rec_t *r = rec_find(p);
+    if (r && --r->open == 0)
+        ASAN_POISON_MEMORY_REGION(r->base, r->size);
+    pthread_mutex_unlock(&g_lock);
+}
+#else
+static bool rec_add(char *base, size_t size)
+{
+    (void)base;
+    (void)size;
+    return true;
+}
+static void rec_del(char *base)
+{
+    (void)base;
+}
+static void dev_open(const void *p)
+{
+    (void)p;
+}
+static void dev_close(const void *p)
+{
+    (void)p;
+}
+#endif
+
 struct gser_backend_state {
     int device;
 };
@@ -27,17 +153,35 @@ static void emu_close(gser_backend_state_t *s)
     free(s);
 }
 
+/* 256-byte aligned like cudaMalloc; never NULL, even for 0 bytes. */
+static gser_status_t host_alloc(size_t size, void **ptr, size_t *rounded_out)
+{
+    size_t rounded = (size + 255) & ~(size_t)255;
+    if (rounded < size)
+        return GSER_ERR_NO_MEMORY;
+    if (!rounded)
+        rounded = 256;
+    void *p = aligned_alloc(256, rounded);
+    if (!p)
+        return GSER_ERR_NO_MEMORY;
+    *ptr = p;
+    *rounded_out = rounded;
+    return GSER_OK;
+}
+
 static gser_status_t emu_alloc(gser_backend_state_t *s, size_t size, void *stream, void **ptr)
 {
     (void)s;
     (void)stream;
-    /* 256-byte aligned like cudaMalloc; never NULL, even for 0 bytes. */
-    size_t rounded = (size + 255) & ~(size_t)255;
-    if (rounded < size)
+    void *p;
+    size_t rounded;
+    gser_status_t st = host_alloc(size, &p, &rounded);
+    if (st)
+        return st;
+    if (!rec_add(p, rounded)) {
+        free(p);
         return GSER_ERR_NO_MEMORY;
-    void *p = aligned_alloc(256, rounded ? rounded : 256);
-    if (!p)
-        return GSER_ERR_NO_MEMORY;
+    }
     *ptr = p;
     return GSER_OK;
 }
@@ -47,27 +191,42 @@ static void emu_free(gser_backend_state_t *s, void *ptr, size_t size, void *stre
     (void)s;
     (void)size;
     (void)stream;
+    rec_del(ptr);
     free(ptr);
 }
 
+/* Pinned memory is host memory: host code may touch it, so it is never poisoned. */
 static gser_status_t emu_pinned_alloc(gser_backend_state_t *s, size_t size, void **ptr)
 {
-    return emu_alloc(s, size, NULL, ptr);
+    (void)s;
+    size_t rounded;
+    return host_alloc(size, ptr, &rounded);
 }
 
 static void emu_pinned_free(gser_backend_state_t *s, void *ptr, size_t size)
 {
-    emu_free(s, ptr, size, NULL);
+    (void)s;
+    (void)size;
+    free(ptr);
 }
 
 static gser_status_t emu_memcpy(gser_backend_state_t *s, void *dst, const void *src, size_t n, copy_kind_t kind,
                                 void *stream)
 {
     (void)s;
-    (void)kind;
     (void)stream;
-    if (n)
-        memmove(dst, src, n);
+    if (!n)
+        return GSER_OK;
+    bool dev_src = kind == COPY_D2H || kind == COPY_D2D, dev_dst = kind == COPY_H2D || kind == COPY_D2D;
+    if (dev_src)
+        dev_open(src);
+    if (dev_dst)
+        dev_open(dst);
+    memmove(dst, src, n);
+    if (dev_dst)
+        dev_close(dst);
+    if (dev_src)
+        dev_close(src);
     return GSER_OK;
 }
 
@@ -115,9 +274,14 @@ static gser_status_t emu_copy_plan(gser_backend_state_t *s, const gser_chunk_t *
 {
     (void)s;
     (void)stream;
-    for (size_t c = 0; c < nchunks; c++)
+    for (size_t c = 0; c < nchunks; c++) {
+        dev_open(chunks[c].src);
+        dev_open(chunks[c].dst);
         for (unsigned lane = 0; lane < GSER_LANES; lane++)
             gser_run_chunk_lane(&chunks[c], lane);
+        dev_close(chunks[c].dst);
+        dev_close(chunks[c].src);
+    }
     return GSER_OK;
 }
 
@@ -128,6 +292,8 @@ static gser_status_t emu_rebase_offsets(gser_backend_state_t *s, void *dst, cons
 {
     (void)s;
     (void)stream;
+    dev_open(src);
+    dev_open(dst);
     if (width == 4) {
         const uint32_t *in = src;
         uint32_t *out = dst, base = in[0];
@@ -139,6 +305,8 @@ static gser_status_t emu_rebase_offsets(gser_backend_state_t *s, void *dst, cons
         for (size_t i = 0; i < count; i++)
             out[i] = in[i] - base;
     }
+    dev_close(dst);
+    dev_close(src);
     return GSER_OK;
 }
 
@@ -147,6 +315,8 @@ static gser_status_t emu_copy_bits(gser_backend_state_t *s, void *dst, const voi
 {
     (void)s;
     (void)stream;
+    dev_open(src);
+    dev_open(dst);
     const unsigned char *in = (const unsigned char *)src + src_bit / 8;
     unsigned char *out = dst;
     unsigned shift = (unsigned)(src_bit % 8);
@@ -159,6 +329,8 @@ static gser_status_t emu_copy_bits(gser_backend_state_t *s, void *dst, const voi
             v &= (1u << (nbits % 8)) - 1;
         out[j] = (unsigned char)v;
     }
+    dev_close(dst);
+    dev_close(src);
     return GSER_OK;
 }
 
@@ -175,6 +347,7 @@ static gser_status_t emu_check_offsets(gser_backend_state_t *s, const void *offs
     (void)stream;
     uint32_t v = 0;
     int64_t prev = 0;
+    dev_open(offsets);
     for (size_t i = 0; i < count; i++) {
         int64_t o;
         if (width == 4) {
@@ -192,6 +365,7 @@ static gser_status_t emu_check_offsets(gser_backend_state_t *s, const void *offs
             v |= 4u; /* GSER_OFFSETS_LAST */
         prev = o;
     }
+    dev_close(offsets);
     *verdict = v;
     return GSER_OK;
 }

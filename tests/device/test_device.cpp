@@ -445,27 +445,41 @@ TEST_P(DeviceTest, HostSerializersGetHostFramesAndDeserializersSeeFinalBuffers)
     EXPECT_EQ(get(got->data, got->memory, 300), std::vector<unsigned char>(pb.begin(), pb.begin() + 300));
 }
 
-// An allocator that fails the n-th allocation, and counts what is live.
+// An allocator that fails the n-th allocation (device and pinned requests
+// counted together), and counts what is live.
 struct FailingAlloc {
     gser_context_t *real = nullptr;
     int fail_at = -1;
     int calls = 0;
     int live = 0;
+    gser_status_t take(bool pinned, size_t size, void *stream, void **p)
+    {
+        if (calls++ == fail_at)
+            return GSER_ERR_NO_MEMORY;
+        gser_status_t st = pinned ? gser_pinned_alloc(real, size, p) : gser_device_alloc(real, size, stream, p);
+        if (st == GSER_OK)
+            live++;
+        return st;
+    }
     static gser_status_t alloc(void *u, size_t size, void *stream, void **p)
     {
-        auto *f = static_cast<FailingAlloc *>(u);
-        if (f->calls++ == f->fail_at)
-            return GSER_ERR_NO_MEMORY;
-        gser_status_t st = gser_device_alloc(f->real, size, stream, p);
-        if (st == GSER_OK)
-            f->live++;
-        return st;
+        return static_cast<FailingAlloc *>(u)->take(false, size, stream, p);
+    }
+    static gser_status_t alloc_pinned(void *u, size_t size, void *stream, void **p)
+    {
+        return static_cast<FailingAlloc *>(u)->take(true, size, stream, p);
     }
     static void release(void *u, void *p, size_t size, void *stream)
     {
         auto *f = static_cast<FailingAlloc *>(u);
         f->live--;
         gser_device_free(f->real, p, size, stream);
+    }
+    static void release_pinned(void *u, void *p, size_t size, void *)
+    {
+        auto *f = static_cast<FailingAlloc *>(u);
+        f->live--;
+        gser_pinned_free(f->real, p, size);
     }
 };
 
@@ -479,11 +493,12 @@ TEST_P(DeviceTest, AllocationFailuresAreCleanErrors)
         fa.real = ctx();
         fa.fail_at = fail_at;
         gser_allocator_t a{FailingAlloc::alloc, FailingAlloc::release, &fa};
+        gser_allocator_t pa{FailingAlloc::alloc_pinned, FailingAlloc::release_pinned, &fa};
         gser_context_options_t o{};
         o.trace = -1;
         o.device_backend = GetParam().name;
         o.device_allocator = &a;
-        o.pinned_allocator = &a; // pinned requests fail the same way
+        o.pinned_allocator = &pa; // pinned requests fail the same way
         o.pack_max = 4096;
         gser_context_t *c;
         ASSERT_EQ(gser_context_create(&o, &c), GSER_OK);
@@ -672,4 +687,47 @@ TEST(DeviceApi, ForeignEventHandlesCanBeWaitedFor)
     auto plain = make_ctx();
     int fake;
     EXPECT_EQ(gser_stream_wait_handle(plain.get(), nullptr, &fake), GSER_ERR_NO_DEVICE);
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+#define GSER_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define GSER_TEST_ASAN 1
+#endif
+#endif
+
+// Under AddressSanitizer the emulated backend poisons its device memory
+// outside its own operations, so host code that dereferences a device
+// pointer fails in CI as it would on a GPU; the backend's copies still work.
+TEST(EmulatedDevice, HostCodeCannotReadDeviceMemory)
+{
+#ifndef GSER_TEST_ASAN
+    GTEST_SKIP() << "only AddressSanitizer builds poison emulated device memory";
+#else
+    gser_context_options_t o{};
+    o.device_backend = "emulated";
+    gser_context_t *c = nullptr;
+    ASSERT_EQ(gser_context_create(&o, &c), GSER_OK);
+    CtxPtr cp(c);
+    void *dev = nullptr;
+    ASSERT_EQ(gser_device_alloc(c, 100, nullptr, &dev), GSER_OK);
+    std::vector<unsigned char> in = pattern(100, 7), out(100, 0);
+    ASSERT_EQ(gser_device_memcpy(c, dev, GSER_MEMORY_DEVICE, in.data(), GSER_MEMORY_HOST, 100, nullptr), GSER_OK);
+    ASSERT_EQ(gser_device_memcpy(c, out.data(), GSER_MEMORY_HOST, dev, GSER_MEMORY_DEVICE, 100, nullptr), GSER_OK);
+    EXPECT_EQ(out, in);
+    EXPECT_DEATH(
+        {
+            volatile unsigned char b = static_cast<volatile unsigned char *>(dev)[42];
+            (void)b;
+        },
+        "use-after-poison");
+    // Pinned memory is host memory.
+    void *pin = nullptr;
+    ASSERT_EQ(gser_pinned_alloc(c, 100, &pin), GSER_OK);
+    ASSERT_EQ(gser_device_memcpy(c, pin, GSER_MEMORY_HOST, dev, GSER_MEMORY_DEVICE, 100, nullptr), GSER_OK);
+    EXPECT_EQ(std::memcmp(pin, in.data(), 100), 0);
+    gser_pinned_free(c, pin, 100);
+    gser_device_free(c, dev, 100, nullptr);
+#endif
 }
