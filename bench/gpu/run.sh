@@ -8,6 +8,8 @@
 # Here, once:   echo /.gpudeps/ >> .git/info/exclude && ../shared/gpu/fetch-runtime-debs.sh .gpudeps
 # Device tool:  run "source .gpudeps/unpack.sh; bench/gpu/run.sh [STEPS]"  with carry [".gpudeps"]
 # STEPS: any of build tests sanitize bench demo (default: all of them). Logs go to $OUT (or ./gpu-out).
+# One device call may run 600 s at most: if all of it may not fit, run "build tests bench" first and
+# "sanitize demo" in a second call while the machine is warm (build-gpu/ is kept between calls).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-out}
