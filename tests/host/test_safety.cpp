@@ -414,7 +414,20 @@ TEST(Safety, CraftedHeadersAreRejectedPrecisely)
             msgpack_pack_array(pk, 1);
         msgpack_pack_nil(pk);
     });
-    EXPECT_EQ(decode_crafted(ctx.get(), deep), GSER_ERR_LIMIT_DEPTH);
+    EXPECT_EQ(decode_crafted(ctx.get(), deep, &err), GSER_ERR_LIMIT_DEPTH);
+    EXPECT_NE(err.find("header nests deeper than the limit"), std::string::npos) << err;
+    // A byte msgpack never uses, in the header itself: refused, with where.
+    std::string c1 = craft([](msgpack_packer *pk) {
+        msgpack_pack_array(pk, 2);
+        msgpack_pack_nil(pk);
+        pk->callback(pk->data, "\xc1", 1); // at byte 10: magic 7, version 1, array 1, nil 1
+    });
+    EXPECT_EQ(decode_crafted(ctx.get(), c1, &err), GSER_ERR_FORMAT);
+    EXPECT_NE(err.find("header holds an invalid byte at byte 10 of 12"), std::string::npos) << err;
+    // A map that declares more pairs than the bytes left could hold.
+    std::string lying = craft([](msgpack_packer *pk) { msgpack_pack_map(pk, 1000); });
+    EXPECT_EQ(decode_crafted(ctx.get(), lying, &err), GSER_ERR_TRUNCATED);
+    EXPECT_NE(err.find("declares more items than it holds"), std::string::npos) << err;
     // Frame table disagreeing with the frames given.
     std::string ok = craft([](msgpack_packer *pk) { msgpack_pack_nil(pk); });
     gser_frame_t two[2] = {{ok.data(), ok.size(), GSER_MEMORY_HOST, 0, nullptr, nullptr},
