@@ -45,26 +45,24 @@ static gser_status_t dec_fail(dec_t *d, gser_status_t st, const char *fmt, ...) 
 
 static gser_status_t dec_fail(dec_t *d, gser_status_t st, const char *fmt, ...)
 {
-    char path[256], msg[768];
-    path_format(&d->path, path, sizeof path);
+    char msg[1024];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    path_vmessage(&d->path, ": ", msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return error_set(d->ctx, st, "%s: %s: %s", d->what, path, msg);
+    return error_set(d->ctx, st, "%s: %s", d->what, msg);
 }
 
 static void dec_trace(dec_t *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 static void dec_trace(dec_t *d, const char *fmt, ...)
 {
-    char path[256], msg[512];
-    path_format(&d->path, path, sizeof path);
+    char msg[768];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    path_vmessage(&d->path, "  ", msg, sizeof msg, fmt, ap);
     va_end(ap);
-    trace_line(d->trace, "deserialize %s  %s", path, msg);
+    trace_line(d->trace, "deserialize %s", msg);
 }
 
 static gser_status_t nomem(dec_t *d)

@@ -150,26 +150,24 @@ static gser_status_t enc_fail(enc_t *e, gser_status_t st, const char *fmt, ...) 
 /* Record "<path>: <message>" as the context's detailed error. */
 static gser_status_t enc_fail(enc_t *e, gser_status_t st, const char *fmt, ...)
 {
-    char path[256], msg[768];
-    path_format(&e->path, path, sizeof path);
+    char msg[1024];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    path_vmessage(&e->path, ": ", msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return error_set(e->ctx, st, "%s: %s", path, msg);
+    return error_set(e->ctx, st, "%s", msg);
 }
 
 static void enc_trace(enc_t *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 static void enc_trace(enc_t *e, const char *fmt, ...)
 {
-    char path[256], msg[512];
-    path_format(&e->path, path, sizeof path);
+    char msg[768];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    path_vmessage(&e->path, "  ", msg, sizeof msg, fmt, ap);
     va_end(ap);
-    trace_line(e->trace, "serialize %s  %s", path, msg);
+    trace_line(e->trace, "serialize %s", msg);
 }
 
 gser_status_t frames_push(gser_frames_t *f, const gser_frame_t *fr)

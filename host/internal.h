@@ -320,6 +320,10 @@ typedef struct path {
 
 /* Write "$.a[3]..." into buf (always NUL-terminated, truncated with "..."). */
 GSER_INTERNAL void path_format(const path_t *p, char *buf, size_t cap);
+/* Write "<path><sep><fmt...>" into buf (always NUL-terminated): errors use
+ * ": ", traces two spaces. */
+GSER_INTERNAL void path_vmessage(const path_t *p, const char *sep, char *buf, size_t cap, const char *fmt,
+                                 va_list ap);
 /* Write a short rendering of a scalar value (for paths and traces). */
 GSER_INTERNAL void scalar_format(const gser_value_t *v, char *buf, size_t cap);
 

@@ -118,3 +118,12 @@ void trace_line(FILE *f, const char *fmt, ...)
     funlockfile(f);
     va_end(ap);
 }
+
+void path_vmessage(const path_t *p, const char *sep, char *buf, size_t cap, const char *fmt, va_list ap)
+{
+    char path[256];
+    path_format(p, path, sizeof path);
+    int n = snprintf(buf, cap, "%s%s", path, sep);
+    if (n >= 0 && (size_t)n < cap)
+        vsnprintf(buf + n, cap - (size_t)n, fmt, ap);
+}
