@@ -466,9 +466,45 @@ done:
     return out;
 }
 
+/* ---- device reads, for tests ------------------------------------------------------------- */
+
+PyDoc_STRVAR(device_read_doc,
+"_device_read(ptr, nbytes) -> bytes\n\n"
+"nbytes of device memory at the integer address ptr, copied with\n"
+"gser_device_memcpy. For tests and debugging: host code must not\n"
+"dereference device pointers (the emulated backend's ASan builds check it).");
+
+static PyObject *py_device_read(PyObject *self, PyObject *args)
+{
+    (void)self;
+    unsigned long long ptr;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "Kn:_device_read", &ptr, &n))
+        return NULL;
+    if (n < 0)
+        return PyErr_Format(PyExc_ValueError, "_device_read: nbytes is negative");
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n);
+    if (!out || n == 0)
+        return out;
+    char *dst = PyBytes_AS_STRING(out);
+    gser_status_t st;
+    Py_BEGIN_ALLOW_THREADS
+    st = gser_device_memcpy(pg_ctx, dst, GSER_MEMORY_HOST, (const void *)(uintptr_t)ptr, GSER_MEMORY_DEVICE,
+                            (size_t)n, NULL);
+    if (st == GSER_OK)
+        st = gser_stream_sync(pg_ctx, NULL);
+    Py_END_ALLOW_THREADS
+    if (st) {
+        Py_DECREF(out);
+        return pg_raise(st, true, "gser._device_read");
+    }
+    return out;
+}
+
 /* ---- module ------------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
+    {"_device_read", py_device_read, METH_VARARGS, device_read_doc},
     {"dumps", (PyCFunction)(void (*)(void))py_dumps, METH_VARARGS | METH_KEYWORDS, dumps_doc},
     {"loads", (PyCFunction)(void (*)(void))py_loads, METH_VARARGS | METH_KEYWORDS, loads_doc},
     {"to_bytes", (PyCFunction)(void (*)(void))py_to_bytes, METH_VARARGS | METH_KEYWORDS, to_bytes_doc},

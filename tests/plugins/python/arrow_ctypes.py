@@ -317,34 +317,45 @@ def schema_info(s):
     }
 
 
-def _bit(ptr, i):
-    return bool(ctypes.string_at(ptr + i // 8, 1)[0] >> (i % 8) & 1)
+def _host_read(ptr, n):
+    return ctypes.string_at(ptr, n)
 
 
-def _column(s, a):
+def _device_read(ptr, n):
+    # Through gser_device_memcpy, as a CUDA consumer would copy: host code
+    # never dereferences device memory (ASan builds of the emulated backend
+    # poison it).
+    import gser
+
+    return gser._gser._device_read(ptr, n)
+
+
+def _column(s, a, read):
     fmt = s.format.decode()
     n, off = a.length, a.offset
     valid = a.buffers[0]
     out = []
     for i in range(n):
-        if valid and not _bit(valid, off + i):
+        if valid and not read(valid + (off + i) // 8, 1)[0] >> ((off + i) % 8) & 1:
             out.append(None)
         elif fmt == "l":
-            out.append(c_int64.from_address(a.buffers[1] + 8 * (off + i)).value)
+            out.append(struct.unpack("<q", read(a.buffers[1] + 8 * (off + i), 8))[0])
         elif fmt == "u":
-            lo = c_int32.from_address(a.buffers[1] + 4 * (off + i)).value
-            hi = c_int32.from_address(a.buffers[1] + 4 * (off + i + 1)).value
-            out.append(ctypes.string_at(a.buffers[2] + lo, hi - lo).decode() if hi > lo else "")
+            lo, hi = struct.unpack("<ii", read(a.buffers[1] + 4 * (off + i), 8))
+            out.append(read(a.buffers[2] + lo, hi - lo).decode() if hi > lo else "")
         else:
             raise ValueError(fmt)
     return out
 
 
-def decode(schema, array):
-    """{name: values} of a struct array (a table) in host-readable memory."""
+def decode(schema, array, device=False):
+    """{name: values} of a struct array (a table), in host memory or (device=True)
+    in device memory."""
     assert schema.format == b"+s"
+    read = _device_read if device else _host_read
     return {
-        schema.children[i].contents.name.decode(): _column(schema.children[i].contents, array.children[i].contents)
+        schema.children[i].contents.name.decode(): _column(schema.children[i].contents, array.children[i].contents,
+                                                           read)
         for i in range(schema.n_children)
     }
 
@@ -352,8 +363,7 @@ def decode(schema, array):
 def read(obj, device=False, move=False):
     """Export obj's table (__arrow_c_device_array__ with device=True, else
     __arrow_c_array__) and decode it: (schema info, {name: values},
-    device_type). Under GSER_DEVICE=emulated "device" memory is host memory,
-    so device tables are readable too. move=True moves the array out of its
+    device_type); device tables are read through gser. move=True moves the array out of its
     capsule and releases it here, as a consumer that keeps it would."""
     if device:
         sc, ac = obj.__arrow_c_device_array__()
@@ -366,7 +376,7 @@ def read(obj, device=False, move=False):
         arr, device_type = ArrowArray.from_address(addr), ARROW_DEVICE_CPU
     schema = ArrowSchema.from_address(get_pointer(sc, SCHEMA_NAME))
     info = schema_info(schema)
-    values = decode(schema, arr)
+    values = decode(schema, arr, device=device_type != ARROW_DEVICE_CPU)
     if move:
         mine = ArrowArray()
         ctypes.memmove(ctypes.addressof(mine), ctypes.addressof(arr), ctypes.sizeof(ArrowArray))

@@ -95,7 +95,7 @@ def test_single_consumer():
     gc.collect()
     dev = ac.ArrowDeviceArray.from_address(ac.get_pointer(array, ac.DEVICE_ARRAY_NAME))
     s = ac.ArrowSchema.from_address(ac.get_pointer(schema, ac.SCHEMA_NAME))
-    assert ac.decode(s, dev.array)["name"][:2] == ["row-0", "row-1"]
+    assert ac.decode(s, dev.array, device=True)["name"][:2] == ["row-0", "row-1"]
     del schema, array, dev, s
 
 

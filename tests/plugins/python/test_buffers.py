@@ -3,7 +3,6 @@ inputs), other buffer exporters, __cuda_array_interface__ device arrays, and
 the lifetime of the memory they view."""
 
 import array
-import ctypes
 import gc
 import weakref
 
@@ -270,9 +269,8 @@ class FakeDeviceArray:
 
 
 def device_bytes(frame):
-    # The tests run on the emulated device backend (GSER_DEVICE=emulated),
-    # whose device memory is host memory: readable through ctypes.
-    return ctypes.string_at(frame.ptr, frame.nbytes)
+    # Copied through gser, as from a GPU (the tests run on the emulated backend).
+    return gser._gser._device_read(frame.ptr, frame.nbytes)
 
 
 def test_device_arrays_become_device_frames():
