@@ -438,3 +438,75 @@ TEST(Safety, CraftedHeadersAreRejectedPrecisely)
     EXPECT_EQ(gser_deserialize(ctx.get(), two, 1, nullptr, &m), GSER_OK);
     gser_msg_destroy(m);
 }
+
+// A header from another msgpack writer may use any encoding of a value: every
+// integer width (fixed ones included), float32, the 8/16/32 forms of str,
+// bin, array and map, and ext forms. All of them decode to the same values.
+TEST(Decoder, EveryMsgpackEncodingOfAValueDecodes)
+{
+    auto ctx = make_ctx();
+    std::string h = craft([](msgpack_packer *pk) {
+        msgpack_pack_array(pk, 16);
+        msgpack_pack_fix_int8(pk, -5);
+        msgpack_pack_fix_int16(pk, -300);
+        msgpack_pack_fix_int32(pk, -70000);
+        msgpack_pack_fix_int64(pk, -5000000000LL);
+        msgpack_pack_fix_uint8(pk, 7);
+        msgpack_pack_fix_uint16(pk, 65535);
+        msgpack_pack_fix_uint32(pk, 4000000000u);
+        msgpack_pack_fix_uint64(pk, 12);
+        msgpack_pack_uint64(pk, UINT64_MAX); // above INT64_MAX: a uint
+        msgpack_pack_float(pk, 1.5f);
+        msgpack_pack_true(pk);
+        // str 8, str 16 and bin 16 forms of short payloads
+        pk->callback(pk->data, "\xd9\x02hi", 4);
+        pk->callback(pk->data, "\xda\x00\x03hey", 6);
+        pk->callback(pk->data, "\xc5\x00\x02\x01\x02", 5);
+        // array 16 and map 16 forms
+        pk->callback(pk->data, "\xdc\x00\x02\x01\x02", 5);
+        pk->callback(pk->data, "\xde\x00\x01\xa1k\x03", 6);
+    });
+    gser_frame_t f = {h.data(), h.size(), GSER_MEMORY_HOST, 0, nullptr, nullptr};
+    gser_msg_t *m = nullptr;
+    ASSERT_EQ(gser_deserialize(ctx.get(), &f, 1, nullptr, &m), GSER_OK) << gser_context_last_error(ctx.get());
+    MsgPtr mp(m);
+    const gser_value_t *r = gser_msg_root(m);
+    ASSERT_EQ(gser_value_len(r), 16u);
+    auto at = [&](size_t i) {
+        gser_value_t *v = nullptr;
+        EXPECT_EQ(gser_list_get(r, i, &v), GSER_OK);
+        return v;
+    };
+    const int64_t ints[] = {-5, -300, -70000, -5000000000LL, 7, 65535, 4000000000LL, 12};
+    for (size_t i = 0; i < 8; i++) {
+        int64_t x = 0;
+        ASSERT_EQ(gser_value_get_int(at(i), &x), GSER_OK) << i;
+        EXPECT_EQ(x, ints[i]) << i;
+    }
+    uint64_t u = 0;
+    ASSERT_EQ(gser_value_get_uint(at(8), &u), GSER_OK);
+    EXPECT_EQ(u, UINT64_MAX);
+    double d = 0;
+    ASSERT_EQ(gser_value_get_float(at(9), &d), GSER_OK);
+    EXPECT_EQ(d, 1.5);
+    bool b = false;
+    ASSERT_EQ(gser_value_get_bool(at(10), &b), GSER_OK);
+    EXPECT_TRUE(b);
+    const char *s;
+    size_t n;
+    ASSERT_EQ(gser_value_get_str(at(11), &s, &n), GSER_OK);
+    EXPECT_EQ(std::string(s, n), "hi");
+    EXPECT_EQ(s[n], '\0') << "strings are NUL-terminated copies";
+    ASSERT_EQ(gser_value_get_str(at(12), &s, &n), GSER_OK);
+    EXPECT_EQ(std::string(s, n), "hey");
+    const void *bytes;
+    ASSERT_EQ(gser_value_get_bytes(at(13), &bytes, &n), GSER_OK);
+    ASSERT_EQ(n, 2u);
+    EXPECT_EQ(std::memcmp(bytes, "\x01\x02", 2), 0);
+    EXPECT_EQ(gser_value_len(at(14)), 2u);
+    gser_value_t *kv = nullptr;
+    ASSERT_EQ(gser_map_find_cstr(at(15), "k", &kv), GSER_OK);
+    int64_t x = 0;
+    ASSERT_EQ(gser_value_get_int(kv, &x), GSER_OK);
+    EXPECT_EQ(x, 3);
+}
