@@ -487,13 +487,7 @@ static inline __attribute__((always_inline)) gser_status_t dec_scalar(dec_t *d, 
         if ((v = msg_value(m, GSER_KIND_FLOAT)))
             v->u.f = o->via.f64;
         break;
-    case MSGPACK_OBJECT_STR:
-        if ((v = msg_value(m, GSER_KIND_STR))) {
-            v->u.s.len = o->via.str.size;
-            if (!(v->u.s.ptr = msg_strdup(m, o->via.str.ptr, o->via.str.size)))
-                v = NULL;
-        }
-        break;
+    case MSGPACK_OBJECT_STR: v = msg_str_value(m, o->via.str.ptr, o->via.str.size); break;
     case MSGPACK_OBJECT_BIN:
         if ((v = msg_value(m, GSER_KIND_BYTES))) {
             v->u.s.ptr = o->via.bin.ptr;

@@ -219,18 +219,41 @@ static inline gser_value_t *msg_value(gser_msg_t *msg, gser_kind_t kind)
     return v;
 }
 
+static inline void copy_cstr(char *d, const char *s, size_t len)
+{
+    if (len)
+        memcpy(d, s, len);
+    d[len] = '\0';
+}
+
 /* A NUL-terminated copy of s[0..len). */
 static inline char *msg_strdup(gser_msg_t *msg, const char *s, size_t len)
 {
     if (len == SIZE_MAX)
         return NULL;
     char *d = (char *)arena_alloc(&msg->arena, len + 1, 1);
-    if (d) {
-        if (len)
-            memcpy(d, s, len);
-        d[len] = '\0';
-    }
+    if (d)
+        copy_cstr(d, s, len);
     return d;
+}
+
+/* A str value with its NUL-terminated copy of s[0..len) right behind it:
+ * one allocation, as strings are most of a control message. */
+static inline gser_value_t *msg_str_value(gser_msg_t *msg, const char *s, size_t len)
+{
+    if (len > SIZE_MAX - sizeof(gser_value_t) - 1)
+        return NULL;
+    gser_value_t *v = (gser_value_t *)arena_alloc(&msg->arena, sizeof *v + len + 1, alignof(gser_value_t));
+    if (v) {
+        v->kind = GSER_KIND_STR;
+        v->flags = 0;
+        v->msg = msg;
+        char *d = (char *)(v + 1);
+        copy_cstr(d, s, len);
+        v->u.s.ptr = d;
+        v->u.s.len = len;
+    }
+    return v;
 }
 GSER_INTERNAL gser_status_t value_list_new(gser_msg_t *msg, gser_kind_t kind, gser_value_t **out);
 /* An array-backed list over data (borrowed, never copied). */

@@ -101,12 +101,9 @@ gser_status_t gser_msg_new_str(gser_msg_t *msg, const char *s, size_t len, gser_
 {
     if (!msg || !out || (!s && len))
         return GSER_ERR_INVALID_ARG;
-    gser_value_t *v = msg_value(msg, GSER_KIND_STR);
-    char *copy = v ? msg_strdup(msg, s, len) : NULL;
-    if (!copy)
+    gser_value_t *v = msg_str_value(msg, s, len);
+    if (!v)
         return nomem(msg, "gser_msg_new_str");
-    v->u.s.ptr = copy;
-    v->u.s.len = len;
     *out = v;
     return GSER_OK;
 }

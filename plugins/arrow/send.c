@@ -314,7 +314,7 @@ static gser_status_t add_bits(sctx_t *sc, int32_t i, gser_value_t *node, int b, 
         return add_view(sc, i, node, b, NULL, 0);
     if (off % 8 == 0)
         return add_view(sc, i, node, b, (const unsigned char *)bitmap + off / 8, nbytes);
-    void *p;
+    void *p = NULL;
     gser_buffer_desc_t d;
     gser_status_t st = add_owned(sc, i, b, nbytes, &p, &d);
     if (st)
