@@ -42,22 +42,29 @@ void progress_for(gser_ucx_worker_t *w, int ms)
         gser_ucx_worker_progress(w);
 }
 
+// Listen on 127.0.0.1, say the port, accept one peer: 0, or the child's exit code.
+int child_accept(ChildEnv *e, ListenerPtr *lp, gser_ucx_ep_t **ep)
+{
+    gser_ucx_listener_options_t lo{};
+    lo.address = "127.0.0.1";
+    gser_ucx_listener_t *l;
+    if (gser_ucx_listener_create(e->worker.get(), &lo, &l))
+        return 11;
+    lp->reset(l);
+    say("port " + std::to_string(gser_ucx_listener_port(l)));
+    return gser_ucx_listener_accept(l, kWaitMs, ep) ? 12 : 0;
+}
+
 // echo-server <n>: listen, accept one connection, send back n messages.
 int child_echo_server(int n)
 {
     ChildEnv e;
     if (!child_setup(&e))
         return 10;
-    gser_ucx_listener_options_t lo{};
-    lo.address = "127.0.0.1";
-    gser_ucx_listener_t *l;
-    if (gser_ucx_listener_create(e.worker.get(), &lo, &l))
-        return 11;
-    ListenerPtr lp(l);
-    say("port " + std::to_string(gser_ucx_listener_port(l)));
+    ListenerPtr lp;
     gser_ucx_ep_t *ep;
-    if (gser_ucx_listener_accept(l, kWaitMs, &ep))
-        return 12;
+    if (int rc = child_accept(&e, &lp, &ep))
+        return rc;
     EpPtr epp(ep);
     for (int i = 0; i < n; i++) {
         gser_ucx_request_t *r;
@@ -114,15 +121,10 @@ int child_stall_receiver()
     ChildEnv e;
     if (!child_setup(&e))
         return 10;
-    gser_ucx_listener_options_t lo{};
-    lo.address = "127.0.0.1";
-    gser_ucx_listener_t *l;
-    if (gser_ucx_listener_create(e.worker.get(), &lo, &l))
-        return 11;
-    say("port " + std::to_string(gser_ucx_listener_port(l)));
+    ListenerPtr lp;
     gser_ucx_ep_t *ep;
-    if (gser_ucx_listener_accept(l, kWaitMs, &ep))
-        return 12;
+    if (int rc = child_accept(&e, &lp, &ep))
+        return rc;
     say("accepted");
     for (;;)
         gser_ucx_worker_progress(e.worker.get());

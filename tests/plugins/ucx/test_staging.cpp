@@ -102,6 +102,27 @@ class Staging : public ::testing::TestWithParam<const char *> {
         UCX_OK(gser_ucx_request_take(rr, got));
     }
 
+    // Start sending [hdr, 16 MiB device frame] with 64 KiB chunks and drive
+    // both sides a little: the frame is halfway through staging.
+    void start_staging(std::unique_ptr<DevBuf> *big, ReqPtr *send, ReqPtr *recv)
+    {
+        ASSERT_NO_FATAL_FAILURE(open(64 << 10, 64 << 10));
+        *big = std::make_unique<DevBuf>(dctx_.get(), 16 << 20, 1);
+        gser_frame_t f[2] = {};
+        f[0].data = staging_hdr_, f[0].size = sizeof staging_hdr_;
+        f[1].data = (*big)->p, f[1].size = (*big)->n, f[1].memory = GSER_MEMORY_DEVICE;
+        gser_ucx_request_t *sr, *rr;
+        UCX_OK(gser_ucx_ep_recv_nb(pair_.sep.get(), nullptr, &rr));
+        recv->reset(rr);
+        UCX_OK(gser_ucx_ep_send_nb(pair_.cep.get(), f, 2, nullptr, &sr));
+        send->reset(sr);
+        for (int i = 0; i < 30; i++) {
+            gser_ucx_worker_progress(pair_.client.get());
+            gser_ucx_worker_progress(pair_.server.get());
+        }
+    }
+    unsigned char staging_hdr_[8] = {1};
+
     void check(const gser_ucx_recv_t &got, const std::vector<size_t> &sizes, gser_memory_t want_mem)
     {
         ASSERT_EQ(got.nframes, sizes.size() + 1);
@@ -215,20 +236,10 @@ TEST_P(Staging, DeviceMessageRoundTrip)
 // canceled, bounce buffers and device memory go back (LeakSanitizer).
 TEST_P(Staging, CloseWhileStaging)
 {
-    ASSERT_NO_FATAL_FAILURE(open(64 << 10, 64 << 10));
-    DevBuf big(dctx_.get(), 16 << 20, 1);
-    unsigned char hdr[8] = {1};
-    gser_frame_t f[2] = {};
-    f[0].data = hdr, f[0].size = sizeof hdr;
-    f[1].data = big.p, f[1].size = big.n, f[1].memory = GSER_MEMORY_DEVICE;
-    gser_ucx_request_t *sr, *rr;
-    UCX_OK(gser_ucx_ep_recv_nb(pair_.sep.get(), nullptr, &rr));
-    UCX_OK(gser_ucx_ep_send_nb(pair_.cep.get(), f, 2, nullptr, &sr));
-    ReqPtr s(sr), r(rr);
-    for (int i = 0; i < 30; i++) {
-        gser_ucx_worker_progress(pair_.client.get());
-        gser_ucx_worker_progress(pair_.server.get());
-    }
+    std::unique_ptr<DevBuf> big;
+    ReqPtr s, r;
+    ASSERT_NO_FATAL_FAILURE(start_staging(&big, &s, &r));
+    gser_ucx_request_t *sr = s.get(), *rr = r.get();
     UCX_OK(gser_ucx_ep_close(pair_.sep.get()));
     EXPECT_EQ(gser_ucx_request_test(rr), GSER_ERR_CANCELED);
     gser_status_t st = drive({pair_.client.get(), pair_.server.get()}, sr);
@@ -238,20 +249,10 @@ TEST_P(Staging, CloseWhileStaging)
 // The same, closing the sending side.
 TEST_P(Staging, CloseSenderWhileStaging)
 {
-    ASSERT_NO_FATAL_FAILURE(open(64 << 10, 64 << 10));
-    DevBuf big(dctx_.get(), 16 << 20, 1);
-    unsigned char hdr[8] = {1};
-    gser_frame_t f[2] = {};
-    f[0].data = hdr, f[0].size = sizeof hdr;
-    f[1].data = big.p, f[1].size = big.n, f[1].memory = GSER_MEMORY_DEVICE;
-    gser_ucx_request_t *sr, *rr;
-    UCX_OK(gser_ucx_ep_recv_nb(pair_.sep.get(), nullptr, &rr));
-    UCX_OK(gser_ucx_ep_send_nb(pair_.cep.get(), f, 2, nullptr, &sr));
-    ReqPtr s(sr), r(rr);
-    for (int i = 0; i < 30; i++) {
-        gser_ucx_worker_progress(pair_.client.get());
-        gser_ucx_worker_progress(pair_.server.get());
-    }
+    std::unique_ptr<DevBuf> big;
+    ReqPtr s, r;
+    ASSERT_NO_FATAL_FAILURE(start_staging(&big, &s, &r));
+    gser_ucx_request_t *sr = s.get(), *rr = r.get();
     auto t0 = std::chrono::steady_clock::now();
     UCX_OK(gser_ucx_ep_close(pair_.cep.get()));
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
