@@ -16,6 +16,7 @@ import pytest
 
 import arrow_ctypes as ac
 import gser
+from memory import rss_growth
 
 pytestmark = pytest.mark.skipif(not gser.HAVE_ARROW, reason="the module was built without gser::arrow")
 SANITIZED = bool(os.environ.get("GSER_PY_SANITIZED"))
@@ -300,18 +301,7 @@ def test_memory_stays_flat():
                 out.__arrow_c_schema__()
                 del out  # never handed over: released by the ArrowArray
 
-    def rss():
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-    for _ in range(3):
-        cycle()
-    gc.collect()
-    start = rss()
-    for _ in range(8):
-        cycle()
-    gc.collect()
-    grown = rss() - start
+    grown = rss_growth(cycle, 8)
     assert grown < 8 * 1024 * 1024, f"RSS grew by {grown / 1e6:.1f} MB over 160 table round trips"
 
 

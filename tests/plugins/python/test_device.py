@@ -15,6 +15,7 @@ import weakref
 import pytest
 
 import gser
+from memory import rss_growth
 
 np = pytest.importorskip("numpy")
 
@@ -205,18 +206,7 @@ def test_memory_stays_flat():
             gser.from_bytes(b, device=True)[0].copy_to_host()
             gser.loads(*gser.dumps(src, families="host"), device=True)
 
-    def rss():
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-    for _ in range(3):
-        cycle()
-    gc.collect()
-    start = rss()
-    for _ in range(10):
-        cycle()
-    gc.collect()
-    grown = rss() - start
+    grown = rss_growth(cycle, 10)
     assert grown < 8 * 1024 * 1024, f"RSS grew by {grown / 1e6:.1f} MB over 200 device round trips"
 
 

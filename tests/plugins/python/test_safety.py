@@ -11,6 +11,7 @@ import threading
 import pytest
 
 import gser
+from memory import rss_growth
 
 np = pytest.importorskip("numpy")
 msgpack = pytest.importorskip("msgpack")
@@ -182,11 +183,6 @@ def test_frames_arriving_in_device_memory():
 # ---- reference counts and memory --------------------------------------------------------------
 
 
-def rss_bytes():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def test_refcounts_do_not_leak():
     a = np.arange(10_000, dtype=np.float64)
     s = "a string" * 100
@@ -238,14 +234,7 @@ def test_memory_stays_flat():
             except gser.GserError:
                 pass
 
-    for _ in range(3):  # warm up allocator pools
-        cycle()
-    gc.collect()
-    start = rss_bytes()
-    for _ in range(10):
-        cycle()
-    gc.collect()
-    grown = rss_bytes() - start
+    grown = rss_growth(cycle, 10)
     # one message is ~5 MB; 100 more round trips must not add up
     assert grown < 8 * 1024 * 1024, f"RSS grew by {grown / 1e6:.1f} MB over 100 round trips"
 
