@@ -36,9 +36,9 @@ static const char *op_of(gser_context_t *ctx, gser_msg_t *m, int64_t *n)
 {
     gser_value_t *v;
     const char *op;
-    CK(ctx, gser_map_find_cstr(gser_msg_root(m), "op", &v));
+    CK(ctx, gser_map_find_cstr(gser_msg_get_root(m), "op", &v));
     CK(ctx, gser_value_get_str(v, &op, NULL));
-    if (n && gser_map_find_cstr(gser_msg_root(m), "n", &v) == GSER_OK)
+    if (n && gser_map_find_cstr(gser_msg_get_root(m), "n", &v) == GSER_OK)
         gser_value_get_int(v, n);
     return op;
 }
@@ -67,11 +67,11 @@ static int receiver(int port_pipe)
     gser_ucx_context_t *uc;
     gser_ucx_worker_t *w;
     make_worker(ctx, &uc, &w);
-    gser_ucx_listener_options_t lo = {0};
+    gser_ucx_listener_options_t lo = GSER_UCX_LISTENER_OPTIONS_INIT;
     lo.address = "127.0.0.1";
     gser_ucx_listener_t *l;
     CKU(gser_ucx_listener_create(w, &lo, &l));
-    uint16_t port = gser_ucx_listener_port(l);
+    uint16_t port = gser_ucx_listener_get_port(l);
     if (write(port_pipe, &port, sizeof port) != sizeof port)
         die("write", GSER_ERR_IO, strerror(errno));
     close(port_pipe);
@@ -93,9 +93,9 @@ static int receiver(int port_pipe)
             gser_value_t *t;
             struct ArrowDeviceArray da;
             struct ArrowSchema schema;
-            CK(ctx, gser_map_find_cstr(gser_msg_root(m), "table", &t));
+            CK(ctx, gser_map_find_cstr(gser_msg_get_root(m), "table", &t));
             double t0 = bench_now_us();
-            CK(ctx, gser_value_take_arrow(t, NULL, &da, &schema));
+            CK(ctx, gser_arrow_take_value(t, NULL, &da, &schema));
             da.array.release(&da.array);
             schema.release(&schema);
             if (getenv("GSER_BENCH_PHASES"))
@@ -154,7 +154,7 @@ static void table_buffers(gser_context_t *ctx, bool device, const struct ArrowDe
         CK(ctx, gser_device_memcpy(ctx, &last, GSER_MEMORY_HOST, (const int32_t *)a->buffers[1] + rows,
                                    device ? GSER_MEMORY_DEVICE : GSER_MEMORY_HOST, 4, NULL));
         if (device)
-            CK(ctx, gser_stream_sync(ctx, NULL));
+            CK(ctx, gser_stream_wait(ctx, NULL));
         if (!strcmp(f, "u"))
             add(v, nv, a->buffers[2], (size_t)last);
         else
@@ -197,7 +197,7 @@ static double sender_case(int cols, int64_t rows, bool device, bool json, int re
     for (size_t i = 0; i < nbufs; i++)
         bytes += bufs[i].n;
     const char *family[] = {device ? "device" : "host"};
-    gser_serialize_options_t so = {0};
+    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
     so.families = family;
     so.nfamilies = 1;
 
@@ -212,15 +212,15 @@ static double sender_case(int cols, int64_t rows, bool device, bool json, int re
         CK(ctx, gser_msg_new_map(m, &root));
         CK(ctx, gser_msg_new_cstr(m, "table", &v));
         CK(ctx, gser_map_put_cstr(root, "op", v));
-        CK(ctx, gser_msg_new_arrow(m, &da, &schema, NULL, &v));
+        CK(ctx, gser_arrow_new_value(m, &da, &schema, NULL, &v));
         CK(ctx, gser_map_put_cstr(root, "table", v));
         CK(ctx, gser_msg_set_root(m, root));
         gser_frames_t *f;
         CK(ctx, gser_serialize(ctx, m, &so, &f));
         CK(ctx, gser_frames_wait(f));
-        frames_per_msg = gser_frames_count(f);
+        frames_per_msg = gser_frames_get_count(f);
         double t_ser = bench_now_us() - t0;
-        CKU(gser_ucx_ep_send(ep, gser_frames_array(f), gser_frames_count(f), TIMEOUT_MS));
+        CKU(gser_ucx_ep_send(ep, gser_frames_get_array(f), gser_frames_get_count(f), TIMEOUT_MS));
         double t_send = bench_now_us() - t0;
         gser_msg_t *ack;
         CKU(gser_ucx_ep_recv_msg(ep, ctx, NULL, TIMEOUT_MS, &ack));
@@ -240,7 +240,7 @@ static double sender_case(int cols, int64_t rows, bool device, bool json, int re
         for (size_t i = 0; i < nbufs; i++) {
             gser_msg_t *bm;
             gser_value_t *bv;
-            gser_buffer_desc_t d = {0};
+            gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
             d.data = bufs[i].p;
             d.nbytes = bufs[i].n;
             d.memory = device ? GSER_MEMORY_DEVICE : GSER_MEMORY_HOST;
@@ -304,7 +304,7 @@ int main(int argc, char **argv)
     who = "gser-bench-arrow";
     gser_context_t *probe = make_ctx();
     bool device = !strcmp(memory, "device") ||
-                  (!strcmp(memory, "auto") && !strcmp(gser_device_backend(probe), "cuda"));
+                  (!strcmp(memory, "auto") && !strcmp(gser_context_get_device_backend(probe), "cuda"));
     gser_context_destroy(probe);
     /* ~12 bytes per row and column on average for these four kinds */
     const double target = quick ? 32e6 : 1.07e9;

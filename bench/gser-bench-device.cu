@@ -39,7 +39,7 @@ extern "C" {
         gser_status_t st_ = (call);                                                                          \
         if (st_ != GSER_OK) {                                                                                \
             fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, gser_status_str(st_),                    \
-                    gser_context_last_error(g_ctx));                                                         \
+                    gser_context_get_last_error(g_ctx));                                                         \
             exit(1);                                                                                         \
         }                                                                                                    \
     } while (0)
@@ -140,7 +140,7 @@ static void bench_shape(const Shape &s, bool json, bool quick)
     GSER_CHECK(gser_msg_create(g_ctx, &msg));
     GSER_CHECK(gser_msg_new_list(msg, &list));
     for (size_t i = 0; i < s.count; i++) {
-        gser_buffer_desc_t d = {};
+        gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
         d.data = srcs[i];
         d.nbytes = s.size;
         d.memory = GSER_MEMORY_DEVICE;
@@ -148,7 +148,7 @@ static void bench_shape(const Shape &s, bool json, bool quick)
         GSER_CHECK(gser_list_append(list, v));
     }
     GSER_CHECK(gser_msg_set_root(msg, list));
-    gser_serialize_options_t so = {};
+    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
     so.pack_max = SIZE_MAX; // everything packed, even 64 MiB buffers
     so.stream = g_stream;
     double host_us = 0;
@@ -166,7 +166,7 @@ static void bench_shape(const Shape &s, bool json, bool quick)
     host_us /= calls;
     // Check the last packing byte for byte.
     GSER_CHECK(gser_frames_wait(f));
-    const gser_frame_t *fr = gser_frames_array(f);
+    const gser_frame_t *fr = gser_frames_get_array(f);
     std::vector<unsigned char> got(fr[1].size), want(s.size);
     CUDA_CHECK(cudaMemcpy(got.data(), fr[1].data, fr[1].size, cudaMemcpyDeviceToHost));
     size_t off = 0;
@@ -232,7 +232,7 @@ static void bench_host_family(bool json, bool quick)
     GSER_CHECK(gser_msg_create(g_ctx, &msg));
     GSER_CHECK(gser_msg_new_list(msg, &list));
     for (size_t i = 0; i < ncol; i++) {
-        gser_buffer_desc_t d = {};
+        gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
         d.data = cols[i];
         d.nbytes = size;
         d.memory = GSER_MEMORY_DEVICE;
@@ -241,7 +241,7 @@ static void bench_host_family(bool json, bool quick)
     }
     GSER_CHECK(gser_msg_set_root(msg, list));
     const char *const host_only[] = {"host"};
-    gser_serialize_options_t so = {};
+    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
     so.families = host_only;
     so.nfamilies = 1;
     so.stream = g_stream;
@@ -253,8 +253,8 @@ static void bench_host_family(bool json, bool quick)
         if (r >= 0)
             t[r] = (bench_now_us() - t0) / 1e3;
         if (r == reps - 1) {
-            const gser_frame_t *fr = gser_frames_array(f);
-            if (gser_frames_count(f) != 2 || memcmp((const char *)fr[1].data + 3 * size, host[3].data(), size) != 0) {
+            const gser_frame_t *fr = gser_frames_get_array(f);
+            if (gser_frames_get_count(f) != 2 || memcmp((const char *)fr[1].data + 3 * size, host[3].data(), size) != 0) {
                 fprintf(stderr, "host family: column 3 differs\n");
                 exit(1);
             }
@@ -285,11 +285,11 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    gser_context_options_t o = {};
+    gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
     o.trace = -1;
     o.device_backend = "cuda";
     if (gser_context_create(&o, &g_ctx) != GSER_OK) {
-        fprintf(stderr, "gser-bench-device: %s\n", gser_context_last_error(nullptr));
+        fprintf(stderr, "gser-bench-device: %s\n", gser_context_get_last_error(nullptr));
         return 1;
     }
     cudaDeviceProp prop;

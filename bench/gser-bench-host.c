@@ -21,7 +21,7 @@
         gser_status_t st_ = (x);                                                                             \
         if (st_ != GSER_OK) {                                                                                \
             fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, gser_status_str(st_),                    \
-                    gser_context_last_error(g_ctx));                                                         \
+                    gser_context_get_last_error(g_ctx));                                                         \
             exit(1);                                                                                         \
         }                                                                                                    \
     } while (0)
@@ -64,8 +64,8 @@ static void roundtrip(gser_msg_t *msg)
     gser_frames_t *f;
     gser_msg_t *back;
     CK(gser_serialize(g_ctx, msg, NULL, &f));
-    CK(gser_deserialize(g_ctx, gser_frames_array(f), gser_frames_count(f), NULL, &back));
-    g_sink += gser_value_len(gser_msg_root(back));
+    CK(gser_deserialize(g_ctx, gser_frames_get_array(f), gser_frames_get_count(f), NULL, &back));
+    g_sink += gser_value_get_len(gser_msg_get_root(back));
     gser_msg_destroy(back);
     gser_frames_destroy(f);
 }
@@ -89,9 +89,9 @@ static void run_flat(void *p)
     gser_msg_t *back;
     size_t w;
     CK(gser_serialize(g_ctx, a->msg, NULL, &f));
-    CK(gser_flat_write(gser_frames_array(f), gser_frames_count(f), a->buf, a->cap, &w));
+    CK(gser_flat_write(gser_frames_get_array(f), gser_frames_get_count(f), a->buf, a->cap, &w));
     CK(gser_deserialize_flat(g_ctx, a->buf, w, NULL, NULL, NULL, &back));
-    g_sink += gser_value_len(gser_msg_root(back));
+    g_sink += gser_value_get_len(gser_msg_get_root(back));
     gser_msg_destroy(back);
     gser_frames_destroy(f);
 }
@@ -243,7 +243,7 @@ static gser_msg_t *buffer_msg(const void *data, size_t n)
 {
     gser_msg_t *m;
     gser_value_t *v;
-    gser_buffer_desc_t d = {0};
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
     d.data = data;
     d.nbytes = n;
     d.dtype = GSER_DTYPE_UINT8;
@@ -263,10 +263,10 @@ static void bench_buffer(const char *name, size_t n, int reps, bool json)
     /* The received buffer must be the sender's bytes, not a copy. */
     gser_frames_t *f;
     gser_msg_t *back;
-    gser_buffer_desc_t got;
+    gser_buffer_desc_t got = GSER_BUFFER_DESC_INIT;
     CK(gser_serialize(g_ctx, m, NULL, &f));
-    CK(gser_deserialize(g_ctx, gser_frames_array(f), gser_frames_count(f), NULL, &back));
-    CK(gser_value_get_buffer(gser_msg_root(back), &got));
+    CK(gser_deserialize(g_ctx, gser_frames_get_array(f), gser_frames_get_count(f), NULL, &back));
+    CK(gser_value_get_buffer(gser_msg_get_root(back), &got));
     if (got.data != data) {
         fprintf(stderr, "%s: the received buffer is a copy\n", name);
         exit(1);
@@ -303,7 +303,7 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    gser_context_options_t o = {0};
+    gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
     o.trace = -1;
     if (gser_context_create(&o, &g_ctx) != GSER_OK)
         return 1;

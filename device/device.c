@@ -77,14 +77,21 @@ gser_status_t device_open(gser_context_t *ctx, const gser_context_options_t *o)
         }
         ctx->backend = b;
     }
+    gser_status_t st = GSER_OK;
     if (o->device_allocator)
-        ctx->dev_alloc = *o->device_allocator;
+        st = struct_read(ctx, "gser_context_create", "gser_allocator_t", &ctx->dev_alloc, sizeof ctx->dev_alloc,
+                         o->device_allocator);
     else
-        ctx->dev_alloc = (gser_allocator_t){backend_alloc, backend_free, ctx};
-    if (o->pinned_allocator)
-        ctx->pin_alloc = *o->pinned_allocator;
-    else
-        ctx->pin_alloc = (gser_allocator_t){backend_pinned_alloc, backend_pinned_free, ctx};
+        ctx->dev_alloc = (gser_allocator_t){sizeof(gser_allocator_t), backend_alloc, backend_free, ctx};
+    if (st == GSER_OK && o->pinned_allocator)
+        st = struct_read(ctx, "gser_context_create", "gser_allocator_t", &ctx->pin_alloc, sizeof ctx->pin_alloc,
+                         o->pinned_allocator);
+    else if (st == GSER_OK)
+        ctx->pin_alloc = (gser_allocator_t){sizeof(gser_allocator_t), backend_pinned_alloc, backend_pinned_free, ctx};
+    if (st) {
+        device_close(ctx);
+        return st;
+    }
     if (!ctx->dev_alloc.alloc || !ctx->dev_alloc.free || !ctx->pin_alloc.alloc || !ctx->pin_alloc.free) {
         device_close(ctx);
         return error_set(ctx, GSER_ERR_INVALID_ARG, "gser_context_create: an allocator lacks alloc or free");
@@ -118,12 +125,12 @@ gser_status_t device_fail(gser_context_t *ctx, gser_status_t st, const char *wha
 
 /* ---- the public API --------------------------------------------------------------- */
 
-const char *gser_device_backend(const gser_context_t *ctx)
+const char *gser_context_get_device_backend(const gser_context_t *ctx)
 {
     return ctx && ctx->backend ? ctx->backend->name : "none";
 }
 
-bool gser_device_available(const gser_context_t *ctx)
+bool gser_context_has_device(const gser_context_t *ctx)
 {
     return ctx && ctx->backend;
 }
@@ -202,15 +209,15 @@ gser_status_t gser_device_memcpy(gser_context_t *ctx, void *dst, gser_memory_t d
     return device_copy(ctx, dst, dst_memory, src, src_memory, n, stream);
 }
 
-gser_status_t gser_stream_sync(gser_context_t *ctx, void *stream)
+gser_status_t gser_stream_wait(gser_context_t *ctx, void *stream)
 {
     if (!ctx)
         return GSER_ERR_INVALID_ARG;
-    gser_status_t st = device_need(ctx, "gser_stream_sync");
+    gser_status_t st = device_need(ctx, "gser_stream_wait");
     if (st)
         return st;
     st = ctx->backend->stream_sync(ctx->bstate, stream);
-    return st ? device_fail(ctx, st, "gser_stream_sync") : GSER_OK;
+    return st ? device_fail(ctx, st, "gser_stream_wait") : GSER_OK;
 }
 
 gser_status_t gser_event_create(gser_context_t *ctx, gser_event_t **event)
@@ -251,36 +258,37 @@ gser_status_t gser_event_query(gser_event_t *event)
     return st < 0 ? device_fail(ctx, st, "gser_event_query") : st;
 }
 
-gser_status_t gser_event_sync(gser_event_t *event)
+gser_status_t gser_event_wait(gser_event_t *event)
 {
     if (!event)
         return GSER_ERR_INVALID_ARG;
     gser_context_t *ctx = event->ctx;
     gser_status_t st = ctx->backend->event_sync(ctx->bstate, event->handle);
-    return st ? device_fail(ctx, st, "gser_event_sync") : GSER_OK;
+    return st ? device_fail(ctx, st, "gser_event_wait") : GSER_OK;
 }
 
-gser_status_t gser_stream_wait_event(void *stream, gser_event_t *event)
+gser_status_t gser_stream_order_after(gser_context_t *ctx, void *stream, const gser_event_t *event)
 {
-    if (!event)
+    if (!ctx || !event)
         return GSER_ERR_INVALID_ARG;
-    gser_context_t *ctx = event->ctx;
+    if (event->ctx != ctx)
+        return error_set(ctx, GSER_ERR_INVALID_ARG, "gser_stream_order_after: the event belongs to another context");
     gser_status_t st = ctx->backend->stream_wait_event(ctx->bstate, stream, event->handle);
-    return st ? device_fail(ctx, st, "gser_stream_wait_event") : GSER_OK;
+    return st ? device_fail(ctx, st, "gser_stream_order_after") : GSER_OK;
 }
 
-gser_status_t gser_stream_wait_handle(gser_context_t *ctx, void *stream, void *event_handle)
+gser_status_t gser_stream_order_after_handle(gser_context_t *ctx, void *stream, void *event_handle)
 {
     if (!ctx || !event_handle)
         return GSER_ERR_INVALID_ARG;
-    gser_status_t st = device_need(ctx, "gser_stream_wait_handle");
+    gser_status_t st = device_need(ctx, "gser_stream_order_after_handle");
     if (st)
         return st;
     st = ctx->backend->stream_wait_event(ctx->bstate, stream, event_handle);
-    return st ? device_fail(ctx, st, "gser_stream_wait_handle") : GSER_OK;
+    return st ? device_fail(ctx, st, "gser_stream_order_after_handle") : GSER_OK;
 }
 
-void *gser_event_handle(const gser_event_t *event)
+void *gser_event_get_handle(const gser_event_t *event)
 {
     return event ? event->handle : NULL;
 }

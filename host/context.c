@@ -1,5 +1,6 @@
 /* Contexts: options, limits, the registry of families and types, and the
  * per-thread detailed error messages. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -7,30 +8,43 @@
 
 /* ---- errors -------------------------------------------------------------- */
 
-/* A few slots per thread, keyed by context id, so that threads sharing a
- * context never see each other's messages and no lock is needed. */
-#define ERR_SLOTS 4
+/* Each context keeps one message per thread that failed a call on it, found
+ * by a thread number that is never reused; they live until the context is
+ * destroyed, so a message never vanishes because other contexts were used. */
 #define ERR_LEN 1024
 
-typedef struct err_slot {
-    uint64_t ctx_id;
+struct err_slot {
+    struct err_slot *next;
+    uint64_t thread;
     char text[ERR_LEN];
-} err_slot_t;
+};
 
-static _Thread_local err_slot_t err_slots[ERR_SLOTS];
 static _Thread_local char create_err[ERR_LEN]; /* gser_context_create's, read with a NULL context */
-static _Thread_local unsigned err_next;
-static atomic_uint_fast64_t next_ctx_id = 1;
+static _Thread_local uint64_t this_thread;
+static atomic_uint_fast64_t next_thread = 1;
 
-static err_slot_t *err_slot(uint64_t id, bool create)
+static uint64_t thread_number(void)
 {
-    for (unsigned i = 0; i < ERR_SLOTS; i++)
-        if (err_slots[i].ctx_id == id)
-            return &err_slots[i];
-    if (!create)
-        return NULL;
-    err_slot_t *s = &err_slots[err_next++ % ERR_SLOTS];
-    s->ctx_id = id;
+    if (!this_thread)
+        this_thread = atomic_fetch_add(&next_thread, 1);
+    return this_thread;
+}
+
+static err_slot_t *err_slot(const gser_context_t *cctx, bool create)
+{
+    gser_context_t *ctx = (gser_context_t *)cctx; /* the slots are the context's mutable part */
+    uint64_t me = thread_number();
+    pthread_mutex_lock(&ctx->err_lock);
+    err_slot_t *s = ctx->err_slots;
+    while (s && s->thread != me)
+        s = s->next;
+    if (!s && create && (s = malloc(sizeof *s))) {
+        s->thread = me;
+        s->text[0] = '\0';
+        s->next = ctx->err_slots;
+        ctx->err_slots = s;
+    }
+    pthread_mutex_unlock(&ctx->err_lock);
     return s;
 }
 
@@ -38,8 +52,9 @@ gser_status_t error_setv(const gser_context_t *ctx, gser_status_t st, const char
 {
     if (!ctx)
         return st;
-    err_slot_t *s = err_slot(ctx->id, true);
-    vsnprintf(s->text, sizeof s->text, fmt, ap);
+    err_slot_t *s = err_slot(ctx, true);
+    if (s)
+        vsnprintf(s->text, sizeof s->text, fmt, ap);
     return st;
 }
 
@@ -50,6 +65,31 @@ gser_status_t error_set(const gser_context_t *ctx, gser_status_t st, const char 
     error_setv(ctx, st, fmt, ap);
     va_end(ap);
     return st;
+}
+
+gser_status_t struct_read(const gser_context_t *ctx, const char *what, const char *type, void *dst, size_t dst_size,
+                          const void *src)
+{
+    gser_status_t st = gser_struct_read(dst, dst_size, src);
+    if (st == GSER_OK)
+        return GSER_OK;
+    size_t n;
+    memcpy(&n, src, sizeof n);
+    if (st == GSER_ERR_INVALID_ARG)
+        return error_set(ctx, st, "%s: %s.size is %zu: initialise the struct with its GSER_*_INIT macro", what, type,
+                         n);
+    return error_set(ctx, st,
+                     "%s: %s.size is %zu, this library (%s) knows %zu bytes of it, and the caller set a field "
+                     "past them",
+                     what, type, n, gser_version_str(), dst_size);
+}
+
+gser_status_t gser_context_struct_read(gser_context_t *ctx, const char *what, const char *type, void *dst,
+                                       size_t dst_size, const void *src)
+{
+    if (!dst || !src || !what || !type)
+        return GSER_ERR_INVALID_ARG;
+    return struct_read(ctx, what, type, dst, dst_size, src);
 }
 
 gser_status_t gser_context_fail(gser_context_t *ctx, gser_status_t status, const char *fmt, ...)
@@ -67,15 +107,15 @@ gser_status_t gser_context_get_limits(const gser_context_t *ctx, gser_limits_t *
 {
     if (!ctx || !out)
         return GSER_ERR_INVALID_ARG;
-    *out = ctx->limits;
-    return GSER_OK;
+    gser_status_t st = gser_struct_write(out, &ctx->limits, sizeof ctx->limits);
+    return st ? error_set(ctx, st, "gser_context_get_limits: out->size is 0: use GSER_LIMITS_INIT") : GSER_OK;
 }
 
-const char *gser_context_last_error(const gser_context_t *ctx)
+const char *gser_context_get_last_error(const gser_context_t *ctx)
 {
     if (!ctx)
         return create_err;
-    err_slot_t *s = err_slot(ctx->id, false);
+    err_slot_t *s = err_slot(ctx, false);
     return s ? s->text : "";
 }
 
@@ -83,7 +123,10 @@ const char *gser_context_last_error(const gser_context_t *ctx)
 
 void limits_resolve(const gser_limits_t *in, gser_limits_t *out)
 {
-    gser_limits_t l = in ? *in : (gser_limits_t){0};
+    gser_limits_t l = GSER_LIMITS_INIT;
+    if (in && gser_struct_read(&l, sizeof l, in) != GSER_OK)
+        memset(&l, 0, sizeof l); /* checked where the limits come in */
+    l.size = sizeof l;
     if (l.max_depth == 0 || l.max_depth > GSER_DEPTH_MAX)
         l.max_depth = GSER_DEPTH_MAX;
     if (l.max_nodes == 0)
@@ -105,10 +148,24 @@ gser_status_t gser_context_create(const gser_context_options_t *opts, gser_conte
 {
     if (!ctx_out)
         return GSER_ERR_INVALID_ARG;
-    gser_context_options_t o = opts ? *opts : (gser_context_options_t){0};
-    if (o.limits.max_depth > GSER_DEPTH_MAX) {
+    gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
+    gser_limits_t lim = GSER_LIMITS_INIT;
+    gser_status_t rst;
+    if (opts && (rst = gser_struct_read(&o, sizeof o, opts))) {
+        snprintf(create_err, sizeof create_err, "gser_context_create: gser_context_options_t.size is %zu: %s",
+                 opts->size, rst == GSER_ERR_INVALID_ARG ? "initialise it with GSER_CONTEXT_OPTIONS_INIT"
+                                                         : "the caller set a field this library does not know");
+        return rst;
+    }
+    if (o.limits && (rst = gser_struct_read(&lim, sizeof lim, o.limits))) {
+        snprintf(create_err, sizeof create_err, "gser_context_create: gser_limits_t.size is %zu: %s",
+                 o.limits->size, rst == GSER_ERR_INVALID_ARG ? "initialise it with GSER_LIMITS_INIT"
+                                                             : "the caller set a field this library does not know");
+        return rst;
+    }
+    if (lim.max_depth > GSER_DEPTH_MAX) {
         snprintf(create_err, sizeof create_err, "gser_context_create: limits.max_depth %zu is over the maximum of %d",
-                 o.limits.max_depth, GSER_DEPTH_MAX);
+                 lim.max_depth, GSER_DEPTH_MAX);
         return GSER_ERR_INVALID_ARG;
     }
 
@@ -117,8 +174,8 @@ gser_status_t gser_context_create(const gser_context_options_t *opts, gser_conte
         snprintf(create_err, sizeof create_err, "gser_context_create: out of memory");
         return GSER_ERR_NO_MEMORY;
     }
-    ctx->id = atomic_fetch_add(&next_ctx_id, 1);
-    limits_resolve(&o.limits, &ctx->limits);
+    pthread_mutex_init(&ctx->err_lock, NULL);
+    limits_resolve(&lim, &ctx->limits);
     ctx->inline_max = o.inline_max ? o.inline_max : GSER_DEFAULT_INLINE_MAX;
     ctx->array_min = o.array_min ? o.array_min : GSER_DEFAULT_ARRAY_MIN;
     if (o.trace > 0 || (o.trace == 0 && env_trace_on()))
@@ -129,7 +186,7 @@ gser_status_t gser_context_create(const gser_context_options_t *opts, gser_conte
     ctx->nfamilies = 2;
     gser_status_t st = device_open(ctx, &o);
     if (st != GSER_OK) {
-        snprintf(create_err, sizeof create_err, "%s", gser_context_last_error(ctx));
+        snprintf(create_err, sizeof create_err, "%s", gser_context_get_last_error(ctx));
         gser_context_destroy(ctx);
         return st;
     }
@@ -149,11 +206,11 @@ void gser_context_destroy(gser_context_t *ctx)
     }
     free(ctx->types);
     device_close(ctx);
-    /* Forget this thread's message for ctx: a later context may reuse nothing
-     * (ids are never reused), but the slot can serve another context. */
-    err_slot_t *s = err_slot(ctx->id, false);
-    if (s)
-        s->ctx_id = 0;
+    for (err_slot_t *s = ctx->err_slots, *next; s; s = next) {
+        next = s->next;
+        free(s);
+    }
+    pthread_mutex_destroy(&ctx->err_lock);
     free(ctx);
 }
 
@@ -276,7 +333,9 @@ gser_status_t gser_type_register(gser_context_t *ctx, const char *name, uint32_t
                          GSER_TYPE_NAME_MAX);
     if (context_find_type(ctx, name, len))
         return error_set(ctx, GSER_ERR_EXISTS, "gser_type_register: type \"%s\" is already registered", name);
-    gser_type_options_t o = opts ? *opts : (gser_type_options_t){0};
+    gser_type_options_t o = GSER_TYPE_OPTIONS_INIT;
+    if (opts && (st = struct_read(ctx, "gser_type_register", "gser_type_options_t", &o, sizeof o, opts)))
+        return st;
     if (o.min_read_version > version)
         return error_set(ctx, GSER_ERR_INVALID_ARG,
                          "gser_type_register: type \"%s\": min_read_version %u is newer than version %u", name,

@@ -36,7 +36,7 @@ typedef struct dec {
 
 struct gser_reader {
     dec_t *dec;
-    const gser_value_t *tree;
+    gser_value_t *tree;
     uint32_t version;
     const char *family;
 };
@@ -201,7 +201,7 @@ static gser_status_t dec_buffer(dec_t *d, const msgpack_object *o, size_t base, 
 {
     const msgpack_object *f = o->via.array.ptr;
     uint64_t dtype;
-    if (o->via.array.size != 5 || !get_u64(&f[1], &dtype) || dtype >= GSER_DTYPE_COUNT_)
+    if (o->via.array.size != 5 || !get_u64(&f[1], &dtype) || dtype >= GSER_DTYPE_COUNT)
         return dec_fail(d, GSER_ERR_FORMAT,
                         "buffer marker needs [marker, dtype, shape, data, origin] with a known dtype");
     size_t es = gser_dtype_size((gser_dtype_t)dtype);
@@ -270,7 +270,8 @@ static gser_status_t dec_buffer(dec_t *d, const msgpack_object *o, size_t base, 
     } else {
         data = raw;
     }
-    gser_buffer_desc_t desc = {.data = data,
+    gser_buffer_desc_t desc = {.size = sizeof desc,
+                               .data = data,
                                .nbytes = (size_t)nbytes,
                                .dtype = (gser_dtype_t)dtype,
                                .ndim = ndim,
@@ -624,32 +625,32 @@ static gser_status_t dec_unit(dec_t *d, const unsigned char *p, size_t len, size
 
 /* ---- reader ------------------------------------------------------------------------- */
 
-const gser_value_t *gser_reader_tree(const gser_reader_t *r)
+gser_value_t *gser_reader_get_tree(gser_reader_t *r)
 {
     return r ? r->tree : NULL;
 }
 
-uint32_t gser_reader_version(const gser_reader_t *r)
+uint32_t gser_reader_get_version(const gser_reader_t *r)
 {
     return r ? r->version : 0;
 }
 
-const char *gser_reader_family(const gser_reader_t *r)
+const char *gser_reader_get_family(const gser_reader_t *r)
 {
     return r ? r->family : NULL;
 }
 
-gser_msg_t *gser_reader_msg(gser_reader_t *r)
+gser_msg_t *gser_reader_get_msg(gser_reader_t *r)
 {
     return r ? r->dec->msg : NULL;
 }
 
-void *gser_reader_stream(const gser_reader_t *r)
+void *gser_reader_get_stream(const gser_reader_t *r)
 {
     return r ? r->dec->stream : NULL;
 }
 
-unsigned gser_reader_flags(const gser_reader_t *r)
+unsigned gser_reader_get_flags(const gser_reader_t *r)
 {
     return r ? r->dec->flags : 0;
 }
@@ -787,6 +788,10 @@ static gser_status_t check_frames(gser_context_t *ctx, const char *what, const g
         if (frames[i].memory != GSER_MEMORY_HOST && frames[i].memory != GSER_MEMORY_DEVICE)
             return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: frame %zu has unknown memory kind %d", what, i,
                              (int)frames[i].memory);
+        for (size_t r = 0; r < sizeof frames[i].reserved / sizeof frames[i].reserved[0]; r++)
+            if (frames[i].reserved[r])
+                return error_set(ctx, GSER_ERR_INVALID_ARG,
+                                 "%s: frame %zu sets reserved[%zu], which must be zero in this version", what, i, r);
         if (frames[i].size > lim->max_bytes - total)
             return error_set(ctx, GSER_ERR_LIMIT_BYTES, "%s: frames hold more than the limit of %llu bytes", what,
                              (unsigned long long)lim->max_bytes);
@@ -794,6 +799,25 @@ static gser_status_t check_frames(gser_context_t *ctx, const char *what, const g
     }
     if (frames[0].memory != GSER_MEMORY_HOST)
         return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: the header (frame 0) must be in host memory", what);
+    return GSER_OK;
+}
+
+gser_status_t dopts_read(const gser_context_t *ctx, const char *what, const gser_deserialize_options_t *opts,
+                         gser_deserialize_options_t *o, gser_limits_t *lim)
+{
+    gser_status_t st;
+    memset(o, 0, sizeof *o);
+    o->size = sizeof *o;
+    if (opts && (st = struct_read(ctx, what, "gser_deserialize_options_t", o, sizeof *o, opts)))
+        return st;
+    if (!o->limits) {
+        *lim = ctx->limits;
+        return GSER_OK;
+    }
+    gser_limits_t l = GSER_LIMITS_INIT;
+    if ((st = struct_read(ctx, what, "gser_limits_t", &l, sizeof l, o->limits)))
+        return st;
+    limits_resolve(&l, lim);
     return GSER_OK;
 }
 
@@ -806,12 +830,12 @@ gser_status_t gser_deserialize(gser_context_t *ctx, const gser_frame_t *frames, 
     dec_t d;
     d.ctx = ctx;
     d.what = "gser_deserialize";
-    d.flags = opts ? opts->flags : 0;
-    if (opts && opts->limits)
-        limits_resolve(opts->limits, &d.lim);
-    else
-        d.lim = ctx->limits;
-    gser_status_t st = check_frames(ctx, d.what, frames, nframes, &d.lim);
+    gser_deserialize_options_t o = GSER_DESERIALIZE_OPTIONS_INIT;
+    gser_status_t st = dopts_read(ctx, d.what, opts, &o, &d.lim);
+    if (st)
+        return st;
+    d.flags = o.flags;
+    st = check_frames(ctx, d.what, frames, nframes, &d.lim);
     if (st)
         return st;
     d.frames = frames + 1;
@@ -819,7 +843,7 @@ gser_status_t gser_deserialize(gser_context_t *ctx, const gser_frame_t *frames, 
     d.nodes_left = d.lim.max_nodes;
     d.trace = ctx->trace;
     d.path.len = 0;
-    d.stream = opts ? opts->stream : NULL;
+    d.stream = o.stream;
     d.uploaded = NULL;
     d.dev_vals = NULL;
     d.ndev_vals = d.cap_dev_vals = d.flushed = 0;
@@ -915,7 +939,7 @@ gser_status_t gser_msg_take_frame(gser_msg_t *msg, size_t i, gser_frame_t *frame
     return GSER_OK;
 }
 
-const gser_frame_t *gser_msg_frames(const gser_msg_t *msg, size_t *nframes)
+const gser_frame_t *gser_msg_get_frames(const gser_msg_t *msg, size_t *nframes)
 {
     if (nframes)
         *nframes = msg ? msg->nframes : 0;

@@ -555,7 +555,7 @@ static gser_status_t enc_value(enc_t *e, obuf_t *pk, const gser_value_t *v, size
 
 /* ---- public ----------------------------------------------------------------------- */
 
-gser_msg_t *gser_writer_msg(gser_writer_t *w)
+gser_msg_t *gser_writer_get_msg(gser_writer_t *w)
 {
     gser_msg_t *m = NULL;
     if (w && scratch_msg(w->enc, &m) != GSER_OK)
@@ -573,12 +573,12 @@ gser_status_t gser_writer_set_root(gser_writer_t *w, gser_value_t *tree)
     return GSER_OK;
 }
 
-const char *gser_writer_family(const gser_writer_t *w)
+const char *gser_writer_get_family(const gser_writer_t *w)
 {
     return w ? w->enc->ctx->families[w->family] : NULL;
 }
 
-void *gser_writer_stream(const gser_writer_t *w)
+void *gser_writer_get_stream(const gser_writer_t *w)
 {
     return w ? w->enc->pack.stream : NULL;
 }
@@ -632,20 +632,25 @@ gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg, const g
         return ctx ? error_set(ctx, GSER_ERR_INVALID_ARG, "gser_serialize: NULL message or output") : GSER_ERR_INVALID_ARG;
     context_freeze(ctx);
 
+    gser_serialize_options_t o_ = GSER_SERIALIZE_OPTIONS_INIT;
+    gser_status_t st;
+    if (opts && (st = struct_read(ctx, "gser_serialize", "gser_serialize_options_t", &o_, sizeof o_, opts)))
+        return st;
+    opts = &o_;
     enc_t e;
     e.ctx = ctx;
     e.path.len = 0;
     e.trace = ctx->trace;
-    e.inline_max = opts && opts->inline_max ? opts->inline_max : ctx->inline_max;
-    e.array_min = opts && opts->array_min ? opts->array_min : ctx->array_min;
+    e.inline_max = opts->inline_max ? opts->inline_max : ctx->inline_max;
+    e.array_min = opts->array_min ? opts->array_min : ctx->array_min;
     e.max_depth = ctx->limits.max_depth;
-    gser_status_t st = resolve_families(&e, opts);
+    st = resolve_families(&e, opts);
     if (st)
         return st;
     e.device_family = first_device_family(&e);
     e.to_host = e.device_family == GSER_FAMILY_HOST;
     e.group = -1;
-    packer_init(&e.pack, ctx, opts && opts->pack_max ? opts->pack_max : ctx->pack_max, opts ? opts->stream : NULL);
+    packer_init(&e.pack, ctx, opts->pack_max ? opts->pack_max : ctx->pack_max, opts->stream);
 
     gser_frames_t *f = malloc(sizeof *f);
     if (!f) {
@@ -701,12 +706,12 @@ gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg, const g
     return GSER_OK;
 }
 
-size_t gser_frames_count(const gser_frames_t *frames)
+size_t gser_frames_get_count(const gser_frames_t *frames)
 {
     return frames ? frames->n : 0;
 }
 
-const gser_frame_t *gser_frames_array(const gser_frames_t *frames)
+const gser_frame_t *gser_frames_get_array(const gser_frames_t *frames)
 {
     return frames ? frames->frames : NULL;
 }
@@ -733,7 +738,7 @@ gser_status_t gser_frames_query(const gser_frames_t *frames)
     return st < 0 ? device_fail(ctx, st, "gser_frames_query") : st;
 }
 
-void *gser_frames_event(const gser_frames_t *frames)
+void *gser_frames_get_event(const gser_frames_t *frames)
 {
     return frames ? frames->event : NULL;
 }

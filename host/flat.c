@@ -157,7 +157,7 @@ gser_status_t gser_flat_write_file(const gser_frame_t *frames, size_t nframes, F
 }
 
 gser_status_t gser_deserialize_flat(gser_context_t *ctx, const void *buf, size_t len,
-                                    void (*release)(void *data, void *release_arg), void *release_arg,
+                                    gser_release_fn release, void *release_arg,
                                     const gser_deserialize_options_t *opts, gser_msg_t **msg_out)
 {
     static const char *what = "gser_deserialize_flat";
@@ -178,11 +178,11 @@ gser_status_t gser_deserialize_flat(gser_context_t *ctx, const void *buf, size_t
         return error_set(ctx, GSER_ERR_FORMAT, "%s: unknown flags 0x%llx at byte 10", what, (unsigned long long)flags);
     if (n == 0)
         return error_set(ctx, GSER_ERR_FORMAT, "%s: zero frames (the header is frame 0)", what);
-    gser_limits_t lim;
-    if (opts && opts->limits)
-        limits_resolve(opts->limits, &lim);
-    else
-        lim = ctx->limits;
+    gser_limits_t lim = GSER_LIMITS_INIT;
+    gser_deserialize_options_t o = GSER_DESERIALIZE_OPTIONS_INIT;
+    gser_status_t ost = dopts_read(ctx, what, opts, &o, &lim);
+    if (ost)
+        return ost;
     if (n - 1 > lim.max_frames)
         return error_set(ctx, GSER_ERR_LIMIT_FRAMES, "%s: %llu data frames, the limit is %zu", what,
                          (unsigned long long)(n - 1), lim.max_frames);
@@ -236,14 +236,15 @@ static void free_buf(void *data, void *arg)
 gser_status_t gser_deserialize_fd(gser_context_t *ctx, int fd, const gser_deserialize_options_t *opts,
                                   gser_msg_t **msg_out)
 {
+    static const char *what = "gser_deserialize_fd";
     if (!ctx || fd < 0 || !msg_out)
-        return ctx ? error_set(ctx, GSER_ERR_INVALID_ARG, "gser_deserialize_fd: bad descriptor or NULL output")
+        return ctx ? error_set(ctx, GSER_ERR_INVALID_ARG, "%s: bad descriptor or NULL output", what)
                    : GSER_ERR_INVALID_ARG;
-    gser_limits_t lim;
-    if (opts && opts->limits)
-        limits_resolve(opts->limits, &lim);
-    else
-        lim = ctx->limits;
+    gser_limits_t lim = GSER_LIMITS_INIT;
+    gser_deserialize_options_t o = GSER_DESERIALIZE_OPTIONS_INIT;
+    gser_status_t ost = dopts_read(ctx, what, opts, &o, &lim);
+    if (ost)
+        return ost;
     /* The prefix, size table and padding come on top of the message bytes. */
     uint64_t extra = FLAT_PREFIX + 16 * ((uint64_t)lim.max_frames + 1);
     uint64_t max = lim.max_bytes > UINT64_MAX - extra ? UINT64_MAX : lim.max_bytes + extra;

@@ -8,9 +8,11 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "gser/extension.h"
 #include "gser/gser.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -283,8 +285,11 @@ struct gser_type {
 struct gser_backend;
 struct gser_backend_state;
 
+typedef struct err_slot err_slot_t;
+
 struct gser_context {
-    uint64_t id;
+    pthread_mutex_t err_lock; /* guards err_slots */
+    err_slot_t *err_slots;    /* host/context.c: one detailed message per thread */
     /* device layer (device/device.c): backend NULL when there is none */
     const struct gser_backend *backend;
     struct gser_backend_state *bstate;
@@ -315,6 +320,9 @@ GSER_INTERNAL void limits_resolve(const gser_limits_t *in, gser_limits_t *out);
 GSER_INTERNAL gser_status_t error_set(const gser_context_t *ctx, gser_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 GSER_INTERNAL gser_status_t error_setv(const gser_context_t *ctx, gser_status_t st, const char *fmt, va_list ap);
+/* gser_struct_read, with a message naming the call and the struct type. */
+GSER_INTERNAL gser_status_t struct_read(const gser_context_t *ctx, const char *what, const char *type, void *dst,
+                                        size_t dst_size, const void *src);
 
 /* ---- device layer (device/device.c) ------------------------------------- */
 
@@ -326,6 +334,12 @@ GSER_INTERNAL gser_status_t device_need(gser_context_t *ctx, const char *what);
 GSER_INTERNAL gser_status_t device_fail(gser_context_t *ctx, gser_status_t st, const char *what);
 GSER_INTERNAL gser_status_t device_copy(gser_context_t *ctx, void *dst, gser_memory_t dst_memory, const void *src,
                                         gser_memory_t src_memory, size_t n, void *stream);
+
+/* Read a caller's deserialize options (defaults for NULL) and the limits they
+ * name (the context's when none). */
+GSER_INTERNAL gser_status_t dopts_read(const gser_context_t *ctx, const char *what,
+                                       const gser_deserialize_options_t *opts, gser_deserialize_options_t *o,
+                                       gser_limits_t *lim);
 
 /* ---- paths -------------------------------------------------------------- */
 

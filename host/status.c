@@ -57,7 +57,7 @@ const char *gser_kind_str(gser_kind_t kind)
 static const struct {
     const char *name;
     size_t size;
-} dtypes[GSER_DTYPE_COUNT_] = {
+} dtypes[GSER_DTYPE_COUNT] = {
     [GSER_DTYPE_BYTES] = {"bytes", 1},       [GSER_DTYPE_BOOL] = {"bool", 1},
     [GSER_DTYPE_INT8] = {"int8", 1},         [GSER_DTYPE_INT16] = {"int16", 2},
     [GSER_DTYPE_INT32] = {"int32", 4},       [GSER_DTYPE_INT64] = {"int64", 8},
@@ -70,15 +70,15 @@ static const struct {
 
 size_t gser_dtype_size(gser_dtype_t dtype)
 {
-    return (unsigned)dtype < GSER_DTYPE_COUNT_ ? dtypes[dtype].size : 0;
+    return (unsigned)dtype < GSER_DTYPE_COUNT ? dtypes[dtype].size : 0;
 }
 
 const char *gser_dtype_str(gser_dtype_t dtype)
 {
-    return (unsigned)dtype < GSER_DTYPE_COUNT_ ? dtypes[dtype].name : "?";
+    return (unsigned)dtype < GSER_DTYPE_COUNT ? dtypes[dtype].name : "?";
 }
 
-const char *gser_version_string(void)
+const char *gser_version_str(void)
 {
 #define GSER_STR_(x) #x
 #define GSER_STR(x) GSER_STR_(x)

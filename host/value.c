@@ -46,7 +46,7 @@ void gser_msg_destroy(gser_msg_t *msg)
     free(msg);
 }
 
-gser_value_t *gser_msg_root(const gser_msg_t *msg)
+gser_value_t *gser_msg_get_root(gser_msg_t *msg)
 {
     return msg ? msg->root : NULL;
 }
@@ -59,7 +59,7 @@ gser_status_t gser_msg_set_root(gser_msg_t *msg, gser_value_t *value)
     return GSER_OK;
 }
 
-gser_context_t *gser_msg_context(const gser_msg_t *msg)
+gser_context_t *gser_msg_get_context(const gser_msg_t *msg)
 {
     return msg ? msg->ctx : NULL;
 }
@@ -388,7 +388,7 @@ gser_status_t gser_list_append_cstr(gser_value_t *list, const char *s)
     return st ? st : gser_list_append(list, v);
 }
 
-gser_status_t gser_list_get(const gser_value_t *list, size_t i, gser_value_t **out)
+gser_status_t gser_list_get(gser_value_t *list, size_t i, gser_value_t **out)
 {
     if (!is_list(list) || !out)
         return GSER_ERR_INVALID_ARG;
@@ -466,7 +466,7 @@ gser_status_t gser_map_put_cstr(gser_value_t *map, const char *key, gser_value_t
     return st ? st : gser_map_put(map, k, value);
 }
 
-gser_status_t gser_map_get_at(const gser_value_t *map, size_t i, gser_value_t **key, gser_value_t **value)
+gser_status_t gser_map_get_at(gser_value_t *map, size_t i, gser_value_t **key, gser_value_t **value)
 {
     if (!map || map->kind != GSER_KIND_MAP)
         return GSER_ERR_INVALID_ARG;
@@ -479,7 +479,7 @@ gser_status_t gser_map_get_at(const gser_value_t *map, size_t i, gser_value_t **
     return GSER_OK;
 }
 
-gser_status_t gser_map_find_cstr(const gser_value_t *map, const char *key, gser_value_t **value)
+gser_status_t gser_map_find_cstr(gser_value_t *map, const char *key, gser_value_t **value)
 {
     if (!map || map->kind != GSER_KIND_MAP || !key || !value)
         return GSER_ERR_INVALID_ARG;
@@ -495,7 +495,7 @@ gser_status_t gser_map_find_cstr(const gser_value_t *map, const char *key, gser_
     return GSER_ERR_NOT_FOUND;
 }
 
-gser_status_t gser_map_find(const gser_value_t *map, const gser_value_t *key, gser_value_t **value)
+gser_status_t gser_map_find(gser_value_t *map, const gser_value_t *key, gser_value_t **value)
 {
     if (!map || map->kind != GSER_KIND_MAP || !key || !value)
         return GSER_ERR_INVALID_ARG;
@@ -523,11 +523,16 @@ static void run_owned_release(void *arg)
     r->fn(r->data, r->arg);
 }
 
-gser_status_t gser_msg_new_buffer(gser_msg_t *msg, const gser_buffer_desc_t *desc, gser_value_t **out)
+gser_status_t gser_msg_new_buffer(gser_msg_t *msg, const gser_buffer_desc_t *user_desc, gser_value_t **out)
 {
-    if (!msg || !desc || !out)
+    if (!msg || !user_desc || !out)
         return GSER_ERR_INVALID_ARG;
     gser_context_t *ctx = msg->ctx;
+    gser_buffer_desc_t d_ = GSER_BUFFER_DESC_INIT;
+    const gser_buffer_desc_t *desc = &d_;
+    gser_status_t rst = struct_read(ctx, "gser_msg_new_buffer", "gser_buffer_desc_t", &d_, sizeof d_, user_desc);
+    if (rst)
+        return rst;
     size_t es = gser_dtype_size(desc->dtype);
     if (es == 0)
         return error_set(ctx, GSER_ERR_INVALID_ARG, "gser_msg_new_buffer: unknown dtype %d", (int)desc->dtype);
@@ -604,8 +609,7 @@ gser_status_t gser_value_get_buffer(const gser_value_t *v, gser_buffer_desc_t *d
         return GSER_ERR_INVALID_ARG;
     if (v->kind != GSER_KIND_BUFFER)
         return GSER_ERR_TYPE_MISMATCH;
-    *desc = v->u.buf->desc;
-    return GSER_OK;
+    return gser_struct_write(desc, &v->u.buf->desc, sizeof v->u.buf->desc);
 }
 
 gser_status_t gser_msg_new_object(gser_msg_t *msg, const char *type_name, void *obj, gser_value_t **out)
@@ -658,18 +662,19 @@ gser_status_t gser_value_get_serialized(const gser_value_t *v, gser_serialized_i
     if (v->kind != GSER_KIND_SERIALIZED)
         return GSER_ERR_TYPE_MISMATCH;
     const gser_serialized_t *s = v->u.ser;
-    info->type_name = s->type_name;
-    info->family = s->family;
-    info->version = s->version;
-    info->header = s->header;
-    info->header_len = s->header_len;
-    info->nframes = s->nframes;
-    return GSER_OK;
+    gser_serialized_info_t out = {.size = sizeof out,
+                                  .type_name = s->type_name,
+                                  .family = s->family,
+                                  .version = s->version,
+                                  .header = s->header,
+                                  .header_len = s->header_len,
+                                  .nframes = s->nframes};
+    return gser_struct_write(info, &out, sizeof out);
 }
 
 /* ---- scalar accessors ----------------------------------------------------------- */
 
-gser_kind_t gser_value_kind(const gser_value_t *v)
+gser_kind_t gser_value_get_kind(const gser_value_t *v)
 {
     return v ? (gser_kind_t)v->kind : GSER_KIND_NIL;
 }
@@ -751,7 +756,7 @@ gser_status_t gser_value_get_bytes(const gser_value_t *v, const void **data, siz
     return GSER_OK;
 }
 
-size_t gser_value_len(const gser_value_t *v)
+size_t gser_value_get_len(const gser_value_t *v)
 {
     if (!v)
         return 0;

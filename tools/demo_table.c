@@ -13,7 +13,7 @@ gser_context_t *make_ctx(void)
 {
     gser_context_t *ctx;
     if (gser_context_create(NULL, &ctx) != GSER_OK)
-        die("gser_context_create", GSER_ERR_NO_DEVICE, gser_context_last_error(NULL));
+        die("gser_context_create", GSER_ERR_NO_DEVICE, gser_context_get_last_error(NULL));
     CK(ctx, gser_arrow_register(ctx));
     return ctx;
 }
@@ -21,7 +21,7 @@ gser_context_t *make_ctx(void)
 void make_worker(gser_context_t *ctx, gser_ucx_context_t **uc, gser_ucx_worker_t **w)
 {
     CKU(gser_ucx_context_create(NULL, uc));
-    gser_ucx_worker_options_t wo = {0};
+    gser_ucx_worker_options_t wo = GSER_UCX_WORKER_OPTIONS_INIT;
     wo.gser_ctx = ctx;
     CKU(gser_ucx_worker_create(*uc, &wo, w));
 }
@@ -78,7 +78,7 @@ static const void *place(gser_context_t *ctx, bool device, void *host, size_t si
     void *d;
     CK(ctx, gser_device_alloc(ctx, size, NULL, &d));
     CK(ctx, gser_device_memcpy(ctx, d, GSER_MEMORY_DEVICE, host, GSER_MEMORY_HOST, size, NULL));
-    CK(ctx, gser_stream_sync(ctx, NULL));
+    CK(ctx, gser_stream_wait(ctx, NULL));
     free(host);
     return d;
 }
@@ -296,7 +296,7 @@ static void *host_copy(gser_context_t *ctx, bool device, const void *p, size_t n
         die("malloc", GSER_ERR_NO_MEMORY, NULL);
     if (n && device) {
         CK(ctx, gser_device_memcpy(ctx, h, GSER_MEMORY_HOST, p, GSER_MEMORY_DEVICE, n, NULL));
-        CK(ctx, gser_stream_sync(ctx, NULL));
+        CK(ctx, gser_stream_wait(ctx, NULL));
     } else if (n) {
         memcpy(h, p, n);
     }

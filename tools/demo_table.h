@@ -27,14 +27,14 @@ void die(const char *what, gser_status_t st, const char *detail);
     do {                                                                                                     \
         gser_status_t st_ = (call);                                                                          \
         if (st_ != GSER_OK)                                                                                  \
-            die(#call, st_, gser_context_last_error(ctx));                                                   \
+            die(#call, st_, gser_context_get_last_error(ctx));                                                   \
     } while (0)
 
 #define CKU(call)                                                                                            \
     do {                                                                                                     \
         gser_status_t st_ = (call);                                                                          \
         if (st_ != GSER_OK)                                                                                  \
-            die(#call, st_, gser_ucx_last_error());                                                          \
+            die(#call, st_, gser_ucx_get_last_error());                                                          \
     } while (0)
 
 /* A gser context (device backend as GSER_DEVICE says) with the Arrow type. */

@@ -20,7 +20,7 @@
         gser_status_t st_ = (call);                                                                          \
         if (st_ != GSER_OK) {                                                                                \
             fprintf(stderr, "gser-demo-file: %s failed: %s: %s\n", #call, gser_status_str(st_),                  \
-                    gser_context_last_error(ctx));                                                           \
+                    gser_context_get_last_error(ctx));                                                           \
             exit(1);                                                                                         \
         }                                                                                                    \
     } while (0)
@@ -95,7 +95,7 @@ int main(int argc, char **argv)
         for (int c = 0; c < 64; c++)
             image[r][c] = r * 64 + c;
     int64_t shape[2] = {64, 64};
-    gser_buffer_desc_t desc = {0};
+    gser_buffer_desc_t desc = GSER_BUFFER_DESC_INIT;
     desc.data = image;
     desc.nbytes = sizeof image;
     desc.dtype = GSER_DTYPE_INT32;
@@ -121,8 +121,8 @@ int main(int argc, char **argv)
     gser_frames_t *frames;
     CHECK(gser_serialize(ctx, msg, NULL, &frames));
     double t_ser = now_ms() - t0;
-    const gser_frame_t *fr = gser_frames_array(frames);
-    size_t nf = gser_frames_count(frames);
+    const gser_frame_t *fr = gser_frames_get_array(frames);
+    size_t nf = gser_frames_get_count(frames);
 
     FILE *f = fopen(out, "wb");
     if (!f) {
@@ -148,7 +148,7 @@ int main(int argc, char **argv)
     CHECK(gser_deserialize_fd(ctx, fileno(f), NULL, &back));
     double t_read = now_ms() - t0;
     fclose(f);
-    bool same = gser_value_equal(gser_msg_root(msg), gser_msg_root(back));
+    bool same = gser_value_equal(gser_msg_get_root(msg), gser_msg_get_root(back));
 
     printf("gser-demo-file: built a control message with a %zu-element float list in %.2f ms\n", n, t_build);
     printf("  serialized in %.3f ms: header %zu bytes + %zu data frames\n", t_ser, fr[0].size, nf - 1);

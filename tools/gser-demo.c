@@ -64,12 +64,12 @@ static int run_receiver(const opts_t *o, int port_pipe)
     gser_ucx_context_t *uc;
     gser_ucx_worker_t *w;
     make_worker(ctx, &uc, &w);
-    gser_ucx_listener_options_t lo = {0};
+    gser_ucx_listener_options_t lo = GSER_UCX_LISTENER_OPTIONS_INIT;
     lo.address = o->host;
     lo.port = (uint16_t)o->port;
     gser_ucx_listener_t *l;
     CKU(gser_ucx_listener_create(w, &lo, &l));
-    uint16_t port = gser_ucx_listener_port(l);
+    uint16_t port = gser_ucx_listener_get_port(l);
     if (port_pipe >= 0) {
         if (write(port_pipe, &port, sizeof port) != sizeof port)
             die("write", GSER_ERR_IO, strerror(errno));
@@ -85,8 +85,8 @@ static int run_receiver(const opts_t *o, int port_pipe)
         gser_msg_t *msg;
         gser_status_t st = gser_ucx_ep_recv_msg(ep, ctx, NULL, TIMEOUT_MS, &msg);
         if (st != GSER_OK)
-            die("gser_ucx_ep_recv_msg", st, *gser_ucx_last_error() ? gser_ucx_last_error() : gser_context_last_error(ctx));
-        gser_value_t *root = gser_msg_root(msg), *v, *sums, *table;
+            die("gser_ucx_ep_recv_msg", st, *gser_ucx_get_last_error() ? gser_ucx_get_last_error() : gser_context_get_last_error(ctx));
+        gser_value_t *root = gser_msg_get_root(msg), *v, *sums, *table;
         const char *op;
         CK(ctx, gser_map_find_cstr(root, "op", &v));
         CK(ctx, gser_value_get_str(v, &op, NULL));
@@ -95,7 +95,7 @@ static int run_receiver(const opts_t *o, int port_pipe)
         struct ArrowSchema schema;
         if (!done) {
             CK(ctx, gser_map_find_cstr(root, "table", &table));
-            CK(ctx, gser_value_take_arrow(table, NULL, &da, &schema));
+            CK(ctx, gser_arrow_take_value(table, NULL, &da, &schema));
         }
         /* The answer: the table is here (or, to "done", the verdict). */
         gser_msg_t *ack;
@@ -148,16 +148,16 @@ static int run_sender(const opts_t *o, const char *host, unsigned port)
     who = "gser-demo sender";
     gser_context_t *ctx = make_ctx();
     bool device = !strcmp(o->memory, "device") ||
-                  (!strcmp(o->memory, "auto") && gser_device_available(ctx) && !strcmp(gser_device_backend(ctx), "cuda"));
-    if (device && !gser_device_available(ctx))
+                  (!strcmp(o->memory, "auto") && gser_context_has_device(ctx) && !strcmp(gser_context_get_device_backend(ctx), "cuda"));
+    if (device && !gser_context_has_device(ctx))
         die("--memory device", GSER_ERR_NO_DEVICE, "no device backend (set GSER_DEVICE=cuda or emulated)");
     gser_ucx_context_t *uc;
     gser_ucx_worker_t *w;
     make_worker(ctx, &uc, &w);
     gser_ucx_ep_t *ep;
     CKU(gser_ucx_ep_connect(w, host, (uint16_t)port, TIMEOUT_MS, &ep));
-    gser_ucx_peer_info_t peer;
-    CKU(gser_ucx_ep_peer_info(ep, &peer));
+    gser_ucx_peer_info_t peer = GSER_UCX_PEER_INFO_INIT;
+    CKU(gser_ucx_ep_get_peer_info(ep, &peer));
 
     double t0 = now_s();
     struct ArrowDeviceArray da;
@@ -176,19 +176,19 @@ static int run_sender(const opts_t *o, const char *host, unsigned port)
     CK(ctx, gser_map_put_cstr(root, "op", v));
     CK(ctx, gser_msg_new_array(msg, GSER_KIND_UINT, sums, (size_t)o->cols, 0, &v));
     CK(ctx, gser_map_put_cstr(root, "checksums", v));
-    CK(ctx, gser_msg_new_arrow(msg, &da, &schema, NULL, &v));
+    CK(ctx, gser_arrow_new_value(msg, &da, &schema, NULL, &v));
     CK(ctx, gser_map_put_cstr(root, "table", v));
     CK(ctx, gser_msg_set_root(msg, root));
     const char *families[2] = {o->family, NULL};
-    gser_serialize_options_t so = {0};
+    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
     so.families = families;
     so.nfamilies = 1;
 
     gser_frames_t *frames;
     CK(ctx, gser_serialize(ctx, msg, &so, &frames));
     CK(ctx, gser_frames_wait(frames));
-    const gser_frame_t *fr = gser_frames_array(frames);
-    size_t nf = gser_frames_count(frames), bytes = 0, dev_frames = 0;
+    const gser_frame_t *fr = gser_frames_get_array(frames);
+    size_t nf = gser_frames_get_count(frames), bytes = 0, dev_frames = 0;
     for (size_t i = 0; i < nf; i++) {
         bytes += fr[i].size;
         dev_frames += fr[i].memory == GSER_MEMORY_DEVICE;
@@ -199,7 +199,7 @@ static int run_sender(const opts_t *o, const char *host, unsigned port)
     printf("%s: table %" PRId64 " rows x %d columns (", who, o->rows, o->cols);
     for (int k = 0; k < COL_KINDS && k < o->cols; k++)
         printf("%s%s", k ? ", " : "", col_kind_name[k]);
-    printf(") in %s memory, built in %.1f ms\n", device ? (strcmp(gser_device_backend(ctx), "cuda") ? "emulated device" : "GPU") : "host", t_build * 1e3);
+    printf(") in %s memory, built in %.1f ms\n", device ? (strcmp(gser_context_get_device_backend(ctx), "cuda") ? "emulated device" : "GPU") : "host", t_build * 1e3);
     printf("%s: one message = header %zu bytes + %zu data frames, %.2f MB in all; path: %s\n", who, fr[0].size,
            nf - 1, bytes / 1e6, path);
     if (o->save) {
@@ -222,7 +222,7 @@ static int run_sender(const opts_t *o, const char *host, unsigned port)
         best = t < best ? t : best;
         int64_t failed = 0;
         gser_value_t *fv;
-        if (gser_map_find_cstr(gser_msg_root(ack), "failed", &fv) == GSER_OK)
+        if (gser_map_find_cstr(gser_msg_get_root(ack), "failed", &fv) == GSER_OK)
             gser_value_get_int(fv, &failed);
         gser_msg_destroy(ack);
         if (o->iters <= 10 || now_s() - last_progress > 1.0 || i + 1 == o->iters) {
@@ -249,9 +249,9 @@ static int run_sender(const opts_t *o, const char *host, unsigned port)
     CKU(gser_ucx_ep_recv_msg(ep, ctx, NULL, TIMEOUT_MS, &verdict));
     int64_t verified = 0, failures = 0;
     gser_value_t *vv;
-    if (gser_map_find_cstr(gser_msg_root(verdict), "verified", &vv) == GSER_OK)
+    if (gser_map_find_cstr(gser_msg_get_root(verdict), "verified", &vv) == GSER_OK)
         gser_value_get_int(vv, &verified);
-    if (gser_map_find_cstr(gser_msg_root(verdict), "failed", &vv) == GSER_OK)
+    if (gser_map_find_cstr(gser_msg_get_root(verdict), "failed", &vv) == GSER_OK)
         gser_value_get_int(vv, &failures);
     gser_msg_destroy(verdict);
     if (verified + failures != o->iters)

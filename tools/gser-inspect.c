@@ -68,7 +68,7 @@ static void print_scalar(const gser_value_t *v)
     const char *s;
     size_t n;
     const void *p;
-    switch (gser_value_kind(v)) {
+    switch (gser_value_get_kind(v)) {
     case GSER_KIND_NIL: printf("nil"); break;
     case GSER_KIND_BOOL: gser_value_get_bool(v, &b); printf(b ? "true" : "false"); break;
     case GSER_KIND_INT: gser_value_get_int(v, &i); printf("%" PRId64, i); break;
@@ -80,7 +80,7 @@ static void print_scalar(const gser_value_t *v)
         printf("bytes(%zu) b", n);
         print_quoted(p, n, 24);
         break;
-    default: printf("%s", gser_kind_str(gser_value_kind(v))); break;
+    default: printf("%s", gser_kind_str(gser_value_get_kind(v))); break;
     }
 }
 
@@ -103,12 +103,12 @@ static void print_array_elems(gser_kind_t k, const void *data, size_t count)
     printf("]");
 }
 
-static int print_value(gser_msg_t *msg, const gser_value_t *v, int depth);
+static int print_value(gser_msg_t *msg, gser_value_t *v, int depth);
 
-static int print_children(gser_msg_t *msg, const gser_value_t *v, int depth)
+static int print_children(gser_msg_t *msg, gser_value_t *v, int depth)
 {
-    gser_kind_t k = gser_value_kind(v);
-    size_t n = gser_value_len(v);
+    gser_kind_t k = gser_value_get_kind(v);
+    size_t n = gser_value_get_len(v);
     for (size_t i = 0; i < n; i++) {
         if (i == max_items && n > max_items + 1) {
             indent(depth);
@@ -133,9 +133,9 @@ static int print_children(gser_msg_t *msg, const gser_value_t *v, int depth)
     return 0;
 }
 
-static int print_value(gser_msg_t *msg, const gser_value_t *v, int depth)
+static int print_value(gser_msg_t *msg, gser_value_t *v, int depth)
 {
-    gser_kind_t k = gser_value_kind(v);
+    gser_kind_t k = gser_value_get_kind(v);
     switch (k) {
     case GSER_KIND_LIST:
     case GSER_KIND_TUPLE: {
@@ -151,14 +151,14 @@ static int print_value(gser_msg_t *msg, const gser_value_t *v, int depth)
             printf("\n");
             return 0;
         }
-        printf("%s n=%zu\n", gser_kind_str(k), gser_value_len(v));
+        printf("%s n=%zu\n", gser_kind_str(k), gser_value_get_len(v));
         return print_children(msg, v, depth + 1);
     }
     case GSER_KIND_MAP:
-        printf("map n=%zu\n", gser_value_len(v));
+        printf("map n=%zu\n", gser_value_get_len(v));
         return print_children(msg, v, depth + 1);
     case GSER_KIND_BUFFER: {
-        gser_buffer_desc_t d;
+        gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
         gser_value_get_buffer(v, &d);
         printf("buffer %s", gser_dtype_str(d.dtype));
         if (d.ndim) {
@@ -173,7 +173,7 @@ static int print_value(gser_msg_t *msg, const gser_value_t *v, int depth)
         return 0;
     }
     case GSER_KIND_SERIALIZED: {
-        gser_serialized_info_t info;
+        gser_serialized_info_t info = GSER_SERIALIZED_INFO_INIT;
         gser_value_get_serialized(v, &info);
         printf("object type=%s family=%s version=%u frames=%zu sub-header=%zu bytes\n", info.type_name,
                info.family, info.version, info.nframes, info.header_len);
@@ -226,26 +226,26 @@ int main(int argc, char **argv)
         fprintf(stderr, "gser-inspect: %s: %s\n", path, strerror(errno));
         return 2;
     }
-    gser_context_options_t opts = {0};
+    gser_context_options_t opts = GSER_CONTEXT_OPTIONS_INIT;
     opts.trace = -1;
     gser_context_t *ctx;
     if (gser_context_create(&opts, &ctx) != GSER_OK) {
         fprintf(stderr, "gser-inspect: cannot create a context\n");
         return 2;
     }
-    gser_deserialize_options_t dopts = {0};
+    gser_deserialize_options_t dopts = GSER_DESERIALIZE_OPTIONS_INIT;
     dopts.flags = GSER_DESERIALIZE_KEEP_SERIALIZED | GSER_DESERIALIZE_ALLOW_UNKNOWN;
     gser_msg_t *msg;
     gser_status_t st = gser_deserialize_fd(ctx, fd, &dopts, &msg);
     if (fd != STDIN_FILENO)
         close(fd);
     if (st != GSER_OK) {
-        const char *detail = gser_context_last_error(ctx);
+        const char *detail = gser_context_get_last_error(ctx);
         fprintf(stderr, "gser-inspect: %s: %s%s%s\n", path, gser_status_str(st), *detail ? ": " : "", detail);
         gser_context_destroy(ctx);
         return st == GSER_ERR_IO ? 2 : 1;
     }
-    frames = gser_msg_frames(msg, &nframes);
+    frames = gser_msg_get_frames(msg, &nframes);
     printf("gser message, wire format %d: header %zu bytes, %zu data frames\n", GSER_WIRE_VERSION, frames[0].size,
            nframes - 1);
     size_t total = frames[0].size;
@@ -255,9 +255,9 @@ int main(int argc, char **argv)
     }
     printf("  total: %zu bytes\n", total);
     printf("$ ");
-    int rc = print_value(msg, gser_msg_root(msg), 0);
+    int rc = print_value(msg, gser_msg_get_root(msg), 0);
     if (rc != 0)
-        fprintf(stderr, "gser-inspect: %s: %s\n", path, gser_context_last_error(ctx));
+        fprintf(stderr, "gser-inspect: %s: %s\n", path, gser_context_get_last_error(ctx));
     gser_msg_destroy(msg);
     gser_context_destroy(ctx);
     return rc ? 1 : 0;

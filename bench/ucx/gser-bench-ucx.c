@@ -52,7 +52,7 @@ static gser_context_t *g_ctx;
         gser_status_t st_ = (x);                                                                             \
         if (st_ != GSER_OK) {                                                                                \
             fprintf(stderr, "%s:%d: %s: %s | %s\n", __FILE__, __LINE__, gser_status_str(st_),               \
-                    gser_ucx_last_error(), g_ctx ? gser_context_last_error(g_ctx) : "");                    \
+                    gser_ucx_get_last_error(), g_ctx ? gser_context_get_last_error(g_ctx) : "");                    \
             exit(1);                                                                                         \
         }                                                                                                    \
     } while (0)
@@ -90,12 +90,12 @@ static void recv_cmd(gser_ucx_ep_t *ep, cmd_t *c)
     const char *s;
     CK(gser_ucx_ep_recv_msg(ep, g_ctx, NULL, WAIT_MS, &m));
     memset(c, 0, sizeof *c);
-    CK(gser_map_find_cstr(gser_msg_root(m), "op", &v));
+    CK(gser_map_find_cstr(gser_msg_get_root(m), "op", &v));
     CK(gser_value_get_str(v, &s, NULL));
     snprintf(c->op, sizeof c->op, "%s", s);
-    CK(gser_map_find_cstr(gser_msg_root(m), "n", &v));
+    CK(gser_map_find_cstr(gser_msg_get_root(m), "n", &v));
     CK(gser_value_get_uint(v, &c->n));
-    CK(gser_map_find_cstr(gser_msg_root(m), "size", &v));
+    CK(gser_map_find_cstr(gser_msg_get_root(m), "size", &v));
     CK(gser_value_get_uint(v, &c->size));
     gser_msg_destroy(m);
 }
@@ -109,7 +109,7 @@ static gser_msg_t *data_msg(const void *data, size_t size, gser_memory_t mem)
     CK(gser_msg_new_map(m, &root));
     CK(gser_msg_new_cstr(m, "data", &v));
     CK(gser_map_put_cstr(root, "op", v));
-    gser_buffer_desc_t d = {.data = data, .nbytes = size, .memory = mem};
+    gser_buffer_desc_t d = {.size = sizeof(gser_buffer_desc_t), .data = data, .nbytes = size, .memory = mem};
     if (size < 256 && mem == GSER_MEMORY_HOST)
         CK(gser_msg_new_bytes(m, data, size, &v)); /* small: a bytes value in the header */
     else
@@ -125,17 +125,17 @@ static gser_msg_t *data_msg(const void *data, size_t size, gser_memory_t mem)
 
 static int serve(const char *device_backend)
 {
-    gser_context_options_t co = {.trace = -1, .device_backend = device_backend ? device_backend : "none"};
+    gser_context_options_t co = {.size = sizeof(gser_context_options_t), .trace = -1, .device_backend = device_backend ? device_backend : "none"};
     CK(gser_context_create(&co, &g_ctx));
     gser_ucx_context_t *uctx;
     CK(gser_ucx_context_create(NULL, &uctx));
-    gser_ucx_worker_options_t wo = {.gser_ctx = device_backend ? g_ctx : NULL};
+    gser_ucx_worker_options_t wo = {.size = sizeof(gser_ucx_worker_options_t), .gser_ctx = device_backend ? g_ctx : NULL};
     gser_ucx_worker_t *w;
     CK(gser_ucx_worker_create(uctx, &wo, &w));
-    gser_ucx_listener_options_t lo = {.address = "127.0.0.1"};
+    gser_ucx_listener_options_t lo = {.size = sizeof(gser_ucx_listener_options_t), .address = "127.0.0.1"};
     gser_ucx_listener_t *l;
     CK(gser_ucx_listener_create(w, &lo, &l));
-    printf("port %u\n", gser_ucx_listener_port(l));
+    printf("port %u\n", gser_ucx_listener_get_port(l));
     fflush(stdout);
     gser_ucx_ep_t *ep;
     CK(gser_ucx_listener_accept(l, WAIT_MS, &ep));
@@ -307,7 +307,7 @@ static void conn_open(conn_t *c, const char *device_backend)
         exit(1);
     }
     CK(gser_ucx_context_create(NULL, &c->uctx));
-    gser_ucx_worker_options_t wo = {.gser_ctx = device_backend ? g_ctx : NULL};
+    gser_ucx_worker_options_t wo = {.size = sizeof(gser_ucx_worker_options_t), .gser_ctx = device_backend ? g_ctx : NULL};
     CK(gser_ucx_worker_create(c->uctx, &wo, &c->w));
     CK(gser_ucx_ep_connect(c->w, "127.0.0.1", (uint16_t)port, WAIT_MS, &c->ep));
 }
@@ -334,7 +334,7 @@ static double gser_latency_us(conn_t *c, long n, long warmup)
         gser_frames_t *f;
         CK(gser_serialize(g_ctx, m, NULL, &f));
         gser_ucx_request_t *s, *r;
-        CK(gser_ucx_ep_send_nb(c->ep, gser_frames_array(f), gser_frames_count(f), NULL, &s));
+        CK(gser_ucx_ep_send_nb(c->ep, gser_frames_get_array(f), gser_frames_get_count(f), NULL, &s));
         CK(gser_ucx_ep_recv_nb(c->ep, NULL, &r));
         CK(gser_ucx_request_wait(r, WAIT_MS));
         gser_msg_t *got;
@@ -376,7 +376,7 @@ static double gser_stream(conn_t *c, const void *data, size_t size, gser_memory_
         if (i < n) {
             CK(gser_serialize(g_ctx, m, NULL, &fr[k]));
             CK(gser_frames_wait(fr[k]));
-            CK(gser_ucx_ep_send_nb(c->ep, gser_frames_array(fr[k]), gser_frames_count(fr[k]), NULL, &req[k]));
+            CK(gser_ucx_ep_send_nb(c->ep, gser_frames_get_array(fr[k]), gser_frames_get_count(fr[k]), NULL, &req[k]));
         }
     }
     cmd_t ack;
@@ -497,7 +497,7 @@ static void run_device(const char *tl, const char *backend, double host_bw, bool
     CK(gser_device_alloc(g_ctx, frame, NULL, &dev));
     CK(gser_pinned_alloc(g_ctx, frame, &pinned));
     CK(gser_device_memcpy(g_ctx, dev, GSER_MEMORY_DEVICE, pinned, GSER_MEMORY_HOST, frame, NULL));
-    CK(gser_stream_sync(g_ctx, NULL));
+    CK(gser_stream_wait(g_ctx, NULL));
     /* The pinned device-to-host copy, as staging does it (4 MiB chunks). */
     size_t chunk = (size_t)4 << 20;
     double t0 = bench_now_us();
@@ -505,7 +505,7 @@ static void run_device(const char *tl, const char *backend, double host_bw, bool
         for (size_t off = 0; off < frame; off += chunk)
             CK(gser_device_memcpy(g_ctx, (char *)pinned + off, GSER_MEMORY_HOST, (char *)dev + off,
                                   GSER_MEMORY_DEVICE, chunk, NULL));
-    CK(gser_stream_sync(g_ctx, NULL));
+    CK(gser_stream_wait(g_ctx, NULL));
     double copy_bw = 4.0 * (double)frame / (bench_now_us() - t0) / 1e3;
 
     conn_t c;
@@ -568,12 +568,12 @@ int main(int argc, char **argv)
     }
 
     /* The device context: CUDA when a GPU is there unless told otherwise. */
-    gser_context_options_t co = {.trace = -1, .device_backend = device};
+    gser_context_options_t co = {.size = sizeof(gser_context_options_t), .trace = -1, .device_backend = device};
     if (gser_context_create(&co, &g_ctx) != GSER_OK) {
         co.device_backend = "none";
         CK(gser_context_create(&co, &g_ctx));
     }
-    const char *backend = gser_device_backend(g_ctx);
+    const char *backend = gser_context_get_device_backend(g_ctx);
     bool run_dev = strcmp(backend, "none") != 0 && (device || strcmp(backend, "cuda") == 0);
 
     if (!json)

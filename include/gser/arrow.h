@@ -11,11 +11,11 @@
  * only the visible rows travel.
  *
  *   sender:   gser_arrow_register(ctx);
- *             gser_msg_new_arrow(msg, &device_array, &schema, NULL, &v);
+ *             gser_arrow_new_value(msg, &device_array, &schema, NULL, &v);
  *             ... gser_serialize ...
  *   receiver: gser_arrow_register(ctx);
  *             ... gser_deserialize -> v ...
- *             gser_value_take_arrow(v, NULL, &device_array, &schema);
+ *             gser_arrow_take_value(v, NULL, &device_array, &schema);
  *             gser_msg_destroy(msg);   the arrays live on until released
  */
 #ifndef GSER_ARROW_H
@@ -143,8 +143,9 @@ enum {
     GSER_ARROW_CHECK_OFFSETS = 1u << 8,
 };
 
-/** Options of gser_msg_new_arrow. Zero-initialise, then set what you need. */
+/** Options of gser_arrow_new_value: start from GSER_ARROW_SEND_OPTIONS_INIT, then set what you need. */
 typedef struct gser_arrow_send_options {
+    size_t size; /**< sizeof(gser_arrow_send_options_t): GSER_ARROW_SEND_OPTIONS_INIT sets it */
     unsigned flags; /**< GSER_ARROW_CHECK_OFFSETS */
     /**
      * The stream (cudaStream_t) on which gser compacts sliced device columns
@@ -159,6 +160,8 @@ typedef struct gser_arrow_send_options {
      */
     void *stream;
 } gser_arrow_send_options_t;
+
+#define GSER_ARROW_SEND_OPTIONS_INIT GSER_STRUCT_INIT(gser_arrow_send_options_t)
 
 /**
  * An "arrow.array" value for a table: array (any device type gser can read:
@@ -177,9 +180,9 @@ typedef struct gser_arrow_send_options {
  * the ones between only with GSER_ARROW_CHECK_OFFSETS, or when they were
  * read anyway (short device columns). opts may be NULL.
  */
-GSER_API gser_status_t gser_msg_new_arrow(gser_msg_t *msg, const struct ArrowDeviceArray *array,
-                                          const struct ArrowSchema *schema, const gser_arrow_send_options_t *opts,
-                                          gser_value_t **out);
+GSER_API gser_status_t gser_arrow_new_value(gser_msg_t *msg, const struct ArrowDeviceArray *array,
+                                            const struct ArrowSchema *schema, const gser_arrow_send_options_t *opts,
+                                            gser_value_t **out);
 
 /** Flags of gser_arrow_take_options_t. */
 enum {
@@ -196,8 +199,9 @@ enum {
     GSER_ARROW_BORROW = 1u << 2,
 };
 
-/** Options of gser_value_take_arrow. Zero-initialise, then set what you need. */
+/** Options of gser_arrow_take_value: start from GSER_ARROW_TAKE_OPTIONS_INIT, then set what you need. */
 typedef struct gser_arrow_take_options {
+    size_t size; /**< sizeof(gser_arrow_take_options_t): GSER_ARROW_TAKE_OPTIONS_INIT sets it */
     unsigned flags; /**< GSER_ARROW_* */
     /** The stream (cudaStream_t) for copies and for the event sync_event
      *  points at; NULL = the per-thread default stream. Copies out of device
@@ -205,6 +209,8 @@ typedef struct gser_arrow_take_options {
      *  first; frames that arrived in device memory are taken as they are. */
     void *stream;
 } gser_arrow_take_options_t;
+
+#define GSER_ARROW_TAKE_OPTIONS_INIT GSER_STRUCT_INIT(gser_arrow_take_options_t)
 
 /**
  * Take the table of a deserialized "arrow.array" value: on success *out_array
@@ -237,7 +243,7 @@ typedef struct gser_arrow_take_options {
  * the table must go to the device and there is no device backend. opts may be
  * NULL.
  */
-GSER_API gser_status_t gser_value_take_arrow(gser_value_t *v, const gser_arrow_take_options_t *opts,
+GSER_API gser_status_t gser_arrow_take_value(gser_value_t *v, const gser_arrow_take_options_t *opts,
                                              struct ArrowDeviceArray *out_array, struct ArrowSchema *out_schema);
 
 #ifdef __cplusplus

@@ -30,6 +30,7 @@ extern "C" {
  * default. Every input that breaks one is rejected with its own status.
  */
 typedef struct gser_limits {
+    size_t size;        /**< sizeof(gser_limits_t): GSER_LIMITS_INIT sets it */
     size_t max_depth;   /**< nesting, root = 1; default and maximum GSER_DEPTH_MAX */
     size_t max_nodes;   /**< msgpack items in the header and all sub-headers (each value is one
                              or a few); default 16,777,216 */
@@ -37,9 +38,14 @@ typedef struct gser_limits {
     uint64_t max_bytes; /**< header + frame bytes; default 1 TiB */
 } gser_limits_t;
 
-/** Context options. Zero-initialise, then set what you need. */
+#define GSER_LIMITS_INIT GSER_STRUCT_INIT(gser_limits_t)
+
+/** Context options: start from GSER_CONTEXT_OPTIONS_INIT, then set what you
+ *  need (zero means the default). */
 typedef struct gser_context_options {
-    gser_limits_t limits;
+    size_t size; /**< sizeof(gser_context_options_t): GSER_CONTEXT_OPTIONS_INIT sets it */
+    /** Decoder limits; NULL = the defaults. Copied. */
+    const gser_limits_t *limits;
     /** Buffers and arrays with fewer bytes than this are inlined in the
      *  header instead of becoming frames. 0 = default (256); 1 = only empty ones. */
     size_t inline_max;
@@ -67,6 +73,8 @@ typedef struct gser_context_options {
     size_t pack_max;
 } gser_context_options_t;
 
+#define GSER_CONTEXT_OPTIONS_INIT GSER_STRUCT_INIT(gser_context_options_t)
+
 /** Create a context; opts may be NULL. The families "device" and "host" are
  *  registered already. */
 GSER_API gser_status_t gser_context_create(const gser_context_options_t *opts, gser_context_t **ctx_out);
@@ -77,45 +85,41 @@ GSER_API void gser_context_destroy(gser_context_t *ctx);
 
 /** The limits ctx decodes under, defaults filled in (what a zero field of
  *  gser_context_options_t.limits became). For transports and other plugins
- *  that check incoming messages before handing them to gser_deserialize. */
+ *  that check incoming messages before handing them to gser_deserialize.
+ *  out->size must be set (GSER_LIMITS_INIT); at most that many bytes are written. */
 GSER_API gser_status_t gser_context_get_limits(const gser_context_t *ctx, gser_limits_t *out);
 
 /**
  * The detailed message of the last error this thread got from a call on ctx,
  * naming the path of the failing value, e.g. `$.tasks[3].payload: type
  * "myapp.blob" has no serializer for families [device, host]`. "" if none.
- * Valid until this thread's next call on ctx. With ctx NULL: the message of
- * this thread's last failed gser_context_create.
+ * Each context keeps one message per thread, however many contexts a thread
+ * uses. Valid until this thread's next call on ctx (and at most until ctx is
+ * destroyed). With ctx NULL: the message of this thread's last failed
+ * gser_context_create.
  */
-GSER_API const char *gser_context_last_error(const gser_context_t *ctx);
-
-/** Set this thread's detailed error message for ctx (printf-style) and return
- *  status, for libraries built on gser (plugins) that report through it. */
-GSER_API gser_status_t gser_context_fail(gser_context_t *ctx, gser_status_t status, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
+GSER_API const char *gser_context_get_last_error(const gser_context_t *ctx);
 
 /** Register a serializer family by name (1..63 bytes, no commas). At most 32
  *  families, the two built-in ones included. */
 GSER_API gser_status_t gser_family_register(gser_context_t *ctx, const char *name);
 
-/** Serialize obj: build a sub-tree in gser_writer_msg(w) (buffers in it become
+/** Serialize obj: build a sub-tree in gser_writer_get_msg(w) (buffers in it become
  *  frames) and hand its root to gser_writer_set_root. Return GSER_OK or an
  *  error status (the serialization then fails with it). */
 typedef gser_status_t (*gser_serialize_fn)(gser_context_t *ctx, const void *obj, gser_writer_t *w,
                                            void *user_data);
 
-/** Rebuild an object from gser_reader_tree(r); on success set *obj_out. */
+/** Rebuild an object from gser_reader_get_tree(r); on success set *obj_out. */
 typedef gser_status_t (*gser_deserialize_fn)(gser_context_t *ctx, gser_reader_t *r, void **obj_out,
                                              void *user_data);
 
 /** Free an object that a deserialize function created. */
 typedef void (*gser_destroy_fn)(void *obj, void *user_data);
 
-/** Type options. Zero-initialise, then set what you need. */
+/** Type options: start from GSER_TYPE_OPTIONS_INIT, then set what you need. */
 typedef struct gser_type_options {
+    size_t size; /**< sizeof(gser_type_options_t): GSER_TYPE_OPTIONS_INIT sets it */
     /** Oldest version the deserializers can read; 0 = only the registered version. */
     uint32_t min_read_version;
     /** Frees deserialized objects when their message is destroyed (unless taken
@@ -124,6 +128,8 @@ typedef struct gser_type_options {
     /** Passed to every callback of this type. Borrowed. */
     void *user_data;
 } gser_type_options_t;
+
+#define GSER_TYPE_OPTIONS_INIT GSER_STRUCT_INIT(gser_type_options_t)
 
 /** Register a type by name (1..255 bytes) and version. opts may be NULL. */
 GSER_API gser_status_t gser_type_register(gser_context_t *ctx, const char *name, uint32_t version,
@@ -139,36 +145,36 @@ GSER_API gser_status_t gser_type_add_family(gser_context_t *ctx, const char *typ
 /** The message to build the sub-tree in. It lives as long as the frames
  *  object being produced, so buffers created here (copied or owned) stay
  *  valid while the frames are in use. */
-GSER_API gser_msg_t *gser_writer_msg(gser_writer_t *w);
+GSER_API gser_msg_t *gser_writer_get_msg(gser_writer_t *w);
 
 /** The root of the object's sub-tree. Call once. */
 GSER_API gser_status_t gser_writer_set_root(gser_writer_t *w, gser_value_t *tree);
 
 /** The family this serialization runs in. */
-GSER_API const char *gser_writer_family(const gser_writer_t *w);
+GSER_API const char *gser_writer_get_family(const gser_writer_t *w);
 
 /** The stream (cudaStream_t) the serialization orders device work on (the
  *  caller's gser_serialize_options_t.stream; NULL = per-thread default). */
-GSER_API void *gser_writer_stream(const gser_writer_t *w);
+GSER_API void *gser_writer_get_stream(const gser_writer_t *w);
 
 /** The sub-tree the object was serialized into. Buffers in it point into
  *  the received frames; it lives as long as the message being built. */
-GSER_API const gser_value_t *gser_reader_tree(const gser_reader_t *r);
+GSER_API gser_value_t *gser_reader_get_tree(gser_reader_t *r);
 
 /** The type version that produced the sub-tree. */
-GSER_API uint32_t gser_reader_version(const gser_reader_t *r);
+GSER_API uint32_t gser_reader_get_version(const gser_reader_t *r);
 
 /** The family that produced the sub-tree. */
-GSER_API const char *gser_reader_family(const gser_reader_t *r);
+GSER_API const char *gser_reader_get_family(const gser_reader_t *r);
 
 /** The message being built; the object will be destroyed with it. */
-GSER_API gser_msg_t *gser_reader_msg(gser_reader_t *r);
+GSER_API gser_msg_t *gser_reader_get_msg(gser_reader_t *r);
 
 /** The deserialization's stream (cudaStream_t; NULL = per-thread default). */
-GSER_API void *gser_reader_stream(const gser_reader_t *r);
+GSER_API void *gser_reader_get_stream(const gser_reader_t *r);
 
 /** The GSER_DESERIALIZE_* flags the caller gave. */
-GSER_API unsigned gser_reader_flags(const gser_reader_t *r);
+GSER_API unsigned gser_reader_get_flags(const gser_reader_t *r);
 
 /**
  * Record a detailed error message (printf-style) for the current

@@ -73,12 +73,32 @@ typedef enum gser_status {
     GSER_ERR_CONNECTION = -26,     /**< the peer disconnected or the connection failed */
     GSER_ERR_TIMEOUT = -27,        /**< a bounded wait ran out */
     GSER_ERR_CANCELED = -28,       /**< the operation was canceled (e.g. its endpoint closed) */
-    GSER_ERR_LAST_ = GSER_ERR_CANCELED /**< not a status: the most negative one */
 } gser_status_t;
 
 /** A static, human-readable name for a status ("GSER_ERR_FORMAT: malformed
  *  header"). Never NULL, also for values outside the enum. */
 GSER_API const char *gser_status_str(gser_status_t status);
+
+/** Called once to give back memory that gser was handed (a buffer's data, a
+ *  received frame, a flattened input): release(data, release_arg). */
+typedef void (*gser_release_fn)(void *data, void *release_arg);
+
+/**
+ * Versioned structs. Every options and output struct starts with `size`,
+ * which the caller sets to sizeof the struct as it was compiled (the
+ * GSER_*_INIT macros do it; every other field starts at zero, which means
+ * "the default"). A library newer than the caller reads only the fields the
+ * caller knows and defaults the rest; an older library accepts a larger
+ * struct as long as the fields it does not know are zero
+ * (GSER_ERR_UNSUPPORTED otherwise). Output structs are written up to `size`
+ * bytes. A size of 0 (a struct not initialised with its macro) is refused
+ * with GSER_ERR_INVALID_ARG.
+ */
+#ifdef __cplusplus
+#define GSER_STRUCT_INIT(type) ([] { type s_{}; s_.size = sizeof(type); return s_; }())
+#else
+#define GSER_STRUCT_INIT(type) {.size = sizeof(type)}
+#endif
 
 /** Where the bytes of a frame or a buffer live. */
 typedef enum gser_memory {

@@ -11,17 +11,15 @@
 #include "gser/device.h"
 #include "gser/serialize.h"
 #include "gser/value.h"
-
-#define GSER_VERSION_MAJOR 0
-#define GSER_VERSION_MINOR 1
-#define GSER_VERSION_PATCH 0
+#include "gser/version.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/** The library's version as "MAJOR.MINOR.PATCH". */
-GSER_API const char *gser_version_string(void);
+/** The version of the library loaded at run time, as "MAJOR.MINOR.PATCH"
+ *  (GSER_VERSION_* are the headers' own). */
+GSER_API const char *gser_version_str(void);
 
 #ifdef __cplusplus
 }

@@ -36,12 +36,16 @@ typedef struct gser_frame {
     size_t size;
     gser_memory_t memory;
     int32_t device;
-    void (*release)(void *data, void *release_arg);
+    gser_release_fn release;
     void *release_arg;
+    /** Room for later fields (frames are array elements, so they cannot carry
+     *  a size): must be zero; gser_deserialize refuses a frame that sets them. */
+    uint64_t reserved[4];
 } gser_frame_t;
 
-/** Serialize options. Zero-initialise, then set what you need. */
+/** Serialize options: start from GSER_SERIALIZE_OPTIONS_INIT, then set what you need. */
 typedef struct gser_serialize_options {
+    size_t size; /**< sizeof(gser_serialize_options_t): GSER_SERIALIZE_OPTIONS_INIT sets it */
     /** Families to try for typed objects, in order. NULL = {"device", "host"}. */
     const char *const *families;
     size_t nfamilies;
@@ -54,6 +58,8 @@ typedef struct gser_serialize_options {
      *  stream or the device. */
     void *stream;
 } gser_serialize_options_t;
+
+#define GSER_SERIALIZE_OPTIONS_INIT GSER_STRUCT_INIT(gser_serialize_options_t)
 
 /**
  * Serialize the tree rooted at msg's root. On success *frames_out holds
@@ -71,10 +77,10 @@ GSER_API gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg
                                       const gser_serialize_options_t *opts, gser_frames_t **frames_out);
 
 /** Number of frames, the header included. */
-GSER_API size_t gser_frames_count(const gser_frames_t *frames);
+GSER_API size_t gser_frames_get_count(const gser_frames_t *frames);
 
-/** The frames as an array of gser_frames_count entries; [0] is the header. */
-GSER_API const gser_frame_t *gser_frames_array(const gser_frames_t *frames);
+/** The frames as an array of gser_frames_get_count entries; [0] is the header. */
+GSER_API const gser_frame_t *gser_frames_get_array(const gser_frames_t *frames);
 
 /** Block until the device work behind the frames (packing, copies) is done.
  *  GSER_OK at once when there was none. */
@@ -86,7 +92,7 @@ GSER_API gser_status_t gser_frames_query(const gser_frames_t *frames);
 
 /** An event (cudaEvent_t) that completes when the frames are ready, for
  *  ordering other streams after them; NULL when no device work was queued. */
-GSER_API void *gser_frames_event(const gser_frames_t *frames);
+GSER_API void *gser_frames_get_event(const gser_frames_t *frames);
 
 /** Free a frames object (not the message it borrows from), waiting for its
  *  device work first. NULL is fine. */
@@ -108,12 +114,15 @@ enum {
     GSER_DESERIALIZE_RESTORE_DEVICE = 1u << 3,
 };
 
-/** Deserialize options. Zero-initialise, then set what you need. */
+/** Deserialize options: start from GSER_DESERIALIZE_OPTIONS_INIT, then set what you need. */
 typedef struct gser_deserialize_options {
+    size_t size;                  /**< sizeof(gser_deserialize_options_t): GSER_DESERIALIZE_OPTIONS_INIT sets it */
     unsigned flags;               /**< GSER_DESERIALIZE_* */
     const gser_limits_t *limits;  /**< NULL = the context's limits */
     void *stream;                 /**< stream (cudaStream_t) for device copies; NULL = per-thread default */
 } gser_deserialize_options_t;
+
+#define GSER_DESERIALIZE_OPTIONS_INIT GSER_STRUCT_INIT(gser_deserialize_options_t)
 
 /**
  * Rebuild a message from frames[0] (header) and the data frames. The message
@@ -127,7 +136,7 @@ GSER_API gser_status_t gser_deserialize(gser_context_t *ctx, const gser_frame_t 
 
 /** The frames a deserialized message was built from (header first); NULL
  *  and 0 for a message built by hand. */
-GSER_API const gser_frame_t *gser_msg_frames(const gser_msg_t *msg, size_t *nframes);
+GSER_API const gser_frame_t *gser_msg_get_frames(const gser_msg_t *msg, size_t *nframes);
 
 /** Block until the device copies gser made while deserializing (restored and
  *  scattered buffers, whose descriptions carry the same event) are done.
@@ -166,9 +175,8 @@ GSER_API gser_status_t gser_flat_write_file(const gser_frame_t *frames, size_t n
  * suitably aligned in buf are copied.
  */
 GSER_API gser_status_t gser_deserialize_flat(gser_context_t *ctx, const void *buf, size_t len,
-                                             void (*release)(void *data, void *release_arg),
-                                             void *release_arg, const gser_deserialize_options_t *opts,
-                                             gser_msg_t **msg_out);
+                                             gser_release_fn release, void *release_arg,
+                                             const gser_deserialize_options_t *opts, gser_msg_t **msg_out);
 
 /** Read a whole flattened message from fd (until end of file) and
  *  deserialize it; the message owns the bytes read. */

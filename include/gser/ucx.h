@@ -16,7 +16,7 @@
  * and the blocking calls (wait, send, recv, accept, connect). Completion
  * callbacks run inside those calls, never inside the call that started the
  * operation, and may call any gser_ucx function except the destroy ones on
- * their own worker. gser_ucx_last_error gives a detailed message.
+ * their own worker. gser_ucx_get_last_error gives a detailed message.
  */
 #ifndef GSER_UCX_H
 #define GSER_UCX_H
@@ -52,12 +52,13 @@ typedef struct gser_ucx_request gser_ucx_request_t;
 
 /** The detailed message of the last error this thread got from a gser_ucx
  *  call ("" if none). Valid until this thread's next gser_ucx call. */
-GSER_API const char *gser_ucx_last_error(void);
+GSER_API const char *gser_ucx_get_last_error(void);
 
 /* ---- transport context ---------------------------------------------------- */
 
-/** Transport context options. Zero-initialise, then set what you need. */
+/** Transport context options. Start from its GSER_*_INIT macro, then set what you need. */
 typedef struct gser_ucx_context_options {
+    size_t size; /**< sizeof(gser_ucx_context_options_t): GSER_UCX_CONTEXT_OPTIONS_INIT sets it */
     /** UCX transports, as UCX_TLS would list them ("tcp", "posix,sysv,cma,self,tcp").
      *  NULL = the UCX_TLS environment variable, else UCX's default. Connecting
      *  by address needs a network transport (tcp) on the address's device. */
@@ -69,6 +70,8 @@ typedef struct gser_ucx_context_options {
     unsigned peer_timeout_ms;
 } gser_ucx_context_options_t;
 
+#define GSER_UCX_CONTEXT_OPTIONS_INIT GSER_STRUCT_INIT(gser_ucx_context_options_t)
+
 /** Create a transport context (ucp_init). opts may be NULL. */
 GSER_API gser_status_t gser_ucx_context_create(const gser_ucx_context_options_t *opts,
                                                gser_ucx_context_t **ctx_out);
@@ -77,7 +80,7 @@ GSER_API gser_status_t gser_ucx_context_create(const gser_ucx_context_options_t 
 GSER_API void gser_ucx_context_destroy(gser_ucx_context_t *ctx);
 
 /** GSER_UCX_CAP_* bits this context would announce in a handshake. */
-GSER_API uint32_t gser_ucx_context_caps(const gser_ucx_context_t *ctx);
+GSER_API uint32_t gser_ucx_context_get_caps(const gser_ucx_context_t *ctx);
 
 /* ---- workers ----------------------------------------------------------------- */
 
@@ -88,18 +91,20 @@ typedef enum gser_ucx_thread_mode {
     GSER_UCX_THREAD_MULTI = 2,      /**< any threads at once (the worker locks) */
 } gser_ucx_thread_mode_t;
 
-/** Worker options. Zero-initialise, then set what you need. */
+/** Worker options. Start from its GSER_*_INIT macro, then set what you need. */
 typedef struct gser_ucx_worker_options {
+    size_t size; /**< sizeof(gser_ucx_worker_options_t): GSER_UCX_WORKER_OPTIONS_INIT sets it */
     gser_ucx_thread_mode_t thread_mode;
     /** The gser context whose device backend allocates received device
      *  frames and runs staging copies. Borrowed: it must outlive the worker.
      *  NULL: no device backend; device frames are neither sent nor received. */
     gser_context_t *gser_ctx;
     /** Limits checked on every incoming message before anything is allocated
-     *  for it (max_frames and max_bytes). Zero fields = gser_ctx's limits
-     *  (gser_context_get_limits), or the core's defaults without gser_ctx.
-     *  A message over a limit is rejected and its endpoint closed. */
-    gser_limits_t limits;
+     *  for it (max_frames and max_bytes). NULL or zero fields = gser_ctx's
+     *  limits (gser_context_get_limits), or the core's defaults without
+     *  gser_ctx. A message over a limit is rejected and its endpoint closed.
+     *  Copied. */
+    const gser_limits_t *limits;
     /** Host frames of at most this many bytes travel inside the message's
      *  first send. 0 = 8192; SIZE_MAX is capped at the inline budget. */
     size_t inline_max;
@@ -124,10 +129,9 @@ typedef struct gser_ucx_worker_options {
     /** Blocking calls on this worker sleep on the event file descriptor
      *  instead of polling (lower CPU use, higher latency). */
     bool blocking_sleep;
-    /** For tests: the wire version this worker announces in handshakes.
-     *  0 = GSER_UCX_WIRE_VERSION. */
-    uint32_t announce_version;
 } gser_ucx_worker_options_t;
+
+#define GSER_UCX_WORKER_OPTIONS_INIT GSER_STRUCT_INIT(gser_ucx_worker_options_t)
 
 /** Create a worker. opts may be NULL. */
 GSER_API gser_status_t gser_ucx_worker_create(gser_ucx_context_t *ctx, const gser_ucx_worker_options_t *opts,
@@ -143,14 +147,18 @@ GSER_API void gser_ucx_worker_destroy(gser_ucx_worker_t *worker);
 
 /** What a worker's cache of host receive buffers holds and did. */
 typedef struct gser_ucx_cache_stats {
+    size_t size; /**< sizeof(gser_ucx_cache_stats_t): GSER_UCX_CACHE_STATS_INIT sets it */
     size_t cached_bytes; /**< held for reuse now */
     size_t limit_bytes;  /**< the most it may hold now */
     uint64_t hits;       /**< frames received into a reused buffer */
     uint64_t misses;     /**< frames of 64 KiB or more that needed a fresh buffer */
 } gser_ucx_cache_stats_t;
 
-/** The receive cache's numbers now (see recv_cache_bytes). */
-GSER_API gser_status_t gser_ucx_worker_cache_stats(gser_ucx_worker_t *worker, gser_ucx_cache_stats_t *out);
+#define GSER_UCX_CACHE_STATS_INIT GSER_STRUCT_INIT(gser_ucx_cache_stats_t)
+
+/** The receive cache's numbers now (see recv_cache_bytes). out->size must
+ *  be set (GSER_UCX_CACHE_STATS_INIT). */
+GSER_API gser_status_t gser_ucx_worker_get_cache_stats(gser_ucx_worker_t *worker, gser_ucx_cache_stats_t *out);
 
 /** Make progress: run UCX's progress, match incoming messages to pending
  *  receives, advance staging, and run completion callbacks. Returns how many
@@ -159,7 +167,7 @@ GSER_API unsigned gser_ucx_worker_progress(gser_ucx_worker_t *worker);
 
 /** The worker's event file descriptor, for epoll/select/asyncio: readable
  *  when gser_ucx_worker_progress has work. See gser_ucx_worker_arm. */
-GSER_API gser_status_t gser_ucx_worker_efd(gser_ucx_worker_t *worker, int *fd_out);
+GSER_API gser_status_t gser_ucx_worker_get_efd(gser_ucx_worker_t *worker, int *fd_out);
 
 /**
  * Arm the event file descriptor before waiting on it. GSER_OK: armed, it is
@@ -178,26 +186,29 @@ GSER_API gser_status_t gser_ucx_worker_wait(gser_ucx_worker_t *worker, int timeo
 /** Called when an accepted connection finished its handshake (status
  *  GSER_OK, ep is the caller's to destroy) or failed it (ep NULL, e.g.
  *  GSER_ERR_WIRE_VERSION). */
-typedef void (*gser_ucx_accept_cb)(gser_ucx_listener_t *listener, gser_ucx_ep_t *ep, gser_status_t status,
+typedef void (*gser_ucx_accept_fn)(gser_ucx_listener_t *listener, gser_ucx_ep_t *ep, gser_status_t status,
                                    void *user_data);
 
-/** Listener options. Zero-initialise, then set what you need. */
+/** Listener options. Start from its GSER_*_INIT macro, then set what you need. */
 typedef struct gser_ucx_listener_options {
+    size_t size; /**< sizeof(gser_ucx_listener_options_t): GSER_UCX_LISTENER_OPTIONS_INIT sets it */
     /** IPv4 or IPv6 address to listen on; NULL = every interface. */
     const char *address;
-    /** Port; 0 = a free one (see gser_ucx_listener_port). */
+    /** Port; 0 = a free one (see gser_ucx_listener_get_port). */
     uint16_t port;
     /** NULL: connections wait in a queue for gser_ucx_listener_accept. */
-    gser_ucx_accept_cb accept_cb;
+    gser_ucx_accept_fn accept_cb;
     void *user_data;
 } gser_ucx_listener_options_t;
+
+#define GSER_UCX_LISTENER_OPTIONS_INIT GSER_STRUCT_INIT(gser_ucx_listener_options_t)
 
 /** Listen for connections. opts may be NULL (every interface, a free port). */
 GSER_API gser_status_t gser_ucx_listener_create(gser_ucx_worker_t *worker, const gser_ucx_listener_options_t *opts,
                                                 gser_ucx_listener_t **listener_out);
 
 /** The port the listener is bound to. */
-GSER_API uint16_t gser_ucx_listener_port(const gser_ucx_listener_t *listener);
+GSER_API uint16_t gser_ucx_listener_get_port(const gser_ucx_listener_t *listener);
 
 /**
  * The next connection that finished its handshake, waiting up to timeout_ms
@@ -213,7 +224,7 @@ GSER_API void gser_ucx_listener_destroy(gser_ucx_listener_t *listener);
 
 /**
  * Start connecting to host:port (host: IPv4/IPv6 address or name). The
- * endpoint exists at once; gser_ucx_ep_status says when the handshake is
+ * endpoint exists at once; gser_ucx_ep_get_status says when the handshake is
  * done. Receives may be posted right away; sends need a ready endpoint.
  */
 GSER_API gser_status_t gser_ucx_ep_connect_nb(gser_ucx_worker_t *worker, const char *host, uint16_t port,
@@ -227,20 +238,24 @@ GSER_API gser_status_t gser_ucx_ep_connect(gser_ucx_worker_t *worker, const char
 /** GSER_OK when ready, GSER_INPROGRESS while the handshake runs, else why
  *  the endpoint failed (GSER_ERR_CONNECTION, GSER_ERR_WIRE_VERSION,
  *  GSER_ERR_CANCELED after gser_ucx_ep_close, ...). */
-GSER_API gser_status_t gser_ucx_ep_status(const gser_ucx_ep_t *ep);
+GSER_API gser_status_t gser_ucx_ep_get_status(const gser_ucx_ep_t *ep);
 
 /** What the peer announced in the handshake. */
 typedef struct gser_ucx_peer_info {
+    size_t size; /**< sizeof(gser_ucx_peer_info_t): GSER_UCX_PEER_INFO_INIT sets it */
     uint32_t wire_version;      /**< the peer's GSER_UCX_WIRE_VERSION */
     uint32_t gser_wire_version; /**< the peer's GSER_WIRE_VERSION */
     uint32_t caps;              /**< the peer's GSER_UCX_CAP_* bits */
 } gser_ucx_peer_info_t;
 
-/** The peer's handshake; GSER_ERR_STATE before the handshake is done. */
-GSER_API gser_status_t gser_ucx_ep_peer_info(const gser_ucx_ep_t *ep, gser_ucx_peer_info_t *info);
+#define GSER_UCX_PEER_INFO_INIT GSER_STRUCT_INIT(gser_ucx_peer_info_t)
+
+/** The peer's handshake; GSER_ERR_STATE before the handshake is done.
+ *  info->size must be set (GSER_UCX_PEER_INFO_INIT). */
+GSER_API gser_status_t gser_ucx_ep_get_peer_info(const gser_ucx_ep_t *ep, gser_ucx_peer_info_t *info);
 
 /** The worker an endpoint belongs to. */
-GSER_API gser_ucx_worker_t *gser_ucx_ep_worker(const gser_ucx_ep_t *ep);
+GSER_API gser_ucx_worker_t *gser_ucx_ep_get_worker(const gser_ucx_ep_t *ep);
 
 /**
  * Close an endpoint now: every send and receive in flight on it completes
@@ -263,16 +278,19 @@ GSER_API void gser_ucx_ep_destroy(gser_ucx_ep_t *ep);
 
 /** Called once when an operation completes (inside a progress call). req is
  *  the request; freeing it from the callback is fine. */
-typedef void (*gser_ucx_callback_t)(gser_ucx_request_t *req, gser_status_t status, void *user_data);
+typedef void (*gser_ucx_complete_fn)(gser_ucx_request_t *req, gser_status_t status, void *user_data);
 
-/** Parameters of a non-blocking operation. Zero-initialise. */
+/** Parameters of a non-blocking operation. Start from GSER_UCX_OP_PARAMS_INIT. */
 typedef struct gser_ucx_op_params {
-    gser_ucx_callback_t cb; /**< NULL: none; test or wait on the request */
+    size_t size; /**< sizeof(gser_ucx_op_params_t): GSER_UCX_OP_PARAMS_INIT sets it */
+    gser_ucx_complete_fn cb; /**< NULL: none; test or wait on the request */
     void *user_data;
 } gser_ucx_op_params_t;
 
+#define GSER_UCX_OP_PARAMS_INIT GSER_STRUCT_INIT(gser_ucx_op_params_t)
+
 /** GSER_INPROGRESS while running, else the operation's final status. */
-GSER_API gser_status_t gser_ucx_request_test(const gser_ucx_request_t *req);
+GSER_API gser_status_t gser_ucx_request_query(const gser_ucx_request_t *req);
 
 /** Progress until the request completes or timeout_ms passes (-1: no
  *  limit). Its final status, or GSER_ERR_TIMEOUT (it keeps running). */
@@ -295,7 +313,7 @@ GSER_API void gser_ucx_request_free(gser_ucx_request_t *req);
 
 /**
  * Send a message without blocking: frames[0] is the header (host memory),
- * then the data frames, as gser_frames_array gives them. The frames array
+ * then the data frames, as gser_frames_get_array gives them. The frames array
  * is copied; the bytes are not: keep them valid and unchanged until the
  * request completes, and let device work that produces them finish first
  * (gser_frames_wait). Messages sent on one endpoint arrive in order. On
@@ -326,23 +344,27 @@ GSER_API gser_status_t gser_ucx_ep_recv_nb(gser_ucx_ep_t *ep, const gser_ucx_op_
                                            gser_ucx_request_t **req_out);
 
 /** Post a receive of the next message from any endpoint of the worker (see
- *  gser_ucx_request_ep for which). */
+ *  gser_ucx_request_get_ep for which). */
 GSER_API gser_status_t gser_ucx_worker_recv_nb(gser_ucx_worker_t *worker, const gser_ucx_op_params_t *params,
                                                gser_ucx_request_t **req_out);
 
 /** The endpoint a request runs on: for a receive from any endpoint, the one
  *  the message came from (NULL until known). */
-GSER_API gser_ucx_ep_t *gser_ucx_request_ep(const gser_ucx_request_t *req);
+GSER_API gser_ucx_ep_t *gser_ucx_request_get_ep(const gser_ucx_request_t *req);
 
 /** Frames of a received message, handed to the caller. */
 typedef struct gser_ucx_recv {
+    size_t size; /**< sizeof(gser_ucx_recv_t): GSER_UCX_RECV_INIT sets it */
     gser_frame_t *frames; /**< header first; frames with release set own their memory */
     size_t nframes;
     gser_ucx_ep_t *ep;    /**< where the message came from */
 } gser_ucx_recv_t;
 
+#define GSER_UCX_RECV_INIT GSER_STRUCT_INIT(gser_ucx_recv_t)
+
 /**
- * Take the frames of a completed receive. Pass them to gser_deserialize,
+ * Take the frames of a completed receive (out->size must be set:
+ * GSER_UCX_RECV_INIT). Pass them to gser_deserialize,
  * then call gser_ucx_recv_finish(out, st == GSER_OK): a successful
  * deserialize owns the frame memory; otherwise it is released.
  */

@@ -60,7 +60,6 @@ typedef enum gser_dtype {
     GSER_DTYPE_FLOAT64 = 13,
     GSER_DTYPE_COMPLEX64 = 14,
     GSER_DTYPE_COMPLEX128 = 15,
-    GSER_DTYPE_COUNT_ /**< not a dtype: one past the last */
 } gser_dtype_t;
 
 /** Bytes per element of a dtype (1 for GSER_DTYPE_BYTES); 0 if unknown. */
@@ -79,10 +78,12 @@ enum {
 
 /**
  * A buffer: what gser_msg_new_buffer reads and gser_value_get_buffer fills.
- * Zero-initialise and set what you need: zero means host memory, untyped
- * bytes, flat (ndim 0: the shape is implied by nbytes), borrowed.
+ * Start from GSER_BUFFER_DESC_INIT and set what you need: zero means host
+ * memory, untyped bytes, flat (ndim 0: the shape is implied by nbytes),
+ * borrowed.
  */
 typedef struct gser_buffer_desc {
+    size_t size;           /**< sizeof(gser_buffer_desc_t): GSER_BUFFER_DESC_INIT sets it */
     const void *data;      /**< start of the bytes (may be NULL when nbytes is 0) */
     size_t nbytes;         /**< length in bytes */
     gser_dtype_t dtype;    /**< element type */
@@ -93,7 +94,7 @@ typedef struct gser_buffer_desc {
     unsigned flags;        /**< GSER_BUFFER_* */
     /** When set, the message owns data and calls release(data, release_arg)
      *  once, when it is destroyed (or when creation fails: never). */
-    void (*release)(void *data, void *release_arg);
+    gser_release_fn release;
     void *release_arg;
     /** Device data only: the stream (cudaStream_t) that produces data; gser
      *  orders its reads after the work queued there when serializing. */
@@ -102,6 +103,8 @@ typedef struct gser_buffer_desc {
      *  ready. Deserialized buffers carry one when gser copied them on a stream. */
     void *event;
 } gser_buffer_desc_t;
+
+#define GSER_BUFFER_DESC_INIT GSER_STRUCT_INIT(gser_buffer_desc_t)
 
 /* ---- messages ---------------------------------------------------------- */
 
@@ -113,14 +116,14 @@ GSER_API gser_status_t gser_msg_create(gser_context_t *ctx, gser_msg_t **msg_out
 GSER_API void gser_msg_destroy(gser_msg_t *msg);
 
 /** The message's root value (nil until set). Valid until the message is destroyed. */
-GSER_API gser_value_t *gser_msg_root(const gser_msg_t *msg);
+GSER_API gser_value_t *gser_msg_get_root(gser_msg_t *msg);
 
 /** Make value the root. The value must belong to this message, or to one that
  *  outlives it. */
 GSER_API gser_status_t gser_msg_set_root(gser_msg_t *msg, gser_value_t *value);
 
 /** The context a message was created with. */
-GSER_API gser_context_t *gser_msg_context(const gser_msg_t *msg);
+GSER_API gser_context_t *gser_msg_get_context(const gser_msg_t *msg);
 
 /* ---- constructors: each creates a value inside msg ---------------------- */
 
@@ -189,7 +192,7 @@ GSER_API gser_status_t gser_map_put_cstr(gser_value_t *map, const char *key, gse
 
 /* ---- accessors ----------------------------------------------------------- */
 
-GSER_API gser_kind_t gser_value_kind(const gser_value_t *v);
+GSER_API gser_kind_t gser_value_get_kind(const gser_value_t *v);
 
 GSER_API gser_status_t gser_value_get_bool(const gser_value_t *v, bool *out);
 /** Also accepts a UINT that fits in int64_t. */
@@ -201,16 +204,17 @@ GSER_API gser_status_t gser_value_get_float(const gser_value_t *v, double *out);
 GSER_API gser_status_t gser_value_get_str(const gser_value_t *v, const char **s, size_t *len);
 /** The bytes (borrowed from wherever they came from). */
 GSER_API gser_status_t gser_value_get_bytes(const gser_value_t *v, const void **data, size_t *len);
-/** A buffer's description; desc->shape points into the message. */
+/** A buffer's description; desc->shape points into the message. desc->size
+ *  must be set (GSER_BUFFER_DESC_INIT); at most that many bytes are written. */
 GSER_API gser_status_t gser_value_get_buffer(const gser_value_t *v, gser_buffer_desc_t *desc);
 
 /** Number of elements of a list or tuple, pairs of a map, bytes of a str or
  *  bytes value; 0 for anything else. */
-GSER_API size_t gser_value_len(const gser_value_t *v);
+GSER_API size_t gser_value_get_len(const gser_value_t *v);
 
 /** Element i of a list or tuple. For an array-backed list this creates a
  *  value for the element (a snapshot) the first time it is asked for. */
-GSER_API gser_status_t gser_list_get(const gser_value_t *list, size_t i, gser_value_t **out);
+GSER_API gser_status_t gser_list_get(gser_value_t *list, size_t i, gser_value_t **out);
 
 /**
  * The contiguous typed array behind a list or tuple: elem_kind is INT, UINT,
@@ -223,12 +227,11 @@ GSER_API gser_status_t gser_list_get_array(const gser_value_t *list, gser_kind_t
                                            const void **data, size_t *count);
 
 /** Pair i of a map. */
-GSER_API gser_status_t gser_map_get_at(const gser_value_t *map, size_t i, gser_value_t **key,
-                                       gser_value_t **value);
+GSER_API gser_status_t gser_map_get_at(gser_value_t *map, size_t i, gser_value_t **key, gser_value_t **value);
 /** The value of the first pair whose key is the string key; GSER_ERR_NOT_FOUND if none. */
-GSER_API gser_status_t gser_map_find_cstr(const gser_value_t *map, const char *key, gser_value_t **value);
+GSER_API gser_status_t gser_map_find_cstr(gser_value_t *map, const char *key, gser_value_t **value);
 /** The value of the first pair whose key equals key (same kind and value). */
-GSER_API gser_status_t gser_map_find(const gser_value_t *map, const gser_value_t *key, gser_value_t **value);
+GSER_API gser_status_t gser_map_find(gser_value_t *map, const gser_value_t *key, gser_value_t **value);
 
 /** A typed object's type name and pointer. */
 GSER_API gser_status_t gser_value_get_object(const gser_value_t *v, const char **type_name, void **obj);
@@ -238,6 +241,7 @@ GSER_API gser_status_t gser_value_take_object(gser_value_t *v, void **obj);
 
 /** What a serialized (pass-through) value says about itself. */
 typedef struct gser_serialized_info {
+    size_t size;            /**< sizeof(gser_serialized_info_t): GSER_SERIALIZED_INFO_INIT sets it */
     const char *type_name;  /**< valid until the message is destroyed */
     const char *family;
     uint32_t version;
@@ -246,6 +250,9 @@ typedef struct gser_serialized_info {
     size_t nframes;         /**< frames the object carries */
 } gser_serialized_info_t;
 
+#define GSER_SERIALIZED_INFO_INIT GSER_STRUCT_INIT(gser_serialized_info_t)
+
+/** info->size must be set (GSER_SERIALIZED_INFO_INIT); at most that many bytes are written. */
 GSER_API gser_status_t gser_value_get_serialized(const gser_value_t *v, gser_serialized_info_t *info);
 
 /**

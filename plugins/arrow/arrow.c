@@ -6,7 +6,7 @@ gser_status_t gser_arrow_register(gser_context_t *ctx)
     if (!ctx)
         return GSER_ERR_INVALID_ARG;
     /* A received table is freed with its message unless taken. */
-    gser_type_options_t o = {.destroy = arrow_recv_destroy};
+    gser_type_options_t o = {.size = sizeof(gser_type_options_t), .destroy = arrow_recv_destroy};
     gser_status_t st = gser_type_register(ctx, GSER_ARROW_TYPE, GSER_ARROW_TYPE_VERSION, &o);
     if (st)
         return st;

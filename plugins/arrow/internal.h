@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "gser/arrow.h"
+#include "gser/extension.h"
 #include "gser/gser.h"
 
 #define ARROW_HIDDEN __attribute__((visibility("hidden")))

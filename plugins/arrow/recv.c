@@ -1,5 +1,5 @@
 /* Receiving an Arrow table: the deserializer of both families checks the
- * sub-tree (untrusted input) into a flat node list; gser_value_take_arrow
+ * sub-tree (untrusted input) into a flat node list; gser_arrow_take_value
  * then hands it out as ArrowDeviceArray + ArrowSchema.
  *
  * Ownership: every exported ArrowArray node holds a reference on one keeper,
@@ -27,7 +27,7 @@ typedef struct rnode {
     int32_t parent, slot; /* slot: child index, -1 dictionary, -2 root */
     int32_t n_children, first_child, end, dictionary;
     int64_t length, null_count;
-    const gser_value_t *bufs[3]; /* NULL = absent */
+    gser_value_t *bufs[3]; /* NULL = absent */
 } rnode_t;
 
 typedef struct arrow_recv {
@@ -78,7 +78,7 @@ static void describe(const arrow_recv_t *rx, int32_t i, char *buf, size_t cap)
 typedef struct rctx {
     gser_reader_t *r;
     arrow_recv_t *rx;
-    const gser_value_t *schema, *array;
+    gser_value_t *schema, *array;
 } rctx_t;
 
 static gser_status_t rfail(rctx_t *rc, int32_t i, gser_status_t st, const char *fmt, ...)
@@ -100,7 +100,7 @@ static gser_status_t rfail(rctx_t *rc, int32_t i, gser_status_t st, const char *
 
 /* ---- reading the sub-tree ------------------------------------------------------------- */
 
-static bool get_field(const gser_value_t *list, size_t i, gser_value_t **out)
+static bool get_field(gser_value_t *list, size_t i, gser_value_t **out)
 {
     return gser_list_get(list, i, out) == GSER_OK;
 }
@@ -125,14 +125,14 @@ static gser_status_t parse_schema(rctx_t *rc, int32_t parent, int32_t slot, int 
     n->first_child = n->dictionary = -1;
     gser_value_t *node, *v;
     if (!get_field(rc->schema, (size_t)i, &node) ||
-        (gser_value_kind(node) != GSER_KIND_LIST && gser_value_kind(node) != GSER_KIND_TUPLE) ||
-        gser_value_len(node) != SN_COUNT_)
+        (gser_value_get_kind(node) != GSER_KIND_LIST && gser_value_get_kind(node) != GSER_KIND_TUPLE) ||
+        gser_value_get_len(node) != SN_COUNT_)
         return rfail(rc, parent, GSER_ERR_FORMAT, "schema node %d is not a list of %d fields", (int)i, SN_COUNT_);
     if (!get_field(node, SN_FORMAT, &v) || !get_cstr(v, &n->format))
         return rfail(rc, parent, GSER_ERR_FORMAT, "schema node %d has no format string", (int)i);
     if (depth > ARROW_MAX_DEPTH)
         return rfail(rc, i, GSER_ERR_LIMIT_DEPTH, "types nest deeper than %d levels", ARROW_MAX_DEPTH);
-    if (!get_field(node, SN_NAME, &v) || (gser_value_kind(v) != GSER_KIND_NIL && !get_cstr(v, &n->name)))
+    if (!get_field(node, SN_NAME, &v) || (gser_value_get_kind(v) != GSER_KIND_NIL && !get_cstr(v, &n->name)))
         return rfail(rc, i, GSER_ERR_FORMAT, "the name is neither nil nor a string");
     if (arrow_fmt_parse(n->format, &n->fmt) != GSER_OK)
         return rfail(rc, i, GSER_ERR_UNSUPPORTED, "type \"%s\" is not supported", n->format);
@@ -142,7 +142,7 @@ static gser_status_t parse_schema(rctx_t *rc, int32_t parent, int32_t slot, int 
         return rfail(rc, i, GSER_ERR_FORMAT, "the flags are not an integer");
     if (!get_field(node, SN_METADATA, &v))
         return rfail(rc, i, GSER_ERR_FORMAT, "no metadata field");
-    if (gser_value_kind(v) != GSER_KIND_NIL) {
+    if (gser_value_get_kind(v) != GSER_KIND_NIL) {
         size_t size;
         if (gser_value_get_bytes(v, &n->metadata, &n->metadata_len) != GSER_OK ||
             !arrow_metadata_size(n->metadata, n->metadata_len, &size) || size != n->metadata_len)
@@ -179,14 +179,15 @@ static gser_status_t parse_schema(rctx_t *rc, int32_t parent, int32_t slot, int 
 }
 
 /* A buffer field: nil (absent) or a buffer value of exactly nbytes. */
-static gser_status_t get_buffer(rctx_t *rc, int32_t i, const gser_value_t *node, int b, bool required,
+static gser_status_t get_buffer(rctx_t *rc, int32_t i, gser_value_t *node, int b, bool required,
                                 uint64_t nbytes, gser_buffer_desc_t *d)
 {
     gser_value_t *v;
     memset(d, 0, sizeof *d);
+    d->size = sizeof *d;
     if (!get_field(node, AN_BUFFERS + (size_t)b, &v))
         return rfail(rc, i, GSER_ERR_FORMAT, "buffer %d is missing", b);
-    if (gser_value_kind(v) == GSER_KIND_NIL) {
+    if (gser_value_get_kind(v) == GSER_KIND_NIL) {
         if (required)
             return rfail(rc, i, GSER_ERR_FORMAT, "buffer %d is nil", b);
         return GSER_OK;
@@ -209,10 +210,10 @@ static gser_status_t check_host_offsets(rctx_t *rc, int32_t i, const gser_buffer
     if (d->memory != GSER_MEMORY_HOST) {
         /* A peer's device offsets are checked on the device (one pass, one
          * word back): a consumer's kernels must not read past the data. */
-        gser_msg_t *m = gser_reader_msg(rc->r);
+        gser_msg_t *m = gser_reader_get_msg(rc->r);
         uint32_t verdict = 0;
-        gser_status_t st = gser_device_check_offsets(gser_msg_context(m), d->data, (size_t)len + 1, w, end,
-                                                     gser_reader_stream(rc->r), &verdict);
+        gser_status_t st = gser_device_check_offsets(gser_msg_get_context(m), d->data, (size_t)len + 1, w, end,
+                                                     gser_reader_get_stream(rc->r), &verdict);
         if (st)
             return rfail(rc, i, st, "checking the offsets on the device failed");
         if (verdict)
@@ -241,8 +242,8 @@ static gser_status_t parse_array(rctx_t *rc, int32_t i)
     const arrow_fmt_t *f = &n->fmt;
     gser_value_t *node, *v;
     if (!get_field(rc->array, (size_t)i, &node) ||
-        (gser_value_kind(node) != GSER_KIND_LIST && gser_value_kind(node) != GSER_KIND_TUPLE) ||
-        gser_value_len(node) != (size_t)(AN_BUFFERS + f->n_buffers))
+        (gser_value_get_kind(node) != GSER_KIND_LIST && gser_value_get_kind(node) != GSER_KIND_TUPLE) ||
+        gser_value_get_len(node) != (size_t)(AN_BUFFERS + f->n_buffers))
         return rfail(rc, i, GSER_ERR_FORMAT, "array node is not a list of %d fields", AN_BUFFERS + f->n_buffers);
     if (!get_field(node, AN_LENGTH, &v) || gser_value_get_int(v, &n->length) != GSER_OK || n->length < 0 ||
         !get_field(node, AN_NULL_COUNT, &v) || gser_value_get_int(v, &n->null_count) != GSER_OK ||
@@ -258,7 +259,7 @@ static gser_status_t check_array(rctx_t *rc, int32_t i)
     gser_value_t *node;
     get_field(rc->array, (size_t)i, &node);
     uint64_t len = (uint64_t)n->length, bits = (len + 7) / 8;
-    gser_buffer_desc_t d, off;
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT, off = GSER_BUFFER_DESC_INIT;
     gser_status_t st;
     if (f->n_buffers) {
         if ((st = get_buffer(rc, i, node, 0, false, bits, &d)))
@@ -312,26 +313,26 @@ static gser_status_t check_array(rctx_t *rc, int32_t i)
 gser_status_t arrow_deserialize(gser_context_t *ctx, gser_reader_t *r, void **obj_out, void *user_data)
 {
     (void)user_data;
-    const gser_value_t *tree = gser_reader_tree(r);
+    gser_value_t *tree = gser_reader_get_tree(r);
     gser_value_t *dev, *schema, *array;
     int64_t device_type;
-    if (gser_value_kind(tree) != GSER_KIND_MAP || gser_map_find_cstr(tree, ARROW_KEY_DEVICE, &dev) ||
+    if (gser_value_get_kind(tree) != GSER_KIND_MAP || gser_map_find_cstr(tree, ARROW_KEY_DEVICE, &dev) ||
         gser_value_get_int(dev, &device_type) || device_type < INT32_MIN || device_type > INT32_MAX ||
-        gser_map_find_cstr(tree, ARROW_KEY_SCHEMA, &schema) || gser_value_kind(schema) != GSER_KIND_LIST ||
-        gser_map_find_cstr(tree, ARROW_KEY_ARRAY, &array) || gser_value_kind(array) != GSER_KIND_LIST)
+        gser_map_find_cstr(tree, ARROW_KEY_SCHEMA, &schema) || gser_value_get_kind(schema) != GSER_KIND_LIST ||
+        gser_map_find_cstr(tree, ARROW_KEY_ARRAY, &array) || gser_value_get_kind(array) != GSER_KIND_LIST)
         return gser_reader_fail(r, GSER_ERR_FORMAT, "the sub-tree is not {device, schema, array}");
-    size_t n = gser_value_len(schema);
-    if (n == 0 || n != gser_value_len(array) || n > (size_t)INT32_MAX)
+    size_t n = gser_value_get_len(schema);
+    if (n == 0 || n != gser_value_get_len(array) || n > (size_t)INT32_MAX)
         return gser_reader_fail(r, GSER_ERR_FORMAT, "%zu schema nodes and %zu array nodes", n,
-                                gser_value_len(array));
+                                gser_value_get_len(array));
     arrow_recv_t *rx = calloc(1, sizeof *rx + n * sizeof(rnode_t));
     if (!rx)
         return gser_reader_fail(r, GSER_ERR_NO_MEMORY, "out of memory");
     rx->magic = ARROW_MAGIC_RECV;
     rx->device_type = (int32_t)device_type;
-    rx->host_family = strcmp(gser_reader_family(r), "host") == 0;
+    rx->host_family = strcmp(gser_reader_get_family(r), "host") == 0;
     rx->ctx = ctx;
-    rx->msg = gser_reader_msg(r);
+    rx->msg = gser_reader_get_msg(r);
     rx->n = n;
     rctx_t rc = {.r = r, .rx = rx, .schema = schema, .array = array};
     size_t next = 0;
@@ -575,7 +576,7 @@ static size_t align64(size_t n)
     return (n + 63) & ~(size_t)63;
 }
 
-gser_status_t gser_value_take_arrow(gser_value_t *v, const gser_arrow_take_options_t *opts,
+gser_status_t gser_arrow_take_value(gser_value_t *v, const gser_arrow_take_options_t *opts,
                                     struct ArrowDeviceArray *out_array, struct ArrowSchema *out_schema)
 {
     const char *type;
@@ -586,14 +587,18 @@ gser_status_t gser_value_take_arrow(gser_value_t *v, const gser_arrow_take_optio
         ((arrow_recv_t *)obj)->magic != ARROW_MAGIC_RECV)
         return GSER_ERR_TYPE_MISMATCH;
     arrow_recv_t *rx = obj;
-    gser_arrow_take_options_t o = opts ? *opts : (gser_arrow_take_options_t){0};
+    gser_arrow_take_options_t o = GSER_ARROW_TAKE_OPTIONS_INIT;
+    gser_status_t rst;
+    if (opts && (rst = gser_context_struct_read(rx->ctx, "gser_arrow_take_value", "gser_arrow_take_options_t", &o,
+                                                sizeof o, opts)))
+        return rst;
     if ((o.flags & GSER_ARROW_TO_DEVICE) && (o.flags & GSER_ARROW_TO_HOST))
         return GSER_ERR_INVALID_ARG;
     if (rx->taken)
         return GSER_ERR_STATE;
     gser_context_t *ctx = rx->ctx;
     size_t nf = 0;
-    const gser_frame_t *frames = gser_msg_frames(rx->msg, &nf);
+    const gser_frame_t *frames = gser_msg_get_frames(rx->msg, &nf);
 
     gser_status_t st = GSER_ERR_NO_MEMORY;
     size_t nslots = rx->n * 3;
@@ -631,7 +636,7 @@ gser_status_t gser_value_take_arrow(gser_value_t *v, const gser_arrow_take_optio
     for (size_t s = 0; s < nslots; s++) {
         slot_region[s] = SIZE_MAX;
         const gser_value_t *bv = rx->nodes[s / 3].bufs[s % 3];
-        gser_buffer_desc_t d;
+        gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
         if (!bv || gser_value_get_buffer(bv, &d) != GSER_OK || d.nbytes == 0)
             continue;
         if (d.memory == GSER_MEMORY_DEVICE) {
@@ -669,10 +674,10 @@ gser_status_t gser_value_take_arrow(gser_value_t *v, const gser_arrow_take_optio
     else /* no bytes at all: where the family and the sender put it */
         target = !rx->host_family &&
                          (rx->device_type == ARROW_DEVICE_CUDA || rx->device_type == ARROW_DEVICE_CUDA_MANAGED) &&
-                         gser_device_available(ctx)
+                         gser_context_has_device(ctx)
                      ? GSER_MEMORY_DEVICE
                      : GSER_MEMORY_HOST;
-    if (target == GSER_MEMORY_DEVICE && !gser_device_available(ctx)) {
+    if (target == GSER_MEMORY_DEVICE && !gser_context_has_device(ctx)) {
         st = GSER_ERR_NO_DEVICE;
         goto fail;
     }
@@ -729,7 +734,7 @@ gser_status_t gser_value_take_arrow(gser_value_t *v, const gser_arrow_take_optio
             goto fail;
     }
     /* The message may free the sources once this returns. */
-    if (device_copies && (st = gser_stream_sync(ctx, o.stream)))
+    if (device_copies && (st = gser_stream_wait(ctx, o.stream)))
         goto fail;
     for (size_t s = 0; s < nslots; s++)
         if (slot_region[s] != SIZE_MAX) {
@@ -740,13 +745,13 @@ gser_status_t gser_value_take_arrow(gser_value_t *v, const gser_arrow_take_optio
     /* sync_event: a CUDA event after everything, for device arrays on a GPU.
      * The emulated backend's work is done by now: NULL, as for CPU arrays. */
     void *sync_event = NULL;
-    if (target == GSER_MEMORY_DEVICE && strcmp(gser_device_backend(ctx), "cuda") == 0) {
+    if (target == GSER_MEMORY_DEVICE && strcmp(gser_context_get_device_backend(ctx), "cuda") == 0) {
         if ((o.flags & GSER_ARROW_BORROW) && !copy_bytes && core_event) {
             k->event_handle = core_event; /* the message's, alive as long as it is */
         } else {
             if ((st = gser_event_create(ctx, &k->event)) || (st = gser_event_record(k->event, o.stream)))
                 goto fail;
-            k->event_handle = gser_event_handle(k->event);
+            k->event_handle = gser_event_get_handle(k->event);
         }
         sync_event = &k->event_handle;
     }

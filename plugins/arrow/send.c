@@ -1,4 +1,4 @@
-/* Sending an Arrow table: gser_msg_new_arrow and the serializer of both
+/* Sending an Arrow table: gser_arrow_new_value and the serializer of both
  * families.
  *
  * The table's type tree is walked once into a flat list of nodes in
@@ -237,14 +237,14 @@ static gser_status_t append_buffer(sctx_t *sc, int32_t i, gser_value_t *node, co
     if (st == GSER_OK)
         st = gser_list_append(node, v);
     if (st)
-        return fail(sc, i, st, "adding a buffer: %s", gser_context_last_error(sc->ctx));
+        return fail(sc, i, st, "adding a buffer: %s", gser_context_get_last_error(sc->ctx));
     return GSER_OK;
 }
 
 /* A view of the caller's bytes (zero-copy). */
 static gser_status_t add_view(sctx_t *sc, int32_t i, gser_value_t *node, int b, const void *data, size_t nbytes)
 {
-    gser_buffer_desc_t d = {.data = nbytes ? data : NULL,
+    gser_buffer_desc_t d = {.size = sizeof(gser_buffer_desc_t), .data = nbytes ? data : NULL,
                             .nbytes = nbytes,
                             .dtype = arrow_buffer_dtype(&sc->nodes[i].fmt, b),
                             .memory = sc->device ? GSER_MEMORY_DEVICE : GSER_MEMORY_HOST,
@@ -260,7 +260,7 @@ static gser_status_t add_view(sctx_t *sc, int32_t i, gser_value_t *node, int b, 
  * memory, like the table). Owned by the scratch message once appended. */
 static gser_status_t add_owned(sctx_t *sc, int32_t i, int b, size_t nbytes, void **data, gser_buffer_desc_t *d)
 {
-    *d = (gser_buffer_desc_t){.nbytes = nbytes,
+    *d = (gser_buffer_desc_t){.size = sizeof(gser_buffer_desc_t), .nbytes = nbytes,
                               .dtype = arrow_buffer_dtype(&sc->nodes[i].fmt, b),
                               .memory = sc->device ? GSER_MEMORY_DEVICE : GSER_MEMORY_HOST,
                               .device = sc->device_id};
@@ -273,7 +273,7 @@ static gser_status_t add_owned(sctx_t *sc, int32_t i, int b, size_t nbytes, void
         if (st) {
             free(a);
             return fail(sc, i, st, "allocating %zu bytes of device memory for a compacted buffer: %s", nbytes,
-                        gser_context_last_error(sc->ctx));
+                        gser_context_get_last_error(sc->ctx));
         }
         *a = (dev_alloc_t){sc->ctx, nbytes, sc->stream};
         d->release = release_dev;
@@ -297,7 +297,7 @@ static gser_status_t commit_owned(sctx_t *sc, int32_t i, gser_value_t *node, gse
         /* not owned by the message: give it back here */
         if (d->release)
             d->release((void *)d->data, d->release_arg);
-        return fail(sc, i, st, "adding a buffer: %s", gser_context_last_error(sc->ctx));
+        return fail(sc, i, st, "adding a buffer: %s", gser_context_get_last_error(sc->ctx));
     }
     if ((st = gser_list_append(node, v)))
         return fail(sc, i, st, "out of memory");
@@ -315,14 +315,14 @@ static gser_status_t add_bits(sctx_t *sc, int32_t i, gser_value_t *node, int b, 
     if (off % 8 == 0)
         return add_view(sc, i, node, b, (const unsigned char *)bitmap + off / 8, nbytes);
     void *p = NULL;
-    gser_buffer_desc_t d;
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
     gser_status_t st = add_owned(sc, i, b, nbytes, &p, &d);
     if (st)
         return st;
     if (sc->device) {
         if ((st = gser_device_copy_bits(sc->ctx, p, bitmap, (uint64_t)off, (uint64_t)len, sc->stream))) {
             d.release((void *)d.data, d.release_arg);
-            return fail(sc, i, st, "shifting a bitmap on the device: %s", gser_context_last_error(sc->ctx));
+            return fail(sc, i, st, "shifting a bitmap on the device: %s", gser_context_get_last_error(sc->ctx));
         }
     } else {
         arrow_host_copy_bits(p, bitmap, (uint64_t)off, (uint64_t)len);
@@ -396,7 +396,7 @@ static gser_status_t check_offsets(sctx_t *sc, int32_t i)
     const unsigned char *dev = (const unsigned char *)offs + (size_t)n->off * w;
     if ((st = gser_device_check_offsets(sc->ctx, dev, (size_t)n->len + 1, w, (uint64_t)n->last, sc->stream,
                                         &verdict)))
-        return fail(sc, i, st, "checking offsets on the device: %s", gser_context_last_error(sc->ctx));
+        return fail(sc, i, st, "checking offsets on the device: %s", gser_context_get_last_error(sc->ctx));
     if (verdict & GSER_OFFSETS_DECREASE)
         return fail(sc, i, GSER_ERR_OUT_OF_RANGE, "offsets %lld..%lld decrease somewhere (checked on the device)",
                     (long long)n->off, (long long)(n->off + n->len));
@@ -412,14 +412,14 @@ static gser_status_t add_offsets(sctx_t *sc, int32_t i, gser_value_t *node)
     const void *offs = n->array->buffers[1];
     if (!offs) { /* an empty array without offsets: send the one offset it has */
         static const int64_t zero = 0;
-        gser_buffer_desc_t d;
+        gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
         void *p;
         gser_status_t st = add_owned(sc, i, 1, w, &p, &d);
         if (st)
             return st;
         if ((st = gser_device_memcpy(sc->ctx, p, d.memory, &zero, GSER_MEMORY_HOST, w, sc->stream))) {
             d.release((void *)d.data, d.release_arg);
-            return fail(sc, i, st, "writing an offset: %s", gser_context_last_error(sc->ctx));
+            return fail(sc, i, st, "writing an offset: %s", gser_context_get_last_error(sc->ctx));
         }
         return commit_owned(sc, i, node, &d);
     }
@@ -427,14 +427,14 @@ static gser_status_t add_offsets(sctx_t *sc, int32_t i, gser_value_t *node)
     if (n->first == 0)
         return add_view(sc, i, node, 1, src, nbytes);
     void *p;
-    gser_buffer_desc_t d;
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
     gser_status_t st = add_owned(sc, i, 1, nbytes, &p, &d);
     if (st)
         return st;
     if (sc->device) {
         if ((st = gser_device_rebase_offsets(sc->ctx, p, src, (size_t)n->len + 1, w, sc->stream))) {
             d.release((void *)d.data, d.release_arg);
-            return fail(sc, i, st, "rebasing offsets on the device: %s", gser_context_last_error(sc->ctx));
+            return fail(sc, i, st, "rebasing offsets on the device: %s", gser_context_get_last_error(sc->ctx));
         }
     } else if (w == 4) {
         uint32_t *out = p, base;
@@ -504,7 +504,7 @@ static gser_status_t read_level(sctx_t *sc, int32_t depth, void **pinned, size_t
         gser_status_t st = gser_pinned_alloc(sc->ctx, need, pinned);
         if (st)
             return gser_writer_fail(sc->w, st, "allocating pinned memory to read offsets: %s",
-                                    gser_context_last_error(sc->ctx));
+                                    gser_context_get_last_error(sc->ctx));
         *pinned_size = need;
     }
     unsigned char *at = *pinned;
@@ -520,7 +520,7 @@ static gser_status_t read_level(sctx_t *sc, int32_t depth, void **pinned, size_t
                                                   GSER_MEMORY_DEVICE, nb, sc->stream);
             if (st)
                 return fail(sc, (int32_t)i, st, "reading a validity bitmap from the device: %s",
-                            gser_context_last_error(sc->ctx));
+                            gser_context_get_last_error(sc->ctx));
             at += (nb + 63) & ~(size_t)63;
         }
         if (!needs_offsets(n))
@@ -539,13 +539,13 @@ static gser_status_t read_level(sctx_t *sc, int32_t depth, void **pinned, size_t
                                         GSER_MEMORY_DEVICE, w, sc->stream);
         }
         if (st)
-            return fail(sc, (int32_t)i, st, "reading offsets from the device: %s", gser_context_last_error(sc->ctx));
+            return fail(sc, (int32_t)i, st, "reading offsets from the device: %s", gser_context_get_last_error(sc->ctx));
         at += READ_ALL_MAX;
     }
-    gser_status_t st = gser_stream_sync(sc->ctx, sc->stream);
+    gser_status_t st = gser_stream_wait(sc->ctx, sc->stream);
     if (st)
         return gser_writer_fail(sc->w, st, "waiting for offsets read from the device: %s",
-                                gser_context_last_error(sc->ctx));
+                                gser_context_get_last_error(sc->ctx));
     return GSER_OK;
 }
 
@@ -711,10 +711,10 @@ gser_status_t arrow_serialize(gser_context_t *ctx, const void *obj, gser_writer_
     const arrow_send_t *in = obj;
     if (!in || in->magic != ARROW_MAGIC_SEND)
         return gser_writer_fail(w, GSER_ERR_TYPE_MISMATCH,
-                                "not a table made by gser_msg_new_arrow (a received table is sent again by "
+                                "not a table made by gser_arrow_new_value (a received table is sent again by "
                                 "taking it and making a new value)");
     const struct ArrowDeviceArray *da = in->array;
-    sctx_t sc = {.ctx = ctx, .w = w, .m = gser_writer_msg(w), .stream = in->stream, .flags = in->flags, .device_id = 0};
+    sctx_t sc = {.ctx = ctx, .w = w, .m = gser_writer_get_msg(w), .stream = in->stream, .flags = in->flags, .device_id = 0};
     if (!sc.m)
         return gser_writer_fail(w, GSER_ERR_NO_MEMORY, "out of memory");
     switch (da->device_type) {
@@ -730,7 +730,7 @@ gser_status_t arrow_serialize(gser_context_t *ctx, const void *obj, gser_writer_
         sc.device = true;
         sc.device_id = (int32_t)da->device_id;
         sc.event = da->sync_event ? *(void *const *)da->sync_event : NULL;
-        if (!gser_device_available(ctx))
+        if (!gser_context_has_device(ctx))
             return gser_writer_fail(w, GSER_ERR_NO_DEVICE,
                                     "the table is in device memory (device type %d) and the context has no device "
                                     "backend",
@@ -793,19 +793,24 @@ out:
 
 /* ---- the value ------------------------------------------------------------------------ */
 
-gser_status_t gser_msg_new_arrow(gser_msg_t *msg, const struct ArrowDeviceArray *array,
+gser_status_t gser_arrow_new_value(gser_msg_t *msg, const struct ArrowDeviceArray *array,
                                  const struct ArrowSchema *schema, const gser_arrow_send_options_t *opts,
                                  gser_value_t **out)
 {
     if (!msg || !array || !schema || !out)
         return GSER_ERR_INVALID_ARG;
+    gser_arrow_send_options_t o = GSER_ARROW_SEND_OPTIONS_INIT;
+    gser_status_t st;
+    if (opts && (st = gser_context_struct_read(gser_msg_get_context(msg), "gser_arrow_new_value",
+                                               "gser_arrow_send_options_t", &o, sizeof o, opts)))
+        return st;
     /* The object lives in the message: a copied host buffer is message memory
      * that needs no cleanup of its own (it is not linked into the tree). */
-    arrow_send_t s = {.magic = ARROW_MAGIC_SEND, .array = array, .schema = schema, .stream = opts ? opts->stream : NULL,
-                      .flags = opts ? opts->flags : 0};
-    gser_buffer_desc_t d = {.data = &s, .nbytes = sizeof s, .flags = GSER_BUFFER_COPY};
+    arrow_send_t s = {.magic = ARROW_MAGIC_SEND, .array = array, .schema = schema, .stream = o.stream,
+                      .flags = o.flags};
+    gser_buffer_desc_t d = {.size = sizeof(gser_buffer_desc_t), .data = &s, .nbytes = sizeof s, .flags = GSER_BUFFER_COPY};
     gser_value_t *holder, *v;
-    gser_status_t st = gser_msg_new_buffer(msg, &d, &holder);
+    st = gser_msg_new_buffer(msg, &d, &holder);
     if (st)
         return st;
     gser_value_get_buffer(holder, &d);

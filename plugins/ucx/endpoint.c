@@ -498,9 +498,10 @@ static gser_status_t resolve(const char *host, uint16_t port, bool passive, stru
 gser_status_t gser_ucx_listener_create(gser_ucx_worker_t *w, const gser_ucx_listener_options_t *opts,
                                        gser_ucx_listener_t **listener_out)
 {
-    gser_ucx_listener_options_t o = {0};
-    if (opts)
-        o = *opts;
+    gser_ucx_listener_options_t o = GSER_UCX_LISTENER_OPTIONS_INIT;
+    gser_status_t rst;
+    if (opts && (rst = gux_struct_read("gser_ucx_listener_create", "gser_ucx_listener_options_t", &o, sizeof o, opts)))
+        return rst;
     if (!w || !listener_out)
         return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_listener_create: bad argument");
     gux_error_clear();
@@ -544,7 +545,7 @@ fail:
     return st;
 }
 
-uint16_t gser_ucx_listener_port(const gser_ucx_listener_t *l)
+uint16_t gser_ucx_listener_get_port(const gser_ucx_listener_t *l)
 {
     return l ? l->port : 0;
 }
@@ -646,7 +647,7 @@ gser_status_t gser_ucx_ep_connect_nb(gser_ucx_worker_t *w, const char *host, uin
     ep->user_owned = true;
     if ((st = hs_start(ep))) {
         char msg[512];
-        snprintf(msg, sizeof msg, "%s", gser_ucx_last_error());
+        snprintf(msg, sizeof msg, "%s", gser_ucx_get_last_error());
         gux_unlock(w);
         gser_ucx_ep_destroy(ep);
         return gux_fail(st, "%s", msg);
@@ -678,7 +679,7 @@ gser_status_t gser_ucx_ep_connect(gser_ucx_worker_t *w, const char *host, uint16
     gux_unlock(w);
     if (st) {
         char msg[512];
-        snprintf(msg, sizeof msg, "%s", gser_ucx_last_error());
+        snprintf(msg, sizeof msg, "%s", gser_ucx_get_last_error());
         gser_ucx_ep_destroy(ep);
         return gux_fail(st, "%s", msg);
     }
@@ -686,7 +687,7 @@ gser_status_t gser_ucx_ep_connect(gser_ucx_worker_t *w, const char *host, uint16
     return GSER_OK;
 }
 
-gser_status_t gser_ucx_ep_status(const gser_ucx_ep_t *ep)
+gser_status_t gser_ucx_ep_get_status(const gser_ucx_ep_t *ep)
 {
     if (!ep)
         return GSER_ERR_INVALID_ARG;
@@ -700,17 +701,20 @@ gser_status_t gser_ucx_ep_status(const gser_ucx_ep_t *ep)
     }
 }
 
-gser_status_t gser_ucx_ep_peer_info(const gser_ucx_ep_t *ep, gser_ucx_peer_info_t *info)
+gser_status_t gser_ucx_ep_get_peer_info(const gser_ucx_ep_t *ep, gser_ucx_peer_info_t *info)
 {
     if (!ep || !info)
-        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_peer_info: bad argument");
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_get_peer_info: bad argument");
     if (!ep->hs_received)
-        return gux_fail(GSER_ERR_STATE, "gser_ucx_ep_peer_info: the handshake is not done");
-    *info = ep->peer;
+        return gux_fail(GSER_ERR_STATE, "gser_ucx_ep_get_peer_info: the handshake is not done");
+    gser_ucx_peer_info_t p = ep->peer;
+    p.size = sizeof p;
+    if (gser_struct_write(info, &p, sizeof p))
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_get_peer_info: info->size is 0: use GSER_UCX_PEER_INFO_INIT");
     return GSER_OK;
 }
 
-gser_ucx_worker_t *gser_ucx_ep_worker(const gser_ucx_ep_t *ep)
+gser_ucx_worker_t *gser_ucx_ep_get_worker(const gser_ucx_ep_t *ep)
 {
     return ep ? ep->worker : NULL;
 }

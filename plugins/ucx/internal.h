@@ -17,6 +17,7 @@
 
 #include "error.h"
 #include "gser/device.h"
+#include "gser/extension.h"
 #include "gser/ucx.h"
 #include "wire.h"
 
@@ -198,7 +199,7 @@ struct gser_ucx_listener {
     gser_ucx_worker_t *worker;
     ucp_listener_h ucp;
     uint16_t port;
-    gser_ucx_accept_cb cb;
+    gser_ucx_accept_fn cb;
     void *user_data;
     gux_list_t accepted; /* ready endpoints (ep.alink) */
     gser_status_t *failures; /* handshake failures not yet reported */
@@ -222,7 +223,7 @@ struct gser_ucx_request {
     gser_ucx_worker_t *worker;
     gser_ucx_ep_t *ep;
     gser_status_t status; /* GSER_INPROGRESS until the caller sees it complete */
-    gser_ucx_callback_t cb;
+    gser_ucx_complete_fn cb;
     void *user_data;
     bool user_holds; /* the caller has the handle and has not freed it */
     bool in_cb;

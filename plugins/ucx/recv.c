@@ -60,6 +60,13 @@ static gser_status_t post_recv(gser_ucx_request_t *r)
 
 gser_status_t gser_ucx_ep_recv_nb(gser_ucx_ep_t *ep, const gser_ucx_op_params_t *params, gser_ucx_request_t **req_out)
 {
+    gser_ucx_op_params_t p_ = GSER_UCX_OP_PARAMS_INIT;
+    if (params) {
+        gser_status_t pst = gux_struct_read("gser_ucx_ep_recv_nb", "gser_ucx_op_params_t", &p_, sizeof p_, params);
+        if (pst)
+            return pst;
+        params = &p_;
+    }
     if (!ep || (!req_out && !(params && params->cb)))
         return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_recv_nb: bad argument (a request or a callback is needed)");
     gser_ucx_worker_t *w = ep->worker;
@@ -87,6 +94,13 @@ out:
 gser_status_t gser_ucx_worker_recv_nb(gser_ucx_worker_t *w, const gser_ucx_op_params_t *params,
                                       gser_ucx_request_t **req_out)
 {
+    gser_ucx_op_params_t p_ = GSER_UCX_OP_PARAMS_INIT;
+    if (params) {
+        gser_status_t pst = gux_struct_read("gser_ucx_worker_recv_nb", "gser_ucx_op_params_t", &p_, sizeof p_, params);
+        if (pst)
+            return pst;
+        params = &p_;
+    }
     if (!w || (!req_out && !(params && params->cb)))
         return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_worker_recv_nb: bad argument (a request or a callback is needed)");
     gser_status_t st = GSER_OK;
@@ -119,7 +133,7 @@ static void head_cb(void *ucx_req, ucs_status_t st, const ucp_tag_recv_info_t *i
 static void reject(gser_ucx_request_t *r, gser_status_t st)
 {
     char msg[512];
-    snprintf(msg, sizeof msg, "%s", gser_ucx_last_error());
+    snprintf(msg, sizeof msg, "%s", gser_ucx_get_last_error());
     gser_ucx_ep_t *ep = r->ep;
     gux_req_complete(r, st); /* r may be gone after this */
     if (ep)
@@ -377,6 +391,9 @@ gser_status_t gser_ucx_request_take(gser_ucx_request_t *r, gser_ucx_recv_t *out)
 {
     if (!r || !out)
         return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_request_take: bad argument");
+    if (out->size < sizeof out->size)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_request_take: out->size is %zu: use GSER_UCX_RECV_INIT",
+                        out->size);
     gser_status_t st = check_taken(r, "gser_ucx_request_take");
     if (st)
         return st;
@@ -388,9 +405,8 @@ gser_status_t gser_ucx_request_take(gser_ucx_request_t *r, gser_ucx_recv_t *out)
         memcpy(a, r->frames, r->nframes * sizeof *a);
         r->frames = a;
     }
-    out->frames = r->frames;
-    out->nframes = r->nframes;
-    out->ep = r->ep;
+    gser_ucx_recv_t res = {sizeof res, r->frames, r->nframes, r->ep};
+    gser_struct_write(out, &res, sizeof res);
     r->frames = NULL;
     r->rhead = NULL;
     r->taken = true;
@@ -441,13 +457,13 @@ gser_status_t gser_ucx_request_deserialize(gser_ucx_request_t *r, gser_context_t
     gser_msg_t *msg;
     st = gser_deserialize(ctx, r->frames, r->nframes, opts, &msg);
     if (st) {
-        gux_fail(st, "deserialize: %s", gser_context_last_error(ctx));
+        gux_fail(st, "deserialize: %s", gser_context_get_last_error(ctx));
         gser_ucx_worker_t *w = r->worker;
         if (malformed(st) && w && r->ep) {
             gux_lock(w);
             gux_ep_fail(r->ep, st);
             gux_unlock(w);
-            gux_fail(st, "deserialize: %s (the endpoint was closed)", gser_context_last_error(ctx));
+            gux_fail(st, "deserialize: %s (the endpoint was closed)", gser_context_get_last_error(ctx));
         }
         return st;
     }

@@ -184,7 +184,7 @@ void gux_req_abort(gser_ucx_request_t *r, gser_status_t st)
 
 /* ---- public request calls ------------------------------------------------------------- */
 
-gser_status_t gser_ucx_request_test(const gser_ucx_request_t *r)
+gser_status_t gser_ucx_request_query(const gser_ucx_request_t *r)
 {
     return r ? r->status : GSER_ERR_INVALID_ARG;
 }
@@ -257,7 +257,7 @@ void gser_ucx_request_free(gser_ucx_request_t *r)
     gux_unlock(w);
 }
 
-gser_ucx_ep_t *gser_ucx_request_ep(const gser_ucx_request_t *r)
+gser_ucx_ep_t *gser_ucx_request_get_ep(const gser_ucx_request_t *r)
 {
     return r ? r->ep : NULL;
 }

@@ -40,6 +40,18 @@ void gux_send_ready(gser_ucx_request_t *r)
 gser_status_t gser_ucx_ep_send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames, size_t nframes,
                                   const gser_ucx_op_params_t *params, gser_ucx_request_t **req_out)
 {
+    gser_ucx_op_params_t p_ = GSER_UCX_OP_PARAMS_INIT;
+    if (params) {
+        gser_status_t pst = gux_struct_read("gser_ucx_ep_send_nb", "gser_ucx_op_params_t", &p_, sizeof p_, params);
+        if (pst)
+            return pst;
+        params = &p_;
+    }
+    for (size_t i = 0; frames && i < nframes; i++)
+        for (size_t k = 0; k < sizeof frames[i].reserved / sizeof frames[i].reserved[0]; k++)
+            if (frames[i].reserved[k])
+                return gux_fail(GSER_ERR_INVALID_ARG,
+                                "gser_ucx_ep_send_nb: frame %zu sets reserved[%zu], which must be zero", i, k);
     if (!ep || !frames || nframes == 0 || (!req_out && !(params && params->cb)))
         return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_send_nb: bad argument (a request or a callback is needed)");
     gser_ucx_worker_t *w = ep->worker;
@@ -182,12 +194,12 @@ gser_status_t gser_ucx_ep_send_msg(gser_ucx_ep_t *ep, gser_context_t *ctx, const
     gser_frames_t *f = NULL;
     gser_status_t st = gser_serialize(ctx, msg, opts, &f);
     if (st)
-        return gux_fail(st, "serialize: %s", gser_context_last_error(ctx));
+        return gux_fail(st, "serialize: %s", gser_context_get_last_error(ctx));
     if ((st = gser_frames_wait(f))) {
-        gux_fail(st, "serialize: device work failed: %s", gser_context_last_error(ctx));
+        gux_fail(st, "serialize: device work failed: %s", gser_context_get_last_error(ctx));
         goto out;
     }
-    st = gser_ucx_ep_send(ep, gser_frames_array(f), gser_frames_count(f), timeout_ms);
+    st = gser_ucx_ep_send(ep, gser_frames_get_array(f), gser_frames_get_count(f), timeout_ms);
 out:
     gser_frames_destroy(f);
     return st;

@@ -68,7 +68,7 @@ static void event_put(gser_ucx_worker_t *w, gser_event_t *e);
 gser_status_t gux_staging_create(gser_ucx_worker_t *w)
 {
     /* Also without a device: staged chunks then land in host frames. */
-    w->have_device = w->gser_ctx && gser_device_available(w->gser_ctx);
+    w->have_device = w->gser_ctx && gser_context_has_device(w->gser_ctx);
     gux_staging_t *s = calloc(1, sizeof *s);
     if (!s)
         return gux_fail(GSER_ERR_NO_MEMORY, "staging: out of memory");
@@ -84,7 +84,7 @@ void gux_staging_destroy(gser_ucx_worker_t *w)
         return;
     /* Ops still here at teardown: let their copies finish, then drop them. */
     if (w->have_device && !gux_list_empty(&s->ops))
-        gser_stream_sync(w->gser_ctx, NULL);
+        gser_stream_wait(w->gser_ctx, NULL);
     while (!gux_list_empty(&s->ops)) {
         gux_stage_op_t *op = gux_container(s->ops.next, gux_stage_op_t, link);
         for (unsigned i = 0; i < op->depth; i++) {
@@ -130,7 +130,7 @@ static gser_status_t bounce_get(gux_stage_op_t *op, void **out)
     gser_status_t st = gser_pinned_alloc(w->gser_ctx, op->bounce_size, out);
     if (st)
         return gux_fail(st, "staging: cannot allocate a %zu-byte pinned bounce buffer: %s", op->bounce_size,
-                        gser_context_last_error(w->gser_ctx));
+                        gser_context_get_last_error(w->gser_ctx));
     return GSER_OK;
 }
 
@@ -153,7 +153,7 @@ static gser_status_t event_get(gser_ucx_worker_t *w, gser_event_t **out)
     }
     gser_status_t st = gser_event_create(w->gser_ctx, out);
     if (st)
-        return gux_fail(st, "staging: cannot create a device event: %s", gser_context_last_error(w->gser_ctx));
+        return gux_fail(st, "staging: cannot create a device event: %s", gser_context_get_last_error(w->gser_ctx));
     return GSER_OK;
 }
 
@@ -191,7 +191,7 @@ gser_status_t gux_staging_device_frame(gser_ucx_worker_t *w, size_t size, int32_
     if (st) {
         free(o);
         return gux_fail(st, "receive: cannot allocate a %zu-byte device frame: %s", size,
-                        gser_context_last_error(w->gser_ctx));
+                        gser_context_get_last_error(w->gser_ctx));
     }
     *o = (dev_owner_t){w->gser_ctx, size};
     *out = (gser_frame_t){.data = p, .size = size, .memory = GSER_MEMORY_DEVICE, .release = dev_release,
@@ -285,7 +285,7 @@ static void slot_issue(gux_stage_op_t *op, gux_slot_t *s)
     if (op->send) {
         if ((st = gser_device_memcpy(w->gser_ctx, s->bounce, GSER_MEMORY_HOST, at, GSER_MEMORY_DEVICE, len, NULL)) ||
             (st = gser_event_record(s->ev, NULL))) {
-            gux_fail(st, "staging: device-to-host copy failed: %s", gser_context_last_error(w->gser_ctx));
+            gux_fail(st, "staging: device-to-host copy failed: %s", gser_context_get_last_error(w->gser_ctx));
             op_error(op, UCS_ERR_IO_ERROR);
             return;
         }
@@ -339,7 +339,7 @@ static bool slot_step(gux_stage_op_t *op, gux_slot_t *s)
             if (!st)
                 st = gser_event_record(s->ev, NULL);
             if (st) {
-                gux_fail(st, "staging: host-to-device copy failed: %s", gser_context_last_error(w->gser_ctx));
+                gux_fail(st, "staging: host-to-device copy failed: %s", gser_context_get_last_error(w->gser_ctx));
                 op_error(op, UCS_ERR_IO_ERROR);
                 s->state = SLOT_FREE;
                 return true;
@@ -359,7 +359,7 @@ static bool slot_step(gux_stage_op_t *op, gux_slot_t *s)
         if (st == GSER_INPROGRESS)
             return false;
         if (st) {
-            gux_fail(st, "staging: device copy failed: %s", gser_context_last_error(w->gser_ctx));
+            gux_fail(st, "staging: device copy failed: %s", gser_context_get_last_error(w->gser_ctx));
             op_error(op, UCS_ERR_IO_ERROR);
             s->state = SLOT_FREE;
             return true;

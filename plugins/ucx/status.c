@@ -2,12 +2,13 @@
  * error message. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "internal.h"
 
 static _Thread_local char last_error[512];
 
-const char *gser_ucx_last_error(void)
+const char *gser_ucx_get_last_error(void)
 {
     return last_error;
 }
@@ -24,6 +25,19 @@ gser_status_t gux_fail(gser_status_t st, const char *fmt, ...)
     vsnprintf(last_error, sizeof last_error, fmt, ap);
     va_end(ap);
     return st;
+}
+
+gser_status_t gux_struct_read(const char *what, const char *type, void *dst, size_t dst_size, const void *src)
+{
+    gser_status_t st = gser_struct_read(dst, dst_size, src);
+    if (st == GSER_OK)
+        return GSER_OK;
+    size_t n;
+    memcpy(&n, src, sizeof n);
+    if (st == GSER_ERR_INVALID_ARG)
+        return gux_fail(st, "%s: %s.size is %zu: initialise the struct with its GSER_*_INIT macro", what, type, n);
+    return gux_fail(st, "%s: %s.size is %zu, this library knows %zu bytes of it, and the caller set a field past them",
+                    what, type, n, dst_size);
 }
 
 gser_status_t gux_status(ucs_status_t st)

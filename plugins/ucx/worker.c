@@ -56,9 +56,10 @@ static bool may_use_shm(const char *tls)
 
 gser_status_t gser_ucx_context_create(const gser_ucx_context_options_t *opts, gser_ucx_context_t **ctx_out)
 {
-    gser_ucx_context_options_t o = {0};
-    if (opts)
-        o = *opts;
+    gser_ucx_context_options_t o = GSER_UCX_CONTEXT_OPTIONS_INIT;
+    gser_status_t rst;
+    if (opts && (rst = gux_struct_read("gser_ucx_context_create", "gser_ucx_context_options_t", &o, sizeof o, opts)))
+        return rst;
     if (!ctx_out)
         return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_context_create: ctx_out is NULL");
     gux_error_clear();
@@ -129,7 +130,7 @@ void gser_ucx_context_destroy(gser_ucx_context_t *ctx)
     free(ctx);
 }
 
-uint32_t gser_ucx_context_caps(const gser_ucx_context_t *ctx)
+uint32_t gser_ucx_context_get_caps(const gser_ucx_context_t *ctx)
 {
     return ctx ? ctx->caps : 0;
 }
@@ -173,9 +174,13 @@ static ucs_thread_mode_t thread_mode(gser_ucx_thread_mode_t m)
 gser_status_t gser_ucx_worker_create(gser_ucx_context_t *ctx, const gser_ucx_worker_options_t *opts,
                                      gser_ucx_worker_t **worker_out)
 {
-    gser_ucx_worker_options_t o = {0};
-    if (opts)
-        o = *opts;
+    gser_ucx_worker_options_t o = GSER_UCX_WORKER_OPTIONS_INIT;
+    gser_limits_t ol = GSER_LIMITS_INIT;
+    gser_status_t rst;
+    if (opts && (rst = gux_struct_read("gser_ucx_worker_create", "gser_ucx_worker_options_t", &o, sizeof o, opts)))
+        return rst;
+    if (o.limits && (rst = gux_struct_read("gser_ucx_worker_create", "gser_limits_t", &ol, sizeof ol, o.limits)))
+        return rst;
     if (!ctx || !worker_out || (unsigned)o.thread_mode > GSER_UCX_THREAD_MULTI || o.staging_depth == 1)
         return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_worker_create: bad argument (staging_depth must be 0 or >= 2)");
     if (o.staging_chunk > UINT32_MAX)
@@ -192,18 +197,18 @@ gser_status_t gser_ucx_worker_create(gser_ucx_context_t *ctx, const gser_ucx_wor
     w->gser_ctx = o.gser_ctx;
     /* Unset limits follow the gser context's, so that a message it would
      * refuse is refused here before anything is allocated for it. */
-    gser_limits_t lim = {.max_frames = GUX_DEFAULT_MAX_FRAMES, .max_bytes = GUX_DEFAULT_MAX_BYTES};
+    gser_limits_t lim = {.size = sizeof(gser_limits_t), .max_frames = GUX_DEFAULT_MAX_FRAMES, .max_bytes = GUX_DEFAULT_MAX_BYTES};
     if (o.gser_ctx)
         gser_context_get_limits(o.gser_ctx, &lim);
-    w->max_frames = o.limits.max_frames ? o.limits.max_frames : lim.max_frames;
-    w->max_bytes = o.limits.max_bytes ? o.limits.max_bytes : lim.max_bytes;
+    w->max_frames = ol.max_frames ? ol.max_frames : lim.max_frames;
+    w->max_bytes = ol.max_bytes ? ol.max_bytes : lim.max_bytes;
     w->inline_budget = o.inline_budget ? o.inline_budget : GUX_DEFAULT_INLINE_BUDGET;
     w->inline_max = o.inline_max ? o.inline_max : GUX_DEFAULT_INLINE_MAX;
     if (w->inline_max > w->inline_budget)
         w->inline_max = w->inline_budget;
     w->chunk = o.staging_chunk ? o.staging_chunk : GUX_DEFAULT_CHUNK;
     w->depth = o.staging_depth ? o.staging_depth : GUX_DEFAULT_DEPTH;
-    w->announce_version = o.announce_version ? o.announce_version : GSER_UCX_WIRE_VERSION;
+    w->announce_version = GSER_UCX_WIRE_VERSION;
     gux_list_init(&w->eps);
     gux_list_init(&w->listeners);
     gux_list_init(&w->recvs);
@@ -357,11 +362,22 @@ unsigned gux_progress(gser_ucx_worker_t *w)
     return n;
 }
 
-gser_status_t gser_ucx_worker_cache_stats(gser_ucx_worker_t *w, gser_ucx_cache_stats_t *out)
+gser_status_t gser_ucx_worker_get_cache_stats(gser_ucx_worker_t *w, gser_ucx_cache_stats_t *out)
 {
     if (!w || !out)
-        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_worker_cache_stats: NULL argument");
-    gux_pool_stats(w->pool, out);
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_worker_get_cache_stats: NULL argument");
+    gser_ucx_cache_stats_t s = GSER_UCX_CACHE_STATS_INIT;
+    gux_pool_stats(w->pool, &s);
+    if (gser_struct_write(out, &s, sizeof s))
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_worker_get_cache_stats: out->size is 0: use GSER_UCX_CACHE_STATS_INIT");
+    return GSER_OK;
+}
+
+gser_status_t gser_ucx_worker_set_announce_version(gser_ucx_worker_t *w, uint32_t version)
+{
+    if (!w)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_worker_set_announce_version: NULL worker");
+    w->announce_version = version ? version : GSER_UCX_WIRE_VERSION;
     return GSER_OK;
 }
 
@@ -375,10 +391,10 @@ unsigned gser_ucx_worker_progress(gser_ucx_worker_t *w)
     return n;
 }
 
-gser_status_t gser_ucx_worker_efd(gser_ucx_worker_t *w, int *fd_out)
+gser_status_t gser_ucx_worker_get_efd(gser_ucx_worker_t *w, int *fd_out)
 {
     if (!w || !fd_out)
-        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_worker_efd: bad argument");
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_worker_get_efd: bad argument");
     *fd_out = w->efd;
     return GSER_OK;
 }

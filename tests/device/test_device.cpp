@@ -47,17 +47,17 @@ class DeviceTest : public ::testing::TestWithParam<Backend> {
     void SetUp() override
     {
         const Backend &b = GetParam();
-        gser_context_options_t o{};
+        gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
         o.trace = -1;
         o.device_backend = b.memory == GSER_MEMORY_DEVICE ? b.name : "none";
         o.pack_max = 4096;
         gser_context_t *c = nullptr;
         gser_status_t st = gser_context_create(&o, &c);
         if (st != GSER_OK && std::string(b.name) == "cuda")
-            GTEST_SKIP() << "no usable CUDA device here: " << gser_context_last_error(nullptr);
-        ASSERT_EQ(st, GSER_OK) << gser_context_last_error(nullptr);
+            GTEST_SKIP() << "no usable CUDA device here: " << gser_context_get_last_error(nullptr);
+        ASSERT_EQ(st, GSER_OK) << gser_context_get_last_error(nullptr);
         ctx_.reset(c);
-        EXPECT_STREQ(gser_device_backend(c), b.memory == GSER_MEMORY_DEVICE ? b.name : "none");
+        EXPECT_STREQ(gser_context_get_device_backend(c), b.memory == GSER_MEMORY_DEVICE ? b.name : "none");
     }
 
     gser_context_t *ctx() { return ctx_.get(); }
@@ -71,7 +71,7 @@ class DeviceTest : public ::testing::TestWithParam<Backend> {
         m->memory = mem();
         m->size = size + offset + 64;
         if (mem() == GSER_MEMORY_DEVICE) {
-            EXPECT_EQ(gser_device_alloc(ctx(), m->size, nullptr, &m->base), GSER_OK) << gser_context_last_error(ctx());
+            EXPECT_EQ(gser_device_alloc(ctx(), m->size, nullptr, &m->base), GSER_OK) << gser_context_get_last_error(ctx());
         } else {
             m->base = malloc(m->size);
         }
@@ -81,9 +81,9 @@ class DeviceTest : public ::testing::TestWithParam<Backend> {
     void put(void *dst, const std::vector<unsigned char> &src)
     {
         ASSERT_EQ(gser_device_memcpy(ctx(), dst, mem(), src.data(), GSER_MEMORY_HOST, src.size(), nullptr), GSER_OK)
-            << gser_context_last_error(ctx());
+            << gser_context_get_last_error(ctx());
         if (mem() == GSER_MEMORY_DEVICE) {
-            ASSERT_EQ(gser_stream_sync(ctx(), nullptr), GSER_OK);
+            ASSERT_EQ(gser_stream_wait(ctx(), nullptr), GSER_OK);
         }
     }
 
@@ -91,9 +91,9 @@ class DeviceTest : public ::testing::TestWithParam<Backend> {
     {
         std::vector<unsigned char> out(n, 0xEE);
         EXPECT_EQ(gser_device_memcpy(ctx(), out.data(), GSER_MEMORY_HOST, src, from, n, nullptr), GSER_OK)
-            << gser_context_last_error(ctx());
+            << gser_context_get_last_error(ctx());
         if (from == GSER_MEMORY_DEVICE) {
-            EXPECT_EQ(gser_stream_sync(ctx(), nullptr), GSER_OK);
+            EXPECT_EQ(gser_stream_wait(ctx(), nullptr), GSER_OK);
         }
         return out;
     }
@@ -132,12 +132,12 @@ void make_buffers(DeviceTest *t, gser_msg_t *m, std::vector<Sent> &sent, size_t 
         s.data = (char *)s.mem->base + offset;
         s.bytes = pattern(size, seed * 1000 + (uint32_t)i);
         t->put(s.data, s.bytes);
-        gser_buffer_desc_t d{};
+        gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
         d.data = s.data;
         d.nbytes = size;
         d.memory = t->mem();
         gser_value_t *v;
-        ASSERT_EQ(gser_msg_new_buffer(m, &d, &v), GSER_OK) << gser_context_last_error(t->ctx());
+        ASSERT_EQ(gser_msg_new_buffer(m, &d, &v), GSER_OK) << gser_context_get_last_error(t->ctx());
         ASSERT_EQ(gser_list_append(root, v), GSER_OK);
         sent.push_back(std::move(s));
     }
@@ -157,8 +157,8 @@ TEST_P(DeviceTest, DeviceFamilyPacksSmallBuffersAndKeepsLargeOnesZeroCopy)
         auto frames = serialize(ctx(), m);
         ASSERT_TRUE(frames);
         ASSERT_EQ(gser_frames_wait(frames.get()), GSER_OK);
-        const gser_frame_t *fr = gser_frames_array(frames.get());
-        size_t nf = gser_frames_count(frames.get());
+        const gser_frame_t *fr = gser_frames_get_array(frames.get());
+        size_t nf = gser_frames_get_count(frames.get());
         size_t large = 0;
         for (auto &s : sent)
             large += s.bytes.size() >= 4096 || (mem() == GSER_MEMORY_HOST && s.bytes.size() >= 256);
@@ -200,11 +200,11 @@ TEST_P(DeviceTest, DeviceFamilyPacksSmallBuffersAndKeepsLargeOnesZeroCopy)
                 continue;
             auto back = deserialize(ctx(), frames.get(), flags);
             ASSERT_TRUE(back);
-            gser_value_t *root = gser_msg_root(back.get());
-            ASSERT_EQ(gser_value_len(root), sent.size());
+            gser_value_t *root = gser_msg_get_root(back.get());
+            ASSERT_EQ(gser_value_get_len(root), sent.size());
             for (size_t i = 0; i < sent.size(); i++) {
                 gser_value_t *v;
-                gser_buffer_desc_t d;
+                gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
                 ASSERT_EQ(gser_list_get(root, i, &v), GSER_OK);
                 ASSERT_EQ(gser_value_get_buffer(v, &d), GSER_OK);
                 ASSERT_EQ(d.nbytes, sent[i].bytes.size());
@@ -232,7 +232,7 @@ TEST_P(DeviceTest, PackThresholdBoundaries)
         auto buf = alloc(size);
         auto bytes = pattern(size, (uint32_t)size);
         put(buf->base, bytes);
-        gser_buffer_desc_t d{};
+        gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
         d.data = buf->base;
         d.nbytes = size;
         d.memory = mem();
@@ -240,8 +240,8 @@ TEST_P(DeviceTest, PackThresholdBoundaries)
         ASSERT_EQ(gser_msg_new_buffer(m, &d, &v), GSER_OK);
         gser_msg_set_root(m, v);
         auto frames = serialize(ctx(), m);
-        ASSERT_EQ(gser_frames_count(frames.get()), 2u);
-        const gser_frame_t &f = gser_frames_array(frames.get())[1];
+        ASSERT_EQ(gser_frames_get_count(frames.get()), 2u);
+        const gser_frame_t &f = gser_frames_get_array(frames.get())[1];
         if (mem() == GSER_MEMORY_DEVICE) {
             EXPECT_EQ(f.data == buf->base, size >= 4096) << size << ": packed below pack_max, zero-copy from it";
         }
@@ -260,30 +260,30 @@ TEST_P(DeviceTest, HostFamilyStagesDeviceBuffersInOneHostFrame)
     std::vector<Sent> sent;
     make_buffers(this, m, sent, 25, 20000, 7); // small and large alike
     const char *const host_only[] = {"host"};
-    gser_serialize_options_t so{};
+    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
     so.families = host_only;
     so.nfamilies = 1;
     auto frames = serialize(ctx(), m, &so);
     ASSERT_TRUE(frames);
     ASSERT_EQ(gser_frames_wait(frames.get()), GSER_OK);
-    ASSERT_EQ(gser_frames_count(frames.get()), 2u) << "every device buffer in one pinned host frame";
-    EXPECT_EQ(gser_frames_array(frames.get())[1].memory, GSER_MEMORY_HOST);
+    ASSERT_EQ(gser_frames_get_count(frames.get()), 2u) << "every device buffer in one pinned host frame";
+    EXPECT_EQ(gser_frames_get_array(frames.get())[1].memory, GSER_MEMORY_HOST);
 
     // Through bytes, as a file would carry it.
     auto flat = flatten(frames.get());
     gser_msg_t *h = nullptr;
     ASSERT_EQ(gser_deserialize_flat(ctx(), flat.data(), flat.size(), nullptr, nullptr, nullptr, &h), GSER_OK);
     MsgPtr hp(h);
-    gser_deserialize_options_t restore{};
+    gser_deserialize_options_t restore = GSER_DESERIALIZE_OPTIONS_INIT;
     restore.flags = GSER_DESERIALIZE_RESTORE_DEVICE;
     gser_msg_t *dv = nullptr;
     ASSERT_EQ(gser_deserialize_flat(ctx(), flat.data(), flat.size(), nullptr, nullptr, &restore, &dv), GSER_OK)
-        << gser_context_last_error(ctx());
+        << gser_context_get_last_error(ctx());
     MsgPtr dp(dv);
     for (size_t i = 0; i < sent.size(); i++) {
         gser_value_t *v;
-        gser_buffer_desc_t d;
-        ASSERT_EQ(gser_list_get(gser_msg_root(h), i, &v), GSER_OK);
+        gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
+        ASSERT_EQ(gser_list_get(gser_msg_get_root(h), i, &v), GSER_OK);
         ASSERT_EQ(gser_value_get_buffer(v, &d), GSER_OK);
         if (!d.nbytes) {
             EXPECT_EQ(d.memory, GSER_MEMORY_DEVICE) << "an empty device buffer stays a device buffer";
@@ -292,7 +292,7 @@ TEST_P(DeviceTest, HostFamilyStagesDeviceBuffersInOneHostFrame)
         EXPECT_EQ(d.memory, GSER_MEMORY_HOST) << "rebuilt in host memory";
         ASSERT_EQ(std::vector<unsigned char>((const unsigned char *)d.data, (const unsigned char *)d.data + d.nbytes),
                   sent[i].bytes);
-        ASSERT_EQ(gser_list_get(gser_msg_root(dv), i, &v), GSER_OK);
+        ASSERT_EQ(gser_list_get(gser_msg_get_root(dv), i, &v), GSER_OK);
         ASSERT_EQ(gser_value_get_buffer(v, &d), GSER_OK);
         if (!d.nbytes)
             continue;
@@ -312,11 +312,11 @@ struct DevBlob {
 static gser_status_t devblob_ser(gser_context_t *, const void *obj, gser_writer_t *w, void *)
 {
     auto *b = static_cast<const DevBlob *>(obj);
-    gser_msg_t *m = gser_writer_msg(w);
+    gser_msg_t *m = gser_writer_get_msg(w);
     gser_value_t *l, *v;
     gser_msg_new_list(m, &l);
     for (int half = 0; half < 2; half++) {
-        gser_buffer_desc_t d{};
+        gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
         d.data = (char *)b->data + half * (b->n / 2);
         d.nbytes = b->n / 2;
         d.memory = b->memory;
@@ -329,8 +329,8 @@ static gser_status_t devblob_ser(gser_context_t *, const void *obj, gser_writer_
 static gser_status_t devblob_de(gser_context_t *, gser_reader_t *r, void **out, void *)
 {
     gser_value_t *v;
-    gser_buffer_desc_t d;
-    if (gser_list_get(gser_reader_tree(r), 0, &v) || gser_value_get_buffer(v, &d))
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
+    if (gser_list_get(gser_reader_get_tree(r), 0, &v) || gser_value_get_buffer(v, &d))
         return GSER_ERR_FORMAT;
     *out = new DevBlob{const_cast<void *>(d.data), d.nbytes * 2, d.memory};
     return GSER_OK;
@@ -352,12 +352,12 @@ TEST_P(DeviceTest, MixedMessagesWithObjectsKeepObjectFramesTogether)
     MsgPtr mp(m);
     gser_value_t *root, *v;
     gser_msg_new_map(m, &root);
-    gser_buffer_desc_t d{};
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
     d.data = a->base;
     d.nbytes = 1000;
     d.memory = mem();
     gser_msg_new_buffer(m, &d, &v), gser_map_put_cstr(root, "small", v);
-    gser_buffer_desc_t h{};
+    gser_buffer_desc_t h = GSER_BUFFER_DESC_INIT;
     h.data = host.data();
     h.nbytes = host.size() * 8;
     h.dtype = GSER_DTYPE_FLOAT64;
@@ -373,8 +373,8 @@ TEST_P(DeviceTest, MixedMessagesWithObjectsKeepObjectFramesTogether)
     // packed frame travels with it.
     auto kept = deserialize(ctx(), frames.get(), GSER_DESERIALIZE_KEEP_SERIALIZED);
     gser_value_t *obj;
-    ASSERT_EQ(gser_map_find_cstr(gser_msg_root(kept.get()), "obj", &obj), GSER_OK);
-    gser_serialized_info_t info;
+    ASSERT_EQ(gser_map_find_cstr(gser_msg_get_root(kept.get()), "obj", &obj), GSER_OK);
+    gser_serialized_info_t info = GSER_SERIALIZED_INFO_INIT;
     ASSERT_EQ(gser_value_get_serialized(obj, &info), GSER_OK);
     EXPECT_EQ(info.nframes, mem() == GSER_MEMORY_DEVICE ? 1u : 2u)
         << "device: both halves packed in the object's own frame";
@@ -382,14 +382,14 @@ TEST_P(DeviceTest, MixedMessagesWithObjectsKeepObjectFramesTogether)
     EXPECT_EQ(header_bytes(fwd.get()), header_bytes(frames.get()));
 
     auto back = deserialize(ctx(), fwd.get());
-    ASSERT_EQ(gser_map_find_cstr(gser_msg_root(back.get()), "obj", &obj), GSER_OK);
+    ASSERT_EQ(gser_map_find_cstr(gser_msg_get_root(back.get()), "obj", &obj), GSER_OK);
     void *p;
     ASSERT_EQ(gser_value_take_object(obj, &p), GSER_OK);
     std::unique_ptr<DevBlob> got(static_cast<DevBlob *>(p));
     EXPECT_EQ(get(got->data, got->memory, 1000), std::vector<unsigned char>(pb.begin(), pb.begin() + 1000));
     gser_value_t *small;
-    ASSERT_EQ(gser_map_find_cstr(gser_msg_root(back.get()), "small", &small), GSER_OK);
-    gser_buffer_desc_t sd;
+    ASSERT_EQ(gser_map_find_cstr(gser_msg_get_root(back.get()), "small", &small), GSER_OK);
+    gser_buffer_desc_t sd = GSER_BUFFER_DESC_INIT;
     ASSERT_EQ(gser_value_get_buffer(small, &sd), GSER_OK);
     EXPECT_EQ(get(sd.data, sd.memory, 1000), pa);
 }
@@ -412,7 +412,7 @@ TEST_P(DeviceTest, HostSerializersGetHostFramesAndDeserializersSeeFinalBuffers)
     MsgPtr mp(m);
     gser_value_t *root, *v;
     gser_msg_new_list(m, &root);
-    gser_buffer_desc_t d{};
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
     d.data = a->base;
     d.nbytes = 512;
     d.memory = mem();
@@ -423,9 +423,9 @@ TEST_P(DeviceTest, HostSerializersGetHostFramesAndDeserializersSeeFinalBuffers)
     auto frames = serialize(ctx(), m);
     ASSERT_TRUE(frames);
     ASSERT_EQ(gser_frames_wait(frames.get()), GSER_OK);
-    ASSERT_EQ(gser_frames_count(frames.get()), 3u);
-    EXPECT_EQ(gser_frames_array(frames.get())[1].memory, GSER_MEMORY_DEVICE) << "the top level's packed frame";
-    EXPECT_EQ(gser_frames_array(frames.get())[2].memory, GSER_MEMORY_HOST) << "the host serializer's frame";
+    ASSERT_EQ(gser_frames_get_count(frames.get()), 3u);
+    EXPECT_EQ(gser_frames_get_array(frames.get())[1].memory, GSER_MEMORY_DEVICE) << "the top level's packed frame";
+    EXPECT_EQ(gser_frames_get_array(frames.get())[2].memory, GSER_MEMORY_HOST) << "the host serializer's frame";
 
     // Receiving with SCATTER and RESTORE_DEVICE: the deserializer already sees
     // the object's buffer back on the device, in its own allocation.
@@ -433,12 +433,12 @@ TEST_P(DeviceTest, HostSerializersGetHostFramesAndDeserializersSeeFinalBuffers)
     ASSERT_TRUE(back);
     ASSERT_EQ(gser_msg_wait(back.get()), GSER_OK);
     gser_value_t *obj;
-    ASSERT_EQ(gser_list_get(gser_msg_root(back.get()), 1, &obj), GSER_OK);
+    ASSERT_EQ(gser_list_get(gser_msg_get_root(back.get()), 1, &obj), GSER_OK);
     void *p;
     ASSERT_EQ(gser_value_take_object(obj, &p), GSER_OK);
     std::unique_ptr<DevBlob> got(static_cast<DevBlob *>(p));
     EXPECT_EQ(got->memory, GSER_MEMORY_DEVICE);
-    const gser_frame_t *fr = gser_frames_array(frames.get());
+    const gser_frame_t *fr = gser_frames_get_array(frames.get());
     for (size_t i = 1; i < 3; i++)
         EXPECT_FALSE(got->data >= fr[i].data && (const char *)got->data < (const char *)fr[i].data + fr[i].size)
             << "the deserializer saw the scattered copy, not a view into frame " << i;
@@ -492,9 +492,9 @@ TEST_P(DeviceTest, AllocationFailuresAreCleanErrors)
         FailingAlloc fa;
         fa.real = ctx();
         fa.fail_at = fail_at;
-        gser_allocator_t a{FailingAlloc::alloc, FailingAlloc::release, &fa};
-        gser_allocator_t pa{FailingAlloc::alloc_pinned, FailingAlloc::release_pinned, &fa};
-        gser_context_options_t o{};
+        gser_allocator_t a{sizeof a, FailingAlloc::alloc, FailingAlloc::release, &fa};
+        gser_allocator_t pa{sizeof pa, FailingAlloc::alloc_pinned, FailingAlloc::release_pinned, &fa};
+        gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
         o.trace = -1;
         o.device_backend = GetParam().name;
         o.device_allocator = &a;
@@ -510,7 +510,7 @@ TEST_P(DeviceTest, AllocationFailuresAreCleanErrors)
         make_buffers(this, m, sent, 10, 3000, 5);
         gser_frames_t *f = nullptr;
         const char *const host_only[] = {"host"};
-        gser_serialize_options_t so{};
+        gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
         so.families = host_only;
         so.nfamilies = 1;
         gser_status_t st = gser_serialize(c, m, &so, &f);
@@ -518,10 +518,10 @@ TEST_P(DeviceTest, AllocationFailuresAreCleanErrors)
         if (fail_at < 3) {
             EXPECT_EQ(st, GSER_ERR_NO_MEMORY) << fail_at;
             EXPECT_EQ(f, nullptr);
-            EXPECT_NE(std::string(gser_context_last_error(c)).find("failed"), std::string::npos)
-                << gser_context_last_error(c);
+            EXPECT_NE(std::string(gser_context_get_last_error(c)).find("failed"), std::string::npos)
+                << gser_context_get_last_error(c);
         } else {
-            EXPECT_EQ(st, GSER_OK) << gser_context_last_error(c);
+            EXPECT_EQ(st, GSER_OK) << gser_context_get_last_error(c);
         }
         gser_frames_destroy(f);
         EXPECT_EQ(fa.live, 0) << "everything allocated was given back, fail_at " << fail_at;
@@ -542,19 +542,19 @@ TEST_P(DeviceTest, ProducerStreamsAndEventsAreWaitedFor)
     gser_msg_t *m;
     ASSERT_EQ(gser_msg_create(ctx(), &m), GSER_OK);
     MsgPtr mp(m);
-    gser_buffer_desc_t d{};
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
     d.data = buf->base;
     d.nbytes = 1000;
     d.memory = mem();
-    d.event = gser_event_handle(ev);
+    d.event = gser_event_get_handle(ev);
     gser_value_t *v;
     ASSERT_EQ(gser_msg_new_buffer(m, &d, &v), GSER_OK);
     gser_msg_set_root(m, v);
     auto frames = serialize(ctx(), m);
-    ASSERT_NE(gser_frames_event(frames.get()), nullptr);
+    ASSERT_NE(gser_frames_get_event(frames.get()), nullptr);
     ASSERT_EQ(gser_frames_wait(frames.get()), GSER_OK);
     EXPECT_EQ(gser_frames_query(frames.get()), GSER_OK);
-    const gser_frame_t &f = gser_frames_array(frames.get())[1];
+    const gser_frame_t &f = gser_frames_get_array(frames.get())[1];
     EXPECT_EQ(get(f.data, f.memory, 1000), bytes);
     gser_event_destroy(ev);
 }
@@ -567,7 +567,7 @@ TEST_P(DeviceTest, DeviceBuffersNeedADeviceFamilyAndABackend)
     gser_msg_t *m;
     ASSERT_EQ(gser_msg_create(ctx(), &m), GSER_OK);
     MsgPtr mp(m);
-    gser_buffer_desc_t d{};
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
     d.data = buf->base;
     d.nbytes = 100;
     d.memory = GSER_MEMORY_DEVICE;
@@ -578,14 +578,14 @@ TEST_P(DeviceTest, DeviceBuffersNeedADeviceFamilyAndABackend)
     gser_msg_set_root(m, root);
     ASSERT_EQ(gser_family_register(ctx(), "custom"), GSER_OK);
     const char *const custom[] = {"custom"};
-    gser_serialize_options_t so{};
+    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
     so.families = custom;
     so.nfamilies = 1;
     gser_frames_t *f = nullptr;
     EXPECT_EQ(gser_serialize(ctx(), m, &so, &f), GSER_ERR_NO_SERIALIZER);
-    EXPECT_NE(std::string(gser_context_last_error(ctx())).find("$.col: a device buffer needs the family"),
+    EXPECT_NE(std::string(gser_context_get_last_error(ctx())).find("$.col: a device buffer needs the family"),
               std::string::npos)
-        << gser_context_last_error(ctx());
+        << gser_context_get_last_error(ctx());
 
     // A context with no device backend cannot pack it.
     auto plain = make_ctx();
@@ -595,7 +595,7 @@ TEST_P(DeviceTest, DeviceBuffersNeedADeviceFamilyAndABackend)
     gser_msg_new_buffer(pm, &d, &v);
     gser_msg_set_root(pm, v);
     EXPECT_EQ(gser_serialize(plain.get(), pm, nullptr, &f), GSER_ERR_NO_DEVICE);
-    EXPECT_NE(std::string(gser_context_last_error(plain.get())).find("device backend"), std::string::npos);
+    EXPECT_NE(std::string(gser_context_get_last_error(plain.get())).find("device backend"), std::string::npos);
     void *p;
     EXPECT_EQ(gser_device_alloc(plain.get(), 16, nullptr, &p), GSER_ERR_NO_DEVICE);
 }
@@ -611,11 +611,11 @@ class CopyPlanTest : public ::testing::TestWithParam<const char *> {};
 
 TEST_P(CopyPlanTest, EveryAlignmentAndSizeIsCopiedExactly)
 {
-    gser_context_options_t o{};
+    gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
     o.device_backend = GetParam();
     gser_context_t *c = nullptr;
     if (gser_context_create(&o, &c) != GSER_OK)
-        GTEST_SKIP() << GetParam() << " backend unavailable: " << gser_context_last_error(nullptr);
+        GTEST_SKIP() << GetParam() << " backend unavailable: " << gser_context_get_last_error(nullptr);
     CtxPtr cp(c);
     std::mt19937 rng(2024);
     std::vector<size_t> sizes = {0, 1, 2, 3, 4, 5, 7, 13, 15, 16, 17, 31, 33, 63, 64, 65, 255, 4097,
@@ -660,7 +660,7 @@ TEST_P(CopyPlanTest, EveryAlignmentAndSizeIsCopiedExactly)
     ASSERT_EQ(test_copy_plan(c, static_cast<gser_chunk_t *>(table), n), GSER_OK);
     std::vector<unsigned char> got(expect.size());
     ASSERT_EQ(gser_device_memcpy(c, got.data(), GSER_MEMORY_HOST, ddst, GSER_MEMORY_DEVICE, got.size(), nullptr), GSER_OK);
-    ASSERT_EQ(gser_stream_sync(c, nullptr), GSER_OK);
+    ASSERT_EQ(gser_stream_wait(c, nullptr), GSER_OK);
     for (size_t i = 0; i < got.size(); i++)
         ASSERT_EQ(got[i], expect[i]) << "byte " << i;
     gser_pinned_free(c, table, n * sizeof(gser_chunk_t));
@@ -673,7 +673,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, CopyPlanTest, ::testing::Values("emulated", "
 
 TEST(DeviceApi, ForeignEventHandlesCanBeWaitedFor)
 {
-    gser_context_options_t o{};
+    gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
     o.device_backend = "emulated";
     gser_context_t *c = nullptr;
     ASSERT_EQ(gser_context_create(&o, &c), GSER_OK);
@@ -681,12 +681,12 @@ TEST(DeviceApi, ForeignEventHandlesCanBeWaitedFor)
     gser_event_t *ev;
     ASSERT_EQ(gser_event_create(c, &ev), GSER_OK);
     ASSERT_EQ(gser_event_record(ev, nullptr), GSER_OK);
-    EXPECT_EQ(gser_stream_wait_handle(c, nullptr, gser_event_handle(ev)), GSER_OK);
-    EXPECT_EQ(gser_stream_wait_handle(c, nullptr, nullptr), GSER_ERR_INVALID_ARG);
+    EXPECT_EQ(gser_stream_order_after_handle(c, nullptr, gser_event_get_handle(ev)), GSER_OK);
+    EXPECT_EQ(gser_stream_order_after_handle(c, nullptr, nullptr), GSER_ERR_INVALID_ARG);
     gser_event_destroy(ev);
     auto plain = make_ctx();
     int fake;
-    EXPECT_EQ(gser_stream_wait_handle(plain.get(), nullptr, &fake), GSER_ERR_NO_DEVICE);
+    EXPECT_EQ(gser_stream_order_after_handle(plain.get(), nullptr, &fake), GSER_ERR_NO_DEVICE);
 }
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -708,7 +708,7 @@ TEST(EmulatedDevice, HostCodeCannotReadDeviceMemory)
     const char *env = std::getenv("GSER_EMULATED_POISON");
     if (env && std::string(env) == "0")
         GTEST_SKIP() << "GSER_EMULATED_POISON=0 turns the poisoning off";
-    gser_context_options_t o{};
+    gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
     o.device_backend = "emulated";
     gser_context_t *c = nullptr;
     ASSERT_EQ(gser_context_create(&o, &c), GSER_OK);

@@ -13,12 +13,12 @@ class DeviceOpsTest : public ::testing::TestWithParam<const char *> {
   public:
     void SetUp() override
     {
-        gser_context_options_t o{};
+        gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
         o.trace = -1;
         o.device_backend = GetParam();
         gser_context_t *c = nullptr;
         if (gser_context_create(&o, &c) != GSER_OK)
-            GTEST_SKIP() << GetParam() << " backend unavailable: " << gser_context_last_error(nullptr);
+            GTEST_SKIP() << GetParam() << " backend unavailable: " << gser_context_get_last_error(nullptr);
         ctx_.reset(c);
     }
     void TearDown() override
@@ -32,21 +32,21 @@ class DeviceOpsTest : public ::testing::TestWithParam<const char *> {
     void *dalloc(size_t n)
     {
         void *p = nullptr;
-        EXPECT_EQ(gser_device_alloc(ctx(), n, nullptr, &p), GSER_OK) << gser_context_last_error(ctx());
+        EXPECT_EQ(gser_device_alloc(ctx(), n, nullptr, &p), GSER_OK) << gser_context_get_last_error(ctx());
         allocs_.emplace_back(p, n);
         return p;
     }
     void put(void *dst, const void *src, size_t n)
     {
         ASSERT_EQ(gser_device_memcpy(ctx(), dst, GSER_MEMORY_DEVICE, src, GSER_MEMORY_HOST, n, nullptr), GSER_OK);
-        ASSERT_EQ(gser_stream_sync(ctx(), nullptr), GSER_OK);
+        ASSERT_EQ(gser_stream_wait(ctx(), nullptr), GSER_OK);
     }
     std::vector<unsigned char> get(const void *src, size_t n)
     {
         std::vector<unsigned char> out(n);
         EXPECT_EQ(gser_device_memcpy(ctx(), out.data(), GSER_MEMORY_HOST, src, GSER_MEMORY_DEVICE, n, nullptr),
                   GSER_OK);
-        EXPECT_EQ(gser_stream_sync(ctx(), nullptr), GSER_OK);
+        EXPECT_EQ(gser_stream_wait(ctx(), nullptr), GSER_OK);
         return out;
     }
 
@@ -149,11 +149,11 @@ TEST_P(DeviceOpsTest, EmptyAndInvalidArguments)
     GSER_EXPECT(ctx(), GSER_OK, gser_device_rebase_offsets(ctx(), nullptr, nullptr, 0, 4, nullptr));
     GSER_EXPECT(ctx(), GSER_OK, gser_device_copy_bits(ctx(), nullptr, nullptr, 3, 0, nullptr));
     EXPECT_EQ(gser_device_rebase_offsets(ctx(), b, a, 4, 2, nullptr), GSER_ERR_INVALID_ARG);
-    EXPECT_NE(std::string(gser_context_last_error(ctx())).find("width"), std::string::npos);
+    EXPECT_NE(std::string(gser_context_get_last_error(ctx())).find("width"), std::string::npos);
     EXPECT_EQ(gser_device_rebase_offsets(ctx(), (char *)b + 2, a, 4, 4, nullptr), GSER_ERR_INVALID_ARG);
-    EXPECT_NE(std::string(gser_context_last_error(ctx())).find("aligned"), std::string::npos);
+    EXPECT_NE(std::string(gser_context_get_last_error(ctx())).find("aligned"), std::string::npos);
     EXPECT_EQ(gser_device_rebase_offsets(ctx(), (char *)a + 8, a, 4, 4, nullptr), GSER_ERR_INVALID_ARG);
-    EXPECT_NE(std::string(gser_context_last_error(ctx())).find("overlap"), std::string::npos);
+    EXPECT_NE(std::string(gser_context_get_last_error(ctx())).find("overlap"), std::string::npos);
     EXPECT_EQ(gser_device_rebase_offsets(ctx(), nullptr, a, 4, 8, nullptr), GSER_ERR_INVALID_ARG);
     EXPECT_EQ(gser_device_copy_bits(ctx(), a, (char *)a + 1, 0, 16, nullptr), GSER_ERR_INVALID_ARG);
     EXPECT_EQ(gser_device_copy_bits(ctx(), b, nullptr, 0, 16, nullptr), GSER_ERR_INVALID_ARG);
@@ -164,14 +164,14 @@ TEST_P(DeviceOpsTest, EmptyAndInvalidArguments)
 
 TEST(DeviceOpsNoBackend, NeedADeviceBackend)
 {
-    gser_context_options_t o{};
+    gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
     o.trace = -1;
     o.device_backend = "none";
     CtxPtr c = make_ctx(&o);
     uint32_t src[2] = {5, 9}, dst[2];
     EXPECT_EQ(gser_device_rebase_offsets(c.get(), dst, src, 2, 4, nullptr), GSER_ERR_NO_DEVICE);
     EXPECT_EQ(gser_device_copy_bits(c.get(), dst, src, 1, 8, nullptr), GSER_ERR_NO_DEVICE);
-    EXPECT_NE(std::string(gser_context_last_error(c.get())).find("device backend"), std::string::npos);
+    EXPECT_NE(std::string(gser_context_get_last_error(c.get())).find("device backend"), std::string::npos);
 }
 
 // The receiver's check of a peer's offsets in device memory.
@@ -182,7 +182,7 @@ template <typename T> uint32_t verdict_of(DeviceOpsTest *t, const std::vector<T>
         t->put(d, offs.data(), offs.size() * sizeof(T));
     uint32_t v = 0xdead;
     EXPECT_EQ(gser_device_check_offsets(t->ctx(), d, offs.size(), sizeof(T), end, nullptr, &v), GSER_OK)
-        << gser_context_last_error(t->ctx());
+        << gser_context_get_last_error(t->ctx());
     return v;
 }
 

@@ -95,20 +95,20 @@ static void walk(gser_context_t *ctx, gser_value_t *v, int depth)
 {
     if (depth > 64)
         return;
-    gser_kind_t k = gser_value_kind(v);
+    gser_kind_t k = gser_value_get_kind(v);
     if (k == GSER_KIND_OBJECT) {
         const char *type;
         if (gser_value_get_object(v, &type, NULL) == GSER_OK && !strcmp(type, GSER_ARROW_TYPE)) {
             struct ArrowDeviceArray da;
             struct ArrowSchema s;
-            if (gser_value_take_arrow(v, NULL, &da, &s) == GSER_OK) {
+            if (gser_arrow_take_value(v, NULL, &da, &s) == GSER_OK) {
                 read_node(ctx, da.device_type == ARROW_DEVICE_CUDA, &da.array, &s, 0);
                 da.array.release(&da.array);
                 s.release(&s);
             }
         }
     } else if (k == GSER_KIND_LIST || k == GSER_KIND_TUPLE || k == GSER_KIND_MAP) {
-        for (size_t i = 0; i < gser_value_len(v) && i < 64; i++) {
+        for (size_t i = 0; i < gser_value_get_len(v) && i < 64; i++) {
             gser_value_t *e = NULL;
             if (k == GSER_KIND_MAP)
                 gser_map_get_at(v, i, NULL, &e);
@@ -125,7 +125,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!ctxs[0]) {
         static const char *const backends[2] = {"none", "emulated"};
         for (int i = 0; i < 2; i++) {
-            gser_context_options_t o = {0};
+            gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
             o.trace = -1;
             o.limits.max_nodes = 100000;
             o.limits.max_bytes = 1 << 24;
@@ -135,12 +135,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
     }
     for (int i = 0; i < 2; i++) {
-        gser_deserialize_options_t o = {0};
+        gser_deserialize_options_t o = GSER_DESERIALIZE_OPTIONS_INIT;
         o.flags = i ? GSER_DESERIALIZE_RESTORE_DEVICE : 0;
         gser_msg_t *msg = NULL;
         if (gser_deserialize_flat(ctxs[i], data, size, NULL, NULL, &o, &msg) != GSER_OK)
             continue;
-        walk(ctxs[i], gser_msg_root(msg), 0);
+        walk(ctxs[i], gser_msg_get_root(msg), 0);
         gser_msg_destroy(msg);
     }
     return 0;

@@ -19,9 +19,9 @@ static gser_status_t fuzz_blob_ser(gser_context_t *ctx, const void *obj, gser_wr
     (void)ctx;
     (void)ud;
     const fuzz_blob_t *b = obj;
-    gser_msg_t *m = gser_writer_msg(w);
+    gser_msg_t *m = gser_writer_get_msg(w);
     gser_value_t *map, *v;
-    gser_buffer_desc_t d = {0};
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
     d.data = b->data;
     d.nbytes = b->len;
     gser_status_t st;
@@ -38,7 +38,7 @@ static gser_status_t fuzz_blob_de(gser_context_t *ctx, gser_reader_t *r, void **
     (void)ud;
     gser_value_t *n, *data;
     gser_buffer_desc_t d;
-    const gser_value_t *t = gser_reader_tree(r);
+    const gser_value_t *t = gser_reader_get_tree(r);
     fuzz_blob_t *b = calloc(1, sizeof *b);
     if (!b)
         return GSER_ERR_NO_MEMORY;
@@ -69,7 +69,7 @@ static void fuzz_blob_destroy(void *obj, void *ud)
 
 static gser_status_t fuzz_register(gser_context_t *ctx)
 {
-    gser_type_options_t to = {0};
+    gser_type_options_t to = GSER_TYPE_OPTIONS_INIT;
     to.destroy = fuzz_blob_destroy;
     gser_status_t st = gser_type_register(ctx, "fuzz.blob", 2, &to);
     return st ? st : gser_type_add_family(ctx, "fuzz.blob", "host", fuzz_blob_ser, fuzz_blob_de);

@@ -13,16 +13,16 @@ static gser_context_t *dev_ctx; /* the emulated device backend: restore and scat
 /* Touch every value so that bad pointers or lengths show up under ASan. */
 static unsigned walk(gser_msg_t *msg, const gser_value_t *v, int depth)
 {
-    unsigned h = (unsigned)gser_value_kind(v);
+    unsigned h = (unsigned)gser_value_get_kind(v);
     if (depth > 64)
         return h;
     gser_kind_t ek;
     const void *data;
     size_t count;
-    gser_buffer_desc_t d;
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
     const char *s;
     size_t n;
-    switch (gser_value_kind(v)) {
+    switch (gser_value_get_kind(v)) {
     case GSER_KIND_STR:
         gser_value_get_str(v, &s, &n);
         for (size_t i = 0; i < n; i++)
@@ -40,7 +40,7 @@ static unsigned walk(gser_msg_t *msg, const gser_value_t *v, int depth)
         if (d.memory == GSER_MEMORY_DEVICE) {
             /* Through the backend, as a user would read device memory. */
             copy = malloc(d.nbytes ? d.nbytes : 1);
-            if (!copy || gser_device_memcpy(gser_msg_context(msg), copy, GSER_MEMORY_HOST, d.data, d.memory,
+            if (!copy || gser_device_memcpy(gser_msg_get_context(msg), copy, GSER_MEMORY_HOST, d.data, d.memory,
                                             d.nbytes, NULL) != GSER_OK)
                 abort();
             bytes = copy;
@@ -57,14 +57,14 @@ static unsigned walk(gser_msg_t *msg, const gser_value_t *v, int depth)
             for (size_t i = 0; i < count * es; i++)
                 h = h * 31 + ((const unsigned char *)data)[i];
         }
-        for (size_t i = 0; i < gser_value_len(v) && i < 64; i++) {
+        for (size_t i = 0; i < gser_value_get_len(v) && i < 64; i++) {
             gser_value_t *e;
             if (gser_list_get(v, i, &e) == GSER_OK)
                 h += walk(msg, e, depth + 1);
         }
         break;
     case GSER_KIND_MAP:
-        for (size_t i = 0; i < gser_value_len(v); i++) {
+        for (size_t i = 0; i < gser_value_get_len(v); i++) {
             gser_value_t *k, *e;
             gser_map_get_at(v, i, &k, &e);
             h += walk(msg, k, depth + 1) + walk(msg, e, depth + 1);
@@ -84,7 +84,7 @@ static unsigned walk(gser_msg_t *msg, const gser_value_t *v, int depth)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (!ctx) {
-        gser_context_options_t o = {0};
+        gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
         o.trace = -1;
         o.limits.max_nodes = 100000;
         o.limits.max_bytes = 1 << 24;
@@ -97,33 +97,33 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     {
         /* Buffers that were device memory at the sender go back to the
          * (emulated) device, then every device buffer is scattered. */
-        gser_deserialize_options_t o = {0};
+        gser_deserialize_options_t o = GSER_DESERIALIZE_OPTIONS_INIT;
         o.flags = GSER_DESERIALIZE_RESTORE_DEVICE | GSER_DESERIALIZE_SCATTER | GSER_DESERIALIZE_ALLOW_UNKNOWN;
         gser_msg_t *msg = NULL;
         if (gser_deserialize_flat(dev_ctx, data, size, NULL, NULL, &o, &msg) == GSER_OK) {
-            volatile unsigned h = walk(msg, gser_msg_root(msg), 0);
+            volatile unsigned h = walk(msg, gser_msg_get_root(msg), 0);
             (void)h;
             gser_msg_destroy(msg);
         }
     }
     static const unsigned flags[] = {0, GSER_DESERIALIZE_KEEP_SERIALIZED | GSER_DESERIALIZE_ALLOW_UNKNOWN};
     for (int i = 0; i < 2; i++) {
-        gser_deserialize_options_t o = {0};
+        gser_deserialize_options_t o = GSER_DESERIALIZE_OPTIONS_INIT;
         o.flags = flags[i];
         gser_msg_t *msg = NULL;
         if (gser_deserialize_flat(ctx, data, size, NULL, NULL, &o, &msg) != GSER_OK)
             continue;
-        volatile unsigned h = walk(msg, gser_msg_root(msg), 0);
+        volatile unsigned h = walk(msg, gser_msg_get_root(msg), 0);
         (void)h;
         gser_frames_t *f = NULL;
         if (gser_serialize(ctx, msg, NULL, &f) == GSER_OK) {
             size_t len;
-            if (gser_flat_size(gser_frames_array(f), gser_frames_count(f), &len) == GSER_OK) {
+            if (gser_flat_size(gser_frames_get_array(f), gser_frames_get_count(f), &len) == GSER_OK) {
                 unsigned char *buf = malloc(len);
                 size_t w;
                 gser_msg_t *again = NULL;
                 /* What gser wrote, gser must read. */
-                if (!buf || gser_flat_write(gser_frames_array(f), gser_frames_count(f), buf, len, &w) ||
+                if (!buf || gser_flat_write(gser_frames_get_array(f), gser_frames_get_count(f), buf, len, &w) ||
                     gser_deserialize_flat(ctx, buf, w, NULL, NULL, &o, &again))
                     abort();
                 gser_msg_destroy(again);

@@ -11,7 +11,7 @@
 #define CK(x)                                                                                                \
     do {                                                                                                     \
         if ((x) != GSER_OK) {                                                                                \
-            fprintf(stderr, "%s: %s\n", #x, gser_context_last_error(ctx));                                  \
+            fprintf(stderr, "%s: %s\n", #x, gser_context_get_last_error(ctx));                                  \
             return 1;                                                                                        \
         }                                                                                                    \
     } while (0)
@@ -25,7 +25,7 @@ static int write_msg(gser_context_t *ctx, gser_msg_t *m, const char *dir, const 
     FILE *out = fopen(path, "wb");
     if (!out)
         return 1;
-    CK(gser_flat_write_file(gser_frames_array(f), gser_frames_count(f), out));
+    CK(gser_flat_write_file(gser_frames_get_array(f), gser_frames_get_count(f), out));
     fclose(out);
     gser_frames_destroy(f);
     return 0;
@@ -34,7 +34,7 @@ static int write_msg(gser_context_t *ctx, gser_msg_t *m, const char *dir, const 
 int main(int argc, char **argv)
 {
     const char *dir = argc > 1 ? argv[1] : ".";
-    gser_context_options_t o = {0};
+    gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
     o.inline_max = 32;
     o.array_min = 4;
     gser_context_t *ctx;
@@ -92,7 +92,7 @@ int main(int argc, char **argv)
     fuzz_blob_t blob = {7, sizeof payload, payload};
     CK(gser_msg_create(ctx, &m));
     CK(gser_msg_new_map(m, &root));
-    gser_buffer_desc_t d = {0};
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
     d.data = grid;
     d.nbytes = sizeof grid;
     d.dtype = GSER_DTYPE_INT32;
@@ -125,7 +125,7 @@ int main(int argc, char **argv)
     CK(gser_msg_create(ctx, &m));
     CK(gser_msg_new_list(m, &root));
     for (int i = 0; i < 3; i++) {
-        gser_buffer_desc_t dd = {0};
+        gser_buffer_desc_t dd = GSER_BUFFER_DESC_INIT;
         dd.data = (const char *)dev + 40 * i;
         dd.nbytes = 40 + 13 * (size_t)i;
         dd.memory = GSER_MEMORY_DEVICE;
@@ -135,7 +135,7 @@ int main(int argc, char **argv)
     CK(gser_msg_set_root(m, root));
     {
         const char *const host_only[] = {"host"};
-        gser_serialize_options_t so = {0};
+        gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
         so.families = host_only;
         so.nfamilies = 1;
         gser_frames_t *f;
@@ -146,7 +146,7 @@ int main(int argc, char **argv)
         FILE *out = fopen(path, "wb");
         if (!out)
             return 1;
-        CK(gser_flat_write_file(gser_frames_array(f), gser_frames_count(f), out));
+        CK(gser_flat_write_file(gser_frames_get_array(f), gser_frames_get_count(f), out));
         fclose(out);
         gser_frames_destroy(f);
     }
@@ -163,11 +163,11 @@ int main(int argc, char **argv)
         make_table(ctx, device, 9, 4, &da, &schema);
         CK(gser_msg_create(ctx, &m));
         CK(gser_msg_new_map(m, &root));
-        CK(gser_msg_new_arrow(m, &da, &schema, NULL, &v));
+        CK(gser_arrow_new_value(m, &da, &schema, NULL, &v));
         CK(gser_map_put_cstr(root, "table", v));
         CK(gser_msg_set_root(m, root));
         const char *const host_only[] = {"host"};
-        gser_serialize_options_t so = {0};
+        gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
         so.families = host_only;
         so.nfamilies = 1;
         so.inline_max = 24; /* some buffers inline, some in frames */
@@ -179,7 +179,7 @@ int main(int argc, char **argv)
         FILE *out = fopen(path, "wb");
         if (!out)
             return 1;
-        CK(gser_flat_write_file(gser_frames_array(f), gser_frames_count(f), out));
+        CK(gser_flat_write_file(gser_frames_get_array(f), gser_frames_get_count(f), out));
         fclose(out);
         gser_frames_destroy(f);
         gser_msg_destroy(m);

@@ -9,20 +9,21 @@
 #include <string>
 #include <vector>
 
+#include <gser/extension.h>
 #include <gser/gser.h>
 
 #define GSER_EXPECT(ctx, expected, expr)                                                                    \
     do {                                                                                                    \
         gser_status_t st_ = (expr);                                                                         \
         EXPECT_EQ(st_, (expected)) << #expr << " -> " << gser_status_str(st_) << ": "                       \
-                                   << gser_context_last_error(ctx);                                         \
+                                   << gser_context_get_last_error(ctx);                                         \
     } while (0)
 
 #define GSER_OK_OR_FAIL(ctx, expr)                                                                          \
     do {                                                                                                    \
         gser_status_t st_ = (expr);                                                                         \
         ASSERT_EQ(st_, GSER_OK) << #expr << " -> " << gser_status_str(st_) << ": "                          \
-                                << gser_context_last_error(ctx);                                            \
+                                << gser_context_get_last_error(ctx);                                            \
     } while (0)
 
 struct MsgDeleter {
@@ -40,7 +41,7 @@ using CtxPtr = std::unique_ptr<gser_context_t, CtxDeleter>;
 
 inline CtxPtr make_ctx(const gser_context_options_t *base = nullptr)
 {
-    gser_context_options_t o{};
+    gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
     if (base)
         o = *base;
     if (o.trace == 0)
@@ -68,14 +69,14 @@ inline gser_status_t blob_serialize(gser_context_t *, const void *obj, gser_writ
     auto *b = static_cast<const Blob *>(obj);
     if (ud)
         static_cast<BlobStats *>(ud)->serialized++;
-    gser_msg_t *m = gser_writer_msg(w);
+    gser_msg_t *m = gser_writer_get_msg(w);
     gser_value_t *map, *v;
     gser_status_t st;
     if ((st = gser_msg_new_map(m, &map)) || (st = gser_msg_new_int(m, b->id, &v)) ||
         (st = gser_map_put_cstr(map, "id", v)) || (st = gser_msg_new_str(m, b->name.data(), b->name.size(), &v)) ||
         (st = gser_map_put_cstr(map, "name", v)))
         return st;
-    gser_buffer_desc_t d{};
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
     d.data = b->data.data();
     d.nbytes = b->data.size() * sizeof(double);
     d.dtype = GSER_DTYPE_FLOAT64;
@@ -88,7 +89,7 @@ inline gser_status_t blob_serialize(gser_context_t *, const void *obj, gser_writ
 
 inline gser_status_t blob_deserialize(gser_context_t *, gser_reader_t *r, void **out, void *ud)
 {
-    const gser_value_t *t = gser_reader_tree(r);
+    gser_value_t *t = gser_reader_get_tree(r);
     gser_value_t *id, *name, *data;
     if (gser_map_find_cstr(t, "id", &id) || gser_map_find_cstr(t, "name", &name) ||
         gser_map_find_cstr(t, "data", &data))
@@ -96,7 +97,7 @@ inline gser_status_t blob_deserialize(gser_context_t *, gser_reader_t *r, void *
     auto b = std::make_unique<Blob>();
     const char *s;
     size_t n;
-    gser_buffer_desc_t d;
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
     if (gser_value_get_int(id, &b->id) || gser_value_get_str(name, &s, &n) || gser_value_get_buffer(data, &d))
         return gser_reader_fail(r, GSER_ERR_FORMAT, "blob fields have the wrong kinds");
     b->name.assign(s, n);
@@ -120,47 +121,47 @@ inline void blob_destroy(void *obj, void *ud)
 inline void register_blob(gser_context_t *ctx, BlobStats *stats, std::vector<const char *> families,
                           uint32_t version = 1, uint32_t min_read = 0)
 {
-    gser_type_options_t to{};
+    gser_type_options_t to = GSER_TYPE_OPTIONS_INIT;
     to.destroy = blob_destroy;
     to.user_data = stats;
     to.min_read_version = min_read;
-    ASSERT_EQ(gser_type_register(ctx, "test.blob", version, &to), GSER_OK) << gser_context_last_error(ctx);
+    ASSERT_EQ(gser_type_register(ctx, "test.blob", version, &to), GSER_OK) << gser_context_get_last_error(ctx);
     for (const char *f : families)
         ASSERT_EQ(gser_type_add_family(ctx, "test.blob", f, blob_serialize, blob_deserialize), GSER_OK)
-            << gser_context_last_error(ctx);
+            << gser_context_get_last_error(ctx);
 }
 
 inline FramesPtr serialize(gser_context_t *ctx, gser_msg_t *msg, const gser_serialize_options_t *o = nullptr)
 {
     gser_frames_t *f = nullptr;
     gser_status_t st = gser_serialize(ctx, msg, o, &f);
-    EXPECT_EQ(st, GSER_OK) << gser_status_str(st) << ": " << gser_context_last_error(ctx);
+    EXPECT_EQ(st, GSER_OK) << gser_status_str(st) << ": " << gser_context_get_last_error(ctx);
     return FramesPtr(f);
 }
 
 inline MsgPtr deserialize(gser_context_t *ctx, const gser_frames_t *f, unsigned flags = 0)
 {
-    gser_deserialize_options_t o{};
+    gser_deserialize_options_t o = GSER_DESERIALIZE_OPTIONS_INIT;
     o.flags = flags;
     gser_msg_t *m = nullptr;
-    gser_status_t st = gser_deserialize(ctx, gser_frames_array(f), gser_frames_count(f), &o, &m);
-    EXPECT_EQ(st, GSER_OK) << gser_status_str(st) << ": " << gser_context_last_error(ctx);
+    gser_status_t st = gser_deserialize(ctx, gser_frames_get_array(f), gser_frames_get_count(f), &o, &m);
+    EXPECT_EQ(st, GSER_OK) << gser_status_str(st) << ": " << gser_context_get_last_error(ctx);
     return MsgPtr(m);
 }
 
 inline std::vector<unsigned char> flatten(const gser_frames_t *f)
 {
     size_t n = 0, w = 0;
-    EXPECT_EQ(gser_flat_size(gser_frames_array(f), gser_frames_count(f), &n), GSER_OK);
+    EXPECT_EQ(gser_flat_size(gser_frames_get_array(f), gser_frames_get_count(f), &n), GSER_OK);
     std::vector<unsigned char> buf(n);
-    EXPECT_EQ(gser_flat_write(gser_frames_array(f), gser_frames_count(f), buf.data(), n, &w), GSER_OK);
+    EXPECT_EQ(gser_flat_write(gser_frames_get_array(f), gser_frames_get_count(f), buf.data(), n, &w), GSER_OK);
     EXPECT_EQ(w, n);
     return buf;
 }
 
 inline std::string header_bytes(const gser_frames_t *f)
 {
-    const gser_frame_t &h = gser_frames_array(f)[0];
+    const gser_frame_t &h = gser_frames_get_array(f)[0];
     return std::string(static_cast<const char *>(h.data), h.size);
 }
 

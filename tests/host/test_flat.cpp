@@ -14,7 +14,7 @@ MsgPtr sample(gser_context_t *ctx, std::vector<double> &vals)
     gser_msg_new_map(m, &root);
     gser_msg_new_array(m, GSER_KIND_FLOAT, vals.data(), vals.size(), 0, &v);
     gser_map_put_cstr(root, "vals", v);
-    gser_buffer_desc_t d{};
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
     static const char odd[13] = "thirteen....";
     d.data = odd;
     d.nbytes = 13; // not a multiple of 8: padding follows it
@@ -36,13 +36,13 @@ uint64_t le64(const unsigned char *p)
 
 TEST(Flat, LayoutIsTheDocumentedOne)
 {
-    gser_context_options_t o{};
+    gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
     o.inline_max = 8; // so the 13-byte buffer is a frame
     auto ctx = make_ctx(&o);
     std::vector<double> vals(100, 4.0);
     auto m = sample(ctx.get(), vals);
     auto frames = serialize(ctx.get(), m.get());
-    ASSERT_EQ(gser_frames_count(frames.get()), 3u);
+    ASSERT_EQ(gser_frames_get_count(frames.get()), 3u);
     auto flat = flatten(frames.get());
     const unsigned char magic[8] = {0x89, 'G', 'S', 'E', 'R', 0x0d, 0x0a, 0x1a};
     ASSERT_GE(flat.size(), 16u);
@@ -52,7 +52,7 @@ TEST(Flat, LayoutIsTheDocumentedOne)
     EXPECT_EQ(flat[12] | flat[13] << 8 | flat[14] << 16 | flat[15] << 24, 3);
     size_t off = 16 + 8 * 3;
     for (size_t i = 0; i < 3; i++) {
-        const gser_frame_t &f = gser_frames_array(frames.get())[i];
+        const gser_frame_t &f = gser_frames_get_array(frames.get())[i];
         EXPECT_EQ(le64(&flat[16 + 8 * i]), f.size);
         EXPECT_EQ(off % 8, 0u) << "frames start 8-byte aligned";
         EXPECT_EQ(std::memcmp(&flat[off], f.data, f.size), 0);
@@ -68,23 +68,23 @@ TEST(Flat, LayoutIsTheDocumentedOne)
     gser_msg_t *back = nullptr;
     ASSERT_EQ(gser_deserialize_flat(ctx.get(), flat.data(), flat.size(), nullptr, nullptr, nullptr, &back), GSER_OK);
     gser_value_t *v;
-    ASSERT_EQ(gser_map_find_cstr(gser_msg_root(back), "vals", &v), GSER_OK);
+    ASSERT_EQ(gser_map_find_cstr(gser_msg_get_root(back), "vals", &v), GSER_OK);
     gser_kind_t k;
     const void *data;
     size_t count;
     ASSERT_EQ(gser_list_get_array(v, &k, &data, &count), GSER_OK);
     EXPECT_GE(static_cast<const unsigned char *>(data), flat.data());
     EXPECT_LT(static_cast<const unsigned char *>(data), flat.data() + flat.size());
-    EXPECT_TRUE(gser_value_equal(gser_msg_root(m.get()), gser_msg_root(back)));
+    EXPECT_TRUE(gser_value_equal(gser_msg_get_root(m.get()), gser_msg_get_root(back)));
     size_t nfr = 0;
-    const gser_frame_t *fr = gser_msg_frames(back, &nfr);
+    const gser_frame_t *fr = gser_msg_get_frames(back, &nfr);
     EXPECT_EQ(nfr, 3u);
     EXPECT_EQ(fr[2].size, 13u);
     gser_msg_destroy(back);
 
     // Too small a destination is an error, not an overflow.
     size_t w = 0;
-    EXPECT_EQ(gser_flat_write(gser_frames_array(frames.get()), 3, flat.data(), flat.size() - 1, &w),
+    EXPECT_EQ(gser_flat_write(gser_frames_get_array(frames.get()), 3, flat.data(), flat.size() - 1, &w),
               GSER_ERR_INVALID_ARG);
 }
 
@@ -99,25 +99,25 @@ TEST(Flat, FilesAndDescriptors)
 
     FILE *f = tmpfile();
     ASSERT_NE(f, nullptr);
-    ASSERT_EQ(gser_flat_write_file(gser_frames_array(frames.get()), gser_frames_count(frames.get()), f), GSER_OK);
+    ASSERT_EQ(gser_flat_write_file(gser_frames_get_array(frames.get()), gser_frames_get_count(frames.get()), f), GSER_OK);
     fflush(f);
     rewind(f);
     gser_msg_t *back = nullptr;
-    ASSERT_EQ(gser_deserialize_fd(ctx.get(), fileno(f), nullptr, &back), GSER_OK) << gser_context_last_error(ctx.get());
-    EXPECT_TRUE(gser_value_equal(gser_msg_root(m.get()), gser_msg_root(back)));
+    ASSERT_EQ(gser_deserialize_fd(ctx.get(), fileno(f), nullptr, &back), GSER_OK) << gser_context_get_last_error(ctx.get());
+    EXPECT_TRUE(gser_value_equal(gser_msg_get_root(m.get()), gser_msg_get_root(back)));
     gser_msg_destroy(back);
     fclose(f);
 
     int p[2];
     ASSERT_EQ(pipe(p), 0);
     size_t size = 0;
-    ASSERT_EQ(gser_flat_size(gser_frames_array(frames.get()), gser_frames_count(frames.get()), &size), GSER_OK);
+    ASSERT_EQ(gser_flat_size(gser_frames_get_array(frames.get()), gser_frames_get_count(frames.get()), &size), GSER_OK);
     ASSERT_LT(size, 65536u) << "fits in the pipe buffer";
-    ASSERT_EQ(gser_flat_write_fd(gser_frames_array(frames.get()), gser_frames_count(frames.get()), p[1]), GSER_OK);
+    ASSERT_EQ(gser_flat_write_fd(gser_frames_get_array(frames.get()), gser_frames_get_count(frames.get()), p[1]), GSER_OK);
     close(p[1]);
-    ASSERT_EQ(gser_deserialize_fd(ctx.get(), p[0], nullptr, &back), GSER_OK) << gser_context_last_error(ctx.get());
+    ASSERT_EQ(gser_deserialize_fd(ctx.get(), p[0], nullptr, &back), GSER_OK) << gser_context_get_last_error(ctx.get());
     close(p[0]);
-    EXPECT_TRUE(gser_value_equal(gser_msg_root(m.get()), gser_msg_root(back)));
+    EXPECT_TRUE(gser_value_equal(gser_msg_get_root(m.get()), gser_msg_get_root(back)));
     gser_msg_destroy(back);
 
     // An empty input is not a message.

@@ -21,12 +21,12 @@ class RoundTrip : public CtxTest {
         auto back = deserialize(ctx(), frames_.get());
         if (!back)
             return nullptr;
-        EXPECT_TRUE(gser_value_equal(gser_msg_root(msg), gser_msg_root(back.get())));
+        EXPECT_TRUE(gser_value_equal(gser_msg_get_root(msg), gser_msg_get_root(back.get())));
         flat_ = flatten(frames_.get());
         gser_msg_t *f = nullptr;
         EXPECT_EQ(gser_deserialize_flat(ctx(), flat_.data(), flat_.size(), nullptr, nullptr, nullptr, &f), GSER_OK)
-            << gser_context_last_error(ctx());
-        EXPECT_TRUE(gser_value_equal(gser_msg_root(msg), gser_msg_root(f)));
+            << gser_context_get_last_error(ctx());
+        EXPECT_TRUE(gser_value_equal(gser_msg_get_root(msg), gser_msg_get_root(f)));
         gser_msg_destroy(f);
         return back;
     }
@@ -87,7 +87,7 @@ TEST_F(RoundTrip, EveryKindAndNesting)
         for (int c = 0; c < 5; c++)
             grid[r][c] = (int16_t)(r * 100 + c);
     int64_t shape[2] = {3, 5};
-    gser_buffer_desc_t d{};
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
     d.data = grid;
     d.nbytes = sizeof grid;
     d.dtype = GSER_DTYPE_INT16;
@@ -95,7 +95,7 @@ TEST_F(RoundTrip, EveryKindAndNesting)
     d.shape = shape;
     ASSERT_EQ(gser_msg_new_buffer(M, &d, &v), GSER_OK);
     put(root, "grid", v);
-    gser_buffer_desc_t e{};
+    gser_buffer_desc_t e = GSER_BUFFER_DESC_INIT;
     ASSERT_EQ(gser_msg_new_buffer(M, &e, &v), GSER_OK);
     put(root, "empty_buffer", v);
     // five levels of nesting
@@ -111,17 +111,17 @@ TEST_F(RoundTrip, EveryKindAndNesting)
 
     auto back = round_trip(M);
     ASSERT_TRUE(back);
-    gser_value_t *r = gser_msg_root(back.get()), *got;
+    gser_value_t *r = gser_msg_get_root(back.get()), *got;
     ASSERT_EQ(gser_map_find_cstr(r, "uint_max", &got), GSER_OK);
-    EXPECT_EQ(gser_value_kind(got), GSER_KIND_UINT);
+    EXPECT_EQ(gser_value_get_kind(got), GSER_KIND_UINT);
     ASSERT_EQ(gser_map_find_cstr(r, "small_uint", &got), GSER_OK);
-    EXPECT_EQ(gser_value_kind(got), GSER_KIND_UINT) << "uint stays uint even when it fits an int";
+    EXPECT_EQ(gser_value_get_kind(got), GSER_KIND_UINT) << "uint stays uint even when it fits an int";
     ASSERT_EQ(gser_map_find_cstr(r, "neg_zero", &got), GSER_OK);
     double dz;
     gser_value_get_float(got, &dz);
     EXPECT_TRUE(std::signbit(dz));
     ASSERT_EQ(gser_map_find_cstr(r, "grid", &got), GSER_OK);
-    gser_buffer_desc_t gd;
+    gser_buffer_desc_t gd = GSER_BUFFER_DESC_INIT;
     ASSERT_EQ(gser_value_get_buffer(got, &gd), GSER_OK);
     EXPECT_EQ(gd.dtype, GSER_DTYPE_INT16);
     ASSERT_EQ(gd.ndim, 2u);
@@ -147,13 +147,13 @@ TEST_F(RoundTrip, EmptyContainersAndScalarRoots)
         gser_msg_set_root(m.get(), v);
         auto back = round_trip(m.get());
         ASSERT_TRUE(back);
-        EXPECT_EQ(gser_value_kind(gser_msg_root(back.get())), gser_value_kind(v)) << kind;
-        EXPECT_EQ(gser_frames_count(frames_.get()), 1u) << "no data frames for " << kind;
+        EXPECT_EQ(gser_value_get_kind(gser_msg_get_root(back.get())), gser_value_get_kind(v)) << kind;
+        EXPECT_EQ(gser_frames_get_count(frames_.get()), 1u) << "no data frames for " << kind;
     }
     auto m = new_msg(); // root left nil
     auto back = round_trip(m.get());
     ASSERT_TRUE(back);
-    EXPECT_EQ(gser_value_kind(gser_msg_root(back.get())), GSER_KIND_NIL);
+    EXPECT_EQ(gser_value_get_kind(gser_msg_get_root(back.get())), GSER_KIND_NIL);
 }
 
 TEST_F(RoundTrip, MillionElementListsBecomeOneZeroCopyFrame)
@@ -174,9 +174,9 @@ TEST_F(RoundTrip, MillionElementListsBecomeOneZeroCopyFrame)
         auto back = round_trip(m.get());
         ASSERT_TRUE(back);
         const size_t es = kind == GSER_KIND_BOOL ? 1 : 8;
-        ASSERT_EQ(gser_frames_count(frames_.get()), 2u) << gser_kind_str(kind);
-        EXPECT_LT(gser_frames_array(frames_.get())[0].size, 64u) << "the elements are not in the header";
-        const gser_frame_t &f = gser_frames_array(frames_.get())[1];
+        ASSERT_EQ(gser_frames_get_count(frames_.get()), 2u) << gser_kind_str(kind);
+        EXPECT_LT(gser_frames_get_array(frames_.get())[0].size, 64u) << "the elements are not in the header";
+        const gser_frame_t &f = gser_frames_get_array(frames_.get())[1];
         EXPECT_EQ(f.size, n * es);
 
         gser_kind_t k;
@@ -184,15 +184,15 @@ TEST_F(RoundTrip, MillionElementListsBecomeOneZeroCopyFrame)
         size_t count;
         ASSERT_EQ(gser_list_get_array(l, &k, &sent, &count), GSER_OK);
         EXPECT_EQ(f.data, sent) << "the frame is the list's own storage";
-        gser_value_t *r = gser_msg_root(back.get());
-        EXPECT_EQ(gser_value_kind(r), GSER_KIND_LIST);
+        gser_value_t *r = gser_msg_get_root(back.get());
+        EXPECT_EQ(gser_value_get_kind(r), GSER_KIND_LIST);
         ASSERT_EQ(gser_list_get_array(r, &k, &got, &count), GSER_OK);
         EXPECT_EQ(k, kind);
         EXPECT_EQ(count, n);
         EXPECT_EQ(got, f.data) << "the received array is the frame (zero-copy)";
         gser_value_t *e;
         ASSERT_EQ(gser_list_get(r, n - 1, &e), GSER_OK);
-        EXPECT_EQ(gser_value_kind(e), kind);
+        EXPECT_EQ(gser_value_get_kind(e), kind);
     }
 }
 
@@ -214,21 +214,21 @@ TEST_F(RoundTrip, MixedListsStayElementWise)
     gser_msg_set_root(m.get(), root);
     auto back = round_trip(m.get());
     ASSERT_TRUE(back);
-    EXPECT_EQ(gser_frames_count(frames_.get()), 1u) << "mixed lists stay element-wise";
+    EXPECT_EQ(gser_frames_get_count(frames_.get()), 1u) << "mixed lists stay element-wise";
     gser_value_t *got, *e;
     gser_kind_t k;
     const void *data;
     size_t count;
-    ASSERT_EQ(gser_map_find_cstr(gser_msg_root(back.get()), "mixed", &got), GSER_OK);
+    ASSERT_EQ(gser_map_find_cstr(gser_msg_get_root(back.get()), "mixed", &got), GSER_OK);
     EXPECT_EQ(gser_list_get_array(got, &k, &data, &count), GSER_ERR_TYPE_MISMATCH);
-    ASSERT_EQ(gser_value_len(got), 2000u);
+    ASSERT_EQ(gser_value_get_len(got), 2000u);
     gser_list_get(got, 10, &e);
-    EXPECT_EQ(gser_value_kind(e), GSER_KIND_FLOAT);
+    EXPECT_EQ(gser_value_get_kind(e), GSER_KIND_FLOAT);
     gser_list_get(got, 11, &e);
-    EXPECT_EQ(gser_value_kind(e), GSER_KIND_INT);
-    ASSERT_EQ(gser_map_find_cstr(gser_msg_root(back.get()), "with_nil", &got), GSER_OK);
+    EXPECT_EQ(gser_value_get_kind(e), GSER_KIND_INT);
+    ASSERT_EQ(gser_map_find_cstr(gser_msg_get_root(back.get()), "with_nil", &got), GSER_OK);
     gser_list_get(got, 1000, &e);
-    EXPECT_EQ(gser_value_kind(e), GSER_KIND_NIL);
+    EXPECT_EQ(gser_value_get_kind(e), GSER_KIND_NIL);
     (void)v;
 }
 
@@ -242,23 +242,23 @@ TEST_F(RoundTrip, BoxedHomogeneousListsAreConvertedWhenSent)
     for (int i = 0; i < 1000; i++)
         gser_list_append_float(l, i + 0.5);
     gser_msg_set_root(m.get(), l);
-    gser_serialize_options_t elementwise{};
+    gser_serialize_options_t elementwise = GSER_SERIALIZE_OPTIONS_INIT;
     elementwise.array_min = SIZE_MAX;
     auto f1 = serialize(ctx(), m.get(), &elementwise);
-    EXPECT_EQ(gser_frames_count(f1.get()), 1u);
+    EXPECT_EQ(gser_frames_get_count(f1.get()), 1u);
     auto boxed = deserialize(ctx(), f1.get());
     gser_kind_t k;
     const void *data;
     size_t count;
-    ASSERT_EQ(gser_list_get_array(gser_msg_root(boxed.get()), &k, &data, &count), GSER_ERR_TYPE_MISMATCH);
+    ASSERT_EQ(gser_list_get_array(gser_msg_get_root(boxed.get()), &k, &data, &count), GSER_ERR_TYPE_MISMATCH);
     auto f2 = serialize(ctx(), boxed.get());
-    EXPECT_EQ(gser_frames_count(f2.get()), 2u) << "converted to a contiguous array frame";
-    EXPECT_EQ(gser_frames_array(f2.get())[1].size, 8000u);
+    EXPECT_EQ(gser_frames_get_count(f2.get()), 2u) << "converted to a contiguous array frame";
+    EXPECT_EQ(gser_frames_get_array(f2.get())[1].size, 8000u);
     auto back = deserialize(ctx(), f2.get());
-    ASSERT_EQ(gser_list_get_array(gser_msg_root(back.get()), &k, &data, &count), GSER_OK);
+    ASSERT_EQ(gser_list_get_array(gser_msg_get_root(back.get()), &k, &data, &count), GSER_OK);
     EXPECT_EQ(k, GSER_KIND_FLOAT);
     EXPECT_EQ(static_cast<const double *>(data)[999], 999.5);
-    EXPECT_TRUE(gser_value_equal(gser_msg_root(m.get()), gser_msg_root(back.get())));
+    EXPECT_TRUE(gser_value_equal(gser_msg_get_root(m.get()), gser_msg_get_root(back.get())));
 }
 
 TEST_F(RoundTrip, ShortListsStartingWithAUintAreLists)
@@ -280,18 +280,18 @@ TEST_F(RoundTrip, ShortListsStartingWithAUintAreLists)
     auto back = round_trip(m.get());
     ASSERT_TRUE(back);
     gser_value_t *got, *e;
-    ASSERT_EQ(gser_list_get(gser_msg_root(back.get()), 0, &got), GSER_OK);
-    EXPECT_EQ(gser_value_kind(got), GSER_KIND_LIST);
+    ASSERT_EQ(gser_list_get(gser_msg_get_root(back.get()), 0, &got), GSER_OK);
+    EXPECT_EQ(gser_value_get_kind(got), GSER_KIND_LIST);
     ASSERT_EQ(gser_list_get(got, 0, &e), GSER_OK);
-    EXPECT_EQ(gser_value_kind(e), GSER_KIND_UINT);
-    ASSERT_EQ(gser_list_get(gser_msg_root(back.get()), 1, &got), GSER_OK);
-    EXPECT_EQ(gser_value_kind(got), GSER_KIND_TUPLE);
-    EXPECT_EQ(gser_value_len(got), 2u);
+    EXPECT_EQ(gser_value_get_kind(e), GSER_KIND_UINT);
+    ASSERT_EQ(gser_list_get(gser_msg_get_root(back.get()), 1, &got), GSER_OK);
+    EXPECT_EQ(gser_value_get_kind(got), GSER_KIND_TUPLE);
+    EXPECT_EQ(gser_value_get_len(got), 2u);
 }
 
 TEST_F(RoundTrip, ArrayThresholdIsConfigurable)
 {
-    gser_context_options_t o{};
+    gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
     o.array_min = 4;
     o.inline_max = 1; // every non-empty array becomes a frame
     ctx_ = make_ctx(&o);
@@ -307,11 +307,11 @@ TEST_F(RoundTrip, ArrayThresholdIsConfigurable)
         gser_msg_set_root(m.get(), l);
         auto back = round_trip(m.get());
         ASSERT_TRUE(back);
-        EXPECT_EQ(gser_frames_count(frames_.get()), n >= 4 ? 2u : 1u) << n;
+        EXPECT_EQ(gser_frames_get_count(frames_.get()), n >= 4 ? 2u : 1u) << n;
         gser_kind_t k;
         const void *data;
         size_t count;
-        EXPECT_EQ(gser_list_get_array(gser_msg_root(back.get()), &k, &data, &count),
+        EXPECT_EQ(gser_list_get_array(gser_msg_get_root(back.get()), &k, &data, &count),
                   n >= 4 ? GSER_OK : GSER_ERR_TYPE_MISMATCH);
     }
     // Per call override.
@@ -321,10 +321,10 @@ TEST_F(RoundTrip, ArrayThresholdIsConfigurable)
     for (int i = 0; i < 100; i++)
         gser_list_append_int(l, i);
     gser_msg_set_root(m.get(), l);
-    gser_serialize_options_t so{};
+    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
     so.array_min = SIZE_MAX;
     auto frames = serialize(ctx(), m.get(), &so);
-    EXPECT_EQ(gser_frames_count(frames.get()), 1u) << "conversion disabled";
+    EXPECT_EQ(gser_frames_get_count(frames.get()), 1u) << "conversion disabled";
 }
 
 TEST_F(RoundTrip, TuplesStayTuplesListsStayLists)
@@ -349,17 +349,17 @@ TEST_F(RoundTrip, TuplesStayTuplesListsStayLists)
     gser_msg_set_root(m.get(), root);
     auto back = round_trip(m.get());
     ASSERT_TRUE(back);
-    gser_value_t *r = gser_msg_root(back.get());
-    EXPECT_EQ(gser_value_kind(r), GSER_KIND_LIST);
+    gser_value_t *r = gser_msg_get_root(back.get());
+    EXPECT_EQ(gser_value_get_kind(r), GSER_KIND_LIST);
     gser_list_get(r, 0, &v);
-    EXPECT_EQ(gser_value_kind(v), GSER_KIND_TUPLE);
+    EXPECT_EQ(gser_value_get_kind(v), GSER_KIND_TUPLE);
     gser_list_get(r, 1, &v);
-    EXPECT_EQ(gser_value_kind(v), GSER_KIND_TUPLE) << "an array-backed tuple is still a tuple";
+    EXPECT_EQ(gser_value_get_kind(v), GSER_KIND_TUPLE) << "an array-backed tuple is still a tuple";
     gser_list_get(r, 2, &v);
-    EXPECT_EQ(gser_value_kind(v), GSER_KIND_LIST);
+    EXPECT_EQ(gser_value_get_kind(v), GSER_KIND_LIST);
     gser_list_get(r, 3, &v);
-    EXPECT_EQ(gser_value_kind(v), GSER_KIND_TUPLE);
-    EXPECT_EQ(gser_value_len(v), 0u);
+    EXPECT_EQ(gser_value_get_kind(v), GSER_KIND_TUPLE);
+    EXPECT_EQ(gser_value_get_len(v), 0u);
 }
 
 TEST_F(RoundTrip, UserKeysCannotCollideWithMarkers)
@@ -374,9 +374,9 @@ TEST_F(RoundTrip, UserKeysCannotCollideWithMarkers)
     gser_msg_set_root(m.get(), root);
     auto back = round_trip(m.get());
     ASSERT_TRUE(back);
-    gser_value_t *r = gser_msg_root(back.get());
-    ASSERT_EQ(gser_value_kind(r), GSER_KIND_MAP);
-    ASSERT_EQ(gser_value_len(r), 2u);
+    gser_value_t *r = gser_msg_get_root(back.get());
+    ASSERT_EQ(gser_value_get_kind(r), GSER_KIND_MAP);
+    ASSERT_EQ(gser_value_get_len(r), 2u);
     gser_value_t *got;
     ASSERT_EQ(gser_map_find_cstr(r, "__Serialized__", &got), GSER_OK);
     int64_t i = -1;
@@ -396,7 +396,7 @@ TEST_F(RoundTrip, HeaderIsStandardMsgpack)
     put(root, "t", t);
     gser_msg_set_root(m.get(), root);
     auto frames = serialize(ctx(), m.get());
-    const gser_frame_t &h = gser_frames_array(frames.get())[0];
+    const gser_frame_t &h = gser_frames_get_array(frames.get())[0];
 
     // Any msgpack decoder reads it: here, msgpack-c on its own.
     msgpack_unpacked up;
@@ -432,7 +432,7 @@ TEST_F(RoundTrip, HostBuffersAreFramesWithoutCopies)
     for (size_t i = 0; i < big.size(); i++)
         big[i] = (uint8_t)(i * 7);
     auto m = new_msg();
-    gser_buffer_desc_t d{};
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
     d.data = big.data();
     d.nbytes = big.size();
     d.dtype = GSER_DTYPE_UINT8;
@@ -440,24 +440,24 @@ TEST_F(RoundTrip, HostBuffersAreFramesWithoutCopies)
     ASSERT_EQ(gser_msg_new_buffer(m.get(), &d, &v), GSER_OK);
     gser_msg_set_root(m.get(), v);
     auto frames = serialize(ctx(), m.get());
-    ASSERT_EQ(gser_frames_count(frames.get()), 2u);
-    EXPECT_EQ(gser_frames_array(frames.get())[1].data, big.data()) << "the frame points at the caller's bytes";
-    EXPECT_EQ(gser_frames_array(frames.get())[1].memory, GSER_MEMORY_HOST);
+    ASSERT_EQ(gser_frames_get_count(frames.get()), 2u);
+    EXPECT_EQ(gser_frames_get_array(frames.get())[1].data, big.data()) << "the frame points at the caller's bytes";
+    EXPECT_EQ(gser_frames_get_array(frames.get())[1].memory, GSER_MEMORY_HOST);
     auto back = deserialize(ctx(), frames.get());
-    gser_buffer_desc_t got;
-    ASSERT_EQ(gser_value_get_buffer(gser_msg_root(back.get()), &got), GSER_OK);
+    gser_buffer_desc_t got = GSER_BUFFER_DESC_INIT;
+    ASSERT_EQ(gser_value_get_buffer(gser_msg_get_root(back.get()), &got), GSER_OK);
     EXPECT_EQ(got.data, big.data()) << "and the received buffer points at the frame";
 }
 
 TEST_F(RoundTrip, SmallBuffersAreInlinedBelowTheThreshold)
 {
-    gser_context_options_t o{};
+    gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
     o.inline_max = 64;
     ctx_ = make_ctx(&o);
     static const char bytes[64] = "payload";
     for (size_t n : {0, 1, 63, 64, 65}) {
         auto m = new_msg();
-        gser_buffer_desc_t d{};
+        gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
         d.data = bytes;
         d.nbytes = n;
         gser_value_t *v;
@@ -471,9 +471,9 @@ TEST_F(RoundTrip, SmallBuffersAreInlinedBelowTheThreshold)
             gser_msg_set_root(m.get(), v);
         }
         auto frames = serialize(ctx(), m.get());
-        EXPECT_EQ(gser_frames_count(frames.get()), n < 64 ? 1u : 2u) << n;
+        EXPECT_EQ(gser_frames_get_count(frames.get()), n < 64 ? 1u : 2u) << n;
         auto back = deserialize(ctx(), frames.get());
-        EXPECT_TRUE(gser_value_equal(gser_msg_root(m.get()), gser_msg_root(back.get()))) << n;
+        EXPECT_TRUE(gser_value_equal(gser_msg_get_root(m.get()), gser_msg_get_root(back.get()))) << n;
     }
 }
 
@@ -487,20 +487,20 @@ TEST_F(RoundTrip, MisalignedFramesAreCopiedToAlignedMemory)
     ASSERT_EQ(gser_msg_new_array(m.get(), GSER_KIND_FLOAT, vals.data(), vals.size(), 0, &l), GSER_OK);
     gser_msg_set_root(m.get(), l);
     auto frames = serialize(ctx(), m.get());
-    ASSERT_EQ(gser_frames_count(frames.get()), 2u);
+    ASSERT_EQ(gser_frames_get_count(frames.get()), 2u);
     // Put the data frame at an odd address.
     std::vector<unsigned char> shifted(vals.size() * 8 + 1);
     std::memcpy(shifted.data() + 1, vals.data(), vals.size() * 8);
-    gser_frame_t fr[2] = {gser_frames_array(frames.get())[0], gser_frames_array(frames.get())[1]};
+    gser_frame_t fr[2] = {gser_frames_get_array(frames.get())[0], gser_frames_get_array(frames.get())[1]};
     fr[1].data = shifted.data() + 1;
     gser_msg_t *back = nullptr;
-    ASSERT_EQ(gser_deserialize(ctx(), fr, 2, nullptr, &back), GSER_OK) << gser_context_last_error(ctx());
+    ASSERT_EQ(gser_deserialize(ctx(), fr, 2, nullptr, &back), GSER_OK) << gser_context_get_last_error(ctx());
     gser_kind_t k;
     const void *data;
     size_t count;
-    ASSERT_EQ(gser_list_get_array(gser_msg_root(back), &k, &data, &count), GSER_OK);
+    ASSERT_EQ(gser_list_get_array(gser_msg_get_root(back), &k, &data, &count), GSER_OK);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(data) % alignof(double), 0u);
-    EXPECT_TRUE(gser_value_equal(gser_msg_root(m.get()), gser_msg_root(back)));
+    EXPECT_TRUE(gser_value_equal(gser_msg_get_root(m.get()), gser_msg_get_root(back)));
     gser_msg_destroy(back);
 }
 
@@ -518,8 +518,8 @@ TEST_F(RoundTrip, FramesHandedOverAreReleasedOnceAndOnlyOnSuccess)
     gser_msg_set_root(m.get(), l);
     auto frames = serialize(ctx(), m.get());
     int released = 0;
-    std::vector<gser_frame_t> fr(gser_frames_array(frames.get()),
-                                 gser_frames_array(frames.get()) + gser_frames_count(frames.get()));
+    std::vector<gser_frame_t> fr(gser_frames_get_array(frames.get()),
+                                 gser_frames_get_array(frames.get()) + gser_frames_get_count(frames.get()));
     for (auto &f : fr) {
         f.release = count_frame_release;
         f.release_arg = &released;

@@ -32,7 +32,7 @@ void make_sample(Sample &s, BlobStats *stats)
     gser_map_put_cstr(root, "prio", t);
     gser_msg_new_array(m, GSER_KIND_FLOAT, s.floats.data(), s.floats.size(), 0, &v), gser_map_put_cstr(root, "f", v);
     gser_msg_new_array(m, GSER_KIND_FLOAT, s.floats.data(), 4, 0, &v), gser_map_put_cstr(root, "small", v);
-    gser_buffer_desc_t d{};
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
     int64_t shape[2] = {25, 20};
     d.data = s.ints.data();
     d.nbytes = s.ints.size() * 4;
@@ -57,21 +57,21 @@ bool is_error(gser_status_t st)
 gser_status_t expect_failure(gser_context_t *ctx, const gser_frame_t *fr, size_t n, unsigned flags = 0,
                              const gser_limits_t *lim = nullptr)
 {
-    gser_deserialize_options_t o{};
+    gser_deserialize_options_t o = GSER_DESERIALIZE_OPTIONS_INIT;
     o.flags = flags;
     o.limits = lim;
     gser_msg_t *m = nullptr;
     gser_status_t st = gser_deserialize(ctx, fr, n, &o, &m);
     EXPECT_TRUE(is_error(st)) << gser_status_str(st);
     EXPECT_EQ(m, nullptr);
-    EXPECT_NE(std::string(gser_context_last_error(ctx)), "") << "an error always has a message";
+    EXPECT_NE(std::string(gser_context_get_last_error(ctx)), "") << "an error always has a message";
     gser_msg_destroy(m);
     return st;
 }
 
 std::vector<gser_frame_t> copy_frames(const gser_frames_t *f)
 {
-    return std::vector<gser_frame_t>(gser_frames_array(f), gser_frames_array(f) + gser_frames_count(f));
+    return std::vector<gser_frame_t>(gser_frames_get_array(f), gser_frames_get_array(f) + gser_frames_get_count(f));
 }
 
 // A header whose root is the msgpack built by fn, with no data frames.
@@ -93,10 +93,10 @@ template <class Fn> std::string craft(Fn fn, uint32_t version = GSER_WIRE_VERSIO
 
 gser_status_t decode_crafted(gser_context_t *ctx, const std::string &h, std::string *err = nullptr)
 {
-    gser_frame_t f = {h.data(), h.size(), GSER_MEMORY_HOST, 0, nullptr, nullptr};
+    gser_frame_t f = {h.data(), h.size(), GSER_MEMORY_HOST, 0, nullptr, nullptr, {}};
     gser_status_t st = expect_failure(ctx, &f, 1);
     if (err)
-        *err = gser_context_last_error(ctx);
+        *err = gser_context_get_last_error(ctx);
     return st;
 }
 
@@ -145,8 +145,8 @@ TEST(Safety, EveryTruncationOfTheFlattenedFormFails)
     gser_msg_t *m = nullptr;
     ASSERT_EQ(gser_deserialize_flat(s.ctx.get(), flat.data(), flat.size(), nullptr, nullptr, nullptr, &m), GSER_OK);
     gser_value_t *sent, *got;
-    ASSERT_EQ(gser_map_find_cstr(gser_msg_root(s.msg.get()), "buf", &sent), GSER_OK);
-    ASSERT_EQ(gser_map_find_cstr(gser_msg_root(m), "buf", &got), GSER_OK);
+    ASSERT_EQ(gser_map_find_cstr(gser_msg_get_root(s.msg.get()), "buf", &sent), GSER_OK);
+    ASSERT_EQ(gser_map_find_cstr(gser_msg_get_root(m), "buf", &got), GSER_OK);
     EXPECT_TRUE(gser_value_equal(sent, got)) << "the untruncated message decodes";
     gser_msg_destroy(m);
     flat.push_back(0);
@@ -162,7 +162,7 @@ TEST(Safety, RandomBitFlipsNeverCrash)
     make_sample(s, &stats);
     auto flat = flatten(s.frames.get());
     // The prefix, size table and header: where every byte means something.
-    const size_t structure = 16 + 8 * gser_frames_count(s.frames.get()) + gser_frames_array(s.frames.get())[0].size;
+    const size_t structure = 16 + 8 * gser_frames_get_count(s.frames.get()) + gser_frames_get_array(s.frames.get())[0].size;
     std::mt19937_64 rng(12345);
     int ok = 0, failed = 0;
     for (int iter = 0; iter < 20000; iter++) {
@@ -175,7 +175,7 @@ TEST(Safety, RandomBitFlipsNeverCrash)
             b[pos] ^= (unsigned char)(1u << (rng() % 8));
         }
         unsigned flags = iter % 3 == 0 ? GSER_DESERIALIZE_KEEP_SERIALIZED : 0;
-        gser_deserialize_options_t o{};
+        gser_deserialize_options_t o = GSER_DESERIALIZE_OPTIONS_INIT;
         o.flags = flags;
         gser_msg_t *m = nullptr;
         gser_status_t st = gser_deserialize_flat(s.ctx.get(), b.data(), b.size(), nullptr, nullptr, &o, &m);
@@ -209,7 +209,7 @@ TEST(Safety, RandomGarbageHeaders)
             h[i] = (unsigned char)rng();
         std::unique_ptr<unsigned char[]> exact(new unsigned char[h.size()]);
         std::memcpy(exact.get(), h.data(), h.size());
-        gser_frame_t f = {exact.get(), h.size(), GSER_MEMORY_HOST, 0, nullptr, nullptr};
+        gser_frame_t f = {exact.get(), h.size(), GSER_MEMORY_HOST, 0, nullptr, nullptr, {}};
         gser_msg_t *m = nullptr;
         gser_status_t st = gser_deserialize(ctx.get(), &f, 1, nullptr, &m);
         ASSERT_TRUE(st == GSER_OK || is_error(st));
@@ -223,31 +223,33 @@ TEST(Safety, LimitsAreEnforcedWithTheirOwnStatus)
     Sample s;
     make_sample(s, &stats);
     auto fr = copy_frames(s.frames.get());
-    gser_limits_t lim{};
+    gser_limits_t lim = GSER_LIMITS_INIT;
     lim.max_frames = 2;
     EXPECT_EQ(expect_failure(s.ctx.get(), fr.data(), fr.size(), 0, &lim), GSER_ERR_LIMIT_FRAMES);
-    lim = {};
+    lim = GSER_LIMITS_INIT;
     lim.max_bytes = 1000;
     EXPECT_EQ(expect_failure(s.ctx.get(), fr.data(), fr.size(), 0, &lim), GSER_ERR_LIMIT_BYTES);
-    lim = {};
+    lim = GSER_LIMITS_INIT;
     lim.max_nodes = 20;
     EXPECT_EQ(expect_failure(s.ctx.get(), fr.data(), fr.size(), 0, &lim), GSER_ERR_LIMIT_NODES);
-    lim = {};
+    lim = GSER_LIMITS_INIT;
     lim.max_depth = 1;
     EXPECT_EQ(expect_failure(s.ctx.get(), fr.data(), fr.size(), 0, &lim), GSER_ERR_LIMIT_DEPTH);
-    lim = {};
+    lim = GSER_LIMITS_INIT;
     lim.max_depth = 3; // root map (1), its tuple (2), the object's sub-tree map (3) and its values (4)
     EXPECT_EQ(expect_failure(s.ctx.get(), fr.data(), fr.size(), 0, &lim), GSER_ERR_LIMIT_DEPTH);
-    EXPECT_NE(std::string(gser_context_last_error(s.ctx.get())).find("$.obj"), std::string::npos)
-        << gser_context_last_error(s.ctx.get());
+    EXPECT_NE(std::string(gser_context_get_last_error(s.ctx.get())).find("$.obj"), std::string::npos)
+        << gser_context_get_last_error(s.ctx.get());
 
     // Limits in the context apply when the call gives none.
-    gser_context_options_t o{};
-    o.limits.max_frames = 1;
+    gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
+    gser_limits_t clim = GSER_LIMITS_INIT;
+    clim.max_frames = 1;
+    o.limits = &clim;
     auto small = make_ctx(&o);
     EXPECT_EQ(expect_failure(small.get(), fr.data(), fr.size(), GSER_DESERIALIZE_ALLOW_UNKNOWN),
               GSER_ERR_LIMIT_FRAMES);
-    o.limits.max_depth = GSER_DEPTH_MAX + 1;
+    clim.max_depth = GSER_DEPTH_MAX + 1;
     gser_context_t *c = nullptr;
     EXPECT_EQ(gser_context_create(&o, &c), GSER_ERR_INVALID_ARG);
     EXPECT_EQ(c, nullptr);
@@ -273,7 +275,7 @@ TEST(Safety, DeepNestingAndCyclesFailAtSerialize)
     auto frames = serialize(ctx.get(), m);
     ASSERT_TRUE(frames);
     auto back = deserialize(ctx.get(), frames.get());
-    EXPECT_TRUE(gser_value_equal(root, gser_msg_root(back.get())));
+    EXPECT_TRUE(gser_value_equal(root, gser_msg_get_root(back.get())));
 
     gser_value_t *deeper;
     gser_msg_new_list(m, &deeper);
@@ -291,7 +293,7 @@ TEST(Safety, DeepNestingAndCyclesFailAtSerialize)
     gser_list_append(b, a);
     gser_msg_set_root(m, a);
     EXPECT_EQ(gser_serialize(ctx.get(), m, nullptr, &f), GSER_ERR_LIMIT_DEPTH);
-    EXPECT_NE(std::string(gser_context_last_error(ctx.get())).find("cycle"), std::string::npos);
+    EXPECT_NE(std::string(gser_context_get_last_error(ctx.get())).find("cycle"), std::string::npos);
 }
 
 TEST(Safety, CraftedHeadersAreRejectedPrecisely)
@@ -406,7 +408,7 @@ TEST(Safety, CraftedHeadersAreRejectedPrecisely)
         msgpack_pack_uint8(pk, 0);
         msgpack_pack_bin_with_body(pk, "\x91\xc1", 2);
     });
-    gser_frame_t f = {bad_sub.data(), bad_sub.size(), GSER_MEMORY_HOST, 0, nullptr, nullptr};
+    gser_frame_t f = {bad_sub.data(), bad_sub.size(), GSER_MEMORY_HOST, 0, nullptr, nullptr, {}};
     EXPECT_EQ(expect_failure(ctx.get(), &f, 1, GSER_DESERIALIZE_ALLOW_UNKNOWN), GSER_ERR_FORMAT);
     // Nesting deeper than msgpack-c's unpacker can take: a clean limit error.
     std::string deep = craft([](msgpack_packer *pk) {
@@ -430,8 +432,8 @@ TEST(Safety, CraftedHeadersAreRejectedPrecisely)
     EXPECT_NE(err.find("declares more items than it holds"), std::string::npos) << err;
     // Frame table disagreeing with the frames given.
     std::string ok = craft([](msgpack_packer *pk) { msgpack_pack_nil(pk); });
-    gser_frame_t two[2] = {{ok.data(), ok.size(), GSER_MEMORY_HOST, 0, nullptr, nullptr},
-                           {"xx", 2, GSER_MEMORY_HOST, 0, nullptr, nullptr}};
+    gser_frame_t two[2] = {{ok.data(), ok.size(), GSER_MEMORY_HOST, 0, nullptr, nullptr, {}},
+                           {"xx", 2, GSER_MEMORY_HOST, 0, nullptr, nullptr, {}}};
     EXPECT_EQ(expect_failure(ctx.get(), two, 2), GSER_ERR_FRAME);
     // And the same header with the right frame count decodes.
     gser_msg_t *m = nullptr;
@@ -466,12 +468,12 @@ TEST(Decoder, EveryMsgpackEncodingOfAValueDecodes)
         pk->callback(pk->data, "\xdc\x00\x02\x01\x02", 5);
         pk->callback(pk->data, "\xde\x00\x01\xa1k\x03", 6);
     });
-    gser_frame_t f = {h.data(), h.size(), GSER_MEMORY_HOST, 0, nullptr, nullptr};
+    gser_frame_t f = {h.data(), h.size(), GSER_MEMORY_HOST, 0, nullptr, nullptr, {}};
     gser_msg_t *m = nullptr;
-    ASSERT_EQ(gser_deserialize(ctx.get(), &f, 1, nullptr, &m), GSER_OK) << gser_context_last_error(ctx.get());
+    ASSERT_EQ(gser_deserialize(ctx.get(), &f, 1, nullptr, &m), GSER_OK) << gser_context_get_last_error(ctx.get());
     MsgPtr mp(m);
-    const gser_value_t *r = gser_msg_root(m);
-    ASSERT_EQ(gser_value_len(r), 16u);
+    gser_value_t *r = gser_msg_get_root(m);
+    ASSERT_EQ(gser_value_get_len(r), 16u);
     auto at = [&](size_t i) {
         gser_value_t *v = nullptr;
         EXPECT_EQ(gser_list_get(r, i, &v), GSER_OK);
@@ -503,7 +505,7 @@ TEST(Decoder, EveryMsgpackEncodingOfAValueDecodes)
     ASSERT_EQ(gser_value_get_bytes(at(13), &bytes, &n), GSER_OK);
     ASSERT_EQ(n, 2u);
     EXPECT_EQ(std::memcmp(bytes, "\x01\x02", 2), 0);
-    EXPECT_EQ(gser_value_len(at(14)), 2u);
+    EXPECT_EQ(gser_value_get_len(at(14)), 2u);
     gser_value_t *kv = nullptr;
     ASSERT_EQ(gser_map_find_cstr(at(15), "k", &kv), GSER_OK);
     int64_t x = 0;

@@ -74,7 +74,7 @@ TEST(Tools, InspectShowsUnknownObjectsWithoutTheirType)
     std::string file = tmp_path("obj.gser");
     FILE *f = fopen(file.c_str(), "wb");
     ASSERT_NE(f, nullptr);
-    ASSERT_EQ(gser_flat_write_file(gser_frames_array(frames.get()), gser_frames_count(frames.get()), f), GSER_OK);
+    ASSERT_EQ(gser_flat_write_file(gser_frames_get_array(frames.get()), gser_frames_get_count(frames.get()), f), GSER_OK);
     fclose(f);
     ProcResult insp = run(std::string(GSER_INSPECT_PATH) + " " + file);
     ASSERT_EQ(insp.status, 0) << insp.out;

@@ -24,7 +24,7 @@ TEST(Trace, SerializeAndDeserializePrintTheTree)
 {
     FILE *f = tmpfile();
     ASSERT_NE(f, nullptr);
-    gser_context_options_t o{};
+    gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
     o.trace = 1;
     o.trace_stream = f;
     auto ctx = make_ctx(&o);
@@ -80,7 +80,7 @@ TEST(Trace, EnvironmentVariableTurnsItOnAndOffByDefault)
 {
     FILE *f = tmpfile();
     ASSERT_NE(f, nullptr);
-    gser_context_options_t o{};
+    gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
     o.trace_stream = f; // trace == 0: follow GSER_TRACE
     for (const char *env : {"1", "0"}) {
         setenv("GSER_TRACE", env, 1);

@@ -33,11 +33,11 @@ void build_task_msg(gser_context_t *ctx, TaskMsg &t, int64_t id = 7)
     for (int i = 0; i < 3; i++)
         gser_list_append_nil(tasks);
     ASSERT_EQ(gser_msg_new_map(m, &task), GSER_OK);
-    ASSERT_EQ(gser_msg_new_object(m, "test.blob", &t.blob, &obj), GSER_OK) << gser_context_last_error(ctx);
+    ASSERT_EQ(gser_msg_new_object(m, "test.blob", &t.blob, &obj), GSER_OK) << gser_context_get_last_error(ctx);
     gser_map_put_cstr(task, "payload", obj);
     gser_list_append(tasks, task);
     gser_map_put_cstr(root, "tasks", tasks);
-    gser_buffer_desc_t d{};
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
     d.data = t.side.data();
     d.nbytes = t.side.size() * sizeof(double);
     d.dtype = GSER_DTYPE_FLOAT64;
@@ -49,7 +49,7 @@ void build_task_msg(gser_context_t *ctx, TaskMsg &t, int64_t id = 7)
 gser_value_t *payload_of(gser_msg_t *m)
 {
     gser_value_t *tasks = nullptr, *task = nullptr, *payload = nullptr;
-    EXPECT_EQ(gser_map_find_cstr(gser_msg_root(m), "tasks", &tasks), GSER_OK);
+    EXPECT_EQ(gser_map_find_cstr(gser_msg_get_root(m), "tasks", &tasks), GSER_OK);
     EXPECT_EQ(gser_list_get(tasks, 3, &task), GSER_OK);
     EXPECT_EQ(gser_map_find_cstr(task, "payload", &payload), GSER_OK);
     return payload;
@@ -57,7 +57,7 @@ gser_value_t *payload_of(gser_msg_t *m)
 
 std::string error_of(gser_context_t *ctx)
 {
-    return gser_context_last_error(ctx);
+    return gser_context_get_last_error(ctx);
 }
 
 } // namespace
@@ -71,7 +71,7 @@ TEST(Registry, RegistrationErrorsAreStatusesNotCrashes)
     EXPECT_NE(error_of(c).find("\"a.type\" is already registered"), std::string::npos) << error_of(c);
     EXPECT_EQ(gser_type_register(c, "", 1, nullptr), GSER_ERR_INVALID_ARG);
     EXPECT_EQ(gser_type_register(c, nullptr, 1, nullptr), GSER_ERR_INVALID_ARG);
-    gser_type_options_t bad{};
+    gser_type_options_t bad = GSER_TYPE_OPTIONS_INIT;
     bad.min_read_version = 3;
     EXPECT_EQ(gser_type_register(c, "b.type", 2, &bad), GSER_ERR_INVALID_ARG);
 
@@ -104,7 +104,7 @@ TEST(Registry, RegistrationErrorsAreStatusesNotCrashes)
     EXPECT_EQ(gser_msg_new_object(m, "not.registered", nullptr, &v), GSER_ERR_NOT_FOUND);
     gser_frames_t *f = nullptr;
     const char *const fams[] = {"host", "gpu"};
-    gser_serialize_options_t so{};
+    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
     so.families = fams;
     so.nfamilies = 2;
     EXPECT_EQ(gser_serialize(c, m, &so, &f), GSER_ERR_UNKNOWN_FAMILY);
@@ -137,7 +137,7 @@ TEST(Dispatch, FirstFamilyInTheCallersOrderThatTheTypeSupports)
         register_blob(ctx.get(), &stats, c.registered);
         TaskMsg t;
         build_task_msg(ctx.get(), t);
-        gser_serialize_options_t so{};
+        gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
         so.families = c.order;
         so.nfamilies = 2;
         auto frames = serialize(ctx.get(), t.msg.get(), &so);
@@ -145,7 +145,7 @@ TEST(Dispatch, FirstFamilyInTheCallersOrderThatTheTypeSupports)
         EXPECT_EQ(stats.serialized, 1);
         // The header records family, type and version.
         auto kept = deserialize(ctx.get(), frames.get(), GSER_DESERIALIZE_KEEP_SERIALIZED);
-        gser_serialized_info_t info;
+        gser_serialized_info_t info = GSER_SERIALIZED_INFO_INIT;
         ASSERT_EQ(gser_value_get_serialized(payload_of(kept.get()), &info), GSER_OK);
         EXPECT_STREQ(info.family, c.expect);
         EXPECT_STREQ(info.type_name, "test.blob");
@@ -200,14 +200,14 @@ TEST(Dispatch, SerializerAndDeserializerFailuresCarryThePath)
     gser_type_register(rx.get(), "test.blob", 1, nullptr);
     gser_type_add_family(
         rx.get(), "test.blob", "host", blob_serialize, [](gser_context_t *, gser_reader_t *r, void **, void *) {
-            return gser_reader_fail(r, GSER_ERR_FORMAT, "family %s, version %u: refused", gser_reader_family(r),
-                                    gser_reader_version(r));
+            return gser_reader_fail(r, GSER_ERR_FORMAT, "family %s, version %u: refused", gser_reader_get_family(r),
+                                    gser_reader_get_version(r));
         });
     TaskMsg ok;
     build_task_msg(ctx.get(), ok, 1);
     auto frames = serialize(ctx.get(), ok.msg.get());
     gser_msg_t *m = nullptr;
-    EXPECT_EQ(gser_deserialize(rx.get(), gser_frames_array(frames.get()), gser_frames_count(frames.get()), nullptr,
+    EXPECT_EQ(gser_deserialize(rx.get(), gser_frames_get_array(frames.get()), gser_frames_get_count(frames.get()), nullptr,
                                &m),
               GSER_ERR_FORMAT);
     EXPECT_EQ(m, nullptr);
@@ -223,27 +223,27 @@ TEST(PassThrough, UnknownTypesAreKeptAndForwardedByteIdentical)
     TaskMsg t;
     build_task_msg(sender.get(), t);
     auto frames = serialize(sender.get(), t.msg.get());
-    ASSERT_EQ(gser_frames_count(frames.get()), 3u);
+    ASSERT_EQ(gser_frames_get_count(frames.get()), 3u);
 
     // The scheduler knows nothing about test.blob.
     auto sched = make_ctx();
     gser_msg_t *m = nullptr;
-    EXPECT_EQ(gser_deserialize(sched.get(), gser_frames_array(frames.get()), gser_frames_count(frames.get()), nullptr,
+    EXPECT_EQ(gser_deserialize(sched.get(), gser_frames_get_array(frames.get()), gser_frames_get_count(frames.get()), nullptr,
                                &m),
               GSER_ERR_UNKNOWN_TYPE);
     EXPECT_EQ(error_of(sched.get()), "gser_deserialize: $.tasks[3].payload: type \"test.blob\" is not registered");
     auto kept = deserialize(sched.get(), frames.get(), GSER_DESERIALIZE_ALLOW_UNKNOWN);
     ASSERT_TRUE(kept);
     gser_value_t *p = payload_of(kept.get());
-    EXPECT_EQ(gser_value_kind(p), GSER_KIND_SERIALIZED);
+    EXPECT_EQ(gser_value_get_kind(p), GSER_KIND_SERIALIZED);
 
     // Forwarding the whole message: same header bytes, same frame memory.
     auto fwd = serialize(sched.get(), kept.get());
     ASSERT_TRUE(fwd);
     EXPECT_EQ(header_bytes(fwd.get()), header_bytes(frames.get()));
-    ASSERT_EQ(gser_frames_count(fwd.get()), gser_frames_count(frames.get()));
-    for (size_t i = 1; i < gser_frames_count(fwd.get()); i++)
-        EXPECT_EQ(gser_frames_array(fwd.get())[i].data, gser_frames_array(frames.get())[i].data) << i;
+    ASSERT_EQ(gser_frames_get_count(fwd.get()), gser_frames_get_count(frames.get()));
+    for (size_t i = 1; i < gser_frames_get_count(fwd.get()); i++)
+        EXPECT_EQ(gser_frames_get_array(fwd.get())[i].data, gser_frames_get_array(frames.get())[i].data) << i;
     EXPECT_EQ(stats.serialized, 1) << "forwarding ran no type code";
 
     // Forwarding the payload inside a new message keeps its sub-header intact.
@@ -257,7 +257,7 @@ TEST(PassThrough, UnknownTypesAreKeptAndForwardedByteIdentical)
     gser_map_put_cstr(root, "payload", p);
     gser_msg_set_root(out, root);
     auto fwd2 = serialize(sched.get(), out);
-    ASSERT_EQ(gser_frames_count(fwd2.get()), 2u) << "just the payload's frame";
+    ASSERT_EQ(gser_frames_get_count(fwd2.get()), 2u) << "just the payload's frame";
 
     // The worker at the other end rebuilds the object.
     auto worker = make_ctx();
@@ -266,16 +266,16 @@ TEST(PassThrough, UnknownTypesAreKeptAndForwardedByteIdentical)
     auto final_msg = deserialize(worker.get(), fwd2.get());
     ASSERT_TRUE(final_msg);
     gser_value_t *obj_v;
-    ASSERT_EQ(gser_map_find_cstr(gser_msg_root(final_msg.get()), "payload", &obj_v), GSER_OK);
+    ASSERT_EQ(gser_map_find_cstr(gser_msg_get_root(final_msg.get()), "payload", &obj_v), GSER_OK);
     void *obj;
     ASSERT_EQ(gser_value_get_object(obj_v, nullptr, &obj), GSER_OK);
     EXPECT_EQ(static_cast<Blob *>(obj)->data, t.blob.data);
-    gser_serialized_info_t info;
+    gser_serialized_info_t info = GSER_SERIALIZED_INFO_INIT;
     ASSERT_EQ(gser_value_get_serialized(p, &info), GSER_OK);
     auto kept2 = deserialize(sched.get(), fwd2.get(), GSER_DESERIALIZE_KEEP_SERIALIZED);
     gser_value_t *p2;
-    ASSERT_EQ(gser_map_find_cstr(gser_msg_root(kept2.get()), "payload", &p2), GSER_OK);
-    gser_serialized_info_t info2;
+    ASSERT_EQ(gser_map_find_cstr(gser_msg_get_root(kept2.get()), "payload", &p2), GSER_OK);
+    gser_serialized_info_t info2 = GSER_SERIALIZED_INFO_INIT;
     ASSERT_EQ(gser_value_get_serialized(p2, &info2), GSER_OK);
     ASSERT_EQ(info.header_len, info2.header_len);
     EXPECT_EQ(std::memcmp(info.header, info2.header, info.header_len), 0) << "sub-header byte-identical";
@@ -301,7 +301,7 @@ TEST(PassThrough, KeepSerializedRunsNoTypeCodeEvenWhenRegistered)
     auto frames = serialize(ctx.get(), t.msg.get());
     auto kept = deserialize(ctx.get(), frames.get(), GSER_DESERIALIZE_KEEP_SERIALIZED);
     ASSERT_TRUE(kept);
-    EXPECT_EQ(gser_value_kind(payload_of(kept.get())), GSER_KIND_SERIALIZED);
+    EXPECT_EQ(gser_value_get_kind(payload_of(kept.get())), GSER_KIND_SERIALIZED);
     EXPECT_EQ(stats.deserialized, 0);
     auto fwd = serialize(ctx.get(), kept.get());
     EXPECT_EQ(header_bytes(fwd.get()), header_bytes(frames.get()));
@@ -316,7 +316,7 @@ struct Pair {
 static gser_status_t pair_ser(gser_context_t *, const void *obj, gser_writer_t *w, void *)
 {
     auto *p = static_cast<const Pair *>(obj);
-    gser_msg_t *m = gser_writer_msg(w);
+    gser_msg_t *m = gser_writer_get_msg(w);
     gser_value_t *l, *x;
     gser_msg_new_list(m, &l);
     gser_msg_new_object(m, "test.blob", (void *)&p->a, &x);
@@ -328,7 +328,7 @@ static gser_status_t pair_ser(gser_context_t *, const void *obj, gser_writer_t *
 
 static gser_status_t pair_de(gser_context_t *, gser_reader_t *r, void **out, void *)
 {
-    const gser_value_t *t = gser_reader_tree(r);
+    gser_value_t *t = gser_reader_get_tree(r);
     gser_value_t *a, *b;
     void *pa, *pb;
     if (gser_list_get(t, 0, &a) || gser_list_get(t, 1, &b) || gser_value_get_object(a, nullptr, &pa) ||
@@ -344,7 +344,7 @@ TEST(PassThrough, NestedObjectsWithFramesRoundTripAndForward)
     auto ctx = make_ctx();
     BlobStats stats;
     register_blob(ctx.get(), &stats, {"host"});
-    gser_type_options_t to{};
+    gser_type_options_t to = GSER_TYPE_OPTIONS_INIT;
     to.destroy = [](void *o, void *) { delete static_cast<Pair *>(o); };
     ASSERT_EQ(gser_type_register(ctx.get(), "test.pair", 1, &to), GSER_OK);
     ASSERT_EQ(gser_type_add_family(ctx.get(), "test.pair", "host", pair_ser, pair_de), GSER_OK);
@@ -357,7 +357,7 @@ TEST(PassThrough, NestedObjectsWithFramesRoundTripAndForward)
     MsgPtr mp(m);
     gser_value_t *root, *v;
     gser_msg_new_list(m, &root);
-    gser_buffer_desc_t d{};
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
     d.data = top.data();
     d.nbytes = top.size() * 8;
     d.dtype = GSER_DTYPE_FLOAT64;
@@ -369,13 +369,13 @@ TEST(PassThrough, NestedObjectsWithFramesRoundTripAndForward)
     gser_list_append(root, v); // frame 4
     gser_msg_set_root(m, root);
     auto frames = serialize(ctx.get(), m);
-    ASSERT_EQ(gser_frames_count(frames.get()), 5u);
-    EXPECT_EQ(gser_frames_array(frames.get())[2].size, 800u);
-    EXPECT_EQ(gser_frames_array(frames.get())[3].size, 1600u);
+    ASSERT_EQ(gser_frames_get_count(frames.get()), 5u);
+    EXPECT_EQ(gser_frames_get_array(frames.get())[2].size, 800u);
+    EXPECT_EQ(gser_frames_get_array(frames.get())[3].size, 1600u);
 
     auto back = deserialize(ctx.get(), frames.get());
     gser_value_t *pv;
-    ASSERT_EQ(gser_list_get(gser_msg_root(back.get()), 1, &pv), GSER_OK);
+    ASSERT_EQ(gser_list_get(gser_msg_get_root(back.get()), 1, &pv), GSER_OK);
     void *obj;
     ASSERT_EQ(gser_value_get_object(pv, nullptr, &obj), GSER_OK);
     EXPECT_EQ(static_cast<Pair *>(obj)->b.data, pair.b.data);
@@ -386,12 +386,12 @@ TEST(PassThrough, NestedObjectsWithFramesRoundTripAndForward)
     auto fwd = serialize(sched.get(), kept.get());
     EXPECT_EQ(header_bytes(fwd.get()), header_bytes(frames.get()));
     gser_value_t *kv, *tree;
-    ASSERT_EQ(gser_list_get(gser_msg_root(kept.get()), 1, &kv), GSER_OK);
+    ASSERT_EQ(gser_list_get(gser_msg_get_root(kept.get()), 1, &kv), GSER_OK);
     ASSERT_EQ(gser_value_decode_serialized(kept.get(), kv, &tree), GSER_OK) << error_of(sched.get());
-    ASSERT_EQ(gser_value_len(tree), 2u);
+    ASSERT_EQ(gser_value_get_len(tree), 2u);
     gser_value_t *inner;
     gser_list_get(tree, 1, &inner);
-    EXPECT_EQ(gser_value_kind(inner), GSER_KIND_SERIALIZED) << "nested objects stay serialized";
+    EXPECT_EQ(gser_value_get_kind(inner), GSER_KIND_SERIALIZED) << "nested objects stay serialized";
 }
 
 // "test.bag": a vector of ints, written as a list of one-item lists, so that
@@ -400,7 +400,7 @@ using Bag = std::vector<int64_t>;
 
 static gser_status_t bag_serialize(gser_context_t *, const void *obj, gser_writer_t *w, void *)
 {
-    gser_msg_t *m = gser_writer_msg(w);
+    gser_msg_t *m = gser_writer_get_msg(w);
     gser_value_t *list, *item;
     gser_status_t st = gser_msg_new_list(m, &list);
     for (int64_t x : *static_cast<const Bag *>(obj))
@@ -412,9 +412,9 @@ static gser_status_t bag_serialize(gser_context_t *, const void *obj, gser_write
 
 static gser_status_t bag_deserialize(gser_context_t *, gser_reader_t *r, void **out, void *)
 {
-    const gser_value_t *t = gser_reader_tree(r);
+    gser_value_t *t = gser_reader_get_tree(r);
     auto b = std::make_unique<Bag>();
-    for (size_t i = 0; i < gser_value_len(t); i++) {
+    for (size_t i = 0; i < gser_value_get_len(t); i++) {
         gser_value_t *item, *x;
         int64_t v;
         if (gser_list_get(t, i, &item) || gser_list_get(item, 0, &x) || gser_value_get_int(x, &v))
@@ -432,7 +432,7 @@ static gser_status_t bag_deserialize(gser_context_t *, gser_reader_t *r, void **
 TEST(Objects, LargeHeadersAndLargeSubHeadersDecode)
 {
     auto ctx = make_ctx();
-    gser_type_options_t to{};
+    gser_type_options_t to = GSER_TYPE_OPTIONS_INIT;
     to.destroy = [](void *o, void *) { delete static_cast<Bag *>(o); };
     ASSERT_EQ(gser_type_register(ctx.get(), "test.bag", 1, &to), GSER_OK);
     ASSERT_EQ(gser_type_add_family(ctx.get(), "test.bag", "host", bag_serialize, bag_deserialize), GSER_OK);
@@ -460,8 +460,8 @@ TEST(Objects, LargeHeadersAndLargeSubHeadersDecode)
     ASSERT_TRUE(frames);
     auto back = deserialize(ctx.get(), frames.get());
     ASSERT_TRUE(back) << error_of(ctx.get());
-    const gser_value_t *r = gser_msg_root(back.get());
-    ASSERT_EQ(gser_value_len(r), (size_t)(2 * n));
+    gser_value_t *r = gser_msg_get_root(back.get());
+    ASSERT_EQ(gser_value_get_len(r), (size_t)(2 * n));
     for (int i = 0; i < n; i++) {
         gser_value_t *ov, *mv, *kv;
         ASSERT_EQ(gser_list_get(r, (size_t)(2 * i), &ov), GSER_OK);
@@ -469,7 +469,7 @@ TEST(Objects, LargeHeadersAndLargeSubHeadersDecode)
         ASSERT_EQ(gser_value_get_object(ov, nullptr, &obj), GSER_OK);
         EXPECT_EQ(*static_cast<const Bag *>(obj), bags[i]) << i;
         ASSERT_EQ(gser_list_get(r, (size_t)(2 * i + 1), &mv), GSER_OK);
-        ASSERT_EQ(gser_value_len(mv), (size_t)keys);
+        ASSERT_EQ(gser_value_get_len(mv), (size_t)keys);
         int64_t x = -1;
         ASSERT_EQ(gser_map_find_cstr(mv, "k15", &kv), GSER_OK);
         ASSERT_EQ(gser_value_get_int(kv, &x), GSER_OK);
@@ -504,7 +504,7 @@ TEST(Versions, MismatchNamesBothVersionsUnlessOlderOnesAreReadable)
         register_blob(rx.get(), &rs, {"host"}, c.version, c.min_read);
         gser_msg_t *m = nullptr;
         gser_status_t st =
-            gser_deserialize(rx.get(), gser_frames_array(frames.get()), gser_frames_count(frames.get()), nullptr, &m);
+            gser_deserialize(rx.get(), gser_frames_get_array(frames.get()), gser_frames_get_count(frames.get()), nullptr, &m);
         EXPECT_EQ(st, c.expect) << c.version << "/" << c.min_read;
         if (st == GSER_OK) {
             void *obj;
@@ -553,7 +553,7 @@ TEST(Threads, OneContextManyThreads)
                     continue;
                 }
                 gser_msg_t *m = nullptr;
-                if (gser_deserialize(ctx.get(), gser_frames_array(f), gser_frames_count(f), nullptr, &m) != GSER_OK) {
+                if (gser_deserialize(ctx.get(), gser_frames_get_array(f), gser_frames_get_count(f), nullptr, &m) != GSER_OK) {
                     failures++;
                 } else {
                     void *obj = nullptr;
@@ -565,11 +565,11 @@ TEST(Threads, OneContextManyThreads)
                 gser_msg_destroy(m);
                 gser_frames_destroy(f);
                 // Each thread sees its own error message.
-                gser_frame_t junk = {"junk", 4, GSER_MEMORY_HOST, 0, nullptr, nullptr};
+                gser_frame_t junk = {"junk", 4, GSER_MEMORY_HOST, 0, nullptr, nullptr, {}};
                 m = nullptr;
                 if (gser_deserialize(ctx.get(), &junk, 1, nullptr, &m) != GSER_ERR_BAD_MAGIC)
                     failures++;
-                std::string err = gser_context_last_error(ctx.get());
+                std::string err = gser_context_get_last_error(ctx.get());
                 if (err.find("not a gser header") == std::string::npos)
                     failures++;
             }
@@ -586,36 +586,36 @@ static unsigned g_seen_flags;
 
 static gser_status_t peek_ser(gser_context_t *c, const void *obj, gser_writer_t *w, void *ud)
 {
-    g_seen_stream = gser_writer_stream(w);
+    g_seen_stream = gser_writer_get_stream(w);
     return blob_serialize(c, obj, w, ud);
 }
 
 static gser_status_t peek_de(gser_context_t *c, gser_reader_t *r, void **out, void *ud)
 {
-    g_seen_flags = gser_reader_flags(r);
-    g_seen_stream = gser_reader_stream(r);
+    g_seen_flags = gser_reader_get_flags(r);
+    g_seen_stream = gser_reader_get_stream(r);
     return blob_deserialize(c, r, out, ud);
 }
 
 TEST(Callbacks, SeeTheStreamAndFlagsOfTheCall)
 {
     auto ctx = make_ctx();
-    gser_type_options_t to{};
+    gser_type_options_t to = GSER_TYPE_OPTIONS_INIT;
     to.destroy = blob_destroy;
     ASSERT_EQ(gser_type_register(ctx.get(), "test.blob", 1, &to), GSER_OK);
     ASSERT_EQ(gser_type_add_family(ctx.get(), "test.blob", "host", peek_ser, peek_de), GSER_OK);
     TaskMsg t;
     build_task_msg(ctx.get(), t);
     int marker;
-    gser_serialize_options_t so{};
+    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
     so.stream = &marker; // never used: the message has no device buffers
     auto frames = serialize(ctx.get(), t.msg.get(), &so);
     EXPECT_EQ(g_seen_stream, &marker);
-    gser_deserialize_options_t o{};
+    gser_deserialize_options_t o = GSER_DESERIALIZE_OPTIONS_INIT;
     o.flags = GSER_DESERIALIZE_ALLOW_UNKNOWN;
     o.stream = &t;
     gser_msg_t *m = nullptr;
-    ASSERT_EQ(gser_deserialize(ctx.get(), gser_frames_array(frames.get()), gser_frames_count(frames.get()), &o, &m),
+    ASSERT_EQ(gser_deserialize(ctx.get(), gser_frames_get_array(frames.get()), gser_frames_get_count(frames.get()), &o, &m),
               GSER_OK);
     EXPECT_EQ(g_seen_flags, (unsigned)GSER_DESERIALIZE_ALLOW_UNKNOWN);
     EXPECT_EQ(g_seen_stream, &t);
@@ -627,5 +627,5 @@ TEST(Callbacks, PluginsCanReportThroughTheContext)
     auto ctx = make_ctx();
     EXPECT_EQ(gser_context_fail(ctx.get(), GSER_ERR_CONNECTION, "peer %s went away", "10.0.0.7"),
               GSER_ERR_CONNECTION);
-    EXPECT_STREQ(gser_context_last_error(ctx.get()), "peer 10.0.0.7 went away");
+    EXPECT_STREQ(gser_context_get_last_error(ctx.get()), "peer 10.0.0.7 went away");
 }

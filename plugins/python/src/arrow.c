@@ -7,7 +7,7 @@
  * destructors do nothing), lent to the message, and released by the owner
  * once the frames and the message are gone.
  *
- * loads: gser_value_take_arrow gives a table a new gser.ArrowArray owns; its
+ * loads: gser_arrow_take_value gives a table a new gser.ArrowArray owns; its
  * __arrow_c_device_array__ / __arrow_c_array__ hand the table over once, in
  * fresh capsules whose destructors release it unless a consumer moved it out;
  * __arrow_c_schema__ hands out copies of the schema, as often as asked.
@@ -137,13 +137,13 @@ int pg_arrow_encode(PgOwner *owner, PyObject *obj, int method, gser_value_t **ou
     if (pg_owner_on_destroy(owner, held_table_release, h) < 0)
         return -1;
 #ifdef GSER_PY_HAVE_ARROW
-    gser_status_t st = gser_msg_new_arrow(owner->msg, &h->array, &h->schema, NULL, out);
+    gser_status_t st = gser_arrow_new_value(owner->msg, &h->array, &h->schema, NULL, out);
 #else
     gser_status_t st = GSER_ERR_UNSUPPORTED;
     (void)out;
 #endif
     if (st) {
-        pg_raise(st, false, "gser_msg_new_arrow");
+        pg_raise(st, false, "gser_arrow_new_value");
         return -1;
     }
     return 0;
@@ -492,7 +492,7 @@ PyObject *pg_arrow_take(gser_value_t *v, gser_status_t *st_out)
     struct ArrowDeviceArray *array = self->array;
     gser_status_t st;
     Py_BEGIN_ALLOW_THREADS
-    st = gser_value_take_arrow(v, NULL, array, &self->schema);
+    st = gser_arrow_take_value(v, NULL, array, &self->schema);
     Py_END_ALLOW_THREADS
 #else
     gser_status_t st = GSER_ERR_UNSUPPORTED;

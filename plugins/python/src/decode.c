@@ -20,7 +20,7 @@ typedef struct dec {
     pg_path_t path;
 } dec_t;
 
-static PyObject *dec_value(dec_t *d, const gser_value_t *v, int depth);
+static PyObject *dec_value(dec_t *d, gser_value_t *v, int depth);
 
 /* numpy.asarray, imported on first use; NULL when numpy is not installed. */
 static PyObject *np_asarray;
@@ -92,10 +92,10 @@ static int dec_array(PyObject *seq, bool tuple, gser_kind_t kind, const void *da
     return 0;
 }
 
-static PyObject *dec_list(dec_t *d, const gser_value_t *v, int depth)
+static PyObject *dec_list(dec_t *d, gser_value_t *v, int depth)
 {
-    bool tuple = gser_value_kind(v) == GSER_KIND_TUPLE;
-    size_t n = gser_value_len(v);
+    bool tuple = gser_value_get_kind(v) == GSER_KIND_TUPLE;
+    size_t n = gser_value_get_len(v);
     if (n > (size_t)PY_SSIZE_T_MAX)
         return PyErr_NoMemory();
     PyObject *seq = tuple ? PyTuple_New((Py_ssize_t)n) : PyList_New((Py_ssize_t)n);
@@ -128,12 +128,12 @@ static PyObject *dec_list(dec_t *d, const gser_value_t *v, int depth)
     return seq;
 }
 
-static PyObject *dec_map(dec_t *d, const gser_value_t *v, int depth)
+static PyObject *dec_map(dec_t *d, gser_value_t *v, int depth)
 {
     PyObject *dict = PyDict_New();
     if (!dict)
         return NULL;
-    size_t n = gser_value_len(v);
+    size_t n = gser_value_get_len(v);
     int slot = d->path.len++;
     for (size_t i = 0; i < n; i++) {
         gser_value_t *k, *val;
@@ -167,7 +167,7 @@ static PyObject *dec_map(dec_t *d, const gser_value_t *v, int depth)
 
 static PyObject *dec_buffer(dec_t *d, const gser_value_t *v)
 {
-    gser_buffer_desc_t desc;
+    gser_buffer_desc_t desc = GSER_BUFFER_DESC_INIT;
     gser_status_t st = gser_value_get_buffer(v, &desc);
     if (st)
         return fail_st(st, "gser_value_get_buffer");
@@ -208,10 +208,10 @@ static PyObject *dec_buffer(dec_t *d, const gser_value_t *v)
 
 /* ---- dispatch ------------------------------------------------------------------------ */
 
-static PyObject *dec_value(dec_t *d, const gser_value_t *v, int depth)
+static PyObject *dec_value(dec_t *d, gser_value_t *v, int depth)
 {
     gser_status_t st = GSER_OK;
-    switch (gser_value_kind(v)) {
+    switch (gser_value_get_kind(v)) {
     case GSER_KIND_NIL: Py_RETURN_NONE;
     case GSER_KIND_BOOL: {
         bool b = false;
@@ -266,14 +266,14 @@ static PyObject *dec_value(dec_t *d, const gser_value_t *v, int depth)
     case GSER_KIND_OBJECT:
     case GSER_KIND_SERIALIZED: {
         const char *type = "?";
-        gser_serialized_info_t info;
+        gser_serialized_info_t info = GSER_SERIALIZED_INFO_INIT;
         if (gser_value_get_serialized(v, &info) == GSER_OK) {
             type = info.type_name;
         } else if (gser_value_get_object(v, &type, NULL) == GSER_OK && pg_have_arrow &&
                    strcmp(type, GSER_ARROW_TYPE) == 0) {
             PyObject *t = pg_arrow_take((gser_value_t *)v, &st);
             if (!t && st)
-                return pg_path_raise(pg_GserError, st, &d->path, "gser_value_take_arrow: %s", gser_status_str(st));
+                return pg_path_raise(pg_GserError, st, &d->path, "gser_arrow_take_value: %s", gser_status_str(st));
             return t;
         }
         if (pg_have_arrow)
@@ -290,10 +290,10 @@ static PyObject *dec_value(dec_t *d, const gser_value_t *v, int depth)
     if (st)
         return fail_st(st, "gser_value_get_*");
     return pg_path_raise(pg_GserError, GSER_ERR_FORMAT, &d->path, "a value of unknown kind %d",
-                         (int)gser_value_kind(v));
+                         (int)gser_value_get_kind(v));
 }
 
-PyObject *pg_decode(const pg_decode_ctx_t *dc, const gser_value_t *root)
+PyObject *pg_decode(const pg_decode_ctx_t *dc, gser_value_t *root)
 {
     dec_t d;
     d.dc = dc;

@@ -49,7 +49,7 @@ typedef struct DLManagedTensor {
 #define CAP_USED "used_dltensor"
 
 /* (code, bits) of each dtype, and back. */
-static const DLDataType dl_types[GSER_DTYPE_COUNT_] = {
+static const DLDataType dl_types[GSER_DTYPE_COUNT] = {
     [GSER_DTYPE_BYTES] = {kDLUInt, 8, 1},     [GSER_DTYPE_BOOL] = {kDLBool, 8, 1},
     [GSER_DTYPE_INT8] = {kDLInt, 8, 1},       [GSER_DTYPE_INT16] = {kDLInt, 16, 1},
     [GSER_DTYPE_INT32] = {kDLInt, 32, 1},     [GSER_DTYPE_INT64] = {kDLInt, 64, 1},
@@ -63,11 +63,11 @@ static const DLDataType dl_types[GSER_DTYPE_COUNT_] = {
 static gser_dtype_t dtype_of(DLDataType t)
 {
     if (t.lanes != 1)
-        return GSER_DTYPE_COUNT_;
-    for (int d = GSER_DTYPE_BOOL; d < GSER_DTYPE_COUNT_; d++) /* BYTES and UINT8 share uint8: UINT8 wins */
+        return GSER_DTYPE_COUNT;
+    for (int d = GSER_DTYPE_BOOL; d < GSER_DTYPE_COUNT; d++) /* BYTES and UINT8 share uint8: UINT8 wins */
         if (dl_types[d].code == t.code && dl_types[d].bits == t.bits)
             return (gser_dtype_t)d;
-    return GSER_DTYPE_COUNT_;
+    return GSER_DTYPE_COUNT;
 }
 
 /* ---- in ------------------------------------------------------------------------------------ */
@@ -145,7 +145,7 @@ int pg_dlpack_encode(PgOwner *owner, PyObject *obj, gser_buffer_desc_t *desc, in
         return -1;
     const DLTensor *t = &mt->dl_tensor;
     gser_dtype_t dtype = dtype_of(t->dtype);
-    if (dtype == GSER_DTYPE_COUNT_) {
+    if (dtype == GSER_DTYPE_COUNT) {
         *why = t->dtype.lanes != 1 ? "vector (lanes > 1) elements" : "an element type gser has no dtype for";
         return -1;
     }
@@ -167,7 +167,7 @@ int pg_dlpack_encode(PgOwner *owner, PyObject *obj, gser_buffer_desc_t *desc, in
         *why = "a NULL data pointer";
         return -1;
     }
-    *desc = (gser_buffer_desc_t){0};
+    *desc = (gser_buffer_desc_t)GSER_BUFFER_DESC_INIT;
     desc->data = data;
     desc->nbytes = (size_t)total;
     desc->dtype = dtype;
@@ -209,7 +209,7 @@ static void capsule_destroy(PyObject *cap)
 PyObject *pg_dlpack_export(PyObject *keep, void *data, gser_dtype_t dtype, int ndim, const Py_ssize_t *shape,
                            bool device, int device_id)
 {
-    if ((unsigned)dtype >= GSER_DTYPE_COUNT_ || ndim < 0 || ndim > GSER_MAX_NDIM) {
+    if ((unsigned)dtype >= GSER_DTYPE_COUNT || ndim < 0 || ndim > GSER_MAX_NDIM) {
         PyErr_SetString(PyExc_ValueError, "gser: this array cannot be described to DLPack");
         return NULL;
     }

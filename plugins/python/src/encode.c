@@ -303,7 +303,7 @@ static int enc_dict(enc_t *e, PyObject *o, int depth, gser_value_t **out)
 
 /* ---- buffers ------------------------------------------------------------------- */
 
-static const char *const dtype_formats[GSER_DTYPE_COUNT_] = {
+static const char *const dtype_formats[GSER_DTYPE_COUNT] = {
     [GSER_DTYPE_BYTES] = "B",      [GSER_DTYPE_BOOL] = "?",      [GSER_DTYPE_INT8] = "b",
     [GSER_DTYPE_INT16] = "h",      [GSER_DTYPE_INT32] = "i",     [GSER_DTYPE_INT64] = "q",
     [GSER_DTYPE_UINT8] = "B",      [GSER_DTYPE_UINT16] = "H",    [GSER_DTYPE_UINT32] = "I",
@@ -314,7 +314,7 @@ static const char *const dtype_formats[GSER_DTYPE_COUNT_] = {
 
 const char *pg_dtype_format(gser_dtype_t dtype)
 {
-    if ((unsigned)dtype >= GSER_DTYPE_COUNT_)
+    if ((unsigned)dtype >= GSER_DTYPE_COUNT)
         return NULL;
     /* numpy calls a C long "int64" where long has 64 bits: use its letter. */
     if (sizeof(long) == 8 && dtype == GSER_DTYPE_INT64)
@@ -331,11 +331,11 @@ static gser_dtype_t int_dtype(Py_ssize_t size, bool is_signed)
     case 2: return is_signed ? GSER_DTYPE_INT16 : GSER_DTYPE_UINT16;
     case 4: return is_signed ? GSER_DTYPE_INT32 : GSER_DTYPE_UINT32;
     case 8: return is_signed ? GSER_DTYPE_INT64 : GSER_DTYPE_UINT64;
-    default: return GSER_DTYPE_COUNT_;
+    default: return GSER_DTYPE_COUNT;
     }
 }
 
-/* A PEP 3118 format of one element -> a dtype; GSER_DTYPE_COUNT_ if gser has
+/* A PEP 3118 format of one element -> a dtype; GSER_DTYPE_COUNT if gser has
  * none. Unsigned bytes are typed (uint8) only for numpy arrays: other
  * exporters (bytearray, memoryview) are untyped bytes. *big: big-endian. */
 static gser_dtype_t format_dtype(const char *fmt, Py_ssize_t itemsize, bool numpy, bool *big)
@@ -352,27 +352,27 @@ static gser_dtype_t format_dtype(const char *fmt, Py_ssize_t itemsize, bool nump
         fmt++;
     char c = *fmt;
     if (c == '\0' || fmt[1] != '\0')
-        return GSER_DTYPE_COUNT_;
+        return GSER_DTYPE_COUNT;
     if (cplx) {
         if (c == 'f' && itemsize == 8)
             return GSER_DTYPE_COMPLEX64;
         if (c == 'd' && itemsize == 16)
             return GSER_DTYPE_COMPLEX128;
-        return GSER_DTYPE_COUNT_;
+        return GSER_DTYPE_COUNT;
     }
     switch (c) {
-    case '?': return itemsize == 1 ? GSER_DTYPE_BOOL : GSER_DTYPE_COUNT_;
-    case 'c': return itemsize == 1 ? GSER_DTYPE_BYTES : GSER_DTYPE_COUNT_;
+    case '?': return itemsize == 1 ? GSER_DTYPE_BOOL : GSER_DTYPE_COUNT;
+    case 'c': return itemsize == 1 ? GSER_DTYPE_BYTES : GSER_DTYPE_COUNT;
     case 'B':
         if (itemsize == 1)
             return numpy ? GSER_DTYPE_UINT8 : GSER_DTYPE_BYTES;
-        return GSER_DTYPE_COUNT_;
+        return GSER_DTYPE_COUNT;
     case 'b': case 'h': case 'i': case 'l': case 'q': case 'n': return int_dtype(itemsize, true);
     case 'H': case 'I': case 'L': case 'Q': case 'N': return int_dtype(itemsize, false);
-    case 'e': return itemsize == 2 ? GSER_DTYPE_FLOAT16 : GSER_DTYPE_COUNT_;
-    case 'f': return itemsize == 4 ? GSER_DTYPE_FLOAT32 : GSER_DTYPE_COUNT_;
-    case 'd': return itemsize == 8 ? GSER_DTYPE_FLOAT64 : GSER_DTYPE_COUNT_;
-    default: return GSER_DTYPE_COUNT_;
+    case 'e': return itemsize == 2 ? GSER_DTYPE_FLOAT16 : GSER_DTYPE_COUNT;
+    case 'f': return itemsize == 4 ? GSER_DTYPE_FLOAT32 : GSER_DTYPE_COUNT;
+    case 'd': return itemsize == 8 ? GSER_DTYPE_FLOAT64 : GSER_DTYPE_COUNT;
+    default: return GSER_DTYPE_COUNT;
     }
 }
 
@@ -403,7 +403,7 @@ static int enc_buffer(enc_t *e, PyObject *o, gser_value_t **out)
     const char *why = NULL;
     if (big)
         why = "big-endian elements (gser buffers are little-endian; convert with .astype('<...'))";
-    else if (dtype == GSER_DTYPE_COUNT_)
+    else if (dtype == GSER_DTYPE_COUNT)
         why = "an element format gser has no dtype for";
     else if (view.ndim == 0)
         why = "zero dimensions (a numpy scalar or 0-d array: convert with .item() or .reshape(1))";
@@ -419,7 +419,7 @@ static int enc_buffer(enc_t *e, PyObject *o, gser_value_t **out)
     int64_t shape[GSER_MAX_NDIM];
     for (int d = 0; d < view.ndim; d++)
         shape[d] = view.shape ? (int64_t)view.shape[d] : (int64_t)(view.len / view.itemsize);
-    gser_buffer_desc_t desc = {0};
+    gser_buffer_desc_t desc = GSER_BUFFER_DESC_INIT;
     desc.nbytes = (size_t)view.len;
     desc.dtype = dtype;
     desc.memory = GSER_MEMORY_HOST;
@@ -461,27 +461,27 @@ static int enc_buffer(enc_t *e, PyObject *o, gser_value_t **out)
 
 /* ---- __cuda_array_interface__ ------------------------------------------------------ */
 
-/* "<f4", "|u1", "|b1", ... -> a dtype; GSER_DTYPE_COUNT_ if none fits. */
+/* "<f4", "|u1", "|b1", ... -> a dtype; GSER_DTYPE_COUNT if none fits. */
 static gser_dtype_t typestr_dtype(const char *ts, bool *big)
 {
     *big = false;
     if (!ts || !strchr("<>|=", ts[0]) || !ts[0] || !ts[1])
-        return GSER_DTYPE_COUNT_;
+        return GSER_DTYPE_COUNT;
     char kind = ts[1];
     char *end;
     long size = strtol(ts + 2, &end, 10);
     if (end == ts + 2 || *end != '\0' || size <= 0 || size > 16)
-        return GSER_DTYPE_COUNT_;
+        return GSER_DTYPE_COUNT;
     *big = ts[0] == '>' && size > 1;
     switch (kind) {
-    case 'b': return size == 1 ? GSER_DTYPE_BOOL : GSER_DTYPE_COUNT_;
+    case 'b': return size == 1 ? GSER_DTYPE_BOOL : GSER_DTYPE_COUNT;
     case 'i': return int_dtype(size, true);
     case 'u': return int_dtype(size, false);
     case 'f':
         return size == 2 ? GSER_DTYPE_FLOAT16 : size == 4 ? GSER_DTYPE_FLOAT32 : size == 8 ? GSER_DTYPE_FLOAT64
-                                                                                        : GSER_DTYPE_COUNT_;
-    case 'c': return size == 8 ? GSER_DTYPE_COMPLEX64 : size == 16 ? GSER_DTYPE_COMPLEX128 : GSER_DTYPE_COUNT_;
-    default: return GSER_DTYPE_COUNT_;
+                                                                                        : GSER_DTYPE_COUNT;
+    case 'c': return size == 8 ? GSER_DTYPE_COMPLEX64 : size == 16 ? GSER_DTYPE_COMPLEX128 : GSER_DTYPE_COUNT;
+    default: return GSER_DTYPE_COUNT;
     }
 }
 
@@ -543,7 +543,7 @@ int pg_cai_read(PyObject *cai, void **ptr, size_t *nbytes, gser_dtype_t *dtype, 
     *dtype = typestr_dtype(PyUnicode_AsUTF8(ts), &big);
     if (PyErr_Occurred())
         return -1;
-    if (big || *dtype == GSER_DTYPE_COUNT_) {
+    if (big || *dtype == GSER_DTYPE_COUNT) {
         *why = big ? "big-endian device arrays are not supported" : "a typestr gser has no dtype for";
         return -1;
     }
@@ -629,7 +629,7 @@ static int enc_cai(enc_t *e, PyObject *o, PyObject *cai, gser_value_t **out)
     /* The message borrows the device memory: keep its owner alive. */
     if (pg_owner_hold_ref(e->owner, o) < 0)
         return -1;
-    gser_buffer_desc_t desc = {0};
+    gser_buffer_desc_t desc = GSER_BUFFER_DESC_INIT;
     desc.data = ptr;
     desc.nbytes = nbytes;
     desc.dtype = dtype;
@@ -648,7 +648,7 @@ static int enc_dlpack(enc_t *e, PyObject *o, gser_value_t **out)
 {
     if (e->strict)
         return not_impl(e, o, " in strict mode (DLPack tensors come back as numpy arrays or gser.DeviceArray)");
-    gser_buffer_desc_t desc;
+    gser_buffer_desc_t desc = GSER_BUFFER_DESC_INIT;
     int64_t shape[GSER_MAX_NDIM];
     const char *why;
     if (pg_dlpack_encode(e->owner, o, &desc, shape, &why) < 0) {

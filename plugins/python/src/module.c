@@ -46,7 +46,7 @@ PyObject *pg_make_exc(PyObject *exc, gser_status_t st, PyObject *text)
 
 PyObject *pg_raise(gser_status_t st, bool detail, const char *what)
 {
-    const char *d = detail ? gser_context_last_error(pg_ctx) : "";
+    const char *d = detail ? gser_context_get_last_error(pg_ctx) : "";
     PyObject *text = *d ? PyUnicode_FromString(d)
                         : PyUnicode_FromFormat("%s: %s", what ? what : "gser", gser_status_str(st));
     if (!text)
@@ -149,7 +149,7 @@ static PgOwner *serialize(PyObject *obj, PyObject *families, bool strict, bool f
     pg_encode_options_t eo = {.strict = strict};
     if (pg_encode(owner, obj, &eo) < 0)
         goto fail;
-    gser_serialize_options_t so = {0};
+    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
     if (fam.n) {
         so.families = fam.names;
         so.nfamilies = fam.n;
@@ -206,8 +206,8 @@ static PyObject *py_dumps(PyObject *self, PyObject *args, PyObject *kw)
     PgOwner *owner = serialize(obj, families, strict, false);
     if (!owner)
         return NULL;
-    size_t n = gser_frames_count(owner->frames);
-    const gser_frame_t *fr = gser_frames_array(owner->frames);
+    size_t n = gser_frames_get_count(owner->frames);
+    const gser_frame_t *fr = gser_frames_get_array(owner->frames);
     PyObject *header = PyBytes_FromStringAndSize(fr[0].data, (Py_ssize_t)fr[0].size);
     PyObject *list = header ? PyList_New((Py_ssize_t)(n - 1)) : NULL;
     for (size_t i = 1; list && i < n; i++) {
@@ -250,8 +250,8 @@ static PyObject *py_to_bytes(PyObject *self, PyObject *args, PyObject *kw)
     PgOwner *owner = serialize(obj, families, false, true);
     if (!owner)
         return NULL;
-    size_t n = gser_frames_count(owner->frames);
-    const gser_frame_t *fr = gser_frames_array(owner->frames);
+    size_t n = gser_frames_get_count(owner->frames);
+    const gser_frame_t *fr = gser_frames_get_array(owner->frames);
     size_t size, written = 0;
     gser_status_t st = gser_flat_size(fr, n, &size);
     PyObject *out = NULL;
@@ -311,10 +311,10 @@ static int frame_get(PgOwner *owner, PyObject *o, Py_ssize_t index, gser_frame_t
             if (stream) {
                 gser_status_t st;
                 Py_BEGIN_ALLOW_THREADS
-                st = gser_stream_sync(pg_ctx, stream);
+                st = gser_stream_wait(pg_ctx, stream);
                 Py_END_ALLOW_THREADS
                 if (st) {
-                    pg_raise(st, true, "gser_stream_sync");
+                    pg_raise(st, true, "gser_stream_wait");
                     return -1;
                 }
             }
@@ -392,7 +392,7 @@ static PyObject *py_loads(PyObject *self, PyObject *args, PyObject *kw)
     }
     dc.header = fr[0].data;
     dc.header_len = fr[0].size;
-    gser_deserialize_options_t opts = {.flags = device ? GSER_DESERIALIZE_RESTORE_DEVICE : 0};
+    gser_deserialize_options_t opts = {.size = sizeof(gser_deserialize_options_t), .flags = device ? GSER_DESERIALIZE_RESTORE_DEVICE : 0};
     gser_status_t st;
     gser_msg_t *msg = NULL;
     Py_BEGIN_ALLOW_THREADS
@@ -404,7 +404,7 @@ static PyObject *py_loads(PyObject *self, PyObject *args, PyObject *kw)
     }
     owner->msg = msg;
     if (msg_wait(msg) == 0)
-        out = pg_decode(&dc, gser_msg_root(msg));
+        out = pg_decode(&dc, gser_msg_get_root(msg));
 done:
     Py_XDECREF(owner);
     PyMem_Free(fr);
@@ -440,7 +440,7 @@ static PyObject *py_from_bytes(PyObject *self, PyObject *args, PyObject *kw)
     bool readonly = view.readonly;
     if (pg_owner_hold_view(owner, &view) < 0)
         goto done;
-    gser_deserialize_options_t opts = {.flags = device ? GSER_DESERIALIZE_RESTORE_DEVICE : 0};
+    gser_deserialize_options_t opts = {.size = sizeof(gser_deserialize_options_t), .flags = device ? GSER_DESERIALIZE_RESTORE_DEVICE : 0};
     gser_status_t st;
     gser_msg_t *msg = NULL;
     Py_BEGIN_ALLOW_THREADS
@@ -454,13 +454,13 @@ static PyObject *py_from_bytes(PyObject *self, PyObject *args, PyObject *kw)
     if (msg_wait(msg) < 0)
         goto done;
     size_t n;
-    const gser_frame_t *fr = gser_msg_frames(msg, &n);
+    const gser_frame_t *fr = gser_msg_get_frames(msg, &n);
     pg_decode_ctx_t dc = {.owner = owner,
                           .header = n ? fr[0].data : NULL,
                           .header_len = n ? fr[0].size : 0,
                           .header_readonly = readonly,
                           .data_readonly = readonly};
-    out = pg_decode(&dc, gser_msg_root(msg));
+    out = pg_decode(&dc, gser_msg_get_root(msg));
 done:
     Py_DECREF(owner);
     return out;
@@ -492,7 +492,7 @@ static PyObject *py_device_read(PyObject *self, PyObject *args)
     st = gser_device_memcpy(pg_ctx, dst, GSER_MEMORY_HOST, (const void *)(uintptr_t)ptr, GSER_MEMORY_DEVICE,
                             (size_t)n, NULL);
     if (st == GSER_OK)
-        st = gser_stream_sync(pg_ctx, NULL);
+        st = gser_stream_wait(pg_ctx, NULL);
     Py_END_ALLOW_THREADS
     if (st) {
         Py_DECREF(out);
@@ -531,7 +531,7 @@ PyMODINIT_FUNC PyInit__gser(void)
         gser_context_t *ctx;
         gser_status_t st = gser_context_create(NULL, &ctx);
         if (st) {
-            const char *d = gser_context_last_error(NULL);
+            const char *d = gser_context_get_last_error(NULL);
             PyErr_Format(st == GSER_ERR_NO_MEMORY ? PyExc_MemoryError : PyExc_RuntimeError,
                          "gser: cannot create a context: %s", *d ? d : gser_status_str(st));
             return NULL;
@@ -561,9 +561,9 @@ PyMODINIT_FUNC PyInit__gser(void)
         PyModule_AddObjectRef(m, "DeviceFrame", (PyObject *)&PgDeviceFrame_Type) < 0 ||
         PyModule_AddObjectRef(m, "DeviceArray", (PyObject *)&PgDeviceArray_Type) < 0 ||
         PyModule_AddObjectRef(m, "ArrowArray", (PyObject *)&PgArrowArray_Type) < 0 ||
-        PyModule_AddStringConstant(m, "DEVICE_BACKEND", gser_device_backend(pg_ctx)) < 0 ||
+        PyModule_AddStringConstant(m, "DEVICE_BACKEND", gser_context_get_device_backend(pg_ctx)) < 0 ||
         PyModule_AddObjectRef(m, "HAVE_ARROW", pg_have_arrow ? Py_True : Py_False) < 0 ||
-        PyModule_AddStringConstant(m, "__version__", gser_version_string()) < 0 ||
+        PyModule_AddStringConstant(m, "__version__", gser_version_str()) < 0 ||
         PyModule_AddIntConstant(m, "WIRE_VERSION", GSER_WIRE_VERSION) < 0 ||
         PyModule_AddIntConstant(m, "DEPTH_MAX", GSER_DEPTH_MAX) < 0) {
         Py_DECREF(m);

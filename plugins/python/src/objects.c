@@ -321,7 +321,7 @@ PyObject *pg_device_frame_new(PgOwner *owner, const void *ptr, size_t len, int32
 
 /* ---- PgDeviceArray ---------------------------------------------------------------------- */
 
-static const char *const dtype_typestrs[GSER_DTYPE_COUNT_] = {
+static const char *const dtype_typestrs[GSER_DTYPE_COUNT] = {
     [GSER_DTYPE_BYTES] = "|u1",    [GSER_DTYPE_BOOL] = "|b1",     [GSER_DTYPE_INT8] = "|i1",
     [GSER_DTYPE_INT16] = "<i2",    [GSER_DTYPE_INT32] = "<i4",    [GSER_DTYPE_INT64] = "<i8",
     [GSER_DTYPE_UINT8] = "|u1",    [GSER_DTYPE_UINT16] = "<u2",   [GSER_DTYPE_UINT32] = "<u4",
@@ -332,7 +332,7 @@ static const char *const dtype_typestrs[GSER_DTYPE_COUNT_] = {
 
 const char *pg_dtype_typestr(gser_dtype_t dtype)
 {
-    return (unsigned)dtype < GSER_DTYPE_COUNT_ ? dtype_typestrs[dtype] : "|u1";
+    return (unsigned)dtype < GSER_DTYPE_COUNT ? dtype_typestrs[dtype] : "|u1";
 }
 
 typedef struct {
@@ -446,7 +446,7 @@ static PyObject *darray_copy_to_host(PgDeviceArray *self, PyObject *unused)
         st = gser_device_memcpy(pg_ctx, view.buf, GSER_MEMORY_HOST, src, GSER_MEMORY_DEVICE, (size_t)self->nbytes,
                                 NULL);
         if (st == GSER_OK)
-            st = gser_stream_sync(pg_ctx, NULL);
+            st = gser_stream_wait(pg_ctx, NULL);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&view);

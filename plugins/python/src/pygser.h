@@ -20,6 +20,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <gser/extension.h>
 #include <gser/gser.h>
 
 /* ---- module state (module.c) ---------------------------------------------- */
@@ -155,7 +156,7 @@ typedef struct pg_decode_ctx {
     bool data_readonly; /* any data frame is read-only */
 } pg_decode_ctx_t;
 
-PyObject *pg_decode(const pg_decode_ctx_t *dc, const gser_value_t *root);
+PyObject *pg_decode(const pg_decode_ctx_t *dc, gser_value_t *root);
 
 /* ---- Arrow (arrow.c) ------------------------------------------------------------------ */
 
@@ -183,7 +184,7 @@ int pg_arrow_encode(PgOwner *owner, PyObject *obj, int method, gser_value_t **ou
  * gser.ArrowArray (which needs nothing of the message: the table is copied
  * out of the frames, which Python lends, once). On failure NULL, with an
  * exception set and *st_out GSER_OK, or with no exception and *st_out the
- * status of gser_value_take_arrow. */
+ * status of gser_arrow_take_value. */
 PyObject *pg_arrow_take(gser_value_t *v, gser_status_t *st_out);
 
 /* ---- paths (path.c) ------------------------------------------------------------------ */

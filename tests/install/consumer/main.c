@@ -9,7 +9,7 @@ int main(void)
     gser_frames_t *frames;
     if (gser_context_create(NULL, &ctx) || gser_msg_create(ctx, &msg) || gser_serialize(ctx, msg, NULL, &frames))
         return 1;
-    printf("gser %s: %zu frame(s)\n", gser_version_string(), gser_frames_count(frames));
+    printf("gser %s: %zu frame(s)\n", gser_version_str(), gser_frames_get_count(frames));
     gser_frames_destroy(frames);
     gser_msg_destroy(msg);
     gser_context_destroy(ctx);

@@ -209,7 +209,7 @@ struct Node {
             ptrs[b] = p;
         }
         if (device) {
-            EXPECT_EQ(gser_stream_sync(ctx, nullptr), GSER_OK);
+            EXPECT_EQ(gser_stream_wait(ctx, nullptr), GSER_OK);
         }
         schema_children.clear();
         array_children.clear();
@@ -359,7 +359,7 @@ inline std::vector<uint8_t> fetch(gser_context_t *ctx, const void *p, size_t n, 
         return v;
     if (device) {
         EXPECT_EQ(gser_device_memcpy(ctx, v.data(), GSER_MEMORY_HOST, p, GSER_MEMORY_DEVICE, n, nullptr), GSER_OK);
-        EXPECT_EQ(gser_stream_sync(ctx, nullptr), GSER_OK);
+        EXPECT_EQ(gser_stream_wait(ctx, nullptr), GSER_OK);
     } else {
         std::memcpy(v.data(), p, n);
     }

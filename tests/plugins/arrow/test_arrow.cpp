@@ -50,7 +50,7 @@ void release_frame(void *data, void *arg)
 
 CtxPtr arrow_ctx(const char *backend, size_t pack_max = 4096)
 {
-    gser_context_options_t o{};
+    gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
     o.trace = -1;
     o.device_backend = backend;
     o.pack_max = pack_max;
@@ -84,8 +84,8 @@ class ArrowTest : public ::testing::TestWithParam<Param> {
         const char *b = GetParam().backend;
         ctx_ = arrow_ctx(device() ? b : "none");
         if (!ctx_ && std::string(b) == "cuda")
-            GTEST_SKIP() << "no usable CUDA device here: " << gser_context_last_error(nullptr);
-        ASSERT_TRUE(ctx_) << gser_context_last_error(nullptr);
+            GTEST_SKIP() << "no usable CUDA device here: " << gser_context_get_last_error(nullptr);
+        ASSERT_TRUE(ctx_) << gser_context_get_last_error(nullptr);
     }
     void TearDown() override { EXPECT_EQ(input_releases().load(), 0) << "gser called the input's release"; }
 
@@ -108,7 +108,7 @@ class ArrowTest : public ::testing::TestWithParam<Param> {
                 EXPECT_EQ(gser_event_create(ctx(), &event_), GSER_OK);
             }
             EXPECT_EQ(gser_event_record(event_, nullptr), GSER_OK);
-            event_handle_ = gser_event_handle(event_);
+            event_handle_ = gser_event_get_handle(event_);
             d.sync_event = &event_handle_;
         }
         return d;
@@ -125,18 +125,18 @@ class ArrowTest : public ::testing::TestWithParam<Param> {
         GSER_OK_OR_FAIL(ctx(), gser_msg_create(ctx(), &m));
         MsgPtr mp(m);
         gser_value_t *v;
-        GSER_OK_OR_FAIL(ctx(), gser_msg_new_arrow(m, &da, &root.schema, nullptr, &v));
+        GSER_OK_OR_FAIL(ctx(), gser_arrow_new_value(m, &da, &root.schema, nullptr, &v));
         ASSERT_EQ(gser_msg_set_root(m, v), GSER_OK);
         const char *fams[] = {family()};
-        gser_serialize_options_t so{};
+        gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
         so.families = fams;
         so.nfamilies = 1;
         gser_frames_t *f;
         GSER_OK_OR_FAIL(ctx(), gser_serialize(ctx(), m, &so, &f));
         FramesPtr fp(f);
         ASSERT_EQ(gser_frames_wait(f), GSER_OK);
-        const gser_frame_t *fr = gser_frames_array(f);
-        size_t n = gser_frames_count(f);
+        const gser_frame_t *fr = gser_frames_get_array(f);
+        size_t n = gser_frames_get_count(f);
         out.nframes = n;
         for (size_t i = 0; i < n; i++)
             out.frame_memory.push_back(fr[i].memory);
@@ -160,17 +160,17 @@ class ArrowTest : public ::testing::TestWithParam<Param> {
                 counter->total++;
             }
             if (device()) {
-                ASSERT_EQ(gser_stream_sync(ctx(), nullptr), GSER_OK);
+                ASSERT_EQ(gser_stream_wait(ctx(), nullptr), GSER_OK);
             }
         }
-        gser_deserialize_options_t dopt{};
+        gser_deserialize_options_t dopt = GSER_DESERIALIZE_OPTIONS_INIT;
         dopt.flags = deser_flags;
         gser_msg_t *rm;
         GSER_OK_OR_FAIL(rx, gser_deserialize(rx, frames.data(), frames.size(), &dopt, &rm));
         MsgPtr rmp(rm);
-        gser_arrow_take_options_t topt{};
+        gser_arrow_take_options_t topt = GSER_ARROW_TAKE_OPTIONS_INIT;
         topt.flags = take_flags;
-        out.st = gser_value_take_arrow(gser_msg_root(rm), &topt, &out.array, &out.schema);
+        out.st = gser_arrow_take_value(gser_msg_get_root(rm), &topt, &out.array, &out.schema);
         // The sender's frames, its message and the receiver's message all go
         // now: the arrays must not need any of them.
     }
@@ -179,7 +179,7 @@ class ArrowTest : public ::testing::TestWithParam<Param> {
     void verify(Node &root, Taken &t, gser_context_t *rx = nullptr, int want_device_type = 0)
     {
         rx = rx ? rx : ctx();
-        ASSERT_EQ(t.st, GSER_OK) << gser_status_str(t.st) << ": " << gser_context_last_error(rx);
+        ASSERT_EQ(t.st, GSER_OK) << gser_status_str(t.st) << ": " << gser_context_get_last_error(rx);
         if (!want_device_type)
             want_device_type = device() && std::string(family()) == "device" ? ARROW_DEVICE_CUDA : ARROW_DEVICE_CPU;
         EXPECT_EQ(t.array.device_type, want_device_type);
@@ -187,7 +187,7 @@ class ArrowTest : public ::testing::TestWithParam<Param> {
         if (!on_device) {
             EXPECT_EQ(t.array.device_id, -1);
         }
-        bool cuda = std::string(gser_device_backend(rx)) == "cuda";
+        bool cuda = std::string(gser_context_get_device_backend(rx)) == "cuda";
         EXPECT_EQ(t.array.sync_event != nullptr, on_device && cuda)
             << "sync_event: a CUDA event for device arrays on a GPU, NULL otherwise";
         EXPECT_TRUE(same_schema(root, &t.schema, "$"));
@@ -424,7 +424,7 @@ TEST_P(ArrowTest, ReleaseCallbacksRunExactlyOnceAndChildrenCanMove)
     FrameCounter frames;
     auto t = std::make_unique<Taken>();
     send(*root, *t, &frames);
-    ASSERT_EQ(t->st, GSER_OK) << gser_context_last_error(ctx());
+    ASSERT_EQ(t->st, GSER_OK) << gser_context_get_last_error(ctx());
     int taken = frames.total - frames.released.load(); // held by the arrays now
     // Move column "c" and its schema out, as the C Data Interface allows.
     ArrowArray moved = *t->array.array.children[2];
@@ -460,31 +460,31 @@ TEST_P(ArrowTest, TakenOnceAndOnlyFromReceivedTables)
     ASSERT_EQ(gser_msg_create(ctx(), &m), GSER_OK);
     MsgPtr mp(m);
     gser_value_t *v, *i;
-    ASSERT_EQ(gser_msg_new_arrow(m, &da, &root->schema, nullptr, &v), GSER_OK);
+    ASSERT_EQ(gser_arrow_new_value(m, &da, &root->schema, nullptr, &v), GSER_OK);
     ArrowDeviceArray oa{};
     ArrowSchema os{};
-    EXPECT_EQ(gser_value_take_arrow(v, nullptr, &oa, &os), GSER_ERR_TYPE_MISMATCH) << "a table to send";
+    EXPECT_EQ(gser_arrow_take_value(v, nullptr, &oa, &os), GSER_ERR_TYPE_MISMATCH) << "a table to send";
     ASSERT_EQ(gser_msg_new_int(m, 3, &i), GSER_OK);
-    EXPECT_EQ(gser_value_take_arrow(i, nullptr, &oa, &os), GSER_ERR_TYPE_MISMATCH);
-    EXPECT_EQ(gser_value_take_arrow(nullptr, nullptr, &oa, &os), GSER_ERR_INVALID_ARG);
-    EXPECT_EQ(gser_msg_new_arrow(m, nullptr, &root->schema, nullptr, &v), GSER_ERR_INVALID_ARG);
+    EXPECT_EQ(gser_arrow_take_value(i, nullptr, &oa, &os), GSER_ERR_TYPE_MISMATCH);
+    EXPECT_EQ(gser_arrow_take_value(nullptr, nullptr, &oa, &os), GSER_ERR_INVALID_ARG);
+    EXPECT_EQ(gser_arrow_new_value(m, nullptr, &root->schema, nullptr, &v), GSER_ERR_INVALID_ARG);
     EXPECT_EQ(oa.array.release, nullptr) << "outputs are set only on success";
 
     // A received one: once.
     ASSERT_EQ(gser_msg_set_root(m, v), GSER_OK);
     gser_frames_t *f;
-    ASSERT_EQ(gser_serialize(ctx(), m, nullptr, &f), GSER_OK) << gser_context_last_error(ctx());
+    ASSERT_EQ(gser_serialize(ctx(), m, nullptr, &f), GSER_OK) << gser_context_get_last_error(ctx());
     FramesPtr fp(f);
     ASSERT_EQ(gser_frames_wait(f), GSER_OK);
     gser_msg_t *rm;
-    ASSERT_EQ(gser_deserialize(ctx(), gser_frames_array(f), gser_frames_count(f), nullptr, &rm), GSER_OK);
+    ASSERT_EQ(gser_deserialize(ctx(), gser_frames_get_array(f), gser_frames_get_count(f), nullptr, &rm), GSER_OK);
     MsgPtr rmp(rm);
     Taken t;
-    ASSERT_EQ(gser_value_take_arrow(gser_msg_root(rm), nullptr, &t.array, &t.schema), GSER_OK);
-    EXPECT_EQ(gser_value_take_arrow(gser_msg_root(rm), nullptr, &oa, &os), GSER_ERR_STATE);
-    gser_arrow_take_options_t both{};
+    ASSERT_EQ(gser_arrow_take_value(gser_msg_get_root(rm), nullptr, &t.array, &t.schema), GSER_OK);
+    EXPECT_EQ(gser_arrow_take_value(gser_msg_get_root(rm), nullptr, &oa, &os), GSER_ERR_STATE);
+    gser_arrow_take_options_t both = GSER_ARROW_TAKE_OPTIONS_INIT;
     both.flags = GSER_ARROW_TO_HOST | GSER_ARROW_TO_DEVICE;
-    EXPECT_EQ(gser_value_take_arrow(gser_msg_root(rm), &both, &oa, &os), GSER_ERR_INVALID_ARG);
+    EXPECT_EQ(gser_arrow_take_value(gser_msg_get_root(rm), &both, &oa, &os), GSER_ERR_INVALID_ARG);
 }
 
 TEST_P(ArrowTest, BorrowedFramesAreCopiedAndBorrowKeepsViews)
@@ -507,29 +507,29 @@ TEST_P(ArrowTest, BorrowedFramesAreCopiedAndBorrowKeepsViews)
         ASSERT_EQ(gser_msg_create(ctx(), &m), GSER_OK);
         MsgPtr mp(m);
         gser_value_t *v;
-        ASSERT_EQ(gser_msg_new_arrow(m, &da, &root->schema, nullptr, &v), GSER_OK);
+        ASSERT_EQ(gser_arrow_new_value(m, &da, &root->schema, nullptr, &v), GSER_OK);
         ASSERT_EQ(gser_msg_set_root(m, v), GSER_OK);
         const char *fams[] = {family()};
-        gser_serialize_options_t so{};
+        gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
         so.families = fams;
         so.nfamilies = 1;
         gser_frames_t *f;
-        ASSERT_EQ(gser_serialize(ctx(), m, &so, &f), GSER_OK) << gser_context_last_error(ctx());
+        ASSERT_EQ(gser_serialize(ctx(), m, &so, &f), GSER_OK) << gser_context_get_last_error(ctx());
         FramesPtr fp(f);
         ASSERT_EQ(gser_frames_wait(f), GSER_OK);
         gser_msg_t *rm;
-        ASSERT_EQ(gser_deserialize(ctx(), gser_frames_array(f), gser_frames_count(f), nullptr, &rm), GSER_OK);
+        ASSERT_EQ(gser_deserialize(ctx(), gser_frames_get_array(f), gser_frames_get_count(f), nullptr, &rm), GSER_OK);
         MsgPtr rmp(rm);
-        gser_arrow_take_options_t topt{};
+        gser_arrow_take_options_t topt = GSER_ARROW_TAKE_OPTIONS_INIT;
         topt.flags = GSER_ARROW_BORROW;
         Taken t;
-        t.st = gser_value_take_arrow(gser_msg_root(rm), &topt, &t.array, &t.schema);
+        t.st = gser_arrow_take_value(gser_msg_get_root(rm), &topt, &t.array, &t.schema);
         verify(*root, t);
         // The int64 column's data points straight into a frame.
         const void *data = t.array.array.children[0]->buffers[1];
         bool in_frame = false;
         size_t nf;
-        const gser_frame_t *frs = gser_msg_frames(rm, &nf);
+        const gser_frame_t *frs = gser_msg_get_frames(rm, &nf);
         for (size_t i = 0; i < nf; i++)
             in_frame |= data >= frs[i].data && data < (const char *)frs[i].data + frs[i].size;
         EXPECT_TRUE(in_frame) << "a borrowed table is a view";
@@ -587,7 +587,7 @@ TEST_P(ArrowPeers, CpuTableRebuiltOnTheDeviceAndDeviceTableOnACpuPeer)
     CtxPtr cpu = arrow_ctx("none");
     CtxPtr gpu = arrow_ctx(GetParam());
     if (!gpu)
-        GTEST_SKIP() << GetParam() << " backend unavailable: " << gser_context_last_error(nullptr);
+        GTEST_SKIP() << GetParam() << " backend unavailable: " << gser_context_get_last_error(nullptr);
     ASSERT_TRUE(cpu);
     Gen g({0.2, true, 11});
     auto host_table = g.make(table(supported_types()), 60);
@@ -603,21 +603,21 @@ TEST_P(ArrowPeers, CpuTableRebuiltOnTheDeviceAndDeviceTableOnACpuPeer)
     ASSERT_EQ(gser_msg_create(cpu.get(), &m), GSER_OK);
     MsgPtr mp(m);
     gser_value_t *v;
-    ASSERT_EQ(gser_msg_new_arrow(m, &da, &host_table->schema, nullptr, &v), GSER_OK);
+    ASSERT_EQ(gser_arrow_new_value(m, &da, &host_table->schema, nullptr, &v), GSER_OK);
     ASSERT_EQ(gser_msg_set_root(m, v), GSER_OK);
     gser_frames_t *f;
-    ASSERT_EQ(gser_serialize(cpu.get(), m, nullptr, &f), GSER_OK) << gser_context_last_error(cpu.get());
+    ASSERT_EQ(gser_serialize(cpu.get(), m, nullptr, &f), GSER_OK) << gser_context_get_last_error(cpu.get());
     FramesPtr fp(f);
     gser_msg_t *rm;
-    gser_deserialize_options_t dopt{};
+    gser_deserialize_options_t dopt = GSER_DESERIALIZE_OPTIONS_INIT;
     dopt.flags = GSER_DESERIALIZE_RESTORE_DEVICE; // restores device-origin buffers only: these were host memory
-    ASSERT_EQ(gser_deserialize(gpu.get(), gser_frames_array(f), gser_frames_count(f), &dopt, &rm), GSER_OK)
-        << gser_context_last_error(gpu.get());
+    ASSERT_EQ(gser_deserialize(gpu.get(), gser_frames_get_array(f), gser_frames_get_count(f), &dopt, &rm), GSER_OK)
+        << gser_context_get_last_error(gpu.get());
     MsgPtr rmp(rm);
-    gser_arrow_take_options_t topt{};
+    gser_arrow_take_options_t topt = GSER_ARROW_TAKE_OPTIONS_INIT;
     topt.flags = GSER_ARROW_TO_DEVICE;
     Taken t;
-    ASSERT_EQ(gser_value_take_arrow(gser_msg_root(rm), &topt, &t.array, &t.schema), GSER_OK);
+    ASSERT_EQ(gser_arrow_take_value(gser_msg_get_root(rm), &topt, &t.array, &t.schema), GSER_OK);
     rmp.reset();
     fp.reset();
     EXPECT_EQ(t.array.device_type, ARROW_DEVICE_CUDA);
@@ -635,22 +635,22 @@ TEST_P(ArrowPeers, CpuTableRebuiltOnTheDeviceAndDeviceTableOnACpuPeer)
     gser_msg_t *m2;
     ASSERT_EQ(gser_msg_create(gpu.get(), &m2), GSER_OK);
     MsgPtr mp2(m2);
-    ASSERT_EQ(gser_msg_new_arrow(m2, &dd, &dev_table->schema, nullptr, &v), GSER_OK);
+    ASSERT_EQ(gser_arrow_new_value(m2, &dd, &dev_table->schema, nullptr, &v), GSER_OK);
     ASSERT_EQ(gser_msg_set_root(m2, v), GSER_OK);
     const char *host_only[] = {"host"};
-    gser_serialize_options_t so{};
+    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
     so.families = host_only;
     so.nfamilies = 1;
     gser_frames_t *f2;
-    ASSERT_EQ(gser_serialize(gpu.get(), m2, &so, &f2), GSER_OK) << gser_context_last_error(gpu.get());
+    ASSERT_EQ(gser_serialize(gpu.get(), m2, &so, &f2), GSER_OK) << gser_context_get_last_error(gpu.get());
     FramesPtr fp2(f2);
     ASSERT_EQ(gser_frames_wait(f2), GSER_OK);
     gser_msg_t *rm2;
-    ASSERT_EQ(gser_deserialize(cpu.get(), gser_frames_array(f2), gser_frames_count(f2), nullptr, &rm2), GSER_OK)
-        << gser_context_last_error(cpu.get());
+    ASSERT_EQ(gser_deserialize(cpu.get(), gser_frames_get_array(f2), gser_frames_get_count(f2), nullptr, &rm2), GSER_OK)
+        << gser_context_get_last_error(cpu.get());
     MsgPtr rmp2(rm2);
     Taken t2;
-    ASSERT_EQ(gser_value_take_arrow(gser_msg_root(rm2), nullptr, &t2.array, &t2.schema), GSER_OK);
+    ASSERT_EQ(gser_arrow_take_value(gser_msg_get_root(rm2), nullptr, &t2.array, &t2.schema), GSER_OK);
     rmp2.reset();
     fp2.reset();
     EXPECT_EQ(t2.array.device_type, ARROW_DEVICE_CPU);

@@ -10,7 +10,7 @@ namespace {
 
 CtxPtr ctx_for(const char *backend)
 {
-    gser_context_options_t o{};
+    gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
     o.trace = -1;
     o.device_backend = backend;
     gser_context_t *c = nullptr;
@@ -27,7 +27,7 @@ class ArrowInvalid : public ::testing::TestWithParam<const char *> {
         device_ = std::string(GetParam()) != "host";
         ctx_ = ctx_for(device_ ? GetParam() : "none");
         if (!ctx_)
-            GTEST_SKIP() << GetParam() << " backend unavailable: " << gser_context_last_error(nullptr);
+            GTEST_SKIP() << GetParam() << " backend unavailable: " << gser_context_get_last_error(nullptr);
     }
     gser_context_t *ctx() { return ctx_.get(); }
 
@@ -56,18 +56,18 @@ class ArrowInvalid : public ::testing::TestWithParam<const char *> {
         MsgPtr mp(m);
         gser_value_t *map, *v;
         EXPECT_EQ(gser_msg_new_map(m, &map), GSER_OK);
-        gser_arrow_send_options_t so{};
+        gser_arrow_send_options_t so = GSER_ARROW_SEND_OPTIONS_INIT;
         so.flags = flags;
-        EXPECT_EQ(gser_msg_new_arrow(m, &da, &root.schema, &so, &v), GSER_OK);
+        EXPECT_EQ(gser_arrow_new_value(m, &da, &root.schema, &so, &v), GSER_OK);
         EXPECT_EQ(gser_map_put_cstr(map, "table", v), GSER_OK);
         EXPECT_EQ(gser_msg_set_root(m, map), GSER_OK);
         gser_frames_t *f = nullptr;
         gser_status_t st = gser_serialize(ctx(), m, nullptr, &f);
-        *why = gser_context_last_error(ctx());
+        *why = gser_context_get_last_error(ctx());
         if (st == GSER_OK && recv) {
             gser_msg_t *back = nullptr;
-            *recv = gser_deserialize(ctx(), gser_frames_array(f), gser_frames_count(f), nullptr, &back);
-            *recv_why = gser_context_last_error(ctx());
+            *recv = gser_deserialize(ctx(), gser_frames_get_array(f), gser_frames_get_count(f), nullptr, &back);
+            *recv_why = gser_context_get_last_error(ctx());
             gser_msg_destroy(back);
         }
         gser_frames_destroy(f);
@@ -279,19 +279,19 @@ TEST(ArrowInvalidSetup, DeviceTablesNeedADeviceBackendAndTheTypeRegistered)
     ASSERT_EQ(gser_msg_create(none.get(), &m), GSER_OK);
     MsgPtr mp(m);
     gser_value_t *v;
-    ASSERT_EQ(gser_msg_new_arrow(m, &da, &t->schema, nullptr, &v), GSER_OK);
+    ASSERT_EQ(gser_arrow_new_value(m, &da, &t->schema, nullptr, &v), GSER_OK);
     ASSERT_EQ(gser_msg_set_root(m, v), GSER_OK);
     gser_frames_t *f = nullptr;
     EXPECT_EQ(gser_serialize(none.get(), m, nullptr, &f), GSER_ERR_NO_DEVICE);
-    EXPECT_NE(std::string(gser_context_last_error(none.get())).find("no device backend"), std::string::npos);
+    EXPECT_NE(std::string(gser_context_get_last_error(none.get())).find("no device backend"), std::string::npos);
 
-    gser_context_options_t o{};
+    gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
     o.trace = -1;
     CtxPtr plain = make_ctx(&o); // the plugin not registered
     gser_msg_t *m2;
     ASSERT_EQ(gser_msg_create(plain.get(), &m2), GSER_OK);
     MsgPtr mp2(m2);
-    EXPECT_EQ(gser_msg_new_arrow(m2, &da, &t->schema, nullptr, &v), GSER_ERR_NOT_FOUND);
+    EXPECT_EQ(gser_arrow_new_value(m2, &da, &t->schema, nullptr, &v), GSER_ERR_NOT_FOUND);
     EXPECT_EQ(gser_arrow_register(nullptr), GSER_ERR_INVALID_ARG);
     EXPECT_EQ(gser_arrow_register(none.get()), GSER_ERR_STATE) << "registering after use";
     CtxPtr fresh = ctx_for("none");
@@ -305,7 +305,7 @@ using Builder = std::function<gser_value_t *(gser_msg_t *)>;
 gser_status_t evil_serialize(gser_context_t *, const void *obj, gser_writer_t *w, void *)
 {
     const Builder *b = static_cast<const Builder *>(obj);
-    return gser_writer_set_root(w, (*b)(gser_writer_msg(w)));
+    return gser_writer_set_root(w, (*b)(gser_writer_get_msg(w)));
 }
 
 gser_status_t evil_deserialize(gser_context_t *, gser_reader_t *, void **, void *)
@@ -351,7 +351,7 @@ struct Wire {
     gser_value_t *buf(gser_msg_t *m, std::vector<uint8_t> bytes)
     {
         keep.push_back(std::move(bytes));
-        gser_buffer_desc_t d{};
+        gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
         d.data = keep.back().data();
         d.nbytes = keep.back().size();
         gser_value_t *v;
@@ -384,7 +384,7 @@ std::vector<uint8_t> i32s(std::vector<int32_t> v)
 // Send what build makes as an "arrow.array"; the real plugin receives it.
 void expect_refused(const Builder &build, gser_status_t status, const std::string &fragment)
 {
-    gser_context_options_t o{};
+    gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
     o.trace = -1;
     CtxPtr evil = make_ctx(&o);
     ASSERT_EQ(gser_type_register(evil.get(), GSER_ARROW_TYPE, GSER_ARROW_TYPE_VERSION, nullptr), GSER_OK);
@@ -397,11 +397,11 @@ void expect_refused(const Builder &build, gser_status_t status, const std::strin
     ASSERT_EQ(gser_msg_new_object(m, GSER_ARROW_TYPE, const_cast<Builder *>(&build), &v), GSER_OK);
     ASSERT_EQ(gser_msg_set_root(m, v), GSER_OK);
     gser_frames_t *f;
-    ASSERT_EQ(gser_serialize(evil.get(), m, nullptr, &f), GSER_OK) << gser_context_last_error(evil.get());
+    ASSERT_EQ(gser_serialize(evil.get(), m, nullptr, &f), GSER_OK) << gser_context_get_last_error(evil.get());
     FramesPtr fp(f);
     gser_msg_t *rm = nullptr;
-    EXPECT_EQ(gser_deserialize(good.get(), gser_frames_array(f), gser_frames_count(f), nullptr, &rm), status);
-    std::string why = gser_context_last_error(good.get());
+    EXPECT_EQ(gser_deserialize(good.get(), gser_frames_get_array(f), gser_frames_get_count(f), nullptr, &rm), status);
+    std::string why = gser_context_get_last_error(good.get());
     EXPECT_NE(why.find(fragment), std::string::npos) << "\"" << fragment << "\" not in: " << why;
     gser_msg_destroy(rm);
 }
@@ -510,7 +510,7 @@ TEST(ArrowReceiver, MalformedSubTreesAreRefused)
 // past the data. Found by fuzz_arrow.
 TEST(ArrowReceiver, DeviceOffsetsFromAPeerAreChecked)
 {
-    gser_context_options_t o{};
+    gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
     o.trace = -1;
     o.device_backend = "emulated";
     CtxPtr evil = make_ctx(&o);
@@ -525,7 +525,7 @@ TEST(ArrowReceiver, DeviceOffsetsFromAPeerAreChecked)
                                      nullptr),
                   GSER_OK);
         dev.push_back(p);
-        gser_buffer_desc_t d{};
+        gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
         d.data = p;
         d.nbytes = bytes.size();
         d.memory = GSER_MEMORY_DEVICE;
@@ -559,14 +559,14 @@ TEST(ArrowReceiver, DeviceOffsetsFromAPeerAreChecked)
         ASSERT_EQ(gser_msg_new_object(m, GSER_ARROW_TYPE, &build, &v), GSER_OK);
         ASSERT_EQ(gser_msg_set_root(m, v), GSER_OK);
         gser_frames_t *f;
-        ASSERT_EQ(gser_serialize(evil.get(), m, nullptr, &f), GSER_OK) << gser_context_last_error(evil.get());
+        ASSERT_EQ(gser_serialize(evil.get(), m, nullptr, &f), GSER_OK) << gser_context_get_last_error(evil.get());
         FramesPtr fp(f);
         ASSERT_EQ(gser_frames_wait(f), GSER_OK);
         gser_msg_t *rm = nullptr;
-        EXPECT_EQ(gser_deserialize(good.get(), gser_frames_array(f), gser_frames_count(f), nullptr, &rm), c.status)
-            << gser_context_last_error(good.get());
+        EXPECT_EQ(gser_deserialize(good.get(), gser_frames_get_array(f), gser_frames_get_count(f), nullptr, &rm), c.status)
+            << gser_context_get_last_error(good.get());
         if (c.status != GSER_OK) {
-            std::string why = gser_context_last_error(good.get());
+            std::string why = gser_context_get_last_error(good.get());
             EXPECT_NE(why.find(c.fragment), std::string::npos) << why;
         }
         gser_msg_destroy(rm);

@@ -45,13 +45,13 @@ void progress_for(gser_ucx_worker_t *w, int ms)
 // Listen on 127.0.0.1, say the port, accept one peer: 0, or the child's exit code.
 int child_accept(ChildEnv *e, ListenerPtr *lp, gser_ucx_ep_t **ep)
 {
-    gser_ucx_listener_options_t lo{};
+    gser_ucx_listener_options_t lo = GSER_UCX_LISTENER_OPTIONS_INIT;
     lo.address = "127.0.0.1";
     gser_ucx_listener_t *l;
     if (gser_ucx_listener_create(e->worker.get(), &lo, &l))
         return 11;
     lp->reset(l);
-    say("port " + std::to_string(gser_ucx_listener_port(l)));
+    say("port " + std::to_string(gser_ucx_listener_get_port(l)));
     return gser_ucx_listener_accept(l, kWaitMs, ep) ? 12 : 0;
 }
 
@@ -70,7 +70,7 @@ int child_echo_server(int n)
         gser_ucx_request_t *r;
         if (gser_ucx_ep_recv_nb(ep, nullptr, &r) || gser_ucx_request_wait(r, kWaitMs))
             return 13;
-        gser_ucx_recv_t got{};
+        gser_ucx_recv_t got = GSER_UCX_RECV_INIT;
         if (gser_ucx_request_take(r, &got))
             return 14;
         gser_ucx_request_free(r);
@@ -214,7 +214,7 @@ TEST_F(TwoProcess, RoundTripThroughAnotherProcess)
         TestMsg m(gctx_.get(), msgs[i], (unsigned)i);
         auto frames = serialize(gctx_.get(), m.msg.get());
         gser_ucx_request_t *sr;
-        UCX_OK(gser_ucx_ep_send_nb(ep, gser_frames_array(frames.get()), gser_frames_count(frames.get()), nullptr,
+        UCX_OK(gser_ucx_ep_send_nb(ep, gser_frames_get_array(frames.get()), gser_frames_get_count(frames.get()), nullptr,
                                    &sr));
         ReqPtr s(sr);
         gser_msg_t *got = nullptr;
@@ -232,12 +232,12 @@ TEST_F(TwoProcess, RoundTripThroughAnotherProcess)
 // completes with a connection error, soon.
 TEST_F(TwoProcess, PeerKilledWhileWeReceive)
 {
-    gser_ucx_listener_options_t lo{};
+    gser_ucx_listener_options_t lo = GSER_UCX_LISTENER_OPTIONS_INIT;
     lo.address = "127.0.0.1";
     gser_ucx_listener_t *l;
     UCX_OK(gser_ucx_listener_create(worker_.get(), &lo, &l));
     ListenerPtr lp(l);
-    Child child({"stall-sender", std::to_string(gser_ucx_listener_port(l)), std::to_string(128 << 20)});
+    Child child({"stall-sender", std::to_string(gser_ucx_listener_get_port(l)), std::to_string(128 << 20)});
     gser_ucx_ep_t *ep;
     UCX_OK(gser_ucx_listener_accept(l, kWaitMs, &ep));
     EpPtr epp(ep);
@@ -253,14 +253,14 @@ TEST_F(TwoProcess, PeerKilledWhileWeReceive)
     reader.join();
     ASSERT_EQ(line, "stalled");
     progress_for(worker_.get(), 100);
-    ASSERT_EQ(gser_ucx_request_test(rr), GSER_INPROGRESS) << "the transfer was expected to hang halfway";
+    ASSERT_EQ(gser_ucx_request_query(rr), GSER_INPROGRESS) << "the transfer was expected to hang halfway";
     child.kill_now();
     auto t0 = std::chrono::steady_clock::now();
     gser_status_t st = gser_ucx_request_wait(rr, kWaitMs);
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
-    EXPECT_EQ(st, GSER_ERR_CONNECTION) << gser_ucx_last_error();
+    EXPECT_EQ(st, GSER_ERR_CONNECTION) << gser_ucx_get_last_error();
     EXPECT_LT(ms, 10000);
-    EXPECT_EQ(gser_ucx_ep_status(ep), GSER_ERR_CONNECTION);
+    EXPECT_EQ(gser_ucx_ep_get_status(ep), GSER_ERR_CONNECTION);
     // Later receives on it fail at once.
     gser_msg_t *got;
     EXPECT_EQ(gser_ucx_ep_recv_msg(ep, gctx_.get(), nullptr, 1000, &got), GSER_ERR_CONNECTION);
@@ -286,12 +286,12 @@ TEST_F(TwoProcess, PeerKilledWhileWeSend)
     UCX_OK(gser_ucx_ep_send_nb(ep, f, 2, nullptr, &sr));
     ReqPtr s(sr);
     progress_for(worker_.get(), 300);
-    ASSERT_EQ(gser_ucx_request_test(sr), GSER_INPROGRESS) << "the transfer was expected to hang halfway";
+    ASSERT_EQ(gser_ucx_request_query(sr), GSER_INPROGRESS) << "the transfer was expected to hang halfway";
     child.kill_now();
     auto t0 = std::chrono::steady_clock::now();
     gser_status_t st = gser_ucx_request_wait(sr, kWaitMs);
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
-    EXPECT_EQ(st, GSER_ERR_CONNECTION) << gser_ucx_last_error();
+    EXPECT_EQ(st, GSER_ERR_CONNECTION) << gser_ucx_get_last_error();
     EXPECT_LT(ms, 10000);
     // New sends fail at once.
     gser_ucx_request_t *r2 = nullptr;
@@ -302,12 +302,12 @@ TEST_F(TwoProcess, PeerKilledWhileWeSend)
 // whose messages arrive through a receive from any endpoint.
 TEST_F(TwoProcess, ListenerServesOnAfterAPeerDies)
 {
-    gser_ucx_listener_options_t lo{};
+    gser_ucx_listener_options_t lo = GSER_UCX_LISTENER_OPTIONS_INIT;
     lo.address = "127.0.0.1";
     gser_ucx_listener_t *l;
     UCX_OK(gser_ucx_listener_create(worker_.get(), &lo, &l));
     ListenerPtr lp(l);
-    std::string port = std::to_string(gser_ucx_listener_port(l));
+    std::string port = std::to_string(gser_ucx_listener_get_port(l));
     {
         Child doomed({"stall-sender", port, std::to_string(128 << 20)});
         gser_ucx_ep_t *ep;
@@ -335,8 +335,8 @@ TEST_F(TwoProcess, ListenerServesOnAfterAPeerDies)
         UCX_OK(gser_ucx_worker_recv_nb(worker_.get(), nullptr, &rr));
         ReqPtr r(rr);
         UCX_OK(gser_ucx_request_wait(rr, kWaitMs));
-        ASSERT_EQ(gser_ucx_request_ep(rr), ep);
-        gser_ucx_recv_t got{};
+        ASSERT_EQ(gser_ucx_request_get_ep(rr), ep);
+        gser_ucx_recv_t got = GSER_UCX_RECV_INIT;
         UCX_OK(gser_ucx_request_take(rr, &got));
         gser_status_t st = gser_ucx_ep_send(ep, got.frames, got.nframes, kWaitMs);
         gser_ucx_recv_finish(&got, false);

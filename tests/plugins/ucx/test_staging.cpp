@@ -8,7 +8,7 @@ namespace {
 
 CtxPtr device_ctx(const char *backend)
 {
-    gser_context_options_t o{};
+    gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
     o.trace = -1;
     o.device_backend = backend;
     gser_context_t *c = nullptr;
@@ -24,14 +24,14 @@ struct DevBuf {
     size_t n;
     DevBuf(gser_context_t *c, size_t size, unsigned seed) : ctx(c), n(size)
     {
-        EXPECT_EQ(gser_device_alloc(ctx, n ? n : 1, nullptr, &p), GSER_OK) << gser_context_last_error(ctx);
+        EXPECT_EQ(gser_device_alloc(ctx, n ? n : 1, nullptr, &p), GSER_OK) << gser_context_get_last_error(ctx);
         std::vector<unsigned char> h(n);
         TestMsg::fill(h.data(), n, seed);
         if (n) {
             EXPECT_EQ(gser_device_memcpy(ctx, p, GSER_MEMORY_DEVICE, h.data(), GSER_MEMORY_HOST, n, nullptr),
                       GSER_OK);
         }
-        EXPECT_EQ(gser_stream_sync(ctx, nullptr), GSER_OK);
+        EXPECT_EQ(gser_stream_wait(ctx, nullptr), GSER_OK);
     }
     ~DevBuf() { gser_device_free(ctx, p, n ? n : 1, nullptr); }
 };
@@ -44,7 +44,7 @@ std::vector<unsigned char> read_back(gser_context_t *ctx, const void *p, size_t 
         return h;
     if (m == GSER_MEMORY_DEVICE) {
         EXPECT_EQ(gser_device_memcpy(ctx, h.data(), GSER_MEMORY_HOST, p, GSER_MEMORY_DEVICE, n, nullptr), GSER_OK);
-        EXPECT_EQ(gser_stream_sync(ctx, nullptr), GSER_OK);
+        EXPECT_EQ(gser_stream_wait(ctx, nullptr), GSER_OK);
     } else {
         std::memcpy(h.data(), p, n);
     }
@@ -59,7 +59,7 @@ class Staging : public ::testing::TestWithParam<const char *> {
         if (!dctx_) {
             if (std::string(GetParam()) == "cuda")
                 GTEST_SKIP() << "no usable CUDA device here";
-            FAIL() << "no " << GetParam() << " backend: " << gser_context_last_error(nullptr);
+            FAIL() << "no " << GetParam() << " backend: " << gser_context_get_last_error(nullptr);
         }
     }
 
@@ -67,7 +67,8 @@ class Staging : public ::testing::TestWithParam<const char *> {
     // frames take many of them.
     void open(size_t send_chunk, size_t recv_chunk, bool recv_device = true, unsigned depth = 2)
     {
-        gser_ucx_worker_options_t so{}, co{};
+        gser_ucx_worker_options_t so = GSER_UCX_WORKER_OPTIONS_INIT;
+        gser_ucx_worker_options_t co = GSER_UCX_WORKER_OPTIONS_INIT;
         co.gser_ctx = dctx_.get();
         co.staging_chunk = send_chunk;
         co.staging_depth = depth;
@@ -148,7 +149,7 @@ TEST_P(Staging, DeviceFramesThroughBounceBuffers)
 {
     ASSERT_NO_FATAL_FAILURE(open(64 << 10, 64 << 10));
     std::vector<size_t> sizes = {1, 0, 65536, 65537, 1000003, (size_t)5 << 20};
-    gser_ucx_recv_t got{};
+    gser_ucx_recv_t got = GSER_UCX_RECV_INIT;
     ASSERT_NO_FATAL_FAILURE(send_recv(sizes, &got));
     check(got, sizes, GSER_MEMORY_DEVICE);
     gser_ucx_recv_finish(&got, false);
@@ -160,7 +161,7 @@ TEST_P(Staging, PeersWithDifferentChunks)
 {
     ASSERT_NO_FATAL_FAILURE(open(256 << 10, 32 << 10, true, 3));
     std::vector<size_t> sizes = {300000, 4 << 20};
-    gser_ucx_recv_t got{};
+    gser_ucx_recv_t got = GSER_UCX_RECV_INIT;
     ASSERT_NO_FATAL_FAILURE(send_recv(sizes, &got));
     check(got, sizes, GSER_MEMORY_DEVICE);
     gser_ucx_recv_finish(&got, false);
@@ -171,7 +172,7 @@ TEST_P(Staging, ReceiverWithoutDeviceGetsHostFrames)
 {
     ASSERT_NO_FATAL_FAILURE(open(64 << 10, 0, false));
     std::vector<size_t> sizes = {1000, 200000};
-    gser_ucx_recv_t got{};
+    gser_ucx_recv_t got = GSER_UCX_RECV_INIT;
     ASSERT_NO_FATAL_FAILURE(send_recv(sizes, &got));
     check(got, sizes, GSER_MEMORY_HOST);
     gser_ucx_recv_finish(&got, false);
@@ -192,7 +193,7 @@ TEST_P(Staging, DeviceMessageRoundTrip)
     ASSERT_EQ(gser_msg_new_list(m, &list), GSER_OK);
     for (size_t i = 0; i < sizes.size(); i++) {
         bufs.push_back(std::make_unique<DevBuf>(dctx_.get(), sizes[i], 100 + (unsigned)i));
-        gser_buffer_desc_t d{};
+        gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
         d.data = bufs.back()->p;
         d.nbytes = sizes[i];
         d.memory = GSER_MEMORY_DEVICE;
@@ -218,10 +219,10 @@ TEST_P(Staging, DeviceMessageRoundTrip)
     gser_msg_t *got = nullptr;
     UCX_OK(gser_ucx_request_deserialize(rr, dctx_.get(), nullptr, &got));
     MsgPtr gp(got);
-    gser_value_t *root = gser_msg_root(got);
-    ASSERT_EQ(gser_value_len(root), sizes.size());
+    gser_value_t *root = gser_msg_get_root(got);
+    ASSERT_EQ(gser_value_get_len(root), sizes.size());
     for (size_t i = 0; i < sizes.size(); i++) {
-        gser_buffer_desc_t d{};
+        gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
         ASSERT_EQ(gser_list_get(root, i, &v), GSER_OK);
         ASSERT_EQ(gser_value_get_buffer(v, &d), GSER_OK);
         ASSERT_EQ(d.nbytes, sizes[i]);
@@ -241,9 +242,9 @@ TEST_P(Staging, CloseWhileStaging)
     ASSERT_NO_FATAL_FAILURE(start_staging(&big, &s, &r));
     gser_ucx_request_t *sr = s.get(), *rr = r.get();
     UCX_OK(gser_ucx_ep_close(pair_.sep.get()));
-    EXPECT_EQ(gser_ucx_request_test(rr), GSER_ERR_CANCELED);
+    EXPECT_EQ(gser_ucx_request_query(rr), GSER_ERR_CANCELED);
     gser_status_t st = drive({pair_.client.get(), pair_.server.get()}, sr);
-    EXPECT_TRUE(st == GSER_ERR_CONNECTION || st == GSER_OK) << gser_status_str(st) << ": " << gser_ucx_last_error();
+    EXPECT_TRUE(st == GSER_ERR_CONNECTION || st == GSER_OK) << gser_status_str(st) << ": " << gser_ucx_get_last_error();
 }
 
 // The same, closing the sending side.
@@ -257,9 +258,9 @@ TEST_P(Staging, CloseSenderWhileStaging)
     UCX_OK(gser_ucx_ep_close(pair_.cep.get()));
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_LT(ms, 1500);
-    EXPECT_EQ(gser_ucx_request_test(sr), GSER_ERR_CANCELED);
+    EXPECT_EQ(gser_ucx_request_query(sr), GSER_ERR_CANCELED);
     gser_status_t st = drive({pair_.client.get(), pair_.server.get()}, rr);
-    EXPECT_EQ(st, GSER_ERR_CONNECTION) << gser_status_str(st) << ": " << gser_ucx_last_error();
+    EXPECT_EQ(st, GSER_ERR_CONNECTION) << gser_status_str(st) << ": " << gser_ucx_get_last_error();
 }
 
 // Without a device backend on the sending side, device frames are refused.

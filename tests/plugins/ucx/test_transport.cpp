@@ -28,16 +28,16 @@ class Transport : public ::testing::Test {
     {
         auto frames = serialize(ctx(), const_cast<gser_msg_t *>(msg));
         gser_ucx_request_t *sr = nullptr, *rr = nullptr;
-        EXPECT_EQ(gser_ucx_ep_send_nb(pair_.cep.get(), gser_frames_array(frames.get()),
-                                      gser_frames_count(frames.get()), nullptr, &sr),
+        EXPECT_EQ(gser_ucx_ep_send_nb(pair_.cep.get(), gser_frames_get_array(frames.get()),
+                                      gser_frames_get_count(frames.get()), nullptr, &sr),
                   GSER_OK)
-            << gser_ucx_last_error();
-        EXPECT_EQ(gser_ucx_ep_recv_nb(pair_.sep.get(), nullptr, &rr), GSER_OK) << gser_ucx_last_error();
+            << gser_ucx_get_last_error();
+        EXPECT_EQ(gser_ucx_ep_recv_nb(pair_.sep.get(), nullptr, &rr), GSER_OK) << gser_ucx_get_last_error();
         ReqPtr s(sr), r(rr);
-        EXPECT_EQ(drive({pair_.client.get(), pair_.server.get()}, sr), GSER_OK) << gser_ucx_last_error();
-        EXPECT_EQ(drive({pair_.client.get(), pair_.server.get()}, rr), GSER_OK) << gser_ucx_last_error();
+        EXPECT_EQ(drive({pair_.client.get(), pair_.server.get()}, sr), GSER_OK) << gser_ucx_get_last_error();
+        EXPECT_EQ(drive({pair_.client.get(), pair_.server.get()}, rr), GSER_OK) << gser_ucx_get_last_error();
         gser_msg_t *m = nullptr;
-        EXPECT_EQ(gser_ucx_request_deserialize(rr, ctx(), nullptr, &m), GSER_OK) << gser_ucx_last_error();
+        EXPECT_EQ(gser_ucx_request_deserialize(rr, ctx(), nullptr, &m), GSER_OK) << gser_ucx_get_last_error();
         return MsgPtr(m);
     }
 
@@ -47,14 +47,14 @@ class Transport : public ::testing::Test {
 
 TEST_F(Transport, HandshakeReportsVersionsAndCaps)
 {
-    gser_ucx_peer_info_t pi{};
-    UCX_OK(gser_ucx_ep_peer_info(pair_.cep.get(), &pi));
+    gser_ucx_peer_info_t pi = GSER_UCX_PEER_INFO_INIT;
+    UCX_OK(gser_ucx_ep_get_peer_info(pair_.cep.get(), &pi));
     EXPECT_EQ(pi.wire_version, (uint32_t)GSER_UCX_WIRE_VERSION);
     EXPECT_EQ(pi.gser_wire_version, (uint32_t)GSER_WIRE_VERSION);
-    EXPECT_EQ(pi.caps, gser_ucx_context_caps(pair_.ctx.get()));
-    UCX_OK(gser_ucx_ep_peer_info(pair_.sep.get(), &pi));
+    EXPECT_EQ(pi.caps, gser_ucx_context_get_caps(pair_.ctx.get()));
+    UCX_OK(gser_ucx_ep_get_peer_info(pair_.sep.get(), &pi));
     EXPECT_EQ(pi.wire_version, (uint32_t)GSER_UCX_WIRE_VERSION);
-    EXPECT_EQ(gser_ucx_ep_worker(pair_.cep.get()), pair_.client.get());
+    EXPECT_EQ(gser_ucx_ep_get_worker(pair_.cep.get()), pair_.client.get());
 }
 
 TEST_F(Transport, EmptyMessage)
@@ -68,7 +68,7 @@ TEST_F(Transport, EmptyMessage)
     }
     auto got = round_trip(nil_msg.get());
     ASSERT_TRUE(got);
-    EXPECT_EQ(gser_value_kind(gser_msg_root(got.get())), GSER_KIND_NIL);
+    EXPECT_EQ(gser_value_get_kind(gser_msg_get_root(got.get())), GSER_KIND_NIL);
     got = round_trip(m->msg.get());
     ASSERT_TRUE(got);
     EXPECT_TRUE(same_msg(got.get(), {}, 1));
@@ -103,8 +103,8 @@ TEST_F(Transport, RawFramesZeroAndOneByte)
     ReqPtr s(sr), r(rr);
     UCX_OK(drive({pair_.client.get(), pair_.server.get()}, sr));
     UCX_OK(drive({pair_.client.get(), pair_.server.get()}, rr));
-    EXPECT_EQ(gser_ucx_request_ep(rr), pair_.sep.get());
-    gser_ucx_recv_t got{};
+    EXPECT_EQ(gser_ucx_request_get_ep(rr), pair_.sep.get());
+    gser_ucx_recv_t got = GSER_UCX_RECV_INIT;
     UCX_OK(gser_ucx_request_take(rr, &got));
     ASSERT_EQ(got.nframes, 5u);
     EXPECT_EQ(got.ep, pair_.sep.get());
@@ -121,7 +121,7 @@ TEST_F(Transport, RawFramesZeroAndOneByte)
     for (size_t i = 0; i < 5; i++)
         EXPECT_EQ(got.frames[i].memory, GSER_MEMORY_HOST);
     // A second take fails: the frames are the caller's now.
-    gser_ucx_recv_t again{};
+    gser_ucx_recv_t again = GSER_UCX_RECV_INIT;
     EXPECT_EQ(gser_ucx_request_take(rr, &again), GSER_ERR_STATE);
     gser_ucx_recv_finish(&got, false);
     EXPECT_EQ(got.frames, nullptr);
@@ -144,7 +144,7 @@ TEST_F(Transport, Frame256MiB)
     ReqPtr s(sr), r(rr);
     UCX_OK(drive({pair_.client.get(), pair_.server.get()}, rr, 60000));
     UCX_OK(drive({pair_.client.get(), pair_.server.get()}, sr));
-    gser_ucx_recv_t got{};
+    gser_ucx_recv_t got = GSER_UCX_RECV_INIT;
     UCX_OK(gser_ucx_request_take(rr, &got));
     ASSERT_EQ(got.nframes, 2u);
     ASSERT_EQ(got.frames[1].size, n);
@@ -166,10 +166,10 @@ TEST_F(Transport, HundredThousandSmallMessages)
     while (ok && received < total && std::chrono::steady_clock::now() < end) {
         // Reap completed sends, start new ones while the window allows.
         for (int k = 0; k < window && sent < total; k++) {
-            if (sends[k] && gser_ucx_request_test(sends[k]) == GSER_INPROGRESS)
+            if (sends[k] && gser_ucx_request_query(sends[k]) == GSER_INPROGRESS)
                 continue;
             if (sends[k]) {
-                ASSERT_EQ(gser_ucx_request_test(sends[k]), GSER_OK) << gser_ucx_last_error();
+                ASSERT_EQ(gser_ucx_request_query(sends[k]), GSER_OK) << gser_ucx_get_last_error();
                 gser_ucx_request_free(sends[k]);
                 sends[k] = nullptr;
                 send_done++;
@@ -185,7 +185,7 @@ TEST_F(Transport, HundredThousandSmallMessages)
             gser_frames_t *fr;
             ASSERT_EQ(gser_serialize(ctx(), m, nullptr, &fr), GSER_OK);
             live[k].reset(fr); // the header frame lives until the send completes
-            UCX_OK(gser_ucx_ep_send_nb(pair_.cep.get(), gser_frames_array(fr), gser_frames_count(fr), nullptr,
+            UCX_OK(gser_ucx_ep_send_nb(pair_.cep.get(), gser_frames_get_array(fr), gser_frames_get_count(fr), nullptr,
                                        &sends[k]));
             sent++;
         }
@@ -193,13 +193,13 @@ TEST_F(Transport, HundredThousandSmallMessages)
         gser_ucx_worker_progress(pair_.server.get());
         if (!recv)
             UCX_OK(gser_ucx_ep_recv_nb(pair_.sep.get(), nullptr, &recv));
-        while (recv && gser_ucx_request_test(recv) != GSER_INPROGRESS) {
+        while (recv && gser_ucx_request_query(recv) != GSER_INPROGRESS) {
             gser_msg_t *m = nullptr;
             UCX_OK(gser_ucx_request_deserialize(recv, ctx(), nullptr, &m));
             MsgPtr mp(m);
             gser_value_t *v;
             int64_t i = -1;
-            ASSERT_EQ(gser_map_find_cstr(gser_msg_root(m), "i", &v), GSER_OK);
+            ASSERT_EQ(gser_map_find_cstr(gser_msg_get_root(m), "i", &v), GSER_OK);
             ASSERT_EQ(gser_value_get_int(v, &i), GSER_OK);
             if (i != received) {
                 ADD_FAILURE() << "message " << i << " arrived where " << received << " was due";
@@ -242,8 +242,8 @@ TEST_F(Transport, InterleavedEndpoints)
             msgs.push_back(std::make_unique<TestMsg>(ctx(), sizes, (unsigned)(e * 1000 + k)));
             frames.push_back(serialize(ctx(), msgs.back()->msg.get()));
             gser_ucx_request_t *r;
-            UCX_OK(gser_ucx_ep_send_nb(ceps[e].get(), gser_frames_array(frames.back().get()),
-                                       gser_frames_count(frames.back().get()), nullptr, &r));
+            UCX_OK(gser_ucx_ep_send_nb(ceps[e].get(), gser_frames_get_array(frames.back().get()),
+                                       gser_frames_get_count(frames.back().get()), nullptr, &r));
             sends.emplace_back(r);
         }
     }
@@ -254,7 +254,7 @@ TEST_F(Transport, InterleavedEndpoints)
         UCX_OK(gser_ucx_worker_recv_nb(pair_.server.get(), nullptr, &rr));
         ReqPtr r(rr);
         UCX_OK(drive({pair_.client.get(), pair_.server.get()}, rr));
-        gser_ucx_ep_t *from = gser_ucx_request_ep(rr);
+        gser_ucx_ep_t *from = gser_ucx_request_get_ep(rr);
         int e = (int)(std::find_if(seps.begin(), seps.end(), [&](const EpPtr &p) { return p.get() == from; }) -
                       seps.begin());
         ASSERT_LT(e, neps) << "message from an unknown endpoint";
@@ -302,18 +302,18 @@ TEST_F(Transport, CallbacksAndPostedReceives)
         c->recvs++;
         c->done.push_back(req);
     };
-    gser_ucx_op_params_t rp{recv_cb, &counts};
+    gser_ucx_op_params_t rp{sizeof rp, recv_cb, &counts};
     std::vector<gser_ucx_request_t *> recvs(10);
     for (auto &r : recvs)
         UCX_OK(gser_ucx_ep_recv_nb(pair_.sep.get(), &rp, &r));
     std::vector<std::unique_ptr<TestMsg>> msgs;
     std::vector<FramesPtr> frames;
-    gser_ucx_op_params_t sp{send_cb, &counts};
+    gser_ucx_op_params_t sp{sizeof sp, send_cb, &counts};
     for (unsigned i = 0; i < 10; i++) {
         msgs.push_back(std::make_unique<TestMsg>(ctx(), std::vector<size_t>{100 * i, 20000}, i));
         frames.push_back(serialize(ctx(), msgs.back()->msg.get()));
-        UCX_OK(gser_ucx_ep_send_nb(pair_.cep.get(), gser_frames_array(frames.back().get()),
-                                   gser_frames_count(frames.back().get()), &sp, nullptr));
+        UCX_OK(gser_ucx_ep_send_nb(pair_.cep.get(), gser_frames_get_array(frames.back().get()),
+                                   gser_frames_get_count(frames.back().get()), &sp, nullptr));
     }
     EXPECT_EQ(counts.sends, 0); // callbacks never run inside the starting call
     ASSERT_TRUE(drive_until({pair_.client.get(), pair_.server.get()},
@@ -333,7 +333,7 @@ TEST_F(Transport, CallbacksAndPostedReceives)
 TEST_F(Transport, EventFdLoop)
 {
     int sfd = -1;
-    UCX_OK(gser_ucx_worker_efd(pair_.server.get(), &sfd));
+    UCX_OK(gser_ucx_worker_get_efd(pair_.server.get(), &sfd));
     ASSERT_GE(sfd, 0);
     gser_ucx_request_t *rr;
     UCX_OK(gser_ucx_ep_recv_nb(pair_.sep.get(), nullptr, &rr));
@@ -342,14 +342,14 @@ TEST_F(Transport, EventFdLoop)
     gser_status_t st;
     while ((st = gser_ucx_worker_arm(pair_.server.get())) == GSER_INPROGRESS)
         gser_ucx_worker_progress(pair_.server.get());
-    ASSERT_EQ(st, GSER_OK) << gser_ucx_last_error();
+    ASSERT_EQ(st, GSER_OK) << gser_ucx_get_last_error();
     pollfd p{sfd, POLLIN, 0};
     EXPECT_EQ(poll(&p, 1, 50), 0);
 
     TestMsg m(ctx(), {10, 100000}, 3);
     auto frames = serialize(ctx(), m.msg.get());
     gser_ucx_request_t *sr;
-    UCX_OK(gser_ucx_ep_send_nb(pair_.cep.get(), gser_frames_array(frames.get()), gser_frames_count(frames.get()),
+    UCX_OK(gser_ucx_ep_send_nb(pair_.cep.get(), gser_frames_get_array(frames.get()), gser_frames_get_count(frames.get()),
                                nullptr, &sr));
     ReqPtr s(sr);
     // The client is driven by a thread; the server sleeps on its fd.
@@ -360,7 +360,7 @@ TEST_F(Transport, EventFdLoop)
     });
     auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(kWaitMs);
     int wakeups = 0;
-    while (gser_ucx_request_test(rr) == GSER_INPROGRESS && std::chrono::steady_clock::now() < end) {
+    while (gser_ucx_request_query(rr) == GSER_INPROGRESS && std::chrono::steady_clock::now() < end) {
         if (gser_ucx_worker_progress(pair_.server.get()))
             continue;
         if (gser_ucx_worker_arm(pair_.server.get()) == GSER_OK && poll(&p, 1, 100) > 0)
@@ -368,7 +368,7 @@ TEST_F(Transport, EventFdLoop)
     }
     stop = true;
     t.join();
-    UCX_OK(gser_ucx_request_test(rr));
+    UCX_OK(gser_ucx_request_query(rr));
     EXPECT_GT(wakeups, 0);
     gser_msg_t *got;
     UCX_OK(gser_ucx_request_deserialize(rr, ctx(), nullptr, &got));
@@ -388,7 +388,7 @@ TEST_F(Transport, BlockingCallsAndTimeouts)
     EXPECT_LT(ms, 5000);
     EXPECT_EQ(got, nullptr);
     // A receive that timed out before anything arrived leaves the endpoint usable.
-    UCX_OK(gser_ucx_ep_status(pair_.sep.get()));
+    UCX_OK(gser_ucx_ep_get_status(pair_.sep.get()));
     // Waiting for any event returns within its bound (UCX may have some of its own).
     gser_status_t st = gser_ucx_worker_wait(pair_.server.get(), 30);
     EXPECT_TRUE(st == GSER_OK || st == GSER_ERR_TIMEOUT) << gser_status_str(st);
@@ -416,7 +416,7 @@ TEST_F(Transport, CancelReceiveBeforeItStarts)
     UCX_OK(gser_ucx_ep_recv_nb(pair_.sep.get(), nullptr, &rr));
     gser_ucx_worker_progress(pair_.server.get());
     UCX_OK(gser_ucx_request_cancel(rr));
-    EXPECT_EQ(gser_ucx_request_test(rr), GSER_ERR_CANCELED);
+    EXPECT_EQ(gser_ucx_request_query(rr), GSER_ERR_CANCELED);
     gser_ucx_request_free(rr);
     // Free of a running receive cancels it too.
     UCX_OK(gser_ucx_worker_recv_nb(pair_.server.get(), nullptr, &rr));
@@ -462,10 +462,10 @@ TEST_F(Transport, CloseWithTrafficInFlight)
     UCX_OK(gser_ucx_ep_close(pair_.cep.get()));
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_LT(ms, 3000);
-    EXPECT_EQ(gser_ucx_ep_status(pair_.cep.get()), GSER_ERR_CANCELED);
+    EXPECT_EQ(gser_ucx_ep_get_status(pair_.cep.get()), GSER_ERR_CANCELED);
     int canceled = 0;
     for (auto *r : reqs) {
-        gser_status_t st = gser_ucx_request_test(r);
+        gser_status_t st = gser_ucx_request_query(r);
         EXPECT_NE(st, GSER_INPROGRESS);
         canceled += st == GSER_ERR_CANCELED;
         gser_ucx_request_free(r);
@@ -479,8 +479,8 @@ TEST_F(Transport, CloseWithTrafficInFlight)
     // The server's receive either got the first message whole or fails.
     gser_status_t st = drive({pair_.server.get(), pair_.client.get()}, srr);
     EXPECT_TRUE(st == GSER_OK || st == GSER_ERR_CONNECTION) << gser_status_str(st);
-    ASSERT_TRUE(drive_until({pair_.server.get()}, [&] { return gser_ucx_ep_status(pair_.sep.get()) != GSER_OK; }));
-    EXPECT_EQ(gser_ucx_ep_status(pair_.sep.get()), GSER_ERR_CONNECTION);
+    ASSERT_TRUE(drive_until({pair_.server.get()}, [&] { return gser_ucx_ep_get_status(pair_.sep.get()) != GSER_OK; }));
+    EXPECT_EQ(gser_ucx_ep_get_status(pair_.sep.get()), GSER_ERR_CONNECTION);
 }
 
 // Messages that fully arrived before the peer hung up are still delivered.
@@ -489,7 +489,7 @@ TEST_F(Transport, MessagesBeforeDisconnectAreDelivered)
     TestMsg m(ctx(), {100, 2000}, 21);
     auto frames = serialize(ctx(), m.msg.get());
     for (int i = 0; i < 3; i++)
-        UCX_OK(gser_ucx_ep_send(pair_.cep.get(), gser_frames_array(frames.get()), gser_frames_count(frames.get()),
+        UCX_OK(gser_ucx_ep_send(pair_.cep.get(), gser_frames_get_array(frames.get()), gser_frames_get_count(frames.get()),
                                 kWaitMs));
     // A graceful destroy flushes (the peer takes part: a thread drives it),
     // then hangs up.
@@ -508,7 +508,7 @@ TEST_F(Transport, MessagesBeforeDisconnectAreDelivered)
         EXPECT_LT(ms, 1500);
     }
     ASSERT_TRUE(drive_until({pair_.server.get(), pair_.client.get()},
-                            [&] { return gser_ucx_ep_status(pair_.sep.get()) != GSER_OK; }));
+                            [&] { return gser_ucx_ep_get_status(pair_.sep.get()) != GSER_OK; }));
     for (int i = 0; i < 3; i++) {
         gser_msg_t *got = nullptr;
         UCX_OK(gser_ucx_ep_recv_msg(pair_.sep.get(), ctx(), nullptr, kWaitMs, &got));
@@ -532,12 +532,12 @@ TEST_F(Transport, MalformedHeaderClosesEndpoint)
     UCX_OK(gser_ucx_ep_send(pair_.cep.get(), &f, 1, kWaitMs));
     gser_msg_t *got = nullptr;
     gser_status_t st = gser_ucx_ep_recv_msg(pair_.sep.get(), ctx(), nullptr, kWaitMs, &got);
-    EXPECT_EQ(st, GSER_ERR_BAD_MAGIC) << gser_ucx_last_error();
-    EXPECT_NE(std::string(gser_ucx_last_error()).find("closed"), std::string::npos) << gser_ucx_last_error();
-    EXPECT_EQ(gser_ucx_ep_status(pair_.sep.get()), GSER_ERR_BAD_MAGIC);
+    EXPECT_EQ(st, GSER_ERR_BAD_MAGIC) << gser_ucx_get_last_error();
+    EXPECT_NE(std::string(gser_ucx_get_last_error()).find("closed"), std::string::npos) << gser_ucx_get_last_error();
+    EXPECT_EQ(gser_ucx_ep_get_status(pair_.sep.get()), GSER_ERR_BAD_MAGIC);
     ASSERT_TRUE(drive_until({pair_.client.get(), pair_.server.get()},
-                            [&] { return gser_ucx_ep_status(pair_.cep.get()) != GSER_OK; }));
-    EXPECT_EQ(gser_ucx_ep_status(pair_.cep.get()), GSER_ERR_CONNECTION);
+                            [&] { return gser_ucx_ep_get_status(pair_.cep.get()) != GSER_OK; }));
+    EXPECT_EQ(gser_ucx_ep_get_status(pair_.cep.get()), GSER_ERR_CONNECTION);
     // A new connection works.
     EpPtr c2, s2;
     ASSERT_NO_FATAL_FAILURE(pair_.connect(&c2, &s2));
@@ -554,16 +554,16 @@ TEST(TransportSetup, ConnectToNobodyFailsInBoundedTime)
     auto w = make_worker(uctx.get());
     // Find a port nobody listens on: listen, note it, stop listening.
     gser_ucx_listener_t *l;
-    gser_ucx_listener_options_t lo{};
+    gser_ucx_listener_options_t lo = GSER_UCX_LISTENER_OPTIONS_INIT;
     lo.address = "127.0.0.1";
     UCX_OK(gser_ucx_listener_create(w.get(), &lo, &l));
-    uint16_t port = gser_ucx_listener_port(l);
+    uint16_t port = gser_ucx_listener_get_port(l);
     gser_ucx_listener_destroy(l);
     gser_ucx_ep_t *ep = nullptr;
     auto t0 = std::chrono::steady_clock::now();
     gser_status_t st = gser_ucx_ep_connect(w.get(), "127.0.0.1", port, 10000, &ep);
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
-    EXPECT_EQ(st, GSER_ERR_CONNECTION) << gser_status_str(st) << ": " << gser_ucx_last_error();
+    EXPECT_EQ(st, GSER_ERR_CONNECTION) << gser_status_str(st) << ": " << gser_ucx_get_last_error();
     EXPECT_EQ(ep, nullptr);
     EXPECT_LT(ms, 10000);
     EXPECT_EQ(gser_ucx_ep_connect(w.get(), "no-such-host.invalid", 1, 1000, &ep), GSER_ERR_INVALID_ARG);
@@ -573,15 +573,14 @@ TEST(TransportSetup, VersionMismatchIsAnErrorOnBothSides)
 {
     auto uctx = make_ucx_ctx();
     auto server = make_worker(uctx.get());
-    gser_ucx_worker_options_t old{};
-    old.announce_version = 99;
-    auto client = make_worker(uctx.get(), &old);
-    gser_ucx_listener_options_t lo{};
+    auto client = make_worker(uctx.get());
+    UCX_OK(gser_ucx_worker_set_announce_version(client.get(), 99));
+    gser_ucx_listener_options_t lo = GSER_UCX_LISTENER_OPTIONS_INIT;
     lo.address = "127.0.0.1";
     gser_ucx_listener_t *l;
     UCX_OK(gser_ucx_listener_create(server.get(), &lo, &l));
     ListenerPtr lp(l);
-    uint16_t port = gser_ucx_listener_port(l);
+    uint16_t port = gser_ucx_listener_get_port(l);
 
     gser_ucx_ep_t *cep;
     UCX_OK(gser_ucx_ep_connect_nb(client.get(), "127.0.0.1", port, &cep));
@@ -591,9 +590,9 @@ TEST(TransportSetup, VersionMismatchIsAnErrorOnBothSides)
     ASSERT_TRUE(drive_until({server.get(), client.get()}, [&] {
         if (accept_st == GSER_ERR_TIMEOUT)
             accept_st = gser_ucx_listener_accept(l, 0, &sep);
-        return accept_st != GSER_ERR_TIMEOUT && gser_ucx_ep_status(cep) != GSER_INPROGRESS;
+        return accept_st != GSER_ERR_TIMEOUT && gser_ucx_ep_get_status(cep) != GSER_INPROGRESS;
     }));
-    EXPECT_EQ(gser_ucx_ep_status(cep), GSER_ERR_WIRE_VERSION);
+    EXPECT_EQ(gser_ucx_ep_get_status(cep), GSER_ERR_WIRE_VERSION);
     EXPECT_EQ(accept_st, GSER_ERR_WIRE_VERSION);
     EXPECT_EQ(sep, nullptr);
     cp.reset();
@@ -610,7 +609,7 @@ TEST(TransportSetup, VersionMismatchIsAnErrorOnBothSides)
     EXPECT_EQ(gser_ucx_ep_connect(client.get(), "127.0.0.1", port, kWaitMs, &ep2), GSER_ERR_WIRE_VERSION);
     stop = true;
     t.join();
-    EXPECT_NE(std::string(gser_ucx_last_error()).find("99"), std::string::npos) << gser_ucx_last_error();
+    EXPECT_NE(std::string(gser_ucx_get_last_error()).find("99"), std::string::npos) << gser_ucx_get_last_error();
 
     // The listener keeps serving peers that speak its version.
     auto good = make_worker(uctx.get());
@@ -620,10 +619,10 @@ TEST(TransportSetup, VersionMismatchIsAnErrorOnBothSides)
     ASSERT_TRUE(drive_until({server.get(), good.get()}, [&] {
         if (!gsep)
             gser_ucx_listener_accept(l, 0, &gsep);
-        return gsep && gser_ucx_ep_status(gep) != GSER_INPROGRESS;
+        return gsep && gser_ucx_ep_get_status(gep) != GSER_INPROGRESS;
     }));
     EpPtr gsp(gsep);
-    UCX_OK(gser_ucx_ep_status(gep));
+    UCX_OK(gser_ucx_ep_get_status(gep));
 }
 
 // Send a message of frames of these sizes from c to s over p: the status of
@@ -634,7 +633,7 @@ static gser_status_t send_one(Pair &p, gser_ucx_ep_t *c, gser_ucx_ep_t *s, gser_
     TestMsg m(gctx, sizes, 1);
     auto frames = serialize(gctx, m.msg.get());
     gser_ucx_request_t *sr = nullptr, *rr = nullptr;
-    EXPECT_EQ(gser_ucx_ep_send_nb(c, gser_frames_array(frames.get()), gser_frames_count(frames.get()), nullptr, &sr),
+    EXPECT_EQ(gser_ucx_ep_send_nb(c, gser_frames_get_array(frames.get()), gser_frames_get_count(frames.get()), nullptr, &sr),
               GSER_OK);
     ReqPtr sp(sr);
     EXPECT_EQ(gser_ucx_ep_recv_nb(s, nullptr, &rr), GSER_OK);
@@ -651,9 +650,11 @@ static gser_status_t send_one(Pair &p, gser_ucx_ep_t *c, gser_ucx_ep_t *s, gser_
 TEST(TransportSetup, MessageOverLimitsIsRejected)
 {
     auto gctx = make_ctx();
-    gser_ucx_worker_options_t so{};
-    so.limits.max_frames = 2;
-    so.limits.max_bytes = 1 << 20;
+    gser_ucx_worker_options_t so = GSER_UCX_WORKER_OPTIONS_INIT;
+    gser_limits_t lims = GSER_LIMITS_INIT;
+    lims.max_frames = 2;
+    lims.max_bytes = 1 << 20;
+    so.limits = &lims;
     Pair p;
     ASSERT_NO_FATAL_FAILURE(p.open(&so, nullptr));
     for (int which = 0; which < 2; which++) {
@@ -669,12 +670,12 @@ TEST(TransportSetup, MessageOverLimitsIsRejected)
                                                : std::vector<size_t>{(size_t)2 << 20};
         gser_status_t sst;
         gser_status_t st = send_one(p, c.get(), s.get(), gctx.get(), sizes, &sst);
-        EXPECT_EQ(st, which == 0 ? GSER_ERR_LIMIT_FRAMES : GSER_ERR_LIMIT_BYTES) << gser_ucx_last_error();
-        EXPECT_EQ(gser_ucx_ep_status(s.get()), st);
+        EXPECT_EQ(st, which == 0 ? GSER_ERR_LIMIT_FRAMES : GSER_ERR_LIMIT_BYTES) << gser_ucx_get_last_error();
+        EXPECT_EQ(gser_ucx_ep_get_status(s.get()), st);
         // The sender learns that the connection is gone.
         EXPECT_TRUE(sst == GSER_OK || sst == GSER_ERR_CONNECTION) << gser_status_str(sst);
         ASSERT_TRUE(drive_until({p.server.get(), p.client.get()},
-                                [&] { return gser_ucx_ep_status(c.get()) != GSER_OK; }));
+                                [&] { return gser_ucx_ep_get_status(c.get()) != GSER_OK; }));
     }
     // Within the limits, it works.
     EpPtr c, s;
@@ -694,11 +695,13 @@ TEST(TransportSetup, MessageOverLimitsIsRejected)
 // context would refuse is refused at the transport, before allocation.
 TEST(TransportSetup, UnsetLimitsFollowTheGserContext)
 {
-    gser_context_options_t co{};
-    co.limits.max_frames = 2;
+    gser_context_options_t co = GSER_CONTEXT_OPTIONS_INIT;
+    gser_limits_t clim = GSER_LIMITS_INIT;
+    clim.max_frames = 2;
+    co.limits = &clim;
     co.device_backend = "none";
     auto lctx = make_ctx(&co);
-    gser_limits_t lim{};
+    gser_limits_t lim = GSER_LIMITS_INIT;
     ASSERT_EQ(gser_context_get_limits(lctx.get(), &lim), GSER_OK);
     EXPECT_EQ(lim.max_frames, 2u);
     EXPECT_EQ(lim.max_depth, (size_t)GSER_DEPTH_MAX) << "defaults are filled in";
@@ -707,7 +710,7 @@ TEST(TransportSetup, UnsetLimitsFollowTheGserContext)
     EXPECT_EQ(gser_context_get_limits(lctx.get(), nullptr), GSER_ERR_INVALID_ARG);
 
     auto gctx = make_ctx();
-    gser_ucx_worker_options_t so{};
+    gser_ucx_worker_options_t so = GSER_UCX_WORKER_OPTIONS_INIT;
     so.gser_ctx = lctx.get();
     Pair p;
     ASSERT_NO_FATAL_FAILURE(p.open(&so, nullptr));
@@ -716,7 +719,7 @@ TEST(TransportSetup, UnsetLimitsFollowTheGserContext)
         ASSERT_NO_FATAL_FAILURE(p.connect(&c, &s));
         gser_status_t sst;
         gser_status_t st = send_one(p, c.get(), s.get(), gctx.get(), std::vector<size_t>(nframes, 1000), &sst);
-        EXPECT_EQ(st, nframes == 2 ? GSER_OK : GSER_ERR_LIMIT_FRAMES) << nframes << ": " << gser_ucx_last_error();
+        EXPECT_EQ(st, nframes == 2 ? GSER_OK : GSER_ERR_LIMIT_FRAMES) << nframes << ": " << gser_ucx_get_last_error();
         EXPECT_TRUE(sst == GSER_OK || sst == GSER_ERR_CONNECTION) << gser_status_str(sst);
     }
     p.close();
@@ -729,8 +732,8 @@ TEST(TransportSetup, ReceiveCacheReusesBuffersAndGrowsToTheLargestMessage)
     const size_t MiB = (size_t)1 << 20;
     auto gctx = make_ctx();
     auto stats = [](gser_ucx_worker_t *w) {
-        gser_ucx_cache_stats_t s{};
-        EXPECT_EQ(gser_ucx_worker_cache_stats(w, &s), GSER_OK);
+        gser_ucx_cache_stats_t s = GSER_UCX_CACHE_STATS_INIT;
+        EXPECT_EQ(gser_ucx_worker_get_cache_stats(w, &s), GSER_OK);
         return s;
     };
     // Send sizes from the client, receive and release them on the server.
@@ -738,7 +741,7 @@ TEST(TransportSetup, ReceiveCacheReusesBuffersAndGrowsToTheLargestMessage)
         TestMsg m(gctx.get(), sizes, seed);
         auto frames = serialize(gctx.get(), m.msg.get());
         gser_ucx_request_t *sr = nullptr, *rr = nullptr;
-        UCX_OK(gser_ucx_ep_send_nb(p.cep.get(), gser_frames_array(frames.get()), gser_frames_count(frames.get()),
+        UCX_OK(gser_ucx_ep_send_nb(p.cep.get(), gser_frames_get_array(frames.get()), gser_frames_get_count(frames.get()),
                                    nullptr, &sr));
         UCX_OK(gser_ucx_ep_recv_nb(p.sep.get(), nullptr, &rr));
         ReqPtr sp(sr), rp(rr);
@@ -751,7 +754,7 @@ TEST(TransportSetup, ReceiveCacheReusesBuffersAndGrowsToTheLargestMessage)
     };
     const std::vector<size_t> four = {MiB, MiB, MiB, MiB};
     {
-        gser_ucx_worker_options_t so{};
+        gser_ucx_worker_options_t so = GSER_UCX_WORKER_OPTIONS_INIT;
         so.recv_cache_bytes = MiB;
         so.recv_cache_max_bytes = 16 * MiB;
         Pair p;
@@ -775,7 +778,7 @@ TEST(TransportSetup, ReceiveCacheReusesBuffersAndGrowsToTheLargestMessage)
     }
     {
         // A fixed limit: one of the four buffers is kept.
-        gser_ucx_worker_options_t so{};
+        gser_ucx_worker_options_t so = GSER_UCX_WORKER_OPTIONS_INIT;
         so.recv_cache_bytes = MiB;
         so.recv_cache_max_bytes = MiB;
         Pair p;
@@ -791,7 +794,7 @@ TEST(TransportSetup, ReceiveCacheReusesBuffersAndGrowsToTheLargestMessage)
     }
     {
         // 1: no cache at all.
-        gser_ucx_worker_options_t so{};
+        gser_ucx_worker_options_t so = GSER_UCX_WORKER_OPTIONS_INIT;
         so.recv_cache_bytes = 1;
         Pair p;
         ASSERT_NO_FATAL_FAILURE(p.open(&so, nullptr));
@@ -802,8 +805,8 @@ TEST(TransportSetup, ReceiveCacheReusesBuffersAndGrowsToTheLargestMessage)
         EXPECT_EQ(s.cached_bytes, 0u);
         p.close();
     }
-    gser_ucx_cache_stats_t s{};
-    EXPECT_EQ(gser_ucx_worker_cache_stats(nullptr, &s), GSER_ERR_INVALID_ARG);
+    gser_ucx_cache_stats_t s = GSER_UCX_CACHE_STATS_INIT;
+    EXPECT_EQ(gser_ucx_worker_get_cache_stats(nullptr, &s), GSER_ERR_INVALID_ARG);
 }
 
 // An accept callback instead of the queue.
@@ -813,7 +816,7 @@ TEST(TransportSetup, AcceptCallback)
     auto server = make_worker(uctx.get());
     auto client = make_worker(uctx.get());
     std::vector<gser_ucx_ep_t *> accepted;
-    gser_ucx_listener_options_t lo{};
+    gser_ucx_listener_options_t lo = GSER_UCX_LISTENER_OPTIONS_INIT;
     lo.address = "127.0.0.1";
     lo.accept_cb = [](gser_ucx_listener_t *, gser_ucx_ep_t *ep, gser_status_t st, void *ud) {
         EXPECT_EQ(st, GSER_OK);
@@ -826,7 +829,7 @@ TEST(TransportSetup, AcceptCallback)
     std::vector<EpPtr> clients;
     for (int i = 0; i < 3; i++) {
         gser_ucx_ep_t *c;
-        UCX_OK(gser_ucx_ep_connect_nb(client.get(), "127.0.0.1", gser_ucx_listener_port(l), &c));
+        UCX_OK(gser_ucx_ep_connect_nb(client.get(), "127.0.0.1", gser_ucx_listener_get_port(l), &c));
         clients.emplace_back(c);
     }
     ASSERT_TRUE(drive_until({server.get(), client.get()}, [&] { return accepted.size() == 3; }));
@@ -838,7 +841,7 @@ TEST(TransportSetup, AcceptCallback)
 TEST(TransportSetup, MultiThreadedWorker)
 {
     auto gctx = make_ctx();
-    gser_ucx_worker_options_t mt{};
+    gser_ucx_worker_options_t mt = GSER_UCX_WORKER_OPTIONS_INIT;
     mt.thread_mode = GSER_UCX_THREAD_MULTI;
     Pair p;
     ASSERT_NO_FATAL_FAILURE(p.open(&mt, &mt));
@@ -858,7 +861,7 @@ TEST(TransportSetup, MultiThreadedWorker)
     for (int i = 0; i < n; i++) {
         gser_msg_t *got = nullptr;
         gser_status_t st = gser_ucx_ep_recv_msg(p.sep.get(), gctx.get(), nullptr, kWaitMs, &got);
-        ASSERT_EQ(st, GSER_OK) << gser_ucx_last_error();
+        ASSERT_EQ(st, GSER_OK) << gser_ucx_get_last_error();
         MsgPtr gp(got);
         EXPECT_TRUE(same_msg(got, {(size_t)(i * 37 % 20000)}, (unsigned)i));
     }
@@ -878,15 +881,15 @@ TEST(TransportSetup, NullArgumentsAndDestroyNull)
     gser_ucx_recv_finish(nullptr, false);
     EXPECT_EQ(gser_ucx_context_create(nullptr, nullptr), GSER_ERR_INVALID_ARG);
     EXPECT_EQ(gser_ucx_worker_progress(nullptr), 0u);
-    EXPECT_EQ(gser_ucx_request_test(nullptr), GSER_ERR_INVALID_ARG);
-    EXPECT_EQ(gser_ucx_ep_status(nullptr), GSER_ERR_INVALID_ARG);
+    EXPECT_EQ(gser_ucx_request_query(nullptr), GSER_ERR_INVALID_ARG);
+    EXPECT_EQ(gser_ucx_ep_get_status(nullptr), GSER_ERR_INVALID_ARG);
     auto uctx = make_ucx_ctx();
-    gser_ucx_worker_options_t bad{};
+    gser_ucx_worker_options_t bad = GSER_UCX_WORKER_OPTIONS_INIT;
     bad.staging_depth = 1;
     gser_ucx_worker_t *w = nullptr;
     EXPECT_EQ(gser_ucx_worker_create(uctx.get(), &bad, &w), GSER_ERR_INVALID_ARG);
     EXPECT_EQ(w, nullptr);
-    EXPECT_STRNE(gser_ucx_last_error(), "");
+    EXPECT_STRNE(gser_ucx_get_last_error(), "");
 }
 
 } // namespace

@@ -52,7 +52,7 @@ Built build(const std::vector<gser_frame_t> &frames, const gux_route_policy_t &p
     b.routes.resize(frames.size());
     size_t len = 0;
     EXPECT_EQ(gux_head_plan(frames.data(), frames.size(), &pol, b.routes.data(), &len), GSER_OK)
-        << gser_ucx_last_error();
+        << gser_ucx_get_last_error();
     b.head.resize(len);
     gux_head_write(frames.data(), frames.size(), b.routes.data(), seq, chunk, b.head.data(), len);
     return b;
@@ -94,7 +94,7 @@ TEST(Wire, HeadRoutesAndLayout)
                                  GUX_ROUTE_INLINE, GUX_ROUTE_TAG,    GUX_ROUTE_STAGED};
     EXPECT_EQ(b.routes, want);
     std::vector<gux_head_frame_t> t;
-    ASSERT_EQ(parse(b.head, &t), GSER_OK) << gser_ucx_last_error();
+    ASSERT_EQ(parse(b.head, &t), GSER_OK) << gser_ucx_get_last_error();
     ASSERT_EQ(t.size(), f.size());
     gux_head_info_t info{};
     ASSERT_EQ(gux_head_parse_fixed(b.head.data(), b.head.size(), 100, &info), GSER_OK);

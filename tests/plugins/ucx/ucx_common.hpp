@@ -26,7 +26,7 @@
 #define UCX_OK(expr)                                                                                        \
     do {                                                                                                    \
         gser_status_t st_ = (expr);                                                                         \
-        ASSERT_EQ(st_, GSER_OK) << #expr << " -> " << gser_status_str(st_) << ": " << gser_ucx_last_error(); \
+        ASSERT_EQ(st_, GSER_OK) << #expr << " -> " << gser_status_str(st_) << ": " << gser_ucx_get_last_error(); \
     } while (0)
 
 // Every wait in the tests is bounded by this (ms).
@@ -64,11 +64,11 @@ using ReqPtr = std::unique_ptr<gser_ucx_request_t, ReqDeleter>;
 
 inline UcxCtxPtr make_ucx_ctx(unsigned peer_timeout_ms = 0)
 {
-    gser_ucx_context_options_t o{};
+    gser_ucx_context_options_t o = GSER_UCX_CONTEXT_OPTIONS_INIT;
     o.peer_timeout_ms = peer_timeout_ms;
     gser_ucx_context_t *c = nullptr;
     gser_status_t st = gser_ucx_context_create(&o, &c);
-    EXPECT_EQ(st, GSER_OK) << gser_ucx_last_error();
+    EXPECT_EQ(st, GSER_OK) << gser_ucx_get_last_error();
     return UcxCtxPtr(c);
 }
 
@@ -76,7 +76,7 @@ inline WorkerPtr make_worker(gser_ucx_context_t *c, const gser_ucx_worker_option
 {
     gser_ucx_worker_t *w = nullptr;
     gser_status_t st = gser_ucx_worker_create(c, opts, &w);
-    EXPECT_EQ(st, GSER_OK) << gser_ucx_last_error();
+    EXPECT_EQ(st, GSER_OK) << gser_ucx_get_last_error();
     return WorkerPtr(w);
 }
 
@@ -85,13 +85,13 @@ inline gser_status_t drive(std::initializer_list<gser_ucx_worker_t *> ws, gser_u
                            int timeout_ms = kWaitMs)
 {
     auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    while (gser_ucx_request_test(req) == GSER_INPROGRESS) {
+    while (gser_ucx_request_query(req) == GSER_INPROGRESS) {
         for (auto *w : ws)
             gser_ucx_worker_progress(w);
         if (std::chrono::steady_clock::now() > end)
             return GSER_ERR_TIMEOUT;
     }
-    return gser_ucx_request_test(req);
+    return gser_ucx_request_query(req);
 }
 
 // Progress the workers until pred() (bounded). Returns whether it held.
@@ -120,7 +120,7 @@ struct Pair {
     void connect(EpPtr *client_ep, EpPtr *server_ep)
     {
         gser_ucx_ep_t *c = nullptr, *s = nullptr;
-        UCX_OK(gser_ucx_ep_connect_nb(client.get(), "127.0.0.1", gser_ucx_listener_port(listener.get()), &c));
+        UCX_OK(gser_ucx_ep_connect_nb(client.get(), "127.0.0.1", gser_ucx_listener_get_port(listener.get()), &c));
         client_ep->reset(c);
         gser_status_t st = GSER_ERR_TIMEOUT;
         ASSERT_TRUE(drive_until({server.get(), client.get()}, [&] {
@@ -129,12 +129,12 @@ struct Pair {
                 if (st != GSER_OK && st != GSER_ERR_TIMEOUT)
                     return true;
             }
-            return s && gser_ucx_ep_status(c) != GSER_INPROGRESS;
+            return s && gser_ucx_ep_get_status(c) != GSER_INPROGRESS;
         })) << "no connection";
-        ASSERT_TRUE(s) << gser_status_str(st) << ": " << gser_ucx_last_error();
+        ASSERT_TRUE(s) << gser_status_str(st) << ": " << gser_ucx_get_last_error();
         server_ep->reset(s);
-        UCX_OK(gser_ucx_ep_status(c));
-        UCX_OK(gser_ucx_ep_status(s));
+        UCX_OK(gser_ucx_ep_get_status(c));
+        UCX_OK(gser_ucx_ep_get_status(s));
     }
 
     void open(const gser_ucx_worker_options_t *sopts = nullptr, const gser_ucx_worker_options_t *copts = nullptr,
@@ -145,12 +145,12 @@ struct Pair {
         server = make_worker(ctx.get(), sopts);
         client = make_worker(ctx.get(), copts);
         ASSERT_TRUE(server && client);
-        gser_ucx_listener_options_t lo{};
+        gser_ucx_listener_options_t lo = GSER_UCX_LISTENER_OPTIONS_INIT;
         lo.address = "127.0.0.1";
         gser_ucx_listener_t *l = nullptr;
         UCX_OK(gser_ucx_listener_create(server.get(), &lo, &l));
         listener.reset(l);
-        ASSERT_NE(gser_ucx_listener_port(l), 0);
+        ASSERT_NE(gser_ucx_listener_get_port(l), 0);
         connect(&cep, &sep);
     }
 
@@ -185,7 +185,7 @@ struct TestMsg {
         for (size_t i = 0; i < sizes.size(); i++) {
             bufs[i].resize(sizes[i]);
             fill(bufs[i].data(), sizes[i], seed + (unsigned)i);
-            gser_buffer_desc_t d{};
+            gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
             d.data = bufs[i].data();
             d.nbytes = sizes[i];
             EXPECT_EQ(gser_msg_new_buffer(m, &d, &v), GSER_OK);
@@ -211,15 +211,15 @@ struct TestMsg {
 // Whether a received message equals what TestMsg(sizes, seed) built.
 inline ::testing::AssertionResult same_msg(gser_msg_t *got, const std::vector<size_t> &sizes, unsigned seed)
 {
-    gser_value_t *root = gser_msg_root(got), *v, *list;
+    gser_value_t *root = gser_msg_get_root(got), *v, *list;
     uint64_t s = 0;
     if (gser_map_find_cstr(root, "seed", &v) || gser_value_get_uint(v, &s) || s != seed)
         return ::testing::AssertionFailure() << "seed " << s << " != " << seed;
-    if (gser_map_find_cstr(root, "bufs", &list) || gser_value_len(list) != sizes.size())
+    if (gser_map_find_cstr(root, "bufs", &list) || gser_value_get_len(list) != sizes.size())
         return ::testing::AssertionFailure() << "wrong buffer count";
     std::vector<unsigned char> want;
     for (size_t i = 0; i < sizes.size(); i++) {
-        gser_buffer_desc_t d{};
+        gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
         if (gser_list_get(list, i, &v) || gser_value_get_buffer(v, &d))
             return ::testing::AssertionFailure() << "buffer " << i << " missing";
         if (d.nbytes != sizes[i])

@@ -1,0 +1,42 @@
+# gser_add_libraries(<name> <object library> <export name>): the shared
+# library <name>, the installed static library <name>_static, and
+# <name>_testing for white-box tests.
+#
+# Internal functions are hidden in the shared library by visibility; in a
+# static library visibility means nothing to the linker, so <name>_static is
+# one relocatable object (ld -r) in which every hidden symbol is made local
+# (objcopy --localize-hidden): an application linking libgser.a sees only the
+# public gser_* API, and cannot collide with, or bind to, gser's internals.
+# <name>_testing keeps them global for the tests that call them.
+function(gser_add_libraries name objlib export_name)
+  add_library(${name} SHARED $<TARGET_OBJECTS:${objlib}>)
+  set_target_properties(${name} PROPERTIES VERSION ${PROJECT_VERSION} SOVERSION ${GSER_SOVERSION}
+                                           EXPORT_NAME ${export_name})
+
+  set(obj ${CMAKE_CURRENT_BINARY_DIR}/${name}_static.o)
+  add_custom_command(OUTPUT ${obj}
+    COMMAND ${CMAKE_LINKER} -r -o ${obj} $<TARGET_OBJECTS:${objlib}>
+    COMMAND ${CMAKE_OBJCOPY} --localize-hidden ${obj}
+    DEPENDS $<TARGET_OBJECTS:${objlib}>
+    COMMAND_EXPAND_LISTS VERBATIM
+    COMMENT "gser: ${name}_static: one object, internal symbols local")
+  add_library(${name}_static STATIC ${obj})
+  set_target_properties(${name}_static PROPERTIES OUTPUT_NAME ${name} EXPORT_NAME ${export_name}_static
+                                                  LINKER_LANGUAGE C)
+
+  add_library(${name}_testing STATIC $<TARGET_OBJECTS:${objlib}>)
+
+  foreach(t ${name} ${name}_static ${name}_testing)
+    target_include_directories(${t} PUBLIC
+      $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include> $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
+  endforeach()
+endfunction()
+
+# gser_configure_pc(<template> <output>): a pkg-config file whose prefix is
+# found from the file's own place (${pcfiledir}), so that an installed tree
+# can be moved or installed under any prefix.
+function(gser_configure_pc template output)
+  file(RELATIVE_PATH GSER_PC_TO_PREFIX "/p/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/p")
+  set(GSER_PC_PREFIX "\${pcfiledir}/${GSER_PC_TO_PREFIX}")
+  configure_file(${template} ${output} @ONLY)
+endfunction()

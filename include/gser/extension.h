@@ -1,0 +1,141 @@
+/* gser — the extension API: hooks for libraries built on gser (its own
+ * plugins among them) and for tests. Not included by gser/gser.h.
+ *
+ * In the spirit of zstd's ZSTD_STATIC_LINKING_ONLY: what is here is exported
+ * and documented, but it is not part of the API an application needs, and it
+ * may change between minor versions while gser is 0.x.
+ */
+#ifndef GSER_EXTENSION_H
+#define GSER_EXTENSION_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "gser/gser.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** The most negative status (for tables indexed by status). */
+#define GSER_STATUS_LAST GSER_ERR_CANCELED
+
+/** One past the last dtype (for tables indexed by dtype). */
+#define GSER_DTYPE_COUNT (GSER_DTYPE_COMPLEX128 + 1)
+
+/** Set this thread's detailed error message for ctx (printf-style) and return
+ *  status, for libraries that report through the context's
+ *  gser_context_get_last_error. */
+GSER_API gser_status_t gser_context_fail(gser_context_t *ctx, gser_status_t status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/**
+ * Read a caller's versioned struct (see GSER_STRUCT_INIT) into dst, a struct
+ * of this build's layout of dst_size bytes: the fields the caller knows are
+ * copied, the rest are zeroed, and dst's size is set to dst_size.
+ * GSER_ERR_INVALID_ARG when the caller's size is smaller than the size field
+ * itself (0: not initialised with its GSER_*_INIT macro); GSER_ERR_UNSUPPORTED
+ * when the caller's struct is larger and sets a field this build does not
+ * know. For libraries that take versioned structs of their own.
+ */
+static inline gser_status_t gser_struct_read(void *dst, size_t dst_size, const void *src)
+{
+    size_t n;
+    memcpy(&n, src, sizeof n);
+    if (n < sizeof(size_t))
+        return GSER_ERR_INVALID_ARG;
+    if (n > dst_size) {
+        const unsigned char *tail = (const unsigned char *)src + dst_size;
+        for (size_t i = 0; i < n - dst_size; i++)
+            if (tail[i])
+                return GSER_ERR_UNSUPPORTED;
+        n = dst_size;
+    }
+    memset(dst, 0, dst_size);
+    memcpy(dst, src, n);
+    memcpy(dst, &dst_size, sizeof dst_size);
+    return GSER_OK;
+}
+
+/** gser_struct_read that also sets ctx's last error for this thread, naming
+ *  the call (what) and the struct type, when it fails. */
+GSER_API gser_status_t gser_context_struct_read(gser_context_t *ctx, const char *what, const char *type, void *dst,
+                                                size_t dst_size, const void *src);
+
+/**
+ * Write an output struct src (this build's layout, src_size bytes) to a
+ * caller's versioned struct dst: at most the caller's size is written, and
+ * dst's size field keeps the caller's value. GSER_ERR_INVALID_ARG, writing
+ * nothing, when the caller's size is smaller than the size field itself.
+ */
+static inline gser_status_t gser_struct_write(void *dst, const void *src, size_t src_size)
+{
+    size_t n;
+    memcpy(&n, dst, sizeof n);
+    if (n < sizeof(size_t))
+        return GSER_ERR_INVALID_ARG;
+    if (n > src_size)
+        memset((unsigned char *)dst + src_size, 0, n - src_size);
+    memcpy((unsigned char *)dst + sizeof n, (const unsigned char *)src + sizeof n,
+           (n < src_size ? n : src_size) - sizeof n);
+    return GSER_OK;
+}
+
+/* ---- small device ops on Arrow columns (plugins/arrow) ---------------------- */
+
+/**
+ * Rebase an offsets buffer so that it starts at 0: dst[i] = src[i] - src[0]
+ * for count offsets of width 4 (int32) or 8 (int64) bytes, queued on stream.
+ * src[0] is read on the device (no host round trip). Both buffers are device
+ * memory, aligned to width, and must not overlap. count 0 does nothing.
+ */
+GSER_API gser_status_t gser_device_rebase_offsets(gser_context_t *ctx, void *dst, const void *src, size_t count,
+                                                  size_t width, void *stream);
+
+/**
+ * Copy the bit range [src_bit_offset, src_bit_offset + nbits) of the bitmap
+ * src (least significant bit first, as Arrow orders them) to bits
+ * [0, nbits) of dst, queued on stream: (nbits + 7) / 8 bytes of dst are
+ * written, the bits past nbits in the last one as 0. No byte of src outside
+ * the range is read. Both are device memory and must not overlap.
+ */
+GSER_API gser_status_t gser_device_copy_bits(gser_context_t *ctx, void *dst, const void *src,
+                                             uint64_t src_bit_offset, uint64_t nbits, void *stream);
+
+/** What gser_device_check_offsets found wrong (bits of its verdict). */
+enum {
+    GSER_OFFSETS_FIRST = 1u << 0,    /**< the first offset is not 0 */
+    GSER_OFFSETS_DECREASE = 1u << 1, /**< some offset is less than the one before */
+    GSER_OFFSETS_LAST = 1u << 2,     /**< the last offset is not end */
+};
+
+/**
+ * Check an Arrow offsets buffer in device memory without copying it to the
+ * host: count signed offsets of width 4 or 8 bytes must start at 0, never
+ * decrease, and end at end (the size of what they index). One pass on the
+ * device, ordered on stream; the call waits for the verdict: 0 when valid,
+ * else GSER_OFFSETS_* bits. For receivers that must not trust a peer's
+ * device buffers (plugins/arrow). count 0 is valid.
+ */
+GSER_API gser_status_t gser_device_check_offsets(gser_context_t *ctx, const void *offsets, size_t count, size_t width,
+                                                 uint64_t end, void *stream, uint32_t *verdict);
+
+/* ---- test hooks of gser::ucx (plugins/ucx) ----------------------------------- */
+
+typedef struct gser_ucx_worker gser_ucx_worker_t;
+
+/** For tests of version negotiation: the transport wire version the worker
+ *  announces in the handshakes it starts from now on (0 = GSER_UCX_WIRE_VERSION).
+ *  Implemented by gser::ucx. */
+GSER_API gser_status_t gser_ucx_worker_set_announce_version(gser_ucx_worker_t *worker, uint32_t version);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GSER_EXTENSION_H */
