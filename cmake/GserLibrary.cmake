@@ -5,7 +5,7 @@
 # Internal functions are hidden in the shared library by visibility; in a
 # static library visibility means nothing to the linker, so <name>_static is
 # one relocatable object (ld -r) in which every hidden symbol is made local
-# (objcopy --localize-hidden): an application linking libgser.a sees only the
+# (cmake/gser-localize.sh): an application linking libgser.a sees only the
 # public gser_* API, and cannot collide with, or bind to, gser's internals.
 # <name>_testing keeps them global for the tests that call them.
 function(gser_add_libraries name objlib export_name)
@@ -15,8 +15,8 @@ function(gser_add_libraries name objlib export_name)
 
   set(obj ${CMAKE_CURRENT_BINARY_DIR}/${name}_static.o)
   add_custom_command(OUTPUT ${obj}
-    COMMAND ${CMAKE_LINKER} -r -o ${obj} $<TARGET_OBJECTS:${objlib}>
-    COMMAND ${CMAKE_OBJCOPY} --localize-hidden ${obj}
+    COMMAND sh ${PROJECT_SOURCE_DIR}/cmake/gser-localize.sh ${CMAKE_LINKER} ${CMAKE_OBJCOPY} ${obj}
+            $<TARGET_OBJECTS:${objlib}>
     DEPENDS $<TARGET_OBJECTS:${objlib}>
     COMMAND_EXPAND_LISTS VERBATIM
     COMMENT "gser: ${name}_static: one object, internal symbols local")
