@@ -182,6 +182,11 @@ fail:
     return NULL;
 }
 
+PgOwner *pg_serialize(PyObject *obj, PyObject *families, bool strict, bool flat)
+{
+    return serialize(obj, families, strict, flat);
+}
+
 PyDoc_STRVAR(dumps_doc,
 "dumps(obj, families=('device', 'host'), *, strict=False) -> (header, frames)\n\n"
 "Serialize obj into a header (bytes: gser's msgpack header) and a list of\n"
@@ -359,6 +364,11 @@ static int msg_wait(gser_msg_t *msg)
         return -1;
     }
     return 0;
+}
+
+int pg_msg_wait(gser_msg_t *msg)
+{
+    return msg_wait(msg);
 }
 
 static PyObject *py_loads(PyObject *self, PyObject *args, PyObject *kw)
@@ -557,6 +567,17 @@ PyMODINIT_FUNC PyInit__gser(void)
     PyObject *m = PyModule_Create(&module_def);
     if (!m)
         return NULL;
+#ifdef GSER_PY_HAVE_UCX
+    if (pg_ucx_add(m) < 0 || PyModule_AddObjectRef(m, "HAVE_UCX", Py_True) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+#else
+    if (PyModule_AddObjectRef(m, "HAVE_UCX", Py_False) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+#endif
     if (PyModule_AddObjectRef(m, "GserError", pg_GserError) < 0 ||
         PyModule_AddObjectRef(m, "DeviceFrame", (PyObject *)&PgDeviceFrame_Type) < 0 ||
         PyModule_AddObjectRef(m, "DeviceArray", (PyObject *)&PgDeviceArray_Type) < 0 ||

@@ -222,4 +222,17 @@ int pg_has_attr(PyObject *o, const char *name);
  * for a dtype Python has no format for (bfloat16). */
 const char *pg_dtype_format(gser_dtype_t dtype);
 
+/* ---- shared by the module and the UCX bindings (module.c, ucx.c) ------------------- */
+
+/* Serialize obj as dumps does (families: None, a str or a sequence of str;
+ * flat: for the flattened form): an owner holding the message and its
+ * frames, whose device work is done. NULL with an exception set. */
+PgOwner *pg_serialize(PyObject *obj, PyObject *families, bool strict, bool flat);
+/* Wait for the device copies a deserialized message carries: 0, or -1
+ * with an exception set. */
+int pg_msg_wait(gser_msg_t *msg);
+/* Add the gser::ucx types (_UcxContext, _UcxWorker, ...) to the module
+ * (ucx.c; only when built with gser::ucx, GSER_PY_HAVE_UCX). */
+int pg_ucx_add(PyObject *m);
+
 #endif /* GSER_PY_PYGSER_H */
