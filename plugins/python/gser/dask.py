@@ -143,3 +143,11 @@ def unregister() -> None:
 def dask_setup(server=None) -> None:
     """Entry point of `dask worker --preload gser.dask` (and of the scheduler's)."""
     register()
+
+
+# The comm backend "gser://" (gser.comm, on gser::ucx): importing gser.dask
+# makes it known to Dask, as the package's entry point does.
+if _gser.HAVE_UCX:
+    from gser import comm as _comm  # noqa: E402
+
+    _comm.register_backend()

@@ -1,0 +1,85 @@
+"""A second process for the gser comm tests (test_comm.py): a peer on the
+other side of a gser:// connection, run as `python3 comm_peer.py ROLE ...`.
+
+    serve HOST             listen on gser://HOST:0, print the contact address,
+                           echo every message back, one comm after another
+    flood ADDRESS MIB      connect, then write MIB-MiB arrays until killed
+    hold ADDRESS           connect, print "connected", sleep until killed
+    client ADDRESS MIB     connect, ping-pong small messages and one MIB-MiB
+                           array, print "ok <seconds>"
+"""
+
+import asyncio
+import sys
+import time
+import warnings
+
+warnings.simplefilter("ignore", DeprecationWarning)  # tornado 6.2 inside distributed
+
+import numpy as np  # noqa: E402
+from distributed.comm import connect, listen  # noqa: E402
+from distributed.comm.core import CommClosedError  # noqa: E402
+from distributed.protocol import to_serialize  # noqa: E402
+
+
+async def serve(host):
+    async def echo(comm):
+        try:
+            while True:
+                await comm.write(await comm.read())
+        except CommClosedError:
+            pass
+        finally:
+            await comm.close()
+
+    # deserialize=False: what comes in goes back as it came (Serialized)
+    listener = await listen(f"gser://{host}:0", echo, deserialize=False)
+    print(listener.contact_address, flush=True)
+    await asyncio.Event().wait()
+
+
+async def flood(address, mib):
+    comm = await connect(address)
+    data = np.ones(mib << 17)
+    print("connected", flush=True)
+    while True:
+        await comm.write({"data": to_serialize(data)})
+
+
+async def hold(address):
+    await connect(address)
+    print("connected", flush=True)
+    await asyncio.Event().wait()
+
+
+async def client(address, mib):
+    comm = await connect(address, timeout=20)
+    start = time.perf_counter()
+    for i in range(100):
+        await comm.write({"op": "ping", "i": i})
+        assert await comm.read() == {"op": "ping", "i": i}
+    data = np.arange(mib << 17, dtype=np.float64)
+    await comm.write({"data": to_serialize(data)})
+    back = await comm.read()
+    assert np.array_equal(back["data"], data)
+    await comm.close()
+    print("ok", round(time.perf_counter() - start, 3), flush=True)
+
+
+def main(argv):
+    role = argv[1]
+    if role == "serve":
+        coro = serve(argv[2])
+    elif role == "flood":
+        coro = flood(argv[2], int(argv[3]))
+    elif role == "hold":
+        coro = hold(argv[2])
+    elif role == "client":
+        coro = client(argv[2], int(argv[3]))
+    else:
+        raise SystemExit(f"unknown role {role!r}")
+    asyncio.run(coro)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
