@@ -1,0 +1,184 @@
+#!/usr/bin/python3
+"""Dask comms between two processes: gser:// (gser.comm on gser::ucx) against
+Dask's tcp:// comm, measured in the same run.
+
+    PYTHONPATH=<build>/plugins/python /usr/bin/python3 bench/python/bench_comm.py [--json]
+    (or: ninja -C <build> bench-python-comm)
+
+A server process listens on both schemes (127.0.0.1) and echoes; this
+process connects to it with distributed.comm.connect and times, alternating
+the two schemes round by round:
+
+  comm_rtt_100B          round trip of a ~100-byte dict (write + read on each
+                         side), median over rounds of --rtt-n round trips, in
+                         microseconds. Target: <= 0.5x the tcp comm's.
+  comm_256mib_one_way    a 256 MiB numpy array (to_serialize) one way: from
+                         write until the server's small acknowledgement is
+                         back, median of --reps transfers after a warm-up, in
+                         GB/s. Target: >= 2x the tcp comm's throughput.
+  cluster_xxT_sum        LocalCluster(n_workers=2, threads_per_worker=1,
+                         processes=True): (x + x.T).sum() of
+                         da.random.random((8000, 8000), chunks=1000), median
+                         of --reps runs after a warm-up (cluster start-up not
+                         counted), in seconds. Target: <= 1.0x the tcp cluster.
+
+UCX uses its defaults (shared memory and tcp between local processes) unless
+UCX_TLS says otherwise. --json prints one object per line: name, value,
+unit, anchor, anchor_value, ratio (value / anchor_value), target (on ratio).
+"""
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from bench_lists import Report
+
+SCHEMES = ("gser", "tcp")
+BIG = 256 << 20
+
+
+# ---- the server process ---------------------------------------------------------------------
+
+async def serve():
+    from distributed.comm import listen
+    from distributed.comm.core import CommClosedError
+
+    async def handle(comm):
+        try:
+            while True:
+                msg = await comm.read()
+                # a large message is acknowledged, a small one echoed
+                await comm.write({"ack": msg["data"].nbytes} if "data" in msg else msg)
+        except CommClosedError:
+            pass
+
+    listeners = [await listen(f"{s}://127.0.0.1:0", handle) for s in SCHEMES]
+    print(" ".join(lst.contact_address for lst in listeners), flush=True)
+    await asyncio.Event().wait()
+
+
+# ---- the measuring side -------------------------------------------------------------------------
+
+async def rtt_us(comm, n):
+    msg = {"op": "heartbeat", "who": "worker-1", "now": 1.5e9, "metrics": {"executing": 3, "memory": 123456},
+           "reply": True}
+    t0 = time.perf_counter()
+    for _ in range(n):
+        await comm.write(msg)
+        await comm.read()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+async def one_way_gbs(comm, data):
+    from distributed.protocol import to_serialize
+
+    t0 = time.perf_counter()
+    await comm.write({"data": to_serialize(data)})
+    ack = await comm.read()
+    dt = time.perf_counter() - t0
+    assert ack == {"ack": data.nbytes}, ack
+    return data.nbytes / dt / 1e9
+
+
+async def comm_cases(addresses, args):
+    import numpy as np
+    from distributed.comm import connect
+
+    comms = {s: await connect(a) for s, a in zip(SCHEMES, addresses)}
+    rtt = {s: [] for s in SCHEMES}
+    bw = {s: [] for s in SCHEMES}
+    for s in SCHEMES:  # warm-up
+        await rtt_us(comms[s], 200)
+    for _ in range(args.rounds):
+        for s in SCHEMES:
+            rtt[s].append(await rtt_us(comms[s], args.rtt_n))
+    data = np.random.default_rng(1).random(BIG // 8)
+    for s in SCHEMES:  # warm-up: receive buffers, page faults
+        await one_way_gbs(comms[s], data)
+    for _ in range(args.reps):
+        for s in SCHEMES:
+            bw[s].append(await one_way_gbs(comms[s], data))
+    for c in comms.values():
+        await c.close()
+    return rtt, bw
+
+
+def cluster_seconds(protocol, reps):
+    import dask.array as da
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, protocol=protocol,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        def run():
+            x = da.random.random((8000, 8000), chunks=1000)
+            t0 = time.perf_counter()
+            (x + x.T).sum().compute()
+            return time.perf_counter() - t0
+
+        run()  # warm-up: workers import, functions shipped
+        return [run() for _ in range(reps)]
+
+
+def spread(xs):
+    return f"range {min(xs):.3g}-{max(xs):.3g} over {len(xs)}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", action="store_true", help="one JSON object per line")
+    ap.add_argument("--reps", type=int, default=5, help="large transfers and cluster runs per scheme (default 5)")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of round trips per scheme (default 5)")
+    ap.add_argument("--rtt-n", type=int, default=1000, help="round trips per round (default 1000)")
+    ap.add_argument("--no-cluster", action="store_true", help="skip the LocalCluster case")
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    import distributed  # noqa: F401  (sets up its loggers, quieted below)
+
+    import gser
+    import gser.dask  # noqa: F401  (gser:// in this process; the server finds it by its entry point)
+
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("distributed"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+    if args.serve:
+        asyncio.run(serve())
+        return 0
+
+    rep = Report(args.json)
+    server = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve"], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        addresses = server.stdout.readline().split()
+        assert len(addresses) == len(SCHEMES), addresses
+        rtt, bw = asyncio.run(comm_cases(addresses, args))
+    finally:
+        server.kill()
+        server.wait()
+    g, t = statistics.median(rtt["gser"]), statistics.median(rtt["tcp"])
+    rep.add("comm_rtt_100B", g, "Dask tcp comm, same message (us)", t, "<= 0.5", unit="us",
+            note=f"gser {spread(rtt['gser'])}, tcp {spread(rtt['tcp'])}")
+    g, t = statistics.median(bw["gser"]), statistics.median(bw["tcp"])
+    rep.add("comm_256mib_one_way", g, "Dask tcp comm, same array (GB/s)", t, ">= 2", unit="GB/s",
+            note=f"gser {spread(bw['gser'])}, tcp {spread(bw['tcp'])}")
+    if not args.no_cluster:
+        g, t = cluster_seconds("gser", args.reps), cluster_seconds("tcp", args.reps)
+        rep.add("cluster_xxT_sum", statistics.median(g), "same on a tcp LocalCluster (s)", statistics.median(t),
+                "<= 1.0", unit="s", note=f"gser {spread(g)}, tcp {spread(t)}")
+    if not args.json:
+        print(f"# {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
+              f"gser {gser.__version__}, UCX_TLS={os.environ.get('UCX_TLS', '(default)')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
