@@ -37,8 +37,8 @@ static gser_status_t fuzz_blob_de(gser_context_t *ctx, gser_reader_t *r, void **
     (void)ctx;
     (void)ud;
     gser_value_t *n, *data;
-    gser_buffer_desc_t d;
-    const gser_value_t *t = gser_reader_get_tree(r);
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
+    gser_value_t *t = gser_reader_get_tree(r);
     fuzz_blob_t *b = calloc(1, sizeof *b);
     if (!b)
         return GSER_ERR_NO_MEMORY;
