@@ -38,7 +38,7 @@ static gser_status_t fuzz_blob_de(gser_context_t *ctx, gser_reader_t *r, void **
     (void)ud;
     gser_value_t *n, *data;
     gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
-    const gser_value_t *t = gser_reader_get_tree(r);
+    gser_value_t *t = gser_reader_get_tree(r);
     fuzz_blob_t *b = calloc(1, sizeof *b);
     if (!b)
         return GSER_ERR_NO_MEMORY;

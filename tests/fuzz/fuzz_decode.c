@@ -11,7 +11,7 @@ static gser_context_t *ctx;
 static gser_context_t *dev_ctx; /* the emulated device backend: restore and scatter paths */
 
 /* Touch every value so that bad pointers or lengths show up under ASan. */
-static unsigned walk(gser_msg_t *msg, const gser_value_t *v, int depth)
+static unsigned walk(gser_msg_t *msg, gser_value_t *v, int depth)
 {
     unsigned h = (unsigned)gser_value_get_kind(v);
     if (depth > 64)
@@ -98,8 +98,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!ctx) {
         gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
         o.trace = -1;
-        o.limits.max_nodes = 100000;
-        o.limits.max_bytes = 1 << 24;
+        static gser_limits_t lim = GSER_LIMITS_INIT;
+        lim.max_nodes = 100000;
+        lim.max_bytes = 1 << 24;
+        o.limits = &lim;
         if (gser_context_create(&o, &ctx) || fuzz_register(ctx))
             abort();
         o.device_backend = "emulated";
