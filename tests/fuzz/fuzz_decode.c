@@ -34,19 +34,31 @@ static unsigned walk(gser_msg_t *msg, gser_value_t *v, int depth)
             h = h * 31 + ((const unsigned char *)data)[i];
         break;
     case GSER_KIND_BUFFER: {
-        gser_value_get_buffer(v, &d);
-        const unsigned char *bytes = d.data;
+        /* Every byte the elements span, and the first and last element. */
+        int64_t off;
+        size_t span;
+        if (gser_value_get_buffer(v, &d) || gser_buffer_get_span(&d, &off, &span))
+            abort();
+        const unsigned char *bytes = span ? (const unsigned char *)d.data + off : NULL;
         unsigned char *copy = NULL;
         if (d.memory == GSER_MEMORY_DEVICE) {
             /* Through the backend, as a user would read device memory. */
-            copy = malloc(d.nbytes ? d.nbytes : 1);
-            if (!copy || gser_device_memcpy(gser_msg_get_context(msg), copy, GSER_MEMORY_HOST, d.data, d.memory,
-                                            d.nbytes, NULL) != GSER_OK)
+            copy = malloc(span ? span : 1);
+            if (!copy || gser_device_memcpy(gser_msg_get_context(msg), copy, GSER_MEMORY_HOST, bytes, d.memory, span,
+                                            NULL) != GSER_OK)
                 abort();
             bytes = copy;
         }
-        for (size_t i = 0; i < d.nbytes; i++)
+        for (size_t i = 0; i < span; i++)
             h = h * 31 + bytes[i];
+        if (span && d.strides) {
+            size_t es = gser_dtype_size(d.dtype);
+            int64_t last = -off; /* element 0, then the element of the highest indices */
+            h += bytes[last] + bytes[last + (int64_t)es - 1];
+            for (uint32_t k = 0; k < d.ndim; k++)
+                last += (d.shape[k] - 1) * d.strides[k];
+            h += bytes[last] + bytes[last + (int64_t)es - 1];
+        }
         free(copy);
         break;
     }
@@ -84,11 +96,11 @@ static unsigned walk(gser_msg_t *msg, gser_value_t *v, int depth)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (!ctx) {
+        gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
+        o.trace = -1;
         static gser_limits_t lim = GSER_LIMITS_INIT;
         lim.max_nodes = 100000;
         lim.max_bytes = 1 << 24;
-        gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
-        o.trace = -1;
         o.limits = &lim;
         if (gser_context_create(&o, &ctx) || fuzz_register(ctx))
             abort();
