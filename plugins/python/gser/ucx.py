@@ -319,6 +319,8 @@ class Listener:
 def _frame(f):
     """One frame for send_frames: host bytes as a flat memoryview of bytes
     (gser's untyped bytes, not copied), device arrays as they are."""
+    if type(f) is bytes:  # the common case first: Dask's headers
+        return memoryview(f)
     if hasattr(f, "__cuda_array_interface__") or (not _has_buffer(f) and hasattr(f, "__dlpack__")):
         return f
     mv = memoryview(f)
@@ -378,7 +380,8 @@ class Endpoint:
     async def _wait(self, req):
         fut = self.worker._loop.create_future()
         req.user = fut
-        self.worker.kick()
+        w = self.worker
+        w._progress()  # now: what already arrived completes it without a loop turn
         try:
             await fut
         except asyncio.CancelledError:
