@@ -24,18 +24,19 @@ the two schemes round by round:
 
 UCX uses its defaults (shared memory and tcp between local processes) unless
 UCX_TLS says otherwise. --json prints one object per line: name, value,
-unit, anchor, anchor_value, ratio (value / anchor_value), target (on ratio).
+unit, anchor, anchor_value, ratio (value / anchor_value), target (on ratio),
+and the runs behind the medians (runs, anchor_runs).
 """
 
 import argparse
 import asyncio
+import json
+import operator
 import os
 import statistics
 import subprocess
 import sys
 import time
-
-from bench_lists import Report
 
 SCHEMES = ("gser", "tcp")
 BIG = 256 << 20
@@ -127,6 +128,25 @@ def spread(xs):
     return f"range {min(xs):.3g}-{max(xs):.3g} over {len(xs)}"
 
 
+TARGET_OPS = {"<=": operator.le, ">=": operator.ge}
+
+
+def report(as_json, name, unit, gser_runs, anchor, anchor_runs, target):
+    """One row: the medians, their ratio against target ("<= 0.5"), the ranges."""
+    value, anchor_value = statistics.median(gser_runs), statistics.median(anchor_runs)
+    ratio = value / anchor_value
+    op, bound = target.split()
+    ok = TARGET_OPS[op](ratio, float(bound))
+    if as_json:
+        print(json.dumps({"name": name, "value": round(value, 6), "unit": unit, "anchor": anchor,
+                          "anchor_value": round(anchor_value, 6), "ratio": round(ratio, 6), "target": target,
+                          "runs": [round(x, 6) for x in gser_runs],
+                          "anchor_runs": [round(x, 6) for x in anchor_runs]}), flush=True)
+    else:
+        print(f"{name:<20} {value:>9.3f} {unit:<4} {anchor:<36} {anchor_value:>9.3f}  {ratio:>7.3f}  {target:<6} "
+              f"{'ok' if ok else 'MISSED'}  gser {spread(gser_runs)}, tcp {spread(anchor_runs)}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
@@ -154,7 +174,6 @@ def main():
         asyncio.run(serve())
         return 0
 
-    rep = Report(args.json)
     server = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve"], stdout=subprocess.PIPE,
                               text=True)
     try:
@@ -164,16 +183,14 @@ def main():
     finally:
         server.kill()
         server.wait()
-    g, t = statistics.median(rtt["gser"]), statistics.median(rtt["tcp"])
-    rep.add("comm_rtt_100B", g, "Dask tcp comm, same message (us)", t, "<= 0.5", unit="us",
-            note=f"gser {spread(rtt['gser'])}, tcp {spread(rtt['tcp'])}")
-    g, t = statistics.median(bw["gser"]), statistics.median(bw["tcp"])
-    rep.add("comm_256mib_one_way", g, "Dask tcp comm, same array (GB/s)", t, ">= 2", unit="GB/s",
-            note=f"gser {spread(bw['gser'])}, tcp {spread(bw['tcp'])}")
+    if not args.json:
+        print(f"{'case':<20} {'value':>9} {'unit':<4} {'anchor':<36} {'anchor':>9}  {'ratio':>7}  target")
+    report(args.json, "comm_rtt_100B", "us", rtt["gser"], "Dask tcp comm, same message (us)", rtt["tcp"], "<= 0.5")
+    report(args.json, "comm_256mib_one_way", "GB/s", bw["gser"], "Dask tcp comm, same array (GB/s)", bw["tcp"],
+           ">= 2")
     if not args.no_cluster:
-        g, t = cluster_seconds("gser", args.reps), cluster_seconds("tcp", args.reps)
-        rep.add("cluster_xxT_sum", statistics.median(g), "same on a tcp LocalCluster (s)", statistics.median(t),
-                "<= 1.0", unit="s", note=f"gser {spread(g)}, tcp {spread(t)}")
+        report(args.json, "cluster_xxT_sum", "s", cluster_seconds("gser", args.reps),
+               "same on a tcp LocalCluster (s)", cluster_seconds("tcp", args.reps), "<= 1.0")
     if not args.json:
         print(f"# {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
               f"gser {gser.__version__}, UCX_TLS={os.environ.get('UCX_TLS', '(default)')}")

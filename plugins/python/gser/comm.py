@@ -241,17 +241,19 @@ class GserComm(Comm):
             return
         if self._sending:
             await asyncio.wait(list(self._sending))
-        ep, self._ep = self._ep, None
-        if ep is not None:
-            self._finalizer.detach()
-            ep.close()
-            _release(ep.worker)
+        self._let_go(graceful=True)
 
     def abort(self):
+        self._let_go(graceful=False)
+
+    def _let_go(self, graceful):
         ep, self._ep = self._ep, None
         if ep is not None:
             self._finalizer.detach()
-            ep.abort()
+            if graceful:
+                ep.close()  # completed sends are flushed first
+            else:
+                ep.abort()
             _release(ep.worker)
 
 

@@ -44,11 +44,8 @@ PyObject *pg_make_exc(PyObject *exc, gser_status_t st, PyObject *text)
     return e;
 }
 
-PyObject *pg_raise(gser_status_t st, bool detail, const char *what)
+PyObject *pg_raise_text(gser_status_t st, PyObject *text)
 {
-    const char *d = detail ? gser_context_get_last_error(pg_ctx) : "";
-    PyObject *text = *d ? PyUnicode_FromString(d)
-                        : PyUnicode_FromFormat("%s: %s", what ? what : "gser", gser_status_str(st));
     if (!text)
         return NULL;
     if (st == GSER_ERR_NO_MEMORY) {
@@ -62,6 +59,13 @@ PyObject *pg_raise(gser_status_t st, bool detail, const char *what)
     }
     Py_DECREF(text);
     return NULL;
+}
+
+PyObject *pg_raise(gser_status_t st, bool detail, const char *what)
+{
+    const char *d = detail ? gser_context_get_last_error(pg_ctx) : "";
+    return pg_raise_text(st, *d ? PyUnicode_FromString(d)
+                                : PyUnicode_FromFormat("%s: %s", what ? what : "gser", gser_status_str(st)));
 }
 
 /* ---- serializing -------------------------------------------------------------------------- */
@@ -182,9 +186,9 @@ fail:
     return NULL;
 }
 
-PgOwner *pg_serialize(PyObject *obj, PyObject *families, bool strict, bool flat)
+PgOwner *pg_serialize(PyObject *obj, PyObject *families)
 {
-    return serialize(obj, families, strict, flat);
+    return serialize(obj, families, false, false);
 }
 
 PyDoc_STRVAR(dumps_doc,

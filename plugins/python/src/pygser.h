@@ -224,10 +224,14 @@ const char *pg_dtype_format(gser_dtype_t dtype);
 
 /* ---- shared by the module and the UCX bindings (module.c, ucx.c) ------------------- */
 
-/* Serialize obj as dumps does (families: None, a str or a sequence of str;
- * flat: for the flattened form): an owner holding the message and its
- * frames, whose device work is done. NULL with an exception set. */
-PgOwner *pg_serialize(PyObject *obj, PyObject *families, bool strict, bool flat);
+/* Serialize obj as dumps does (families: None, a str or a sequence of
+ * str): an owner holding the message and its frames, whose device work is
+ * done. NULL with an exception set. */
+PgOwner *pg_serialize(PyObject *obj, PyObject *families);
+/* Raise for status st with message text (a new reference, taken; NULL: an
+ * exception is set already): MemoryError for GSER_ERR_NO_MEMORY, GserError
+ * otherwise. Returns NULL. */
+PyObject *pg_raise_text(gser_status_t st, PyObject *text);
 /* Wait for the device copies a deserialized message carries: 0, or -1
  * with an exception set. */
 int pg_msg_wait(gser_msg_t *msg);

@@ -15,7 +15,6 @@
  */
 #include "pygser.h" /* first: Python.h sets the feature macros */
 
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,46 +25,18 @@
 /* ---- errors ------------------------------------------------------------------------ */
 
 /* Raise for a failed gser_ucx call: the transport's detailed message (or
- * what + the status), as MemoryError or GserError. Returns NULL. */
+ * what + the status). Returns NULL. */
 static PyObject *ucx_raise(gser_status_t st, const char *what)
 {
     const char *d = gser_ucx_get_last_error();
-    PyObject *text = *d ? PyUnicode_FromString(d) : PyUnicode_FromFormat("%s: %s", what, gser_status_str(st));
-    if (!text)
-        return NULL;
-    if (st == GSER_ERR_NO_MEMORY) {
-        PyErr_SetObject(PyExc_MemoryError, text);
-    } else {
-        PyObject *e = pg_make_exc(pg_GserError, st, text);
-        if (e) {
-            PyErr_SetObject(pg_GserError, e);
-            Py_DECREF(e);
-        }
-    }
-    Py_DECREF(text);
-    return NULL;
-}
-
-/* Raise GserError(st) with message text. Returns NULL. */
-static PyObject *status_error(gser_status_t st, const char *text_)
-{
-    PyObject *text = PyUnicode_FromString(text_);
-    PyObject *e = text ? pg_make_exc(pg_GserError, st, text) : NULL;
-    if (e) {
-        PyErr_SetObject(pg_GserError, e);
-        Py_DECREF(e);
-    }
-    Py_XDECREF(text);
-    return NULL;
+    return pg_raise_text(st, *d ? PyUnicode_FromString(d) : PyUnicode_FromFormat("%s: %s", what, gser_status_str(st)));
 }
 
 /* A call on an object closed (or destroyed) here: GSER_ERR_CANCELED, as
  * the transport reports operations on an endpoint closed from this side. */
 static PyObject *closed_error(const char *what)
 {
-    char text[128];
-    snprintf(text, sizeof text, "%s: it was closed here", what);
-    return status_error(GSER_ERR_CANCELED, text);
+    return pg_raise_text(GSER_ERR_CANCELED, PyUnicode_FromFormat("%s: it was closed here", what));
 }
 
 /* ---- objects ----------------------------------------------------------------------- */
@@ -765,7 +736,7 @@ static PyObject *endpoint_send(PgUcxEndpoint *self, PyObject *args, PyObject *kw
         return NULL;
     if (!self->ep)
         return closed_error("_UcxEndpoint.send");
-    PgOwner *owner = pg_serialize(obj, families, false, false);
+    PgOwner *owner = pg_serialize(obj, families);
     if (!owner)
         return NULL;
     if (!self->ep) { /* a finalizer run by the encoder destroyed it */
@@ -909,21 +880,15 @@ static void request_dealloc(PgUcxRequest *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* The exception for a request that failed, as GserError. */
+/* Raise the exception of a request that failed, as GserError. */
 static PyObject *request_raise(PgUcxRequest *self)
 {
     const char *what = self->recv ? "receive" : "send";
-    PyObject *text = self->detail ? PyUnicode_FromString(self->detail)
-                     : self->status == GSER_ERR_CANCELED
-                         ? PyUnicode_FromFormat("%s: canceled (the endpoint was closed or destroyed here)", what)
-                         : PyUnicode_FromFormat("%s: %s", what, gser_status_str(self->status));
-    PyObject *e = text ? pg_make_exc(pg_GserError, self->status, text) : NULL;
-    if (e) {
-        PyErr_SetObject(pg_GserError, e);
-        Py_DECREF(e);
-    }
-    Py_XDECREF(text);
-    return NULL;
+    return pg_raise_text(self->status,
+                         self->detail ? PyUnicode_FromString(self->detail)
+                         : self->status == GSER_ERR_CANCELED
+                             ? PyUnicode_FromFormat("%s: canceled (the endpoint was closed or destroyed here)", what)
+                             : PyUnicode_FromFormat("%s: %s", what, gser_status_str(self->status)));
 }
 
 static PyObject *request_result(PgUcxRequest *self, PyObject *args, PyObject *kw)
@@ -933,13 +898,13 @@ static PyObject *request_result(PgUcxRequest *self, PyObject *args, PyObject *kw
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|$p:result", kwlist, &device))
         return NULL;
     if (self->status == GSER_INPROGRESS)
-        return status_error(GSER_ERR_STATE, "_UcxRequest.result: the request is still running");
+        return pg_raise_text(GSER_ERR_STATE, PyUnicode_FromString("_UcxRequest.result: the request is still running"));
     if (self->status != GSER_OK)
         return request_raise(self);
     if (!self->recv)
         Py_RETURN_NONE;
     if (self->taken)
-        return status_error(GSER_ERR_STATE, "_UcxRequest.result: the message was taken already");
+        return pg_raise_text(GSER_ERR_STATE, PyUnicode_FromString("_UcxRequest.result: the message was taken already"));
     self->taken = true;
     PgOwner *owner = pg_owner_new();
     if (!owner)

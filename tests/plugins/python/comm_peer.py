@@ -14,25 +14,24 @@ import sys
 import time
 import warnings
 
-warnings.simplefilter("ignore", DeprecationWarning)  # tornado 6.2 inside distributed
+import numpy as np
+from distributed.comm import connect, listen
+from distributed.comm.core import CommClosedError
+from distributed.protocol import to_serialize
 
-import numpy as np  # noqa: E402
-from distributed.comm import connect, listen  # noqa: E402
-from distributed.comm.core import CommClosedError  # noqa: E402
-from distributed.protocol import to_serialize  # noqa: E402
+
+async def echo(comm):
+    """Send back every message (read with deserialize=False: as it came)."""
+    try:
+        while True:
+            await comm.write(await comm.read())
+    except CommClosedError:
+        pass
+    finally:
+        await comm.close()
 
 
 async def serve(host):
-    async def echo(comm):
-        try:
-            while True:
-                await comm.write(await comm.read())
-        except CommClosedError:
-            pass
-        finally:
-            await comm.close()
-
-    # deserialize=False: what comes in goes back as it came (Serialized)
     listener = await listen(f"gser://{host}:0", echo, deserialize=False)
     print(listener.contact_address, flush=True)
     await asyncio.Event().wait()
@@ -67,6 +66,7 @@ async def client(address, mib):
 
 
 def main(argv):
+    warnings.simplefilter("ignore", DeprecationWarning)  # tornado 6.2 inside distributed
     role = argv[1]
     if role == "serve":
         coro = serve(argv[2])
