@@ -59,7 +59,7 @@ typedef struct {
 
 /* An accepted connection not yet handed to Python. */
 typedef struct {
-    PgUcxListener *listener; /* borrowed: a listener's dealloc clears its entries */
+    PgUcxListener *listener; /* a reference, taken in the callback (increfs are safe there) */
     gser_ucx_ep_t *ep;
 } pg_accepted_t;
 
@@ -232,6 +232,7 @@ static void accept_cb(gser_ucx_listener_t *l, gser_ucx_ep_t *ep, gser_status_t s
         w->accepted = n;
         w->cap_accepted = cap;
     }
+    Py_INCREF((PyObject *)pl);
     w->accepted[w->naccepted++] = (pg_accepted_t){pl, ep};
 }
 
@@ -239,11 +240,12 @@ static PgUcxEndpoint *endpoint_wrap(PgUcxWorker *w, gser_ucx_ep_t *ep, PyObject 
 
 /* Hand what the callbacks recorded to Python: a tuple of accepted
  * _UcxEndpoint objects, then completed _UcxRequest objects, oldest first.
- * Sends let go of their message here, outside any gser_ucx call. */
+ * Sends let go of their message here, outside any gser_ucx call. Any
+ * allocation or release here may run a finalizer that closes the worker,
+ * which destroys the endpoints not wrapped yet: w->w is checked each time. */
 static PyObject *take_events(PgUcxWorker *w)
 {
-    /* Detached first: releasing a send's buffers may run Python code that
-     * comes back into this worker. */
+    /* Detached first, for the same reason. */
     PgUcxRequest *head = w->done_head;
     w->done_head = w->done_tail = NULL;
     pg_accepted_t *acc = w->accepted;
@@ -257,15 +259,12 @@ static PyObject *take_events(PgUcxWorker *w)
     PyObject *out = PyTuple_New(n);
     Py_ssize_t k = 0;
     for (size_t i = 0; i < nacc; i++) {
-        PgUcxEndpoint *e = NULL;
-        if (out && acc[i].listener)
-            e = endpoint_wrap(w, acc[i].ep, (PyObject *)acc[i].listener);
-        if (!e) {
-            /* Out of memory, or its listener is gone: drop the connection. */
-            gser_ucx_ep_destroy(acc[i].ep);
-            continue;
-        }
-        PyTuple_SET_ITEM(out, k++, (PyObject *)e);
+        PgUcxEndpoint *e = out && w->w ? endpoint_wrap(w, acc[i].ep, (PyObject *)acc[i].listener) : NULL;
+        if (e)
+            PyTuple_SET_ITEM(out, k++, (PyObject *)e);
+        else if (w->w)
+            gser_ucx_ep_destroy(acc[i].ep); /* out of memory: drop the connection */
+        Py_DECREF((PyObject *)acc[i].listener);
     }
     free(acc);
     while (head) {
@@ -332,12 +331,17 @@ static void worker_close_c(PgUcxWorker *self)
             CHILD_OBJ(c, PgUcxEndpoint)->ep = NULL;
         child_unlink(c);
     }
-    /* Accepted endpoints not handed out yet belong to the worker too. */
-    self->naccepted = 0;
     gser_ucx_worker_destroy(self->w);
     self->w = NULL;
-    self->naccepted = 0; /* in case its teardown accepted more */
     self->efd = -1;
+    /* Accepted endpoints not handed out yet went with the worker. */
+    pg_accepted_t *acc = self->accepted;
+    size_t nacc = self->naccepted;
+    self->accepted = NULL;
+    self->naccepted = self->cap_accepted = 0;
+    for (size_t i = 0; i < nacc; i++)
+        Py_DECREF((PyObject *)acc[i].listener);
+    free(acc);
 }
 
 static int worker_traverse(PgUcxWorker *self, visitproc visit, void *arg)
@@ -345,6 +349,8 @@ static int worker_traverse(PgUcxWorker *self, visitproc visit, void *arg)
     Py_VISIT(self->context);
     for (PgUcxRequest *r = self->done_head; r; r = r->next_done)
         Py_VISIT(r);
+    for (size_t i = 0; i < self->naccepted; i++)
+        Py_VISIT(self->accepted[i].listener);
     return 0;
 }
 
@@ -362,6 +368,9 @@ static void worker_drop_done(PgUcxWorker *self)
 
 static int worker_clear(PgUcxWorker *self)
 {
+    /* Unreachable: its endpoints and listeners are garbage too. Closing it
+     * drops the listeners that accepts still refer to. */
+    worker_close_c(self);
     worker_drop_done(self);
     return 0;
 }
@@ -372,7 +381,6 @@ static void worker_dealloc(PgUcxWorker *self)
     /* Nothing refers to the worker any more: no listener, endpoint or request in flight. */
     worker_close_c(self);
     worker_drop_done(self);
-    free(self->accepted);
     Py_CLEAR(self->context);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -434,6 +442,10 @@ static PyObject *worker_listen(PgUcxWorker *self, PyObject *args, PyObject *kw)
     l->last_failure = 0;
     l->port = 0;
     PyObject_GC_Track(l);
+    if (!self->w) { /* a finalizer closed the worker */
+        Py_DECREF(l);
+        return closed_error("_UcxWorker.listen");
+    }
     gser_ucx_listener_options_t o = GSER_UCX_LISTENER_OPTIONS_INIT;
     o.address = address;
     o.port = port;
@@ -462,7 +474,7 @@ static PyObject *worker_connect(PgUcxWorker *self, PyObject *args)
     if (st)
         return ucx_raise(st, "gser_ucx_ep_connect_nb");
     PgUcxEndpoint *e = endpoint_wrap(self, ep, Py_None);
-    if (!e)
+    if (!e && self->w)
         gser_ucx_ep_destroy(ep);
     return (PyObject *)e;
 }
@@ -556,11 +568,6 @@ static void listener_dealloc(PgUcxListener *self)
 {
     PyObject_GC_UnTrack(self);
     listener_close_c(self);
-    /* Connections it accepted that progress() has not handed out yet. */
-    PgUcxWorker *w = self->worker;
-    for (size_t i = 0; w && i < w->naccepted; i++)
-        if (w->accepted[i].listener == self)
-            w->accepted[i].listener = NULL;
     Py_CLEAR(self->user);
     Py_CLEAR(self->worker);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -616,16 +623,20 @@ static PyTypeObject PgUcxListener_Type = {
 
 /* ---- _UcxEndpoint ----------------------------------------------------------------------------- */
 
+/* A new _UcxEndpoint over ep. If the allocation ran a finalizer that
+ * closed the worker, ep went with it: the object is a destroyed endpoint. */
 static PgUcxEndpoint *endpoint_wrap(PgUcxWorker *w, gser_ucx_ep_t *ep, PyObject *listener)
 {
     PgUcxEndpoint *e = PyObject_GC_New(PgUcxEndpoint, &PgUcxEndpoint_Type);
     if (!e)
         return NULL;
     e->worker = (PgUcxWorker *)Py_NewRef((PyObject *)w);
-    e->ep = ep;
+    e->ep = w->w ? ep : NULL;
     e->listener = Py_NewRef(listener);
     e->user = Py_NewRef(Py_None);
-    child_link(w, &e->link, false);
+    e->link.prev = e->link.next = NULL;
+    if (e->ep)
+        child_link(w, &e->link, false);
     PyObject_GC_Track(e);
     return e;
 }
@@ -736,17 +747,18 @@ static PyObject *endpoint_send(PgUcxEndpoint *self, PyObject *args, PyObject *kw
         return NULL;
     if (!self->ep)
         return closed_error("_UcxEndpoint.send");
-    PgOwner *owner = pg_serialize(obj, families);
-    if (!owner)
-        return NULL;
-    if (!self->ep) { /* a finalizer run by the encoder destroyed it */
-        Py_DECREF(owner);
-        return closed_error("_UcxEndpoint.send");
-    }
     PgUcxRequest *r = request_new(self, user, false);
-    if (!r) {
-        Py_DECREF(owner);
+    if (!r)
         return NULL;
+    PgOwner *owner = pg_serialize(obj, families);
+    if (!owner) {
+        Py_DECREF(r);
+        return NULL;
+    }
+    if (!self->ep) { /* Python code run meanwhile (the encoder, a finalizer) destroyed it */
+        Py_DECREF(owner);
+        Py_DECREF(r);
+        return closed_error("_UcxEndpoint.send");
     }
     gser_ucx_op_params_t p = GSER_UCX_OP_PARAMS_INIT;
     p.cb = request_done_cb;
@@ -774,6 +786,10 @@ static PyObject *endpoint_recv(PgUcxEndpoint *self, PyObject *args, PyObject *kw
     PgUcxRequest *r = request_new(self, user, true);
     if (!r)
         return NULL;
+    if (!self->ep) { /* a finalizer run by the allocation destroyed it */
+        Py_DECREF(r);
+        return closed_error("_UcxEndpoint.recv");
+    }
     gser_ucx_op_params_t p = GSER_UCX_OP_PARAMS_INIT;
     p.cb = request_done_cb;
     p.user_data = r;

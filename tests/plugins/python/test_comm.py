@@ -224,6 +224,20 @@ def test_close_ends_a_pending_read_and_abort_is_immediate():
     run(main())
 
 
+def test_dropped_comm_closes_its_connection():
+    async def main():
+        a, b = await dask_tests.get_comm_pair("gser://127.0.0.1")
+        pending = asyncio.ensure_future(b.read())
+        await asyncio.sleep(0.05)
+        del a  # never closed: its finalizer drops the connection
+        gc.collect()
+        with pytest.raises(CommClosedError):
+            await asyncio.wait_for(pending, 10)
+        await b.close()
+
+    run(main())
+
+
 def test_connection_refused_within_the_connect_timeout():
     async def main():
         listener = await listen("gser://127.0.0.1:0", lambda comm: None)
