@@ -119,6 +119,31 @@ def _local_ip_for(host: str) -> str:
         return get_ipv6() if ":" in host else get_ip()
 
 
+_PLAIN = (str, bytes, int, float, bool, type(None))
+
+
+def _small(msg, budget=64) -> bool:
+    """Whether msg is a small plain message (at most budget items, strings and
+    bytes under 64 KiB, nothing Dask would serialize with a family). Such a
+    message is never offloaded, so Dask's check (a sizeof() of the whole
+    message, the largest cost of a small write) is skipped for it."""
+    stack = [msg]
+    while stack:
+        budget -= 1
+        if budget < 0:
+            return False
+        x = stack.pop()
+        t = type(x)
+        if t is dict:
+            stack.extend(x.keys())
+            stack.extend(x.values())
+        elif t is list or t is tuple:
+            stack.extend(x)
+        elif t not in _PLAIN or ((t is str or t is bytes) and len(x) > 65536):
+            return False
+    return True
+
+
 def _closed_error(comm, what, e=None) -> CommClosedError:
     msg = f"{what}: {comm!r}"
     if e is not None:
@@ -178,7 +203,7 @@ class GserComm(Comm):
             raise _closed_error(self, "write", ep.error())
         frames = await to_frames(
             msg,
-            allow_offload=self.allow_offload,
+            allow_offload=self.allow_offload and not _small(msg),
             serializers=serializers if serializers is not None else SERIALIZERS,
             on_error=on_error,
             context={
