@@ -161,7 +161,9 @@ class GserComm(Comm):
         self._ep = ep
         self._local_addr = local_addr
         self._peer_addr = peer_addr
-        self._sending: set = set()  # sends the transport still holds buffers of
+        self._sending = 0  # sends the transport still holds buffers of
+        self._drained = None  # a future close() waits on until _sending is 0
+        self._sent_cb = self._sent
         # A comm dropped without close() must not keep its connection.
         self._finalizer = weakref.finalize(self, _drop_endpoint, ep)
 
@@ -219,22 +221,22 @@ class GserComm(Comm):
         # completes only when the peer reads it, and Dask peers often write
         # before they read). A send that fails fails the endpoint, which the
         # next read or write reports.
+        self._sending += 1
         try:
-            fut = ep.send_frames_nowait(frames)
-        except gser.ucx.ConnectionClosedError as e:
+            ep.send_frames_nowait(frames, callback=self._sent_cb)
+        except BaseException as e:
+            self._sending -= 1
             self.abort()
-            raise _closed_error(self, "write", e) from e
-        except BaseException:
-            self.abort()
+            if isinstance(e, gser.ucx.ConnectionClosedError):
+                raise _closed_error(self, "write", e) from e
             raise
-        self._sending.add(fut)
-        fut.add_done_callback(self._sent)
         return sum(map(nbytes, frames))
 
-    def _sent(self, fut):
-        self._sending.discard(fut)
-        if not fut.cancelled():
-            fut.exception()  # retrieved: the endpoint's state reports it
+    def _sent(self, error):
+        # A failed send failed the endpoint: the next read or write says so.
+        self._sending -= 1
+        if self._sending == 0 and self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
 
     async def read(self, deserializers=None):
         ep = self._endpoint("read")
@@ -265,7 +267,8 @@ class GserComm(Comm):
         if ep is None:
             return
         if self._sending:
-            await asyncio.wait(list(self._sending))
+            self._drained = asyncio.get_running_loop().create_future()
+            await self._drained
         self._let_go(graceful=True)
 
     def abort(self):

@@ -407,23 +407,33 @@ class Endpoint:
         __cuda_array_interface__ or DLPack) as one message."""
         await self.send([_frame(f) for f in frames])
 
-    def send_nowait(self, obj, families=None) -> asyncio.Future:
-        """Start sending obj and return at once, with a future that resolves
-        (None, or ConnectionClosedError / GserError) when the transport is done
-        with obj's buffers: keep them unchanged until then. A large message
-        completes only once the peer receives it, so a peer that sends before
-        it receives needs this rather than send()."""
-        fut = self.worker._loop.create_future()
+    def send_nowait(self, obj, families=None, *, callback=None):
+        """Start sending obj and return at once. The transport holds obj's
+        buffers until the send completes: keep them unchanged until then. A
+        large message completes only once the peer receives it, so a peer
+        that sends before it receives needs this rather than send().
+
+        Returns a future that resolves then (None, or ConnectionClosedError /
+        GserError); with callback, calls callback(None or that exception)
+        instead (perhaps before this returns) and returns None."""
+        fut = None
+        if callback is None:
+            fut = self.worker._loop.create_future()
+
+            def callback(error):
+                if not fut.done():
+                    if error is None:
+                        fut.set_result(None)
+                    else:
+                        fut.set_exception(error)
 
         def done(req):
-            if fut.done():
-                return
             try:
                 req.result()
             except GserError as e:
-                fut.set_exception(_translate(e))
+                callback(_translate(e))
             else:
-                fut.set_result(None)
+                callback(None)
 
         try:
             self._c.send(obj, families, user=done)
@@ -434,9 +444,9 @@ class Endpoint:
         self.worker._progress()
         return fut
 
-    def send_frames_nowait(self, frames) -> asyncio.Future:
+    def send_frames_nowait(self, frames, *, callback=None):
         """send_frames without waiting: see send_nowait."""
-        return self.send_nowait([_frame(f) for f in frames])
+        return self.send_nowait([_frame(f) for f in frames], callback=callback)
 
     async def recv(self, device: bool = False):
         """The next message, loaded as gser.loads does (arrays view the

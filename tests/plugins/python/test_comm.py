@@ -112,6 +112,15 @@ def test_using_the_scheme_registers_the_family():
 
 # ---- messages --------------------------------------------------------------------------------
 
+def test_only_small_plain_messages_skip_the_offload_check():
+    small = gser.comm._small
+    assert small({"op": "heartbeat", "now": 1.5, "metrics": {"executing": 3}, "keys": ("x", 1), "b": b"raw"})
+    assert not small({"data": to_serialize(np.ones(10))})       # a family decides: Dask's check runs
+    assert not small({"x": "a" * 70_000})                         # long strings may be worth offloading
+    assert not small({"keys": [f"k{i}" for i in range(100)]})     # many items
+    assert not small({"x": np.ones(3)})
+
+
 def test_small_ping_pong_and_many_concurrent_comms():
     from comm_peer import echo
 
