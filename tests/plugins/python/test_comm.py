@@ -93,6 +93,33 @@ def test_entry_point_finds_the_backend_without_importing_gser():
     assert out.stdout.strip() == "GserBackend"
 
 
+def test_importing_gser_dask_registers_the_backend():
+    code = ("import gser.dask; from distributed.comm.registry import backends\n"
+            "print(type(backends['gser']).__name__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "GserBackend"
+
+
+def test_installed_package_declares_the_entry_point(tmp_path):
+    """cmake --install puts a dist-info with the entry point beside the package."""
+    build = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(gser.__file__)))))
+    if not os.path.exists(os.path.join(build, "CMakeCache.txt")) or not shutil.which("cmake"):
+        pytest.skip("gser is not imported from a CMake build tree here")
+    subprocess.run(["cmake", "--install", build, "--prefix", str(tmp_path), "--component", "python"], check=True,
+                   capture_output=True, timeout=300)
+    (site,) = [os.path.join(r, d) for r, ds, _ in os.walk(tmp_path) for d in ds if d == "gser"]
+    site = os.path.dirname(site)
+    assert [d for d in os.listdir(site) if d.endswith(".dist-info")] == [f"gser-{gser.__version__}.dist-info"]
+    code = ("import gser, importlib.metadata as m; from distributed.comm.registry import get_backend\n"
+            "assert gser.__file__.startswith(%r), gser.__file__\n"
+            "print(m.version('gser'), type(get_backend('gser')).__name__)\n" % site)
+    env = dict(os.environ, PYTHONPATH=site)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [gser.__version__, "GserBackend"]
+
+
 def test_using_the_scheme_registers_the_family():
     ser = __import__("importlib").import_module("distributed.protocol.serialize")
     gser.dask.unregister()
