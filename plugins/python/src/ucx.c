@@ -77,7 +77,7 @@ struct PgUcxWorker {
 
 struct PgUcxListener {
     PyObject_HEAD
-    pg_child_t link; /* first: a pg_child_t * is this object */
+    pg_child_t link; /* in the worker's children */
     PgUcxWorker *worker;
     gser_ucx_listener_t *l; /* NULL once closed */
     PyObject *user;
@@ -88,7 +88,7 @@ struct PgUcxListener {
 
 typedef struct {
     PyObject_HEAD
-    pg_child_t link; /* first, as in PgUcxListener */
+    pg_child_t link; /* in the worker's children */
     PgUcxWorker *worker;
     gser_ucx_ep_t *ep; /* NULL once destroyed */
     PyObject *listener; /* the _UcxListener it came from, or None */
