@@ -118,7 +118,8 @@ def test_errors_after_close_and_peer_close():
         with pytest.raises(gser.ucx.ConnectionClosedError) as ei:
             await asyncio.wait_for(pending, 10)
         assert ei.value.status_name == "GSER_ERR_CONNECTION"
-        assert "receive" in str(ei.value)  # the transport's own message
+        detail = ei.value.detail  # the transport's own message, not just the status
+        assert detail and ("peer" in detail or "receive" in detail), detail
         assert b.closed and b.state == "failed" and isinstance(b.error(), gser.ucx.ConnectionClosedError)
         with pytest.raises(gser.ucx.ConnectionClosedError):
             await a.send({"x": 1})  # destroyed here
