@@ -458,16 +458,20 @@ class Endpoint:
             raise _translate(e) from None
 
     async def recv_frames(self) -> list:
-        """The next message sent with send_frames: memoryviews over host
-        frames, gser.DeviceArray for device frames. Anything else (a peer that
-        sent some other message) raises GserError."""
+        """The next message sent with send_frames: memoryviews of bytes over
+        host frames, gser.DeviceArray for device frames. Anything else (a peer
+        that sent some other message) raises GserError."""
         out = await self.recv()
         if type(out) is not list:
             raise GserError(f"gser.ucx: expected a list of frames, got a message of type {type(out).__name__}")
-        for f in out:
-            if type(f) not in (memoryview, _gser.DeviceArray):
-                raise GserError(f"gser.ucx: expected a list of frames, got a list with an item of type "
-                                f"{type(f).__name__}")
+        for i, f in enumerate(out):
+            t = type(f)
+            if t is memoryview or t is _gser.DeviceArray:
+                continue
+            if t.__name__ == "ndarray" and t.__module__ == "numpy":
+                out[i] = memoryview(f).cast("B")  # a typed host frame (a CPU DLPack tensor): its bytes
+                continue
+            raise GserError(f"gser.ucx: expected a list of frames, got a list with an item of type {t.__name__}")
         return out
 
     # -- teardown ------------------------------------------------------------------------

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.skipif(not gser.HAVE_UCX, reason="gser built without gs
 
 import gser.ucx  # noqa: E402
 from test_device import Dev  # noqa: E402  (host memory behind __cuda_array_interface__)
+from test_dlpack import FakeTensor, HostOnly, kDLCUDA  # noqa: E402  (DLPack producers)
 
 EMULATED = gser.DEVICE_BACKEND == "emulated"
 
@@ -84,12 +85,16 @@ def test_host_and_device_frames_in_one_message():
 
     async def main():
         w, lst, a, b = await pair(gser.ucx.Worker(staging_chunk=64 << 10))  # several staged chunks
-        _, out = await asyncio.gather(a.send_frames([b"header", Dev(dev_big), np.ones(10), Dev(dev_small)]),
-                                      b.recv_frames())
-        assert [type(f) for f in out] == [memoryview, gser.DeviceArray, memoryview, gser.DeviceArray]
+        frames = [b"header", Dev(dev_big), np.ones(10), Dev(dev_small),
+                  FakeTensor(dev_small, device_type=kDLCUDA), HostOnly(dev_small)]  # DLPack: device, CPU
+        _, out = await asyncio.gather(a.send_frames(frames), b.recv_frames())
+        assert [type(f) for f in out] == [memoryview, gser.DeviceArray, memoryview, gser.DeviceArray,
+                                          gser.DeviceArray, memoryview]
         assert bytes(out[0]) == b"header" and bytes(out[2]) == np.ones(10).tobytes()
         assert out[1].dtype == np.float32 and np.array_equal(out[1].copy_to_host(), dev_big)
-        assert out[3].dtype == np.int16 and np.array_equal(out[3].copy_to_host(), dev_small)
+        for f in out[3:5]:
+            assert f.dtype == np.int16 and np.array_equal(f.copy_to_host(), dev_small)
+        assert bytes(out[5]) == dev_small.tobytes()
         w.close()
 
     run(main())
