@@ -114,8 +114,9 @@ def test_installed_package_declares_the_entry_point(tmp_path):
     code = ("import gser, importlib.metadata as m; from distributed.comm.registry import get_backend\n"
             "assert gser.__file__.startswith(%r), gser.__file__\n"
             "print(m.version('gser'), type(get_backend('gser')).__name__)\n" % site)
-    env = dict(os.environ, PYTHONPATH=site)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    env = dict(os.environ, PYTHONPATH=site)  # and a cwd without a gser package in it
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
+                         cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [gser.__version__, "GserBackend"]
 
