@@ -102,7 +102,7 @@ GSER_HD void gser_copy_chunk_lane(const unsigned char *src, unsigned char *dst, 
 }
 
 /* One chunk of a plan for one lane: its copy, then its zero padding. */
-GSER_HD void gser_run_chunk_lane(const gser_chunk_t *ch, unsigned lane)
+GSER_HD void gser_run_chunk_lane(const devl_chunk_t *ch, unsigned lane)
 {
     gser_copy_chunk_lane(ch->src, ch->dst, ch->len, lane);
     for (uint32_t i = lane; i < ch->zpad; i += GSER_LANES)

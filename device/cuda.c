@@ -13,7 +13,7 @@
 #include "backend.h"
 
 /* The launcher of the copy kernel (device/pack.cu). */
-cudaError_t gser_cuda_launch_copy(const gser_chunk_t *chunks, size_t nchunks, int sm_count, cudaStream_t stream);
+cudaError_t gser_cuda_launch_copy(const devl_chunk_t *chunks, size_t nchunks, int sm_count, cudaStream_t stream);
 /* The launchers of the Arrow helper kernels (device/arrow_kernels.cu). */
 cudaError_t gser_cuda_launch_rebase_offsets(void *dst, const void *src, size_t count, unsigned width, int sm_count,
                                             cudaStream_t stream);
@@ -27,8 +27,8 @@ cudaError_t gser_cuda_launch_copy_bits(void *dst, const void *src, uint64_t src_
 #define PIN_CLASSES 48
 #define PIN_KEEP_PER_CLASS 8
 
-struct gser_backend_state {
-    int device;
+struct devl_bstate {
+    int ordinal;
     int sm_count;
     cudaMemPool_t pool;
     pthread_mutex_t pin_lock;
@@ -64,28 +64,28 @@ static cudaStream_t stream_of(void *stream)
     return stream ? (cudaStream_t)stream : cudaStreamPerThread;
 }
 
-static gser_status_t cu_open(int device, gser_backend_state_t **state)
+static gser_status_t cu_open(int ordinal, devl_bstate_t **state)
 {
     int count = 0;
     gser_status_t st = CUDA(cudaGetDeviceCount(&count));
     if (st)
         return GSER_ERR_NO_DEVICE;
-    if (device < 0 || device >= count) {
-        snprintf(cuda_err, sizeof cuda_err, "device %d requested, %d present", device, count);
+    if (ordinal < 0 || ordinal >= count) {
+        snprintf(cuda_err, sizeof cuda_err, "GPU %d requested, %d present", ordinal, count);
         return GSER_ERR_NO_DEVICE;
     }
-    gser_backend_state_t *s = calloc(1, sizeof *s);
+    devl_bstate_t *s = calloc(1, sizeof *s);
     if (!s)
         return GSER_ERR_NO_MEMORY;
-    s->device = device;
-    if ((st = CUDA(cudaDeviceGetAttribute(&s->sm_count, cudaDevAttrMultiProcessorCount, device))))
+    s->ordinal = ordinal;
+    if ((st = CUDA(cudaDeviceGetAttribute(&s->sm_count, cudaDevAttrMultiProcessorCount, ordinal))))
         goto fail;
     /* A pool of our own, so that settings never touch the device's default pool. */
     struct cudaMemPoolProps props;
     memset(&props, 0, sizeof props);
     props.allocType = cudaMemAllocationTypePinned;
     props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = device;
+    props.location.id = ordinal;
     if ((st = CUDA(cudaMemPoolCreate(&s->pool, &props))))
         goto fail;
     uint64_t keep = UINT64_MAX; /* keep freed memory for reuse instead of returning it at every sync */
@@ -101,7 +101,7 @@ fail:
     return st;
 }
 
-static void cu_close(gser_backend_state_t *s)
+static void cu_close(devl_bstate_t *s)
 {
     for (int c = 0; c < PIN_CLASSES; c++)
         for (int i = 0; i < s->pin_count[c]; i++)
@@ -111,7 +111,7 @@ static void cu_close(gser_backend_state_t *s)
     free(s);
 }
 
-static gser_status_t cu_alloc(gser_backend_state_t *s, size_t size, void *stream, void **ptr)
+static gser_status_t cu_alloc(devl_bstate_t *s, size_t size, void *stream, void **ptr)
 {
     void *p = NULL;
     gser_status_t st = CUDA(cudaMallocFromPoolAsync(&p, size ? size : 1, s->pool, stream_of(stream)));
@@ -120,7 +120,7 @@ static gser_status_t cu_alloc(gser_backend_state_t *s, size_t size, void *stream
     return st;
 }
 
-static void cu_free(gser_backend_state_t *s, void *ptr, size_t size, void *stream)
+static void cu_free(devl_bstate_t *s, void *ptr, size_t size, void *stream)
 {
     (void)s;
     (void)size;
@@ -135,7 +135,7 @@ static int pin_class(size_t size)
     return c;
 }
 
-static gser_status_t cu_pinned_alloc(gser_backend_state_t *s, size_t size, void **ptr)
+static gser_status_t cu_pinned_alloc(devl_bstate_t *s, size_t size, void **ptr)
 {
     int c = pin_class(size);
     size_t csize = (size_t)4096 << c;
@@ -153,7 +153,7 @@ static gser_status_t cu_pinned_alloc(gser_backend_state_t *s, size_t size, void 
     return GSER_OK;
 }
 
-static void cu_pinned_free(gser_backend_state_t *s, void *ptr, size_t size)
+static void cu_pinned_free(devl_bstate_t *s, void *ptr, size_t size)
 {
     int c = pin_class(size);
     pthread_mutex_lock(&s->pin_lock);
@@ -166,23 +166,23 @@ static void cu_pinned_free(gser_backend_state_t *s, void *ptr, size_t size)
         CUDA(cudaFreeHost(ptr));
 }
 
-static gser_status_t cu_memcpy(gser_backend_state_t *s, void *dst, const void *src, size_t n, copy_kind_t kind,
+static gser_status_t cu_memcpy(devl_bstate_t *s, void *dst, const void *src, size_t n, devl_dir_t kind,
                                void *stream)
 {
     (void)s;
     static const enum cudaMemcpyKind kinds[] = {
-        [COPY_H2H] = cudaMemcpyHostToHost, [COPY_H2D] = cudaMemcpyHostToDevice,
-        [COPY_D2H] = cudaMemcpyDeviceToHost, [COPY_D2D] = cudaMemcpyDeviceToDevice};
+        [DEVL_H2H] = cudaMemcpyHostToHost, [DEVL_H2D] = cudaMemcpyHostToDevice,
+        [DEVL_D2H] = cudaMemcpyDeviceToHost, [DEVL_D2D] = cudaMemcpyDeviceToDevice};
     return CUDA(cudaMemcpyAsync(dst, src, n, kinds[kind], stream_of(stream)));
 }
 
-static gser_status_t cu_stream_sync(gser_backend_state_t *s, void *stream)
+static gser_status_t cu_stream_sync(devl_bstate_t *s, void *stream)
 {
     (void)s;
     return CUDA(cudaStreamSynchronize(stream_of(stream)));
 }
 
-static gser_status_t cu_event_create(gser_backend_state_t *s, void **event)
+static gser_status_t cu_event_create(devl_bstate_t *s, void **event)
 {
     (void)s;
     cudaEvent_t e;
@@ -192,31 +192,31 @@ static gser_status_t cu_event_create(gser_backend_state_t *s, void **event)
     return st;
 }
 
-static gser_status_t cu_event_record(gser_backend_state_t *s, void *event, void *stream)
+static gser_status_t cu_event_record(devl_bstate_t *s, void *event, void *stream)
 {
     (void)s;
     return CUDA(cudaEventRecord((cudaEvent_t)event, stream_of(stream)));
 }
 
-static gser_status_t cu_event_query(gser_backend_state_t *s, void *event)
+static gser_status_t cu_event_query(devl_bstate_t *s, void *event)
 {
     (void)s;
     return CUDA(cudaEventQuery((cudaEvent_t)event));
 }
 
-static gser_status_t cu_event_sync(gser_backend_state_t *s, void *event)
+static gser_status_t cu_event_sync(devl_bstate_t *s, void *event)
 {
     (void)s;
     return CUDA(cudaEventSynchronize((cudaEvent_t)event));
 }
 
-static gser_status_t cu_stream_wait_event(gser_backend_state_t *s, void *stream, void *event)
+static gser_status_t cu_stream_wait_event(devl_bstate_t *s, void *stream, void *event)
 {
     (void)s;
     return CUDA(cudaStreamWaitEvent(stream_of(stream), (cudaEvent_t)event, 0));
 }
 
-static void cu_event_destroy(gser_backend_state_t *s, void *event)
+static void cu_event_destroy(devl_bstate_t *s, void *event)
 {
     (void)s;
     CUDA(cudaEventDestroy((cudaEvent_t)event));
@@ -224,12 +224,12 @@ static void cu_event_destroy(gser_backend_state_t *s, void *event)
 
 /* The chunk table goes to the device with one copy, the kernel runs, and the
  * table's device memory is freed in stream order behind it. */
-static gser_status_t cu_copy_plan(gser_backend_state_t *s, const gser_chunk_t *chunks, size_t nchunks, void *stream)
+static gser_status_t cu_copy_plan(devl_bstate_t *s, const devl_chunk_t *chunks, size_t nchunks, void *stream)
 {
     if (nchunks == 0)
         return GSER_OK;
     cudaStream_t st_ = stream_of(stream);
-    size_t bytes = nchunks * sizeof(gser_chunk_t);
+    size_t bytes = nchunks * sizeof(devl_chunk_t);
     void *table = NULL;
     gser_status_t st = CUDA(cudaMallocFromPoolAsync(&table, bytes, s->pool, st_));
     if (st)
@@ -241,21 +241,21 @@ static gser_status_t cu_copy_plan(gser_backend_state_t *s, const gser_chunk_t *c
     return st ? st : st2;
 }
 
-static gser_status_t cu_rebase_offsets(gser_backend_state_t *s, void *dst, const void *src, size_t count,
+static gser_status_t cu_rebase_offsets(devl_bstate_t *s, void *dst, const void *src, size_t count,
                                        unsigned width, void *stream)
 {
     return cuda_check(gser_cuda_launch_rebase_offsets(dst, src, count, width, s->sm_count, stream_of(stream)),
                       "the offsets rebase kernel");
 }
 
-static gser_status_t cu_copy_bits(gser_backend_state_t *s, void *dst, const void *src, uint64_t src_bit,
+static gser_status_t cu_copy_bits(devl_bstate_t *s, void *dst, const void *src, uint64_t src_bit,
                                   uint64_t nbits, void *stream)
 {
     return cuda_check(gser_cuda_launch_copy_bits(dst, src, src_bit, nbits, s->sm_count, stream_of(stream)),
                       "the bit copy kernel");
 }
 
-static const char *cu_last_error(gser_backend_state_t *s)
+static const char *cu_last_error(devl_bstate_t *s)
 {
     (void)s;
     return cuda_err;
@@ -263,7 +263,7 @@ static const char *cu_last_error(gser_backend_state_t *s)
 
 /* The verdict is one word in device memory that the kernel ORs into; it comes
  * back with one small copy and a wait on the stream. */
-static gser_status_t cu_check_offsets(gser_backend_state_t *s, const void *offsets, size_t count, unsigned width,
+static gser_status_t cu_check_offsets(devl_bstate_t *s, const void *offsets, size_t count, unsigned width,
                                       uint64_t end, void *stream, uint32_t *verdict)
 {
     cudaStream_t st_ = stream_of(stream);
@@ -282,7 +282,7 @@ static gser_status_t cu_check_offsets(gser_backend_state_t *s, const void *offse
     return st ? st : st2;
 }
 
-const gser_backend_t gser_backend_cuda = {
+const devl_backend_t devl_backend_cuda = {
     .name = "cuda",
     .open = cu_open,
     .close = cu_close,

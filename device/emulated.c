@@ -159,21 +159,21 @@ static void dev_close(const void *p)
 }
 #endif
 
-struct gser_backend_state {
-    int device;
+struct devl_bstate {
+    int ordinal;
 };
 
-static gser_status_t emu_open(int device, gser_backend_state_t **state)
+static gser_status_t emu_open(int ordinal, devl_bstate_t **state)
 {
-    gser_backend_state_t *s = malloc(sizeof *s);
+    devl_bstate_t *s = malloc(sizeof *s);
     if (!s)
         return GSER_ERR_NO_MEMORY;
-    s->device = device;
+    s->ordinal = ordinal;
     *state = s;
     return GSER_OK;
 }
 
-static void emu_close(gser_backend_state_t *s)
+static void emu_close(devl_bstate_t *s)
 {
     free(s);
 }
@@ -194,7 +194,7 @@ static gser_status_t host_alloc(size_t size, void **ptr, size_t *rounded_out)
     return GSER_OK;
 }
 
-static gser_status_t emu_alloc(gser_backend_state_t *s, size_t size, void *stream, void **ptr)
+static gser_status_t emu_alloc(devl_bstate_t *s, size_t size, void *stream, void **ptr)
 {
     (void)s;
     (void)stream;
@@ -211,7 +211,7 @@ static gser_status_t emu_alloc(gser_backend_state_t *s, size_t size, void *strea
     return GSER_OK;
 }
 
-static void emu_free(gser_backend_state_t *s, void *ptr, size_t size, void *stream)
+static void emu_free(devl_bstate_t *s, void *ptr, size_t size, void *stream)
 {
     (void)s;
     (void)size;
@@ -221,28 +221,28 @@ static void emu_free(gser_backend_state_t *s, void *ptr, size_t size, void *stre
 }
 
 /* Pinned memory is host memory: host code may touch it, so it is never poisoned. */
-static gser_status_t emu_pinned_alloc(gser_backend_state_t *s, size_t size, void **ptr)
+static gser_status_t emu_pinned_alloc(devl_bstate_t *s, size_t size, void **ptr)
 {
     (void)s;
     size_t rounded;
     return host_alloc(size, ptr, &rounded);
 }
 
-static void emu_pinned_free(gser_backend_state_t *s, void *ptr, size_t size)
+static void emu_pinned_free(devl_bstate_t *s, void *ptr, size_t size)
 {
     (void)s;
     (void)size;
     free(ptr);
 }
 
-static gser_status_t emu_memcpy(gser_backend_state_t *s, void *dst, const void *src, size_t n, copy_kind_t kind,
+static gser_status_t emu_memcpy(devl_bstate_t *s, void *dst, const void *src, size_t n, devl_dir_t kind,
                                 void *stream)
 {
     (void)s;
     (void)stream;
     if (!n)
         return GSER_OK;
-    bool dev_src = kind == COPY_D2H || kind == COPY_D2D, dev_dst = kind == COPY_H2D || kind == COPY_D2D;
+    bool dev_src = kind == DEVL_D2H || kind == DEVL_D2D, dev_dst = kind == DEVL_H2D || kind == DEVL_D2D;
     if (dev_src)
         dev_open(src);
     if (dev_dst)
@@ -255,14 +255,14 @@ static gser_status_t emu_memcpy(gser_backend_state_t *s, void *dst, const void *
     return GSER_OK;
 }
 
-static gser_status_t emu_ok(gser_backend_state_t *s, void *x)
+static gser_status_t emu_ok(devl_bstate_t *s, void *x)
 {
     (void)s;
     (void)x;
     return GSER_OK;
 }
 
-static gser_status_t emu_event_create(gser_backend_state_t *s, void **event)
+static gser_status_t emu_event_create(devl_bstate_t *s, void **event)
 {
     (void)s;
     /* Any unique non-NULL handle will do. */
@@ -273,7 +273,7 @@ static gser_status_t emu_event_create(gser_backend_state_t *s, void **event)
     return GSER_OK;
 }
 
-static gser_status_t emu_event_record(gser_backend_state_t *s, void *event, void *stream)
+static gser_status_t emu_event_record(devl_bstate_t *s, void *event, void *stream)
 {
     (void)s;
     (void)event;
@@ -281,7 +281,7 @@ static gser_status_t emu_event_record(gser_backend_state_t *s, void *event, void
     return GSER_OK;
 }
 
-static gser_status_t emu_stream_wait_event(gser_backend_state_t *s, void *stream, void *event)
+static gser_status_t emu_stream_wait_event(devl_bstate_t *s, void *stream, void *event)
 {
     (void)s;
     (void)stream;
@@ -289,13 +289,13 @@ static gser_status_t emu_stream_wait_event(gser_backend_state_t *s, void *stream
     return GSER_OK;
 }
 
-static void emu_event_destroy(gser_backend_state_t *s, void *event)
+static void emu_event_destroy(devl_bstate_t *s, void *event)
 {
     (void)s;
     free(event);
 }
 
-static gser_status_t emu_copy_plan(gser_backend_state_t *s, const gser_chunk_t *chunks, size_t nchunks, void *stream)
+static gser_status_t emu_copy_plan(devl_bstate_t *s, const devl_chunk_t *chunks, size_t nchunks, void *stream)
 {
     (void)s;
     (void)stream;
@@ -312,7 +312,7 @@ static gser_status_t emu_copy_plan(gser_backend_state_t *s, const gser_chunk_t *
 
 /* The Arrow helpers, on the CPU. Unsigned arithmetic: offsets are checked
  * by the caller, and a bad one must wrap, not be undefined behaviour. */
-static gser_status_t emu_rebase_offsets(gser_backend_state_t *s, void *dst, const void *src, size_t count,
+static gser_status_t emu_rebase_offsets(devl_bstate_t *s, void *dst, const void *src, size_t count,
                                         unsigned width, void *stream)
 {
     (void)s;
@@ -335,7 +335,7 @@ static gser_status_t emu_rebase_offsets(gser_backend_state_t *s, void *dst, cons
     return GSER_OK;
 }
 
-static gser_status_t emu_copy_bits(gser_backend_state_t *s, void *dst, const void *src, uint64_t src_bit,
+static gser_status_t emu_copy_bits(devl_bstate_t *s, void *dst, const void *src, uint64_t src_bit,
                                    uint64_t nbits, void *stream)
 {
     (void)s;
@@ -359,13 +359,13 @@ static gser_status_t emu_copy_bits(gser_backend_state_t *s, void *dst, const voi
     return GSER_OK;
 }
 
-static const char *emu_last_error(gser_backend_state_t *s)
+static const char *emu_last_error(devl_bstate_t *s)
 {
     (void)s;
     return "";
 }
 
-static gser_status_t emu_check_offsets(gser_backend_state_t *s, const void *offsets, size_t count, unsigned width,
+static gser_status_t emu_check_offsets(devl_bstate_t *s, const void *offsets, size_t count, unsigned width,
                                        uint64_t end, void *stream, uint32_t *verdict)
 {
     (void)s;
@@ -395,7 +395,7 @@ static gser_status_t emu_check_offsets(gser_backend_state_t *s, const void *offs
     return GSER_OK;
 }
 
-const gser_backend_t gser_backend_emulated = {
+const devl_backend_t devl_backend_emulated = {
     .name = "emulated",
     .open = emu_open,
     .close = emu_close,

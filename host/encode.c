@@ -13,7 +13,6 @@
 #include <msgpack/timestamp.h>
 
 #include "internal.h"
-#include "../device/backend.h"
 
 /* ---- output sink for msgpack-c: growable, with a sticky out-of-memory flag -- */
 
@@ -129,7 +128,7 @@ typedef struct enc {
     path_t path;
     char cb_err[512]; /* set by gser_writer_fail */
     /* device buffers */
-    int device_family; /* GSER_FAMILY_DEVICE or _HOST: the first of them in the list; -1 if neither */
+    int buffer_family; /* GSER_FAMILY_DEVICE or _HOST: the first of them in the list; -1 if neither */
     bool to_host;      /* this scope's device buffers go to host frames (the host family) */
     packer_t pack;
     int group; /* packed frame of the current object scope, -1 if none yet */
@@ -391,7 +390,7 @@ static gser_status_t enc_buffer(enc_t *e, obuf_t *pk, const gser_value_t *v, siz
     const gser_buffer_desc_t *d = &v->u.buf->desc;
     char where[96];
     if (d->memory == GSER_MEMORY_DEVICE && d->nbytes) {
-        if (e->device_family < 0) {
+        if (e->buffer_family < 0) {
             char fams[256];
             families_list(e, fams, sizeof fams);
             return enc_fail(e, GSER_ERR_NO_SERIALIZER,
@@ -617,7 +616,7 @@ static gser_status_t resolve_families(enc_t *e, const gser_serialize_options_t *
     return GSER_OK;
 }
 
-static int first_device_family(const enc_t *e)
+static int first_buffer_family(const enc_t *e)
 {
     for (size_t i = 0; i < e->nfam; i++)
         if (e->fam[i] == GSER_FAMILY_DEVICE || e->fam[i] == GSER_FAMILY_HOST)
@@ -647,8 +646,8 @@ gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg, const g
     st = resolve_families(&e, opts);
     if (st)
         return st;
-    e.device_family = first_device_family(&e);
-    e.to_host = e.device_family == GSER_FAMILY_HOST;
+    e.buffer_family = first_buffer_family(&e);
+    e.to_host = e.buffer_family == GSER_FAMILY_HOST;
     e.group = -1;
     packer_init(&e.pack, ctx, opts->pack_max ? opts->pack_max : ctx->pack_max, opts->stream);
 
@@ -658,8 +657,9 @@ gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg, const g
         return error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize: out of memory");
     }
     f->ctx = ctx;
-    f->event = f->stream = f->dev_mem = f->pinned = f->chunks = NULL;
-    f->dev_size = f->pinned_size = f->chunks_size = 0;
+    f->event = f->stream = f->dev_mem = f->pinned = NULL;
+    f->dev_size = f->pinned_size = 0;
+    f->batch = NULL;
     f->frames = f->inline_frames;
     f->cap = GSER_FRAMES_INLINE;
     f->n = 1; /* [0] is the header, filled in last */
@@ -723,8 +723,8 @@ gser_status_t gser_frames_wait(const gser_frames_t *frames)
     if (!frames->event)
         return GSER_OK;
     gser_context_t *ctx = frames->ctx;
-    gser_status_t st = ctx->backend->event_sync(ctx->bstate, frames->event);
-    return st ? device_fail(ctx, st, "gser_frames_wait") : GSER_OK;
+    gser_status_t st = devl_event_sync(ctx->devl, frames->event);
+    return st ? ctxdev_fail(ctx, st, "gser_frames_wait") : GSER_OK;
 }
 
 gser_status_t gser_frames_query(const gser_frames_t *frames)
@@ -734,8 +734,8 @@ gser_status_t gser_frames_query(const gser_frames_t *frames)
     if (!frames->event)
         return GSER_OK;
     gser_context_t *ctx = frames->ctx;
-    gser_status_t st = ctx->backend->event_query(ctx->bstate, frames->event);
-    return st < 0 ? device_fail(ctx, st, "gser_frames_query") : st;
+    gser_status_t st = devl_event_query(ctx->devl, frames->event);
+    return st < 0 ? ctxdev_fail(ctx, st, "gser_frames_query") : st;
 }
 
 void *gser_frames_get_event(const gser_frames_t *frames)

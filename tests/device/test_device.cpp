@@ -7,10 +7,11 @@
 
 #include "host/common.hpp"
 
+#include "device/device.h"
 #include "device/plan.h"
 
-// tests/device/plan_hook.c: runs a copy plan on the context's backend.
-extern "C" gser_status_t test_copy_plan(gser_context_t *ctx, const gser_chunk_t *chunks, size_t n);
+// tests/device/plan_hook.c: runs a batch of copies on the context's device layer.
+extern "C" gser_status_t test_copy_batch(gser_context_t *ctx, const devl_copy_t *copies, size_t n);
 
 namespace {
 
@@ -619,11 +620,11 @@ TEST_P(CopyPlanTest, EveryAlignmentAndSizeIsCopiedExactly)
     CtxPtr cp(c);
     std::mt19937 rng(2024);
     std::vector<size_t> sizes = {0, 1, 2, 3, 4, 5, 7, 13, 15, 16, 17, 31, 33, 63, 64, 65, 255, 4097,
-                                 GSER_CHUNK_BYTES - 1, GSER_CHUNK_BYTES, GSER_CHUNK_BYTES + 1, 3 * GSER_CHUNK_BYTES + 5};
+                                 DEVL_CHUNK_BYTES - 1, DEVL_CHUNK_BYTES, DEVL_CHUNK_BYTES + 1, 3 * DEVL_CHUNK_BYTES + 5};
     for (int i = 0; i < 40; i++)
         sizes.push_back(rng() % 70000);
     // Sources and destinations at every offset 0..15 within 16 bytes.
-    std::vector<gser_copy_t> copies;
+    std::vector<devl_copy_t> copies;
     size_t src_total = 0, dst_total = 0;
     std::vector<std::pair<size_t, size_t>> at; // offsets in the src / dst allocations
     for (size_t i = 0; i < sizes.size() * 16; i++) {
@@ -650,20 +651,12 @@ TEST_P(CopyPlanTest, EveryAlignmentAndSizeIsCopiedExactly)
         std::memcpy(&expect[at[i].second], &src[at[i].first], copies[i].size);
         std::memset(&expect[at[i].second + copies[i].size], 0, copies[i].zpad);
     }
-    size_t n = gser_plan_count(copies.data(), copies.size());
-    void *table;
-    ASSERT_EQ(gser_pinned_alloc(c, n * sizeof(gser_chunk_t), &table), GSER_OK);
-    gser_plan_fill(copies.data(), copies.size(), static_cast<gser_chunk_t *>(table));
-    for (size_t k = 0; k < n; k++)
-        ASSERT_TRUE((static_cast<gser_chunk_t *>(table)[k].len >= 1 || static_cast<gser_chunk_t *>(table)[k].zpad >= 1) &&
-                    static_cast<gser_chunk_t *>(table)[k].len <= GSER_CHUNK_BYTES);
-    ASSERT_EQ(test_copy_plan(c, static_cast<gser_chunk_t *>(table), n), GSER_OK);
+    ASSERT_EQ(test_copy_batch(c, copies.data(), copies.size()), GSER_OK);
     std::vector<unsigned char> got(expect.size());
     ASSERT_EQ(gser_device_memcpy(c, got.data(), GSER_MEMORY_HOST, ddst, GSER_MEMORY_DEVICE, got.size(), nullptr), GSER_OK);
     ASSERT_EQ(gser_stream_wait(c, nullptr), GSER_OK);
     for (size_t i = 0; i < got.size(); i++)
         ASSERT_EQ(got[i], expect[i]) << "byte " << i;
-    gser_pinned_free(c, table, n * sizeof(gser_chunk_t));
     gser_device_free(c, dsrc, src.size(), nullptr);
     gser_device_free(c, ddst, expect.size(), nullptr);
 }

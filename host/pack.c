@@ -12,8 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../host/internal.h"
-#include "backend.h"
+#include "internal.h"
 
 static size_t align_up(size_t n, size_t a)
 {
@@ -74,7 +73,7 @@ gser_status_t packer_add(packer_t *p, gser_frames_t *f, int *group, bool to_host
         if (grow((void **)&p->groups, &p->cap_groups, p->ngroups, sizeof *p->groups))
             return GSER_ERR_NO_MEMORY;
         gser_frame_t placeholder = {.memory = to_host ? GSER_MEMORY_HOST : GSER_MEMORY_DEVICE,
-                                    .device = to_host ? 0 : p->ctx->device};
+                                    .device = to_host ? 0 : p->ctx->ordinal};
         size_t idx = f->n;
         if (frames_push(f, &placeholder))
             return GSER_ERR_NO_MEMORY;
@@ -85,7 +84,7 @@ gser_status_t packer_add(packer_t *p, gser_frames_t *f, int *group, bool to_host
     if (grow((void **)&p->copies, &p->cap_copies, p->ncopies, sizeof *p->copies))
         return GSER_ERR_NO_MEMORY;
     pack_group_t *g = &p->groups[*group];
-    size_t off = align_up(g->bytes, GSER_PACK_ALIGN);
+    size_t off = align_up(g->bytes, DEVL_PACK_ALIGN);
     if (off < g->bytes || size > SIZE_MAX - off)
         return GSER_ERR_NO_MEMORY;
     g->bytes = off + size;
@@ -100,23 +99,23 @@ gser_status_t packer_add(packer_t *p, gser_frames_t *f, int *group, bool to_host
 static gser_status_t wait_producers(packer_t *p)
 {
     gser_context_t *ctx = p->ctx;
-    const gser_backend_t *b = ctx->backend;
+    devl_t *dl = ctx->devl;
     for (size_t i = 0; i < p->nwaits; i++) {
         gser_status_t st = GSER_OK;
         if (p->waits[i].event) {
-            st = b->stream_wait_event(ctx->bstate, p->stream, p->waits[i].event);
+            st = devl_stream_wait_event(dl, p->stream, p->waits[i].event);
         } else if (p->waits[i].stream != p->stream) {
             void *ev;
-            st = b->event_create(ctx->bstate, &ev);
+            st = devl_event_create(dl, &ev);
             if (st == GSER_OK) {
-                st = b->event_record(ctx->bstate, ev, p->waits[i].stream);
+                st = devl_event_record(dl, ev, p->waits[i].stream);
                 if (st == GSER_OK)
-                    st = b->stream_wait_event(ctx->bstate, p->stream, ev);
-                b->event_destroy(ctx->bstate, ev); /* released once it completes */
+                    st = devl_stream_wait_event(dl, p->stream, ev);
+                devl_event_destroy(dl, ev); /* released once it completes */
             }
         }
         if (st)
-            return device_fail(ctx, st, "gser_serialize: waiting for a buffer's stream or event");
+            return ctxdev_fail(ctx, st, "gser_serialize: waiting for a buffer's stream or event");
     }
     return GSER_OK;
 }
@@ -126,13 +125,13 @@ gser_status_t packer_finish(packer_t *p, gser_frames_t *f)
     if (!p->device_work)
         return GSER_OK;
     gser_context_t *ctx = p->ctx;
-    gser_status_t st = device_need(ctx, "gser_serialize");
+    gser_status_t st = ctxdev_need(ctx, "gser_serialize");
     if (st)
         return st;
-    const gser_backend_t *b = ctx->backend;
+    devl_t *dl = ctx->devl;
     f->stream = p->stream;
-    if ((st = b->event_create(ctx->bstate, &f->event)))
-        return device_fail(ctx, st, "gser_serialize: creating the frames' event");
+    if ((st = devl_event_create(dl, &f->event)))
+        return ctxdev_fail(ctx, st, "gser_serialize: creating the frames' event");
     if ((st = wait_producers(p)))
         return st;
 
@@ -142,62 +141,50 @@ gser_status_t packer_finish(packer_t *p, gser_frames_t *f)
     size_t total = 0, host_start = 0;
     for (int pass = 0; pass < 2; pass++) {
         if (pass == 1)
-            host_start = total = align_up(total, GSER_PACK_ALIGN);
+            host_start = total = align_up(total, DEVL_PACK_ALIGN);
         for (size_t g = 0; g < p->ngroups; g++) {
             if (p->groups[g].to_host != (pass == 1))
                 continue;
-            p->groups[g].start = align_up(total, GSER_PACK_ALIGN);
+            p->groups[g].start = align_up(total, DEVL_PACK_ALIGN);
             total = p->groups[g].start + p->groups[g].bytes;
         }
     }
-    total = align_up(total, GSER_PACK_ALIGN);
+    total = align_up(total, DEVL_PACK_ALIGN);
     if (p->ncopies) {
         void *dev = NULL;
-        if ((st = ctx->dev_alloc.alloc(ctx->dev_alloc.user, total, p->stream, &dev)) || (!dev && total))
-            return error_set(ctx, st ? st : GSER_ERR_NO_MEMORY,
-                             "gser_serialize: allocating %zu bytes of device memory for packed frames failed", total);
+        if ((st = devl_alloc(dl, total, p->stream, &dev)))
+            return error_set(ctx, st, "gser_serialize: allocating %zu bytes of device memory for packed frames failed",
+                             total);
         f->dev_mem = dev;
         f->dev_size = total;
 
         /* Each copy also zeroes up to the next 64-byte boundary: the gaps
          * between packed buffers never carry stale device memory. */
-        gser_copy_t *copies = malloc(p->ncopies * sizeof *copies);
+        devl_copy_t *copies = malloc(p->ncopies * sizeof *copies);
         if (!copies)
             return error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize: out of memory");
         for (size_t i = 0; i < p->ncopies; i++) {
             const pack_copy_t *c = &p->copies[i];
             size_t at = p->groups[c->group].start + c->offset;
-            copies[i] = (gser_copy_t){c->src, (char *)dev + at, c->size, align_up(at + c->size, GSER_PACK_ALIGN) - at - c->size};
+            copies[i] = (devl_copy_t){c->src, (char *)dev + at, c->size,
+                                      align_up(at + c->size, DEVL_PACK_ALIGN) - at - c->size};
         }
-        size_t nchunks = gser_plan_count(copies, p->ncopies);
-        void *table = NULL;
-        size_t table_size = nchunks * sizeof(gser_chunk_t);
-        if (nchunks && ((st = ctx->pin_alloc.alloc(ctx->pin_alloc.user, table_size, NULL, &table)) || !table)) {
-            free(copies);
-            return error_set(ctx, st ? st : GSER_ERR_NO_MEMORY,
-                             "gser_serialize: allocating %zu bytes of pinned memory for the copy plan failed",
-                             table_size);
-        }
-        f->chunks = table;
-        f->chunks_size = table_size;
-        if (nchunks)
-            gser_plan_fill(copies, p->ncopies, table);
+        st = devl_copy_batch(dl, copies, p->ncopies, p->stream, &f->batch);
         free(copies);
-        if (nchunks && (st = b->copy_plan(ctx->bstate, table, nchunks, p->stream)))
-            return device_fail(ctx, st, "gser_serialize: the pack kernel");
+        if (st)
+            return ctxdev_fail(ctx, st, "gser_serialize: the pack kernel");
 
         void *pinned = NULL;
         if (p->any_host) {
             /* The host family: one device-to-host copy of everything it packed. */
             size_t host_size = total - host_start;
-            if ((st = ctx->pin_alloc.alloc(ctx->pin_alloc.user, host_size, NULL, &pinned)) || (!pinned && host_size))
-                return error_set(ctx, st ? st : GSER_ERR_NO_MEMORY,
-                                 "gser_serialize: allocating %zu bytes of pinned memory for host frames failed",
+            if ((st = devl_pinned_alloc(dl, host_size, &pinned)))
+                return error_set(ctx, st, "gser_serialize: allocating %zu bytes of pinned memory for host frames failed",
                                  host_size);
             f->pinned = pinned;
             f->pinned_size = host_size;
-            if ((st = b->memcpy(ctx->bstate, pinned, (char *)dev + host_start, host_size, COPY_D2H, p->stream)))
-                return device_fail(ctx, st, "gser_serialize: copying packed frames to the host");
+            if ((st = devl_memcpy(dl, pinned, (char *)dev + host_start, host_size, DEVL_D2H, p->stream)))
+                return ctxdev_fail(ctx, st, "gser_serialize: copying packed frames to the host");
         }
         for (size_t g = 0; g < p->ngroups; g++) {
             gser_frame_t *fr = &f->frames[p->groups[g].frame];
@@ -206,27 +193,23 @@ gser_status_t packer_finish(packer_t *p, gser_frames_t *f)
             fr->size = p->groups[g].bytes;
         }
     }
-    if ((st = b->event_record(ctx->bstate, f->event, p->stream)))
-        return device_fail(ctx, st, "gser_serialize: recording the frames' event");
+    if ((st = devl_event_record(dl, f->event, p->stream)))
+        return ctxdev_fail(ctx, st, "gser_serialize: recording the frames' event");
     return GSER_OK;
 }
 
 /* Called by gser_frames_destroy: wait for the device work, then free. */
 void packer_release(gser_frames_t *f)
 {
-    gser_context_t *ctx = f->ctx;
-    if (!ctx->backend)
+    devl_t *dl = f->ctx->devl;
+    if (!dl)
         return;
-    const gser_backend_t *b = ctx->backend;
     if (f->event)
-        b->event_sync(ctx->bstate, f->event);
-    if (f->chunks)
-        ctx->pin_alloc.free(ctx->pin_alloc.user, f->chunks, f->chunks_size, NULL);
-    if (f->pinned)
-        ctx->pin_alloc.free(ctx->pin_alloc.user, f->pinned, f->pinned_size, NULL);
-    if (f->dev_mem)
-        ctx->dev_alloc.free(ctx->dev_alloc.user, f->dev_mem, f->dev_size, f->stream);
-    if (f->event)
-        b->event_destroy(ctx->bstate, f->event);
-    f->event = f->chunks = f->pinned = f->dev_mem = NULL;
+        devl_event_sync(dl, f->event);
+    devl_batch_release(dl, f->batch);
+    devl_pinned_free(dl, f->pinned, f->pinned_size);
+    devl_free(dl, f->dev_mem, f->dev_size, f->stream);
+    devl_event_destroy(dl, f->event);
+    f->event = f->pinned = f->dev_mem = NULL;
+    f->batch = NULL;
 }
