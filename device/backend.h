@@ -14,7 +14,28 @@
 
 typedef struct devl_bstate devl_bstate_t;
 
-typedef struct gser_backend {
+/* Where the arrays of a transfer are. */
+typedef enum devl_where {
+    DEVL_ARRAYS_HOST,   /* any host memory, at most DEVL_FEW copies: read before xfer returns */
+    DEVL_ARRAYS_PINNED, /* pinned, untouched until the work completes: uploaded in stream order */
+    DEVL_ARRAYS_DEVICE, /* device memory, in place */
+} devl_where_t;
+
+/* A batch of n copies: src[i] -> dst[i] (or, for a gather, base + pos(i)),
+ * size[i] bytes, each followed by zeros up to pad_align (0: none); total is
+ * the sum of sizes and pads. */
+typedef struct devl_xfer {
+    const unsigned char *const *src;
+    unsigned char *const *dst; /* NULL: a gather into base */
+    const uint64_t *size;
+    size_t n;
+    unsigned char *base;
+    uint64_t total;
+    uint32_t pad_align;
+    devl_where_t where;
+} devl_xfer_t;
+
+typedef struct devl_backend {
     const char *name;
     /* Open the backend for a GPU ordinal; GSER_ERR_NO_DEVICE if it cannot. */
     gser_status_t (*open)(int ordinal, devl_bstate_t **state);
@@ -33,12 +54,14 @@ typedef struct gser_backend {
     gser_status_t (*event_sync)(devl_bstate_t *s, void *event);
     gser_status_t (*stream_wait_event)(devl_bstate_t *s, void *stream, void *event);
     void (*event_destroy)(devl_bstate_t *s, void *event);
-    /* Run a copy plan (gather, scatter: any mix of device-to-device copies)
-     * with one kernel launch on stream. The chunk table is in pinned host
-     * memory and must stay untouched until the work completes. */
-    gser_status_t (*copy_plan)(devl_bstate_t *s, const devl_chunk_t *chunks, size_t nchunks,
-                               void *stream);
-    /* The last detailed error (the CUDA error string), or "". */
+    /* Queue a batch of copies (device memory to device memory) on stream,
+     * as one launch: see plan.h and devl_xfer_t. */
+    gser_status_t (*xfer)(devl_bstate_t *s, const devl_xfer_t *x, void *stream);
+    /* A stream of the backend's own, that does not wait for the legacy stream. */
+    gser_status_t (*stream_create)(devl_bstate_t *s, void **stream);
+    void (*stream_destroy)(devl_bstate_t *s, void *stream);
+    /* This thread's last detailed error (the CUDA error string), or "";
+     * s may be NULL (a failed open). */
     const char *(*last_error)(devl_bstate_t *s);
     /* Two small ops for compacting sliced Arrow columns (plugins/arrow), on
      * stream, both buffers device memory, not overlapping.

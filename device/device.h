@@ -35,17 +35,16 @@ typedef struct devl devl_t;
 /* Directions of a copy. */
 typedef enum devl_dir { DEVL_H2H, DEVL_H2D, DEVL_D2H, DEVL_D2D } devl_dir_t;
 
-/* One copy of a batch: size bytes from src to dst, then zpad zero bytes
- * after dst + size (so that packed frames never carry stale memory). */
-typedef struct devl_copy {
-    const void *src;
-    void *dst;
-    size_t size;
-    size_t zpad;
-} devl_copy_t;
+/* The arrays of a batch of copies, for the caller to fill: sources, sizes
+ * and (for a scatter) destinations. */
+typedef struct devl_arrays {
+    const void **src;
+    uint64_t *size;
+    void **dst; /* NULL for a gather */
+} devl_arrays_t;
 
-/* The memory a queued batch of copies still needs (its plan); NULL when it
- * needs none. Given back with devl_batch_release. */
+/* A batch of copies between device buffers, run as one launch; it owns its
+ * arrays and whatever the queued work still reads. */
 typedef struct devl_batch devl_batch_t;
 
 /* Open the backend called name ("cuda", "emulated"; NULL or "auto": cuda
@@ -84,14 +83,27 @@ DEVL_INTERNAL gser_status_t devl_event_sync(devl_t *dl, void *event);
 DEVL_INTERNAL gser_status_t devl_stream_wait_event(devl_t *dl, void *stream, void *event);
 DEVL_INTERNAL void devl_event_destroy(devl_t *dl, void *event);
 
-/* Queue n copies (device to device, any mix: a gather or a scatter) on
- * stream, as one launch. *batch gets what the queued work still needs (or
- * NULL); the caller gives it back with devl_batch_release, which first waits
- * for that work, so that nothing is reused under it. */
-DEVL_INTERNAL gser_status_t devl_copy_batch(devl_t *dl, const devl_copy_t *copies, size_t n, void *stream,
-                                            devl_batch_t **batch);
-/* Wait for the batch's work, then free what it held. NULL is fine. */
+/* A batch of n copies (n > 0): *arrays says where to write them. For many
+ * copies the arrays are pinned memory, uploaded when the batch runs; for a
+ * few (DEVL_FEW) they travel as the kernel's parameters. */
+DEVL_INTERNAL gser_status_t devl_batch_create(devl_t *dl, size_t n, bool scatter, devl_batch_t **batch,
+                                              devl_arrays_t *arrays);
+/* Queue the batch on stream. A scatter copies src[i] to dst[i]; a gather
+ * copies them, in order, into base: each at the sum of the sizes before it,
+ * each rounded up to DEVL_PACK_ALIGN, with zeros in the gaps. */
+DEVL_INTERNAL gser_status_t devl_batch_run(devl_t *dl, devl_batch_t *batch, void *base, void *stream);
+/* Wait until the queued work no longer reads the batch, then free it. NULL is fine. */
 DEVL_INTERNAL void devl_batch_release(devl_t *dl, devl_batch_t *batch);
+/* A gather whose arrays are in device memory already (as CUB's batched copy
+ * takes them): nothing crosses PCIe. total is the bytes it writes (sizes
+ * rounded up to DEVL_PACK_ALIGN). */
+DEVL_INTERNAL gser_status_t devl_gather_resident(devl_t *dl, const void *const *src, const uint64_t *size, size_t n,
+                                                 uint64_t total, void *base, void *stream);
+
+/* A stream of the backend's own (a cudaStream_t that does not wait for the
+ * legacy default stream). */
+DEVL_INTERNAL gser_status_t devl_stream_create(devl_t *dl, void **stream);
+DEVL_INTERNAL void devl_stream_destroy(devl_t *dl, void *stream);
 
 /* The Arrow column ops (see gser/extension.h); arguments already checked. */
 DEVL_INTERNAL gser_status_t devl_rebase_offsets(devl_t *dl, void *dst, const void *src, size_t count, unsigned width,

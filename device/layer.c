@@ -9,6 +9,7 @@
 #include "backend.h"
 #include "device.h"
 #include "plan.h"
+#include <stdint.h>
 
 struct devl {
     const devl_backend_t *b;
@@ -42,9 +43,12 @@ static gser_status_t fail(gser_status_t st, const char *fmt, ...)
 }
 
 struct devl_batch {
-    void *event;  /* recorded after the launch */
-    void *plan;   /* pinned, read by the queued work */
-    size_t plan_size;
+    size_t n;
+    bool scatter;
+    bool pinned; /* arrays in pinned memory, read by queued work until the event */
+    void *arrays;
+    size_t arrays_size;
+    void *event; /* recorded after the launch, when the work reads the arrays */
 };
 
 /* ---- the backend's own allocators, behind gser_allocator_t -------------------- */
@@ -251,50 +255,91 @@ void devl_event_destroy(devl_t *dl, void *event)
 
 /* ---- batches of copies ------------------------------------------------------------------ */
 
-gser_status_t devl_copy_batch(devl_t *dl, const devl_copy_t *copies, size_t n, void *stream, devl_batch_t **batch)
+gser_status_t devl_batch_create(devl_t *dl, size_t n, bool scatter, devl_batch_t **batch, devl_arrays_t *arrays)
 {
-    size_t nchunks = devl_plan_count(copies, n);
-    if (nchunks == 0) {
-        *batch = NULL;
-        return GSER_OK;
-    }
-    devl_batch_t *bt = calloc(1, sizeof *bt);
-    if (!bt)
+    devl_batch_t *b = calloc(1, sizeof *b);
+    if (!b)
         return fail(GSER_ERR_NO_MEMORY, "out of memory");
-    bt->plan_size = nchunks * sizeof(devl_chunk_t);
-    gser_status_t st = devl_pinned_alloc(dl, bt->plan_size, &bt->plan);
+    size_t width = scatter ? 3 : 2;
+    if (n > SIZE_MAX / (8 * width)) {
+        free(b);
+        return fail(GSER_ERR_NO_MEMORY, "%zu copies are too many", n);
+    }
+    b->n = n;
+    b->scatter = scatter;
+    b->pinned = n > DEVL_FEW;
+    b->arrays_size = n * width * 8;
+    gser_status_t st = GSER_OK;
+    if (b->pinned && (st = devl_pinned_alloc(dl, b->arrays_size, &b->arrays)))
+        fail(st, "allocating %zu bytes of pinned memory for the copy plan failed", b->arrays_size);
+    else if (!b->pinned && !(b->arrays = malloc(b->arrays_size)))
+        st = fail(GSER_ERR_NO_MEMORY, "out of memory");
     if (st) {
-        fail(st, "allocating %zu bytes of pinned memory for the copy plan failed", bt->plan_size);
-        goto out;
+        free(b);
+        return st;
     }
-    devl_plan_fill(copies, n, bt->plan);
-    if ((st = devl_event_create(dl, &bt->event)))
-        goto out;
-    if ((st = bk(dl, dl->b->copy_plan(dl->s, bt->plan, nchunks, stream))))
-        goto out;
-    /* From here on the plan is read by queued work: the batch lives until
-     * its event says so, whatever happens next. */
-    if ((st = devl_event_record(dl, bt->event, stream))) {
-        dl->b->stream_sync(dl->s, stream);
-        goto out;
-    }
-    *batch = bt;
+    /* The layout the backends upload in one piece: src[n], size[n], dst[n]. */
+    unsigned char *a = b->arrays;
+    *arrays = (devl_arrays_t){(const void **)a, (uint64_t *)(a + n * 8), scatter ? (void **)(a + 2 * n * 8) : NULL};
+    *batch = b;
     return GSER_OK;
-out:
-    devl_event_destroy(dl, bt->event);
-    devl_pinned_free(dl, bt->plan, bt->plan_size);
-    free(bt);
-    return st;
 }
 
-void devl_batch_release(devl_t *dl, devl_batch_t *batch)
+gser_status_t devl_batch_run(devl_t *dl, devl_batch_t *b, void *base, void *stream)
 {
-    if (!batch)
+    unsigned char *a = b->arrays;
+    devl_xfer_t x = {.src = (const unsigned char *const *)a, .size = (const uint64_t *)(a + b->n * 8), .n = b->n,
+                     .dst = b->scatter ? (unsigned char *const *)(a + 2 * b->n * 8) : NULL,
+                     .base = base, .pad_align = b->scatter ? 0 : DEVL_PACK_ALIGN,
+                     .where = b->pinned ? DEVL_ARRAYS_PINNED : DEVL_ARRAYS_HOST};
+    for (size_t i = 0; i < b->n; i++)
+        x.total += x.size[i] + devl_pad(x.size[i], x.pad_align);
+    gser_status_t st;
+    if (b->pinned && !b->event && (st = devl_event_create(dl, &b->event)))
+        return st;
+    if ((st = bk(dl, dl->b->xfer(dl->s, &x, stream))))
+        return st;
+    /* From here on the arrays may be read by queued work: the batch lives
+     * until its event says so, whatever happens next. */
+    if (b->pinned && (st = devl_event_record(dl, b->event, stream))) {
+        dl->b->stream_sync(dl->s, stream);
+        return st;
+    }
+    return GSER_OK;
+}
+
+void devl_batch_release(devl_t *dl, devl_batch_t *b)
+{
+    if (!b)
         return;
-    dl->b->event_sync(dl->s, batch->event);
-    dl->b->event_destroy(dl->s, batch->event);
-    devl_pinned_free(dl, batch->plan, batch->plan_size);
-    free(batch);
+    if (b->event) {
+        dl->b->event_sync(dl->s, b->event);
+        dl->b->event_destroy(dl->s, b->event);
+    }
+    if (b->pinned)
+        devl_pinned_free(dl, b->arrays, b->arrays_size);
+    else
+        free(b->arrays);
+    free(b);
+}
+
+gser_status_t devl_gather_resident(devl_t *dl, const void *const *src, const uint64_t *size, size_t n, uint64_t total,
+                                   void *base, void *stream)
+{
+    devl_xfer_t x = {.src = (const unsigned char *const *)src, .size = size, .n = n, .base = base, .total = total,
+                     .pad_align = DEVL_PACK_ALIGN, .where = DEVL_ARRAYS_DEVICE};
+    return bk(dl, dl->b->xfer(dl->s, &x, stream));
+}
+
+gser_status_t devl_stream_create(devl_t *dl, void **stream)
+{
+    return bk(dl, dl->b->stream_create(dl->s, stream));
+}
+
+void devl_stream_destroy(devl_t *dl, void *stream)
+{
+    if (stream)
+        dl->b->stream_destroy(dl->s, stream);
 }
 
 /* ---- Arrow column ops -------------------------------------------------------------------- */

@@ -176,7 +176,8 @@ static gser_status_t restore_device(dec_t *d, const void *raw, size_t nbytes, si
     void *p;
     if ((st = msgdev_alloc(d->msg, d->stream, size, false, &p)))
         return dec_fail(d, st, "allocating %zu bytes of device memory failed", size);
-    if ((st = devl_memcpy(ctx->devl, p, src, size, DEVL_H2D, d->stream)))
+    void *event;
+    if ((st = devl_memcpy(ctx->devl, p, src, size, DEVL_H2D, d->stream)) || (st = msgdev_record(d->msg, &event)))
         return ctxdev_fail(ctx, st, "gser_deserialize: copying a frame to the device");
     if (frame != SIZE_MAX)
         d->uploaded[frame] = p;
@@ -680,27 +681,22 @@ static gser_status_t dec_device_flush(dec_t *d)
     gser_value_t **vals = d->dev_vals + first;
     gser_status_t st;
     if (d->flags & GSER_DESERIALIZE_SCATTER) {
-        devl_copy_t *copies = malloc(n * sizeof *copies);
-        if (!copies)
-            return error_set(ctx, GSER_ERR_NO_MEMORY, "%s: out of memory", d->what);
+        devl_batch_t *b;
+        devl_arrays_t a;
+        if ((st = msgdev_batch(d->msg, d->stream, n, &b, &a)))
+            return ctxdev_fail(ctx, st, "gser_deserialize: planning the scatter kernel");
         for (size_t i = 0; i < n; i++) {
             gser_buffer_desc_t *bd = &vals[i]->u.buf->desc;
-            void *dst;
-            if ((st = msgdev_alloc(d->msg, d->stream, bd->nbytes, false, &dst))) {
-                free(copies);
+            if ((st = msgdev_alloc(d->msg, d->stream, bd->nbytes, false, &a.dst[i])))
                 return error_set(ctx, st, "%s: allocating %zu bytes of device memory for a scattered buffer failed",
                                  d->what, bd->nbytes);
-            }
-            copies[i] = (devl_copy_t){bd->data, dst, bd->nbytes, 0};
+            a.src[i] = bd->data;
+            a.size[i] = bd->nbytes;
         }
-        if ((st = msgdev_copy_batch(d->msg, copies, n)))
-            st = ctxdev_fail(ctx, st, "gser_deserialize: the scatter kernel");
-        if (st == GSER_OK)
-            for (size_t i = 0; i < n; i++)
-                vals[i]->u.buf->desc.data = copies[i].dst;
-        free(copies);
-        if (st)
-            return st;
+        if ((st = devl_batch_run(ctx->devl, b, NULL, d->stream)))
+            return ctxdev_fail(ctx, st, "gser_deserialize: the scatter kernel");
+        for (size_t i = 0; i < n; i++)
+            vals[i]->u.buf->desc.data = a.dst[i];
     }
     void *event;
     if ((st = msgdev_record(d->msg, &event)))

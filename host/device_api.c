@@ -83,6 +83,11 @@ bool gser_context_has_device(const gser_context_t *ctx)
     return ctx && ctx->devl;
 }
 
+int gser_context_get_device_ordinal(const gser_context_t *ctx)
+{
+    return ctx && ctx->devl ? ctx->ordinal : 0;
+}
+
 gser_status_t gser_device_alloc(gser_context_t *ctx, size_t size, void *stream, void **ptr)
 {
     if (!ctx || !ptr)
@@ -160,6 +165,23 @@ gser_status_t gser_stream_wait(gser_context_t *ctx, void *stream)
         return st;
     st = devl_stream_sync(ctx->devl, stream);
     return st ? ctxdev_fail(ctx, st, "gser_stream_wait") : GSER_OK;
+}
+
+gser_status_t gser_stream_create(gser_context_t *ctx, void **stream)
+{
+    if (!ctx || !stream)
+        return GSER_ERR_INVALID_ARG;
+    gser_status_t st = ctxdev_need(ctx, "gser_stream_create");
+    if (st)
+        return st;
+    st = devl_stream_create(ctx->devl, stream);
+    return st ? ctxdev_fail(ctx, st, "gser_stream_create") : GSER_OK;
+}
+
+void gser_stream_destroy(gser_context_t *ctx, void *stream)
+{
+    if (ctx && ctx->devl)
+        devl_stream_destroy(ctx->devl, stream);
 }
 
 gser_status_t gser_event_create(gser_context_t *ctx, gser_event_t **event)

@@ -481,8 +481,10 @@ GSER_INTERNAL void packer_release(gser_frames_t *f);
 /* ---- device memory owned by a message (host/msgdev.c) ------------------------ */
 
 GSER_INTERNAL gser_status_t msgdev_alloc(gser_msg_t *m, void *stream, size_t size, bool pinned, void **ptr);
-/* Queue a scatter of n copies on the message's stream; the message keeps its plan. */
-GSER_INTERNAL gser_status_t msgdev_copy_batch(gser_msg_t *m, const devl_copy_t *copies, size_t n);
+/* A scatter batch of n copies that the message keeps (and releases after
+ * its event); the caller fills the arrays and runs it on stream. */
+GSER_INTERNAL gser_status_t msgdev_batch(gser_msg_t *m, void *stream, size_t n, devl_batch_t **batch,
+                                         devl_arrays_t *arrays);
 /* Record the message's event after its device work; sets the backend handle. */
 GSER_INTERNAL gser_status_t msgdev_record(gser_msg_t *m, void **event);
 GSER_INTERNAL void msgdev_release(gser_msg_t *m);

@@ -35,16 +35,15 @@ gser_status_t msgdev_alloc(gser_msg_t *m, void *stream, size_t size, bool pinned
     return GSER_OK;
 }
 
-gser_status_t msgdev_copy_batch(gser_msg_t *m, const devl_copy_t *copies, size_t n)
+gser_status_t msgdev_batch(gser_msg_t *m, void *stream, size_t n, devl_batch_t **batch, devl_arrays_t *arrays)
 {
-    msg_device_t *md = m->dev; /* the destinations were allocated through msgdev_alloc */
-    if (arena_vec_reserve(&m->arena, (void **)&md->batches, &md->cap_batches, sizeof *md->batches,
-                          md->nbatches + 1))
+    msg_device_t *md;
+    if (msgdev_get(m, stream, &md) || arena_vec_reserve(&m->arena, (void **)&md->batches, &md->cap_batches,
+                                                        sizeof *md->batches, md->nbatches + 1))
         return GSER_ERR_NO_MEMORY;
-    devl_batch_t *b;
-    gser_status_t st = devl_copy_batch(m->ctx->devl, copies, n, md->stream, &b);
-    if (st == GSER_OK && b)
-        md->batches[md->nbatches++] = b;
+    gser_status_t st = devl_batch_create(m->ctx->devl, n, true, batch, arrays);
+    if (st == GSER_OK)
+        md->batches[md->nbatches++] = *batch;
     return st;
 }
 

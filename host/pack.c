@@ -120,6 +120,99 @@ static gser_status_t wait_producers(packer_t *p)
     return GSER_OK;
 }
 
+/* Give every group its start in the one allocation, each 64-byte aligned:
+ * device frames first, then the host family's, so that one copy moves all
+ * of the latter to pinned memory. Sets *total and *host_start. */
+static void layout(packer_t *p, size_t *total_out, size_t *host_start)
+{
+    size_t total = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1)
+            *host_start = total = align_up(total, DEVL_PACK_ALIGN);
+        for (size_t g = 0; g < p->ngroups; g++) {
+            if (p->groups[g].to_host != (pass == 1))
+                continue;
+            p->groups[g].start = align_up(total, DEVL_PACK_ALIGN);
+            total = p->groups[g].start + p->groups[g].bytes;
+        }
+    }
+    *total_out = align_up(total, DEVL_PACK_ALIGN);
+}
+
+/* The pack kernel's batch: the copies in the order of their places in the
+ * allocation, which is then the device layer's gather order (each place is
+ * the sum of the rounded-up sizes before it). */
+static gser_status_t gather(packer_t *p, gser_frames_t *f, void *dev)
+{
+    gser_context_t *ctx = p->ctx;
+    devl_arrays_t a;
+    gser_status_t st = devl_batch_create(ctx->devl, p->ncopies, false, &f->batch, &a);
+    if (st)
+        return ctxdev_fail(ctx, st, "gser_serialize: planning the pack kernel");
+    /* Copies per group, then each group's first slot in allocation order. */
+    size_t *first = calloc(p->ngroups + 1, sizeof *first);
+    if (!first)
+        return error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize: out of memory");
+    for (size_t i = 0; i < p->ncopies; i++)
+        first[p->copies[i].group]++;
+    size_t at = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t g = 0; g < p->ngroups; g++)
+            if (p->groups[g].to_host == (pass == 1)) {
+                size_t n = first[g];
+                first[g] = at;
+                at += n;
+            }
+    for (size_t i = 0; i < p->ncopies; i++) {
+        size_t k = first[p->copies[i].group]++;
+        a.src[k] = p->copies[i].src;
+        a.size[k] = p->copies[i].size;
+    }
+    free(first);
+    if ((st = devl_batch_run(ctx->devl, f->batch, dev, p->stream)))
+        return ctxdev_fail(ctx, st, "gser_serialize: the pack kernel");
+    return GSER_OK;
+}
+
+static gser_status_t pack(packer_t *p, gser_frames_t *f, bool *queued)
+{
+    gser_context_t *ctx = p->ctx;
+    devl_t *dl = ctx->devl;
+    gser_status_t st;
+    *queued = true; /* from the producers' waits on */
+    if ((st = wait_producers(p)) || !p->ncopies)
+        return st;
+    size_t total, host_start;
+    layout(p, &total, &host_start);
+    void *dev = NULL;
+    if ((st = devl_alloc(dl, total, p->stream, &dev)))
+        return error_set(ctx, st, "gser_serialize: allocating %zu bytes of device memory for packed frames failed",
+                         total);
+    f->dev_mem = dev;
+    f->dev_size = total;
+    if ((st = gather(p, f, dev)))
+        return st;
+    void *pinned = NULL;
+    if (p->any_host) {
+        /* The host family: one device-to-host copy of everything it packed. */
+        size_t host_size = total - host_start;
+        if ((st = devl_pinned_alloc(dl, host_size, &pinned)))
+            return error_set(ctx, st, "gser_serialize: allocating %zu bytes of pinned memory for host frames failed",
+                             host_size);
+        f->pinned = pinned;
+        f->pinned_size = host_size;
+        if ((st = devl_memcpy(dl, pinned, (char *)dev + host_start, host_size, DEVL_D2H, p->stream)))
+            return ctxdev_fail(ctx, st, "gser_serialize: copying packed frames to the host");
+    }
+    for (size_t g = 0; g < p->ngroups; g++) {
+        gser_frame_t *fr = &f->frames[p->groups[g].frame];
+        fr->data = p->groups[g].to_host ? (char *)pinned + (p->groups[g].start - host_start)
+                                        : (char *)dev + p->groups[g].start;
+        fr->size = p->groups[g].bytes;
+    }
+    return GSER_OK;
+}
+
 gser_status_t packer_finish(packer_t *p, gser_frames_t *f)
 {
     if (!p->device_work)
@@ -132,70 +225,18 @@ gser_status_t packer_finish(packer_t *p, gser_frames_t *f)
     f->stream = p->stream;
     if ((st = devl_event_create(dl, &f->event)))
         return ctxdev_fail(ctx, st, "gser_serialize: creating the frames' event");
-    if ((st = wait_producers(p)))
-        return st;
-
-    /* One allocation for all packed frames, each starting 64-byte aligned:
-     * device frames first, then the host family's, so that one copy moves
-     * all of the latter to pinned memory. */
-    size_t total = 0, host_start = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        if (pass == 1)
-            host_start = total = align_up(total, DEVL_PACK_ALIGN);
-        for (size_t g = 0; g < p->ngroups; g++) {
-            if (p->groups[g].to_host != (pass == 1))
-                continue;
-            p->groups[g].start = align_up(total, DEVL_PACK_ALIGN);
-            total = p->groups[g].start + p->groups[g].bytes;
-        }
+    bool queued = false;
+    st = pack(p, f, &queued);
+    /* The event marks the end of whatever was queued, also when a later step
+     * failed: gser_frames_destroy waits for it before freeing anything the
+     * queued work reads or writes. */
+    gser_status_t rst = queued ? devl_event_record(dl, f->event, p->stream) : GSER_OK;
+    if (rst != GSER_OK) {
+        devl_stream_sync(dl, p->stream);
+        if (st == GSER_OK)
+            st = ctxdev_fail(ctx, rst, "gser_serialize: recording the frames' event");
     }
-    total = align_up(total, DEVL_PACK_ALIGN);
-    if (p->ncopies) {
-        void *dev = NULL;
-        if ((st = devl_alloc(dl, total, p->stream, &dev)))
-            return error_set(ctx, st, "gser_serialize: allocating %zu bytes of device memory for packed frames failed",
-                             total);
-        f->dev_mem = dev;
-        f->dev_size = total;
-
-        /* Each copy also zeroes up to the next 64-byte boundary: the gaps
-         * between packed buffers never carry stale device memory. */
-        devl_copy_t *copies = malloc(p->ncopies * sizeof *copies);
-        if (!copies)
-            return error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize: out of memory");
-        for (size_t i = 0; i < p->ncopies; i++) {
-            const pack_copy_t *c = &p->copies[i];
-            size_t at = p->groups[c->group].start + c->offset;
-            copies[i] = (devl_copy_t){c->src, (char *)dev + at, c->size,
-                                      align_up(at + c->size, DEVL_PACK_ALIGN) - at - c->size};
-        }
-        st = devl_copy_batch(dl, copies, p->ncopies, p->stream, &f->batch);
-        free(copies);
-        if (st)
-            return ctxdev_fail(ctx, st, "gser_serialize: the pack kernel");
-
-        void *pinned = NULL;
-        if (p->any_host) {
-            /* The host family: one device-to-host copy of everything it packed. */
-            size_t host_size = total - host_start;
-            if ((st = devl_pinned_alloc(dl, host_size, &pinned)))
-                return error_set(ctx, st, "gser_serialize: allocating %zu bytes of pinned memory for host frames failed",
-                                 host_size);
-            f->pinned = pinned;
-            f->pinned_size = host_size;
-            if ((st = devl_memcpy(dl, pinned, (char *)dev + host_start, host_size, DEVL_D2H, p->stream)))
-                return ctxdev_fail(ctx, st, "gser_serialize: copying packed frames to the host");
-        }
-        for (size_t g = 0; g < p->ngroups; g++) {
-            gser_frame_t *fr = &f->frames[p->groups[g].frame];
-            fr->data = p->groups[g].to_host ? (char *)pinned + (p->groups[g].start - host_start)
-                                            : (char *)dev + p->groups[g].start;
-            fr->size = p->groups[g].bytes;
-        }
-    }
-    if ((st = devl_event_record(dl, f->event, p->stream)))
-        return ctxdev_fail(ctx, st, "gser_serialize: recording the frames' event");
-    return GSER_OK;
+    return st;
 }
 
 /* Called by gser_frames_destroy: wait for the device work, then free. */
