@@ -223,4 +223,52 @@ DEVL_FN int devl_piece_alone(const devl_piece_t *pc)
     return pc->len + pc->zlen <= DEVL_LANE_PIECE;
 }
 
+#ifndef __CUDACC__
+/* Positions in blocks, as the scan kernels compute them (device/pack.cu):
+ * local[n] within each block of DEVL_SCAN_BLOCK, block[] the blocks' starts. */
+static inline void devl_scan_cpu(const uint64_t *size, uint64_t n, uint32_t pad_align, uint64_t *local,
+                                 uint64_t *block)
+{
+    uint64_t at = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        if (i % DEVL_SCAN_BLOCK == 0)
+            block[i / DEVL_SCAN_BLOCK] = at;
+        local[i] = at - block[i / DEVL_SCAN_BLOCK];
+        at += size[i] + devl_pad(size[i], pad_align);
+    }
+}
+
+/* A plan run on the CPU, warp by warp and lane by lane, in the steps the
+ * CUDA kernel's warps take (device/pack.cu, tile_warp): for the emulated
+ * backend and for tests. */
+static inline void devl_run_plan_cpu(const devl_plan_t *p, const devl_few_t *f)
+{
+    uint64_t ntiles = (p->total + p->tile - 1) / p->tile;
+    for (uint64_t t = 0; t < ntiles; t++) {
+        uint64_t t0 = t * p->tile, t1 = devl_tile_end(p, t0);
+        for (uint64_t b = devl_find(p, f, t0);; b += DEVL_LANES) {
+            devl_piece_t pc[DEVL_LANES];
+            int valid[DEVL_LANES], alone[DEVL_LANES], any = 0;
+            for (unsigned lane = 0; lane < DEVL_LANES; lane++) {
+                uint64_t j = b + lane;
+                valid[lane] = j < p->n && devl_pos(p, f, j) < t1;
+                any |= valid[lane];
+                if (valid[lane])
+                    pc[lane] = devl_piece_of(p, f, j, t0, t1);
+                alone[lane] = valid[lane] && devl_piece_alone(&pc[lane]);
+            }
+            if (!any)
+                break;
+            for (unsigned lane = 0; lane < DEVL_LANES; lane++)
+                if (alone[lane])
+                    devl_piece_lane(&pc[lane], 0, 1);
+            for (unsigned k = 0; k < DEVL_LANES; k++)
+                if (valid[k] && !alone[k])
+                    for (unsigned lane = 0; lane < DEVL_LANES; lane++)
+                        devl_piece_lane(&pc[k], lane, DEVL_LANES);
+        }
+    }
+}
+#endif
+
 #endif

@@ -467,43 +467,10 @@ static gser_status_t xfer_positions(const devl_xfer_t *x, uint64_t **local, uint
     uint64_t *l = malloc((x->n + nb) * sizeof *l);
     if (!l)
         return GSER_ERR_NO_MEMORY;
-    uint64_t *b = l + x->n, at = 0;
-    for (size_t i = 0; i < x->n; i++) {
-        if (i % DEVL_SCAN_BLOCK == 0)
-            b[i / DEVL_SCAN_BLOCK] = at;
-        l[i] = at - b[i / DEVL_SCAN_BLOCK];
-        at += x->size[i] + devl_pad(x->size[i], x->pad_align);
-    }
+    devl_scan_cpu(x->size, x->n, x->pad_align, l, l + x->n);
     *local = l;
-    *block = b;
+    *block = l + x->n;
     return GSER_OK;
-}
-
-/* One warp's tile, lane by lane: the same steps as the CUDA kernel's tile_warp. */
-static void tile_warp(const devl_plan_t *p, uint64_t t)
-{
-    uint64_t t0 = t * p->tile, t1 = devl_tile_end(p, t0);
-    for (uint64_t b = devl_find(p, NULL, t0);; b += DEVL_LANES) {
-        devl_piece_t pc[DEVL_LANES];
-        bool valid[DEVL_LANES], alone[DEVL_LANES], any = false;
-        for (unsigned lane = 0; lane < DEVL_LANES; lane++) {
-            uint64_t j = b + lane;
-            valid[lane] = j < p->n && devl_pos(p, NULL, j) < t1;
-            any |= valid[lane];
-            if (valid[lane])
-                pc[lane] = devl_piece_of(p, NULL, j, t0, t1);
-            alone[lane] = valid[lane] && devl_piece_alone(&pc[lane]);
-        }
-        if (!any)
-            break;
-        for (unsigned lane = 0; lane < DEVL_LANES; lane++)
-            if (alone[lane])
-                devl_piece_lane(&pc[lane], 0, 1);
-        for (unsigned k = 0; k < DEVL_LANES; k++)
-            if (valid[k] && !alone[k])
-                for (unsigned lane = 0; lane < DEVL_LANES; lane++)
-                    devl_piece_lane(&pc[k], lane, DEVL_LANES);
-    }
 }
 
 static void run_xfer(const devl_xfer_t *x)
@@ -525,9 +492,7 @@ static void run_xfer(const devl_xfer_t *x)
             dev_open(x->src[i]);
             dev_open(x->dst ? x->dst[i] : x->base);
         }
-        uint64_t ntiles = (p.total + p.tile - 1) / p.tile;
-        for (uint64_t t = 0; t < ntiles; t++)
-            tile_warp(&p, t);
+        devl_run_plan_cpu(&p, NULL);
         for (size_t i = 0; i < x->n; i++) {
             dev_close(x->dst ? x->dst[i] : x->base);
             dev_close(x->src[i]);

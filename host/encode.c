@@ -201,26 +201,31 @@ static void pack_marker(obuf_t *pk, int type, size_t nfields)
 }
 
 /* Bytes of a buffer or array: inline bin when small host memory, else a
- * frame reference [frame - base, offset, nbytes]. *where says which, for traces. */
+ * frame reference [frame - base, offset, nbytes]. *where says which, for
+ * traces: written only when tracing is on (formatting it for every buffer
+ * would cost more than the rest of its encoding). */
 static gser_status_t enc_data(enc_t *e, obuf_t *pk, const void *data, size_t nbytes, gser_memory_t mem,
                               int32_t device, size_t base, char *where, size_t where_cap)
 {
     if (nbytes == 0 || (mem == GSER_MEMORY_HOST && nbytes < e->inline_max)) {
         pk_bin_with_body(pk, data, nbytes);
-        snprintf(where, where_cap, "inline");
+        if (e->trace)
+            snprintf(where, where_cap, "inline");
         return GSER_OK;
     }
     size_t idx, off = 0;
     if (mem == GSER_MEMORY_DEVICE && (e->to_host || nbytes < e->pack.pack_max)) {
         if (packer_add(&e->pack, e->out, &e->group, e->to_host, data, nbytes, &idx, &off))
             return enc_fail(e, GSER_ERR_NO_MEMORY, "out of memory planning the packed frame");
-        snprintf(where, where_cap, "frame %zu %s packed +%zu", idx, e->to_host ? "host" : "device", off);
+        if (e->trace)
+            snprintf(where, where_cap, "frame %zu %s packed +%zu", idx, e->to_host ? "host" : "device", off);
     } else {
         gser_frame_t fr = {.data = data, .size = nbytes, .memory = mem, .device = mem == GSER_MEMORY_DEVICE ? device : 0};
         idx = e->out->n;
         if (frames_push(e->out, &fr))
             return enc_fail(e, GSER_ERR_NO_MEMORY, "out of memory for the frame table");
-        snprintf(where, where_cap, "frame %zu %s", idx, gser_memory_str(mem));
+        if (e->trace)
+            snprintf(where, where_cap, "frame %zu %s", idx, gser_memory_str(mem));
     }
     pk_array(pk, 3);
     pk_uint64(pk, idx - base);

@@ -854,16 +854,18 @@ TEST(EmulatedDevice, HostCodeCannotReadDeviceMemory)
     ASSERT_EQ(gser_device_memcpy(c, dev, GSER_MEMORY_DEVICE, in.data(), GSER_MEMORY_HOST, 100, nullptr), GSER_OK);
     ASSERT_EQ(gser_device_memcpy(c, out.data(), GSER_MEMORY_HOST, dev, GSER_MEMORY_DEVICE, 100, nullptr), GSER_OK);
     EXPECT_EQ(out, in);
+    GTEST_FLAG_SET(death_test_style, "threadsafe"); // the backend's worker thread runs
     EXPECT_DEATH(
         {
             volatile unsigned char b = static_cast<volatile unsigned char *>(dev)[42];
             (void)b;
         },
         "use-after-poison");
-    // Pinned memory is host memory.
+    // Pinned memory is host memory (a copy into it completes in stream order).
     void *pin = nullptr;
     ASSERT_EQ(gser_pinned_alloc(c, 100, &pin), GSER_OK);
     ASSERT_EQ(gser_device_memcpy(c, pin, GSER_MEMORY_HOST, dev, GSER_MEMORY_DEVICE, 100, nullptr), GSER_OK);
+    ASSERT_EQ(gser_stream_wait(c, nullptr), GSER_OK);
     EXPECT_EQ(std::memcmp(pin, in.data(), 100), 0);
     gser_pinned_free(c, pin, 100);
     gser_device_free(c, dev, 100, nullptr);
