@@ -2,6 +2,7 @@
  * on the core's side: arguments are checked here, the work goes through the
  * device layer (device/device.h), and its failures become the context's
  * message. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,11 +30,37 @@ static gser_status_t read_allocator(gser_context_t *ctx, const gser_allocator_t 
     return GSER_OK;
 }
 
+/* name, shortened and with anything unprintable as '?', for messages. */
+static void printable(char *out, size_t cap, const char *name)
+{
+    size_t n = 0;
+    for (; name[n] && n + 1 < cap && n < 40; n++)
+        out[n] = name[n] >= 0x20 && name[n] < 0x7f && name[n] != '"' ? name[n] : '?';
+    out[n] = '\0';
+}
+
 gser_status_t ctxdev_open(gser_context_t *ctx, const gser_context_options_t *o)
 {
     const char *name = o->device_backend;
-    if (!name || !*name)
+    bool from_env = !name || !*name;
+    if (from_env)
         name = getenv("GSER_DEVICE");
+    ctx->devl_why[0] = '\0';
+    if (!devl_backend_known(name)) {
+        char shown[48];
+        printable(shown, sizeof shown, name);
+        if (!from_env)
+            return error_set(ctx, GSER_ERR_INVALID_ARG,
+                             "gser_context_create: gser_context_options_t.device_backend is \"%s\", which is not a "
+                             "device backend (%s)",
+                             shown, devl_backend_names());
+        /* From the environment: what needs no device keeps working (a tool
+         * reading a file, a Python import); device memory fails, saying why. */
+        snprintf(ctx->devl_why, sizeof ctx->devl_why,
+                 "the environment variable GSER_DEVICE is \"%s\", which is not a device backend (%s)", shown,
+                 devl_backend_names());
+        name = "none";
+    }
     ctx->ordinal = o->device;
     ctx->pack_max = o->pack_max ? o->pack_max : GSER_DEFAULT_PACK_MAX;
     ctx->devl = NULL;
@@ -59,6 +86,9 @@ gser_status_t ctxdev_need(gser_context_t *ctx, const char *what)
 {
     if (ctx->devl)
         return GSER_OK;
+    if (ctx->devl_why[0])
+        return error_set(ctx, GSER_ERR_NO_DEVICE, "%s: device memory needs a device backend, and this context has "
+                         "none: %s", what, ctx->devl_why);
     return error_set(ctx, GSER_ERR_NO_DEVICE,
                      "%s: device memory needs a device backend, and this context has none "
                      "(set gser_context_options_t.device_backend or GSER_DEVICE to \"cuda\" or \"emulated\")",

@@ -292,6 +292,7 @@ struct gser_context {
     pthread_mutex_t err_lock; /* guards err_slots */
     err_slot_t *err_slots;    /* host/context.c: one detailed message per thread */
     devl_t *devl; /* the device layer (host/device_api.c opens it); NULL: no backend */
+    char devl_why[192]; /* why there is none when GSER_DEVICE named no backend, else "" */
     int ordinal;  /* the GPU the context's device memory is on */
     size_t pack_max;
     gser_limits_t limits;
