@@ -24,7 +24,7 @@
 #include "pincache.h"
 
 /* The launchers of the copy kernel and its scan (device/pack.cu). */
-cudaError_t devl_cuda_copy_occupancy(int *blocks_per_sm);
+cudaError_t devl_cuda_copy_occupancy(int *many_per_sm, int *few_per_sm);
 cudaError_t devl_cuda_launch_few(const devl_few_t *few, int max_blocks, cudaStream_t stream);
 cudaError_t devl_cuda_launch_many(const devl_plan_t *plan, uint64_t *block_sum, int max_blocks, cudaStream_t stream);
 /* The launchers of the Arrow helper kernels (device/arrow_kernels.cu). */
@@ -39,6 +39,7 @@ struct devl_bstate {
     int ordinal;
     int sm_count;
     int max_blocks;         /* copy kernel blocks resident at once on the whole GPU */
+    int max_blocks_few;     /* the same for the few-copies kernel */
     uint64_t resident_warps;
     cudaMemPool_t pool;
     devl_pincache_t pins;
@@ -109,11 +110,13 @@ static void release_pinned(void *p, size_t size)
 static gser_status_t open_on(devl_bstate_t *s)
 {
     gser_status_t st;
-    int per_sm = 0;
+    int per_sm = 0, few_per_sm = 0;
     if ((st = CUDA(cudaDeviceGetAttribute(&s->sm_count, cudaDevAttrMultiProcessorCount, s->ordinal))) ||
-        (st = cuda_check(devl_cuda_copy_occupancy(&per_sm), "the copy kernel's occupancy")))
+        (st = cuda_check(devl_cuda_copy_occupancy(&per_sm, &few_per_sm), "the copy kernels' occupancy")))
         return st;
-    s->max_blocks = (per_sm > 0 ? per_sm : 1) * (s->sm_count > 0 ? s->sm_count : 1);
+    int sms = s->sm_count > 0 ? s->sm_count : 1;
+    s->max_blocks = (per_sm > 0 ? per_sm : 1) * sms;
+    s->max_blocks_few = (few_per_sm > 0 ? few_per_sm : 1) * sms;
     s->resident_warps = (uint64_t)s->max_blocks * 8;
     /* A pool of our own, so that settings never touch the device's default pool. */
     struct cudaMemPoolProps props;
@@ -310,7 +313,7 @@ static gser_status_t xfer_few(devl_bstate_t *s, const devl_xfer_t *x, cudaStream
     few.plan = (devl_plan_t){.dst = x->dst ? few.dst : NULL, /* on the device only: "a scatter" */
                              .n = x->n, .base = x->base, .total = x->total,
                              .tile = devl_tile_bytes(x->total, s->resident_warps), .pad_align = x->pad_align};
-    return cuda_check(devl_cuda_launch_few(&few, s->max_blocks, cs), "the copy kernel");
+    return cuda_check(devl_cuda_launch_few(&few, s->max_blocks_few, cs), "the copy kernel");
 }
 
 /* Many copies: sources (and destinations) and sizes on the device -- uploaded

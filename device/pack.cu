@@ -155,9 +155,13 @@ __global__ void __launch_bounds__(1024) devl_scan_blocks_kernel(const uint64_t *
 
 // ---- launchers (C linkage, called by device/cuda.c) ----------------------------------
 
-extern "C" cudaError_t devl_cuda_copy_occupancy(int *blocks_per_sm)
+// Blocks of each copy kernel resident at once on one SM.
+extern "C" cudaError_t devl_cuda_copy_occupancy(int *many_per_sm, int *few_per_sm)
 {
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, devl_copy_kernel, DEVL_BLOCK, 0);
+    cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(many_per_sm, devl_copy_kernel, DEVL_BLOCK, 0);
+    if (e == cudaSuccess)
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(few_per_sm, devl_copy_few_kernel, DEVL_BLOCK, 0);
+    return e;
 }
 
 static unsigned grid_for(const devl_plan_t *p, int max_blocks)

@@ -275,10 +275,11 @@ cudaError_t cudaEventDestroy(cudaEvent_t event)
 
 /* ---- the launchers of device/pack.cu and device/arrow_kernels.cu ---- */
 
-cudaError_t devl_cuda_copy_occupancy(int *blocks_per_sm)
+cudaError_t devl_cuda_copy_occupancy(int *many_per_sm, int *few_per_sm)
 {
     CALL("occupancy");
-    *blocks_per_sm = 8;
+    *many_per_sm = 8;
+    *few_per_sm = 6;
     return cudaSuccess;
 }
 
