@@ -86,8 +86,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!ctx) {
         gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
         o.trace = -1;
-        o.limits.max_nodes = 100000;
-        o.limits.max_bytes = 1 << 24;
+        static gser_limits_t lim = GSER_LIMITS_INIT;
+        lim.max_nodes = 100000;
+        lim.max_bytes = 1 << 24;
+        o.limits = &lim;
         if (gser_context_create(&o, &ctx) || fuzz_register(ctx))
             abort();
         o.device_backend = "emulated";
