@@ -80,8 +80,12 @@ static int enc_str(enc_t *e, PyObject *o, gser_value_t **out)
     return st ? fail_st(st, "gser_msg_new_str") : 0;
 }
 
+static int enc_large_bytes(enc_t *e, PyObject *o, gser_value_t **out);
+
 static int enc_bytes(enc_t *e, PyObject *o, gser_value_t **out)
 {
+    if (PyBytes_GET_SIZE(o) >= PG_BYTES_FRAME_MIN)
+        return enc_large_bytes(e, o, out);
     /* The message borrows the bytes: keep them alive as long as it lives. */
     if (pg_owner_hold_ref(e->owner, o) < 0)
         return -1;
@@ -387,10 +391,223 @@ static bool is_numpy_array(PyObject *o)
     return strcmp(Py_TYPE(o)->tp_name, "numpy.ndarray") == 0;
 }
 
+/* A host buffer value over view, which the owner takes over: zero-copy when
+ * the view is C-contiguous (*borrowed is then its memory), else one copy
+ * into C order (*borrowed NULL). nd 0: flat. */
+static int enc_host_view(enc_t *e, Py_buffer *view, gser_dtype_t dtype, int nd, gser_value_t **out,
+                         const void **borrowed)
+{
+    int64_t shape[GSER_MAX_NDIM];
+    for (int d = 0; d < nd; d++)
+        shape[d] = view->shape ? (int64_t)view->shape[d] : (int64_t)(view->len / view->itemsize);
+    gser_buffer_desc_t desc = GSER_BUFFER_DESC_INIT;
+    desc.nbytes = (size_t)view->len;
+    desc.dtype = dtype;
+    desc.memory = GSER_MEMORY_HOST;
+    desc.ndim = (uint32_t)nd;
+    desc.shape = nd ? shape : NULL;
+    *borrowed = NULL;
+    gser_status_t st;
+    if (PyBuffer_IsContiguous(view, 'C')) {
+        /* Zero-copy: the message borrows the exporter's memory, and the
+         * owner holds the view (and so the exporter) until it dies. */
+        desc.data = view->buf;
+        if (pg_owner_hold_view(e->owner, view) < 0)
+            return -1;
+        st = gser_msg_new_buffer(e->msg, &desc, out);
+        if (st == GSER_OK)
+            *borrowed = desc.data;
+    } else {
+        /* Strided (a slice, a transpose, Fortran order): one copy into C order. */
+        void *copy = malloc(view->len ? (size_t)view->len : 1);
+        if (!copy) {
+            PyBuffer_Release(view);
+            PyErr_NoMemory();
+            return -1;
+        }
+        if (PyBuffer_ToContiguous(copy, view, view->len, 'C') < 0) {
+            free(copy);
+            PyBuffer_Release(view);
+            return -1;
+        }
+        PyBuffer_Release(view);
+        desc.data = copy;
+        desc.release = free_release;
+        st = gser_msg_new_buffer(e->msg, &desc, out);
+        if (st)
+            free(copy);
+    }
+    return st ? fail_st(st, "gser_msg_new_buffer") : 0;
+}
+
+/* Wrap tree (a value of the message) into a typed object of the module. */
+static int enc_typed(enc_t *e, pg_type_t t, gser_value_t *tree, gser_value_t **out)
+{
+    gser_status_t st = pg_type_new(e->msg, t, tree, out);
+    return st ? fail_st(st, "gser_msg_new_object") : 0;
+}
+
+/* The view's memory becomes a frame of its own, handed out by dumps as obj. */
+static int frame_obj(enc_t *e, const void *borrowed, Py_ssize_t len, PyObject *obj)
+{
+    if (!borrowed || len < PG_INLINE_MAX)
+        return 0;
+    return pg_owner_frame_obj(e->owner, borrowed, (size_t)len, obj);
+}
+
+/* bytes of at least PG_BYTES_FRAME_MIN: "python.bytes", a buffer that is a
+ * frame of its own (the bytes object itself, in dumps' frame list). */
+static int enc_large_bytes(enc_t *e, PyObject *o, gser_value_t **out)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(o, &view, PyBUF_SIMPLE) < 0)
+        return -1;
+    gser_value_t *buf;
+    const void *borrowed;
+    if (enc_host_view(e, &view, GSER_DTYPE_BYTES, 0, &buf, &borrowed) < 0 ||
+        frame_obj(e, borrowed, PyBytes_GET_SIZE(o), o) < 0)
+        return -1;
+    return enc_typed(e, PG_T_BYTES, buf, out);
+}
+
+/* bytearray ("python.bytearray") and memoryview ("python.memoryview", with
+ * its format and shape; non-contiguous ones copied into C order). */
+static int enc_bytes_like(enc_t *e, PyObject *o, pg_type_t t, gser_value_t **out)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(o, &view, PyBUF_RECORDS_RO) < 0) {
+        PyErr_Clear();
+        return not_impl(e, o, ": it exports no plain buffer");
+    }
+    bool big;
+    gser_dtype_t dtype = format_dtype(view.format, view.itemsize, false, &big);
+    if (big || dtype == GSER_DTYPE_COUNT || view.ndim > GSER_MAX_NDIM) {
+        PyBuffer_Release(&view);
+        return not_impl(e, o, big ? ": big-endian items" : ": a format gser has no dtype for");
+    }
+    /* Untyped bytes in one dimension (or a 0-d byte) stay flat. */
+    int nd = dtype == GSER_DTYPE_BYTES && view.ndim <= 1 ? 0 : view.ndim;
+    if (nd == 0 && dtype != GSER_DTYPE_BYTES) {
+        PyBuffer_Release(&view);
+        return not_impl(e, o, ": a 0-d typed memoryview");
+    }
+    Py_ssize_t len = view.len;
+    gser_value_t *buf;
+    const void *borrowed;
+    if (enc_host_view(e, &view, dtype, nd, &buf, &borrowed) < 0 || (nd == 0 && frame_obj(e, borrowed, len, o) < 0))
+        return -1;
+    return enc_typed(e, t, buf, out);
+}
+
+/* numpy.lib.format.dtype_to_descr, imported on first use. */
+static PyObject *np_dtype_to_descr;
+
+/* ("numpy.ndarray") (buffer, descr, writeable, ndim) of an array that a
+ * plain buffer cannot say all of: read-only, 0-d, or of a dtype gser has no
+ * name for (either byte order, structured, datetime, strings, void). Those
+ * travel as uint8 with one more extent (the items' bytes) and the dtype's
+ * numpy.lib.format description, which is data, as numpy.save writes it. */
+static int enc_ndarray_typed(enc_t *e, PyObject *o, int depth, gser_value_t **out)
+{
+    Py_buffer view;
+    PyObject *descr = Py_None, *bytes_of = NULL;
+    bool big = false;
+    gser_dtype_t dtype = GSER_DTYPE_COUNT;
+    if (PyObject_GetBuffer(o, &view, PyBUF_RECORDS_RO) == 0) {
+        dtype = format_dtype(view.format, view.itemsize, true, &big);
+        if (big || dtype == GSER_DTYPE_COUNT)
+            PyBuffer_Release(&view);
+    } else {
+        PyErr_Clear(); /* numpy exports no buffer of datetimes: described below */
+    }
+    int ndim = -1;
+    if (big || dtype == GSER_DTYPE_COUNT) {
+        PyObject *dt = PyObject_GetAttrString(o, "dtype");
+        PyObject *hasobj = dt ? PyObject_GetAttrString(dt, "hasobject") : NULL;
+        PyObject *isz = hasobj ? PyObject_GetAttrString(dt, "itemsize") : NULL;
+        int objects = hasobj ? PyObject_IsTrue(hasobj) : -1;
+        Py_ssize_t itemsize = isz ? PyLong_AsSsize_t(isz) : -1;
+        Py_XDECREF(hasobj);
+        Py_XDECREF(isz);
+        if (objects || itemsize <= 0) {
+            Py_XDECREF(dt);
+            if (PyErr_Occurred())
+                return -1;
+            return not_impl(e, o, objects ? " with Python objects in its dtype (gser never pickles)"
+                                          : " with an empty dtype");
+        }
+        if (!np_dtype_to_descr) {
+            PyObject *fmt = PyImport_ImportModule("numpy.lib.format");
+            np_dtype_to_descr = fmt ? PyObject_GetAttrString(fmt, "dtype_to_descr") : NULL;
+            Py_XDECREF(fmt);
+        }
+        descr = np_dtype_to_descr ? PyObject_CallOneArg(np_dtype_to_descr, dt) : NULL;
+        Py_DECREF(dt);
+        /* The items' bytes: x[..., None].view(uint8), one more extent. */
+        PyObject *idx = descr ? Py_BuildValue("(OO)", Py_Ellipsis, Py_None) : NULL;
+        PyObject *x1 = idx ? PyObject_GetItem(o, idx) : NULL;
+        bytes_of = x1 ? PyObject_CallMethod(x1, "view", "s", "u1") : NULL;
+        Py_XDECREF(idx);
+        Py_XDECREF(x1);
+        if (!bytes_of || PyObject_GetBuffer(bytes_of, &view, PyBUF_RECORDS_RO) < 0) {
+            Py_XDECREF(descr);
+            Py_XDECREF(bytes_of);
+            return -1;
+        }
+        Py_DECREF(bytes_of);
+        dtype = GSER_DTYPE_UINT8;
+        ndim = view.ndim - 1;
+    } else {
+        Py_INCREF(descr);
+        ndim = view.ndim;
+    }
+    bool writeable = !view.readonly;
+    gser_value_t *tree, *buf, *dv = NULL;
+    gser_status_t st = gser_msg_new_tuple(e->msg, &tree);
+    const void *borrowed;
+    int r = st ? fail_st(st, "gser_msg_new_tuple") : 0;
+    if (r == 0 && view.ndim > GSER_MAX_NDIM) {
+        PyBuffer_Release(&view);
+        r = not_impl(e, o, ": more dimensions than gser buffers have");
+    } else if (r == 0) {
+        /* A 0-d array of gser's dtype travels as shape (1,). */
+        r = enc_host_view(e, &view, dtype, view.ndim ? view.ndim : 1, &buf, &borrowed);
+    } else {
+        PyBuffer_Release(&view);
+    }
+    if (r == 0)
+        r = enc_value(e, descr, depth + 1, &dv);
+    Py_DECREF(descr);
+    if (r == 0 && ((st = gser_list_append(tree, buf)) || (st = gser_list_append(tree, dv)) ||
+                   (st = gser_list_append_bool(tree, writeable)) || (st = gser_list_append_int(tree, ndim))))
+        r = fail_st(st, "gser_list_append");
+    return r < 0 ? -1 : enc_typed(e, PG_T_NDARRAY, tree, out);
+}
+
+/* A numpy array: a plain buffer when gser's dtypes and shapes say all of it
+ * (writable, at least one dimension, a dtype of gser's), else "numpy.ndarray". */
+static int enc_numpy(enc_t *e, PyObject *o, int depth, gser_value_t **out)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(o, &view, PyBUF_RECORDS_RO) == 0) {
+        bool big;
+        gser_dtype_t dtype = format_dtype(view.format, view.itemsize, true, &big);
+        if (!big && dtype != GSER_DTYPE_COUNT && !view.readonly && view.ndim > 0 && view.ndim <= GSER_MAX_NDIM) {
+            const void *borrowed;
+            return enc_host_view(e, &view, dtype, view.ndim, out, &borrowed);
+        }
+        PyBuffer_Release(&view);
+    } else {
+        PyErr_Clear();
+    }
+    return enc_ndarray_typed(e, o, depth, out);
+}
+
+/* Other buffer exporters (array.array, ...), outside strict mode: a buffer
+ * with the exporter's format and shape; back as a numpy array. */
 static int enc_buffer(enc_t *e, PyObject *o, gser_value_t **out)
 {
-    bool numpy = is_numpy_array(o);
-    if (e->strict && !numpy)
+    if (e->strict)
         return not_impl(e, o, " in strict mode (buffers must be numpy.ndarray, so that they come back as one)");
     Py_buffer view;
     if (PyObject_GetBuffer(o, &view, PyBUF_RECORDS_RO) < 0) {
@@ -399,14 +616,14 @@ static int enc_buffer(enc_t *e, PyObject *o, gser_value_t **out)
         return -1;
     }
     bool big;
-    gser_dtype_t dtype = format_dtype(view.format, view.itemsize, numpy, &big);
+    gser_dtype_t dtype = format_dtype(view.format, view.itemsize, true, &big);
     const char *why = NULL;
     if (big)
         why = "big-endian elements (gser buffers are little-endian; convert with .astype('<...'))";
     else if (dtype == GSER_DTYPE_COUNT)
         why = "an element format gser has no dtype for";
     else if (view.ndim == 0)
-        why = "zero dimensions (a numpy scalar or 0-d array: convert with .item() or .reshape(1))";
+        why = "zero dimensions";
     else if (view.ndim > GSER_MAX_NDIM)
         why = "more dimensions than gser buffers have";
     if (why) {
@@ -416,47 +633,33 @@ static int enc_buffer(enc_t *e, PyObject *o, gser_value_t **out)
         PyBuffer_Release(&view);
         return -1;
     }
-    int64_t shape[GSER_MAX_NDIM];
-    for (int d = 0; d < view.ndim; d++)
-        shape[d] = view.shape ? (int64_t)view.shape[d] : (int64_t)(view.len / view.itemsize);
-    gser_buffer_desc_t desc = GSER_BUFFER_DESC_INIT;
-    desc.nbytes = (size_t)view.len;
-    desc.dtype = dtype;
-    desc.memory = GSER_MEMORY_HOST;
-    /* Untyped bytes in one dimension stay flat; everything else keeps its shape. */
-    if (!(dtype == GSER_DTYPE_BYTES && view.ndim == 1)) {
-        desc.ndim = (uint32_t)view.ndim;
-        desc.shape = shape;
-    }
-    gser_status_t st;
-    if (PyBuffer_IsContiguous(&view, 'C')) {
-        /* Zero-copy: the message borrows the exporter's memory, and the
-         * owner holds the view (and so the exporter) until it dies. */
-        desc.data = view.buf;
-        if (pg_owner_hold_view(e->owner, &view) < 0)
-            return -1;
-        st = gser_msg_new_buffer(e->msg, &desc, out);
-    } else {
-        /* Strided (a slice, a transpose, Fortran order): one copy into C order. */
-        void *copy = malloc(view.len ? (size_t)view.len : 1);
-        if (!copy) {
-            PyBuffer_Release(&view);
-            PyErr_NoMemory();
-            return -1;
-        }
-        if (PyBuffer_ToContiguous(copy, &view, view.len, 'C') < 0) {
-            free(copy);
-            PyBuffer_Release(&view);
-            return -1;
-        }
-        PyBuffer_Release(&view);
-        desc.data = copy;
-        desc.release = free_release;
-        st = gser_msg_new_buffer(e->msg, &desc, out);
-        if (st)
-            free(copy);
-    }
-    return st ? fail_st(st, "gser_msg_new_buffer") : 0;
+    const void *borrowed;
+    return enc_host_view(e, &view, dtype, view.ndim, out, &borrowed);
+}
+
+/* ---- types registered from Python ------------------------------------------------------ */
+
+/* ("python.type") (name, to_gser(o)): what to_gser returns comes back as
+ * the receiver's from_gser makes it, so the strict rules do not apply inside. */
+static int enc_registered(enc_t *e, PyObject *o, PyObject *entry, int depth, gser_value_t **out)
+{
+    if (check_depth(e, depth) < 0)
+        return -1;
+    PyObject *value = PyObject_CallOneArg(PyTuple_GET_ITEM(entry, 1), o);
+    if (!value)
+        return -1;
+    gser_value_t *tree, *name, *payload;
+    bool strict = e->strict;
+    e->strict = false;
+    gser_status_t st = gser_msg_new_tuple(e->msg, &tree);
+    int r = st ? fail_st(st, "gser_msg_new_tuple") : enc_str(e, PyTuple_GET_ITEM(entry, 0), &name);
+    if (r == 0)
+        r = enc_value(e, value, depth + 1, &payload);
+    e->strict = strict;
+    Py_DECREF(value);
+    if (r == 0 && ((st = gser_list_append(tree, name)) || (st = gser_list_append(tree, payload))))
+        r = fail_st(st, "gser_list_append");
+    return r < 0 ? -1 : enc_typed(e, PG_T_PYTYPE, tree, out);
 }
 
 /* ---- __cuda_array_interface__ ------------------------------------------------------ */
@@ -487,15 +690,24 @@ static gser_dtype_t typestr_dtype(const char *ts, bool *big)
 
 int pg_extents_total(const int64_t *shape, int nd, size_t elem_size, uint64_t *total, const char **why)
 {
-    uint64_t n = elem_size;
+    /* numpy (and any strided consumer) multiplies the extents it is given
+     * even when one is 0: (0, 2**63-1) holds no bytes, and still no array
+     * can have that shape. So the product of the non-zero extents must fit too. */
+    uint64_t n = elem_size, fit = elem_size;
     for (int d = 0; d < nd; d++) {
-        if (shape[d] < 0 || (shape[d] && n > UINT64_MAX / (uint64_t)shape[d])) {
+        if (shape[d] < 0) {
             *why = "a bad extent in the shape";
             return -1;
         }
-        n *= (uint64_t)shape[d];
+        uint64_t x = (uint64_t)shape[d];
+        if (x && fit > UINT64_MAX / x) {
+            *why = "too large for Python (the product of the extents overflows)";
+            return -1;
+        }
+        n *= x;
+        fit *= x ? x : 1;
     }
-    if (n > (uint64_t)PY_SSIZE_T_MAX) {
+    if (fit > (uint64_t)PY_SSIZE_T_MAX) {
         *why = "too large for Python";
         return -1;
     }
@@ -693,6 +905,19 @@ static int enc_value(enc_t *e, PyObject *o, int depth, gser_value_t **out)
     int sc = enc_scalar(e, o, out);
     if (sc)
         return sc < 0 ? -1 : 0;
+    if (t == &PyByteArray_Type)
+        return enc_bytes_like(e, o, PG_T_BYTEARRAY, out);
+    if (t == &PyMemoryView_Type)
+        return enc_bytes_like(e, o, PG_T_MEMORYVIEW, out);
+    if (is_numpy_array(o))
+        return enc_numpy(e, o, depth, out);
+    PyObject *entry;
+    int reg = pg_registry_lookup_type(t, &entry);
+    if (reg) {
+        int r = reg < 0 ? -1 : enc_registered(e, o, entry, depth, out);
+        Py_XDECREF(entry);
+        return r;
+    }
     if (PyObject_CheckBuffer(o))
         return enc_buffer(e, o, out);
     int arrow = pg_arrow_probe(o);
@@ -710,7 +935,8 @@ static int enc_value(enc_t *e, PyObject *o, int depth, gser_value_t **out)
     int dl = pg_has_attr(o, "__dlpack__");
     if (dl)
         return dl < 0 ? -1 : enc_dlpack(e, o, out);
-    return not_impl(e, o, " (gser never pickles: send it with another serializer)");
+    return not_impl(e, o, " (gser never pickles: send it with another serializer, or register it with "
+                          "gser.register_type)");
 }
 
 int pg_encode(PgOwner *owner, PyObject *obj, const pg_encode_options_t *opts)

@@ -36,6 +36,11 @@ static void owner_dealloc(PgOwner *self)
     PyMem_Free(self->cleanups);
     self->cleanups = NULL;
     self->ncleanups = 0;
+    for (Py_ssize_t i = 0; i < self->nfobjs; i++)
+        Py_DECREF(self->fobjs[i].obj);
+    PyMem_Free(self->fobjs);
+    self->fobjs = NULL;
+    self->nfobjs = 0;
     Py_CLEAR(self->refs);
     Py_TYPE(self)->tp_free((PyObject *)self);
     PyErr_Restore(et, ev, etb);
@@ -46,6 +51,8 @@ static int owner_traverse(PgOwner *self, visitproc visit, void *arg)
     Py_VISIT(self->refs);
     for (Py_ssize_t i = 0; i < self->nviews; i++)
         Py_VISIT(self->views[i].obj);
+    for (Py_ssize_t i = 0; i < self->nfobjs; i++)
+        Py_VISIT(self->fobjs[i].obj);
     return 0;
 }
 
@@ -73,6 +80,9 @@ PgOwner *pg_owner_new(void)
     o->cleanups = NULL;
     o->ncleanups = 0;
     o->capcleanups = 0;
+    o->fobjs = NULL;
+    o->nfobjs = 0;
+    o->capfobjs = 0;
     PyObject_GC_Track(o);
     return o;
 }
@@ -115,6 +125,22 @@ int pg_owner_on_destroy(PgOwner *o, void (*fn)(void *p), void *p)
         o->capcleanups = cap;
     }
     o->cleanups[o->ncleanups++] = (pg_cleanup_t){fn, p};
+    return 0;
+}
+
+int pg_owner_frame_obj(PgOwner *o, const void *ptr, size_t len, PyObject *obj)
+{
+    if (o->nfobjs == o->capfobjs) {
+        Py_ssize_t cap = o->capfobjs ? o->capfobjs * 2 : 4;
+        pg_frame_obj_t *nf = PyMem_Realloc(o->fobjs, (size_t)cap * sizeof *nf);
+        if (!nf) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        o->fobjs = nf;
+        o->capfobjs = cap;
+    }
+    o->fobjs[o->nfobjs++] = (pg_frame_obj_t){ptr, len, Py_NewRef(obj)};
     return 0;
 }
 
@@ -221,15 +247,27 @@ PyObject *pg_frame_new(PgOwner *owner, const void *ptr, Py_ssize_t len, bool rea
     f->ndim = ndim;
     f->flat_shape[0] = len;
     f->flat_strides[0] = 1;
-    Py_ssize_t stride = f->itemsize;
+    /* Callers checked the shape (pg_extents_total); unsigned arithmetic all the
+     * same, so that a shape they missed is an error and never overflows. */
+    size_t stride = (size_t)f->itemsize;
     for (int d = ndim; d-- > 0;) {
+        size_t ext = shape[d] > 0 ? (size_t)shape[d] : 1;
         f->shape[d] = (Py_ssize_t)shape[d];
-        f->strides[d] = stride;
-        stride *= f->shape[d] ? f->shape[d] : 1;
+        f->strides[d] = (Py_ssize_t)stride;
+        if (shape[d] < 0 || stride > (size_t)PY_SSIZE_T_MAX / ext) {
+            PyObject_GC_Track(f);
+            Py_DECREF(f);
+            PyErr_SetString(pg_GserError, "gser: a buffer shape Python cannot hold");
+            return NULL;
+        }
+        stride *= ext;
     }
     PyObject_GC_Track(f);
     return (PyObject *)f;
 }
+
+static PyObject *device_copy_to_host(unsigned long long ptr, Py_ssize_t nbytes, PyObject *shape, const char *typestr,
+                                     const char *what);
 
 /* ---- PgDeviceFrame ---------------------------------------------------------------------- */
 
@@ -285,6 +323,27 @@ static PyMemberDef dframe_members[] = {
     {NULL, 0, 0, 0, NULL},
 };
 
+PyDoc_STRVAR(dframe_copy_to_host_doc,
+"copy_to_host() -> numpy.ndarray\n\n"
+"The frame's bytes in a new host uint8 array, copied with gser_device_memcpy\n"
+"(a bytearray when numpy is not installed).");
+
+static PyObject *dframe_copy_to_host(PgDeviceFrame *self, PyObject *unused)
+{
+    (void)unused;
+    PyObject *shape = Py_BuildValue("(n)", self->nbytes);
+    if (!shape)
+        return NULL;
+    PyObject *out = device_copy_to_host(self->ptr, self->nbytes, shape, "|u1", "gser.DeviceFrame.copy_to_host");
+    Py_DECREF(shape);
+    return out;
+}
+
+static PyMethodDef dframe_methods[] = {
+    {"copy_to_host", (PyCFunction)dframe_copy_to_host, METH_NOARGS, dframe_copy_to_host_doc},
+    {NULL, NULL, 0, NULL},
+};
+
 static PySequenceMethods dframe_as_sequence = {
     .sq_length = (lenfunc)dframe_len,
 };
@@ -301,6 +360,7 @@ PyTypeObject PgDeviceFrame_Type = {
     .tp_repr = (reprfunc)dframe_repr,
     .tp_getset = dframe_getset,
     .tp_members = dframe_members,
+    .tp_methods = dframe_methods,
     .tp_as_sequence = &dframe_as_sequence,
 };
 
@@ -409,24 +469,20 @@ static PyObject *darray_cai(PgDeviceArray *self, void *closure)
                          Py_None, "version", 3);
 }
 
-PyDoc_STRVAR(darray_copy_to_host_doc,
-"copy_to_host() -> numpy.ndarray\n\n"
-"A new host array with this array's dtype, shape and contents, copied with\n"
-"gser_device_memcpy (a bytearray when numpy is not installed).");
-
-static PyObject *darray_copy_to_host(PgDeviceArray *self, PyObject *unused)
+/* A new host array of shape and typestr (a bytearray when numpy is not
+ * installed) holding the nbytes of device memory at ptr, copied with
+ * gser_device_memcpy: host code never reads device memory itself. */
+static PyObject *device_copy_to_host(unsigned long long ptr, Py_ssize_t nbytes, PyObject *shape, const char *typestr,
+                                     const char *what)
 {
-    (void)unused;
     PyObject *out;
     PyObject *np = PyImport_ImportModule("numpy");
     if (np) {
-        PyObject *shape = darray_shape(self, NULL);
-        out = shape ? PyObject_CallMethod(np, "empty", "Os", shape, pg_dtype_typestr(self->dtype)) : NULL;
-        Py_XDECREF(shape);
+        out = PyObject_CallMethod(np, "empty", "Os", shape, typestr);
         Py_DECREF(np);
     } else if (PyErr_ExceptionMatches(PyExc_ImportError)) {
         PyErr_Clear();
-        out = PyByteArray_FromStringAndSize(NULL, self->nbytes);
+        out = PyByteArray_FromStringAndSize(NULL, nbytes);
     } else {
         return NULL;
     }
@@ -438,13 +494,12 @@ static PyObject *darray_copy_to_host(PgDeviceArray *self, PyObject *unused)
         return NULL;
     }
     gser_status_t st = GSER_OK;
-    if (view.len != self->nbytes) {
+    if (view.len != nbytes) {
         st = GSER_ERR_STATE;
-    } else if (self->nbytes) {
-        void *src = (void *)(uintptr_t)self->ptr;
+    } else if (nbytes) {
+        void *src = (void *)(uintptr_t)ptr;
         Py_BEGIN_ALLOW_THREADS
-        st = gser_device_memcpy(pg_ctx, view.buf, GSER_MEMORY_HOST, src, GSER_MEMORY_DEVICE, (size_t)self->nbytes,
-                                NULL);
+        st = gser_device_memcpy(pg_ctx, view.buf, GSER_MEMORY_HOST, src, GSER_MEMORY_DEVICE, (size_t)nbytes, NULL);
         if (st == GSER_OK)
             st = gser_stream_wait(pg_ctx, NULL);
         Py_END_ALLOW_THREADS
@@ -452,8 +507,25 @@ static PyObject *darray_copy_to_host(PgDeviceArray *self, PyObject *unused)
     PyBuffer_Release(&view);
     if (st) {
         Py_DECREF(out);
-        return pg_raise(st, true, "gser.DeviceArray.copy_to_host");
+        return pg_raise(st, true, what);
     }
+    return out;
+}
+
+PyDoc_STRVAR(darray_copy_to_host_doc,
+"copy_to_host() -> numpy.ndarray\n\n"
+"A new host array with this array's dtype, shape and contents, copied with\n"
+"gser_device_memcpy (a bytearray when numpy is not installed).");
+
+static PyObject *darray_copy_to_host(PgDeviceArray *self, PyObject *unused)
+{
+    (void)unused;
+    PyObject *shape = darray_shape(self, NULL);
+    if (!shape)
+        return NULL;
+    PyObject *out = device_copy_to_host(self->ptr, self->nbytes, shape, pg_dtype_typestr(self->dtype),
+                                        "gser.DeviceArray.copy_to_host");
+    Py_DECREF(shape);
     return out;
 }
 

@@ -43,6 +43,11 @@ PyObject *pg_raise(gser_status_t st, bool detail, const char *what);
  * prefixed with the status name and the instance gets the attributes
  * status, status_name and detail. NULL with an exception set on failure. */
 PyObject *pg_make_exc(PyObject *exc, gser_status_t st, PyObject *text);
+/* A str of bytes that came from the wire or the core (a type name, an Arrow
+ * format string, an error message naming one): UTF-8, with whatever is not
+ * written as backslash escapes, so that a hostile name cannot turn an error
+ * into a UnicodeDecodeError. NULL (exception set) only without memory. */
+PyObject *pg_text(const char *s);
 
 /* ---- owners and exporters (objects.c) ---------------------------------------- */
 
@@ -65,7 +70,19 @@ typedef struct {
     pg_cleanup_t *cleanups; /* memory the message borrows: freed after it, in order */
     Py_ssize_t ncleanups;
     Py_ssize_t capcleanups;
+    struct pg_frame_obj *fobjs; /* objects dumps hands out as frames of their own */
+    Py_ssize_t nfobjs;
+    Py_ssize_t capfobjs;
 } PgOwner;
+
+/* An object whose memory [ptr, ptr + len) becomes a frame of its own
+ * (bytes, bytearray, memoryview): dumps hands out the object itself, as
+ * Dask's serializers do. */
+typedef struct pg_frame_obj {
+    const void *ptr;
+    size_t len;
+    PyObject *obj;
+} pg_frame_obj_t;
 
 extern PyTypeObject PgOwner_Type;
 extern PyTypeObject PgFrame_Type;
@@ -78,6 +95,9 @@ PgOwner *pg_owner_new(void);
 int pg_owner_hold_view(PgOwner *o, Py_buffer *view);
 /* Keep obj alive as long as the owner. */
 int pg_owner_hold_ref(PgOwner *o, PyObject *obj);
+/* Remember that obj's memory [ptr, ptr + len) should become a frame of its
+ * own, handed out as obj (a reference is held). Called in encoding order. */
+int pg_owner_frame_obj(PgOwner *o, const void *ptr, size_t len, PyObject *obj);
 /* Free p (malloc'd) when the owner dies, after its message. On failure p is
  * freed and -1 returned with an exception set. */
 int pg_owner_hold_alloc(PgOwner *o, void *p);
@@ -85,6 +105,13 @@ int pg_owner_hold_alloc(PgOwner *o, void *p);
  * (cleanups run in the order they were added). On failure fn(p) runs at once
  * and -1 is returned with an exception set. */
 int pg_owner_on_destroy(PgOwner *o, void (*fn)(void *p), void *p);
+
+/* The core's default inline_max, which the module's context keeps: host
+ * buffers smaller than this are copied into the header. */
+#define PG_INLINE_MAX 256
+/* bytes objects of at least this many bytes travel as a frame of their own
+ * ("python.bytes"), smaller ones inside the header. */
+#define PG_BYTES_FRAME_MIN (64 * 1024)
 
 /* The most dimensions a loaded array may have (numpy's NPY_MAXDIMS is 32). */
 #define PG_MAX_NDIM 32
@@ -145,18 +172,40 @@ PyObject *pg_dlpack_export(PyObject *keep, void *data, gser_dtype_t dtype, int n
 
 /* ---- gser -> Python (decode.c) ------------------------------------------------- */
 
-/* What the decoder needs to know about the frames a message was read from:
- * whether the header's and the data frames' memory may be written, so that
- * loaded arrays are writable exactly when the memory they view is. */
+/* One frame a message was read from (frames[0] is the header). Host buffers
+ * of the message become numpy arrays and memoryviews over one exporter per
+ * frame (made when first needed), so that a message of a million buffers
+ * costs a million small arrays and not a million exporters. */
+typedef struct pg_frame_ref {
+    const char *data;
+    size_t size;
+    bool host;        /* device frames hold no host buffers */
+    bool readonly;    /* the memory may not be written */
+    PyObject *src;    /* the object handed to loads (borrowed: the owner holds it), or NULL */
+    PyObject *exp[2]; /* flat exporters over the frame: [0] writable as the frame is, [1] read-only */
+    PyObject *mview;  /* memoryview(exp[0]) */
+} pg_frame_ref_t;
+
+/* What the decoder needs to know about the frames a message was read from. */
 typedef struct pg_decode_ctx {
     PgOwner *owner;
-    const char *header;
-    size_t header_len;
-    bool header_readonly;
-    bool data_readonly; /* any data frame is read-only */
+    pg_frame_ref_t *frames;
+    size_t nframes;
+    size_t *by_addr;    /* host frame indexes sorted by address */
+    size_t nby_addr;
+    bool any_readonly;  /* some frame is read-only */
+    /* Dask's numpy flags: an array that was writable at the sender but views a
+     * read-only frame is copied (numpy.require(x, requirements="W")). */
+    bool copy_readonly;
 } pg_decode_ctx_t;
 
-PyObject *pg_decode(const pg_decode_ctx_t *dc, gser_value_t *root);
+/* Allocate room for nframes frames (zeroed); the caller fills them in. */
+int pg_decode_ctx_init(pg_decode_ctx_t *dc, PgOwner *owner, size_t nframes);
+/* Drop what the decoder made (exporters, the index); the arrays it returned
+ * keep what they need. */
+void pg_decode_ctx_clear(pg_decode_ctx_t *dc);
+
+PyObject *pg_decode(pg_decode_ctx_t *dc, gser_value_t *root);
 
 /* ---- Arrow (arrow.c) ------------------------------------------------------------------ */
 
@@ -187,6 +236,35 @@ int pg_arrow_encode(PgOwner *owner, PyObject *obj, int method, gser_value_t **ou
  * status of gser_arrow_take_value. */
 PyObject *pg_arrow_take(gser_value_t *v, gser_status_t *st_out);
 
+/* ---- the module's gser types and the registry (pytypes.c) ------------------------------- */
+
+/* Typed objects of the module: the encoder builds the sub-tree, the type only
+ * hands it over; loaded, the "object" is the received sub-tree (decode.c). */
+typedef enum pg_type {
+    PG_T_NDARRAY,    /* numpy arrays gser buffers cannot say all of: (buffer, descr, writeable, ndim) */
+    PG_T_BYTES,      /* large bytes: a buffer in a frame of its own */
+    PG_T_BYTEARRAY,  /* bytearray: a buffer */
+    PG_T_MEMORYVIEW, /* memoryview: a buffer (with its format and shape) */
+    PG_T_PYTYPE,     /* gser.register_type: (name, what to_gser returned) */
+    PG_T_COUNT
+} pg_type_t;
+
+extern const char *const pg_type_names[PG_T_COUNT];
+/* Register the types in ctx, for the families "device" and "host". */
+gser_status_t pg_types_register(gser_context_t *ctx);
+/* Which of the module's types name is; -1 if none. */
+int pg_type_find(const char *name);
+/* A typed object of type t whose sub-tree is tree (a value of msg). */
+gser_status_t pg_type_new(gser_msg_t *msg, pg_type_t t, gser_value_t *tree, gser_value_t **out);
+
+/* The registration of exactly type t (a new ref to (name, to_gser, from_gser))
+ * or of name (a new ref to (cls, to_gser, from_gser)), running a lazy loader
+ * for the top-level module first if one is registered: 1 found, 0 not, -1
+ * with an exception set. */
+int pg_registry_lookup_type(PyTypeObject *t, PyObject **entry);
+int pg_registry_lookup_name(PyObject *name, PyObject **entry);
+extern PyMethodDef pg_registry_methods[];
+
 /* ---- paths (path.c) ------------------------------------------------------------------ */
 
 /* The path of the value being converted: "$", then [i] for list items and
@@ -207,8 +285,9 @@ PyObject *pg_path_raise(PyObject *exc, gser_status_t st, const pg_path_t *p, con
 
 /* ---- shapes (encode.c) ------------------------------------------------------------------ */
 
-/* The bytes of a C-order array of nd extents (checked: none negative, no
- * overflow, within Py_ssize_t): 0, or -1 with *why set. */
+/* The bytes of a C-order array of nd extents (checked: none negative, and
+ * the product of the non-zero ones, times elem_size, within Py_ssize_t, as
+ * numpy requires even of an array with no elements): 0, or -1 with *why set. */
 int pg_extents_total(const int64_t *shape, int nd, size_t elem_size, uint64_t *total, const char **why);
 /* Whether strides, counted in units of unit (1: elements, or the element
  * size: bytes), lay shape out in C order. */

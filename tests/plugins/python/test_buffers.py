@@ -151,10 +151,10 @@ def test_small_arrays_inline_in_the_header():
 
 
 def test_other_buffer_exporters():
-    # untyped bytes come back as memoryviews; typed buffers as numpy arrays
+    # bytearray and memoryview come back as themselves; typed buffers as numpy arrays
     ba = bytearray(b"abc" * 1000)
     out = gser.loads(*gser.dumps(ba))
-    assert type(out) is memoryview and out.tobytes() == bytes(ba)
+    assert type(out) is bytearray and out == ba
     mv = memoryview(b"xyz" * 500)
     out = gser.loads(*gser.dumps(mv))
     assert type(out) is memoryview and out.tobytes() == mv.tobytes()
@@ -162,14 +162,18 @@ def test_other_buffer_exporters():
     check_array(out, np.array([1.5, 2.5] * 100))
     out = gser.loads(*gser.dumps(array.array("i", range(300))))
     check_array(out, np.arange(300, dtype=np.int32))
-    out = gser.loads(*gser.dumps(memoryview(np.arange(12, dtype=np.uint16).reshape(3, 4))))
-    check_array(out, np.arange(12, dtype=np.uint16).reshape(3, 4))
+    typed = memoryview(np.arange(12, dtype=np.uint16).reshape(3, 4))
+    out = gser.loads(*gser.dumps(typed))
+    assert type(out) is memoryview and out.format == "H" and out.shape == (3, 4) and out.tolist() == typed.tolist()
 
 
-def test_strict_mode_only_takes_numpy_arrays():
+def test_strict_mode_takes_what_comes_back_as_itself():
     a = np.arange(10)
     check_array(gser.loads(*gser.dumps(a, strict=True)), a)
-    for obj in (bytearray(b"x"), memoryview(b"x"), array.array("d", [1.0])):
+    for obj in (bytearray(b"x" * 300), memoryview(b"y" * 300), b"z" * 100_000):
+        out = gser.loads(*gser.dumps([1, {"k": obj}], strict=True))[1]["k"]
+        assert type(out) is type(obj) and bytes(out) == bytes(obj)
+    for obj in (array.array("d", [1.0]), np.float64(1.0)):
         with pytest.raises(NotImplementedError, match="strict"):
             gser.dumps(obj, strict=True)
         with pytest.raises(NotImplementedError, match="strict"):
@@ -180,17 +184,11 @@ def test_strict_mode_only_takes_numpy_arrays():
     "obj",
     [
         lambda: np.array([object(), 1]),
-        lambda: np.arange(3).astype("datetime64[s]"),
-        lambda: np.zeros(3, dtype=[("a", "i4"), ("b", "f8")]),
-        lambda: np.arange(3, dtype=">f8"),
-        lambda: np.array(["a", "b"]),
+        lambda: np.zeros(2, dtype=[("a", "i4"), ("o", object)]),
         lambda: np.float64(1.5),
         lambda: np.int64(3),
-        lambda: np.array(2.0),
-        lambda: np.zeros(2, dtype=np.longdouble),
     ],
-    ids=["object", "datetime", "structured", "big_endian", "unicode", "float64_scalar", "int64_scalar", "0d",
-         "longdouble"],
+    ids=["object", "object_field", "float64_scalar", "int64_scalar"],
 )
 def test_unsupported_arrays(obj):
     with pytest.raises(NotImplementedError):
@@ -270,7 +268,7 @@ class FakeDeviceArray:
 
 def device_bytes(frame):
     # Copied through gser, as from a GPU (the tests run on the emulated backend).
-    return gser._gser._device_read(frame.ptr, frame.nbytes)
+    return frame.copy_to_host().tobytes()
 
 
 def test_device_arrays_become_device_frames():
