@@ -36,6 +36,7 @@ from gser._gser import (  # noqa: F401
     HAVE_ARROW,
     WIRE_VERSION,
     ArrowArray,
+    Declined,
     DeviceArray,
     DeviceFrame,
     GserError,
@@ -43,7 +44,11 @@ from gser._gser import (  # noqa: F401
     dumps,
     from_bytes,
     loads,
+    register_lazy,
+    register_type,
+    registered,
     to_bytes,
+    unregister_type,
 )
 
 __all__ = [
@@ -52,6 +57,7 @@ __all__ = [
     "HAVE_ARROW",
     "WIRE_VERSION",
     "ArrowArray",
+    "Declined",
     "DeviceArray",
     "DeviceFrame",
     "GserError",
@@ -59,5 +65,9 @@ __all__ = [
     "dumps",
     "from_bytes",
     "loads",
+    "register_lazy",
+    "register_type",
+    "registered",
     "to_bytes",
+    "unregister_type",
 ]

@@ -20,8 +20,41 @@ typedef struct enc {
     PgOwner *owner;
     gser_msg_t *msg;
     bool strict;
+    /* Give up (gser.Declined) as soon as gser is estimated to cost more than
+     * pickle would: budget is what gser has saved so far, in ns; items at
+     * depth >= charge_depth are counted (see PG_COST_*). */
+    bool decline;
+    int charge_depth;
+    int64_t budget;
     pg_path_t path;
 } enc_t;
+
+/* What gser costs more than pickle (dumps + loads), in ns per item, measured
+ * on the 2-core CPU machine with bench/python (BENCHMARKS.md, issue 11);
+ * negative: what it saves. Rounded toward declining. */
+#define PG_COST_SLACK 2000  /* never decline for less: fixed costs are alike */
+#define PG_COST_SEQ 250     /* a list or tuple carried item by item (+210..270) */
+#define PG_COST_DICT 500    /* a dict (+450: pickle memoizes repeated keys) */
+#define PG_COST_SCALAR 30   /* a boxed int, float, bool or None (+29) */
+#define PG_COST_STR (-20)   /* a str (-38: pickle's memo costs more) */
+#define PG_GAIN_FLOAT 20    /* an item of a float array (-24) */
+#define PG_GAIN_INT 2       /* an item of an int or bool array (-2..-8) */
+/* A top-level item of a collection that Dask would serialize on its own
+ * (10..27 us: a serialize call, a sub-header, a frame). */
+#define PG_GAIN_DASK_ITEM 10000
+
+/* Count ns of extra cost (negative: savings) for an item at depth; -1 with
+ * gser.Declined set once gser is behind. No path: declining must be cheap. */
+static int charge(enc_t *e, int depth, int64_t ns)
+{
+    if (!e->decline || depth < e->charge_depth)
+        return 0;
+    e->budget -= ns;
+    if (e->budget >= 0)
+        return 0;
+    PyErr_SetString(pg_Declined, "gser would be slower than pickle for this object (many small items)");
+    return -1;
+}
 
 static int enc_value(enc_t *e, PyObject *o, int depth, gser_value_t **out);
 
@@ -138,6 +171,8 @@ static int enc_append(enc_t *e, gser_value_t *list, PyObject *item, int depth)
 {
     PyTypeObject *t = Py_TYPE(item);
     gser_status_t st;
+    if (e->decline && charge(e, depth + 1, t == &PyUnicode_Type ? PG_COST_STR : PG_COST_SCALAR) < 0)
+        return -1;
     if (t == &PyFloat_Type) {
         st = gser_list_append_float(list, PyFloat_AS_DOUBLE(item));
     } else if (t == &PyLong_Type) {
@@ -173,7 +208,7 @@ static int enc_append(enc_t *e, gser_value_t *list, PyObject *item, int depth)
  * bools, or all ints that fit in int64: one pass into a C array the message
  * borrows (gser_msg_new_array), the same typed array the appends would build.
  * 1 if done, 0 if the items are not all of one such kind, -1 on error. */
-static int enc_seq_array(enc_t *e, PyObject *o, bool tuple, gser_value_t **out)
+static int enc_seq_array(enc_t *e, PyObject *o, bool tuple, gser_value_t **out, gser_kind_t *kind_out)
 {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
     if (n < PG_ARRAY_MIN)
@@ -229,6 +264,7 @@ static int enc_seq_array(enc_t *e, PyObject *o, bool tuple, gser_value_t **out)
     if (pg_owner_hold_alloc(e->owner, buf) < 0)
         return -1;
     gser_status_t st = gser_msg_new_array(e->msg, kind, buf, (size_t)n, tuple ? GSER_ARRAY_TUPLE : 0, out);
+    *kind_out = kind;
     return st ? fail_st(st, "gser_msg_new_array") : 1;
 nomem:
     PyErr_NoMemory();
@@ -237,9 +273,16 @@ nomem:
 
 static int enc_seq(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_t **out)
 {
-    int fast = enc_seq_array(e, o, tuple, out);
-    if (fast)
-        return fast < 0 ? -1 : 0;
+    gser_kind_t kind;
+    int fast = enc_seq_array(e, o, tuple, out, &kind);
+    if (fast < 0)
+        return -1;
+    if (fast) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+        return charge(e, depth + 1, -(int64_t)n * (kind == GSER_KIND_FLOAT ? PG_GAIN_FLOAT : PG_GAIN_INT));
+    }
+    if (charge(e, depth, PG_COST_SEQ) < 0)
+        return -1;
 
     gser_value_t *list;
     gser_status_t st = tuple ? gser_msg_new_tuple(e->msg, &list) : gser_msg_new_list(e->msg, &list);
@@ -269,6 +312,8 @@ static int enc_dict(enc_t *e, PyObject *o, int depth, gser_value_t **out)
     gser_status_t st = gser_msg_new_map(e->msg, &map);
     if (st)
         return fail_st(st, "gser_msg_new_map");
+    if (charge(e, depth, PG_COST_DICT) < 0)
+        return -1;
     if (PyDict_GET_SIZE(o) && check_depth(e, depth) < 0)
         return -1;
     int slot = e->path.len++;
@@ -281,6 +326,18 @@ static int enc_dict(enc_t *e, PyObject *o, int depth, gser_value_t **out)
         e->path.seg[slot].key = key;
         e->path.seg[slot].index = i++;
         gser_value_t *k, *v;
+        PyTypeObject *vt = Py_TYPE(value);
+        if (e->decline &&
+            charge(e, depth + 1,
+                   (Py_TYPE(key) == &PyUnicode_Type ? PG_COST_STR : PG_COST_SCALAR) +
+                       (vt == &PyUnicode_Type ? PG_COST_STR
+                        : vt == &PyFloat_Type || vt == &PyLong_Type || value == Py_None || vt == &PyBool_Type
+                            ? PG_COST_SCALAR
+                            : 0)) < 0) {
+            Py_DECREF(key);
+            Py_DECREF(value);
+            return -1;
+        }
         int sc = enc_scalar(e, key, &k);
         if (sc == 0) {
             e->path.seg[slot].key = NULL; /* the key itself cannot be shown as a path */
@@ -392,10 +449,11 @@ static bool is_numpy_array(PyObject *o)
 }
 
 /* A host buffer value over view, which the owner takes over: zero-copy when
- * the view is C-contiguous (*borrowed is then its memory), else one copy
- * into C order (*borrowed NULL). nd 0: flat. */
+ * the view is C-contiguous, else one copy into C order. nd 0: flat. When the
+ * memory will be a frame of its own, dumps hands it out as frame_as (if not
+ * NULL) or as a memoryview as writable as the view (a copy: writable). */
 static int enc_host_view(enc_t *e, Py_buffer *view, gser_dtype_t dtype, int nd, gser_value_t **out,
-                         const void **borrowed)
+                         PyObject *frame_as)
 {
     int64_t shape[GSER_MAX_NDIM];
     for (int d = 0; d < nd; d++)
@@ -406,17 +464,18 @@ static int enc_host_view(enc_t *e, Py_buffer *view, gser_dtype_t dtype, int nd, 
     desc.memory = GSER_MEMORY_HOST;
     desc.ndim = (uint32_t)nd;
     desc.shape = nd ? shape : NULL;
-    *borrowed = NULL;
     gser_status_t st;
     if (PyBuffer_IsContiguous(view, 'C')) {
         /* Zero-copy: the message borrows the exporter's memory, and the
          * owner holds the view (and so the exporter) until it dies. */
         desc.data = view->buf;
+        bool readonly = view->readonly;
         if (pg_owner_hold_view(e->owner, view) < 0)
             return -1;
         st = gser_msg_new_buffer(e->msg, &desc, out);
-        if (st == GSER_OK)
-            *borrowed = desc.data;
+        if (st == GSER_OK && desc.nbytes >= PG_INLINE_MAX &&
+            pg_owner_frame_obj(e->owner, desc.data, desc.nbytes, frame_as, readonly) < 0)
+            return -1;
     } else {
         /* Strided (a slice, a transpose, Fortran order): one copy into C order. */
         void *copy = malloc(view->len ? (size_t)view->len : 1);
@@ -436,6 +495,8 @@ static int enc_host_view(enc_t *e, Py_buffer *view, gser_dtype_t dtype, int nd, 
         st = gser_msg_new_buffer(e->msg, &desc, out);
         if (st)
             free(copy);
+        else if (desc.nbytes >= PG_INLINE_MAX && pg_owner_frame_obj(e->owner, copy, desc.nbytes, NULL, false) < 0)
+            return -1; /* gser's own copy: a writable frame */
     }
     return st ? fail_st(st, "gser_msg_new_buffer") : 0;
 }
@@ -447,14 +508,6 @@ static int enc_typed(enc_t *e, pg_type_t t, gser_value_t *tree, gser_value_t **o
     return st ? fail_st(st, "gser_msg_new_object") : 0;
 }
 
-/* The view's memory becomes a frame of its own, handed out by dumps as obj. */
-static int frame_obj(enc_t *e, const void *borrowed, Py_ssize_t len, PyObject *obj)
-{
-    if (!borrowed || len < PG_INLINE_MAX)
-        return 0;
-    return pg_owner_frame_obj(e->owner, borrowed, (size_t)len, obj);
-}
-
 /* bytes of at least PG_BYTES_FRAME_MIN: "python.bytes", a buffer that is a
  * frame of its own (the bytes object itself, in dumps' frame list). */
 static int enc_large_bytes(enc_t *e, PyObject *o, gser_value_t **out)
@@ -463,9 +516,7 @@ static int enc_large_bytes(enc_t *e, PyObject *o, gser_value_t **out)
     if (PyObject_GetBuffer(o, &view, PyBUF_SIMPLE) < 0)
         return -1;
     gser_value_t *buf;
-    const void *borrowed;
-    if (enc_host_view(e, &view, GSER_DTYPE_BYTES, 0, &buf, &borrowed) < 0 ||
-        frame_obj(e, borrowed, PyBytes_GET_SIZE(o), o) < 0)
+    if (enc_host_view(e, &view, GSER_DTYPE_BYTES, 0, &buf, o) < 0)
         return -1;
     return enc_typed(e, PG_T_BYTES, buf, out);
 }
@@ -491,10 +542,8 @@ static int enc_bytes_like(enc_t *e, PyObject *o, pg_type_t t, gser_value_t **out
         PyBuffer_Release(&view);
         return not_impl(e, o, ": a 0-d typed memoryview");
     }
-    Py_ssize_t len = view.len;
     gser_value_t *buf;
-    const void *borrowed;
-    if (enc_host_view(e, &view, dtype, nd, &buf, &borrowed) < 0 || (nd == 0 && frame_obj(e, borrowed, len, o) < 0))
+    if (enc_host_view(e, &view, dtype, nd, &buf, nd == 0 ? o : NULL) < 0)
         return -1;
     return enc_typed(e, t, buf, out);
 }
@@ -564,14 +613,13 @@ static int enc_ndarray_typed(enc_t *e, PyObject *o, int depth, gser_value_t **ou
     bool writeable = !view.readonly;
     gser_value_t *tree, *buf, *dv = NULL;
     gser_status_t st = gser_msg_new_tuple(e->msg, &tree);
-    const void *borrowed;
     int r = st ? fail_st(st, "gser_msg_new_tuple") : 0;
     if (r == 0 && view.ndim > GSER_MAX_NDIM) {
         PyBuffer_Release(&view);
         r = not_impl(e, o, ": more dimensions than gser buffers have");
     } else if (r == 0) {
         /* A 0-d array of gser's dtype travels as shape (1,). */
-        r = enc_host_view(e, &view, dtype, view.ndim ? view.ndim : 1, &buf, &borrowed);
+        r = enc_host_view(e, &view, dtype, view.ndim ? view.ndim : 1, &buf, NULL);
     } else {
         PyBuffer_Release(&view);
     }
@@ -592,10 +640,8 @@ static int enc_numpy(enc_t *e, PyObject *o, int depth, gser_value_t **out)
     if (PyObject_GetBuffer(o, &view, PyBUF_RECORDS_RO) == 0) {
         bool big;
         gser_dtype_t dtype = format_dtype(view.format, view.itemsize, true, &big);
-        if (!big && dtype != GSER_DTYPE_COUNT && !view.readonly && view.ndim > 0 && view.ndim <= GSER_MAX_NDIM) {
-            const void *borrowed;
-            return enc_host_view(e, &view, dtype, view.ndim, out, &borrowed);
-        }
+        if (!big && dtype != GSER_DTYPE_COUNT && !view.readonly && view.ndim > 0 && view.ndim <= GSER_MAX_NDIM)
+            return enc_host_view(e, &view, dtype, view.ndim, out, NULL);
         PyBuffer_Release(&view);
     } else {
         PyErr_Clear();
@@ -633,8 +679,7 @@ static int enc_buffer(enc_t *e, PyObject *o, gser_value_t **out)
         PyBuffer_Release(&view);
         return -1;
     }
-    const void *borrowed;
-    return enc_host_view(e, &view, dtype, view.ndim, out, &borrowed);
+    return enc_host_view(e, &view, dtype, view.ndim, out, NULL);
 }
 
 /* ---- types registered from Python ------------------------------------------------------ */
@@ -948,7 +993,18 @@ int pg_encode(PgOwner *owner, PyObject *obj, const pg_encode_options_t *opts)
     e.owner = owner;
     e.msg = owner->msg;
     e.strict = opts && opts->strict;
+    e.decline = opts && opts->decline;
+    e.charge_depth = opts && opts->decline == PG_DECLINE_COLLECTION ? 3 : 2;
+    e.budget = PG_COST_SLACK;
     e.path.len = 0;
+    /* A collection Dask would serialize item by item: each top-level item
+     * gser carries in the one message saves Dask's per-item work. */
+    if (e.decline && opts->decline == PG_DECLINE_COLLECTION) {
+        Py_ssize_t n = PyList_Check(obj) ? PyList_GET_SIZE(obj) : PyTuple_Check(obj) ? PyTuple_GET_SIZE(obj)
+                       : PyDict_Check(obj)                     ? PyDict_GET_SIZE(obj)
+                                                               : 0;
+        e.budget += (int64_t)n * PG_GAIN_DASK_ITEM;
+    }
     gser_value_t *root;
     if (enc_value(&e, obj, 1, &root) < 0)
         return -1;

@@ -17,6 +17,7 @@
 
 gser_context_t *pg_ctx;
 PyObject *pg_GserError;
+PyObject *pg_Declined;
 
 /* ---- errors ------------------------------------------------------------------------ */
 
@@ -141,7 +142,7 @@ static int families_parse(PyObject *families, bool flat, fam_list_t *f)
 }
 
 /* Encode obj and serialize it: a new owner holding the message and frames. */
-static PgOwner *serialize(PyObject *obj, PyObject *families, bool strict, bool flat)
+static PgOwner *serialize(PyObject *obj, PyObject *families, const pg_encode_options_t *eo, bool flat)
 {
     fam_list_t fam;
     if (families_parse(families, flat, &fam) < 0)
@@ -151,8 +152,7 @@ static PgOwner *serialize(PyObject *obj, PyObject *families, bool strict, bool f
         Py_XDECREF(fam.keep);
         return NULL;
     }
-    pg_encode_options_t eo = {.strict = strict};
-    if (pg_encode(owner, obj, &eo) < 0)
+    if (pg_encode(owner, obj, eo) < 0)
         goto fail;
     gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
     if (fam.n) {
@@ -197,18 +197,31 @@ PyDoc_STRVAR(dumps_doc,
 "families tried for typed objects (Arrow tables) and says where device buffers\n"
 "go: \"device\" keeps them in device frames, \"host\" stages them into host\n"
 "frames. strict=True refuses (NotImplementedError) what would not come back as\n"
-"the same type or in host memory: buffers other than numpy.ndarray, device\n"
-"arrays, DLPack tensors, Arrow tables.");
+"the same type: buffers other than numpy.ndarray, bytes, bytearray and\n"
+"memoryview; device arrays, DLPack tensors and Arrow tables unless their type\n"
+"is registered (register_type). decline=\"object\" (an object Dask would pickle\n"
+"whole) or \"collection\" (a list, tuple or dict whose items Dask would\n"
+"serialize one by one) raises gser.Declined, a NotImplementedError, as soon\n"
+"as gser is estimated to be slower than that (many small items); the\n"
+"estimate is counted while encoding, so giving up costs little.");
 
 static PyObject *py_dumps(PyObject *self, PyObject *args, PyObject *kw)
 {
     (void)self;
-    static char *kwlist[] = {"obj", "families", "strict", NULL};
+    static char *kwlist[] = {"obj", "families", "strict", "decline", NULL};
     PyObject *obj, *families = NULL;
+    const char *decline = NULL;
     int strict = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$p:dumps", kwlist, &obj, &families, &strict))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$pz:dumps", kwlist, &obj, &families, &strict, &decline))
         return NULL;
-    PgOwner *owner = serialize(obj, families, strict, false);
+    pg_encode_options_t eo = {.strict = strict};
+    if (decline && strcmp(decline, "object") == 0)
+        eo.decline = PG_DECLINE_OBJECT;
+    else if (decline && strcmp(decline, "collection") == 0)
+        eo.decline = PG_DECLINE_COLLECTION;
+    else if (decline)
+        return PyErr_Format(PyExc_ValueError, "dumps: decline must be None, \"object\" or \"collection\"");
+    PgOwner *owner = serialize(obj, families, &eo, false);
     if (!owner)
         return NULL;
     size_t n = gser_frames_get_count(owner->frames);
@@ -219,11 +232,15 @@ static PyObject *py_dumps(PyObject *self, PyObject *args, PyObject *kw)
     for (size_t i = 1; list && i < n; i++) {
         PyObject *f;
         const pg_frame_obj_t *fo = next_obj < owner->nfobjs ? &owner->fobjs[next_obj] : NULL;
-        if (fo && fr[i].memory == GSER_MEMORY_HOST && fo->ptr == fr[i].data && fo->len == fr[i].size) {
+        bool mine = fo && fr[i].memory == GSER_MEMORY_HOST && fo->ptr == fr[i].data && fo->len == fr[i].size;
+        next_obj += mine;
+        if (mine && fo->obj) {
             f = Py_NewRef(fo->obj); /* bytes, bytearray, memoryview: the object itself, as Dask's frame */
-            next_obj++;
         } else if (fr[i].memory == GSER_MEMORY_HOST) {
-            PyObject *exp = pg_frame_new(owner, fr[i].data, (Py_ssize_t)fr[i].size, true, "B", 1, 0, NULL);
+            /* Writable when the memory is a writable array's or gser's copy
+             * of one, as Dask's frames of a writable array; else read-only. */
+            PyObject *exp = pg_frame_new(owner, fr[i].data, (Py_ssize_t)fr[i].size, !mine || fo->readonly, "B", 1, 0,
+                                         NULL);
             f = exp ? PyMemoryView_FromObject(exp) : NULL;
             Py_XDECREF(exp);
         } else {
@@ -257,7 +274,8 @@ static PyObject *py_to_bytes(PyObject *self, PyObject *args, PyObject *kw)
     PyObject *obj, *families = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:to_bytes", kwlist, &obj, &families))
         return NULL;
-    PgOwner *owner = serialize(obj, families, false, true);
+    pg_encode_options_t eo = {0};
+    PgOwner *owner = serialize(obj, families, &eo, true);
     if (!owner)
         return NULL;
     size_t n = gser_frames_get_count(owner->frames);
@@ -553,6 +571,16 @@ PyMODINIT_FUNC PyInit__gser(void)
         if (!pg_GserError)
             return NULL;
     }
+    if (!pg_Declined) {
+        pg_Declined = PyErr_NewExceptionWithDoc(
+            "gser.Declined",
+            "Raised by dumps(..., decline=...) when gser would be slower than Dask's own\n"
+            "path for the object (many small items that pickle carries faster). A\n"
+            "NotImplementedError: Dask then tries its next serializer family.",
+            PyExc_NotImplementedError, NULL);
+        if (!pg_Declined)
+            return NULL;
+    }
     PyObject *m = PyModule_Create(&module_def);
     if (!m)
         return NULL;
@@ -561,6 +589,7 @@ PyMODINIT_FUNC PyInit__gser(void)
         return NULL;
     }
     if (PyModule_AddObjectRef(m, "GserError", pg_GserError) < 0 ||
+        PyModule_AddObjectRef(m, "Declined", pg_Declined) < 0 ||
         PyModule_AddObjectRef(m, "DeviceFrame", (PyObject *)&PgDeviceFrame_Type) < 0 ||
         PyModule_AddObjectRef(m, "DeviceArray", (PyObject *)&PgDeviceArray_Type) < 0 ||
         PyModule_AddObjectRef(m, "ArrowArray", (PyObject *)&PgArrowArray_Type) < 0 ||

@@ -37,7 +37,7 @@ static void owner_dealloc(PgOwner *self)
     self->cleanups = NULL;
     self->ncleanups = 0;
     for (Py_ssize_t i = 0; i < self->nfobjs; i++)
-        Py_DECREF(self->fobjs[i].obj);
+        Py_XDECREF(self->fobjs[i].obj);
     PyMem_Free(self->fobjs);
     self->fobjs = NULL;
     self->nfobjs = 0;
@@ -128,7 +128,7 @@ int pg_owner_on_destroy(PgOwner *o, void (*fn)(void *p), void *p)
     return 0;
 }
 
-int pg_owner_frame_obj(PgOwner *o, const void *ptr, size_t len, PyObject *obj)
+int pg_owner_frame_obj(PgOwner *o, const void *ptr, size_t len, PyObject *obj, bool readonly)
 {
     if (o->nfobjs == o->capfobjs) {
         Py_ssize_t cap = o->capfobjs ? o->capfobjs * 2 : 4;
@@ -140,7 +140,7 @@ int pg_owner_frame_obj(PgOwner *o, const void *ptr, size_t len, PyObject *obj)
         o->fobjs = nf;
         o->capfobjs = cap;
     }
-    o->fobjs[o->nfobjs++] = (pg_frame_obj_t){ptr, len, Py_NewRef(obj)};
+    o->fobjs[o->nfobjs++] = (pg_frame_obj_t){ptr, len, Py_XNewRef(obj), readonly};
     return 0;
 }
 

@@ -33,6 +33,8 @@
 extern gser_context_t *pg_ctx;
 /* gser.GserError, a subclass of ValueError. */
 extern PyObject *pg_GserError;
+/* gser.Declined, a subclass of NotImplementedError: gser would be slower. */
+extern PyObject *pg_Declined;
 
 /* Raise the Python exception for a failed core call: MemoryError for
  * GSER_ERR_NO_MEMORY, GserError otherwise. With detail, the message is the
@@ -75,13 +77,14 @@ typedef struct {
     Py_ssize_t capfobjs;
 } PgOwner;
 
-/* An object whose memory [ptr, ptr + len) becomes a frame of its own
- * (bytes, bytearray, memoryview): dumps hands out the object itself, as
- * Dask's serializers do. */
+/* Borrowed memory [ptr, ptr + len) that becomes a frame of its own: dumps
+ * hands out obj itself when set (bytes, bytearray, memoryview, as Dask's
+ * serializers do), else a memoryview, read-only when the memory is. */
 typedef struct pg_frame_obj {
     const void *ptr;
     size_t len;
     PyObject *obj;
+    bool readonly;
 } pg_frame_obj_t;
 
 extern PyTypeObject PgOwner_Type;
@@ -95,9 +98,10 @@ PgOwner *pg_owner_new(void);
 int pg_owner_hold_view(PgOwner *o, Py_buffer *view);
 /* Keep obj alive as long as the owner. */
 int pg_owner_hold_ref(PgOwner *o, PyObject *obj);
-/* Remember that obj's memory [ptr, ptr + len) should become a frame of its
- * own, handed out as obj (a reference is held). Called in encoding order. */
-int pg_owner_frame_obj(PgOwner *o, const void *ptr, size_t len, PyObject *obj);
+/* Remember borrowed memory [ptr, ptr + len) that should become a frame of its
+ * own, handed out as obj (a reference is held) or, obj NULL, as a memoryview
+ * read-only as said. Called in encoding order. */
+int pg_owner_frame_obj(PgOwner *o, const void *ptr, size_t len, PyObject *obj, bool readonly);
 /* Free p (malloc'd) when the owner dies, after its message. On failure p is
  * freed and -1 returned with an exception set. */
 int pg_owner_hold_alloc(PgOwner *o, void *p);
@@ -137,11 +141,19 @@ const char *pg_dtype_typestr(gser_dtype_t dtype);
 
 /* ---- Python -> gser (encode.c) ------------------------------------------------ */
 
+/* Where the Dask family encodes: an object on its own (Dask would pickle
+ * it whole), or a collection Dask would serialize item by item. */
+enum { PG_DECLINE_NONE, PG_DECLINE_OBJECT, PG_DECLINE_COLLECTION };
+
 typedef struct pg_encode_options {
-    /* Accept only what comes back as the same Python type and lives in host
-     * memory: numpy arrays, not other buffer exporters; no device arrays.
-     * The Dask family uses this so that Dask falls through for the rest. */
+    /* Accept only what comes back as the same Python type: numpy arrays, not
+     * other buffer exporters; no device arrays or Arrow tables unless their
+     * type is registered (gser.register_type). The Dask family uses this so
+     * that Dask falls through for the rest. */
     bool strict;
+    /* PG_DECLINE_*: raise gser.Declined (a NotImplementedError) as soon as
+     * gser is estimated to be slower than Dask's own path would be. */
+    int decline;
 } pg_encode_options_t;
 
 /* Build the tree of obj as the root of owner->msg (created here). */
