@@ -94,7 +94,10 @@ def test_dumps_is_zero_copy():
     # the frame is the array's own memory
     assert f.ctypes.data == a.ctypes.data
     assert np.shares_memory(f, a)
-    assert frames[0].readonly
+    # as writable as the array, as Dask's frames of it
+    assert not frames[0].readonly
+    a.flags.writeable = False
+    assert gser.dumps({"a": a})[1][0].readonly
 
 
 def test_loads_is_zero_copy():
@@ -116,10 +119,10 @@ def test_from_bytes_is_zero_copy():
     check_array(out, a)
 
 
-def test_writability_follows_the_frames():
+def test_writability_follows_the_frames_and_the_sender():
     a = np.arange(1000, dtype=np.float64)
     header, frames = gser.dumps(a)
-    assert not gser.loads(header, frames).flags.writeable  # read-only memoryviews
+    assert not gser.loads(header, [bytes(f) for f in frames]).flags.writeable  # read-only frames
     out = gser.loads(bytearray(header), [bytearray(f) for f in frames])
     assert out.flags.writeable
     out[0] = 42.0  # writes into the received frame only
@@ -127,7 +130,19 @@ def test_writability_follows_the_frames():
     assert not gser.from_bytes(gser.to_bytes(a)).flags.writeable
     assert gser.from_bytes(bytearray(gser.to_bytes(a))).flags.writeable
     with pytest.raises(ValueError):
-        gser.loads(header, frames)[0] = 1.0
+        gser.loads(header, [bytes(f) for f in frames])[0] = 1.0
+    # read-only at the sender: read-only, whatever the frames
+    a.flags.writeable = False
+    header, frames = gser.dumps(a)
+    out = gser.loads(bytearray(header), [bytearray(f) for f in frames])
+    assert not out.flags.writeable and np.array_equal(out, a)
+    # copy_readonly: writable at the sender, so writable, copied only out of read-only frames
+    a = np.arange(1000, dtype=np.float64)
+    header, frames = gser.dumps(a)
+    for received, copied in (([bytes(f) for f in frames], True), ([bytearray(f) for f in frames], False)):
+        out = gser.loads(header, received, copy_readonly=True)
+        assert out.flags.writeable and np.array_equal(out, a)
+        assert np.shares_memory(out, np.frombuffer(received[0], np.uint8)) != copied
 
 
 def test_small_arrays_inline_in_the_header():
