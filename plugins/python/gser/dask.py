@@ -57,6 +57,11 @@ _HEADER_KEY = "gser"
 _HEADER_VERSION = 1
 #: The comm handshake key a process with the family sets (Comm.handshake_info).
 HANDSHAKE_KEY = "gser"
+#: The handshake key of a comm that carries gser.DeviceFrame frames as device
+#: memory (a comm class sets it in its own handshake_info): towards such a
+#: peer device buffers stay in device frames; towards any other they are
+#: staged into host frames (the "host" family), as Dask's TCP comm needs.
+HANDSHAKE_DEVICE_KEY = "gser-device"
 #: The Dask config key preloads read: make gser the default family (true).
 CONFIG_DEFAULT = "gser.default"
 
@@ -94,6 +99,15 @@ def _peer_has_gser(context) -> bool:
     return recipient is None or HANDSHAKE_KEY in recipient
 
 
+def _families(context):
+    recipient = context.get("recipient") if context else None
+    return ("device", "host") if recipient and recipient.get(HANDSHAKE_DEVICE_KEY) else ("host",)
+
+
+#: Whether loads puts what was device memory at the sender back on the device.
+_RESTORE_DEVICE = _gser.DEVICE_BACKEND != "none"
+
+
 def dumps(x, context=None):
     """Dask family dumps: ({"gser": 1}, [gser header, data frames...]).
 
@@ -104,7 +118,7 @@ def dumps(x, context=None):
     if not _peer_has_gser(context):
         raise NotImplementedError("gser: the receiving process has not loaded gser")
     try:
-        header, frames = _gser.dumps(x, strict=True, decline="object")
+        header, frames = _gser.dumps(x, _families(context), strict=True, decline="object")
     except Declined:
         _stats["declined"] += 1
         raise
@@ -124,6 +138,9 @@ def loads(header, frames):
     numpy arrays come back with the writability they had at the sender, as
     Dask's numpy serializer gives them: zero-copy, except an array that was
     writable but arrives in a read-only frame, which is copied (as Dask does).
+    What was device memory at the sender comes back on this process's device
+    (gser.DeviceArray, or the registered type) when it has a device backend,
+    else in host memory.
     """
     version = header.get(_HEADER_KEY)
     if version != _HEADER_VERSION:
@@ -131,7 +148,7 @@ def loads(header, frames):
     if not frames:
         raise ValueError("gser.dask: no frames (the first frame is gser's header)")
     _stats["loads"] += 1
-    return _gser.loads(frames[0], frames[1:], copy_readonly=True)
+    return _gser.loads(frames[0], frames[1:], copy_readonly=True, device=_RESTORE_DEVICE)
 
 
 def _serialize_wrapper(original):
@@ -149,7 +166,8 @@ def _serialize_wrapper(original):
                 if type(data) in (list, tuple, dict):
                     try:
                         # Wrapped, Dask would serialize each item on its own.
-                        header, frames = _gser.dumps(data, strict=True, decline="collection" if wrapped else "object")
+                        header, frames = _gser.dumps(data, _families(context), strict=True,
+                                                     decline="collection" if wrapped else "object")
                     except Declined:
                         # Dask's path is faster for this one: all of it, gser
                         # included, would only try (and decline) item by item.

@@ -57,6 +57,7 @@ static int charge(enc_t *e, int depth, int64_t ns)
 }
 
 static int enc_value(enc_t *e, PyObject *o, int depth, gser_value_t **out);
+static int enc_interfaces(enc_t *e, PyObject *o, gser_value_t **out);
 
 /* A failed builder call: out of memory, in practice. */
 static int fail_st(gser_status_t st, const char *what)
@@ -685,7 +686,8 @@ static int enc_buffer(enc_t *e, PyObject *o, gser_value_t **out)
 /* ---- types registered from Python ------------------------------------------------------ */
 
 /* ("python.type") (name, to_gser(o)): what to_gser returns comes back as
- * the receiver's from_gser makes it, so the strict rules do not apply inside. */
+ * the receiver's from_gser makes it, so the strict rules do not apply inside
+ * (a device array comes back as the registered type, not gser.DeviceArray). */
 static int enc_registered(enc_t *e, PyObject *o, PyObject *entry, int depth, gser_value_t **out)
 {
     if (check_depth(e, depth) < 0)
@@ -698,8 +700,10 @@ static int enc_registered(enc_t *e, PyObject *o, PyObject *entry, int depth, gse
     e->strict = false;
     gser_status_t st = gser_msg_new_tuple(e->msg, &tree);
     int r = st ? fail_st(st, "gser_msg_new_tuple") : enc_str(e, PyTuple_GET_ITEM(entry, 0), &name);
+    /* to_gser may hand back the object itself, or one of its type (a
+     * contiguous copy): that one goes by its interfaces, not the registry. */
     if (r == 0)
-        r = enc_value(e, value, depth + 1, &payload);
+        r = Py_TYPE(value) == Py_TYPE(o) ? enc_interfaces(e, value, &payload) : enc_value(e, value, depth + 1, &payload);
     e->strict = strict;
     Py_DECREF(value);
     if (r == 0 && ((st = gser_list_append(tree, name)) || (st = gser_list_append(tree, payload))))
@@ -963,6 +967,13 @@ static int enc_value(enc_t *e, PyObject *o, int depth, gser_value_t **out)
         Py_XDECREF(entry);
         return r;
     }
+    return enc_interfaces(e, o, out);
+}
+
+/* What an object's interfaces make of it: a buffer, an Arrow table, a device
+ * array or a DLPack tensor; anything else is refused. */
+static int enc_interfaces(enc_t *e, PyObject *o, gser_value_t **out)
+{
     if (PyObject_CheckBuffer(o))
         return enc_buffer(e, o, out);
     int arrow = pg_arrow_probe(o);
