@@ -151,6 +151,14 @@ def loads(header, frames):
     return _gser.loads(frames[0], frames[1:], copy_readonly=True, device=_RESTORE_DEVICE)
 
 
+def _serialize_homes():
+    """Where Dask's serialize() is looked up: the module's global (used by
+    Dask's own message and spill code) and the package's name for it
+    (`from distributed.protocol import serialize`, for code imported after
+    register())."""
+    return (_ser_module(), importlib.import_module("distributed.protocol"))
+
+
 def _serialize_wrapper(original):
     Serialize = _ser_module().Serialize
 
@@ -245,7 +253,9 @@ def register(collections: bool = True, default: bool = False) -> None:
     _state["default"] = bool(default)
     if _state["original_serialize"] is None:
         _state["original_serialize"] = ser.serialize
-        ser.serialize = _serialize_wrapper(ser.serialize)
+        wrapper = _serialize_wrapper(ser.serialize)
+        for module in _serialize_homes():
+            module.serialize = wrapper
     if _state["original_handshake"] is None:
         comm = _comm_class()
         _state["original_handshake"] = comm.__dict__["handshake_info"]
@@ -260,7 +270,8 @@ def unregister() -> None:
     ser = _ser_module()
     ser.families.pop(FAMILY, None)
     if _state["original_serialize"] is not None:
-        ser.serialize = _state["original_serialize"]
+        for module in _serialize_homes():
+            module.serialize = _state["original_serialize"]
         _state["original_serialize"] = None
     if _state["original_handshake"] is not None:
         _comm_class().handshake_info = _state["original_handshake"]
