@@ -24,6 +24,7 @@ typedef struct dec {
     FILE *trace;
     path_t path;
     const char *what; /* "gser_deserialize" or the inspecting call */
+    uint32_t version; /* of the header's wire format */
     char cb_err[512];
     mp_scratch_t scratch; /* the parsed msgpack objects of the units being decoded */
     /* device work (GSER_DESERIALIZE_RESTORE_DEVICE, _SCATTER) */
@@ -197,13 +198,49 @@ static gser_status_t note_dev_val(dec_t *d, gser_value_t *v)
 
 /* ---- markers ------------------------------------------------------------------- */
 
+static bool get_i64(const msgpack_object *o, int64_t *v)
+{
+    if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
+        *v = o->via.i64;
+        return true;
+    }
+    if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER || o->via.u64 > INT64_MAX)
+        return false;
+    *v = (int64_t)o->via.u64;
+    return true;
+}
+
+/* The strides field of a buffer marker: ndim byte strides whose elements'
+ * span is found (0 and the bytes of the shape for C order). *strides is set
+ * to NULL for C order, which the receiver sees the same as no strides. */
+static gser_status_t dec_strides(dec_t *d, const msgpack_object *o, const int64_t *shape, uint32_t ndim, size_t es,
+                                 int64_t *store, const int64_t **strides, size_t *first, size_t *span)
+{
+    if (d->version < 2)
+        return dec_fail(d, GSER_ERR_FORMAT, "buffer strides need wire format version 2, the header is version %u",
+                        d->version);
+    if (ndim == 0)
+        return dec_fail(d, GSER_ERR_FORMAT, "buffer has strides but no shape");
+    if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != ndim)
+        return dec_fail(d, GSER_ERR_FORMAT, "buffer strides are not an array of %u integers, one per dim", ndim);
+    for (uint32_t k = 0; k < ndim; k++)
+        if (!get_i64(&o->via.array.ptr[k], &store[k]))
+            return dec_fail(d, GSER_ERR_FORMAT, "buffer stride %u is not a 64-bit integer", k);
+    uint32_t bad = layout_span(ndim, shape, store, es, first, span);
+    if (bad)
+        return dec_fail(d, GSER_ERR_FORMAT, "buffer strides[%u] = %lld: the elements span more than 2^63 - 1 bytes",
+                        bad - 1, (long long)store[bad - 1]);
+    *strides = layout_is_c(ndim, shape, store, es) ? NULL : store;
+    return GSER_OK;
+}
+
 static gser_status_t dec_buffer(dec_t *d, const msgpack_object *o, size_t base, size_t n, gser_value_t **out)
 {
     const msgpack_object *f = o->via.array.ptr;
     uint64_t dtype;
-    if (o->via.array.size != 5 || !get_u64(&f[1], &dtype) || dtype >= GSER_DTYPE_COUNT)
+    if ((o->via.array.size != 5 && o->via.array.size != 6) || !get_u64(&f[1], &dtype) || dtype >= GSER_DTYPE_COUNT)
         return dec_fail(d, GSER_ERR_FORMAT,
-                        "buffer marker needs [marker, dtype, shape, data, origin] with a known dtype");
+                        "buffer marker needs [marker, dtype, shape, data, origin(, strides)] with a known dtype");
     size_t es = gser_dtype_size((gser_dtype_t)dtype);
     int64_t shape[GSER_MAX_NDIM];
     uint32_t ndim = 0;
@@ -217,75 +254,95 @@ static gser_status_t dec_buffer(dec_t *d, const msgpack_object *o, size_t base, 
             uint64_t ext;
             if (!get_u64(&f[2].via.array.ptr[i], &ext) || ext > INT64_MAX)
                 return dec_fail(d, GSER_ERR_FORMAT, "buffer shape dim %u is not a non-negative integer", i);
-            if (ext && total > UINT64_MAX / ext)
-                return dec_fail(d, GSER_ERR_FORMAT, "buffer shape overflows");
+            /* numpy's limit, and what a signed size can hold */
+            if (ext && total > INT64_MAX / ext)
+                return dec_fail(d, GSER_ERR_FORMAT, "buffer shape dim %u: the elements hold more than 2^63 - 1 bytes",
+                                i);
             total *= ext;
             shape[i] = (int64_t)ext;
         }
     } else if (f[2].type != MSGPACK_OBJECT_NIL) {
         return dec_fail(d, GSER_ERR_FORMAT, "buffer shape is neither nil nor an array");
     }
-    /* nbytes comes from the data: a bin's size or the reference's length */
-    uint64_t nbytes;
+    int64_t stride_store[GSER_MAX_NDIM];
+    const int64_t *strides = NULL;
+    size_t first = 0, span = (size_t)total;
+    gser_status_t st;
+    bool laid_out = o->via.array.size == 6;
+    if (laid_out && (st = dec_strides(d, &f[5], shape, ndim, es, stride_store, &strides, &first, &span)))
+        return st;
+    /* the data's length comes from the data: a bin's size or the reference's
+     * length; with strides it is the span the elements cover */
+    uint64_t len;
     if (f[3].type == MSGPACK_OBJECT_BIN)
-        nbytes = f[3].via.bin.size;
-    else if (f[3].type == MSGPACK_OBJECT_ARRAY && f[3].via.array.size == 3 && get_u64(&f[3].via.array.ptr[2], &nbytes))
+        len = f[3].via.bin.size;
+    else if (f[3].type == MSGPACK_OBJECT_ARRAY && f[3].via.array.size == 3 && get_u64(&f[3].via.array.ptr[2], &len))
         ;
     else
         return dec_fail(d, GSER_ERR_FORMAT, "buffer data is neither bin nor a [frame, offset, nbytes] reference");
-    if (nbytes > SIZE_MAX)
+    if (len > SIZE_MAX)
         return dec_fail(d, GSER_ERR_FORMAT, "buffer too large");
-    if (ndim ? total != nbytes : nbytes % es != 0)
+    if (laid_out) {
+        if (len != span)
+            return dec_fail(d, GSER_ERR_FORMAT, "buffer data holds %llu bytes, its shape and strides span %zu",
+                            (unsigned long long)len, span);
+    } else if (ndim ? total != len : len % es != 0) {
         return dec_fail(d, GSER_ERR_FORMAT, "buffer of %s holds %llu bytes, its shape says %llu",
-                        gser_dtype_str((gser_dtype_t)dtype), (unsigned long long)nbytes,
-                        (unsigned long long)(ndim ? total : nbytes - nbytes % es));
+                        gser_dtype_str((gser_dtype_t)dtype), (unsigned long long)len,
+                        (unsigned long long)(ndim ? total : len - len % es));
+    }
+    size_t nbytes = laid_out ? (size_t)total : (size_t)len;
+    span = (size_t)len;
     uint64_t origin;
     if (!get_u64(&f[4], &origin) || origin > GSER_MEMORY_DEVICE)
         return dec_fail(d, GSER_ERR_FORMAT, "buffer origin is not 0 (host) or 1 (device)");
     const void *raw, *data = NULL;
     size_t frame;
     char where[64];
-    gser_status_t st = dec_data(d, &f[3], base, n, (size_t)nbytes, &raw, &frame, where, sizeof where);
-    if (st)
+    if ((st = dec_data(d, &f[3], base, n, span, &raw, &frame, where, sizeof where)))
         return st;
     gser_memory_t mem = frame != SIZE_MAX ? d->frames[frame].memory : GSER_MEMORY_HOST;
     int32_t device = frame != SIZE_MAX ? d->frames[frame].device : d->ctx->device;
     bool copied = false;
-    if (nbytes == 0 && origin == GSER_MEMORY_DEVICE) {
+    if (span == 0 && origin == GSER_MEMORY_DEVICE) {
         mem = GSER_MEMORY_DEVICE; /* an empty device buffer travels inline; it is still one */
         raw = NULL;
     }
     if (mem == GSER_MEMORY_HOST && origin == GSER_MEMORY_DEVICE && (d->flags & GSER_DESERIALIZE_RESTORE_DEVICE) &&
-        nbytes) {
+        span) {
         void *dev = NULL;
-        if ((st = restore_device(d, raw, (size_t)nbytes, frame, &dev)))
+        if ((st = restore_device(d, raw, span, frame, &dev)))
             return st;
         data = dev;
         mem = GSER_MEMORY_DEVICE;
         device = d->ctx->device;
         copied = true;
     } else if (mem == GSER_MEMORY_HOST) {
-        if ((st = host_aligned(d, raw, (size_t)nbytes, dtype_align(es), &data)))
+        if ((st = host_aligned(d, raw, span, dtype_align(es), &data)))
             return st;
     } else {
         data = raw;
     }
     gser_buffer_desc_t desc = {.size = sizeof desc,
-                               .data = data,
-                               .nbytes = (size_t)nbytes,
+                               .data = first ? (const char *)data + first : data,
+                               .nbytes = nbytes,
                                .dtype = (gser_dtype_t)dtype,
                                .ndim = ndim,
                                .shape = shape,
                                .memory = mem,
-                               .device = device};
-    if (gser_msg_new_buffer(d->msg, &desc, out))
+                               .device = device,
+                               .strides = strides};
+    if (!(*out = buffer_value(d->msg, &desc, first, span)))
         return nomem(d);
-    if (mem == GSER_MEMORY_DEVICE && nbytes && (copied || (d->flags & GSER_DESERIALIZE_SCATTER)) &&
+    if (mem == GSER_MEMORY_DEVICE && span && (copied || (d->flags & GSER_DESERIALIZE_SCATTER)) &&
         (st = note_dev_val(d, *out)))
         return st;
-    if (d->trace)
-        dec_trace(d, "buffer %s ndim=%u bytes=%zu %s%s%s", gser_dtype_str(desc.dtype), ndim, desc.nbytes, where,
-                  origin == GSER_MEMORY_DEVICE ? " (from device)" : "", copied ? " -> device" : "");
+    if (d->trace) {
+        char layout[160];
+        layout_format(&desc, span, layout, sizeof layout);
+        dec_trace(d, "buffer %s ndim=%u bytes=%zu%s %s%s%s", gser_dtype_str(desc.dtype), ndim, desc.nbytes, layout,
+                  where, origin == GSER_MEMORY_DEVICE ? " (from device)" : "", copied ? " -> device" : "");
+    }
     return GSER_OK;
 }
 
@@ -685,14 +742,14 @@ static gser_status_t dec_device_flush(dec_t *d)
         if (!copies)
             return error_set(ctx, GSER_ERR_NO_MEMORY, "%s: out of memory", d->what);
         for (size_t i = 0; i < n; i++) {
-            gser_buffer_desc_t *bd = &vals[i]->u.buf->desc;
+            const gser_buffer_t *b = vals[i]->u.buf; /* its span is what is copied */
             void *dst;
-            if ((st = msgdev_alloc(d->msg, d->stream, bd->nbytes, false, &dst))) {
+            if ((st = msgdev_alloc(d->msg, d->stream, b->span, false, &dst))) {
                 free(copies);
                 return error_set(ctx, st, "%s: allocating %zu bytes of device memory for a scattered buffer failed",
-                                 d->what, bd->nbytes);
+                                 d->what, b->span);
             }
-            copies[i] = (gser_copy_t){bd->data, dst, bd->nbytes, 0};
+            copies[i] = (gser_copy_t){(const char *)b->desc.data - b->first, dst, b->span, 0};
         }
         size_t nchunks = gser_plan_count(copies, n);
         void *table = NULL;
@@ -707,7 +764,7 @@ static gser_status_t dec_device_flush(dec_t *d)
         }
         if (st == GSER_OK)
             for (size_t i = 0; i < n; i++)
-                vals[i]->u.buf->desc.data = copies[i].dst;
+                vals[i]->u.buf->desc.data = (char *)copies[i].dst + vals[i]->u.buf->first;
         free(copies);
         if (st)
             return st;
@@ -741,11 +798,12 @@ static gser_status_t dec_header(dec_t *d, const gser_frame_t *hdr, gser_value_t 
         return st;
     const msgpack_object *top = up.via.array.ptr; /* the magic check proved a 4-array */
     uint64_t version = 0;
-    if (!get_u64(&top[1], &version) || version != GSER_WIRE_VERSION) {
+    if (!get_u64(&top[1], &version) || version < GSER_WIRE_VERSION_MIN || version > GSER_WIRE_VERSION) {
         return error_set(d->ctx, GSER_ERR_WIRE_VERSION,
-                       "%s: header is wire format version %llu, this build reads version %d", d->what,
-                       (unsigned long long)version, GSER_WIRE_VERSION);
+                         "%s: header is wire format version %llu, this build reads versions %d..%d", d->what,
+                         (unsigned long long)version, GSER_WIRE_VERSION_MIN, GSER_WIRE_VERSION);
     }
+    d->version = (uint32_t)version;
     const msgpack_object *table = &top[3];
     if (table->type != MSGPACK_OBJECT_ARRAY || table->via.array.size != d->nframes) {
         return error_set(d->ctx, GSER_ERR_FRAME, "%s: header lists %u data frames, %zu were given", d->what,
@@ -895,6 +953,7 @@ gser_status_t gser_value_decode_serialized(gser_msg_t *msg, const gser_value_t *
     dec_t d;
     d.ctx = msg->ctx;
     d.what = "gser_value_decode_serialized";
+    d.version = GSER_WIRE_VERSION; /* a kept sub-header was valid where it came from */
     d.msg = msg;
     d.flags = GSER_DESERIALIZE_KEEP_SERIALIZED;
     d.lim = msg->ctx->limits;

@@ -388,7 +388,8 @@ static gser_status_t enc_map(enc_t *e, obuf_t *pk, const gser_value_t *v, size_t
 
 static gser_status_t enc_buffer(enc_t *e, obuf_t *pk, const gser_value_t *v, size_t base)
 {
-    const gser_buffer_desc_t *d = &v->u.buf->desc;
+    const gser_buffer_t *b = v->u.buf;
+    const gser_buffer_desc_t *d = &b->desc;
     char where[96];
     if (d->memory == GSER_MEMORY_DEVICE && d->nbytes) {
         if (e->device_family < 0) {
@@ -400,7 +401,9 @@ static gser_status_t enc_buffer(enc_t *e, obuf_t *pk, const gser_value_t *v, siz
         if (packer_wait_for(&e->pack, d->stream, d->event))
             return enc_fail(e, GSER_ERR_NO_MEMORY, "out of memory");
     }
-    pack_marker(pk, GSER_EXT_BUFFER, 4);
+    /* [marker, dtype, shape, data, origin] and, for any layout but C order,
+     * strides: the data is then the span the elements cover. */
+    pack_marker(pk, GSER_EXT_BUFFER, d->strides ? 5 : 4);
     pk_uint8(pk, (uint8_t)d->dtype);
     if (d->ndim) {
         pk_array(pk, d->ndim);
@@ -409,11 +412,20 @@ static gser_status_t enc_buffer(enc_t *e, obuf_t *pk, const gser_value_t *v, siz
     } else {
         pk_nil(pk);
     }
-    gser_status_t st = enc_data(e, pk, d->data, d->nbytes, d->memory, d->device, base, where, sizeof where);
+    const char *span = b->first ? (const char *)d->data - b->first : d->data;
+    gser_status_t st = enc_data(e, pk, span, b->span, d->memory, d->device, base, where, sizeof where);
     pk_uint8(pk, (uint8_t)d->memory); /* where the buffer lived at the sender */
-    if (st == GSER_OK && e->trace)
-        enc_trace(e, "buffer %s ndim=%u bytes=%zu %s%s", gser_dtype_str(d->dtype), d->ndim, d->nbytes, where,
-                  d->memory == GSER_MEMORY_DEVICE ? " (from device)" : "");
+    if (d->strides) {
+        pk_array(pk, d->ndim);
+        for (uint32_t i = 0; i < d->ndim; i++)
+            pk_int64(pk, d->strides[i]);
+    }
+    if (st == GSER_OK && e->trace) {
+        char layout[160];
+        layout_format(d, b->span, layout, sizeof layout);
+        enc_trace(e, "buffer %s ndim=%u bytes=%zu%s %s%s", gser_dtype_str(d->dtype), d->ndim, d->nbytes, layout,
+                  where, d->memory == GSER_MEMORY_DEVICE ? " (from device)" : "");
+    }
     return st;
 }
 

@@ -135,8 +135,9 @@ typedef struct gser_map {
 } gser_map_t;
 
 typedef struct gser_buffer {
-    gser_buffer_desc_t desc; /* shape points at shape_store */
-    int64_t *shape_store;
+    gser_buffer_desc_t desc; /* shape and strides point into the message */
+    size_t first;            /* element 0 is this many bytes into the span */
+    size_t span;             /* bytes the elements cover: what travels */
 } gser_buffer_t;
 
 typedef struct gser_type gser_type_t;
@@ -257,6 +258,20 @@ static inline gser_value_t *msg_str_value(gser_msg_t *msg, const char *s, size_t
     }
     return v;
 }
+/* The bytes the elements of a strided layout span, and where element 0 sits
+ * in them, for ndim extents (each >= 0) and byte strides of es-byte
+ * elements; no elements span nothing. 0 when fine, else 1 + the dimension at
+ * which the span passes INT64_MAX. */
+GSER_INTERNAL uint32_t layout_span(uint32_t ndim, const int64_t *shape, const int64_t *strides, size_t es,
+                                   size_t *first, size_t *span);
+/* Whether strides lay the shape out in C order (extents of 1 have any
+ * stride; an array without elements has every layout). The product of the
+ * shape times es must fit in 64 bits. */
+GSER_INTERNAL bool layout_is_c(uint32_t ndim, const int64_t *shape, const int64_t *strides, size_t es);
+/* A buffer value for a checked description (strides NULL when C order) whose
+ * elements span span bytes from data - first; shape and strides are copied,
+ * flags and release ignored. */
+GSER_INTERNAL gser_value_t *buffer_value(gser_msg_t *msg, const gser_buffer_desc_t *desc, size_t first, size_t span);
 GSER_INTERNAL gser_status_t value_list_new(gser_msg_t *msg, gser_kind_t kind, gser_value_t **out);
 /* An array-backed list over data (borrowed, never copied). */
 GSER_INTERNAL gser_status_t value_array_wrap(gser_msg_t *msg, bool tuple, gser_kind_t elem_kind, const void *data,
@@ -361,6 +376,10 @@ GSER_INTERNAL void path_format(const path_t *p, char *buf, size_t cap);
  * ": ", traces two spaces. */
 GSER_INTERNAL void path_vmessage(const path_t *p, const char *sep, char *buf, size_t cap, const char *fmt,
                                  va_list ap);
+/* Write n extents or strides as "(a, b)" ("(a,)" for one), truncated to cap. */
+GSER_INTERNAL void dims_format(const int64_t *v, uint32_t n, char *buf, size_t cap);
+/* For traces: " strides=(a, b) span=N" for a strided buffer, "" otherwise. */
+GSER_INTERNAL void layout_format(const gser_buffer_desc_t *d, size_t span, char *buf, size_t cap);
 /* Write a short rendering of a scalar value (for paths and traces). */
 GSER_INTERNAL void scalar_format(const gser_value_t *v, char *buf, size_t cap);
 

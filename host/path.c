@@ -81,6 +81,36 @@ void scalar_format(const gser_value_t *v, char *buf, size_t cap)
     scalar_put(&b, v);
 }
 
+void dims_format(const int64_t *v, uint32_t n, char *buf, size_t cap)
+{
+    sbuf_t b = {buf, cap, 0};
+    if (cap == 0)
+        return;
+    put(&b, "(", 1);
+    for (uint32_t i = 0; i < n; i++) {
+        char tmp[32];
+        snprintf(tmp, sizeof tmp, "%s%" PRId64, i ? ", " : "", v[i]);
+        puts_(&b, tmp);
+    }
+    puts_(&b, n == 1 ? ",)" : ")");
+}
+
+void layout_format(const gser_buffer_desc_t *d, size_t span, char *buf, size_t cap)
+{
+    sbuf_t b = {buf, cap, 0};
+    if (cap == 0)
+        return;
+    buf[0] = '\0';
+    if (!d->strides)
+        return;
+    char tmp[128];
+    dims_format(d->strides, d->ndim, tmp, sizeof tmp);
+    puts_(&b, " strides=");
+    puts_(&b, tmp);
+    snprintf(tmp, sizeof tmp, " span=%zu", span);
+    puts_(&b, tmp);
+}
+
 void path_format(const path_t *p, char *buf, size_t cap)
 {
     sbuf_t b = {buf, cap, 0};

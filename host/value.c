@@ -523,82 +523,175 @@ static void run_owned_release(void *arg)
     r->fn(r->data, r->arg);
 }
 
+uint32_t layout_span(uint32_t ndim, const int64_t *shape, const int64_t *strides, size_t es, size_t *first,
+                     size_t *span)
+{
+    for (uint32_t k = 0; k < ndim; k++) {
+        if (shape[k] == 0) {
+            *first = *span = 0;
+            return 0;
+        }
+    }
+    /* lo <= 0 <= hi: the lowest and highest element offsets from element 0 */
+    int64_t lo = 0, hi = 0, reach, top;
+    for (uint32_t k = 0; k < ndim; k++) {
+        if (__builtin_mul_overflow(strides[k], shape[k] - 1, &reach) ||
+            (reach < 0 ? __builtin_add_overflow(lo, reach, &lo) : __builtin_add_overflow(hi, reach, &hi)))
+            return k + 1;
+    }
+    /* hi - lo + es, the byte after the highest element, as an int64 */
+    if (es > INT64_MAX || __builtin_sub_overflow(hi, lo, &top) || __builtin_add_overflow(top, (int64_t)es, &top) ||
+        (uint64_t)top > SIZE_MAX)
+        return ndim;
+    *first = (size_t)-(uint64_t)lo;
+    *span = (size_t)top;
+    return 0;
+}
+
+bool layout_is_c(uint32_t ndim, const int64_t *shape, const int64_t *strides, size_t es)
+{
+    uint64_t want = es;
+    bool c = true;
+    for (uint32_t k = ndim; k-- > 0;) {
+        if (shape[k] == 0)
+            return true;
+        if (shape[k] != 1 && (uint64_t)strides[k] != want)
+            c = false;
+        want *= (uint64_t)shape[k];
+    }
+    return c;
+}
+
+/* The C-order strides of a shape (for comparing a C-order buffer with a
+ * strided one). */
+static void c_strides(uint32_t ndim, const int64_t *shape, size_t es, int64_t *out)
+{
+    uint64_t s = es;
+    for (uint32_t k = ndim; k-- > 0;) {
+        out[k] = (int64_t)s;
+        s *= shape[k] ? (uint64_t)shape[k] : 1;
+    }
+}
+
+gser_value_t *buffer_value(gser_msg_t *msg, const gser_buffer_desc_t *desc, size_t first, size_t span)
+{
+    gser_value_t *v = msg_value(msg, GSER_KIND_BUFFER);
+    gser_buffer_t *b = v ? msg_alloc(msg, sizeof *b, alignof(gser_buffer_t)) : NULL;
+    size_t dims = (size_t)desc->ndim * (desc->strides ? 2 : 1);
+    int64_t *store = b && dims ? msg_alloc(msg, dims * sizeof(int64_t), 8) : NULL;
+    if (!b || (dims && !store))
+        return NULL;
+    b->desc = *desc;
+    b->desc.flags = 0;
+    b->desc.release = NULL;
+    b->desc.release_arg = NULL;
+    b->desc.shape = b->desc.strides = NULL;
+    if (desc->ndim) {
+        memcpy(store, desc->shape, desc->ndim * sizeof(int64_t));
+        b->desc.shape = store;
+    }
+    if (desc->strides) {
+        memcpy(store + desc->ndim, desc->strides, desc->ndim * sizeof(int64_t));
+        b->desc.strides = store + desc->ndim;
+    }
+    b->first = first;
+    b->span = span;
+    v->u.buf = b;
+    return v;
+}
+
+/* Check a caller's description (its struct already read into d) and find
+ * the span of its elements; strides that say C order are dropped. */
+static gser_status_t buffer_check(gser_context_t *ctx, const char *what, gser_buffer_desc_t *d, size_t *first,
+                                  size_t *span)
+{
+    size_t es = gser_dtype_size(d->dtype);
+    if (es == 0)
+        return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: unknown dtype %d", what, (int)d->dtype);
+    if (d->ndim > GSER_MAX_NDIM || (d->ndim && !d->shape))
+        return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: ndim %u needs a shape of at most %d dims", what, d->ndim,
+                         GSER_MAX_NDIM);
+    if (d->strides && !d->ndim)
+        return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: strides need a shape (ndim is 0)", what);
+    if (d->ndim) {
+        uint64_t total = es;
+        for (uint32_t k = 0; k < d->ndim; k++) {
+            if (d->shape[k] < 0 || (d->shape[k] && total > UINT64_MAX / (uint64_t)d->shape[k]))
+                return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: bad extent %lld in dim %u", what,
+                                 (long long)d->shape[k], k);
+            total *= (uint64_t)d->shape[k];
+        }
+        if (total != d->nbytes)
+            return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: shape holds %llu bytes of %s but nbytes is %zu", what,
+                             (unsigned long long)total, gser_dtype_str(d->dtype), d->nbytes);
+    } else if (d->nbytes % es) {
+        return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: nbytes %zu is not a multiple of %s", what, d->nbytes,
+                         gser_dtype_str(d->dtype));
+    }
+    *first = 0;
+    *span = d->nbytes;
+    if (d->strides) {
+        uint32_t bad = layout_span(d->ndim, d->shape, d->strides, es, first, span);
+        if (bad)
+            return error_set(ctx, GSER_ERR_INVALID_ARG,
+                             "%s: with strides[%u] = %lld the elements span more than 2^63 - 1 bytes", what, bad - 1,
+                             (long long)d->strides[bad - 1]);
+        if (layout_is_c(d->ndim, d->shape, d->strides, es)) {
+            d->strides = NULL;
+            *first = 0;
+            *span = d->nbytes;
+        }
+    }
+    return GSER_OK;
+}
+
 gser_status_t gser_msg_new_buffer(gser_msg_t *msg, const gser_buffer_desc_t *user_desc, gser_value_t **out)
 {
+    static const char what[] = "gser_msg_new_buffer";
     if (!msg || !user_desc || !out)
         return GSER_ERR_INVALID_ARG;
     gser_context_t *ctx = msg->ctx;
     gser_buffer_desc_t d_ = GSER_BUFFER_DESC_INIT;
     const gser_buffer_desc_t *desc = &d_;
-    gser_status_t rst = struct_read(ctx, "gser_msg_new_buffer", "gser_buffer_desc_t", &d_, sizeof d_, user_desc);
+    gser_status_t rst = struct_read(ctx, what, "gser_buffer_desc_t", &d_, sizeof d_, user_desc);
     if (rst)
         return rst;
-    size_t es = gser_dtype_size(desc->dtype);
-    if (es == 0)
-        return error_set(ctx, GSER_ERR_INVALID_ARG, "gser_msg_new_buffer: unknown dtype %d", (int)desc->dtype);
+    size_t first, span;
+    if ((rst = buffer_check(ctx, what, &d_, &first, &span)))
+        return rst;
     if (desc->nbytes && !desc->data)
-        return error_set(ctx, GSER_ERR_INVALID_ARG, "gser_msg_new_buffer: data is NULL");
+        return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: data is NULL", what);
     if (desc->memory != GSER_MEMORY_HOST && desc->memory != GSER_MEMORY_DEVICE)
-        return error_set(ctx, GSER_ERR_INVALID_ARG, "gser_msg_new_buffer: unknown memory kind %d", (int)desc->memory);
-    if (desc->ndim > GSER_MAX_NDIM || (desc->ndim && !desc->shape))
-        return error_set(ctx, GSER_ERR_INVALID_ARG, "gser_msg_new_buffer: ndim %u needs a shape of at most %d dims",
-                         desc->ndim, GSER_MAX_NDIM);
-    if (desc->ndim) {
-        uint64_t total = es;
-        for (uint32_t d = 0; d < desc->ndim; d++) {
-            if (desc->shape[d] < 0 ||
-                (desc->shape[d] && total > UINT64_MAX / (uint64_t)desc->shape[d]))
-                return error_set(ctx, GSER_ERR_INVALID_ARG, "gser_msg_new_buffer: bad extent %lld in dim %u",
-                                 (long long)desc->shape[d], d);
-            total *= (uint64_t)desc->shape[d];
-        }
-        if (total != desc->nbytes)
-            return error_set(ctx, GSER_ERR_INVALID_ARG,
-                             "gser_msg_new_buffer: shape holds %llu bytes of %s but nbytes is %zu",
-                             (unsigned long long)total, gser_dtype_str(desc->dtype), desc->nbytes);
-    } else if (desc->nbytes % es) {
-        return error_set(ctx, GSER_ERR_INVALID_ARG, "gser_msg_new_buffer: nbytes %zu is not a multiple of %s",
-                         desc->nbytes, gser_dtype_str(desc->dtype));
-    }
+        return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: unknown memory kind %d", what, (int)desc->memory);
     bool copy = desc->flags & GSER_BUFFER_COPY;
     if (copy && desc->memory != GSER_MEMORY_HOST)
-        return error_set(ctx, GSER_ERR_UNSUPPORTED, "gser_msg_new_buffer: GSER_BUFFER_COPY needs host memory");
+        return error_set(ctx, GSER_ERR_UNSUPPORTED, "%s: GSER_BUFFER_COPY needs host memory", what);
     if (copy && desc->release)
-        return error_set(ctx, GSER_ERR_INVALID_ARG, "gser_msg_new_buffer: both GSER_BUFFER_COPY and release set");
+        return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: both GSER_BUFFER_COPY and release set", what);
 
-    gser_value_t *v = msg_value(msg, GSER_KIND_BUFFER);
-    gser_buffer_t *b = v ? msg_alloc(msg, sizeof *b, alignof(gser_buffer_t)) : NULL;
-    int64_t *shape = b && desc->ndim ? msg_alloc(msg, desc->ndim * sizeof(int64_t), 8) : NULL;
-    if (!b || (desc->ndim && !shape))
-        return nomem(msg, "gser_msg_new_buffer");
-    b->desc = *desc;
-    b->desc.flags = 0;
-    b->desc.release = NULL;
-    b->desc.release_arg = NULL;
-    if (desc->ndim)
-        memcpy(shape, desc->shape, desc->ndim * sizeof(int64_t));
-    b->shape_store = shape;
-    b->desc.shape = shape;
-    if (copy && desc->nbytes) {
-        void *d = msg_alloc(msg, desc->nbytes, 16);
+    gser_value_t *v = buffer_value(msg, desc, first, span);
+    if (!v)
+        return nomem(msg, what);
+    if (copy && span) {
+        /* the span, not nbytes: a broadcast array is copied as its base */
+        char *d = msg_alloc(msg, span, 16);
         if (!d)
-            return nomem(msg, "gser_msg_new_buffer");
-        memcpy(d, desc->data, desc->nbytes);
-        b->desc.data = d;
+            return nomem(msg, what);
+        memcpy(d, (const char *)desc->data - first, span);
+        v->u.buf->desc.data = d + first;
     }
     if (desc->release) {
         /* Registered last, once nothing else can fail: the message owns data
          * only when the call succeeds. */
         owned_release_t *r = msg_alloc(msg, sizeof *r, alignof(owned_release_t));
         if (!r)
-            return nomem(msg, "gser_msg_new_buffer");
+            return nomem(msg, what);
         r->fn = desc->release;
         r->data = (void *)desc->data;
         r->arg = desc->release_arg;
         if (arena_on_release(&msg->arena, run_owned_release, r))
-            return nomem(msg, "gser_msg_new_buffer");
+            return nomem(msg, what);
     }
-    v->u.buf = b;
     *out = v;
     return GSER_OK;
 }
@@ -609,7 +702,33 @@ gser_status_t gser_value_get_buffer(const gser_value_t *v, gser_buffer_desc_t *d
         return GSER_ERR_INVALID_ARG;
     if (v->kind != GSER_KIND_BUFFER)
         return GSER_ERR_TYPE_MISMATCH;
-    return gser_struct_write(desc, &v->u.buf->desc, sizeof v->u.buf->desc);
+    const gser_buffer_desc_t *b = &v->u.buf->desc;
+    size_t caller;
+    memcpy(&caller, desc, sizeof caller);
+    if (b->strides && caller < offsetof(gser_buffer_desc_t, strides) + sizeof b->strides)
+        return GSER_ERR_UNSUPPORTED;
+    return gser_struct_write(desc, b, sizeof *b);
+}
+
+gser_status_t gser_buffer_get_span(const gser_buffer_desc_t *desc, int64_t *offset, size_t *span)
+{
+    if (!desc || !offset || !span)
+        return GSER_ERR_INVALID_ARG;
+    gser_buffer_desc_t d;
+    gser_status_t st = gser_struct_read(&d, sizeof d, desc);
+    if (st)
+        return st;
+    size_t es = gser_dtype_size(d.dtype), first = 0, n = d.nbytes;
+    if (es == 0 || d.ndim > GSER_MAX_NDIM || (d.ndim && !d.shape) || (d.strides && !d.ndim))
+        return GSER_ERR_INVALID_ARG;
+    for (uint32_t k = 0; k < d.ndim; k++)
+        if (d.shape[k] < 0)
+            return GSER_ERR_INVALID_ARG;
+    if (d.strides && layout_span(d.ndim, d.shape, d.strides, es, &first, &n))
+        return GSER_ERR_INVALID_ARG;
+    *offset = -(int64_t)first;
+    *span = n;
+    return GSER_OK;
 }
 
 gser_status_t gser_msg_new_object(gser_msg_t *msg, const char *type_name, void *obj, gser_value_t **out)
@@ -788,6 +907,45 @@ static bool list_elem(const gser_list_t *l, size_t i, gser_value_t *tmp, const g
     return true;
 }
 
+/* Elements of two layouts of one shape, compared one by one. Every partial
+ * offset is an element's (all extents are > 0 here), so no pointer leaves
+ * the spans. */
+static bool strided_equal(const char *a, const int64_t *sa, const char *b, const int64_t *sb, const int64_t *shape,
+                          uint32_t ndim, size_t es)
+{
+    if (ndim == 0)
+        return memcmp(a, b, es) == 0;
+    for (int64_t i = 0; i < shape[0]; i++)
+        if (!strided_equal(a + i * sa[0], sa + 1, b + i * sb[0], sb + 1, shape + 1, ndim - 1, es))
+            return false;
+    return true;
+}
+
+/* Same dtype, shape and memory kind, and the same elements whatever the
+ * layouts; device buffers by pointer and layout. */
+static bool buffer_equal(const gser_buffer_desc_t *da, const gser_buffer_desc_t *db)
+{
+    if (da->dtype != db->dtype || da->nbytes != db->nbytes || da->ndim != db->ndim || da->memory != db->memory)
+        return false;
+    if (da->ndim && memcmp(da->shape, db->shape, da->ndim * sizeof(int64_t)) != 0)
+        return false;
+    if (da->memory != GSER_MEMORY_HOST)
+        return da->data == db->data && !da->strides == !db->strides &&
+               (!da->strides || memcmp(da->strides, db->strides, da->ndim * sizeof(int64_t)) == 0);
+    if (da->nbytes == 0)
+        return true;
+    if (!da->strides && !db->strides)
+        return memcmp(da->data, db->data, da->nbytes) == 0;
+    int64_t ca[GSER_MAX_NDIM], cb[GSER_MAX_NDIM];
+    size_t es = gser_dtype_size(da->dtype);
+    if (!da->strides)
+        c_strides(da->ndim, da->shape, es, ca);
+    if (!db->strides)
+        c_strides(db->ndim, db->shape, es, cb);
+    return strided_equal(da->data, da->strides ? da->strides : ca, db->data, db->strides ? db->strides : cb,
+                         da->shape, da->ndim, es);
+}
+
 bool gser_value_equal(const gser_value_t *a, const gser_value_t *b)
 {
     if (!a || !b)
@@ -831,17 +989,7 @@ bool gser_value_equal(const gser_value_t *a, const gser_value_t *b)
                 return false;
         return true;
     }
-    case GSER_KIND_BUFFER: {
-        const gser_buffer_desc_t *da = &a->u.buf->desc, *db = &b->u.buf->desc;
-        if (da->dtype != db->dtype || da->nbytes != db->nbytes || da->ndim != db->ndim ||
-            da->memory != db->memory)
-            return false;
-        if (da->ndim && memcmp(da->shape, db->shape, da->ndim * sizeof(int64_t)) != 0)
-            return false;
-        if (da->memory != GSER_MEMORY_HOST)
-            return da->data == db->data;
-        return da->nbytes == 0 || memcmp(da->data, db->data, da->nbytes) == 0;
-    }
+    case GSER_KIND_BUFFER: return buffer_equal(&a->u.buf->desc, &b->u.buf->desc);
     case GSER_KIND_OBJECT: return a->u.obj->type == b->u.obj->type && a->u.obj->obj == b->u.obj->obj;
     case GSER_KIND_SERIALIZED: {
         const gser_serialized_t *sa = a->u.ser, *sb = b->u.ser;

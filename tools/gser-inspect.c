@@ -59,6 +59,26 @@ static void print_where(const void *p, size_t n)
     printf(n ? "inline" : "empty");
 }
 
+/* Extents or strides as Python prints a tuple. */
+static void print_dims(const int64_t *v, uint32_t n)
+{
+    printf("(");
+    for (uint32_t i = 0; i < n; i++)
+        printf("%s%" PRId64, i ? ", " : "", v[i]);
+    printf(n == 1 ? ",)" : ")");
+}
+
+/* The header's wire version (the decoder accepted it: 1 or 2, in any
+ * msgpack integer width, right after the 7 magic bytes). */
+static unsigned header_version(const gser_frame_t *hdr)
+{
+    const unsigned char *p = hdr->data;
+    if (p[7] < 0x80)
+        return p[7];
+    /* uint8..uint64 (cc..cf) and int8..int64 (d0..d3): the low byte is last */
+    return (p[7] >= 0xcc && p[7] <= 0xd3) ? p[7 + (1u << (p[7] & 3))] : 0;
+}
+
 static void print_scalar(const gser_value_t *v)
 {
     bool b;
@@ -162,13 +182,21 @@ static int print_value(gser_msg_t *msg, gser_value_t *v, int depth)
         gser_value_get_buffer(v, &d);
         printf("buffer %s", gser_dtype_str(d.dtype));
         if (d.ndim) {
-            printf(" shape=(");
-            for (uint32_t i = 0; i < d.ndim; i++)
-                printf("%s%" PRId64, i ? ", " : "", d.shape[i]);
-            printf(d.ndim == 1 ? ",)" : ")");
+            printf(" shape=");
+            print_dims(d.shape, d.ndim);
         }
-        printf(" %zu bytes %s, ", d.nbytes, gser_memory_str(d.memory));
-        print_where(d.data, d.nbytes);
+        int64_t off = 0;
+        size_t span = d.nbytes;
+        if (d.strides) {
+            printf(" strides=");
+            print_dims(d.strides, d.ndim);
+            gser_buffer_get_span(&d, &off, &span); /* the decoder checked the layout */
+        }
+        printf(" %zu bytes", d.nbytes);
+        if (d.strides)
+            printf(" (span %zu)", span);
+        printf(" %s, ", gser_memory_str(d.memory));
+        print_where(span ? (const char *)d.data + off : d.data, span);
         printf("\n");
         return 0;
     }
@@ -246,8 +274,8 @@ int main(int argc, char **argv)
         return st == GSER_ERR_IO ? 2 : 1;
     }
     frames = gser_msg_get_frames(msg, &nframes);
-    printf("gser message, wire format %d: header %zu bytes, %zu data frames\n", GSER_WIRE_VERSION, frames[0].size,
-           nframes - 1);
+    printf("gser message, wire format %u: header %zu bytes, %zu data frames\n", header_version(&frames[0]),
+           frames[0].size, nframes - 1);
     size_t total = frames[0].size;
     for (size_t i = 1; i < nframes; i++) {
         printf("  frame %zu: %zu bytes\n", i, frames[i].size);

@@ -22,8 +22,12 @@
 extern "C" {
 #endif
 
-/** Version of the header format written by this build (see docs/wire-format.md). */
-#define GSER_WIRE_VERSION 1
+/** Version of the header format written by this build (see docs/wire-format.md).
+ *  Version 2 added strides to buffers. */
+#define GSER_WIRE_VERSION 2
+/** The oldest header format version this build reads (version 1 is version 2
+ *  without strides). */
+#define GSER_WIRE_VERSION_MIN 1
 
 /**
  * One frame: bytes somewhere in memory. Produced frames borrow (release is

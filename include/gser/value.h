@@ -80,7 +80,16 @@ enum {
  * A buffer: what gser_msg_new_buffer reads and gser_value_get_buffer fills.
  * Start from GSER_BUFFER_DESC_INIT and set what you need: zero means host
  * memory, untyped bytes, flat (ndim 0: the shape is implied by nbytes),
- * borrowed.
+ * C-contiguous, borrowed.
+ *
+ * Any layout travels (Fortran order, negative or zero strides, views): set
+ * strides, byte strides as numpy and __cuda_array_interface__ give them.
+ * Element (i0, ..., in-1) is then at data + i0 * strides[0] + ... +
+ * in-1 * strides[n-1]: data points at element 0, which need not be the
+ * lowest address, and nbytes stays product(shape) * dtype size. What travels
+ * is the memory the elements span (gser_buffer_get_span): a broadcast array
+ * (stride 0) travels as its base, a view as the span of its base it covers.
+ * The receiver gets the element-0 pointer and the strides back.
  */
 typedef struct gser_buffer_desc {
     size_t size;           /**< sizeof(gser_buffer_desc_t): GSER_BUFFER_DESC_INIT sets it */
@@ -88,7 +97,7 @@ typedef struct gser_buffer_desc {
     size_t nbytes;         /**< length in bytes */
     gser_dtype_t dtype;    /**< element type */
     uint32_t ndim;         /**< 0 = flat; else shape has ndim entries */
-    const int64_t *shape;  /**< C-order extents; product * dtype size == nbytes */
+    const int64_t *shape;  /**< extents; product * dtype size == nbytes */
     gser_memory_t memory;  /**< where data lives */
     int32_t device;        /**< device ordinal when memory is GSER_MEMORY_DEVICE */
     unsigned flags;        /**< GSER_BUFFER_* */
@@ -102,6 +111,10 @@ typedef struct gser_buffer_desc {
     /** Device data only: an event (cudaEvent_t) that completes when data is
      *  ready. Deserialized buffers carry one when gser copied them on a stream. */
     void *event;
+    /** Byte strides, ndim entries (copied into the message), or NULL for
+     *  C order. Needs ndim > 0. Strides that describe C order are dropped:
+     *  such a buffer reads back with strides NULL. */
+    const int64_t *strides;
 } gser_buffer_desc_t;
 
 #define GSER_BUFFER_DESC_INIT GSER_STRUCT_INIT(gser_buffer_desc_t)
@@ -204,9 +217,22 @@ GSER_API gser_status_t gser_value_get_float(const gser_value_t *v, double *out);
 GSER_API gser_status_t gser_value_get_str(const gser_value_t *v, const char **s, size_t *len);
 /** The bytes (borrowed from wherever they came from). */
 GSER_API gser_status_t gser_value_get_bytes(const gser_value_t *v, const void **data, size_t *len);
-/** A buffer's description; desc->shape points into the message. desc->size
- *  must be set (GSER_BUFFER_DESC_INIT); at most that many bytes are written. */
+/** A buffer's description; desc->shape and desc->strides point into the
+ *  message. desc->size must be set (GSER_BUFFER_DESC_INIT); at most that many
+ *  bytes are written. GSER_ERR_UNSUPPORTED, writing nothing, for a strided
+ *  buffer when desc->size ends before the strides field (a caller built
+ *  before strides existed would read the layout wrong). */
 GSER_API gser_status_t gser_value_get_buffer(const gser_value_t *v, gser_buffer_desc_t *desc);
+
+/**
+ * The memory a buffer's elements cover: the bytes [data + *offset,
+ * data + *offset + *span). *offset is 0 for a C-contiguous buffer and
+ * negative when negative strides put element 0 above the lowest byte; *span
+ * is nbytes for a C-contiguous buffer, and 0 for a buffer without elements.
+ * This is what gser copies and sends. GSER_ERR_INVALID_ARG for a description
+ * gser_msg_new_buffer would refuse (a span past 2^63 - 1 bytes, ...).
+ */
+GSER_API gser_status_t gser_buffer_get_span(const gser_buffer_desc_t *desc, int64_t *offset, size_t *span);
 
 /** Number of elements of a list or tuple, pairs of a map, bytes of a str or
  *  bytes value; 0 for anything else. */

@@ -194,6 +194,8 @@ static gser_status_t get_buffer(rctx_t *rc, int32_t i, gser_value_t *node, int b
     }
     if (gser_value_get_buffer(v, d) != GSER_OK)
         return rfail(rc, i, GSER_ERR_FORMAT, "buffer %d is not a buffer", b);
+    if (d->strides) /* Arrow buffers are plain bytes: a layout is a lie */
+        return rfail(rc, i, GSER_ERR_FORMAT, "buffer %d has strides", b);
     if (d->nbytes != nbytes)
         return rfail(rc, i, GSER_ERR_FORMAT, "buffer %d holds %zu bytes, %llu expected", b, d->nbytes,
                      (unsigned long long)nbytes);

@@ -125,10 +125,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!ctxs[0]) {
         static const char *const backends[2] = {"none", "emulated"};
         for (int i = 0; i < 2; i++) {
+            static gser_limits_t lim = GSER_LIMITS_INIT;
+            lim.max_nodes = 100000;
+            lim.max_bytes = 1 << 24;
             gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
             o.trace = -1;
-            o.limits.max_nodes = 100000;
-            o.limits.max_bytes = 1 << 24;
+            o.limits = &lim;
             o.device_backend = backends[i];
             if (gser_context_create(&o, &ctxs[i]) || gser_arrow_register(ctxs[i]))
                 abort();

@@ -37,15 +37,15 @@ static gser_status_t fuzz_blob_de(gser_context_t *ctx, gser_reader_t *r, void **
     (void)ctx;
     (void)ud;
     gser_value_t *n, *data;
-    gser_buffer_desc_t d;
-    const gser_value_t *t = gser_reader_get_tree(r);
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
+    gser_value_t *t = gser_reader_get_tree(r);
     fuzz_blob_t *b = calloc(1, sizeof *b);
     if (!b)
         return GSER_ERR_NO_MEMORY;
     if (gser_map_find_cstr(t, "n", &n) || gser_map_find_cstr(t, "data", &data) || gser_value_get_int(n, &b->n) ||
-        gser_value_get_buffer(data, &d) || d.memory != GSER_MEMORY_HOST) {
+        gser_value_get_buffer(data, &d) || d.memory != GSER_MEMORY_HOST || d.strides) {
         free(b);
-        return gser_reader_fail(r, GSER_ERR_FORMAT, "fuzz.blob needs n and a host data buffer");
+        return gser_reader_fail(r, GSER_ERR_FORMAT, "fuzz.blob needs n and a contiguous host data buffer");
     }
     b->len = d.nbytes;
     b->data = malloc(d.nbytes ? d.nbytes : 1);

@@ -11,7 +11,7 @@ static gser_context_t *ctx;
 static gser_context_t *dev_ctx; /* the emulated device backend: restore and scatter paths */
 
 /* Touch every value so that bad pointers or lengths show up under ASan. */
-static unsigned walk(gser_msg_t *msg, const gser_value_t *v, int depth)
+static unsigned walk(gser_msg_t *msg, gser_value_t *v, int depth)
 {
     unsigned h = (unsigned)gser_value_get_kind(v);
     if (depth > 64)
@@ -34,19 +34,31 @@ static unsigned walk(gser_msg_t *msg, const gser_value_t *v, int depth)
             h = h * 31 + ((const unsigned char *)data)[i];
         break;
     case GSER_KIND_BUFFER: {
-        gser_value_get_buffer(v, &d);
-        const unsigned char *bytes = d.data;
+        /* Every byte the elements span, and the first and last element. */
+        int64_t off;
+        size_t span;
+        if (gser_value_get_buffer(v, &d) || gser_buffer_get_span(&d, &off, &span))
+            abort();
+        const unsigned char *bytes = span ? (const unsigned char *)d.data + off : NULL;
         unsigned char *copy = NULL;
         if (d.memory == GSER_MEMORY_DEVICE) {
             /* Through the backend, as a user would read device memory. */
-            copy = malloc(d.nbytes ? d.nbytes : 1);
-            if (!copy || gser_device_memcpy(gser_msg_get_context(msg), copy, GSER_MEMORY_HOST, d.data, d.memory,
-                                            d.nbytes, NULL) != GSER_OK)
+            copy = malloc(span ? span : 1);
+            if (!copy || gser_device_memcpy(gser_msg_get_context(msg), copy, GSER_MEMORY_HOST, bytes, d.memory, span,
+                                            NULL) != GSER_OK)
                 abort();
             bytes = copy;
         }
-        for (size_t i = 0; i < d.nbytes; i++)
+        for (size_t i = 0; i < span; i++)
             h = h * 31 + bytes[i];
+        if (span && d.strides) {
+            size_t es = gser_dtype_size(d.dtype);
+            int64_t last = -off; /* element 0, then the element of the highest indices */
+            h += bytes[last] + bytes[last + (int64_t)es - 1];
+            for (uint32_t k = 0; k < d.ndim; k++)
+                last += (d.shape[k] - 1) * d.strides[k];
+            h += bytes[last] + bytes[last + (int64_t)es - 1];
+        }
         free(copy);
         break;
     }
@@ -86,8 +98,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!ctx) {
         gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
         o.trace = -1;
-        o.limits.max_nodes = 100000;
-        o.limits.max_bytes = 1 << 24;
+        static gser_limits_t lim = GSER_LIMITS_INIT;
+        lim.max_nodes = 100000;
+        lim.max_bytes = 1 << 24;
+        o.limits = &lim;
         if (gser_context_create(&o, &ctx) || fuzz_register(ctx))
             abort();
         o.device_backend = "emulated";

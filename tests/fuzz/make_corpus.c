@@ -16,10 +16,16 @@
         }                                                                                                    \
     } while (0)
 
-static int write_msg(gser_context_t *ctx, gser_msg_t *m, const char *dir, const char *name)
+/* Serialized with the families given (NULL: the default), device work waited for. */
+static int write_msg_with(gser_context_t *ctx, gser_msg_t *m, const char *const *families, const char *dir,
+                          const char *name)
 {
+    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
+    so.families = families;
+    so.nfamilies = families ? 1 : 0;
     gser_frames_t *f;
-    CK(gser_serialize(ctx, m, NULL, &f));
+    CK(gser_serialize(ctx, m, &so, &f));
+    CK(gser_frames_wait(f));
     char path[512];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     FILE *out = fopen(path, "wb");
@@ -30,6 +36,13 @@ static int write_msg(gser_context_t *ctx, gser_msg_t *m, const char *dir, const 
     gser_frames_destroy(f);
     return 0;
 }
+
+static int write_msg(gser_context_t *ctx, gser_msg_t *m, const char *dir, const char *name)
+{
+    return write_msg_with(ctx, m, NULL, dir, name);
+}
+
+static const char *const host_only[] = {"host"};
 
 int main(int argc, char **argv)
 {
@@ -133,24 +146,49 @@ int main(int argc, char **argv)
         CK(gser_list_append(root, v));
     }
     CK(gser_msg_set_root(m, root));
-    {
-        const char *const host_only[] = {"host"};
-        gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
-        so.families = host_only;
-        so.nfamilies = 1;
-        gser_frames_t *f;
-        CK(gser_serialize(ctx, m, &so, &f));
-        CK(gser_frames_wait(f));
-        char path[512];
-        snprintf(path, sizeof path, "%s/device.gser", dir);
-        FILE *out = fopen(path, "wb");
-        if (!out)
-            return 1;
-        CK(gser_flat_write_file(gser_frames_get_array(f), gser_frames_get_count(f), out));
-        fclose(out);
-        gser_frames_destroy(f);
-    }
+    if (write_msg_with(ctx, m, host_only, dir, "device.gser"))
+        return 1;
     gser_msg_destroy(m);
+
+    /* 4b: strided buffers (wire version 2): Fortran order, a broadcast and a
+     * reversed view in host memory, and a Fortran-ordered device buffer
+     * staged through the host family */
+    {
+        static const int16_t fortran[6] = {1, 4, 2, 5, 3, 6};
+        static const double half = 0.5;
+        static const uint8_t up[40] = {1, 2, 3, 4};
+        const int64_t fshape[2] = {2, 3}, fst[2] = {2, 4}, zshape[2] = {100, 7}, zst[2] = {0, 0}, rshape[1] = {40},
+                      rst[1] = {-1}, dshape[2] = {5, 8}, dst[2] = {1, 5};
+        const struct {
+            const void *data;
+            gser_dtype_t dtype;
+            size_t nbytes;
+            const int64_t *shape, *strides;
+            uint32_t ndim;
+            gser_memory_t memory;
+        } bufs[4] = {{fortran, GSER_DTYPE_INT16, 12, fshape, fst, 2, GSER_MEMORY_HOST},
+                     {&half, GSER_DTYPE_FLOAT64, 5600, zshape, zst, 2, GSER_MEMORY_HOST},
+                     {&up[39], GSER_DTYPE_UINT8, 40, rshape, rst, 1, GSER_MEMORY_HOST},
+                     {dev, GSER_DTYPE_UINT8, 40, dshape, dst, 2, GSER_MEMORY_DEVICE}};
+        CK(gser_msg_create(ctx, &m));
+        CK(gser_msg_new_list(m, &root));
+        for (int i = 0; i < 4; i++) {
+            gser_buffer_desc_t dd = GSER_BUFFER_DESC_INIT;
+            dd.data = bufs[i].data;
+            dd.dtype = bufs[i].dtype;
+            dd.nbytes = bufs[i].nbytes;
+            dd.ndim = bufs[i].ndim;
+            dd.shape = bufs[i].shape;
+            dd.strides = bufs[i].strides;
+            dd.memory = bufs[i].memory;
+            CK(gser_msg_new_buffer(m, &dd, &v));
+            CK(gser_list_append(root, v));
+        }
+        CK(gser_msg_set_root(m, root));
+        if (write_msg_with(ctx, m, host_only, dir, "strides.gser"))
+            return 1;
+        gser_msg_destroy(m);
+    }
     gser_device_free(ctx, dev, sizeof bytes, NULL);
 
     /* 5, 6: Arrow tables (fuzz_arrow's seeds, in DIR-arrow): one in host
@@ -166,7 +204,6 @@ int main(int argc, char **argv)
         CK(gser_arrow_new_value(m, &da, &schema, NULL, &v));
         CK(gser_map_put_cstr(root, "table", v));
         CK(gser_msg_set_root(m, root));
-        const char *const host_only[] = {"host"};
         gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
         so.families = host_only;
         so.nfamilies = 1;

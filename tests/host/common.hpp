@@ -98,7 +98,8 @@ inline gser_status_t blob_deserialize(gser_context_t *, gser_reader_t *r, void *
     const char *s;
     size_t n;
     gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
-    if (gser_value_get_int(id, &b->id) || gser_value_get_str(name, &s, &n) || gser_value_get_buffer(data, &d))
+    if (gser_value_get_int(id, &b->id) || gser_value_get_str(name, &s, &n) || gser_value_get_buffer(data, &d) ||
+        d.strides)
         return gser_reader_fail(r, GSER_ERR_FORMAT, "blob fields have the wrong kinds");
     b->name.assign(s, n);
     b->data.resize(d.nbytes / sizeof(double));

@@ -89,6 +89,44 @@ TEST_F(Abi, OlderCallersWithSmallerOptionStructsAreReadOnlyAsFarAsTheyGo)
     gser_context_destroy(c);
 }
 
+// A caller built before gser_buffer_desc_t had strides makes C-order buffers,
+// reads them, and is refused a strided one it would misread.
+TEST_F(Abi, CallersFromBeforeStridesNeverMisreadALayout)
+{
+    auto m = new_msg();
+    double data[6] = {1, 2, 3, 4, 5, 6};
+    int64_t shape[2] = {2, 3}, strides[2] = {8, 16};
+    gser_buffer_desc_t full = GSER_BUFFER_DESC_INIT;
+    full.data = data;
+    full.nbytes = sizeof data;
+    full.dtype = GSER_DTYPE_FLOAT64;
+    full.ndim = 2;
+    full.shape = shape;
+    full.strides = strides; // past the old caller's struct: never read
+    const size_t old_size = offsetof(gser_buffer_desc_t, strides);
+    std::unique_ptr<gser_buffer_desc_t, FreeDeleter> old(older(full, old_size));
+    gser_value_t *c, *f;
+    GSER_OK_OR_FAIL(ctx(), gser_msg_new_buffer(m.get(), old.get(), &c));
+    GSER_OK_OR_FAIL(ctx(), gser_msg_new_buffer(m.get(), &full, &f));
+
+    gser_buffer_desc_t zero = GSER_BUFFER_DESC_INIT;
+    std::unique_ptr<gser_buffer_desc_t, FreeDeleter> out(older(zero, old_size));
+    GSER_OK_OR_FAIL(ctx(), gser_value_get_buffer(c, out.get()));
+    EXPECT_EQ(out->data, (const void *)data);
+    out.reset(older(zero, old_size));
+    EXPECT_EQ(gser_value_get_buffer(f, out.get()), GSER_ERR_UNSUPPORTED);
+    EXPECT_EQ(out->data, nullptr) << "nothing written";
+    gser_buffer_desc_t now = GSER_BUFFER_DESC_INIT;
+    GSER_OK_OR_FAIL(ctx(), gser_value_get_buffer(f, &now));
+    ASSERT_NE(now.strides, nullptr);
+    EXPECT_EQ(now.strides[1], 16);
+    int64_t off;
+    size_t span;
+    out.reset(older(full, old_size));
+    GSER_OK_OR_FAIL(ctx(), gser_buffer_get_span(out.get(), &off, &span));
+    EXPECT_EQ(span, sizeof data) << "an old caller's buffer is C order";
+}
+
 TEST_F(Abi, OlderCallersGetOutputStructsFilledOnlyUpToTheirSize)
 {
     auto m = new_msg();

@@ -84,6 +84,51 @@ TEST(Tools, InspectShowsUnknownObjectsWithoutTheirType)
     std::remove(file.c_str());
 }
 
+TEST(Tools, InspectPrintsStridesAndSpans)
+{
+    auto ctx = make_ctx();
+    gser_msg_t *m;
+    ASSERT_EQ(gser_msg_create(ctx.get(), &m), GSER_OK);
+    MsgPtr mp(m);
+    std::vector<double> base(30 * 40, 1.0);
+    const double one = 2.5;
+    int64_t fshape[2] = {30, 40}, fstrides[2] = {8, 240}, zshape[2] = {1000, 1000}, zstrides[2] = {0, 0};
+    gser_value_t *root, *v;
+    gser_msg_new_map(m, &root);
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
+    d.data = base.data();
+    d.nbytes = base.size() * 8;
+    d.dtype = GSER_DTYPE_FLOAT64;
+    d.ndim = 2;
+    d.shape = fshape;
+    d.strides = fstrides;
+    ASSERT_EQ(gser_msg_new_buffer(m, &d, &v), GSER_OK);
+    gser_map_put_cstr(root, "f", v);
+    d.data = &one;
+    d.nbytes = 8000000;
+    d.shape = zshape;
+    d.strides = zstrides;
+    ASSERT_EQ(gser_msg_new_buffer(m, &d, &v), GSER_OK);
+    gser_map_put_cstr(root, "z", v);
+    gser_msg_set_root(m, root);
+    auto frames = serialize(ctx.get(), m);
+    std::string file = tmp_path("strides.gser");
+    FILE *f = fopen(file.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(gser_flat_write_file(gser_frames_get_array(frames.get()), gser_frames_get_count(frames.get()), f), GSER_OK);
+    fclose(f);
+    ProcResult insp = run(std::string(GSER_INSPECT_PATH) + " " + file);
+    ASSERT_EQ(insp.status, 0) << insp.out;
+    EXPECT_NE(insp.out.find("gser message, wire format 2:"), std::string::npos) << insp.out;
+    EXPECT_NE(insp.out.find("\"f\": buffer float64 shape=(30, 40) strides=(8, 240) 9600 bytes (span 9600) host, frame 1"),
+              std::string::npos)
+        << insp.out;
+    EXPECT_NE(insp.out.find("\"z\": buffer float64 shape=(1000, 1000) strides=(0, 0) 8000000 bytes (span 8) host, inline"),
+              std::string::npos)
+        << insp.out;
+    std::remove(file.c_str());
+}
+
 TEST(Tools, InspectRejectsBadFilesWithOneLine)
 {
     std::string file = tmp_path("bad.gser");

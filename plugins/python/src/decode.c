@@ -416,6 +416,8 @@ static PyObject *dec_buffer(dec_t *d, const gser_value_t *v)
     gser_status_t st = gser_value_get_buffer(v, &desc);
     if (st)
         return fail_st(st, "gser_value_get_buffer");
+    if (desc.strides) /* data..data+nbytes is not the memory of a strided buffer */
+        return pg_path_raise(PyExc_NotImplementedError, GSER_OK, &d->path, "a strided buffer (not read here yet)");
     /* loads waited for the device copies gser made (desc.event) already. */
     if (desc.memory == GSER_MEMORY_DEVICE) {
         const char *why;
