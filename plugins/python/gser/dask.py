@@ -99,6 +99,11 @@ def _peer_has_gser(context) -> bool:
     return recipient is None or HANDSHAKE_KEY in recipient
 
 
+def _is_ndarray(x) -> bool:
+    t = type(x)
+    return t.__name__ == "ndarray" and t.__module__ == "numpy"
+
+
 def _families(context):
     recipient = context.get("recipient") if context else None
     return ("device", "host") if recipient and recipient.get(HANDSHAKE_DEVICE_KEY) else ("host",)
@@ -118,7 +123,11 @@ def dumps(x, context=None):
     if not _peer_has_gser(context):
         raise NotImplementedError("gser: the receiving process has not loaded gser")
     try:
-        header, frames = _gser.dumps(x, _families(context), strict=True, decline="object")
+        # An array's header frame is writable, as Dask's numpy frames: small
+        # arrays inside it load writable and zero-copy (in-process) as Dask's do.
+        # Other objects' headers stay bytes (Dask deep-copies and pickles those).
+        header, frames = _gser.dumps(x, _families(context), strict=True, decline="object",
+                                     writable_header=_is_ndarray(x))
     except Declined:
         _stats["declined"] += 1
         raise

@@ -308,6 +308,18 @@ static PyObject *dec_map(dec_t *d, gser_value_t *v, int depth)
 
 /* ---- buffers -------------------------------------------------------------------------- */
 
+/* The memory a buffer's elements cover, [*lo, *lo + *span) (gser checked
+ * that it lies in the received memory). */
+static void desc_span(const gser_buffer_desc_t *desc, const char **lo, size_t *span)
+{
+    int64_t offset = 0;
+    if (gser_buffer_get_span(desc, &offset, span) != GSER_OK) { /* cannot be: gser built it */
+        offset = 0;
+        *span = desc->nbytes;
+    }
+    *lo = (const char *)desc->data + offset;
+}
+
 /* The host buffer of v, checked so that Python can hold it. */
 static int host_desc(dec_t *d, const gser_value_t *v, gser_buffer_desc_t *desc)
 {
@@ -351,21 +363,31 @@ static PyObject *shape_tuple(int nd, const int64_t *shape)
     return t;
 }
 
-/* numpy.ndarray(shape, dtype, buffer=<exporter>, offset=...) over the C-order
- * bytes [p, p + nbytes): read-only when the frame is, or when readonly is asked
- * (the sender's array was read-only). Dask's flags (dc->copy_readonly): an
- * array writable at the sender over a read-only frame is copied. */
-static PyObject *np_view(dec_t *d, PyObject *dtype, int nd, const int64_t *shape, const char *p, size_t nbytes,
-                         bool readonly)
+/* numpy.ndarray(shape, dtype, buffer=<exporter>, offset, strides) with element
+ * 0 at p, strides NULL for C order, over the span [lo, lo + span): read-only
+ * when the frame is, or when readonly is asked (the sender's array was
+ * read-only). Dask's flags (dc->copy_readonly): an array writable at the
+ * sender over a read-only frame is copied. */
+static PyObject *np_view(dec_t *d, PyObject *dtype, int nd, const int64_t *shape, const int64_t *strides,
+                         const char *p, const char *lo, size_t span, bool readonly)
 {
     size_t off;
     pg_frame_ref_t *f;
-    PyObject *exp = exporter(d, p, nbytes, readonly, &off, &f);
+    PyObject *exp = exporter(d, lo, span, readonly, &off, &f);
     if (!exp)
         return NULL;
+    /* An array without items has zero strides, as numpy makes them (and
+     * Dask hands them back); gser carries no strides for it. */
+    static const int64_t zeros[PG_MAX_NDIM];
+    for (int i = 0; !strides && i < nd; i++)
+        if (shape[i] == 0)
+            strides = zeros;
     PyObject *shp = shape_tuple(nd, shape);
-    PyObject *arr = shp ? PyObject_CallFunction(np.ndarray, "OOOn", shp, dtype, exp, (Py_ssize_t)off) : NULL;
+    PyObject *str = shp && strides ? shape_tuple(nd, strides) : shp ? Py_NewRef(Py_None) : NULL;
+    PyObject *arr = str ? PyObject_CallFunction(np.ndarray, "OOOnO", shp, dtype, exp, (Py_ssize_t)(off + (p - lo)), str)
+                        : NULL;
     Py_XDECREF(shp);
+    Py_XDECREF(str);
     bool frame_ro = f ? f->readonly : d->dc->any_readonly;
     Py_DECREF(exp);
     if (arr && !readonly && frame_ro && d->dc->copy_readonly) {
@@ -382,11 +404,15 @@ static PyObject *typed_memoryview(dec_t *d, const gser_buffer_desc_t *desc, bool
     size_t es = gser_dtype_size(desc->dtype);
     int64_t flat[1] = {(int64_t)(desc->nbytes / es)};
     bool ro = readonly || d->dc->any_readonly;
-    pg_frame_ref_t *f = frame_of(d->dc, desc->data, desc->nbytes);
+    const char *lo;
+    size_t span;
+    desc_span(desc, &lo, &span);
+    pg_frame_ref_t *f = frame_of(d->dc, lo, span);
     if (f)
         ro = readonly || f->readonly;
-    PyObject *frame = pg_frame_new(d->dc->owner, desc->data, (Py_ssize_t)desc->nbytes, ro, fmt, (Py_ssize_t)es,
-                                   desc->ndim ? (int)desc->ndim : 1, desc->ndim ? desc->shape : flat);
+    PyObject *frame = pg_frame_new_strided(d->dc->owner, desc->data, (Py_ssize_t)desc->nbytes, ro, fmt,
+                                           (Py_ssize_t)es, desc->ndim ? (int)desc->ndim : 1,
+                                           desc->ndim ? desc->shape : flat, desc->strides);
     if (!frame)
         return NULL;
     PyObject *mv = PyMemoryView_FromObject(frame);
@@ -405,9 +431,12 @@ static PyObject *host_array(dec_t *d, const gser_buffer_desc_t *desc, bool reado
         return typed_memoryview(d, desc, readonly);
     size_t es = gser_dtype_size(desc->dtype);
     int64_t flat[1] = {(int64_t)(desc->nbytes / es)};
+    const char *lo;
+    size_t span;
+    desc_span(desc, &lo, &span);
     return np_view(d, np.dtypes[desc->dtype == GSER_DTYPE_BYTES ? GSER_DTYPE_UINT8 : desc->dtype],
-                   desc->ndim ? (int)desc->ndim : 1, desc->ndim ? desc->shape : flat, desc->data, desc->nbytes,
-                   readonly);
+                   desc->ndim ? (int)desc->ndim : 1, desc->ndim ? desc->shape : flat, desc->strides, desc->data, lo,
+                   span, readonly);
 }
 
 static PyObject *dec_buffer(dec_t *d, const gser_value_t *v)
@@ -416,8 +445,6 @@ static PyObject *dec_buffer(dec_t *d, const gser_value_t *v)
     gser_status_t st = gser_value_get_buffer(v, &desc);
     if (st)
         return fail_st(st, "gser_value_get_buffer");
-    if (desc.strides) /* data..data+nbytes is not the memory of a strided buffer */
-        return pg_path_raise(PyExc_NotImplementedError, GSER_OK, &d->path, "a strided buffer (not read here yet)");
     /* loads waited for the device copies gser made (desc.event) already. */
     if (desc.memory == GSER_MEMORY_DEVICE) {
         const char *why;
@@ -452,7 +479,7 @@ static gser_value_t *tree_item(dec_t *d, pg_type_t t, gser_value_t *tree, size_t
 
 /* ("numpy.ndarray") (buffer, descr, writeable, ndim): descr None for a buffer
  * of gser's own dtype; else numpy.lib.format's description of the dtype, and
- * the buffer holds uint8 with one more extent, the item's bytes. */
+ * the buffer holds unsigned ints with one more extent, the items' bytes. */
 static PyObject *dec_ndarray(dec_t *d, gser_value_t *tree, int depth)
 {
     const pg_type_t T = PG_T_NDARRAY;
@@ -475,6 +502,9 @@ static PyObject *dec_ndarray(dec_t *d, gser_value_t *tree, int depth)
     int64_t flat[1] = {(int64_t)desc.nbytes};
     int bnd = desc.ndim ? (int)desc.ndim : 1;
     const int64_t *bshape = desc.ndim ? desc.shape : flat;
+    const char *lo;
+    size_t span;
+    desc_span(&desc, &lo, &span);
     if (gser_value_get_kind(dv) == GSER_KIND_NIL) {
         /* gser's dtype; a 0-d array travels as shape (1,). */
         if (ndim == 0 && !(bnd == 1 && bshape[0] == 1))
@@ -483,13 +513,18 @@ static PyObject *dec_ndarray(dec_t *d, gser_value_t *tree, int depth)
             return bad_tree(d, T, "ndim does not match the buffer");
         if (!pg_dtype_format(desc.dtype) || desc.dtype == GSER_DTYPE_BYTES)
             return bad_tree(d, T, "a buffer without a numpy dtype");
-        return np_view(d, np.dtypes[desc.dtype], (int)ndim, bshape, desc.data, desc.nbytes, !writeable);
+        return np_view(d, np.dtypes[desc.dtype], (int)ndim, bshape, ndim ? desc.strides : NULL, desc.data, lo, span,
+                       !writeable);
     }
     /* A dtype gser has no name for: the description is data (str, lists and
      * tuples), and numpy.lib.format.descr_to_dtype, which numpy.load uses for
      * untrusted files, rebuilds it without running code. */
-    if (desc.dtype != GSER_DTYPE_UINT8 || ndim < 0 || ndim + 1 != bnd)
-        return bad_tree(d, T, "the bytes of a described dtype must be uint8 with one more extent");
+    size_t width = gser_dtype_size(desc.dtype);
+    bool uint = desc.dtype == GSER_DTYPE_UINT8 || desc.dtype == GSER_DTYPE_UINT16 ||
+                desc.dtype == GSER_DTYPE_UINT32 || desc.dtype == GSER_DTYPE_UINT64;
+    if (!uint || ndim < 0 || ndim + 1 != bnd ||
+        (desc.strides && bshape[bnd - 1] > 1 && desc.strides[bnd - 1] != (int64_t)width))
+        return bad_tree(d, T, "the items of a described dtype must be unsigned ints with one more, contiguous, extent");
     int slot = d->path.len++;
     d->path.seg[slot].key = NULL;
     d->path.seg[slot].index = 1;
@@ -514,10 +549,10 @@ static PyObject *dec_ndarray(dec_t *d, gser_value_t *tree, int depth)
     else if (objects) /* never: bytes read as object pointers would be anything */
         pg_path_raise(pg_GserError, GSER_ERR_FORMAT, &d->path, "a \"%s\" object with Python objects in its dtype",
                       pg_type_names[T]);
-    else if (itemsize == 0 || itemsize != bshape[bnd - 1])
+    else if (itemsize == 0 || (uint64_t)itemsize != (uint64_t)bshape[bnd - 1] * width)
         bad_tree(d, T, "the dtype's item size does not match the buffer");
     else
-        out = np_view(d, dt, (int)ndim, bshape, desc.data, desc.nbytes, !writeable);
+        out = np_view(d, dt, (int)ndim, bshape, desc.strides, desc.data, lo, span, !writeable);
     Py_DECREF(dt);
     return out;
 }

@@ -449,57 +449,120 @@ static bool is_numpy_array(PyObject *o)
     return strcmp(Py_TYPE(o)->tp_name, "numpy.ndarray") == 0;
 }
 
-/* A host buffer value over view, which the owner takes over: zero-copy when
- * the view is C-contiguous, else one copy into C order. nd 0: flat. When the
- * memory will be a frame of its own, dumps hands it out as frame_as (if not
- * NULL) or as a memoryview as writable as the view (a copy: writable). */
-static int enc_host_view(enc_t *e, Py_buffer *view, gser_dtype_t dtype, int nd, gser_value_t **out,
-                         PyObject *frame_as)
+/* Whether nd extents with byte strides lay items of size es out in C order,
+ * or (fortran) in Fortran order; extents of 1 may have any stride. */
+static bool dense_layout(int nd, const int64_t *shape, const int64_t *strides, int64_t es, bool fortran)
 {
-    int64_t shape[GSER_MAX_NDIM];
-    for (int d = 0; d < nd; d++)
+    int64_t expect = es;
+    for (int i = 0; i < nd; i++) {
+        int d = fortran ? i : nd - 1 - i;
+        if (shape[d] > 1 && strides[d] != expect)
+            return false;
+        expect *= shape[d] ? shape[d] : 1;
+    }
+    return true;
+}
+
+/* A host buffer value over view, which the owner takes over, laid out as
+ * Dask's numpy serializer lays arrays out, so that it comes back alike and
+ * never more bytes travel: C order as is; Fortran order, and broadcasts
+ * (stride 0) of a C- or Fortran-ordered block, zero-copy with their strides
+ * (the core sends the span: a broadcast's block only); anything else one copy
+ * into C order (of the broadcast block only). nd 0: flat bytes. The last
+ * inner dimensions of the view are the items' bytes (the uint8 view of a
+ * dtype gser has no name for): they must stay contiguous. When the memory
+ * will be a frame of its own, dumps hands it out as frame_as (if not NULL)
+ * or as a memoryview as writable as the view (a copy: writable). *gathered
+ * (if not NULL): the items were copied into C order, as numpy.ascontiguousarray. */
+static int enc_host_view(enc_t *e, Py_buffer *view, gser_dtype_t dtype, int nd, int inner, gser_value_t **out,
+                         PyObject *frame_as, bool *gathered)
+{
+    int64_t shape[GSER_MAX_NDIM], strides[GSER_MAX_NDIM], block[GSER_MAX_NDIM];
+    int outer = nd - inner;
+    int64_t es = view->itemsize;
+    for (int d = 0; d < nd; d++) {
         shape[d] = view->shape ? (int64_t)view->shape[d] : (int64_t)(view->len / view->itemsize);
+        strides[d] = view->strides ? (int64_t)view->strides[d] : 0;
+        block[d] = strides[d] == 0 && d < outer ? (shape[d] ? 1 : 0) : shape[d];
+    }
+    for (int d = outer; d < nd; d++)
+        es *= shape[d];
+    bool c_order = PyBuffer_IsContiguous(view, 'C');
+    bool inner_dense = c_order || (view->strides && dense_layout(inner, shape + outer, strides + outer,
+                                                                  view->itemsize, false));
+    /* The block: the array with its broadcast extents cut to one. */
+    bool keep = !c_order && nd > 0 && view->strides && inner_dense &&
+                (dense_layout(outer, block, strides, es, false) || dense_layout(outer, block, strides, es, true));
+    bool broadcast = false;
+    for (int d = 0; view->strides && inner_dense && d < outer; d++)
+        broadcast |= strides[d] == 0 && shape[d] > 1;
+
     gser_buffer_desc_t desc = GSER_BUFFER_DESC_INIT;
     desc.nbytes = (size_t)view->len;
     desc.dtype = dtype;
     desc.memory = GSER_MEMORY_HOST;
     desc.ndim = (uint32_t)nd;
     desc.shape = nd ? shape : NULL;
+    if (gathered)
+        *gathered = !c_order && !keep && !broadcast;
     gser_status_t st;
-    if (PyBuffer_IsContiguous(view, 'C')) {
+    if (c_order || keep) {
         /* Zero-copy: the message borrows the exporter's memory, and the
          * owner holds the view (and so the exporter) until it dies. */
         desc.data = view->buf;
+        desc.strides = c_order ? NULL : strides;
         bool readonly = view->readonly;
         if (pg_owner_hold_view(e->owner, view) < 0)
             return -1;
         st = gser_msg_new_buffer(e->msg, &desc, out);
-        if (st == GSER_OK && desc.nbytes >= PG_INLINE_MAX &&
-            pg_owner_frame_obj(e->owner, desc.data, desc.nbytes, frame_as, readonly) < 0)
+        int64_t offset;
+        size_t span;
+        if (st == GSER_OK && gser_buffer_get_span(&desc, &offset, &span) == GSER_OK && span >= PG_INLINE_MAX &&
+            pg_owner_frame_obj(e->owner, (const char *)desc.data + offset, span, frame_as, readonly) < 0)
             return -1;
-    } else {
-        /* Strided (a slice, a transpose, Fortran order): one copy into C order. */
-        void *copy = malloc(view->len ? (size_t)view->len : 1);
-        if (!copy) {
-            PyBuffer_Release(view);
-            PyErr_NoMemory();
-            return -1;
-        }
-        if (PyBuffer_ToContiguous(copy, view, view->len, 'C') < 0) {
-            free(copy);
-            PyBuffer_Release(view);
-            return -1;
-        }
-        PyBuffer_Release(view);
-        desc.data = copy;
-        desc.release = free_release;
-        st = gser_msg_new_buffer(e->msg, &desc, out);
-        if (st)
-            free(copy);
-        else if (desc.nbytes >= PG_INLINE_MAX && pg_owner_frame_obj(e->owner, copy, desc.nbytes, NULL, false) < 0)
-            return -1; /* gser's own copy: a writable frame */
+        return st ? fail_st(st, "gser_msg_new_buffer") : 0;
     }
-    return st ? fail_st(st, "gser_msg_new_buffer") : 0;
+    /* One copy into C order: of the block only for a broadcast, which keeps
+     * its zero strides. */
+    Py_buffer src = *view;
+    int64_t total = es;
+    for (int d = 0; d < outer; d++)
+        total *= broadcast ? block[d] : shape[d];
+    Py_ssize_t src_shape[GSER_MAX_NDIM];
+    if (broadcast) {
+        for (int d = 0; d < nd; d++)
+            src_shape[d] = (Py_ssize_t)block[d];
+        src.shape = src_shape;
+        src.len = (Py_ssize_t)total;
+    }
+    void *copy = malloc(total ? (size_t)total : 1);
+    int r = copy ? PyBuffer_ToContiguous(copy, &src, src.len, 'C') : -1;
+    PyBuffer_Release(view);
+    if (r < 0) {
+        free(copy);
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
+        return -1;
+    }
+    desc.data = copy;
+    desc.release = free_release;
+    if (broadcast) { /* the block's C strides, 0 where it is broadcast */
+        int64_t stride = view->itemsize;
+        for (int d = nd; d-- > 0;) {
+            bool zero = d < outer && strides[d] == 0 && shape[d] > 1;
+            strides[d] = zero ? 0 : stride;
+            stride *= block[d] ? block[d] : 1;
+        }
+        desc.strides = strides;
+    }
+    st = gser_msg_new_buffer(e->msg, &desc, out);
+    if (st) {
+        free(copy);
+        return fail_st(st, "gser_msg_new_buffer");
+    }
+    if ((size_t)total >= PG_INLINE_MAX && pg_owner_frame_obj(e->owner, copy, (size_t)total, NULL, false) < 0)
+        return -1; /* gser's own copy: a writable frame */
+    return 0;
 }
 
 /* Wrap tree (a value of the message) into a typed object of the module. */
@@ -517,7 +580,7 @@ static int enc_large_bytes(enc_t *e, PyObject *o, gser_value_t **out)
     if (PyObject_GetBuffer(o, &view, PyBUF_SIMPLE) < 0)
         return -1;
     gser_value_t *buf;
-    if (enc_host_view(e, &view, GSER_DTYPE_BYTES, 0, &buf, o) < 0)
+    if (enc_host_view(e, &view, GSER_DTYPE_BYTES, 0, 0, &buf, o, NULL) < 0)
         return -1;
     return enc_typed(e, PG_T_BYTES, buf, out);
 }
@@ -544,7 +607,7 @@ static int enc_bytes_like(enc_t *e, PyObject *o, pg_type_t t, gser_value_t **out
         return not_impl(e, o, ": a 0-d typed memoryview");
     }
     gser_value_t *buf;
-    if (enc_host_view(e, &view, dtype, nd, &buf, nd == 0 ? o : NULL) < 0)
+    if (enc_host_view(e, &view, dtype, nd, 0, &buf, nd == 0 ? o : NULL, NULL) < 0)
         return -1;
     return enc_typed(e, t, buf, out);
 }
@@ -555,22 +618,33 @@ static PyObject *np_dtype_to_descr;
 /* ("numpy.ndarray") (buffer, descr, writeable, ndim) of an array that a
  * plain buffer cannot say all of: read-only, 0-d, or of a dtype gser has no
  * name for (either byte order, structured, datetime, strings, void). Those
- * travel as uint8 with one more extent (the items' bytes) and the dtype's
- * numpy.lib.format description, which is data, as numpy.save writes it. */
+ * travel as unsigned ints with one more extent (the items' bytes) and the
+ * dtype's numpy.lib.format description, which is data, as numpy.save writes it. */
 static int enc_ndarray_typed(enc_t *e, PyObject *o, int depth, gser_value_t **out)
 {
     Py_buffer view;
     PyObject *descr = Py_None, *bytes_of = NULL;
     bool big = false;
     gser_dtype_t dtype = GSER_DTYPE_COUNT;
-    if (PyObject_GetBuffer(o, &view, PyBUF_RECORDS_RO) == 0) {
+    PyObject *nd_obj = PyObject_GetAttrString(o, "ndim");
+    long ndim = nd_obj ? PyLong_AsLong(nd_obj) : -1;
+    Py_XDECREF(nd_obj);
+    if (ndim < 0)
+        return -1;
+    /* A 0-d array of gser's dtype travels as shape (1,). */
+    PyObject *src = ndim ? Py_NewRef(o) : PyObject_CallMethod(o, "reshape", "i", 1);
+    if (!src)
+        return -1;
+    int got = PyObject_GetBuffer(src, &view, PyBUF_RECORDS_RO);
+    Py_DECREF(src);
+    if (got == 0) {
         dtype = format_dtype(view.format, view.itemsize, true, &big);
         if (big || dtype == GSER_DTYPE_COUNT)
             PyBuffer_Release(&view);
     } else {
         PyErr_Clear(); /* numpy exports no buffer of datetimes: described below */
     }
-    int ndim = -1;
+    int inner = 0;
     if (big || dtype == GSER_DTYPE_COUNT) {
         PyObject *dt = PyObject_GetAttrString(o, "dtype");
         PyObject *hasobj = dt ? PyObject_GetAttrString(dt, "hasobject") : NULL;
@@ -593,10 +667,17 @@ static int enc_ndarray_typed(enc_t *e, PyObject *o, int depth, gser_value_t **ou
         }
         descr = np_dtype_to_descr ? PyObject_CallOneArg(np_dtype_to_descr, dt) : NULL;
         Py_DECREF(dt);
-        /* The items' bytes: x[..., None].view(uint8), one more extent. */
+        /* The items' bytes, as unsigned ints of gcd(itemsize, 8) bytes (as Dask
+         * views them), so that gser keeps them aligned: x[..., None].view(uN),
+         * one more extent. */
+        int width = (int)(itemsize % 8 == 0 ? 8 : itemsize % 4 == 0 ? 4 : itemsize % 2 == 0 ? 2 : 1);
+        static const char *const uints[] = {[1] = "u1", [2] = "u2", [4] = "u4", [8] = "u8"};
+        static const gser_dtype_t udtypes[] = {[1] = GSER_DTYPE_UINT8, [2] = GSER_DTYPE_UINT16,
+                                               [4] = GSER_DTYPE_UINT32, [8] = GSER_DTYPE_UINT64};
         PyObject *idx = descr ? Py_BuildValue("(OO)", Py_Ellipsis, Py_None) : NULL;
         PyObject *x1 = idx ? PyObject_GetItem(o, idx) : NULL;
-        bytes_of = x1 ? PyObject_CallMethod(x1, "view", "s", "u1") : NULL;
+        bytes_of = x1 ? PyObject_CallMethod(x1, "view", "s", uints[width]) : NULL;
+        dtype = udtypes[width];
         Py_XDECREF(idx);
         Py_XDECREF(x1);
         if (!bytes_of || PyObject_GetBuffer(bytes_of, &view, PyBUF_RECORDS_RO) < 0) {
@@ -605,13 +686,11 @@ static int enc_ndarray_typed(enc_t *e, PyObject *o, int depth, gser_value_t **ou
             return -1;
         }
         Py_DECREF(bytes_of);
-        dtype = GSER_DTYPE_UINT8;
-        ndim = view.ndim - 1;
+        inner = 1;
     } else {
         Py_INCREF(descr);
-        ndim = view.ndim;
     }
-    bool writeable = !view.readonly;
+    bool writeable = !view.readonly, gathered = false;
     gser_value_t *tree, *buf, *dv = NULL;
     gser_status_t st = gser_msg_new_tuple(e->msg, &tree);
     int r = st ? fail_st(st, "gser_msg_new_tuple") : 0;
@@ -619,8 +698,9 @@ static int enc_ndarray_typed(enc_t *e, PyObject *o, int depth, gser_value_t **ou
         PyBuffer_Release(&view);
         r = not_impl(e, o, ": more dimensions than gser buffers have");
     } else if (r == 0) {
-        /* A 0-d array of gser's dtype travels as shape (1,). */
-        r = enc_host_view(e, &view, dtype, view.ndim ? view.ndim : 1, &buf, NULL);
+        r = enc_host_view(e, &view, dtype, view.ndim, inner, &buf, NULL, &gathered);
+        /* Dask sends a gathered copy as writable (numpy.ascontiguousarray's flag) */
+        writeable |= gathered;
     } else {
         PyBuffer_Release(&view);
     }
@@ -642,7 +722,7 @@ static int enc_numpy(enc_t *e, PyObject *o, int depth, gser_value_t **out)
         bool big;
         gser_dtype_t dtype = format_dtype(view.format, view.itemsize, true, &big);
         if (!big && dtype != GSER_DTYPE_COUNT && !view.readonly && view.ndim > 0 && view.ndim <= GSER_MAX_NDIM)
-            return enc_host_view(e, &view, dtype, view.ndim, out, NULL);
+            return enc_host_view(e, &view, dtype, view.ndim, 0, out, NULL, NULL);
         PyBuffer_Release(&view);
     } else {
         PyErr_Clear();
@@ -680,7 +760,7 @@ static int enc_buffer(enc_t *e, PyObject *o, gser_value_t **out)
         PyBuffer_Release(&view);
         return -1;
     }
-    return enc_host_view(e, &view, dtype, view.ndim, out, NULL);
+    return enc_host_view(e, &view, dtype, view.ndim, 0, out, NULL, NULL);
 }
 
 /* ---- types registered from Python ------------------------------------------------------ */
@@ -775,13 +855,12 @@ bool pg_c_contiguous(const int64_t *shape, const int64_t *strides, int nd, int64
     return true;
 }
 
-/* Non-contiguous arrays are refused: gser buffers are C-contiguous, and
- * gathering a strided device array is the producer's job (cupy.ascontiguousarray). */
 int pg_cai_read(PyObject *cai, void **ptr, size_t *nbytes, gser_dtype_t *dtype, uint32_t *ndim, int64_t *shape,
-                void **stream, const char **why)
+                int64_t *strides, bool *strided, void **stream, const char **why)
 {
     *why = NULL;
     *stream = NULL;
+    *strided = false;
     if (!PyDict_Check(cai)) {
         *why = "__cuda_array_interface__ is not a dict";
         return -1;
@@ -789,7 +868,6 @@ int pg_cai_read(PyObject *cai, void **ptr, size_t *nbytes, gser_dtype_t *dtype, 
     PyObject *shp = PyDict_GetItemString(cai, "shape");
     PyObject *ts = PyDict_GetItemString(cai, "typestr");
     PyObject *data = PyDict_GetItemString(cai, "data");
-    PyObject *strides = PyDict_GetItemString(cai, "strides");
     PyObject *mask = PyDict_GetItemString(cai, "mask");
     if (!shp || !PyTuple_Check(shp) || !ts || !PyUnicode_Check(ts) || !data || !PyTuple_Check(data) ||
         PyTuple_GET_SIZE(data) < 1) {
@@ -823,23 +901,20 @@ int pg_cai_read(PyObject *cai, void **ptr, size_t *nbytes, gser_dtype_t *dtype, 
     uint64_t total;
     if (pg_extents_total(shape, (int)nd, es, &total, why) < 0)
         return -1;
-    if (strides && strides != Py_None) {
-        if (!PyTuple_Check(strides) || PyTuple_GET_SIZE(strides) != nd) {
+    PyObject *st = PyDict_GetItemString(cai, "strides");
+    if (st && st != Py_None) {
+        if (!PyTuple_Check(st) || PyTuple_GET_SIZE(st) != nd) {
             *why = "strides do not match the shape";
             return -1;
         }
-        int64_t st[GSER_MAX_NDIM];
         for (Py_ssize_t d = 0; d < nd; d++) {
-            long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(strides, d));
+            long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(st, d));
             if (v == -1 && PyErr_Occurred())
                 return -1;
-            st[d] = v;
+            strides[d] = v;
         }
-        if (total && !pg_c_contiguous(shape, st, (int)nd, (int64_t)es)) {
-            *why = "non-contiguous device arrays are not supported (make them C-contiguous first, e.g. "
-                   "cupy.ascontiguousarray)";
-            return -1;
-        }
+        /* Any layout travels (the core sends the span); C order needs no strides. */
+        *strided = total && !pg_c_contiguous(shape, strides, (int)nd, (int64_t)es);
     }
     void *p = PyLong_AsVoidPtr(PyTuple_GET_ITEM(data, 0));
     if (!p && PyErr_Occurred())
@@ -879,9 +954,10 @@ static int enc_cai(enc_t *e, PyObject *o, PyObject *cai, gser_value_t **out)
     size_t nbytes;
     gser_dtype_t dtype;
     uint32_t ndim;
-    int64_t shape[GSER_MAX_NDIM];
+    int64_t shape[GSER_MAX_NDIM], strides[GSER_MAX_NDIM];
+    bool strided;
     const char *why;
-    if (pg_cai_read(cai, &ptr, &nbytes, &dtype, &ndim, shape, &stream, &why) < 0) {
+    if (pg_cai_read(cai, &ptr, &nbytes, &dtype, &ndim, shape, strides, &strided, &stream, &why) < 0) {
         if (why)
             pg_path_raise(PyExc_NotImplementedError, GSER_OK, &e->path,
                           "gser cannot serialize a device array of type %s: %s", Py_TYPE(o)->tp_name, why);
@@ -896,6 +972,7 @@ static int enc_cai(enc_t *e, PyObject *o, PyObject *cai, gser_value_t **out)
     desc.dtype = dtype;
     desc.ndim = ndim;
     desc.shape = shape;
+    desc.strides = strided ? strides : NULL;
     desc.memory = GSER_MEMORY_DEVICE;
     desc.device = 0; /* the interface does not say; the pointer does, to CUDA */
     desc.stream = stream; /* gser's reads are ordered after the producer's work */
@@ -910,9 +987,9 @@ static int enc_dlpack(enc_t *e, PyObject *o, gser_value_t **out)
     if (e->strict)
         return not_impl(e, o, " in strict mode (DLPack tensors come back as numpy arrays or gser.DeviceArray)");
     gser_buffer_desc_t desc = GSER_BUFFER_DESC_INIT;
-    int64_t shape[GSER_MAX_NDIM];
+    int64_t shape[GSER_MAX_NDIM], strides[GSER_MAX_NDIM];
     const char *why;
-    if (pg_dlpack_encode(e->owner, o, &desc, shape, &why) < 0) {
+    if (pg_dlpack_encode(e->owner, o, &desc, shape, strides, &why) < 0) {
         if (why)
             pg_path_raise(PyExc_NotImplementedError, GSER_OK, &e->path,
                           "gser cannot serialize a DLPack tensor of type %s: %s", Py_TYPE(o)->tp_name, why);

@@ -203,16 +203,20 @@ PyDoc_STRVAR(dumps_doc,
 "whole) or \"collection\" (a list, tuple or dict whose items Dask would\n"
 "serialize one by one) raises gser.Declined, a NotImplementedError, as soon\n"
 "as gser is estimated to be slower than that (many small items); the\n"
-"estimate is counted while encoding, so giving up costs little.");
+"estimate is counted while encoding, so giving up costs little.\n"
+"writable_header=True gives the header as a writable memoryview of gser's\n"
+"own memory instead of bytes (small arrays inside it then load writable\n"
+"without a copy, as Dask's writable frames do; memoryviews do not pickle).");
 
 static PyObject *py_dumps(PyObject *self, PyObject *args, PyObject *kw)
 {
     (void)self;
-    static char *kwlist[] = {"obj", "families", "strict", "decline", NULL};
+    static char *kwlist[] = {"obj", "families", "strict", "decline", "writable_header", NULL};
     PyObject *obj, *families = NULL;
     const char *decline = NULL;
-    int strict = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$pz:dumps", kwlist, &obj, &families, &strict, &decline))
+    int strict = 0, writable_header = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$pzp:dumps", kwlist, &obj, &families, &strict, &decline,
+                                     &writable_header))
         return NULL;
     pg_encode_options_t eo = {.strict = strict};
     if (decline && strcmp(decline, "object") == 0)
@@ -226,7 +230,14 @@ static PyObject *py_dumps(PyObject *self, PyObject *args, PyObject *kw)
         return NULL;
     size_t n = gser_frames_get_count(owner->frames);
     const gser_frame_t *fr = gser_frames_get_array(owner->frames);
-    PyObject *header = PyBytes_FromStringAndSize(fr[0].data, (Py_ssize_t)fr[0].size);
+    PyObject *header;
+    if (writable_header) { /* gser's own header memory, zero-copy */
+        PyObject *exp = pg_frame_new(owner, fr[0].data, (Py_ssize_t)fr[0].size, false, "B", 1, 0, NULL);
+        header = exp ? PyMemoryView_FromObject(exp) : NULL;
+        Py_XDECREF(exp);
+    } else {
+        header = PyBytes_FromStringAndSize(fr[0].data, (Py_ssize_t)fr[0].size);
+    }
     PyObject *list = header ? PyList_New((Py_ssize_t)(n - 1)) : NULL;
     Py_ssize_t next_obj = 0; /* frames come in the order their data was encoded */
     for (size_t i = 1; list && i < n; i++) {
@@ -325,10 +336,15 @@ static int frame_get(PgOwner *owner, PyObject *o, Py_ssize_t index, gser_frame_t
             size_t nbytes;
             gser_dtype_t dtype;
             uint32_t ndim;
-            int64_t shape[GSER_MAX_NDIM];
+            int64_t shape[GSER_MAX_NDIM], strides[GSER_MAX_NDIM];
+            bool strided;
             const char *why;
-            int r = pg_cai_read(cai, &ptr, &nbytes, &dtype, &ndim, shape, &stream, &why);
+            int r = pg_cai_read(cai, &ptr, &nbytes, &dtype, &ndim, shape, strides, &strided, &stream, &why);
             Py_DECREF(cai);
+            if (r == 0 && strided) {
+                why = "a strided device frame (frames are contiguous bytes)";
+                r = -1;
+            }
             if (r < 0) {
                 if (why)
                     PyErr_Format(PyExc_NotImplementedError, "gser.loads: frame %zd: %s", index, why);

@@ -159,6 +159,7 @@ typedef struct {
     Py_ssize_t itemsize;
     const char *format;
     int readonly;
+    int c_order; /* strides say C order (consumers may ignore them) */
     int ndim; /* 0: flat bytes */
     Py_ssize_t flat_shape[1];
     Py_ssize_t flat_strides[1];
@@ -182,6 +183,11 @@ static int frame_getbuffer(PgFrame *self, Py_buffer *view, int flags)
     view->suboffsets = NULL;
     view->internal = NULL;
     bool typed = self->ndim > 0 && (flags & PyBUF_FORMAT);
+    if (self->ndim > 0 && !self->c_order && (flags & PyBUF_STRIDES) != PyBUF_STRIDES) {
+        PyErr_SetString(PyExc_BufferError, "gser: this buffer is strided; ask for its strides");
+        view->obj = NULL;
+        return -1;
+    }
     if (typed) {
         view->format = (char *)self->format;
         view->itemsize = self->itemsize;
@@ -231,6 +237,12 @@ PyTypeObject PgFrame_Type = {
 PyObject *pg_frame_new(PgOwner *owner, const void *ptr, Py_ssize_t len, bool readonly, const char *format,
                        Py_ssize_t itemsize, int ndim, const int64_t *shape)
 {
+    return pg_frame_new_strided(owner, ptr, len, readonly, format, itemsize, ndim, shape, NULL);
+}
+
+PyObject *pg_frame_new_strided(PgOwner *owner, const void *ptr, Py_ssize_t len, bool readonly, const char *format,
+                               Py_ssize_t itemsize, int ndim, const int64_t *shape, const int64_t *strides)
+{
     if (ndim < 0 || ndim > PG_MAX_NDIM) {
         PyErr_Format(PyExc_ValueError, "gser: %d dimensions (at most %d)", ndim, PG_MAX_NDIM);
         return NULL;
@@ -247,6 +259,7 @@ PyObject *pg_frame_new(PgOwner *owner, const void *ptr, Py_ssize_t len, bool rea
     f->ndim = ndim;
     f->flat_shape[0] = len;
     f->flat_strides[0] = 1;
+    f->c_order = strides == NULL;
     /* Callers checked the shape (pg_extents_total); unsigned arithmetic all the
      * same, so that a shape they missed is an error and never overflows. */
     size_t stride = (size_t)f->itemsize;
@@ -262,6 +275,8 @@ PyObject *pg_frame_new(PgOwner *owner, const void *ptr, Py_ssize_t len, bool rea
         }
         stride *= ext;
     }
+    for (int d = 0; strides && d < ndim; d++) /* checked by the core: the elements lie in the span */
+        f->strides[d] = (Py_ssize_t)strides[d];
     PyObject_GC_Track(f);
     return (PyObject *)f;
 }
@@ -404,6 +419,10 @@ typedef struct {
     int device;
     int ndim;
     Py_ssize_t shape[PG_MAX_NDIM];
+    int strided;                     /* strides below; else C order */
+    Py_ssize_t strides[PG_MAX_NDIM]; /* bytes */
+    Py_ssize_t span_offset;          /* the elements cover [ptr + span_offset, + span) */
+    Py_ssize_t span;
 } PgDeviceArray;
 
 static void darray_dealloc(PgDeviceArray *self)
@@ -458,14 +477,35 @@ static PyObject *darray_dtype(PgDeviceArray *self, void *closure)
 
 /* Version 3. The data is ready when loads returns (it waited for gser's
  * copies): stream None, no synchronization needed. */
+/* The byte strides as a tuple; None in C order. */
+static PyObject *darray_strides(PgDeviceArray *self, void *closure)
+{
+    (void)closure;
+    if (!self->strided)
+        Py_RETURN_NONE;
+    PyObject *t = PyTuple_New(self->ndim);
+    for (int d = 0; t && d < self->ndim; d++) {
+        PyObject *x = PyLong_FromSsize_t(self->strides[d]);
+        if (!x) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, d, x);
+    }
+    return t;
+}
+
 static PyObject *darray_cai(PgDeviceArray *self, void *closure)
 {
     (void)closure;
     PyObject *shape = darray_shape(self, NULL);
-    if (!shape)
+    PyObject *strides = shape ? darray_strides(self, NULL) : NULL;
+    if (!strides) {
+        Py_XDECREF(shape);
         return NULL;
-    return Py_BuildValue("{s:N,s:s,s:(NO),s:O,s:O,s:i}", "shape", shape, "typestr", pg_dtype_typestr(self->dtype),
-                         "data", PyLong_FromUnsignedLongLong(self->ptr), Py_False, "strides", Py_None, "stream",
+    }
+    return Py_BuildValue("{s:N,s:s,s:(NO),s:N,s:O,s:i}", "shape", shape, "typestr", pg_dtype_typestr(self->dtype),
+                         "data", PyLong_FromUnsignedLongLong(self->ptr), Py_False, "strides", strides, "stream",
                          Py_None, "version", 3);
 }
 
@@ -523,8 +563,26 @@ static PyObject *darray_copy_to_host(PgDeviceArray *self, PyObject *unused)
     PyObject *shape = darray_shape(self, NULL);
     if (!shape)
         return NULL;
-    PyObject *out = device_copy_to_host(self->ptr, self->nbytes, shape, pg_dtype_typestr(self->dtype),
-                                        "gser.DeviceArray.copy_to_host");
+    if (!self->strided) {
+        PyObject *out = device_copy_to_host(self->ptr, self->nbytes, shape, pg_dtype_typestr(self->dtype),
+                                            "gser.DeviceArray.copy_to_host");
+        Py_DECREF(shape);
+        return out;
+    }
+    /* The span's bytes, then a host array with the same strides over them. */
+    PyObject *span = Py_BuildValue("(n)", self->span);
+    PyObject *bytes = span ? device_copy_to_host(self->ptr + (unsigned long long)self->span_offset, self->span, span,
+                                                 "|u1", "gser.DeviceArray.copy_to_host")
+                           : NULL;
+    PyObject *strides = bytes ? darray_strides(self, NULL) : NULL;
+    PyObject *np = strides ? PyImport_ImportModule("numpy") : NULL;
+    PyObject *out = np ? PyObject_CallMethod(np, "ndarray", "OsOnO", shape, pg_dtype_typestr(self->dtype), bytes,
+                                             -self->span_offset, strides)
+                       : NULL;
+    Py_XDECREF(np);
+    Py_XDECREF(strides);
+    Py_XDECREF(bytes);
+    Py_XDECREF(span);
     Py_DECREF(shape);
     return out;
 }
@@ -548,10 +606,11 @@ static Py_ssize_t darray_len(PgDeviceArray *self)
 
 static PyGetSetDef darray_getset[] = {
     {"__cuda_array_interface__", (getter)darray_cai, NULL,
-     "CUDA Array Interface v3: shape, typestr, data, strides None, stream None.", NULL},
+     "CUDA Array Interface v3: shape, typestr, data, strides (None in C order), stream None.", NULL},
     {"shape", (getter)darray_shape, NULL, "Extents, C order.", NULL},
     {"dtype", (getter)darray_dtype, NULL, "numpy.dtype of the elements (the typestr without numpy).", NULL},
     {"typestr", (getter)darray_typestr, NULL, "The array interface's typestr (\"<f8\", ...).", NULL},
+    {"strides", (getter)darray_strides, NULL, "Byte strides; None in C order.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -591,7 +650,7 @@ static PyObject *darray_dlpack(PgDeviceArray *self, PyObject *args, PyObject *kw
         }
     }
     return pg_dlpack_export((PyObject *)self, (void *)(uintptr_t)self->ptr, self->dtype, self->ndim, self->shape,
-                            true, self->device);
+                            self->strided ? self->strides : NULL, true, self->device);
 }
 
 static PyObject *darray_dlpack_device(PgDeviceArray *self, PyObject *unused)
@@ -652,6 +711,15 @@ PyObject *pg_device_array_new(PgOwner *owner, const gser_buffer_desc_t *desc)
             a->shape[d] = (Py_ssize_t)desc->shape[d];
     else
         a->shape[0] = (Py_ssize_t)(desc->nbytes / es);
+    a->strided = desc->strides != NULL;
+    for (int d = 0; a->strided && d < a->ndim; d++)
+        a->strides[d] = (Py_ssize_t)desc->strides[d];
+    int64_t offset = 0;
+    size_t span = desc->nbytes;
+    if (a->strided && gser_buffer_get_span(desc, &offset, &span) != GSER_OK) /* gser made it: cannot be */
+        offset = 0, span = 0;
+    a->span_offset = (Py_ssize_t)offset;
+    a->span = (Py_ssize_t)span;
     PyObject_GC_Track(a);
     return (PyObject *)a;
 }

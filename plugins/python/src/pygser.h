@@ -125,6 +125,11 @@ int pg_owner_on_destroy(PgOwner *o, void (*fn)(void *p), void *p);
  * ndim 0 means flat bytes. */
 PyObject *pg_frame_new(PgOwner *owner, const void *ptr, Py_ssize_t len, bool readonly, const char *format,
                        Py_ssize_t itemsize, int ndim, const int64_t *shape);
+/* The same with byte strides (NULL: C order): ptr is element 0, len the
+ * items' bytes; the core checked that the elements lie in memory the owner
+ * keeps. */
+PyObject *pg_frame_new_strided(PgOwner *owner, const void *ptr, Py_ssize_t len, bool readonly, const char *format,
+                               Py_ssize_t itemsize, int ndim, const int64_t *shape, const int64_t *strides);
 
 /* A device frame: an object with __cuda_array_interface__ (one-dimensional
  * bytes) over device memory an owner keeps alive. */
@@ -159,28 +164,32 @@ typedef struct pg_encode_options {
 /* Build the tree of obj as the root of owner->msg (created here). */
 int pg_encode(PgOwner *owner, PyObject *obj, const pg_encode_options_t *opts);
 
-/* Read a __cuda_array_interface__ dict: pointer, length, dtype, C-order
- * shape (shape has room for GSER_MAX_NDIM) and the stream that produces the
- * data (a cudaStream_t: the interface's 1 and 2 are CUDA's legacy and
- * per-thread default stream handles; NULL when the dict has no stream, or
- * None: no synchronization needed). Non-contiguous or masked arrays, and
- * stream 0 (which the interface forbids), are refused. Returns 0, or -1
- * with *why set and no exception, or -1 with an exception set and *why NULL. */
+/* Read a __cuda_array_interface__ dict: pointer (element 0), length of the
+ * items, dtype, shape, byte strides (*strided false for C order; shape and
+ * strides have room for GSER_MAX_NDIM) and the stream that produces the data
+ * (a cudaStream_t: the interface's 1 and 2 are CUDA's legacy and per-thread
+ * default stream handles; NULL when the dict has no stream, or None: no
+ * synchronization needed). Masked arrays, and stream 0 (which the interface
+ * forbids), are refused. Returns 0, or -1 with *why set and no exception,
+ * or -1 with an exception set and *why NULL. */
 int pg_cai_read(PyObject *cai, void **ptr, size_t *nbytes, gser_dtype_t *dtype, uint32_t *ndim, int64_t *shape,
-                void **stream, const char **why);
+                int64_t *strides, bool *strided, void **stream, const char **why);
 
 /* ---- DLPack (dlpack.c) ------------------------------------------------------------ */
 
-/* Borrow obj's tensor through DLPack into *desc (shape has room for
- * GSER_MAX_NDIM): host memory for CPU and CUDA host tensors, device memory
- * for CUDA and managed ones. The owner calls the tensor's deleter when the
- * message dies. Returns 0, or -1 with *why set and no exception, or -1 with
- * an exception set and *why NULL. */
-int pg_dlpack_encode(PgOwner *owner, PyObject *obj, gser_buffer_desc_t *desc, int64_t *shape, const char **why);
-/* A "dltensor" capsule lending data (C-contiguous, ndim extents of dtype)
- * while keeping keep alive, until the consumer deletes it. */
+/* Borrow obj's tensor through DLPack into *desc (shape and strides have room
+ * for GSER_MAX_NDIM; desc->strides is set for a tensor not in C order): host
+ * memory for CPU and CUDA host tensors, device memory for CUDA and managed
+ * ones. The owner calls the tensor's deleter when the message dies. Returns
+ * 0, or -1 with *why set and no exception, or -1 with an exception set and
+ * *why NULL. */
+int pg_dlpack_encode(PgOwner *owner, PyObject *obj, gser_buffer_desc_t *desc, int64_t *shape, int64_t *strides,
+                     const char **why);
+/* A "dltensor" capsule lending data (ndim extents of dtype, byte strides or
+ * NULL for C order) while keeping keep alive, until the consumer deletes it.
+ * BufferError for strides DLPack cannot say (not a multiple of the item size). */
 PyObject *pg_dlpack_export(PyObject *keep, void *data, gser_dtype_t dtype, int ndim, const Py_ssize_t *shape,
-                           bool device, int device_id);
+                           const Py_ssize_t *strides, bool device, int device_id);
 
 /* ---- gser -> Python (decode.c) ------------------------------------------------- */
 

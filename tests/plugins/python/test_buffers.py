@@ -64,26 +64,33 @@ def test_numpy_in_containers():
 
 
 @pytest.mark.parametrize(
-    "view",
+    "view,layout",
     [
-        lambda a: a[::2],
-        lambda a: a[:, ::3],
-        lambda a: a.T,
-        lambda a: np.asfortranarray(a),
-        lambda a: a[::-1],
-        lambda a: a[1:3, 2:5],
-        lambda a: np.broadcast_to(a[0], (4, 12)),
+        (lambda a: a[::2], "copy"),
+        (lambda a: a[:, ::3], "copy"),
+        (lambda a: a.T, "fortran"),
+        (lambda a: np.asfortranarray(a), "fortran"),
+        (lambda a: a[::-1], "copy"),
+        (lambda a: a[1:3, 2:5], "copy"),
+        (lambda a: np.broadcast_to(a[0], (4, 12)), "broadcast"),
     ],
     ids=["step", "col_step", "transpose", "fortran", "reversed", "window", "broadcast"],
 )
-def test_non_contiguous_inputs_are_copied_into_c_order(view):
+def test_layouts_as_dasks_numpy_serializer_keeps_them(view, layout):
+    # Fortran order and broadcasts travel zero-copy with their strides; other
+    # views are copied once into C order (test_arrays.py compares with Dask)
     base = np.arange(48, dtype=np.float64).reshape(4, 12)
     a = view(base)
-    assert not a.flags.c_contiguous or a.base is not None
     header, frames = gser.dumps(a)
     out = gser.loads(header, frames)
-    check_array(out, np.ascontiguousarray(a))
-    assert out.flags.c_contiguous
+    check_array(out, a)
+    if layout == "copy":
+        assert out.flags.c_contiguous
+        assert not frames or not np.shares_memory(np.frombuffer(frames[0], np.uint8), base)
+    else:
+        assert out.strides == a.strides
+        sent = frames[0] if frames else header
+        assert len(sent) <= base.nbytes and (layout != "broadcast" or len(sent) < a.nbytes)
 
 
 def test_dumps_is_zero_copy():
@@ -266,14 +273,15 @@ class FakeDeviceArray:
     """Host memory presented through __cuda_array_interface__: enough to check
     what dumps makes of a device array without a GPU."""
 
-    def __init__(self, a, strides=None):
+    def __init__(self, a, strides=None, shape=None):
         self.host = a
         self.strides = strides
+        self.shape = shape or a.shape
 
     @property
     def __cuda_array_interface__(self):
         return {
-            "shape": self.host.shape,
+            "shape": self.shape,
             "typestr": self.host.dtype.str,
             "data": (self.host.ctypes.data, False),
             "strides": self.strides,
@@ -329,10 +337,26 @@ def test_small_device_arrays_are_packed_into_one_device_frame():
     assert data[4032 : 4032 + b.nbytes] == b.tobytes()
 
 
+@pytest.mark.skipif(gser.DEVICE_BACKEND == "none", reason="needs a device backend (GSER_DEVICE=emulated)")
+def test_strided_device_arrays_keep_their_layout():
+    host = np.arange(12, dtype=np.float64)
+    want = np.lib.stride_tricks.as_strided(host, (3, 4), (8, 24))  # Fortran order
+    for families in (None, ("host",)):
+        header, frames = gser.dumps(FakeDeviceArray(host.reshape(3, 4), strides=(8, 24)), families)
+        out = gser.loads(header, frames, device=True)
+        assert type(out) is gser.DeviceArray and out.strides == (8, 24) and out.shape == (3, 4)
+        assert out.__cuda_array_interface__["strides"] == (8, 24)
+        host_copy = out.copy_to_host()
+        assert host_copy.strides == (8, 24) and np.array_equal(host_copy, want)
+    # a broadcast travels as its base
+    header, frames = gser.dumps(FakeDeviceArray(np.arange(4.0), strides=(0, 8), shape=(1000, 4)))
+    assert sum(f.nbytes for f in frames) < 100 or not frames
+    out = gser.loads(header, frames)
+    assert out.strides == (0, 8) and np.array_equal(out.copy_to_host(), np.broadcast_to(np.arange(4.0), (1000, 4)))
+
+
 def test_device_array_checks():
     host = np.arange(12, dtype=np.float64).reshape(3, 4)
-    with pytest.raises(NotImplementedError, match="non-contiguous"):
-        gser.dumps(FakeDeviceArray(host, strides=(8, 24)))
     header, frames = gser.dumps(FakeDeviceArray(host, strides=(32, 8)))  # C-order strides given explicitly
     assert frames[0].nbytes == 96
     with pytest.raises(NotImplementedError, match="big-endian"):
