@@ -8,10 +8,12 @@
 Types, exactly (subclasses are refused, so that what comes back is of the
 same type): None, bool, int (int64, or up to 2**64-1; larger raises
 OverflowError), float, str, bytes, list, tuple (kept distinct from list),
-dict with None/bool/int/float/str/bytes keys, buffer-protocol objects (numpy
-arrays keep dtype and shape and are not copied; other exporters come back as
-numpy arrays, untyped bytes such as bytearray as memoryviews; non-contiguous
-arrays are copied once into C order), objects with __cuda_array_interface__,
+dict with None/bool/int/float/str/bytes keys, bytearray and memoryview
+(large bytes travel as frames of their own), numpy arrays of any dtype but
+objects (dtype, shape, strides and writability kept, not copied; views that
+are neither C nor Fortran order nor broadcasts are copied once into C order,
+as Dask does), other buffer exporters (back as numpy arrays), objects with
+__cuda_array_interface__,
 serialized as device frames (gser.DeviceFrame) and loaded as gser.DeviceArray
 (__cuda_array_interface__ v3, copy_to_host()), and Arrow tables with the Arrow
 PyCapsule interface (__arrow_c_device_array__ / __arrow_c_array__), loaded as

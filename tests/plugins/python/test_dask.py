@@ -285,9 +285,11 @@ def without_gser():
 def run_without_gser(*args):
     import subprocess
     import sys
+    import tempfile
 
-    p = subprocess.run([sys.executable, *args], env=without_gser(), stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, timeout=300, text=True)
+    with tempfile.TemporaryDirectory() as cwd:  # not next to the built package (python -c puts cwd on the path)
+        p = subprocess.run([sys.executable, *args], env=without_gser(), cwd=cwd, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=300, text=True)
     return p.returncode, p.stdout
 
 
