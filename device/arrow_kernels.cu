@@ -68,19 +68,23 @@ static unsigned grid_for(uint64_t n, int sm_count)
     return (unsigned)(blocks ? blocks : 1);
 }
 
+// cudaLaunchKernel returns the launch's own error (cudaGetLastError would also
+// report, and clear, the application's). Arguments are passed by address and
+// must have the kernel's parameter types.
+template <typename K> static cudaError_t launch(K *kernel, unsigned grid, void **args, cudaStream_t stream)
+{
+    return cudaLaunchKernel(kernel, dim3(grid), dim3(GSER_ARROW_BLOCK), args, 0, stream);
+}
+
 extern "C" cudaError_t gser_cuda_launch_rebase_offsets(void *dst, const void *src, size_t count, unsigned width,
                                                       int sm_count, cudaStream_t stream)
 {
     if (count == 0)
         return cudaSuccess;
-    unsigned grid = grid_for(count, sm_count);
+    void *args[] = {&dst, &src, &count};
     if (width == 4)
-        gser_rebase_kernel<uint32_t>
-            <<<grid, GSER_ARROW_BLOCK, 0, stream>>>((uint32_t *)dst, (const uint32_t *)src, count);
-    else
-        gser_rebase_kernel<uint64_t>
-            <<<grid, GSER_ARROW_BLOCK, 0, stream>>>((uint64_t *)dst, (const uint64_t *)src, count);
-    return cudaGetLastError();
+        return launch(gser_rebase_kernel<uint32_t>, grid_for(count, sm_count), args, stream);
+    return launch(gser_rebase_kernel<uint64_t>, grid_for(count, sm_count), args, stream);
 }
 
 extern "C" cudaError_t gser_cuda_launch_copy_bits(void *dst, const void *src, uint64_t src_bit, uint64_t nbits,
@@ -90,9 +94,9 @@ extern "C" cudaError_t gser_cuda_launch_copy_bits(void *dst, const void *src, ui
         return cudaSuccess;
     unsigned shift = (unsigned)(src_bit & 7);
     uint64_t nbytes = (nbits + 7) / 8, in_bytes = (shift + nbits + 7) / 8;
-    gser_copy_bits_kernel<<<grid_for(nbytes, sm_count), GSER_ARROW_BLOCK, 0, stream>>>(
-        (unsigned char *)dst, (const unsigned char *)src + src_bit / 8, shift, nbits, nbytes, in_bytes);
-    return cudaGetLastError();
+    const unsigned char *from = (const unsigned char *)src + src_bit / 8;
+    void *args[] = {&dst, &from, &shift, &nbits, &nbytes, &in_bytes};
+    return launch(gser_copy_bits_kernel, grid_for(nbytes, sm_count), args, stream);
 }
 
 extern "C" cudaError_t gser_cuda_launch_check_offsets(const void *offsets, size_t count, unsigned width, uint64_t end,
@@ -102,12 +106,8 @@ extern "C" cudaError_t gser_cuda_launch_check_offsets(const void *offsets, size_
         return cudaSuccess;
     // An end past INT64_MAX cannot match a signed offset: flag it here.
     long long e = end > (uint64_t)INT64_MAX ? -1 : (long long)end;
-    unsigned grid = grid_for(count, sm_count);
+    void *args[] = {&offsets, &count, &e, &verdict};
     if (width == 4)
-        gser_check_offsets_kernel<int32_t>
-            <<<grid, GSER_ARROW_BLOCK, 0, stream>>>((const int32_t *)offsets, count, e, (unsigned *)verdict);
-    else
-        gser_check_offsets_kernel<int64_t>
-            <<<grid, GSER_ARROW_BLOCK, 0, stream>>>((const int64_t *)offsets, count, e, (unsigned *)verdict);
-    return cudaGetLastError();
+        return launch(gser_check_offsets_kernel<int32_t>, grid_for(count, sm_count), args, stream);
+    return launch(gser_check_offsets_kernel<int64_t>, grid_for(count, sm_count), args, stream);
 }

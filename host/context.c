@@ -184,7 +184,7 @@ gser_status_t gser_context_create(const gser_context_options_t *opts, gser_conte
     strcpy(ctx->families[GSER_FAMILY_DEVICE], "device");
     strcpy(ctx->families[GSER_FAMILY_HOST], "host");
     ctx->nfamilies = 2;
-    gser_status_t st = device_open(ctx, &o);
+    gser_status_t st = ctxdev_open(ctx, &o);
     if (st != GSER_OK) {
         snprintf(create_err, sizeof create_err, "%s", gser_context_get_last_error(ctx));
         gser_context_destroy(ctx);
@@ -205,7 +205,7 @@ void gser_context_destroy(gser_context_t *ctx)
         }
     }
     free(ctx->types);
-    device_close(ctx);
+    ctxdev_close(ctx);
     for (err_slot_t *s = ctx->err_slots, *next; s; s = next) {
         next = s->next;
         free(s);

@@ -11,7 +11,6 @@
 #include <msgpack.h>
 
 #include "internal.h"
-#include "../device/backend.h"
 
 typedef struct dec {
     gser_context_t *ctx;
@@ -155,7 +154,7 @@ static gser_status_t host_aligned(dec_t *d, const void *raw, size_t nbytes, size
 static gser_status_t restore_device(dec_t *d, const void *raw, size_t nbytes, size_t frame, void **dev)
 {
     gser_context_t *ctx = d->ctx;
-    gser_status_t st = device_need(ctx, d->what);
+    gser_status_t st = ctxdev_need(ctx, d->what);
     if (st)
         return st;
     const void *src = raw;
@@ -178,8 +177,9 @@ static gser_status_t restore_device(dec_t *d, const void *raw, size_t nbytes, si
     void *p;
     if ((st = msgdev_alloc(d->msg, d->stream, size, false, &p)))
         return dec_fail(d, st, "allocating %zu bytes of device memory failed", size);
-    if ((st = ctx->backend->memcpy(ctx->bstate, p, src, size, COPY_H2D, d->stream)))
-        return device_fail(ctx, st, "gser_deserialize: copying a frame to the device");
+    void *event;
+    if ((st = devl_memcpy(ctx->devl, p, src, size, DEVL_H2D, d->stream)) || (st = msgdev_record(d->msg, &event)))
+        return ctxdev_fail(ctx, st, "gser_deserialize: copying a frame to the device");
     if (frame != SIZE_MAX)
         d->uploaded[frame] = p;
     *dev = (char *)p + off;
@@ -302,7 +302,7 @@ static gser_status_t dec_buffer(dec_t *d, const msgpack_object *o, size_t base, 
     if ((st = dec_data(d, &f[3], base, n, span, &raw, &frame, where, sizeof where)))
         return st;
     gser_memory_t mem = frame != SIZE_MAX ? d->frames[frame].memory : GSER_MEMORY_HOST;
-    int32_t device = frame != SIZE_MAX ? d->frames[frame].device : d->ctx->device;
+    int32_t device = frame != SIZE_MAX ? d->frames[frame].device : d->ctx->ordinal;
     bool copied = false;
     if (span == 0 && origin == GSER_MEMORY_DEVICE) {
         mem = GSER_MEMORY_DEVICE; /* an empty device buffer travels inline; it is still one */
@@ -315,7 +315,7 @@ static gser_status_t dec_buffer(dec_t *d, const msgpack_object *o, size_t base, 
             return st;
         data = dev;
         mem = GSER_MEMORY_DEVICE;
-        device = d->ctx->device;
+        device = d->ctx->ordinal;
         copied = true;
     } else if (mem == GSER_MEMORY_HOST) {
         if ((st = host_aligned(d, raw, span, dtype_align(es), &data)))
@@ -738,40 +738,26 @@ static gser_status_t dec_device_flush(dec_t *d)
     gser_value_t **vals = d->dev_vals + first;
     gser_status_t st;
     if (d->flags & GSER_DESERIALIZE_SCATTER) {
-        gser_copy_t *copies = malloc(n * sizeof *copies);
-        if (!copies)
-            return error_set(ctx, GSER_ERR_NO_MEMORY, "%s: out of memory", d->what);
+        devl_batch_t *b;
+        devl_arrays_t a;
+        if ((st = msgdev_batch(d->msg, d->stream, n, &b, &a)))
+            return ctxdev_fail(ctx, st, "gser_deserialize: planning the scatter kernel");
         for (size_t i = 0; i < n; i++) {
-            const gser_buffer_t *b = vals[i]->u.buf; /* its span is what is copied */
-            void *dst;
-            if ((st = msgdev_alloc(d->msg, d->stream, b->span, false, &dst))) {
-                free(copies);
+            const gser_buffer_t *buf = vals[i]->u.buf; /* its span is what is copied */
+            if ((st = msgdev_alloc(d->msg, d->stream, buf->span, false, &a.dst[i])))
                 return error_set(ctx, st, "%s: allocating %zu bytes of device memory for a scattered buffer failed",
-                                 d->what, b->span);
-            }
-            copies[i] = (gser_copy_t){(const char *)b->desc.data - b->first, dst, b->span, 0};
+                                 d->what, buf->span);
+            a.src[i] = (const char *)buf->desc.data - buf->first;
+            a.size[i] = buf->span;
         }
-        size_t nchunks = gser_plan_count(copies, n);
-        void *table = NULL;
-        st = msgdev_alloc(d->msg, d->stream, nchunks * sizeof(gser_chunk_t), true, &table);
-        if (st == GSER_OK) {
-            gser_plan_fill(copies, n, table);
-            st = ctx->backend->copy_plan(ctx->bstate, table, nchunks, d->stream);
-            if (st)
-                st = device_fail(ctx, st, "gser_deserialize: the scatter kernel");
-        } else {
-            st = error_set(ctx, st, "%s: allocating pinned memory for the copy plan failed", d->what);
-        }
-        if (st == GSER_OK)
-            for (size_t i = 0; i < n; i++)
-                vals[i]->u.buf->desc.data = (char *)copies[i].dst + vals[i]->u.buf->first;
-        free(copies);
-        if (st)
-            return st;
+        if ((st = devl_batch_run(ctx->devl, b, NULL, d->stream)))
+            return ctxdev_fail(ctx, st, "gser_deserialize: the scatter kernel");
+        for (size_t i = 0; i < n; i++)
+            vals[i]->u.buf->desc.data = (char *)a.dst[i] + vals[i]->u.buf->first;
     }
     void *event;
     if ((st = msgdev_record(d->msg, &event)))
-        return device_fail(ctx, st, "gser_deserialize: recording the message's event");
+        return ctxdev_fail(ctx, st, "gser_deserialize: recording the message's event");
     for (size_t i = 0; i < n; i++)
         vals[i]->u.buf->desc.event = event;
     d->flushed = d->ndev_vals;
@@ -906,7 +892,7 @@ gser_status_t gser_deserialize(gser_context_t *ctx, const gser_frame_t *frames, 
     d.dev_vals = NULL;
     d.ndev_vals = d.cap_dev_vals = d.flushed = 0;
     if ((d.flags & (GSER_DESERIALIZE_SCATTER | GSER_DESERIALIZE_RESTORE_DEVICE)) &&
-        (st = device_need(ctx, d.what)))
+        (st = ctxdev_need(ctx, d.what)))
         return st;
     if ((st = gser_msg_create(ctx, &d.msg)))
         return st;
@@ -979,8 +965,8 @@ gser_status_t gser_msg_wait(const gser_msg_t *msg)
     if (!msg->dev || !msg->dev->event)
         return GSER_OK;
     gser_context_t *ctx = msg->ctx;
-    gser_status_t st = ctx->backend->event_sync(ctx->bstate, msg->dev->event);
-    return st ? device_fail(ctx, st, "gser_msg_wait") : GSER_OK;
+    gser_status_t st = devl_event_sync(ctx->devl, msg->dev->event);
+    return st ? ctxdev_fail(ctx, st, "gser_msg_wait") : GSER_OK;
 }
 
 gser_status_t gser_msg_take_frame(gser_msg_t *msg, size_t i, gser_frame_t *frame)

@@ -13,7 +13,6 @@
 #include <msgpack/timestamp.h>
 
 #include "internal.h"
-#include "../device/backend.h"
 
 /* ---- output sink for msgpack-c: growable, with a sticky out-of-memory flag -- */
 
@@ -129,7 +128,7 @@ typedef struct enc {
     path_t path;
     char cb_err[512]; /* set by gser_writer_fail */
     /* device buffers */
-    int device_family; /* GSER_FAMILY_DEVICE or _HOST: the first of them in the list; -1 if neither */
+    int buffer_family; /* GSER_FAMILY_DEVICE or _HOST: the first of them in the list; -1 if neither */
     bool to_host;      /* this scope's device buffers go to host frames (the host family) */
     packer_t pack;
     int group; /* packed frame of the current object scope, -1 if none yet */
@@ -202,26 +201,31 @@ static void pack_marker(obuf_t *pk, int type, size_t nfields)
 }
 
 /* Bytes of a buffer or array: inline bin when small host memory, else a
- * frame reference [frame - base, offset, nbytes]. *where says which, for traces. */
+ * frame reference [frame - base, offset, nbytes]. *where says which, for
+ * traces: written only when tracing is on (formatting it for every buffer
+ * would cost more than the rest of its encoding). */
 static gser_status_t enc_data(enc_t *e, obuf_t *pk, const void *data, size_t nbytes, gser_memory_t mem,
                               int32_t device, size_t base, char *where, size_t where_cap)
 {
     if (nbytes == 0 || (mem == GSER_MEMORY_HOST && nbytes < e->inline_max)) {
         pk_bin_with_body(pk, data, nbytes);
-        snprintf(where, where_cap, "inline");
+        if (e->trace)
+            snprintf(where, where_cap, "inline");
         return GSER_OK;
     }
     size_t idx, off = 0;
     if (mem == GSER_MEMORY_DEVICE && (e->to_host || nbytes < e->pack.pack_max)) {
         if (packer_add(&e->pack, e->out, &e->group, e->to_host, data, nbytes, &idx, &off))
             return enc_fail(e, GSER_ERR_NO_MEMORY, "out of memory planning the packed frame");
-        snprintf(where, where_cap, "frame %zu %s packed +%zu", idx, e->to_host ? "host" : "device", off);
+        if (e->trace)
+            snprintf(where, where_cap, "frame %zu %s packed +%zu", idx, e->to_host ? "host" : "device", off);
     } else {
         gser_frame_t fr = {.data = data, .size = nbytes, .memory = mem, .device = mem == GSER_MEMORY_DEVICE ? device : 0};
         idx = e->out->n;
         if (frames_push(e->out, &fr))
             return enc_fail(e, GSER_ERR_NO_MEMORY, "out of memory for the frame table");
-        snprintf(where, where_cap, "frame %zu %s", idx, gser_memory_str(mem));
+        if (e->trace)
+            snprintf(where, where_cap, "frame %zu %s", idx, gser_memory_str(mem));
     }
     pk_array(pk, 3);
     pk_uint64(pk, idx - base);
@@ -392,7 +396,7 @@ static gser_status_t enc_buffer(enc_t *e, obuf_t *pk, const gser_value_t *v, siz
     const gser_buffer_desc_t *d = &b->desc;
     char where[96];
     if (d->memory == GSER_MEMORY_DEVICE && d->nbytes) {
-        if (e->device_family < 0) {
+        if (e->buffer_family < 0) {
             char fams[256];
             families_list(e, fams, sizeof fams);
             return enc_fail(e, GSER_ERR_NO_SERIALIZER,
@@ -629,7 +633,7 @@ static gser_status_t resolve_families(enc_t *e, const gser_serialize_options_t *
     return GSER_OK;
 }
 
-static int first_device_family(const enc_t *e)
+static int first_buffer_family(const enc_t *e)
 {
     for (size_t i = 0; i < e->nfam; i++)
         if (e->fam[i] == GSER_FAMILY_DEVICE || e->fam[i] == GSER_FAMILY_HOST)
@@ -659,8 +663,8 @@ gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg, const g
     st = resolve_families(&e, opts);
     if (st)
         return st;
-    e.device_family = first_device_family(&e);
-    e.to_host = e.device_family == GSER_FAMILY_HOST;
+    e.buffer_family = first_buffer_family(&e);
+    e.to_host = e.buffer_family == GSER_FAMILY_HOST;
     e.group = -1;
     packer_init(&e.pack, ctx, opts->pack_max ? opts->pack_max : ctx->pack_max, opts->stream);
 
@@ -670,8 +674,9 @@ gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg, const g
         return error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize: out of memory");
     }
     f->ctx = ctx;
-    f->event = f->stream = f->dev_mem = f->pinned = f->chunks = NULL;
-    f->dev_size = f->pinned_size = f->chunks_size = 0;
+    f->event = f->stream = f->dev_mem = f->pinned = NULL;
+    f->dev_size = f->pinned_size = 0;
+    f->batch = NULL;
     f->frames = f->inline_frames;
     f->cap = GSER_FRAMES_INLINE;
     f->n = 1; /* [0] is the header, filled in last */
@@ -735,8 +740,8 @@ gser_status_t gser_frames_wait(const gser_frames_t *frames)
     if (!frames->event)
         return GSER_OK;
     gser_context_t *ctx = frames->ctx;
-    gser_status_t st = ctx->backend->event_sync(ctx->bstate, frames->event);
-    return st ? device_fail(ctx, st, "gser_frames_wait") : GSER_OK;
+    gser_status_t st = devl_event_sync(ctx->devl, frames->event);
+    return st ? ctxdev_fail(ctx, st, "gser_frames_wait") : GSER_OK;
 }
 
 gser_status_t gser_frames_query(const gser_frames_t *frames)
@@ -746,8 +751,8 @@ gser_status_t gser_frames_query(const gser_frames_t *frames)
     if (!frames->event)
         return GSER_OK;
     gser_context_t *ctx = frames->ctx;
-    gser_status_t st = ctx->backend->event_query(ctx->bstate, frames->event);
-    return st < 0 ? device_fail(ctx, st, "gser_frames_query") : st;
+    gser_status_t st = devl_event_query(ctx->devl, frames->event);
+    return st < 0 ? ctxdev_fail(ctx, st, "gser_frames_query") : st;
 }
 
 void *gser_frames_get_event(const gser_frames_t *frames)

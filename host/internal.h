@@ -15,6 +15,8 @@
 #include "gser/extension.h"
 #include "gser/gser.h"
 
+#include "../device/device.h" /* the device layer: the only way from here to it */
+
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 /* Arrays and the flattened prefix are little-endian on the wire and are
  * handed out zero-copy; a big-endian port needs byte swaps in decode.c/flat.c. */
@@ -185,15 +187,17 @@ typedef struct msg_res {
 } msg_res_t;
 
 typedef struct msg_device {
-    void *event; /* backend handle, recorded after the message's device work */
+    void *event; /* device-layer handle, recorded after the message's device work */
     void *stream;
     msg_res_t *res;
     size_t nres, cap;
+    devl_batch_t **batches; /* plans of queued scatters */
+    size_t nbatches, cap_batches;
 } msg_device_t;
 
 struct gser_msg {
     gser_context_t *ctx;
-    msg_device_t *dev; /* device memory the message owns (device/msgdev.c), or NULL */
+    msg_device_t *dev; /* device memory the message owns (host/msgdev.c), or NULL */
     gser_value_t *root;
     arena_t arena;
     const gser_frame_t *frames; /* what it was deserialized from; released last */
@@ -297,20 +301,14 @@ struct gser_type {
     gser_family_fns_t fam[GSER_MAX_FAMILIES];
 };
 
-struct gser_backend;
-struct gser_backend_state;
-
 typedef struct err_slot err_slot_t;
 
 struct gser_context {
     pthread_mutex_t err_lock; /* guards err_slots */
     err_slot_t *err_slots;    /* host/context.c: one detailed message per thread */
-    /* device layer (device/device.c): backend NULL when there is none */
-    const struct gser_backend *backend;
-    struct gser_backend_state *bstate;
-    gser_allocator_t dev_alloc;
-    gser_allocator_t pin_alloc;
-    int device;
+    devl_t *devl; /* the device layer (host/device_api.c opens it); NULL: no backend */
+    char devl_why[192]; /* why there is none when GSER_DEVICE named no backend, else "" */
+    int ordinal;  /* the GPU the context's device memory is on */
     size_t pack_max;
     gser_limits_t limits;
     size_t inline_max;
@@ -339,15 +337,15 @@ GSER_INTERNAL gser_status_t error_setv(const gser_context_t *ctx, gser_status_t 
 GSER_INTERNAL gser_status_t struct_read(const gser_context_t *ctx, const char *what, const char *type, void *dst,
                                         size_t dst_size, const void *src);
 
-/* ---- device layer (device/device.c) ------------------------------------- */
+/* ---- the context's device side (host/device_api.c) ---------------------- */
 
-GSER_INTERNAL gser_status_t device_open(gser_context_t *ctx, const gser_context_options_t *o);
-GSER_INTERNAL void device_close(gser_context_t *ctx);
+GSER_INTERNAL gser_status_t ctxdev_open(gser_context_t *ctx, const gser_context_options_t *o);
+GSER_INTERNAL void ctxdev_close(gser_context_t *ctx);
 /* GSER_ERR_NO_DEVICE with a message naming what, when ctx has no backend. */
-GSER_INTERNAL gser_status_t device_need(gser_context_t *ctx, const char *what);
-/* Record a backend failure (with the backend's own error text). */
-GSER_INTERNAL gser_status_t device_fail(gser_context_t *ctx, gser_status_t st, const char *what);
-GSER_INTERNAL gser_status_t device_copy(gser_context_t *ctx, void *dst, gser_memory_t dst_memory, const void *src,
+GSER_INTERNAL gser_status_t ctxdev_need(gser_context_t *ctx, const char *what);
+/* Record a device-layer failure (with the backend's own error text). */
+GSER_INTERNAL gser_status_t ctxdev_fail(gser_context_t *ctx, gser_status_t st, const char *what);
+GSER_INTERNAL gser_status_t ctxdev_copy(gser_context_t *ctx, void *dst, gser_memory_t dst_memory, const void *src,
                                         gser_memory_t src_memory, size_t n, void *stream);
 
 /* Read a caller's deserialize options (defaults for NULL) and the limits they
@@ -435,15 +433,14 @@ struct gser_frames {
     gser_frame_t *frames;
     size_t n;
     size_t cap;
-    /* device work behind the frames (device/pack.c); all NULL without it */
-    void *event;     /* backend event handle, recorded after the last copy */
+    /* device work behind the frames (host/pack.c); all NULL without it */
+    void *event;     /* device-layer event, recorded after the last copy */
     void *stream;
     void *dev_mem;   /* packed device frames */
     size_t dev_size;
     void *pinned;    /* host-family frames */
     size_t pinned_size;
-    void *chunks;    /* the copy plan, in pinned memory */
-    size_t chunks_size;
+    devl_batch_t *batch; /* what the pack kernel still reads */
     void *header; /* malloc'd when the header outgrew header_inline */
     size_t header_len;
     gser_msg_t *scratch; /* values made by serializers and list conversions */
@@ -453,7 +450,7 @@ struct gser_frames {
 
 GSER_INTERNAL gser_status_t frames_push(gser_frames_t *f, const gser_frame_t *fr);
 
-/* ---- packing device buffers (device/pack.c) -------------------------------- */
+/* ---- packing device buffers (host/pack.c) ---------------------------------- */
 
 typedef struct pack_group {
     size_t frame; /* index in the frames */
@@ -501,9 +498,13 @@ GSER_INTERNAL gser_status_t packer_add(packer_t *p, gser_frames_t *f, int *group
 GSER_INTERNAL gser_status_t packer_finish(packer_t *p, gser_frames_t *f);
 GSER_INTERNAL void packer_release(gser_frames_t *f);
 
-/* ---- device memory owned by a message (device/msgdev.c) ---------------------- */
+/* ---- device memory owned by a message (host/msgdev.c) ------------------------ */
 
 GSER_INTERNAL gser_status_t msgdev_alloc(gser_msg_t *m, void *stream, size_t size, bool pinned, void **ptr);
+/* A scatter batch of n copies that the message keeps (and releases after
+ * its event); the caller fills the arrays and runs it on stream. */
+GSER_INTERNAL gser_status_t msgdev_batch(gser_msg_t *m, void *stream, size_t n, devl_batch_t **batch,
+                                         devl_arrays_t *arrays);
 /* Record the message's event after its device work; sets the backend handle. */
 GSER_INTERNAL gser_status_t msgdev_record(gser_msg_t *m, void **event);
 GSER_INTERNAL void msgdev_release(gser_msg_t *m);

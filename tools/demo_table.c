@@ -278,29 +278,47 @@ void make_table(gser_context_t *ctx, bool device, int64_t rows, int cols, struct
 
 /* ---- checksums, the same on both sides ------------------------------------------ */
 
+/* Mix n bytes into h a 64-bit word at a time (a multiply and a shift per
+ * word); a short tail is one more word, tagged with its length, so that
+ * "ab"+"c" and "a"+"bc" differ. */
 static uint64_t mix(uint64_t h, const void *p, size_t n)
 {
     const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) {
-        h ^= b[i];
-        h *= 1099511628211ull;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, b + i, 8);
+        h = (h ^ w) * 0x9E3779B97F4A7C15ull;
+        h ^= h >> 29;
+    }
+    uint64_t tail = (uint64_t)(n - i) << 56;
+    if (i < n)
+        memcpy(&tail, b + i, n - i); /* little-endian: the length byte stays on top */
+    h = (h ^ tail) * 0x9E3779B97F4A7C15ull;
+    return h ^ (h >> 29);
+}
+
+/* n bytes of a buffer of the table, readable on the host: the buffer itself
+ * for host memory (no copy), a host copy of it for device memory. Give it
+ * back with done(). */
+static const void *host_view(gser_context_t *ctx, bool device, const void *p, size_t n)
+{
+    if (!device)
+        return p;
+    void *h = malloc(n ? n : 1);
+    if (!h)
+        die("malloc", GSER_ERR_NO_MEMORY, NULL);
+    if (n) {
+        CK(ctx, gser_device_memcpy(ctx, h, GSER_MEMORY_HOST, p, GSER_MEMORY_DEVICE, n, NULL));
+        CK(ctx, gser_stream_wait(ctx, NULL));
     }
     return h;
 }
 
-/* Host copy of n bytes of a buffer of the table (device or host). */
-static void *host_copy(gser_context_t *ctx, bool device, const void *p, size_t n)
+static void done(bool device, const void *view)
 {
-    void *h = malloc(n ? n : 1);
-    if (!h)
-        die("malloc", GSER_ERR_NO_MEMORY, NULL);
-    if (n && device) {
-        CK(ctx, gser_device_memcpy(ctx, h, GSER_MEMORY_HOST, p, GSER_MEMORY_DEVICE, n, NULL));
-        CK(ctx, gser_stream_wait(ctx, NULL));
-    } else if (n) {
-        memcpy(h, p, n);
-    }
-    return h;
+    if (device)
+        free((void *)view);
 }
 
 /* A checksum over the column's logical values (row by row, nulls marked), so
@@ -309,38 +327,41 @@ uint64_t column_checksum(gser_context_t *ctx, bool device, const struct ArrowArr
 {
     uint64_t h = 1469598103934665603ull;
     int64_t len = a->length, off = a->offset;
-    uint8_t *valid = NULL;
+    const uint8_t *valid = NULL;
     if (a->null_count != 0 && a->buffers[0])
-        valid = host_copy(ctx, device, a->buffers[0], (size_t)(off + len + 7) / 8);
+        valid = host_view(ctx, device, a->buffers[0], (size_t)(off + len + 7) / 8);
 #define IS_VALID(i) (!valid || (valid[((i) + off) / 8] >> (((i) + off) % 8) & 1))
     if (!strcmp(format, "l") || !strcmp(format, "g")) {
-        unsigned char *v = host_copy(ctx, device, (const char *)a->buffers[1] + off * 8, (size_t)len * 8);
-        for (int64_t i = 0; i < len; i++)
-            h = IS_VALID(i) ? mix(h, v + i * 8, 8) : mix(h, "null", 4);
-        free(v);
+        const unsigned char *v = host_view(ctx, device, (const char *)a->buffers[1] + off * 8, (size_t)len * 8);
+        if (!valid)
+            h = mix(h, v, (size_t)len * 8);
+        else
+            for (int64_t i = 0; i < len; i++)
+                h = IS_VALID(i) ? mix(h, v + i * 8, 8) : mix(h, "null", 4);
+        done(device, v);
     } else {
-        int32_t *o = host_copy(ctx, device, (const int32_t *)a->buffers[1] + off, (size_t)(len + 1) * 4);
+        const int32_t *o = host_view(ctx, device, (const int32_t *)a->buffers[1] + off, (size_t)(len + 1) * 4);
         if (!strcmp(format, "u")) {
             size_t nbytes = (size_t)(o[len] - o[0]);
-            char *chars = host_copy(ctx, device, (const char *)a->buffers[2] + o[0], nbytes);
+            const char *chars = host_view(ctx, device, (const char *)a->buffers[2] + o[0], nbytes);
             for (int64_t i = 0; i < len; i++)
                 h = IS_VALID(i) ? mix(h, chars + (o[i] - o[0]), (size_t)(o[i + 1] - o[i])) : mix(h, "null", 4);
-            free(chars);
+            done(device, chars);
         } else {
             const struct ArrowArray *child = a->children[0];
             size_t nvals = (size_t)(o[len] - o[0]);
-            int32_t *vals = host_copy(ctx, device, (const int32_t *)child->buffers[1] + child->offset + o[0], nvals * 4);
+            const int32_t *vals =
+                host_view(ctx, device, (const int32_t *)child->buffers[1] + child->offset + o[0], nvals * 4);
             for (int64_t i = 0; i < len; i++) {
                 int32_t count = o[i + 1] - o[i];
                 h = mix(h, &count, sizeof count);
                 h = mix(h, vals + (o[i] - o[0]), (size_t)count * 4);
             }
-            free(vals);
+            done(device, vals);
         }
-        free(o);
+        done(device, o);
     }
 #undef IS_VALID
-    free(valid);
+    done(device, valid);
     return h;
 }
-

@@ -48,8 +48,8 @@ void make_worker(gser_context_t *ctx, gser_ucx_context_t **uc, gser_ucx_worker_t
 void make_table(gser_context_t *ctx, bool device, int64_t rows, int cols, struct ArrowDeviceArray *da,
                 struct ArrowSchema *schema);
 
-/* Checksum of column a (format is its schema format), read through host
- * copies when device. */
+/* Checksum of column a (format is its schema format), hashing 64-bit words:
+ * host tables are read in place, device tables through host copies. */
 uint64_t column_checksum(gser_context_t *ctx, bool device, const struct ArrowArray *a, const char *format);
 
 #endif

@@ -39,6 +39,11 @@ GSER_API const char *gser_context_get_device_backend(const gser_context_t *ctx);
 /** Whether the context has a usable device backend. */
 GSER_API bool gser_context_has_device(const gser_context_t *ctx);
 
+/** The GPU ordinal the context's device memory and work are on
+ *  (gser_context_options_t.device); 0 without a device backend. gser makes it
+ *  current for its own calls and gives the caller's current device back. */
+GSER_API int gser_context_get_device_ordinal(const gser_context_t *ctx);
+
 /** Device memory from the context's device allocator, ordered on stream. */
 GSER_API gser_status_t gser_device_alloc(gser_context_t *ctx, size_t size, void *stream, void **ptr);
 /** Give back memory from gser_device_alloc (same size). NULL is fine. */
@@ -55,6 +60,14 @@ GSER_API gser_status_t gser_device_memcpy(gser_context_t *ctx, void *dst, gser_m
 
 /** Block until everything queued on stream is done. */
 GSER_API gser_status_t gser_stream_wait(gser_context_t *ctx, void *stream);
+
+/** A stream of the context's device (a cudaStream_t created non-blocking:
+ *  it does not wait for the legacy default stream). For work that must not
+ *  queue behind whatever the calling thread has on its per-thread stream. */
+GSER_API gser_status_t gser_stream_create(gser_context_t *ctx, void **stream);
+/** Destroy a stream from gser_stream_create; work queued on it still
+ *  completes. NULL is fine. */
+GSER_API void gser_stream_destroy(gser_context_t *ctx, void *stream);
 
 /** A device event (a cudaEvent_t with the CUDA backend). */
 typedef struct gser_event gser_event_t;

@@ -744,10 +744,11 @@ gser_status_t gser_arrow_take_value(gser_value_t *v, const gser_arrow_take_optio
             ptrs[s] = rg->dst + ((const unsigned char *)ptrs[s] - rg->src);
         }
 
-    /* sync_event: a CUDA event after everything, for device arrays on a GPU.
-     * The emulated backend's work is done by now: NULL, as for CPU arrays. */
+    /* sync_event: an event after everything, for device arrays (a
+     * cudaEvent_t with CUDA; the emulated backend's work is queued all the
+     * same, so its arrays get one too). */
     void *sync_event = NULL;
-    if (target == GSER_MEMORY_DEVICE && strcmp(gser_context_get_device_backend(ctx), "cuda") == 0) {
+    if (target == GSER_MEMORY_DEVICE) {
         if ((o.flags & GSER_ARROW_BORROW) && !copy_bytes && core_event) {
             k->event_handle = core_event; /* the message's, alive as long as it is */
         } else {
@@ -758,6 +759,10 @@ gser_status_t gser_arrow_take_value(gser_value_t *v, const gser_arrow_take_optio
         sync_event = &k->event_handle;
     }
 
+    /* Device memory copied here is the context's GPU; views keep their
+     * frames' (a transport's frames are the receiving context's GPU too). */
+    if (copy_bytes && target == GSER_MEMORY_DEVICE)
+        device_id = gser_context_get_device_ordinal(ctx);
     take_t t = {.rx = rx, .keeper = k, .ptrs = ptrs};
     if ((st = build_schema(rx, 0, &schema)))
         goto fail;

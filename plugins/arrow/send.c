@@ -741,7 +741,14 @@ gser_status_t arrow_serialize(gser_context_t *ctx, const void *obj, gser_writer_
                                 "CUDA_MANAGED are)", (int)da->device_type);
     }
 
-    gser_status_t st = collect(&sc, in->schema, &da->array, -1, SLOT_ROOT, 0);
+    /* The table may still be being written on the producer's stream (libcudf
+     * records sync_event after its kernels): every read and kernel below goes
+     * on sc.stream, which waits for it first. The packing waits for it too,
+     * through the event each buffer carries. */
+    gser_status_t st;
+    if (sc.event && (st = gser_stream_order_after_handle(ctx, sc.stream, sc.event)))
+        return gser_writer_fail(w, st, "waiting for the table's sync_event: %s", gser_context_get_last_error(ctx));
+    st = collect(&sc, in->schema, &da->array, -1, SLOT_ROOT, 0);
     gser_value_t *root = NULL, *v;
     void *pinned = NULL;
     size_t pinned_size = 0;

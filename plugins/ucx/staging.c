@@ -54,6 +54,7 @@ struct gux_stage_op {
 
 struct gux_staging {
     gux_list_t ops;
+    void *stream; /* the staging copies' own stream: not behind the progressing thread's work */
     void **bounces; /* free pinned buffers */
     size_t nbounces, bounces_cap;
     gser_event_t **events; /* free events */
@@ -72,6 +73,11 @@ gser_status_t gux_staging_create(gser_ucx_worker_t *w)
     gux_staging_t *s = calloc(1, sizeof *s);
     if (!s)
         return gux_fail(GSER_ERR_NO_MEMORY, "staging: out of memory");
+    gser_status_t st;
+    if (w->have_device && (st = gser_stream_create(w->gser_ctx, &s->stream))) {
+        free(s);
+        return gux_fail(st, "staging: cannot create a stream: %s", gser_context_get_last_error(w->gser_ctx));
+    }
     gux_list_init(&s->ops);
     w->staging = s;
     return GSER_OK;
@@ -84,7 +90,7 @@ void gux_staging_destroy(gser_ucx_worker_t *w)
         return;
     /* Ops still here at teardown: let their copies finish, then drop them. */
     if (w->have_device && !gux_list_empty(&s->ops))
-        gser_stream_wait(w->gser_ctx, NULL);
+        gser_stream_wait(w->gser_ctx, s->stream);
     while (!gux_list_empty(&s->ops)) {
         gux_stage_op_t *op = gux_container(s->ops.next, gux_stage_op_t, link);
         for (unsigned i = 0; i < op->depth; i++) {
@@ -101,6 +107,7 @@ void gux_staging_destroy(gser_ucx_worker_t *w)
         gser_event_destroy(s->events[i]);
     free(s->bounces);
     free(s->events);
+    gser_stream_destroy(w->gser_ctx, s->stream);
     free(s);
     w->staging = NULL;
 }
@@ -173,6 +180,9 @@ typedef struct dev_owner {
     size_t size;
 } dev_owner_t;
 
+/* The staging copies into a frame are done before the frame is handed out
+ * (their events were waited for), so whichever stream frees it -- the
+ * staging stream may be gone by then -- nothing of gser's still uses it. */
 static void dev_release(void *data, void *arg)
 {
     dev_owner_t *o = arg;
@@ -182,19 +192,20 @@ static void dev_release(void *data, void *arg)
 
 gser_status_t gux_staging_device_frame(gser_ucx_worker_t *w, size_t size, int32_t device, gser_frame_t *out)
 {
-    (void)device; /* the sender's ordinal: ours is the context's */
+    (void)device; /* the sender's GPU: the frame is on ours, the context's */
     dev_owner_t *o = malloc(sizeof *o);
     if (!o)
         return gux_fail(GSER_ERR_NO_MEMORY, "receive: out of memory");
     void *p;
-    gser_status_t st = gser_device_alloc(w->gser_ctx, size, NULL, &p);
+    gser_status_t st = gser_device_alloc(w->gser_ctx, size, w->staging->stream, &p);
     if (st) {
         free(o);
         return gux_fail(st, "receive: cannot allocate a %zu-byte device frame: %s", size,
                         gser_context_get_last_error(w->gser_ctx));
     }
     *o = (dev_owner_t){w->gser_ctx, size};
-    *out = (gser_frame_t){.data = p, .size = size, .memory = GSER_MEMORY_DEVICE, .release = dev_release,
+    *out = (gser_frame_t){.data = p, .size = size, .memory = GSER_MEMORY_DEVICE,
+                          .device = gser_context_get_device_ordinal(w->gser_ctx), .release = dev_release,
                           .release_arg = o};
     return GSER_OK;
 }
@@ -283,8 +294,9 @@ static void slot_issue(gux_stage_op_t *op, gux_slot_t *s)
     s->xfer_done = false;
     s->xfer_status = UCS_OK;
     if (op->send) {
-        if ((st = gser_device_memcpy(w->gser_ctx, s->bounce, GSER_MEMORY_HOST, at, GSER_MEMORY_DEVICE, len, NULL)) ||
-            (st = gser_event_record(s->ev, NULL))) {
+        if ((st = gser_device_memcpy(w->gser_ctx, s->bounce, GSER_MEMORY_HOST, at, GSER_MEMORY_DEVICE, len,
+                                     w->staging->stream)) ||
+            (st = gser_event_record(s->ev, w->staging->stream))) {
             gux_fail(st, "staging: device-to-host copy failed: %s", gser_context_get_last_error(w->gser_ctx));
             op_error(op, UCS_ERR_IO_ERROR);
             return;
@@ -335,9 +347,9 @@ static bool slot_step(gux_stage_op_t *op, gux_slot_t *s)
         if (!op->send && r->frames[op->frame].memory == GSER_MEMORY_DEVICE) {
             size_t len = chunk_len(op, s->chunk);
             gser_status_t st = gser_device_memcpy(w->gser_ctx, op->base + s->chunk * op->chunk, GSER_MEMORY_DEVICE,
-                                                  s->bounce, GSER_MEMORY_HOST, len, NULL);
+                                                  s->bounce, GSER_MEMORY_HOST, len, w->staging->stream);
             if (!st)
-                st = gser_event_record(s->ev, NULL);
+                st = gser_event_record(s->ev, w->staging->stream);
             if (st) {
                 gux_fail(st, "staging: host-to-device copy failed: %s", gser_context_get_last_error(w->gser_ctx));
                 op_error(op, UCS_ERR_IO_ERROR);

@@ -8,10 +8,12 @@
 Types, exactly (subclasses are refused, so that what comes back is of the
 same type): None, bool, int (int64, or up to 2**64-1; larger raises
 OverflowError), float, str, bytes, list, tuple (kept distinct from list),
-dict with None/bool/int/float/str/bytes keys, buffer-protocol objects (numpy
-arrays keep dtype and shape and are not copied; other exporters come back as
-numpy arrays, untyped bytes such as bytearray as memoryviews; non-contiguous
-arrays are copied once into C order), objects with __cuda_array_interface__,
+dict with None/bool/int/float/str/bytes keys, bytearray and memoryview
+(large bytes travel as frames of their own), numpy arrays of any dtype but
+objects (dtype, shape, strides and writability kept, not copied; views that
+are neither C nor Fortran order nor broadcasts are copied once into C order,
+as Dask does), other buffer exporters (back as numpy arrays), objects with
+__cuda_array_interface__,
 serialized as device frames (gser.DeviceFrame) and loaded as gser.DeviceArray
 (__cuda_array_interface__ v3, copy_to_host()), and Arrow tables with the Arrow
 PyCapsule interface (__arrow_c_device_array__ / __arrow_c_array__), loaded as
@@ -24,6 +26,13 @@ pickles.
 Lists and tuples of ints, floats or bools travel as one contiguous typed
 array and come back as lists/tuples of the same Python types; mixed ones
 keep every item's type.
+
+Other types travel as themselves once registered: register_type(cls,
+to_gser, from_gser) sends what to_gser returns (a device array, an Arrow
+table, a numpy array, a dict...) and the receiver's from_gser rebuilds the
+object from it; register_lazy(toplevel, loader) defers the import until an
+object of that package is met. CuPy, Numba device arrays, PyTorch tensors and
+pyarrow arrays and record batches are registered that way here, lazily.
 
 Errors from the core raise GserError (a ValueError) whose message names the
 failing value's path, e.g. "GSER_ERR_FORMAT: gser_deserialize: $[2].payload:
@@ -39,6 +48,7 @@ from gser._gser import (  # noqa: F401
     HAVE_UCX,
     WIRE_VERSION,
     ArrowArray,
+    Declined,
     DeviceArray,
     DeviceFrame,
     GserError,
@@ -46,7 +56,11 @@ from gser._gser import (  # noqa: F401
     dumps,
     from_bytes,
     loads,
+    register_lazy,
+    register_type,
+    registered,
     to_bytes,
+    unregister_type,
 )
 
 __all__ = [
@@ -56,6 +70,7 @@ __all__ = [
     "HAVE_UCX",
     "WIRE_VERSION",
     "ArrowArray",
+    "Declined",
     "DeviceArray",
     "DeviceFrame",
     "GserError",
@@ -63,5 +78,64 @@ __all__ = [
     "dumps",
     "from_bytes",
     "loads",
+    "register_lazy",
+    "register_type",
+    "registered",
     "to_bytes",
+    "unregister_type",
 ]
+
+
+# ---- libraries registered lazily (see register_type) ------------------------------------------
+#
+# Each loader runs the first time gser meets an object of the package (or a
+# "python.type" name under it), imports it and registers its types. Device
+# arrays travel as device buffers (zero-copy where the comm carries device
+# frames) and come back through the library's own zero-copy import of
+# gser.DeviceArray (__cuda_array_interface__ or DLPack); a receiver without a
+# device backend gets them as host numpy arrays, which the same functions copy
+# to its device. Written against the libraries' documented APIs; they do not
+# install on Debian 12, so the tests use stand-ins with those APIs.
+
+
+def _contiguous(x, make):
+    return x if x.flags.c_contiguous else make(x)
+
+
+def _register_cupy():
+    import cupy
+
+    register_type(cupy.ndarray, lambda x: _contiguous(x, cupy.ascontiguousarray), cupy.asarray, name="cupy.ndarray")
+
+
+def _register_numba():
+    from numba import cuda
+
+    register_type(cuda.cudadrv.devicearray.DeviceNDArray, lambda x: x, cuda.as_cuda_array,
+                  name="numba.cuda.DeviceNDArray")
+
+
+def _register_torch():
+    import torch
+
+    def to_gser(t):
+        t = t.detach().contiguous()
+        return t if t.device.type == "cuda" else t.numpy()  # CUDA: DLPack / CAI; CPU: numpy, zero-copy
+
+    def from_gser(v):
+        return torch.from_dlpack(v) if isinstance(v, DeviceArray) else torch.from_numpy(v)
+
+    register_type(torch.Tensor, to_gser, from_gser, name="torch.Tensor")
+
+
+def _register_pyarrow():
+    import pyarrow
+
+    register_type(pyarrow.RecordBatch, lambda b: b, pyarrow.record_batch, name="pyarrow.RecordBatch")
+    register_type(pyarrow.Array, lambda a: a, pyarrow.array, name="pyarrow.Array")
+
+
+for _top, _loader in (("cupy", _register_cupy), ("numba", _register_numba), ("torch", _register_torch),
+                      ("pyarrow", _register_pyarrow)):
+    register_lazy(_top, _loader)
+del _top, _loader

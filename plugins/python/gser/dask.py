@@ -1,84 +1,88 @@
 """gser as a Dask serialization family named "gser".
 
-    import gser.dask
-    gser.dask.register()
-    client = Client(cluster, serializers=gser.dask.SERIALIZERS,
-                    deserializers=gser.dask.DESERIALIZERS)
+Turn it on in every process of a cluster with Dask's preload (the one switch):
 
-register() adds the family with
-distributed.protocol.serialize.register_serialization_family, following
-Dask's family contract: dumps(x) returns a msgpack-serializable header dict
-and a list of frames; an object gser cannot carry as the same type (a
-pandas frame, a set, an int above 2**64-1, a bytearray, a device array or an
-Arrow table, which would come back as gser.DeviceArray / gser.ArrowArray, ...)
-raises NotImplementedError, so Dask falls through to the next family in
-`serializers=[...]`. gser never pickles.
+    dask scheduler --preload gser.dask
+    dask worker tcp://scheduler:8786 --preload gser.dask
+    # clients: distributed.client.preload, or gser.dask.register(default=True)
+
+or, for a LocalCluster, call gser.dask.register(default=True) before starting
+it: its scheduler and workers then preload gser.dask too. A process that
+preloads gser.dask makes "gser" its first serializer family (Dask config
+``gser.default``, default true; false only registers the family). A scheduler
+that preloads it refuses workers and clients that have not loaded gser, with
+an error that names gser and the fix, before they hold or receive any data.
+
+The family follows Dask's contract: dumps(x) returns a msgpack-serializable
+header and a list of frames, and raises NotImplementedError for what gser
+cannot carry as the same type (a set, a pandas frame, an int above 2**64-1,
+a device array or an Arrow table whose type is not registered with
+gser.register_type, ...) and, as gser.Declined, for what gser would carry
+more slowly than Dask's own path (many small items, which pickle carries
+faster); Dask then tries its next family. gser never pickles.
 
 Dask serializes the items of a list, tuple or dict wrapped in to_serialize()
-(task results among them) one by one, and a list of 1,000,000 floats then
-becomes 1,000,002 frames whatever the families. With collections=True (the
-default), register() also makes distributed.protocol.serialize.serialize try
-gser on the whole collection first when "gser" is the first serializer, so
-that such a list is sent as one contiguous array; if gser cannot carry it,
-Dask's own behaviour follows unchanged.
+(task results among them) one by one: a list of 1,000,000 floats becomes
+1,000,002 frames whatever the families. With collections=True (the default),
+register() makes distributed.protocol.serialize.serialize try gser on the
+whole collection first when "gser" is the first serializer; if gser declines
+it, Dask's own behaviour follows unchanged.
 
-Every process that receives gser frames must have called register(): in a
-multi-process cluster start workers (and the scheduler) with
-`--preload gser.dask`, which calls dask_setup() below.
+A message is only serialized with gser for a peer that has loaded gser: every
+process that registered the family says so in its comm handshake, and data
+for a peer that did not goes through Dask's own families.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
+import time
 
 from gser import _gser
-from gser._gser import GserError
+from gser._gser import Declined, GserError
+
+logger = logging.getLogger(__name__)
 
 FAMILY = "gser"
 #: For Client(serializers=...): gser first, Dask's own families after it.
 SERIALIZERS = (FAMILY, "dask", "pickle")
-#: For Client(deserializers=...): also accept Dask's error messages.
-DESERIALIZERS = (FAMILY, "dask", "pickle", "error")
+#: For Client(deserializers=...): gser, Dask's own serializers and its error
+#: messages, but not pickle, which runs code from the data. Add "pickle" where
+#: the cluster is trusted and objects that neither gser nor Dask's "dask"
+#: family carries (sets, arbitrary classes) must come back.
+DESERIALIZERS = (FAMILY, "dask", "error")
 
 _HEADER_KEY = "gser"
 _HEADER_VERSION = 1
+#: The comm handshake key a process with the family sets (Comm.handshake_info).
+HANDSHAKE_KEY = "gser"
+#: The handshake key of a comm that carries gser.DeviceFrame frames as device
+#: memory (a comm class sets it in its own handshake_info): towards such a
+#: peer device buffers stay in device frames; towards any other they are
+#: staged into host frames (the "host" family), as Dask's TCP comm needs.
+HANDSHAKE_DEVICE_KEY = "gser-device"
+#: The Dask config key preloads read: make gser the default family (true).
+CONFIG_DEFAULT = "gser.default"
 
-_state = {"original_serialize": None, "collections": False, "default": False}
+_FIX = (
+    "load gser in every process of the cluster: start workers and the scheduler with "
+    "`--preload gser.dask` (or list gser.dask in the Dask config keys distributed.worker.preload, "
+    "distributed.scheduler.preload and distributed.client.preload), or call gser.dask.register() in the client"
+)
 
-
-def dumps(x):
-    """Dask family dumps: ({"gser": 1}, [gser header, data frames...]).
-
-    Raises NotImplementedError for what gser cannot carry as the same type.
-    """
-    try:
-        header, frames = _gser.dumps(x, strict=True)
-    except NotImplementedError:
-        raise
-    except (GserError, OverflowError, UnicodeError) as e:
-        raise NotImplementedError(f"gser cannot serialize this {type(x).__name__}: {e}") from e
-    return {_HEADER_KEY: _HEADER_VERSION}, [header, *frames]
-
-
-def _writable(frame):
-    """Dask may hand over read-only frames (after decompression): copy those
-    once, so that loaded arrays are writable as Dask users expect."""
-    try:
-        mv = memoryview(frame)
-    except TypeError:
-        return frame  # a device frame
-    return bytearray(mv) if mv.readonly else frame
+_state = {"original_serialize": None, "original_handshake": None, "collections": False, "default": False}
+_stats = {"dumps": 0, "declined": 0, "refused": 0, "loads": 0}
 
 
-def loads(header, frames):
-    """Dask family loads: the object dumps serialized."""
-    version = header.get(_HEADER_KEY)
-    if version != _HEADER_VERSION:
-        raise ValueError(f"gser.dask: header version {version!r}, this gser reads {_HEADER_VERSION}")
-    if not frames:
-        raise ValueError("gser.dask: no frames (the first frame is gser's header)")
-    frames = [_writable(f) for f in frames]
-    return _gser.loads(frames[0], frames[1:])
+def stats() -> dict:
+    """How often this process serialized with gser (dumps), let Dask's own
+    path take an object because gser would have been slower (declined) or
+    cannot carry it (refused), and loaded gser frames (loads)."""
+    return dict(_stats)
+
+# What _gser.dumps raises for objects gser cannot carry; Dask wants NotImplementedError.
+_REFUSED = (NotImplementedError, GserError, OverflowError, UnicodeError)
 
 
 def _ser_module():
@@ -87,22 +91,110 @@ def _ser_module():
     return importlib.import_module("distributed.protocol.serialize")
 
 
+def _peer_has_gser(context) -> bool:
+    """Whether the process a comm writes to has loaded gser (its handshake
+    says so). Without a context (spilling to disk, serialize() called
+    directly) the reader is this process, which has."""
+    recipient = context.get("recipient") if context else None
+    return recipient is None or HANDSHAKE_KEY in recipient
+
+
+def _is_ndarray(x) -> bool:
+    t = type(x)
+    return t.__name__ == "ndarray" and t.__module__ == "numpy"
+
+
+def _families(context):
+    recipient = context.get("recipient") if context else None
+    return ("device", "host") if recipient and recipient.get(HANDSHAKE_DEVICE_KEY) else ("host",)
+
+
+#: Whether loads puts what was device memory at the sender back on the device.
+_RESTORE_DEVICE = _gser.DEVICE_BACKEND != "none"
+
+
+def dumps(x, context=None):
+    """Dask family dumps: ({"gser": 1}, [gser header, data frames...]).
+
+    Raises NotImplementedError for what gser cannot carry as the same type,
+    gser.Declined (a NotImplementedError) for what Dask's own path carries
+    faster, and NotImplementedError for a peer without gser.
+    """
+    if not _peer_has_gser(context):
+        raise NotImplementedError("gser: the receiving process has not loaded gser")
+    try:
+        # An array's header frame is writable, as Dask's numpy frames: small
+        # arrays inside it load writable and zero-copy (in-process) as Dask's do.
+        # Other objects' headers stay bytes (Dask deep-copies and pickles those).
+        header, frames = _gser.dumps(x, _families(context), strict=True, decline="object",
+                                     writable_header=_is_ndarray(x))
+    except Declined:
+        _stats["declined"] += 1
+        raise
+    except NotImplementedError:
+        _stats["refused"] += 1
+        raise
+    except _REFUSED as e:
+        _stats["refused"] += 1
+        raise NotImplementedError(f"gser cannot serialize this {type(x).__name__}: {e}") from e
+    _stats["dumps"] += 1
+    return {_HEADER_KEY: _HEADER_VERSION}, [header, *frames]
+
+
+def loads(header, frames):
+    """Dask family loads: the object dumps serialized, viewing the frames.
+
+    numpy arrays come back with the writability they had at the sender, as
+    Dask's numpy serializer gives them: zero-copy, except an array that was
+    writable but arrives in a read-only frame, which is copied (as Dask does).
+    What was device memory at the sender comes back on this process's device
+    (gser.DeviceArray, or the registered type) when it has a device backend,
+    else in host memory.
+    """
+    version = header.get(_HEADER_KEY)
+    if version != _HEADER_VERSION:
+        raise ValueError(f"gser.dask: header version {version!r}, this gser reads {_HEADER_VERSION}")
+    if not frames:
+        raise ValueError("gser.dask: no frames (the first frame is gser's header)")
+    _stats["loads"] += 1
+    return _gser.loads(frames[0], frames[1:], copy_readonly=True, device=_RESTORE_DEVICE)
+
+
+def _serialize_homes():
+    """Where Dask's serialize() is looked up: the module's global (used by
+    Dask's own message and spill code) and the package's name for it
+    (`from distributed.protocol import serialize`, for code imported after
+    register())."""
+    return (_ser_module(), importlib.import_module("distributed.protocol"))
+
+
 def _serialize_wrapper(original):
     Serialize = _ser_module().Serialize
 
     def serialize(x, serializers=None, on_error="message", context=None, iterate_collection=None):
         if serializers is None and _state["default"]:
             serializers = SERIALIZERS
-        if _state["collections"] and serializers and serializers[0] == FAMILY:
-            data = x.data if type(x) is Serialize else x
-            if type(data) in (list, tuple, dict):
-                try:
-                    header, frames = dumps(data)
-                except NotImplementedError:
-                    pass
-                else:
-                    header["serializer"] = FAMILY
-                    return header, frames
+        if serializers and FAMILY in serializers:
+            if not _peer_has_gser(context):
+                serializers = [s for s in serializers if s != FAMILY]
+            elif _state["collections"] and serializers[0] == FAMILY:
+                wrapped = type(x) is Serialize
+                data = x.data if wrapped else x
+                if type(data) in (list, tuple, dict):
+                    try:
+                        # Wrapped, Dask would serialize each item on its own.
+                        header, frames = _gser.dumps(data, _families(context), strict=True,
+                                                     decline="collection" if wrapped else "object")
+                    except Declined:
+                        # Dask's path is faster for this one: all of it, gser
+                        # included, would only try (and decline) item by item.
+                        _stats["declined"] += 1
+                        serializers = [s for s in serializers if s != FAMILY]
+                    except _REFUSED:
+                        _stats["refused"] += 1
+                    else:
+                        _stats["dumps"] += 1
+                        return {_HEADER_KEY: _HEADER_VERSION, "serializer": FAMILY}, [header, *frames]
         return original(x, serializers, on_error, context, iterate_collection)
 
     serialize.__wrapped__ = original
@@ -110,39 +202,151 @@ def _serialize_wrapper(original):
     return serialize
 
 
+def _handshake_wrapper(original):
+    def handshake_info():
+        return {**original(), HANDSHAKE_KEY: _HEADER_VERSION}
+
+    handshake_info.__wrapped__ = original
+    return staticmethod(handshake_info)
+
+
+def _comm_class():
+    return importlib.import_module("distributed.comm.core").Comm
+
+
+def _add_preloads():
+    """Make clusters started from this process (LocalCluster) load gser.dask
+    in their scheduler and workers, through Dask's preload config, which
+    nannies hand to the worker processes."""
+    import dask.config
+
+    saved = _state.setdefault("saved_config", {})
+    for key in ("distributed.scheduler.preload", "distributed.worker.preload", CONFIG_DEFAULT):
+        current = dask.config.get(key, default=None)
+        if key == CONFIG_DEFAULT:
+            new = True
+        else:
+            current_list = [current] if isinstance(current, str) else list(current or [])
+            new = current_list if __name__ in current_list else [*current_list, __name__]
+        if new != current:
+            saved.setdefault(key, current)
+            dask.config.set({key: new})
+
+
+def _restore_config():
+    import dask.config
+
+    for key, value in _state.pop("saved_config", {}).items():
+        dask.config.set({key: value})
+
+
 def register(collections: bool = True, default: bool = False) -> None:
-    """Register the "gser" family with Dask (idempotent).
+    """Register the "gser" family with Dask in this process (idempotent; a
+    second call changes the options). This is the entry point for anything
+    that wants gser in a process, a comm backend included.
 
     collections: when "gser" is the first serializer, serialize whole lists,
         tuples and dicts with gser (falling back to Dask's item-by-item path
-        when gser raises NotImplementedError) instead of item by item.
-    default: also use SERIALIZERS where Dask is given no serializers (for
-        example worker-to-worker transfers). Every process of the cluster
-        must then have registered gser.
+        when gser declines) instead of item by item.
+    default: also make SERIALIZERS the serializers wherever Dask is given none
+        (worker-to-worker transfers, task results); and add gser.dask to the
+        scheduler's and workers' preloads in Dask's config, so that a
+        LocalCluster started from this process loads it everywhere.
+
+    Either way, the process says in its comm handshakes that it reads gser,
+    and gser is used only towards peers that say so too.
     """
     ser = _ser_module()
     ser.register_serialization_family(FAMILY, dumps, loads)
     _state["collections"] = bool(collections)
     _state["default"] = bool(default)
-    if (collections or default) and _state["original_serialize"] is None:
+    if _state["original_serialize"] is None:
         _state["original_serialize"] = ser.serialize
-        ser.serialize = _serialize_wrapper(ser.serialize)
+        wrapper = _serialize_wrapper(ser.serialize)
+        for module in _serialize_homes():
+            module.serialize = wrapper
+    if _state["original_handshake"] is None:
+        comm = _comm_class()
+        _state["original_handshake"] = comm.__dict__["handshake_info"]
+        comm.handshake_info = _handshake_wrapper(comm.handshake_info)
+    if default:
+        _add_preloads()
 
 
 def unregister() -> None:
-    """Undo register(): remove the family and restore Dask's serialize()."""
+    """Undo register(): remove the family, restore Dask's serialize(), the
+    comm handshake and the Dask config register(default=True) changed."""
     ser = _ser_module()
     ser.families.pop(FAMILY, None)
     if _state["original_serialize"] is not None:
-        ser.serialize = _state["original_serialize"]
+        for module in _serialize_homes():
+            module.serialize = _state["original_serialize"]
         _state["original_serialize"] = None
+    if _state["original_handshake"] is not None:
+        _comm_class().handshake_info = _state["original_handshake"]
+        _state["original_handshake"] = None
     _state["collections"] = False
     _state["default"] = False
+    _restore_config()
+
+
+def registered() -> bool:
+    """Whether the family is registered in this process."""
+    return _state["original_serialize"] is not None
+
+
+# ---- the scheduler's check when a worker or a client joins ------------------------------------
+
+
+def refusal(role: str) -> str:
+    """The error a process without gser gets when it joins a gser cluster."""
+    return (
+        f"gser: this {role} has not loaded gser, and the scheduler's cluster sends data with the gser "
+        f"serialization family, which it could not read. Fix: {_FIX}."
+    )
+
+
+def _guard_scheduler(scheduler) -> None:
+    """Refuse workers and clients whose handshake does not say gser: they
+    would get gser frames (forwarded through the scheduler) they cannot read.
+    They are refused before they hold or receive data, so the cluster keeps
+    its data."""
+    handlers = scheduler.handlers
+    if getattr(handlers.get("register-worker"), "_gser_guard", False):
+        return
+    add_worker, add_client = handlers["register-worker"], handlers["register-client"]
+
+    async def register_worker(comm, **msg):
+        if registered() and HANDSHAKE_KEY not in (comm.remote_info or {}):
+            text = refusal("worker")
+            logger.error("%s (worker %s)", text, msg.get("address"))
+            await comm.write({"status": "error", "message": text, "time": time.time()})
+            return None
+        return await add_worker(comm, **msg)
+
+    async def register_client(comm, **msg):
+        if registered() and HANDSHAKE_KEY not in (comm.remote_info or {}):
+            text = refusal("client")
+            logger.error("%s (client %s)", text, msg.get("client"))
+            # The client raises ImportError with this text (Client._ensure_connected).
+            await comm.write([{"op": "stream-start", "error": text}])
+            return None
+        return await add_client(comm, **msg)
+
+    register_worker._gser_guard = register_client._gser_guard = True
+    handlers["register-worker"] = register_worker
+    handlers["register-client"] = register_client
 
 
 def dask_setup(server=None) -> None:
-    """Entry point of `dask worker --preload gser.dask` (and of the scheduler's)."""
-    register()
+    """Entry point of `--preload gser.dask` (scheduler, worker, nanny, client):
+    register the family, as the default unless the Dask config key
+    gser.default is false; a scheduler also refuses peers without gser."""
+    import dask.config
+
+    register(default=bool(dask.config.get(CONFIG_DEFAULT, default=True)))
+    if server is not None and "register-worker" in getattr(server, "handlers", {}):
+        _guard_scheduler(server)
 
 
 # The comm backend "gser://" (gser.comm, on gser::ucx): importing gser.dask

@@ -98,7 +98,8 @@ static int dlpack_device(PyObject *obj, int *type, int *id, const char **why)
     return r;
 }
 
-int pg_dlpack_encode(PgOwner *owner, PyObject *obj, gser_buffer_desc_t *desc, int64_t *shape, const char **why)
+int pg_dlpack_encode(PgOwner *owner, PyObject *obj, gser_buffer_desc_t *desc, int64_t *shape, int64_t *strides,
+                     const char **why)
 {
     *why = NULL;
     int type = 0, id = 0;
@@ -158,9 +159,14 @@ int pg_dlpack_encode(PgOwner *owner, PyObject *obj, gser_buffer_desc_t *desc, in
     uint64_t total;
     if (pg_extents_total(shape, t->ndim, gser_dtype_size(dtype), &total, why) < 0)
         return -1;
-    if (t->strides && total && !pg_c_contiguous(shape, t->strides, t->ndim, 1)) {
-        *why = "a non-contiguous tensor (make it C-contiguous first, e.g. .contiguous())";
-        return -1;
+    /* DLPack strides count items; gser's count bytes. C order needs none. */
+    bool strided = t->strides && total && !pg_c_contiguous(shape, t->strides, t->ndim, 1);
+    int64_t es = (int64_t)gser_dtype_size(dtype);
+    for (int d = 0; strided && d < t->ndim; d++) {
+        if (__builtin_mul_overflow(t->strides[d], es, &strides[d])) {
+            *why = "strides too large";
+            return -1;
+        }
     }
     char *data = (char *)t->data + t->byte_offset;
     if (!t->data && total) {
@@ -173,6 +179,7 @@ int pg_dlpack_encode(PgOwner *owner, PyObject *obj, gser_buffer_desc_t *desc, in
     desc->dtype = dtype;
     desc->ndim = (uint32_t)t->ndim;
     desc->shape = shape;
+    desc->strides = strided ? strides : NULL;
     desc->memory = device ? GSER_MEMORY_DEVICE : GSER_MEMORY_HOST;
     desc->device = device ? id : 0;
     return 0;
@@ -184,6 +191,7 @@ typedef struct lent {
     DLManagedTensor mt;
     PyObject *keep; /* what the memory belongs to */
     int64_t shape[GSER_MAX_NDIM];
+    int64_t strides[GSER_MAX_NDIM]; /* in items */
 } lent_t;
 
 /* The consumer is done (it may be any thread: DLPack does not say). */
@@ -207,23 +215,32 @@ static void capsule_destroy(PyObject *cap)
 }
 
 PyObject *pg_dlpack_export(PyObject *keep, void *data, gser_dtype_t dtype, int ndim, const Py_ssize_t *shape,
-                           bool device, int device_id)
+                           const Py_ssize_t *strides, bool device, int device_id)
 {
     if ((unsigned)dtype >= GSER_DTYPE_COUNT || ndim < 0 || ndim > GSER_MAX_NDIM) {
         PyErr_SetString(PyExc_ValueError, "gser: this array cannot be described to DLPack");
         return NULL;
     }
+    Py_ssize_t es = (Py_ssize_t)gser_dtype_size(dtype);
+    for (int d = 0; strides && d < ndim; d++) {
+        if (strides[d] % es) {
+            PyErr_SetString(PyExc_BufferError, "gser: DLPack strides count items, and these byte strides do not");
+            return NULL;
+        }
+    }
     lent_t *l = calloc(1, sizeof *l);
     if (!l)
         return PyErr_NoMemory();
-    for (int d = 0; d < ndim; d++)
+    for (int d = 0; d < ndim; d++) {
         l->shape[d] = (int64_t)shape[d];
+        l->strides[d] = strides ? (int64_t)(strides[d] / es) : 0;
+    }
     l->mt.dl_tensor = (DLTensor){.data = data,
                                  .device = {device ? kDLCUDA : kDLCPU, device ? device_id : 0},
                                  .ndim = ndim,
                                  .dtype = dl_types[dtype],
                                  .shape = l->shape,
-                                 .strides = NULL,
+                                 .strides = strides ? l->strides : NULL,
                                  .byte_offset = 0};
     l->mt.manager_ctx = l;
     l->mt.deleter = lent_delete;

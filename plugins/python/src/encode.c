@@ -20,10 +20,44 @@ typedef struct enc {
     PgOwner *owner;
     gser_msg_t *msg;
     bool strict;
+    /* Give up (gser.Declined) as soon as gser is estimated to cost more than
+     * pickle would: budget is what gser has saved so far, in ns; items at
+     * depth >= charge_depth are counted (see PG_COST_*). */
+    bool decline;
+    int charge_depth;
+    int64_t budget;
     pg_path_t path;
 } enc_t;
 
+/* What gser costs more than pickle (dumps + loads), in ns per item, measured
+ * on the 2-core CPU machine with bench/python (BENCHMARKS.md, issue 11);
+ * negative: what it saves. Rounded toward declining. */
+#define PG_COST_SLACK 2000  /* never decline for less: fixed costs are alike */
+#define PG_COST_SEQ 250     /* a list or tuple carried item by item (+210..270) */
+#define PG_COST_DICT 500    /* a dict (+450: pickle memoizes repeated keys) */
+#define PG_COST_SCALAR 30   /* a boxed int, float, bool or None (+29) */
+#define PG_COST_STR (-20)   /* a str (-38: pickle's memo costs more) */
+#define PG_GAIN_FLOAT 20    /* an item of a float array (-24) */
+#define PG_GAIN_INT 2       /* an item of an int or bool array (-2..-8) */
+/* A top-level item of a collection that Dask would serialize on its own
+ * (10..27 us: a serialize call, a sub-header, a frame). */
+#define PG_GAIN_DASK_ITEM 10000
+
+/* Count ns of extra cost (negative: savings) for an item at depth; -1 with
+ * gser.Declined set once gser is behind. No path: declining must be cheap. */
+static int charge(enc_t *e, int depth, int64_t ns)
+{
+    if (!e->decline || depth < e->charge_depth)
+        return 0;
+    e->budget -= ns;
+    if (e->budget >= 0)
+        return 0;
+    PyErr_SetString(pg_Declined, "gser would be slower than pickle for this object (many small items)");
+    return -1;
+}
+
 static int enc_value(enc_t *e, PyObject *o, int depth, gser_value_t **out);
+static int enc_interfaces(enc_t *e, PyObject *o, gser_value_t **out);
 
 /* A failed builder call: out of memory, in practice. */
 static int fail_st(gser_status_t st, const char *what)
@@ -80,8 +114,12 @@ static int enc_str(enc_t *e, PyObject *o, gser_value_t **out)
     return st ? fail_st(st, "gser_msg_new_str") : 0;
 }
 
+static int enc_large_bytes(enc_t *e, PyObject *o, gser_value_t **out);
+
 static int enc_bytes(enc_t *e, PyObject *o, gser_value_t **out)
 {
+    if (PyBytes_GET_SIZE(o) >= PG_BYTES_FRAME_MIN)
+        return enc_large_bytes(e, o, out);
     /* The message borrows the bytes: keep them alive as long as it lives. */
     if (pg_owner_hold_ref(e->owner, o) < 0)
         return -1;
@@ -134,6 +172,8 @@ static int enc_append(enc_t *e, gser_value_t *list, PyObject *item, int depth)
 {
     PyTypeObject *t = Py_TYPE(item);
     gser_status_t st;
+    if (e->decline && charge(e, depth + 1, t == &PyUnicode_Type ? PG_COST_STR : PG_COST_SCALAR) < 0)
+        return -1;
     if (t == &PyFloat_Type) {
         st = gser_list_append_float(list, PyFloat_AS_DOUBLE(item));
     } else if (t == &PyLong_Type) {
@@ -169,7 +209,7 @@ static int enc_append(enc_t *e, gser_value_t *list, PyObject *item, int depth)
  * bools, or all ints that fit in int64: one pass into a C array the message
  * borrows (gser_msg_new_array), the same typed array the appends would build.
  * 1 if done, 0 if the items are not all of one such kind, -1 on error. */
-static int enc_seq_array(enc_t *e, PyObject *o, bool tuple, gser_value_t **out)
+static int enc_seq_array(enc_t *e, PyObject *o, bool tuple, gser_value_t **out, gser_kind_t *kind_out)
 {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
     if (n < PG_ARRAY_MIN)
@@ -225,6 +265,7 @@ static int enc_seq_array(enc_t *e, PyObject *o, bool tuple, gser_value_t **out)
     if (pg_owner_hold_alloc(e->owner, buf) < 0)
         return -1;
     gser_status_t st = gser_msg_new_array(e->msg, kind, buf, (size_t)n, tuple ? GSER_ARRAY_TUPLE : 0, out);
+    *kind_out = kind;
     return st ? fail_st(st, "gser_msg_new_array") : 1;
 nomem:
     PyErr_NoMemory();
@@ -233,9 +274,16 @@ nomem:
 
 static int enc_seq(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_t **out)
 {
-    int fast = enc_seq_array(e, o, tuple, out);
-    if (fast)
-        return fast < 0 ? -1 : 0;
+    gser_kind_t kind;
+    int fast = enc_seq_array(e, o, tuple, out, &kind);
+    if (fast < 0)
+        return -1;
+    if (fast) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+        return charge(e, depth + 1, -(int64_t)n * (kind == GSER_KIND_FLOAT ? PG_GAIN_FLOAT : PG_GAIN_INT));
+    }
+    if (charge(e, depth, PG_COST_SEQ) < 0)
+        return -1;
 
     gser_value_t *list;
     gser_status_t st = tuple ? gser_msg_new_tuple(e->msg, &list) : gser_msg_new_list(e->msg, &list);
@@ -265,6 +313,8 @@ static int enc_dict(enc_t *e, PyObject *o, int depth, gser_value_t **out)
     gser_status_t st = gser_msg_new_map(e->msg, &map);
     if (st)
         return fail_st(st, "gser_msg_new_map");
+    if (charge(e, depth, PG_COST_DICT) < 0)
+        return -1;
     if (PyDict_GET_SIZE(o) && check_depth(e, depth) < 0)
         return -1;
     int slot = e->path.len++;
@@ -277,6 +327,18 @@ static int enc_dict(enc_t *e, PyObject *o, int depth, gser_value_t **out)
         e->path.seg[slot].key = key;
         e->path.seg[slot].index = i++;
         gser_value_t *k, *v;
+        PyTypeObject *vt = Py_TYPE(value);
+        if (e->decline &&
+            charge(e, depth + 1,
+                   (Py_TYPE(key) == &PyUnicode_Type ? PG_COST_STR : PG_COST_SCALAR) +
+                       (vt == &PyUnicode_Type ? PG_COST_STR
+                        : vt == &PyFloat_Type || vt == &PyLong_Type || value == Py_None || vt == &PyBool_Type
+                            ? PG_COST_SCALAR
+                            : 0)) < 0) {
+            Py_DECREF(key);
+            Py_DECREF(value);
+            return -1;
+        }
         int sc = enc_scalar(e, key, &k);
         if (sc == 0) {
             e->path.seg[slot].key = NULL; /* the key itself cannot be shown as a path */
@@ -387,10 +449,292 @@ static bool is_numpy_array(PyObject *o)
     return strcmp(Py_TYPE(o)->tp_name, "numpy.ndarray") == 0;
 }
 
+/* Whether nd extents with byte strides lay items of size es out in C order,
+ * or (fortran) in Fortran order; extents of 1 may have any stride. */
+static bool dense_layout(int nd, const int64_t *shape, const int64_t *strides, int64_t es, bool fortran)
+{
+    int64_t expect = es;
+    for (int i = 0; i < nd; i++) {
+        int d = fortran ? i : nd - 1 - i;
+        if (shape[d] > 1 && strides[d] != expect)
+            return false;
+        expect *= shape[d] ? shape[d] : 1;
+    }
+    return true;
+}
+
+/* A host buffer value over view, which the owner takes over, laid out as
+ * Dask's numpy serializer lays arrays out, so that it comes back alike and
+ * never more bytes travel: C order as is; Fortran order, and broadcasts
+ * (stride 0) of a C- or Fortran-ordered block, zero-copy with their strides
+ * (the core sends the span: a broadcast's block only); anything else one copy
+ * into C order (of the broadcast block only). nd 0: flat bytes. The last
+ * inner dimensions of the view are the items' bytes (the uint8 view of a
+ * dtype gser has no name for): they must stay contiguous. When the memory
+ * will be a frame of its own, dumps hands it out as frame_as (if not NULL)
+ * or as a memoryview as writable as the view (a copy: writable). *gathered
+ * (if not NULL): the items were copied into C order, as numpy.ascontiguousarray. */
+static int enc_host_view(enc_t *e, Py_buffer *view, gser_dtype_t dtype, int nd, int inner, gser_value_t **out,
+                         PyObject *frame_as, bool *gathered)
+{
+    int64_t shape[GSER_MAX_NDIM], strides[GSER_MAX_NDIM], block[GSER_MAX_NDIM];
+    int outer = nd - inner;
+    int64_t es = view->itemsize;
+    for (int d = 0; d < nd; d++) {
+        shape[d] = view->shape ? (int64_t)view->shape[d] : (int64_t)(view->len / view->itemsize);
+        strides[d] = view->strides ? (int64_t)view->strides[d] : 0;
+        block[d] = strides[d] == 0 && d < outer ? (shape[d] ? 1 : 0) : shape[d];
+    }
+    for (int d = outer; d < nd; d++)
+        es *= shape[d];
+    bool c_order = PyBuffer_IsContiguous(view, 'C');
+    bool inner_dense = c_order || (view->strides && dense_layout(inner, shape + outer, strides + outer,
+                                                                  view->itemsize, false));
+    /* The block: the array with its broadcast extents cut to one. */
+    bool keep = !c_order && nd > 0 && view->strides && inner_dense &&
+                (dense_layout(outer, block, strides, es, false) || dense_layout(outer, block, strides, es, true));
+    bool broadcast = false;
+    for (int d = 0; view->strides && inner_dense && d < outer; d++)
+        broadcast |= strides[d] == 0 && shape[d] > 1;
+
+    gser_buffer_desc_t desc = GSER_BUFFER_DESC_INIT;
+    desc.nbytes = (size_t)view->len;
+    desc.dtype = dtype;
+    desc.memory = GSER_MEMORY_HOST;
+    desc.ndim = (uint32_t)nd;
+    desc.shape = nd ? shape : NULL;
+    if (gathered)
+        *gathered = !c_order && !keep && !broadcast;
+    gser_status_t st;
+    if (c_order || keep) {
+        /* Zero-copy: the message borrows the exporter's memory, and the
+         * owner holds the view (and so the exporter) until it dies. */
+        desc.data = view->buf;
+        desc.strides = c_order ? NULL : strides;
+        bool readonly = view->readonly;
+        if (pg_owner_hold_view(e->owner, view) < 0)
+            return -1;
+        st = gser_msg_new_buffer(e->msg, &desc, out);
+        int64_t offset;
+        size_t span;
+        if (st == GSER_OK && gser_buffer_get_span(&desc, &offset, &span) == GSER_OK && span >= PG_INLINE_MAX &&
+            pg_owner_frame_obj(e->owner, (const char *)desc.data + offset, span, frame_as, readonly) < 0)
+            return -1;
+        return st ? fail_st(st, "gser_msg_new_buffer") : 0;
+    }
+    /* One copy into C order: of the block only for a broadcast, which keeps
+     * its zero strides. */
+    Py_buffer src = *view;
+    int64_t total = es;
+    for (int d = 0; d < outer; d++)
+        total *= broadcast ? block[d] : shape[d];
+    Py_ssize_t src_shape[GSER_MAX_NDIM];
+    if (broadcast) {
+        for (int d = 0; d < nd; d++)
+            src_shape[d] = (Py_ssize_t)block[d];
+        src.shape = src_shape;
+        src.len = (Py_ssize_t)total;
+    }
+    void *copy = malloc(total ? (size_t)total : 1);
+    int r = copy ? PyBuffer_ToContiguous(copy, &src, src.len, 'C') : -1;
+    PyBuffer_Release(view);
+    if (r < 0) {
+        free(copy);
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
+        return -1;
+    }
+    desc.data = copy;
+    desc.release = free_release;
+    if (broadcast) { /* the block's C strides, 0 where it is broadcast */
+        int64_t stride = view->itemsize;
+        for (int d = nd; d-- > 0;) {
+            bool zero = d < outer && strides[d] == 0 && shape[d] > 1;
+            strides[d] = zero ? 0 : stride;
+            stride *= block[d] ? block[d] : 1;
+        }
+        desc.strides = strides;
+    }
+    st = gser_msg_new_buffer(e->msg, &desc, out);
+    if (st) {
+        free(copy);
+        return fail_st(st, "gser_msg_new_buffer");
+    }
+    if ((size_t)total >= PG_INLINE_MAX && pg_owner_frame_obj(e->owner, copy, (size_t)total, NULL, false) < 0)
+        return -1; /* gser's own copy: a writable frame */
+    return 0;
+}
+
+/* Wrap tree (a value of the message) into a typed object of the module. */
+static int enc_typed(enc_t *e, pg_type_t t, gser_value_t *tree, gser_value_t **out)
+{
+    gser_status_t st = pg_type_new(e->msg, t, tree, out);
+    return st ? fail_st(st, "gser_msg_new_object") : 0;
+}
+
+/* bytes of at least PG_BYTES_FRAME_MIN: "python.bytes", a buffer that is a
+ * frame of its own (the bytes object itself, in dumps' frame list). */
+static int enc_large_bytes(enc_t *e, PyObject *o, gser_value_t **out)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(o, &view, PyBUF_SIMPLE) < 0)
+        return -1;
+    gser_value_t *buf;
+    if (enc_host_view(e, &view, GSER_DTYPE_BYTES, 0, 0, &buf, o, NULL) < 0)
+        return -1;
+    return enc_typed(e, PG_T_BYTES, buf, out);
+}
+
+/* bytearray ("python.bytearray") and memoryview ("python.memoryview", with
+ * its format and shape; non-contiguous ones copied into C order). */
+static int enc_bytes_like(enc_t *e, PyObject *o, pg_type_t t, gser_value_t **out)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(o, &view, PyBUF_RECORDS_RO) < 0) {
+        PyErr_Clear();
+        return not_impl(e, o, ": it exports no plain buffer");
+    }
+    bool big;
+    gser_dtype_t dtype = format_dtype(view.format, view.itemsize, false, &big);
+    if (big || dtype == GSER_DTYPE_COUNT || view.ndim > GSER_MAX_NDIM) {
+        PyBuffer_Release(&view);
+        return not_impl(e, o, big ? ": big-endian items" : ": a format gser has no dtype for");
+    }
+    /* Untyped bytes in one dimension (or a 0-d byte) stay flat. */
+    int nd = dtype == GSER_DTYPE_BYTES && view.ndim <= 1 ? 0 : view.ndim;
+    if (nd == 0 && dtype != GSER_DTYPE_BYTES) {
+        PyBuffer_Release(&view);
+        return not_impl(e, o, ": a 0-d typed memoryview");
+    }
+    gser_value_t *buf;
+    if (enc_host_view(e, &view, dtype, nd, 0, &buf, nd == 0 ? o : NULL, NULL) < 0)
+        return -1;
+    return enc_typed(e, t, buf, out);
+}
+
+/* numpy.lib.format.dtype_to_descr, imported on first use. */
+static PyObject *np_dtype_to_descr;
+
+/* ("numpy.ndarray") (buffer, descr, writeable, ndim) of an array that a
+ * plain buffer cannot say all of: read-only, 0-d, or of a dtype gser has no
+ * name for (either byte order, structured, datetime, strings, void). Those
+ * travel as unsigned ints with one more extent (the items' bytes) and the
+ * dtype's numpy.lib.format description, which is data, as numpy.save writes it. */
+static int enc_ndarray_typed(enc_t *e, PyObject *o, int depth, gser_value_t **out)
+{
+    Py_buffer view;
+    PyObject *descr = Py_None, *bytes_of = NULL;
+    bool big = false;
+    gser_dtype_t dtype = GSER_DTYPE_COUNT;
+    PyObject *nd_obj = PyObject_GetAttrString(o, "ndim");
+    long ndim = nd_obj ? PyLong_AsLong(nd_obj) : -1;
+    Py_XDECREF(nd_obj);
+    if (ndim < 0)
+        return -1;
+    /* A 0-d array of gser's dtype travels as shape (1,). */
+    PyObject *src = ndim ? Py_NewRef(o) : PyObject_CallMethod(o, "reshape", "i", 1);
+    if (!src)
+        return -1;
+    int got = PyObject_GetBuffer(src, &view, PyBUF_RECORDS_RO);
+    Py_DECREF(src);
+    if (got == 0) {
+        dtype = format_dtype(view.format, view.itemsize, true, &big);
+        if (big || dtype == GSER_DTYPE_COUNT)
+            PyBuffer_Release(&view);
+    } else {
+        PyErr_Clear(); /* numpy exports no buffer of datetimes: described below */
+    }
+    int inner = 0;
+    if (big || dtype == GSER_DTYPE_COUNT) {
+        PyObject *dt = PyObject_GetAttrString(o, "dtype");
+        PyObject *hasobj = dt ? PyObject_GetAttrString(dt, "hasobject") : NULL;
+        PyObject *isz = hasobj ? PyObject_GetAttrString(dt, "itemsize") : NULL;
+        int objects = hasobj ? PyObject_IsTrue(hasobj) : -1;
+        Py_ssize_t itemsize = isz ? PyLong_AsSsize_t(isz) : -1;
+        Py_XDECREF(hasobj);
+        Py_XDECREF(isz);
+        if (objects || itemsize <= 0) {
+            Py_XDECREF(dt);
+            if (PyErr_Occurred())
+                return -1;
+            return not_impl(e, o, objects ? " with Python objects in its dtype (gser never pickles)"
+                                          : " with an empty dtype");
+        }
+        if (!np_dtype_to_descr) {
+            PyObject *fmt = PyImport_ImportModule("numpy.lib.format");
+            np_dtype_to_descr = fmt ? PyObject_GetAttrString(fmt, "dtype_to_descr") : NULL;
+            Py_XDECREF(fmt);
+        }
+        descr = np_dtype_to_descr ? PyObject_CallOneArg(np_dtype_to_descr, dt) : NULL;
+        Py_DECREF(dt);
+        /* The items' bytes, as unsigned ints of gcd(itemsize, 8) bytes (as Dask
+         * views them), so that gser keeps them aligned: x[..., None].view(uN),
+         * one more extent. */
+        int width = (int)(itemsize % 8 == 0 ? 8 : itemsize % 4 == 0 ? 4 : itemsize % 2 == 0 ? 2 : 1);
+        static const char *const uints[] = {[1] = "u1", [2] = "u2", [4] = "u4", [8] = "u8"};
+        static const gser_dtype_t udtypes[] = {[1] = GSER_DTYPE_UINT8, [2] = GSER_DTYPE_UINT16,
+                                               [4] = GSER_DTYPE_UINT32, [8] = GSER_DTYPE_UINT64};
+        PyObject *idx = descr ? Py_BuildValue("(OO)", Py_Ellipsis, Py_None) : NULL;
+        PyObject *x1 = idx ? PyObject_GetItem(o, idx) : NULL;
+        bytes_of = x1 ? PyObject_CallMethod(x1, "view", "s", uints[width]) : NULL;
+        dtype = udtypes[width];
+        Py_XDECREF(idx);
+        Py_XDECREF(x1);
+        if (!bytes_of || PyObject_GetBuffer(bytes_of, &view, PyBUF_RECORDS_RO) < 0) {
+            Py_XDECREF(descr);
+            Py_XDECREF(bytes_of);
+            return -1;
+        }
+        Py_DECREF(bytes_of);
+        inner = 1;
+    } else {
+        Py_INCREF(descr);
+    }
+    bool writeable = !view.readonly, gathered = false;
+    gser_value_t *tree, *buf, *dv = NULL;
+    gser_status_t st = gser_msg_new_tuple(e->msg, &tree);
+    int r = st ? fail_st(st, "gser_msg_new_tuple") : 0;
+    if (r == 0 && view.ndim > GSER_MAX_NDIM) {
+        PyBuffer_Release(&view);
+        r = not_impl(e, o, ": more dimensions than gser buffers have");
+    } else if (r == 0) {
+        r = enc_host_view(e, &view, dtype, view.ndim, inner, &buf, NULL, &gathered);
+        /* Dask sends a gathered copy as writable (numpy.ascontiguousarray's flag) */
+        writeable |= gathered;
+    } else {
+        PyBuffer_Release(&view);
+    }
+    if (r == 0)
+        r = enc_value(e, descr, depth + 1, &dv);
+    Py_DECREF(descr);
+    if (r == 0 && ((st = gser_list_append(tree, buf)) || (st = gser_list_append(tree, dv)) ||
+                   (st = gser_list_append_bool(tree, writeable)) || (st = gser_list_append_int(tree, ndim))))
+        r = fail_st(st, "gser_list_append");
+    return r < 0 ? -1 : enc_typed(e, PG_T_NDARRAY, tree, out);
+}
+
+/* A numpy array: a plain buffer when gser's dtypes and shapes say all of it
+ * (writable, at least one dimension, a dtype of gser's), else "numpy.ndarray". */
+static int enc_numpy(enc_t *e, PyObject *o, int depth, gser_value_t **out)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(o, &view, PyBUF_RECORDS_RO) == 0) {
+        bool big;
+        gser_dtype_t dtype = format_dtype(view.format, view.itemsize, true, &big);
+        if (!big && dtype != GSER_DTYPE_COUNT && !view.readonly && view.ndim > 0 && view.ndim <= GSER_MAX_NDIM)
+            return enc_host_view(e, &view, dtype, view.ndim, 0, out, NULL, NULL);
+        PyBuffer_Release(&view);
+    } else {
+        PyErr_Clear();
+    }
+    return enc_ndarray_typed(e, o, depth, out);
+}
+
+/* Other buffer exporters (array.array, ...), outside strict mode: a buffer
+ * with the exporter's format and shape; back as a numpy array. */
 static int enc_buffer(enc_t *e, PyObject *o, gser_value_t **out)
 {
-    bool numpy = is_numpy_array(o);
-    if (e->strict && !numpy)
+    if (e->strict)
         return not_impl(e, o, " in strict mode (buffers must be numpy.ndarray, so that they come back as one)");
     Py_buffer view;
     if (PyObject_GetBuffer(o, &view, PyBUF_RECORDS_RO) < 0) {
@@ -399,14 +743,14 @@ static int enc_buffer(enc_t *e, PyObject *o, gser_value_t **out)
         return -1;
     }
     bool big;
-    gser_dtype_t dtype = format_dtype(view.format, view.itemsize, numpy, &big);
+    gser_dtype_t dtype = format_dtype(view.format, view.itemsize, true, &big);
     const char *why = NULL;
     if (big)
         why = "big-endian elements (gser buffers are little-endian; convert with .astype('<...'))";
     else if (dtype == GSER_DTYPE_COUNT)
         why = "an element format gser has no dtype for";
     else if (view.ndim == 0)
-        why = "zero dimensions (a numpy scalar or 0-d array: convert with .item() or .reshape(1))";
+        why = "zero dimensions";
     else if (view.ndim > GSER_MAX_NDIM)
         why = "more dimensions than gser buffers have";
     if (why) {
@@ -416,47 +760,35 @@ static int enc_buffer(enc_t *e, PyObject *o, gser_value_t **out)
         PyBuffer_Release(&view);
         return -1;
     }
-    int64_t shape[GSER_MAX_NDIM];
-    for (int d = 0; d < view.ndim; d++)
-        shape[d] = view.shape ? (int64_t)view.shape[d] : (int64_t)(view.len / view.itemsize);
-    gser_buffer_desc_t desc = GSER_BUFFER_DESC_INIT;
-    desc.nbytes = (size_t)view.len;
-    desc.dtype = dtype;
-    desc.memory = GSER_MEMORY_HOST;
-    /* Untyped bytes in one dimension stay flat; everything else keeps its shape. */
-    if (!(dtype == GSER_DTYPE_BYTES && view.ndim == 1)) {
-        desc.ndim = (uint32_t)view.ndim;
-        desc.shape = shape;
-    }
-    gser_status_t st;
-    if (PyBuffer_IsContiguous(&view, 'C')) {
-        /* Zero-copy: the message borrows the exporter's memory, and the
-         * owner holds the view (and so the exporter) until it dies. */
-        desc.data = view.buf;
-        if (pg_owner_hold_view(e->owner, &view) < 0)
-            return -1;
-        st = gser_msg_new_buffer(e->msg, &desc, out);
-    } else {
-        /* Strided (a slice, a transpose, Fortran order): one copy into C order. */
-        void *copy = malloc(view.len ? (size_t)view.len : 1);
-        if (!copy) {
-            PyBuffer_Release(&view);
-            PyErr_NoMemory();
-            return -1;
-        }
-        if (PyBuffer_ToContiguous(copy, &view, view.len, 'C') < 0) {
-            free(copy);
-            PyBuffer_Release(&view);
-            return -1;
-        }
-        PyBuffer_Release(&view);
-        desc.data = copy;
-        desc.release = free_release;
-        st = gser_msg_new_buffer(e->msg, &desc, out);
-        if (st)
-            free(copy);
-    }
-    return st ? fail_st(st, "gser_msg_new_buffer") : 0;
+    return enc_host_view(e, &view, dtype, view.ndim, 0, out, NULL, NULL);
+}
+
+/* ---- types registered from Python ------------------------------------------------------ */
+
+/* ("python.type") (name, to_gser(o)): what to_gser returns comes back as
+ * the receiver's from_gser makes it, so the strict rules do not apply inside
+ * (a device array comes back as the registered type, not gser.DeviceArray). */
+static int enc_registered(enc_t *e, PyObject *o, PyObject *entry, int depth, gser_value_t **out)
+{
+    if (check_depth(e, depth) < 0)
+        return -1;
+    PyObject *value = PyObject_CallOneArg(PyTuple_GET_ITEM(entry, 1), o);
+    if (!value)
+        return -1;
+    gser_value_t *tree, *name, *payload;
+    bool strict = e->strict;
+    e->strict = false;
+    gser_status_t st = gser_msg_new_tuple(e->msg, &tree);
+    int r = st ? fail_st(st, "gser_msg_new_tuple") : enc_str(e, PyTuple_GET_ITEM(entry, 0), &name);
+    /* to_gser may hand back the object itself, or one of its type (a
+     * contiguous copy): that one goes by its interfaces, not the registry. */
+    if (r == 0)
+        r = Py_TYPE(value) == Py_TYPE(o) ? enc_interfaces(e, value, &payload) : enc_value(e, value, depth + 1, &payload);
+    e->strict = strict;
+    Py_DECREF(value);
+    if (r == 0 && ((st = gser_list_append(tree, name)) || (st = gser_list_append(tree, payload))))
+        r = fail_st(st, "gser_list_append");
+    return r < 0 ? -1 : enc_typed(e, PG_T_PYTYPE, tree, out);
 }
 
 /* ---- __cuda_array_interface__ ------------------------------------------------------ */
@@ -487,15 +819,24 @@ static gser_dtype_t typestr_dtype(const char *ts, bool *big)
 
 int pg_extents_total(const int64_t *shape, int nd, size_t elem_size, uint64_t *total, const char **why)
 {
-    uint64_t n = elem_size;
+    /* numpy (and any strided consumer) multiplies the extents it is given
+     * even when one is 0: (0, 2**63-1) holds no bytes, and still no array
+     * can have that shape. So the product of the non-zero extents must fit too. */
+    uint64_t n = elem_size, fit = elem_size;
     for (int d = 0; d < nd; d++) {
-        if (shape[d] < 0 || (shape[d] && n > UINT64_MAX / (uint64_t)shape[d])) {
+        if (shape[d] < 0) {
             *why = "a bad extent in the shape";
             return -1;
         }
-        n *= (uint64_t)shape[d];
+        uint64_t x = (uint64_t)shape[d];
+        if (x && fit > UINT64_MAX / x) {
+            *why = "too large for Python (the product of the extents overflows)";
+            return -1;
+        }
+        n *= x;
+        fit *= x ? x : 1;
     }
-    if (n > (uint64_t)PY_SSIZE_T_MAX) {
+    if (fit > (uint64_t)PY_SSIZE_T_MAX) {
         *why = "too large for Python";
         return -1;
     }
@@ -514,13 +855,12 @@ bool pg_c_contiguous(const int64_t *shape, const int64_t *strides, int nd, int64
     return true;
 }
 
-/* Non-contiguous arrays are refused: gser buffers are C-contiguous, and
- * gathering a strided device array is the producer's job (cupy.ascontiguousarray). */
 int pg_cai_read(PyObject *cai, void **ptr, size_t *nbytes, gser_dtype_t *dtype, uint32_t *ndim, int64_t *shape,
-                void **stream, const char **why)
+                int64_t *strides, bool *strided, void **stream, const char **why)
 {
     *why = NULL;
     *stream = NULL;
+    *strided = false;
     if (!PyDict_Check(cai)) {
         *why = "__cuda_array_interface__ is not a dict";
         return -1;
@@ -528,7 +868,6 @@ int pg_cai_read(PyObject *cai, void **ptr, size_t *nbytes, gser_dtype_t *dtype, 
     PyObject *shp = PyDict_GetItemString(cai, "shape");
     PyObject *ts = PyDict_GetItemString(cai, "typestr");
     PyObject *data = PyDict_GetItemString(cai, "data");
-    PyObject *strides = PyDict_GetItemString(cai, "strides");
     PyObject *mask = PyDict_GetItemString(cai, "mask");
     if (!shp || !PyTuple_Check(shp) || !ts || !PyUnicode_Check(ts) || !data || !PyTuple_Check(data) ||
         PyTuple_GET_SIZE(data) < 1) {
@@ -562,23 +901,20 @@ int pg_cai_read(PyObject *cai, void **ptr, size_t *nbytes, gser_dtype_t *dtype, 
     uint64_t total;
     if (pg_extents_total(shape, (int)nd, es, &total, why) < 0)
         return -1;
-    if (strides && strides != Py_None) {
-        if (!PyTuple_Check(strides) || PyTuple_GET_SIZE(strides) != nd) {
+    PyObject *st = PyDict_GetItemString(cai, "strides");
+    if (st && st != Py_None) {
+        if (!PyTuple_Check(st) || PyTuple_GET_SIZE(st) != nd) {
             *why = "strides do not match the shape";
             return -1;
         }
-        int64_t st[GSER_MAX_NDIM];
         for (Py_ssize_t d = 0; d < nd; d++) {
-            long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(strides, d));
+            long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(st, d));
             if (v == -1 && PyErr_Occurred())
                 return -1;
-            st[d] = v;
+            strides[d] = v;
         }
-        if (total && !pg_c_contiguous(shape, st, (int)nd, (int64_t)es)) {
-            *why = "non-contiguous device arrays are not supported (make them C-contiguous first, e.g. "
-                   "cupy.ascontiguousarray)";
-            return -1;
-        }
+        /* Any layout travels (the core sends the span); C order needs no strides. */
+        *strided = total && !pg_c_contiguous(shape, strides, (int)nd, (int64_t)es);
     }
     void *p = PyLong_AsVoidPtr(PyTuple_GET_ITEM(data, 0));
     if (!p && PyErr_Occurred())
@@ -618,9 +954,10 @@ static int enc_cai(enc_t *e, PyObject *o, PyObject *cai, gser_value_t **out)
     size_t nbytes;
     gser_dtype_t dtype;
     uint32_t ndim;
-    int64_t shape[GSER_MAX_NDIM];
+    int64_t shape[GSER_MAX_NDIM], strides[GSER_MAX_NDIM];
+    bool strided;
     const char *why;
-    if (pg_cai_read(cai, &ptr, &nbytes, &dtype, &ndim, shape, &stream, &why) < 0) {
+    if (pg_cai_read(cai, &ptr, &nbytes, &dtype, &ndim, shape, strides, &strided, &stream, &why) < 0) {
         if (why)
             pg_path_raise(PyExc_NotImplementedError, GSER_OK, &e->path,
                           "gser cannot serialize a device array of type %s: %s", Py_TYPE(o)->tp_name, why);
@@ -635,6 +972,7 @@ static int enc_cai(enc_t *e, PyObject *o, PyObject *cai, gser_value_t **out)
     desc.dtype = dtype;
     desc.ndim = ndim;
     desc.shape = shape;
+    desc.strides = strided ? strides : NULL;
     desc.memory = GSER_MEMORY_DEVICE;
     desc.device = 0; /* the interface does not say; the pointer does, to CUDA */
     desc.stream = stream; /* gser's reads are ordered after the producer's work */
@@ -649,9 +987,9 @@ static int enc_dlpack(enc_t *e, PyObject *o, gser_value_t **out)
     if (e->strict)
         return not_impl(e, o, " in strict mode (DLPack tensors come back as numpy arrays or gser.DeviceArray)");
     gser_buffer_desc_t desc = GSER_BUFFER_DESC_INIT;
-    int64_t shape[GSER_MAX_NDIM];
+    int64_t shape[GSER_MAX_NDIM], strides[GSER_MAX_NDIM];
     const char *why;
-    if (pg_dlpack_encode(e->owner, o, &desc, shape, &why) < 0) {
+    if (pg_dlpack_encode(e->owner, o, &desc, shape, strides, &why) < 0) {
         if (why)
             pg_path_raise(PyExc_NotImplementedError, GSER_OK, &e->path,
                           "gser cannot serialize a DLPack tensor of type %s: %s", Py_TYPE(o)->tp_name, why);
@@ -693,6 +1031,26 @@ static int enc_value(enc_t *e, PyObject *o, int depth, gser_value_t **out)
     int sc = enc_scalar(e, o, out);
     if (sc)
         return sc < 0 ? -1 : 0;
+    if (t == &PyByteArray_Type)
+        return enc_bytes_like(e, o, PG_T_BYTEARRAY, out);
+    if (t == &PyMemoryView_Type)
+        return enc_bytes_like(e, o, PG_T_MEMORYVIEW, out);
+    if (is_numpy_array(o))
+        return enc_numpy(e, o, depth, out);
+    PyObject *entry;
+    int reg = pg_registry_lookup_type(t, &entry);
+    if (reg) {
+        int r = reg < 0 ? -1 : enc_registered(e, o, entry, depth, out);
+        Py_XDECREF(entry);
+        return r;
+    }
+    return enc_interfaces(e, o, out);
+}
+
+/* What an object's interfaces make of it: a buffer, an Arrow table, a device
+ * array or a DLPack tensor; anything else is refused. */
+static int enc_interfaces(enc_t *e, PyObject *o, gser_value_t **out)
+{
     if (PyObject_CheckBuffer(o))
         return enc_buffer(e, o, out);
     int arrow = pg_arrow_probe(o);
@@ -710,7 +1068,8 @@ static int enc_value(enc_t *e, PyObject *o, int depth, gser_value_t **out)
     int dl = pg_has_attr(o, "__dlpack__");
     if (dl)
         return dl < 0 ? -1 : enc_dlpack(e, o, out);
-    return not_impl(e, o, " (gser never pickles: send it with another serializer)");
+    return not_impl(e, o, " (gser never pickles: send it with another serializer, or register it with "
+                          "gser.register_type)");
 }
 
 int pg_encode(PgOwner *owner, PyObject *obj, const pg_encode_options_t *opts)
@@ -722,7 +1081,18 @@ int pg_encode(PgOwner *owner, PyObject *obj, const pg_encode_options_t *opts)
     e.owner = owner;
     e.msg = owner->msg;
     e.strict = opts && opts->strict;
+    e.decline = opts && opts->decline;
+    e.charge_depth = opts && opts->decline == PG_DECLINE_COLLECTION ? 3 : 2;
+    e.budget = PG_COST_SLACK;
     e.path.len = 0;
+    /* A collection Dask would serialize item by item: each top-level item
+     * gser carries in the one message saves Dask's per-item work. */
+    if (e.decline && opts->decline == PG_DECLINE_COLLECTION) {
+        Py_ssize_t n = PyList_Check(obj) ? PyList_GET_SIZE(obj) : PyTuple_Check(obj) ? PyTuple_GET_SIZE(obj)
+                       : PyDict_Check(obj)                     ? PyDict_GET_SIZE(obj)
+                                                               : 0;
+        e.budget += (int64_t)n * PG_GAIN_DASK_ITEM;
+    }
     gser_value_t *root;
     if (enc_value(&e, obj, 1, &root) < 0)
         return -1;

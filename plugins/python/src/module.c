@@ -17,6 +17,7 @@
 
 gser_context_t *pg_ctx;
 PyObject *pg_GserError;
+PyObject *pg_Declined;
 
 /* ---- errors ------------------------------------------------------------------------ */
 
@@ -44,6 +45,11 @@ PyObject *pg_make_exc(PyObject *exc, gser_status_t st, PyObject *text)
     return e;
 }
 
+PyObject *pg_text(const char *s)
+{
+    return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "backslashreplace");
+}
+
 PyObject *pg_raise_text(gser_status_t st, PyObject *text)
 {
     if (!text)
@@ -63,8 +69,9 @@ PyObject *pg_raise_text(gser_status_t st, PyObject *text)
 
 PyObject *pg_raise(gser_status_t st, bool detail, const char *what)
 {
+    /* The detail may quote a type name or an Arrow format from the wire. */
     const char *d = detail ? gser_context_get_last_error(pg_ctx) : "";
-    return pg_raise_text(st, *d ? PyUnicode_FromString(d)
+    return pg_raise_text(st, *d ? pg_text(d)
                                 : PyUnicode_FromFormat("%s: %s", what ? what : "gser", gser_status_str(st)));
 }
 
@@ -140,7 +147,7 @@ static int families_parse(PyObject *families, bool flat, fam_list_t *f)
 }
 
 /* Encode obj and serialize it: a new owner holding the message and frames. */
-static PgOwner *serialize(PyObject *obj, PyObject *families, bool strict, bool flat)
+static PgOwner *serialize(PyObject *obj, PyObject *families, const pg_encode_options_t *eo, bool flat)
 {
     fam_list_t fam;
     if (families_parse(families, flat, &fam) < 0)
@@ -150,8 +157,7 @@ static PgOwner *serialize(PyObject *obj, PyObject *families, bool strict, bool f
         Py_XDECREF(fam.keep);
         return NULL;
     }
-    pg_encode_options_t eo = {.strict = strict};
-    if (pg_encode(owner, obj, &eo) < 0)
+    if (pg_encode(owner, obj, eo) < 0)
         goto fail;
     gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
     if (fam.n) {
@@ -188,7 +194,8 @@ fail:
 
 PgOwner *pg_serialize(PyObject *obj, PyObject *families)
 {
-    return serialize(obj, families, false, false);
+    pg_encode_options_t eo = {0};
+    return serialize(obj, families, &eo, false);
 }
 
 PyDoc_STRVAR(dumps_doc,
@@ -201,28 +208,61 @@ PyDoc_STRVAR(dumps_doc,
 "families tried for typed objects (Arrow tables) and says where device buffers\n"
 "go: \"device\" keeps them in device frames, \"host\" stages them into host\n"
 "frames. strict=True refuses (NotImplementedError) what would not come back as\n"
-"the same type or in host memory: buffers other than numpy.ndarray, device\n"
-"arrays, DLPack tensors, Arrow tables.");
+"the same type: buffers other than numpy.ndarray, bytes, bytearray and\n"
+"memoryview; device arrays, DLPack tensors and Arrow tables unless their type\n"
+"is registered (register_type). decline=\"object\" (an object Dask would pickle\n"
+"whole) or \"collection\" (a list, tuple or dict whose items Dask would\n"
+"serialize one by one) raises gser.Declined, a NotImplementedError, as soon\n"
+"as gser is estimated to be slower than that (many small items); the\n"
+"estimate is counted while encoding, so giving up costs little.\n"
+"writable_header=True gives the header as a writable memoryview of gser's\n"
+"own memory instead of bytes (small arrays inside it then load writable\n"
+"without a copy, as Dask's writable frames do; memoryviews do not pickle).");
 
 static PyObject *py_dumps(PyObject *self, PyObject *args, PyObject *kw)
 {
     (void)self;
-    static char *kwlist[] = {"obj", "families", "strict", NULL};
+    static char *kwlist[] = {"obj", "families", "strict", "decline", "writable_header", NULL};
     PyObject *obj, *families = NULL;
-    int strict = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$p:dumps", kwlist, &obj, &families, &strict))
+    const char *decline = NULL;
+    int strict = 0, writable_header = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$pzp:dumps", kwlist, &obj, &families, &strict, &decline,
+                                     &writable_header))
         return NULL;
-    PgOwner *owner = serialize(obj, families, strict, false);
+    pg_encode_options_t eo = {.strict = strict};
+    if (decline && strcmp(decline, "object") == 0)
+        eo.decline = PG_DECLINE_OBJECT;
+    else if (decline && strcmp(decline, "collection") == 0)
+        eo.decline = PG_DECLINE_COLLECTION;
+    else if (decline)
+        return PyErr_Format(PyExc_ValueError, "dumps: decline must be None, \"object\" or \"collection\"");
+    PgOwner *owner = serialize(obj, families, &eo, false);
     if (!owner)
         return NULL;
     size_t n = gser_frames_get_count(owner->frames);
     const gser_frame_t *fr = gser_frames_get_array(owner->frames);
-    PyObject *header = PyBytes_FromStringAndSize(fr[0].data, (Py_ssize_t)fr[0].size);
+    PyObject *header;
+    if (writable_header) { /* gser's own header memory, zero-copy */
+        PyObject *exp = pg_frame_new(owner, fr[0].data, (Py_ssize_t)fr[0].size, false, "B", 1, 0, NULL);
+        header = exp ? PyMemoryView_FromObject(exp) : NULL;
+        Py_XDECREF(exp);
+    } else {
+        header = PyBytes_FromStringAndSize(fr[0].data, (Py_ssize_t)fr[0].size);
+    }
     PyObject *list = header ? PyList_New((Py_ssize_t)(n - 1)) : NULL;
+    Py_ssize_t next_obj = 0; /* frames come in the order their data was encoded */
     for (size_t i = 1; list && i < n; i++) {
         PyObject *f;
-        if (fr[i].memory == GSER_MEMORY_HOST) {
-            PyObject *exp = pg_frame_new(owner, fr[i].data, (Py_ssize_t)fr[i].size, true, "B", 1, 0, NULL);
+        const pg_frame_obj_t *fo = next_obj < owner->nfobjs ? &owner->fobjs[next_obj] : NULL;
+        bool mine = fo && fr[i].memory == GSER_MEMORY_HOST && fo->ptr == fr[i].data && fo->len == fr[i].size;
+        next_obj += mine;
+        if (mine && fo->obj) {
+            f = Py_NewRef(fo->obj); /* bytes, bytearray, memoryview: the object itself, as Dask's frame */
+        } else if (fr[i].memory == GSER_MEMORY_HOST) {
+            /* Writable when the memory is a writable array's or gser's copy
+             * of one, as Dask's frames of a writable array; else read-only. */
+            PyObject *exp = pg_frame_new(owner, fr[i].data, (Py_ssize_t)fr[i].size, !mine || fo->readonly, "B", 1, 0,
+                                         NULL);
             f = exp ? PyMemoryView_FromObject(exp) : NULL;
             Py_XDECREF(exp);
         } else {
@@ -256,7 +296,8 @@ static PyObject *py_to_bytes(PyObject *self, PyObject *args, PyObject *kw)
     PyObject *obj, *families = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:to_bytes", kwlist, &obj, &families))
         return NULL;
-    PgOwner *owner = serialize(obj, families, false, true);
+    pg_encode_options_t eo = {0};
+    PgOwner *owner = serialize(obj, families, &eo, true);
     if (!owner)
         return NULL;
     size_t n = gser_frames_get_count(owner->frames);
@@ -306,10 +347,15 @@ static int frame_get(PgOwner *owner, PyObject *o, Py_ssize_t index, gser_frame_t
             size_t nbytes;
             gser_dtype_t dtype;
             uint32_t ndim;
-            int64_t shape[GSER_MAX_NDIM];
+            int64_t shape[GSER_MAX_NDIM], strides[GSER_MAX_NDIM];
+            bool strided;
             const char *why;
-            int r = pg_cai_read(cai, &ptr, &nbytes, &dtype, &ndim, shape, &stream, &why);
+            int r = pg_cai_read(cai, &ptr, &nbytes, &dtype, &ndim, shape, strides, &strided, &stream, &why);
             Py_DECREF(cai);
+            if (r == 0 && strided) {
+                why = "a strided device frame (frames are contiguous bytes)";
+                r = -1;
+            }
             if (r < 0) {
                 if (why)
                     PyErr_Format(PyExc_NotImplementedError, "gser.loads: frame %zd: %s", index, why);
@@ -352,7 +398,10 @@ PyDoc_STRVAR(loads_doc,
 "gser.DeviceArray, Arrow tables as gser.ArrowArray. device=True puts buffers\n"
 "that were device memory at the sender but came in host frames (the \"host\"\n"
 "family) back on the device. Device copies are waited for before loads\n"
-"returns. Malformed input raises GserError.");
+"returns. copy_readonly=True gives numpy arrays the writability they had at\n"
+"the sender, as Dask's numpy serializer does: an array that was writable but\n"
+"views a read-only frame is copied (only then). Malformed input raises\n"
+"GserError.");
 
 /* Wait for the device copies gser made while deserializing (restored or
  * scattered buffers carry their event), so that the objects handed out need
@@ -370,24 +419,56 @@ static int msg_wait(gser_msg_t *msg)
     return 0;
 }
 
-int pg_msg_wait(gser_msg_t *msg)
+/* The frames' memory, for the decoder: writability, and the objects given. */
+static void frame_ref_set(pg_frame_ref_t *ref, const gser_frame_t *fr, bool readonly, PyObject *src)
 {
-    return msg_wait(msg);
+    ref->data = fr->data;
+    ref->size = fr->size;
+    ref->host = fr->memory == GSER_MEMORY_HOST;
+    ref->readonly = readonly;
+    ref->src = src;
+}
+
+PyObject *pg_decode_msg(PgOwner *owner, bool readonly)
+{
+    if (msg_wait(owner->msg) < 0)
+        return NULL;
+    size_t n;
+    const gser_frame_t *fr = gser_msg_get_frames(owner->msg, &n);
+    pg_decode_ctx_t dc = {0};
+    PyObject *out = NULL;
+    if (pg_decode_ctx_init(&dc, owner, n) == 0) {
+        dc.any_readonly = readonly;
+        for (size_t i = 0; i < n; i++)
+            frame_ref_set(&dc.frames[i], &fr[i], readonly, NULL); /* no objects of their own */
+        out = pg_decode(&dc, gser_msg_get_root(owner->msg));
+    }
+    pg_decode_ctx_clear(&dc);
+    return out;
 }
 
 static PyObject *py_loads(PyObject *self, PyObject *args, PyObject *kw)
 {
     (void)self;
-    static char *kwlist[] = {"header", "frames", "device", NULL};
+    static char *kwlist[] = {"header", "frames", "device", "copy_readonly", NULL};
     PyObject *header, *frames_obj;
-    int device = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$p:loads", kwlist, &header, &frames_obj, &device))
+    int device = 0, copy_readonly = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$pp:loads", kwlist, &header, &frames_obj, &device,
+                                     &copy_readonly))
         return NULL;
-    PyObject *seq = PySequence_Fast(frames_obj, "gser.loads: frames must be a sequence");
-    if (!seq)
+    /* A snapshot: reading a frame may run Python code (a __cuda_array_interface__
+     * property) that changes the caller's list. */
+    PyObject *seq = PySequence_Check(frames_obj) ? PySequence_Tuple(frames_obj) : NULL;
+    if (!seq) {
+        if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "gser.loads: frames must be a sequence");
+        }
         return NULL;
-    Py_ssize_t nf = PySequence_Fast_GET_SIZE(seq);
+    }
+    Py_ssize_t nf = PyTuple_GET_SIZE(seq);
     PyObject *out = NULL;
+    pg_decode_ctx_t dc = {0};
     gser_frame_t *fr = PyMem_Calloc((size_t)nf + 1, sizeof *fr);
     PgOwner *owner = fr ? pg_owner_new() : NULL;
     if (!owner) {
@@ -395,17 +476,17 @@ static PyObject *py_loads(PyObject *self, PyObject *args, PyObject *kw)
             PyErr_NoMemory();
         goto done;
     }
-    pg_decode_ctx_t dc = {.owner = owner};
-    if (frame_get(owner, header, 0, &fr[0], &dc.header_readonly) < 0)
+    if (pg_decode_ctx_init(&dc, owner, (size_t)nf + 1) < 0)
         goto done;
-    for (Py_ssize_t i = 0; i < nf; i++) {
+    dc.copy_readonly = copy_readonly;
+    for (Py_ssize_t i = 0; i <= nf; i++) {
+        PyObject *o = i ? PyTuple_GET_ITEM(seq, i - 1) : header;
         bool ro = false;
-        if (frame_get(owner, PySequence_Fast_GET_ITEM(seq, i), i + 1, &fr[i + 1], &ro) < 0)
+        if (frame_get(owner, o, i, &fr[i], &ro) < 0)
             goto done;
-        dc.data_readonly |= ro;
+        frame_ref_set(&dc.frames[i], &fr[i], ro, o);
+        dc.any_readonly |= ro;
     }
-    dc.header = fr[0].data;
-    dc.header_len = fr[0].size;
     gser_deserialize_options_t opts = {.size = sizeof(gser_deserialize_options_t), .flags = device ? GSER_DESERIALIZE_RESTORE_DEVICE : 0};
     gser_status_t st;
     gser_msg_t *msg = NULL;
@@ -420,6 +501,7 @@ static PyObject *py_loads(PyObject *self, PyObject *args, PyObject *kw)
     if (msg_wait(msg) == 0)
         out = pg_decode(&dc, gser_msg_get_root(msg));
 done:
+    pg_decode_ctx_clear(&dc);
     Py_XDECREF(owner);
     PyMem_Free(fr);
     Py_DECREF(seq);
@@ -465,60 +547,15 @@ static PyObject *py_from_bytes(PyObject *self, PyObject *args, PyObject *kw)
         goto done;
     }
     owner->msg = msg;
-    if (msg_wait(msg) < 0)
-        goto done;
-    size_t n;
-    const gser_frame_t *fr = gser_msg_get_frames(msg, &n);
-    pg_decode_ctx_t dc = {.owner = owner,
-                          .header = n ? fr[0].data : NULL,
-                          .header_len = n ? fr[0].size : 0,
-                          .header_readonly = readonly,
-                          .data_readonly = readonly};
-    out = pg_decode(&dc, gser_msg_get_root(msg));
+    out = pg_decode_msg(owner, readonly); /* the frames are slices of b */
 done:
     Py_DECREF(owner);
-    return out;
-}
-
-/* ---- device reads, for tests ------------------------------------------------------------- */
-
-PyDoc_STRVAR(device_read_doc,
-"_device_read(ptr, nbytes) -> bytes\n\n"
-"nbytes of device memory at the integer address ptr, copied with\n"
-"gser_device_memcpy. For tests and debugging: host code must not\n"
-"dereference device pointers (the emulated backend's ASan builds check it).");
-
-static PyObject *py_device_read(PyObject *self, PyObject *args)
-{
-    (void)self;
-    unsigned long long ptr;
-    Py_ssize_t n;
-    if (!PyArg_ParseTuple(args, "Kn:_device_read", &ptr, &n))
-        return NULL;
-    if (n < 0)
-        return PyErr_Format(PyExc_ValueError, "_device_read: nbytes is negative");
-    PyObject *out = PyBytes_FromStringAndSize(NULL, n);
-    if (!out || n == 0)
-        return out;
-    char *dst = PyBytes_AS_STRING(out);
-    gser_status_t st;
-    Py_BEGIN_ALLOW_THREADS
-    st = gser_device_memcpy(pg_ctx, dst, GSER_MEMORY_HOST, (const void *)(uintptr_t)ptr, GSER_MEMORY_DEVICE,
-                            (size_t)n, NULL);
-    if (st == GSER_OK)
-        st = gser_stream_wait(pg_ctx, NULL);
-    Py_END_ALLOW_THREADS
-    if (st) {
-        Py_DECREF(out);
-        return pg_raise(st, true, "gser._device_read");
-    }
     return out;
 }
 
 /* ---- module ------------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
-    {"_device_read", py_device_read, METH_VARARGS, device_read_doc},
     {"dumps", (PyCFunction)(void (*)(void))py_dumps, METH_VARARGS | METH_KEYWORDS, dumps_doc},
     {"loads", (PyCFunction)(void (*)(void))py_loads, METH_VARARGS | METH_KEYWORDS, loads_doc},
     {"to_bytes", (PyCFunction)(void (*)(void))py_to_bytes, METH_VARARGS | METH_KEYWORDS, to_bytes_doc},
@@ -550,8 +587,8 @@ PyMODINIT_FUNC PyInit__gser(void)
                          "gser: cannot create a context: %s", *d ? d : gser_status_str(st));
             return NULL;
         }
-        if ((st = pg_arrow_register(ctx))) {
-            PyErr_Format(PyExc_RuntimeError, "gser: cannot register \"arrow.array\": %s", gser_status_str(st));
+        if ((st = pg_arrow_register(ctx)) || (st = pg_types_register(ctx))) {
+            PyErr_Format(PyExc_RuntimeError, "gser: cannot register the module's types: %s", gser_status_str(st));
             gser_context_destroy(ctx);
             return NULL;
         }
@@ -568,9 +605,23 @@ PyMODINIT_FUNC PyInit__gser(void)
         if (!pg_GserError)
             return NULL;
     }
+    if (!pg_Declined) {
+        pg_Declined = PyErr_NewExceptionWithDoc(
+            "gser.Declined",
+            "Raised by dumps(..., decline=...) when gser would be slower than Dask's own\n"
+            "path for the object (many small items that pickle carries faster). A\n"
+            "NotImplementedError: Dask then tries its next serializer family.",
+            PyExc_NotImplementedError, NULL);
+        if (!pg_Declined)
+            return NULL;
+    }
     PyObject *m = PyModule_Create(&module_def);
     if (!m)
         return NULL;
+    if (PyModule_AddFunctions(m, pg_registry_methods) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
 #ifdef GSER_PY_HAVE_UCX
     if (pg_ucx_add(m) < 0 || PyModule_AddObjectRef(m, "HAVE_UCX", Py_True) < 0) {
         Py_DECREF(m);
@@ -583,6 +634,7 @@ PyMODINIT_FUNC PyInit__gser(void)
     }
 #endif
     if (PyModule_AddObjectRef(m, "GserError", pg_GserError) < 0 ||
+        PyModule_AddObjectRef(m, "Declined", pg_Declined) < 0 ||
         PyModule_AddObjectRef(m, "DeviceFrame", (PyObject *)&PgDeviceFrame_Type) < 0 ||
         PyModule_AddObjectRef(m, "DeviceArray", (PyObject *)&PgDeviceArray_Type) < 0 ||
         PyModule_AddObjectRef(m, "ArrowArray", (PyObject *)&PgArrowArray_Type) < 0 ||

@@ -36,6 +36,11 @@ static void owner_dealloc(PgOwner *self)
     PyMem_Free(self->cleanups);
     self->cleanups = NULL;
     self->ncleanups = 0;
+    for (Py_ssize_t i = 0; i < self->nfobjs; i++)
+        Py_XDECREF(self->fobjs[i].obj);
+    PyMem_Free(self->fobjs);
+    self->fobjs = NULL;
+    self->nfobjs = 0;
     Py_CLEAR(self->refs);
     Py_TYPE(self)->tp_free((PyObject *)self);
     PyErr_Restore(et, ev, etb);
@@ -46,6 +51,8 @@ static int owner_traverse(PgOwner *self, visitproc visit, void *arg)
     Py_VISIT(self->refs);
     for (Py_ssize_t i = 0; i < self->nviews; i++)
         Py_VISIT(self->views[i].obj);
+    for (Py_ssize_t i = 0; i < self->nfobjs; i++)
+        Py_VISIT(self->fobjs[i].obj);
     return 0;
 }
 
@@ -73,6 +80,9 @@ PgOwner *pg_owner_new(void)
     o->cleanups = NULL;
     o->ncleanups = 0;
     o->capcleanups = 0;
+    o->fobjs = NULL;
+    o->nfobjs = 0;
+    o->capfobjs = 0;
     PyObject_GC_Track(o);
     return o;
 }
@@ -118,6 +128,22 @@ int pg_owner_on_destroy(PgOwner *o, void (*fn)(void *p), void *p)
     return 0;
 }
 
+int pg_owner_frame_obj(PgOwner *o, const void *ptr, size_t len, PyObject *obj, bool readonly)
+{
+    if (o->nfobjs == o->capfobjs) {
+        Py_ssize_t cap = o->capfobjs ? o->capfobjs * 2 : 4;
+        pg_frame_obj_t *nf = PyMem_Realloc(o->fobjs, (size_t)cap * sizeof *nf);
+        if (!nf) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        o->fobjs = nf;
+        o->capfobjs = cap;
+    }
+    o->fobjs[o->nfobjs++] = (pg_frame_obj_t){ptr, len, Py_XNewRef(obj), readonly};
+    return 0;
+}
+
 int pg_owner_hold_alloc(PgOwner *o, void *p)
 {
     return pg_owner_on_destroy(o, free, p);
@@ -133,6 +159,7 @@ typedef struct {
     Py_ssize_t itemsize;
     const char *format;
     int readonly;
+    int c_order; /* strides say C order (consumers may ignore them) */
     int ndim; /* 0: flat bytes */
     Py_ssize_t flat_shape[1];
     Py_ssize_t flat_strides[1];
@@ -156,6 +183,11 @@ static int frame_getbuffer(PgFrame *self, Py_buffer *view, int flags)
     view->suboffsets = NULL;
     view->internal = NULL;
     bool typed = self->ndim > 0 && (flags & PyBUF_FORMAT);
+    if (self->ndim > 0 && !self->c_order && (flags & PyBUF_STRIDES) != PyBUF_STRIDES) {
+        PyErr_SetString(PyExc_BufferError, "gser: this buffer is strided; ask for its strides");
+        view->obj = NULL;
+        return -1;
+    }
     if (typed) {
         view->format = (char *)self->format;
         view->itemsize = self->itemsize;
@@ -205,6 +237,12 @@ PyTypeObject PgFrame_Type = {
 PyObject *pg_frame_new(PgOwner *owner, const void *ptr, Py_ssize_t len, bool readonly, const char *format,
                        Py_ssize_t itemsize, int ndim, const int64_t *shape)
 {
+    return pg_frame_new_strided(owner, ptr, len, readonly, format, itemsize, ndim, shape, NULL);
+}
+
+PyObject *pg_frame_new_strided(PgOwner *owner, const void *ptr, Py_ssize_t len, bool readonly, const char *format,
+                               Py_ssize_t itemsize, int ndim, const int64_t *shape, const int64_t *strides)
+{
     if (ndim < 0 || ndim > PG_MAX_NDIM) {
         PyErr_Format(PyExc_ValueError, "gser: %d dimensions (at most %d)", ndim, PG_MAX_NDIM);
         return NULL;
@@ -221,15 +259,30 @@ PyObject *pg_frame_new(PgOwner *owner, const void *ptr, Py_ssize_t len, bool rea
     f->ndim = ndim;
     f->flat_shape[0] = len;
     f->flat_strides[0] = 1;
-    Py_ssize_t stride = f->itemsize;
+    f->c_order = strides == NULL;
+    /* Callers checked the shape (pg_extents_total); unsigned arithmetic all the
+     * same, so that a shape they missed is an error and never overflows. */
+    size_t stride = (size_t)f->itemsize;
     for (int d = ndim; d-- > 0;) {
+        size_t ext = shape[d] > 0 ? (size_t)shape[d] : 1;
         f->shape[d] = (Py_ssize_t)shape[d];
-        f->strides[d] = stride;
-        stride *= f->shape[d] ? f->shape[d] : 1;
+        f->strides[d] = (Py_ssize_t)stride;
+        if (shape[d] < 0 || stride > (size_t)PY_SSIZE_T_MAX / ext) {
+            PyObject_GC_Track(f);
+            Py_DECREF(f);
+            PyErr_SetString(pg_GserError, "gser: a buffer shape Python cannot hold");
+            return NULL;
+        }
+        stride *= ext;
     }
+    for (int d = 0; strides && d < ndim; d++) /* checked by the core: the elements lie in the span */
+        f->strides[d] = (Py_ssize_t)strides[d];
     PyObject_GC_Track(f);
     return (PyObject *)f;
 }
+
+static PyObject *device_copy_to_host(unsigned long long ptr, Py_ssize_t nbytes, PyObject *shape, const char *typestr,
+                                     const char *what);
 
 /* ---- PgDeviceFrame ---------------------------------------------------------------------- */
 
@@ -285,6 +338,27 @@ static PyMemberDef dframe_members[] = {
     {NULL, 0, 0, 0, NULL},
 };
 
+PyDoc_STRVAR(dframe_copy_to_host_doc,
+"copy_to_host() -> numpy.ndarray\n\n"
+"The frame's bytes in a new host uint8 array, copied with gser_device_memcpy\n"
+"(a bytearray when numpy is not installed).");
+
+static PyObject *dframe_copy_to_host(PgDeviceFrame *self, PyObject *unused)
+{
+    (void)unused;
+    PyObject *shape = Py_BuildValue("(n)", self->nbytes);
+    if (!shape)
+        return NULL;
+    PyObject *out = device_copy_to_host(self->ptr, self->nbytes, shape, "|u1", "gser.DeviceFrame.copy_to_host");
+    Py_DECREF(shape);
+    return out;
+}
+
+static PyMethodDef dframe_methods[] = {
+    {"copy_to_host", (PyCFunction)dframe_copy_to_host, METH_NOARGS, dframe_copy_to_host_doc},
+    {NULL, NULL, 0, NULL},
+};
+
 static PySequenceMethods dframe_as_sequence = {
     .sq_length = (lenfunc)dframe_len,
 };
@@ -301,6 +375,7 @@ PyTypeObject PgDeviceFrame_Type = {
     .tp_repr = (reprfunc)dframe_repr,
     .tp_getset = dframe_getset,
     .tp_members = dframe_members,
+    .tp_methods = dframe_methods,
     .tp_as_sequence = &dframe_as_sequence,
 };
 
@@ -344,6 +419,10 @@ typedef struct {
     int device;
     int ndim;
     Py_ssize_t shape[PG_MAX_NDIM];
+    int strided;                     /* strides below; else C order */
+    Py_ssize_t strides[PG_MAX_NDIM]; /* bytes */
+    Py_ssize_t span_offset;          /* the elements cover [ptr + span_offset, + span) */
+    Py_ssize_t span;
 } PgDeviceArray;
 
 static void darray_dealloc(PgDeviceArray *self)
@@ -398,35 +477,52 @@ static PyObject *darray_dtype(PgDeviceArray *self, void *closure)
 
 /* Version 3. The data is ready when loads returns (it waited for gser's
  * copies): stream None, no synchronization needed. */
+/* The byte strides as a tuple; None in C order. */
+static PyObject *darray_strides(PgDeviceArray *self, void *closure)
+{
+    (void)closure;
+    if (!self->strided)
+        Py_RETURN_NONE;
+    PyObject *t = PyTuple_New(self->ndim);
+    for (int d = 0; t && d < self->ndim; d++) {
+        PyObject *x = PyLong_FromSsize_t(self->strides[d]);
+        if (!x) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, d, x);
+    }
+    return t;
+}
+
 static PyObject *darray_cai(PgDeviceArray *self, void *closure)
 {
     (void)closure;
     PyObject *shape = darray_shape(self, NULL);
-    if (!shape)
+    PyObject *strides = shape ? darray_strides(self, NULL) : NULL;
+    if (!strides) {
+        Py_XDECREF(shape);
         return NULL;
-    return Py_BuildValue("{s:N,s:s,s:(NO),s:O,s:O,s:i}", "shape", shape, "typestr", pg_dtype_typestr(self->dtype),
-                         "data", PyLong_FromUnsignedLongLong(self->ptr), Py_False, "strides", Py_None, "stream",
+    }
+    return Py_BuildValue("{s:N,s:s,s:(NO),s:N,s:O,s:i}", "shape", shape, "typestr", pg_dtype_typestr(self->dtype),
+                         "data", PyLong_FromUnsignedLongLong(self->ptr), Py_False, "strides", strides, "stream",
                          Py_None, "version", 3);
 }
 
-PyDoc_STRVAR(darray_copy_to_host_doc,
-"copy_to_host() -> numpy.ndarray\n\n"
-"A new host array with this array's dtype, shape and contents, copied with\n"
-"gser_device_memcpy (a bytearray when numpy is not installed).");
-
-static PyObject *darray_copy_to_host(PgDeviceArray *self, PyObject *unused)
+/* A new host array of shape and typestr (a bytearray when numpy is not
+ * installed) holding the nbytes of device memory at ptr, copied with
+ * gser_device_memcpy: host code never reads device memory itself. */
+static PyObject *device_copy_to_host(unsigned long long ptr, Py_ssize_t nbytes, PyObject *shape, const char *typestr,
+                                     const char *what)
 {
-    (void)unused;
     PyObject *out;
     PyObject *np = PyImport_ImportModule("numpy");
     if (np) {
-        PyObject *shape = darray_shape(self, NULL);
-        out = shape ? PyObject_CallMethod(np, "empty", "Os", shape, pg_dtype_typestr(self->dtype)) : NULL;
-        Py_XDECREF(shape);
+        out = PyObject_CallMethod(np, "empty", "Os", shape, typestr);
         Py_DECREF(np);
     } else if (PyErr_ExceptionMatches(PyExc_ImportError)) {
         PyErr_Clear();
-        out = PyByteArray_FromStringAndSize(NULL, self->nbytes);
+        out = PyByteArray_FromStringAndSize(NULL, nbytes);
     } else {
         return NULL;
     }
@@ -438,13 +534,12 @@ static PyObject *darray_copy_to_host(PgDeviceArray *self, PyObject *unused)
         return NULL;
     }
     gser_status_t st = GSER_OK;
-    if (view.len != self->nbytes) {
+    if (view.len != nbytes) {
         st = GSER_ERR_STATE;
-    } else if (self->nbytes) {
-        void *src = (void *)(uintptr_t)self->ptr;
+    } else if (nbytes) {
+        void *src = (void *)(uintptr_t)ptr;
         Py_BEGIN_ALLOW_THREADS
-        st = gser_device_memcpy(pg_ctx, view.buf, GSER_MEMORY_HOST, src, GSER_MEMORY_DEVICE, (size_t)self->nbytes,
-                                NULL);
+        st = gser_device_memcpy(pg_ctx, view.buf, GSER_MEMORY_HOST, src, GSER_MEMORY_DEVICE, (size_t)nbytes, NULL);
         if (st == GSER_OK)
             st = gser_stream_wait(pg_ctx, NULL);
         Py_END_ALLOW_THREADS
@@ -452,8 +547,43 @@ static PyObject *darray_copy_to_host(PgDeviceArray *self, PyObject *unused)
     PyBuffer_Release(&view);
     if (st) {
         Py_DECREF(out);
-        return pg_raise(st, true, "gser.DeviceArray.copy_to_host");
+        return pg_raise(st, true, what);
     }
+    return out;
+}
+
+PyDoc_STRVAR(darray_copy_to_host_doc,
+"copy_to_host() -> numpy.ndarray\n\n"
+"A new host array with this array's dtype, shape and contents, copied with\n"
+"gser_device_memcpy (a bytearray when numpy is not installed).");
+
+static PyObject *darray_copy_to_host(PgDeviceArray *self, PyObject *unused)
+{
+    (void)unused;
+    PyObject *shape = darray_shape(self, NULL);
+    if (!shape)
+        return NULL;
+    if (!self->strided) {
+        PyObject *out = device_copy_to_host(self->ptr, self->nbytes, shape, pg_dtype_typestr(self->dtype),
+                                            "gser.DeviceArray.copy_to_host");
+        Py_DECREF(shape);
+        return out;
+    }
+    /* The span's bytes, then a host array with the same strides over them. */
+    PyObject *span = Py_BuildValue("(n)", self->span);
+    PyObject *bytes = span ? device_copy_to_host(self->ptr + (unsigned long long)self->span_offset, self->span, span,
+                                                 "|u1", "gser.DeviceArray.copy_to_host")
+                           : NULL;
+    PyObject *strides = bytes ? darray_strides(self, NULL) : NULL;
+    PyObject *np = strides ? PyImport_ImportModule("numpy") : NULL;
+    PyObject *out = np ? PyObject_CallMethod(np, "ndarray", "OsOnO", shape, pg_dtype_typestr(self->dtype), bytes,
+                                             -self->span_offset, strides)
+                       : NULL;
+    Py_XDECREF(np);
+    Py_XDECREF(strides);
+    Py_XDECREF(bytes);
+    Py_XDECREF(span);
+    Py_DECREF(shape);
     return out;
 }
 
@@ -476,10 +606,11 @@ static Py_ssize_t darray_len(PgDeviceArray *self)
 
 static PyGetSetDef darray_getset[] = {
     {"__cuda_array_interface__", (getter)darray_cai, NULL,
-     "CUDA Array Interface v3: shape, typestr, data, strides None, stream None.", NULL},
+     "CUDA Array Interface v3: shape, typestr, data, strides (None in C order), stream None.", NULL},
     {"shape", (getter)darray_shape, NULL, "Extents, C order.", NULL},
     {"dtype", (getter)darray_dtype, NULL, "numpy.dtype of the elements (the typestr without numpy).", NULL},
     {"typestr", (getter)darray_typestr, NULL, "The array interface's typestr (\"<f8\", ...).", NULL},
+    {"strides", (getter)darray_strides, NULL, "Byte strides; None in C order.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -519,7 +650,7 @@ static PyObject *darray_dlpack(PgDeviceArray *self, PyObject *args, PyObject *kw
         }
     }
     return pg_dlpack_export((PyObject *)self, (void *)(uintptr_t)self->ptr, self->dtype, self->ndim, self->shape,
-                            true, self->device);
+                            self->strided ? self->strides : NULL, true, self->device);
 }
 
 static PyObject *darray_dlpack_device(PgDeviceArray *self, PyObject *unused)
@@ -580,6 +711,15 @@ PyObject *pg_device_array_new(PgOwner *owner, const gser_buffer_desc_t *desc)
             a->shape[d] = (Py_ssize_t)desc->shape[d];
     else
         a->shape[0] = (Py_ssize_t)(desc->nbytes / es);
+    a->strided = desc->strides != NULL;
+    for (int d = 0; a->strided && d < a->ndim; d++)
+        a->strides[d] = (Py_ssize_t)desc->strides[d];
+    int64_t offset = 0;
+    size_t span = desc->nbytes;
+    if (a->strided && gser_buffer_get_span(desc, &offset, &span) != GSER_OK) /* gser made it: cannot be */
+        offset = 0, span = 0;
+    a->span_offset = (Py_ssize_t)offset;
+    a->span = (Py_ssize_t)span;
     PyObject_GC_Track(a);
     return (PyObject *)a;
 }

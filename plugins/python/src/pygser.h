@@ -33,6 +33,8 @@
 extern gser_context_t *pg_ctx;
 /* gser.GserError, a subclass of ValueError. */
 extern PyObject *pg_GserError;
+/* gser.Declined, a subclass of NotImplementedError: gser would be slower. */
+extern PyObject *pg_Declined;
 
 /* Raise the Python exception for a failed core call: MemoryError for
  * GSER_ERR_NO_MEMORY, GserError otherwise. With detail, the message is the
@@ -43,6 +45,11 @@ PyObject *pg_raise(gser_status_t st, bool detail, const char *what);
  * prefixed with the status name and the instance gets the attributes
  * status, status_name and detail. NULL with an exception set on failure. */
 PyObject *pg_make_exc(PyObject *exc, gser_status_t st, PyObject *text);
+/* A str of bytes that came from the wire or the core (a type name, an Arrow
+ * format string, an error message naming one): UTF-8, with whatever is not
+ * written as backslash escapes, so that a hostile name cannot turn an error
+ * into a UnicodeDecodeError. NULL (exception set) only without memory. */
+PyObject *pg_text(const char *s);
 
 /* ---- owners and exporters (objects.c) ---------------------------------------- */
 
@@ -65,7 +72,20 @@ typedef struct {
     pg_cleanup_t *cleanups; /* memory the message borrows: freed after it, in order */
     Py_ssize_t ncleanups;
     Py_ssize_t capcleanups;
+    struct pg_frame_obj *fobjs; /* objects dumps hands out as frames of their own */
+    Py_ssize_t nfobjs;
+    Py_ssize_t capfobjs;
 } PgOwner;
+
+/* Borrowed memory [ptr, ptr + len) that becomes a frame of its own: dumps
+ * hands out obj itself when set (bytes, bytearray, memoryview, as Dask's
+ * serializers do), else a memoryview, read-only when the memory is. */
+typedef struct pg_frame_obj {
+    const void *ptr;
+    size_t len;
+    PyObject *obj;
+    bool readonly;
+} pg_frame_obj_t;
 
 extern PyTypeObject PgOwner_Type;
 extern PyTypeObject PgFrame_Type;
@@ -78,6 +98,10 @@ PgOwner *pg_owner_new(void);
 int pg_owner_hold_view(PgOwner *o, Py_buffer *view);
 /* Keep obj alive as long as the owner. */
 int pg_owner_hold_ref(PgOwner *o, PyObject *obj);
+/* Remember borrowed memory [ptr, ptr + len) that should become a frame of its
+ * own, handed out as obj (a reference is held) or, obj NULL, as a memoryview
+ * read-only as said. Called in encoding order. */
+int pg_owner_frame_obj(PgOwner *o, const void *ptr, size_t len, PyObject *obj, bool readonly);
 /* Free p (malloc'd) when the owner dies, after its message. On failure p is
  * freed and -1 returned with an exception set. */
 int pg_owner_hold_alloc(PgOwner *o, void *p);
@@ -85,6 +109,13 @@ int pg_owner_hold_alloc(PgOwner *o, void *p);
  * (cleanups run in the order they were added). On failure fn(p) runs at once
  * and -1 is returned with an exception set. */
 int pg_owner_on_destroy(PgOwner *o, void (*fn)(void *p), void *p);
+
+/* The core's default inline_max, which the module's context keeps: host
+ * buffers smaller than this are copied into the header. */
+#define PG_INLINE_MAX 256
+/* bytes objects of at least this many bytes travel as a frame of their own
+ * ("python.bytes"), smaller ones inside the header. */
+#define PG_BYTES_FRAME_MIN (64 * 1024)
 
 /* The most dimensions a loaded array may have (numpy's NPY_MAXDIMS is 32). */
 #define PG_MAX_NDIM 32
@@ -94,6 +125,11 @@ int pg_owner_on_destroy(PgOwner *o, void (*fn)(void *p), void *p);
  * ndim 0 means flat bytes. */
 PyObject *pg_frame_new(PgOwner *owner, const void *ptr, Py_ssize_t len, bool readonly, const char *format,
                        Py_ssize_t itemsize, int ndim, const int64_t *shape);
+/* The same with byte strides (NULL: C order): ptr is element 0, len the
+ * items' bytes; the core checked that the elements lie in memory the owner
+ * keeps. */
+PyObject *pg_frame_new_strided(PgOwner *owner, const void *ptr, Py_ssize_t len, bool readonly, const char *format,
+                               Py_ssize_t itemsize, int ndim, const int64_t *shape, const int64_t *strides);
 
 /* A device frame: an object with __cuda_array_interface__ (one-dimensional
  * bytes) over device memory an owner keeps alive. */
@@ -110,53 +146,87 @@ const char *pg_dtype_typestr(gser_dtype_t dtype);
 
 /* ---- Python -> gser (encode.c) ------------------------------------------------ */
 
+/* Where the Dask family encodes: an object on its own (Dask would pickle
+ * it whole), or a collection Dask would serialize item by item. */
+enum { PG_DECLINE_NONE, PG_DECLINE_OBJECT, PG_DECLINE_COLLECTION };
+
 typedef struct pg_encode_options {
-    /* Accept only what comes back as the same Python type and lives in host
-     * memory: numpy arrays, not other buffer exporters; no device arrays.
-     * The Dask family uses this so that Dask falls through for the rest. */
+    /* Accept only what comes back as the same Python type: numpy arrays, not
+     * other buffer exporters; no device arrays or Arrow tables unless their
+     * type is registered (gser.register_type). The Dask family uses this so
+     * that Dask falls through for the rest. */
     bool strict;
+    /* PG_DECLINE_*: raise gser.Declined (a NotImplementedError) as soon as
+     * gser is estimated to be slower than Dask's own path would be. */
+    int decline;
 } pg_encode_options_t;
 
 /* Build the tree of obj as the root of owner->msg (created here). */
 int pg_encode(PgOwner *owner, PyObject *obj, const pg_encode_options_t *opts);
 
-/* Read a __cuda_array_interface__ dict: pointer, length, dtype, C-order
- * shape (shape has room for GSER_MAX_NDIM) and the stream that produces the
- * data (a cudaStream_t: the interface's 1 and 2 are CUDA's legacy and
- * per-thread default stream handles; NULL when the dict has no stream, or
- * None: no synchronization needed). Non-contiguous or masked arrays, and
- * stream 0 (which the interface forbids), are refused. Returns 0, or -1
- * with *why set and no exception, or -1 with an exception set and *why NULL. */
+/* Read a __cuda_array_interface__ dict: pointer (element 0), length of the
+ * items, dtype, shape, byte strides (*strided false for C order; shape and
+ * strides have room for GSER_MAX_NDIM) and the stream that produces the data
+ * (a cudaStream_t: the interface's 1 and 2 are CUDA's legacy and per-thread
+ * default stream handles; NULL when the dict has no stream, or None: no
+ * synchronization needed). Masked arrays, and stream 0 (which the interface
+ * forbids), are refused. Returns 0, or -1 with *why set and no exception,
+ * or -1 with an exception set and *why NULL. */
 int pg_cai_read(PyObject *cai, void **ptr, size_t *nbytes, gser_dtype_t *dtype, uint32_t *ndim, int64_t *shape,
-                void **stream, const char **why);
+                int64_t *strides, bool *strided, void **stream, const char **why);
 
 /* ---- DLPack (dlpack.c) ------------------------------------------------------------ */
 
-/* Borrow obj's tensor through DLPack into *desc (shape has room for
- * GSER_MAX_NDIM): host memory for CPU and CUDA host tensors, device memory
- * for CUDA and managed ones. The owner calls the tensor's deleter when the
- * message dies. Returns 0, or -1 with *why set and no exception, or -1 with
- * an exception set and *why NULL. */
-int pg_dlpack_encode(PgOwner *owner, PyObject *obj, gser_buffer_desc_t *desc, int64_t *shape, const char **why);
-/* A "dltensor" capsule lending data (C-contiguous, ndim extents of dtype)
- * while keeping keep alive, until the consumer deletes it. */
+/* Borrow obj's tensor through DLPack into *desc (shape and strides have room
+ * for GSER_MAX_NDIM; desc->strides is set for a tensor not in C order): host
+ * memory for CPU and CUDA host tensors, device memory for CUDA and managed
+ * ones. The owner calls the tensor's deleter when the message dies. Returns
+ * 0, or -1 with *why set and no exception, or -1 with an exception set and
+ * *why NULL. */
+int pg_dlpack_encode(PgOwner *owner, PyObject *obj, gser_buffer_desc_t *desc, int64_t *shape, int64_t *strides,
+                     const char **why);
+/* A "dltensor" capsule lending data (ndim extents of dtype, byte strides or
+ * NULL for C order) while keeping keep alive, until the consumer deletes it.
+ * BufferError for strides DLPack cannot say (not a multiple of the item size). */
 PyObject *pg_dlpack_export(PyObject *keep, void *data, gser_dtype_t dtype, int ndim, const Py_ssize_t *shape,
-                           bool device, int device_id);
+                           const Py_ssize_t *strides, bool device, int device_id);
 
 /* ---- gser -> Python (decode.c) ------------------------------------------------- */
 
-/* What the decoder needs to know about the frames a message was read from:
- * whether the header's and the data frames' memory may be written, so that
- * loaded arrays are writable exactly when the memory they view is. */
+/* One frame a message was read from (frames[0] is the header). Host buffers
+ * of the message become numpy arrays and memoryviews over one exporter per
+ * frame (made when first needed), so that a message of a million buffers
+ * costs a million small arrays and not a million exporters. */
+typedef struct pg_frame_ref {
+    const char *data;
+    size_t size;
+    bool host;        /* device frames hold no host buffers */
+    bool readonly;    /* the memory may not be written */
+    PyObject *src;    /* the object handed to loads (borrowed: the owner holds it), or NULL */
+    PyObject *exp[2]; /* flat exporters over the frame: [0] writable as the frame is, [1] read-only */
+    PyObject *mview;  /* memoryview(exp[0]) */
+} pg_frame_ref_t;
+
+/* What the decoder needs to know about the frames a message was read from. */
 typedef struct pg_decode_ctx {
     PgOwner *owner;
-    const char *header;
-    size_t header_len;
-    bool header_readonly;
-    bool data_readonly; /* any data frame is read-only */
+    pg_frame_ref_t *frames;
+    size_t nframes;
+    size_t *by_addr;    /* host frame indexes sorted by address */
+    size_t nby_addr;
+    bool any_readonly;  /* some frame is read-only */
+    /* Dask's numpy flags: an array that was writable at the sender but views a
+     * read-only frame is copied (numpy.require(x, requirements="W")). */
+    bool copy_readonly;
 } pg_decode_ctx_t;
 
-PyObject *pg_decode(const pg_decode_ctx_t *dc, gser_value_t *root);
+/* Allocate room for nframes frames (zeroed); the caller fills them in. */
+int pg_decode_ctx_init(pg_decode_ctx_t *dc, PgOwner *owner, size_t nframes);
+/* Drop what the decoder made (exporters, the index); the arrays it returned
+ * keep what they need. */
+void pg_decode_ctx_clear(pg_decode_ctx_t *dc);
+
+PyObject *pg_decode(pg_decode_ctx_t *dc, gser_value_t *root);
 
 /* ---- Arrow (arrow.c) ------------------------------------------------------------------ */
 
@@ -187,6 +257,35 @@ int pg_arrow_encode(PgOwner *owner, PyObject *obj, int method, gser_value_t **ou
  * status of gser_arrow_take_value. */
 PyObject *pg_arrow_take(gser_value_t *v, gser_status_t *st_out);
 
+/* ---- the module's gser types and the registry (pytypes.c) ------------------------------- */
+
+/* Typed objects of the module: the encoder builds the sub-tree, the type only
+ * hands it over; loaded, the "object" is the received sub-tree (decode.c). */
+typedef enum pg_type {
+    PG_T_NDARRAY,    /* numpy arrays gser buffers cannot say all of: (buffer, descr, writeable, ndim) */
+    PG_T_BYTES,      /* large bytes: a buffer in a frame of its own */
+    PG_T_BYTEARRAY,  /* bytearray: a buffer */
+    PG_T_MEMORYVIEW, /* memoryview: a buffer (with its format and shape) */
+    PG_T_PYTYPE,     /* gser.register_type: (name, what to_gser returned) */
+    PG_T_COUNT
+} pg_type_t;
+
+extern const char *const pg_type_names[PG_T_COUNT];
+/* Register the types in ctx, for the families "device" and "host". */
+gser_status_t pg_types_register(gser_context_t *ctx);
+/* Which of the module's types name is; -1 if none. */
+int pg_type_find(const char *name);
+/* A typed object of type t whose sub-tree is tree (a value of msg). */
+gser_status_t pg_type_new(gser_msg_t *msg, pg_type_t t, gser_value_t *tree, gser_value_t **out);
+
+/* The registration of exactly type t (a new ref to (name, to_gser, from_gser))
+ * or of name (a new ref to (cls, to_gser, from_gser)), running a lazy loader
+ * for the top-level module first if one is registered: 1 found, 0 not, -1
+ * with an exception set. */
+int pg_registry_lookup_type(PyTypeObject *t, PyObject **entry);
+int pg_registry_lookup_name(PyObject *name, PyObject **entry);
+extern PyMethodDef pg_registry_methods[];
+
 /* ---- paths (path.c) ------------------------------------------------------------------ */
 
 /* The path of the value being converted: "$", then [i] for list items and
@@ -207,8 +306,9 @@ PyObject *pg_path_raise(PyObject *exc, gser_status_t st, const pg_path_t *p, con
 
 /* ---- shapes (encode.c) ------------------------------------------------------------------ */
 
-/* The bytes of a C-order array of nd extents (checked: none negative, no
- * overflow, within Py_ssize_t): 0, or -1 with *why set. */
+/* The bytes of a C-order array of nd extents (checked: none negative, and
+ * the product of the non-zero ones, times elem_size, within Py_ssize_t, as
+ * numpy requires even of an array with no elements): 0, or -1 with *why set. */
 int pg_extents_total(const int64_t *shape, int nd, size_t elem_size, uint64_t *total, const char **why);
 /* Whether strides, counted in units of unit (1: elements, or the element
  * size: bytes), lay shape out in C order. */
@@ -232,9 +332,10 @@ PgOwner *pg_serialize(PyObject *obj, PyObject *families);
  * exception is set already): MemoryError for GSER_ERR_NO_MEMORY, GserError
  * otherwise. Returns NULL. */
 PyObject *pg_raise_text(gser_status_t st, PyObject *text);
-/* Wait for the device copies a deserialized message carries: 0, or -1
- * with an exception set. */
-int pg_msg_wait(gser_msg_t *msg);
+/* The objects of owner->msg, a deserialized message whose frames belong
+ * to no Python object (readonly: whether their memory may not be written),
+ * once the device copies it carries are done. NULL with an exception set. */
+PyObject *pg_decode_msg(PgOwner *owner, bool readonly);
 /* Add the gser::ucx types (_UcxContext, _UcxWorker, ...) to the module
  * (ucx.c; only when built with gser::ucx, GSER_PY_HAVE_UCX). */
 int pg_ucx_add(PyObject *m);

@@ -29,7 +29,7 @@
 static PyObject *ucx_raise(gser_status_t st, const char *what)
 {
     const char *d = gser_ucx_get_last_error();
-    return pg_raise_text(st, *d ? PyUnicode_FromString(d) : PyUnicode_FromFormat("%s: %s", what, gser_status_str(st)));
+    return pg_raise_text(st, *d ? pg_text(d) : PyUnicode_FromFormat("%s: %s", what, gser_status_str(st)));
 }
 
 /* A call on an object closed (or destroyed) here: GSER_ERR_CANCELED, as
@@ -901,7 +901,7 @@ static PyObject *request_raise(PgUcxRequest *self)
 {
     const char *what = self->recv ? "receive" : "send";
     return pg_raise_text(self->status,
-                         self->detail ? PyUnicode_FromString(self->detail)
+                         self->detail ? pg_text(self->detail)
                          : self->status == GSER_ERR_CANCELED
                              ? PyUnicode_FromFormat("%s: canceled (the endpoint was closed or destroyed here)", what)
                              : PyUnicode_FromFormat("%s: %s", what, gser_status_str(self->status)));
@@ -929,16 +929,8 @@ static PyObject *request_result(PgUcxRequest *self, PyObject *args, PyObject *kw
     o.flags = device ? GSER_DESERIALIZE_RESTORE_DEVICE : 0;
     /* A malformed or over-limit message closes its endpoint. */
     gser_status_t st = gser_ucx_request_deserialize(self->req, pg_ctx, &o, &owner->msg);
-    PyObject *out = NULL;
-    if (st) {
-        ucx_raise(st, "gser_ucx_request_deserialize");
-    } else if (pg_msg_wait(owner->msg) == 0) {
-        size_t n;
-        const gser_frame_t *fr = gser_msg_get_frames(owner->msg, &n);
-        /* Received frames are ours: arrays over them are writable. */
-        pg_decode_ctx_t dc = {.owner = owner, .header = n ? fr[0].data : NULL, .header_len = n ? fr[0].size : 0};
-        out = pg_decode(&dc, gser_msg_get_root(owner->msg));
-    }
+    /* Received frames are ours: arrays over them are writable. */
+    PyObject *out = st ? ucx_raise(st, "gser_ucx_request_deserialize") : pg_decode_msg(owner, false);
     Py_DECREF(owner);
     return out;
 }

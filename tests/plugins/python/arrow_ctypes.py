@@ -321,16 +321,31 @@ def _host_read(ptr, n):
     return ctypes.string_at(ptr, n)
 
 
-def _device_read(ptr, n):
-    # Through gser_device_memcpy, as a CUDA consumer would copy: host code
-    # never dereferences device memory (ASan builds of the emulated backend
-    # poison it).
+class Capsules:
+    """A producer that hands on the capsules of a table it was given, once
+    (a consumer sending a table on)."""
+
+    def __init__(self, schema, device_array):
+        self.caps = (schema, device_array)
+
+    def __arrow_c_device_array__(self, requested_schema=None, **kwargs):
+        caps, self.caps = self.caps, None
+        return caps
+
+
+def device_values(schema, device_array):
+    """{name: values} of a device table, copied to the host through gser
+    (to_bytes stages device buffers with gser_device_memcpy), as a CUDA
+    consumer would copy: host code never reads device memory (ASan builds of
+    the emulated backend poison it). The table is moved out of the capsules."""
     import gser
 
-    return gser._gser._device_read(ptr, n)
+    host = gser.from_bytes(gser.to_bytes(Capsules(schema, device_array)))
+    return read(host)[1]
 
 
-def _column(s, a, read):
+def _column(s, a):
+    read = _host_read
     fmt = s.format.decode()
     n, off = a.length, a.offset
     valid = a.buffers[0]
@@ -348,14 +363,11 @@ def _column(s, a, read):
     return out
 
 
-def decode(schema, array, device=False):
-    """{name: values} of a struct array (a table), in host memory or (device=True)
-    in device memory."""
+def decode(schema, array):
+    """{name: values} of a struct array (a table) in host memory."""
     assert schema.format == b"+s"
-    read = _device_read if device else _host_read
     return {
-        schema.children[i].contents.name.decode(): _column(schema.children[i].contents, array.children[i].contents,
-                                                           read)
+        schema.children[i].contents.name.decode(): _column(schema.children[i].contents, array.children[i].contents)
         for i in range(schema.n_children)
     }
 
@@ -370,13 +382,16 @@ def read(obj, device=False, move=False):
         addr = get_pointer(ac, DEVICE_ARRAY_NAME)
         dev = ArrowDeviceArray.from_address(addr)
         arr, device_type = dev.array, dev.device_type
+        if device_type != ARROW_DEVICE_CPU:  # moved out and released by gser
+            info = schema_info(ArrowSchema.from_address(get_pointer(sc, SCHEMA_NAME)))
+            return info, device_values(sc, ac), device_type
     else:
         sc, ac = obj.__arrow_c_array__()
         addr = get_pointer(ac, ARRAY_NAME)
         arr, device_type = ArrowArray.from_address(addr), ARROW_DEVICE_CPU
     schema = ArrowSchema.from_address(get_pointer(sc, SCHEMA_NAME))
     info = schema_info(schema)
-    values = decode(schema, arr, device=device_type != ARROW_DEVICE_CPU)
+    values = decode(schema, arr)
     if move:
         mine = ArrowArray()
         ctypes.memmove(ctypes.addressof(mine), ctypes.addressof(arr), ctypes.sizeof(ArrowArray))

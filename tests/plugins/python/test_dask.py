@@ -1,6 +1,7 @@
 """gser as a Dask serialization family: the family contract, the fall-through
-to Dask's other families, and an end-to-end run on a local cluster whose
-comms (TCP) use the gser family first."""
+to Dask's other families (for what gser cannot carry, and for what it would
+carry more slowly), the peer check of the comm handshake, and end-to-end runs
+on local clusters."""
 
 import importlib
 
@@ -12,15 +13,19 @@ distributed = pytest.importorskip("distributed")
 np = pytest.importorskip("numpy")
 msgpack = pytest.importorskip("msgpack")
 
+import dask.config  # noqa: E402
 import gser.dask  # noqa: E402
 from distributed.protocol import dumps as dask_dumps  # noqa: E402
 from distributed.protocol import loads as dask_loads  # noqa: E402
 from distributed.protocol import to_serialize  # noqa: E402
 
 ser = importlib.import_module("distributed.protocol.serialize")
+comm_core = importlib.import_module("distributed.comm.core")
 
 # tornado 6.2 (Debian) warns about its own event-loop setup inside distributed
 pytestmark = pytest.mark.filterwarnings("ignore:make_current is deprecated:DeprecationWarning")
+
+WITH_PICKLE = [*gser.dask.DESERIALIZERS, "pickle"]
 
 
 @pytest.fixture
@@ -32,31 +37,31 @@ def registered():
 
 @pytest.fixture
 def spy(monkeypatch, registered):
-    """Count the family's dumps/loads calls (also those of the collection path)."""
+    """Count the calls into gser's core: the family's and the collection path's."""
     calls = {"dumps": 0, "loads": 0}
-    real_dumps, real_loads = gser.dask.dumps, gser.dask.loads
+    real_dumps, real_loads = gser.dask._gser.dumps, gser.dask._gser.loads
 
-    def dumps(x):
+    def dumps(*a, **k):
         calls["dumps"] += 1
-        return real_dumps(x)
+        return real_dumps(*a, **k)
 
-    def loads(header, frames):
+    def loads(*a, **k):
         calls["loads"] += 1
-        return real_loads(header, frames)
+        return real_loads(*a, **k)
 
-    monkeypatch.setattr(gser.dask, "dumps", dumps)
-    monkeypatch.setattr(gser.dask, "loads", loads)
-    gser.dask.register()  # picks up the spies
+    monkeypatch.setattr(gser.dask._gser, "dumps", dumps)
+    monkeypatch.setattr(gser.dask._gser, "loads", loads)
     return calls
 
 
 def test_family_contract():
-    obj = {"a": [1.5] * 100, "b": np.arange(10), "c": ("t", None)}
+    obj = {"a": [1.5] * 100, "b": np.arange(10), "c": ("t", None), "d": b"x" * 100_000}
     header, frames = gser.dask.dumps(obj)
     msgpack.packb(header, use_bin_type=True)  # Dask msgpacks the header
     assert header == {"gser": 1}
+    assert any(f is obj["d"] for f in frames)  # large bytes are a frame of their own, the object itself
     out = gser.dask.loads(header, frames)
-    assert out["a"] == obj["a"] and out["c"] == obj["c"]
+    assert out["a"] == obj["a"] and out["c"] == obj["c"] and out["d"] is obj["d"]
     assert np.array_equal(out["b"], obj["b"]) and out["b"].flags.writeable
 
 
@@ -69,8 +74,8 @@ def nested(depth):
 
 @pytest.mark.parametrize(
     "obj",
-    [{1, 2}, bytearray(b"x"), memoryview(b"x"), 2**70, [1, 2**70], np.float64(1.0), object(), "\ud800", nested(40)],
-    ids=["set", "bytearray", "memoryview", "bigint", "bigint_in_list", "np_scalar", "object", "surrogate", "deep"],
+    [{1, 2}, 2**70, [1, 2**70], np.float64(1.0), object(), "\ud800", nested(40)],
+    ids=["set", "bigint", "bigint_in_list", "np_scalar", "object", "surrogate", "deep"],
 )
 def test_family_refuses_with_not_implemented(obj):
     with pytest.raises(NotImplementedError):
@@ -84,11 +89,25 @@ def test_loads_rejects_unknown_header():
         gser.dask.loads({"gser": 1}, [])
 
 
-def test_readonly_frames_give_writable_arrays():
-    header, frames = gser.dask.dumps(np.arange(1000.0))
-    frames = [bytes(f) for f in frames]
+def test_loads_is_zero_copy_with_dasks_flags():
+    # frames as Dask hands them over, read-only (bytes) or writable (bytearray)
+    for writeable in (True, False):
+        a = np.arange(1000.0)
+        a.flags.writeable = writeable
+        header, frames = gser.dask.dumps(a)
+        for received in ([bytes(f) for f in frames], [bytearray(f) for f in frames]):
+            out = gser.dask.loads(header, received)
+            assert out.flags.writeable == writeable  # as at the sender, as Dask's numpy serializer
+            viewed = np.frombuffer(received[1], dtype=np.float64)
+            # zero-copy, except writable at the sender over a read-only frame (Dask copies that too)
+            copied = writeable and type(received[1]) is bytes
+            assert np.shares_memory(out, viewed) != copied
+    # the frames of a writable array are writable views of it, as Dask's
+    a = np.arange(1000.0)
+    header, frames = gser.dask.dumps(a)
     out = gser.dask.loads(header, frames)
-    assert out.flags.writeable
+    a[0] = 42.0
+    assert out[0] == 42.0 and out.flags.writeable
 
 
 def test_serialize_uses_gser_first_and_falls_through(registered):
@@ -118,11 +137,36 @@ def test_to_serialize_collection_is_one_message(registered):
     assert out[0] == 1.5 and out[1] == {1, 2} and np.array_equal(out[2], np.arange(3))
 
 
+def mixed_list(n):
+    return [float(i) for i in range(n)] + list(range(n)) + [f"s{i}" for i in range(n // 5)]
+
+
+def test_declines_what_pickle_carries_faster(registered):
+    # a long list of mixed scalars, on its own: pickle is faster (BENCHMARKS.md)
+    with pytest.raises(gser.Declined):
+        gser.dask.dumps(mixed_list(5000))
+    with pytest.raises(NotImplementedError):  # Declined is one, so Dask falls through
+        gser.dask.dumps({"a": [{"k": i, "v": 1.5} for i in range(2000)]})
+    h, f = ser.serialize(mixed_list(5000), serializers=list(gser.dask.SERIALIZERS))
+    assert h["serializer"] == "pickle"
+    # what gser carries faster it keeps: arrays, strings, numpy, small messages
+    for obj in ([1.5] * 5000, list(range(5000)), [f"s{i}" for i in range(5000)], np.arange(100_000),
+                {"op": "task-finished", "key": "x", "nbytes": 8, "startstops": ({"start": 1.5, "stop": 2.0},)}):
+        assert gser.dask.dumps(obj)[0] == {"gser": 1}
+    # items Dask would serialize one by one: gser saves each one's cost, so a
+    # mixed list at the top is kept, and lists of mixed lists are declined
+    frames = dask_dumps({"data": to_serialize(mixed_list(5000))}, serializers=list(gser.dask.SERIALIZERS))
+    assert msgpack.unpackb(frames[1])["serializer"] == "gser"
+    bag = [mixed_list(5000) for _ in range(4)]
+    frames = dask_dumps({"data": to_serialize(bag)}, serializers=list(gser.dask.SERIALIZERS))
+    sub = msgpack.unpackb(frames[1])
+    assert sub.get("is-collection") and {h["serializer"] for h in sub["sub-headers"]} == {"pickle"}
+    assert dask_loads(frames, deserializers=WITH_PICKLE)["data"] == bag
+
+
 def test_without_collections_dask_iterates():
-    original = ser.serialize
     gser.dask.register(collections=False)
     try:
-        assert ser.serialize is original
         h, f = ser.serialize(to_serialize([1.5] * 100), serializers=["gser", "pickle"])
         # item by item: a gser message (one header frame) per float
         assert h.get("is-collection") and len(f) == 100
@@ -140,19 +184,41 @@ def test_default_makes_gser_first_without_serializers():
         assert ser.deserialize(h, f) == [2.5] * 1000
         h, f = ser.serialize({1, 2})
         assert h["serializer"] == "pickle"
+        # clusters started from here load gser.dask too
+        assert "gser.dask" in dask.config.get("distributed.worker.preload")
+        assert "gser.dask" in dask.config.get("distributed.scheduler.preload")
     finally:
         gser.dask.unregister()
     h, f = ser.serialize([2.5] * 1000)
     assert h["serializer"] == "pickle"
+    assert "gser.dask" not in (dask.config.get("distributed.worker.preload") or [])
 
 
 def test_register_is_idempotent_and_undone():
-    original = ser.serialize
+    original, handshake = ser.serialize, comm_core.Comm.__dict__["handshake_info"]
+    assert "gser" not in comm_core.Comm.handshake_info()
     gser.dask.register()
     gser.dask.register()
-    assert "gser" in ser.families and ser.serialize.__wrapped__ is original
+    assert "gser" in ser.families and ser.serialize.__wrapped__ is original and gser.dask.registered()
+    assert comm_core.Comm.handshake_info()["gser"] == 1  # peers learn that this process reads gser
     gser.dask.unregister()
-    assert "gser" not in ser.families and ser.serialize is original
+    assert "gser" not in ser.families and ser.serialize is original and not gser.dask.registered()
+    assert comm_core.Comm.__dict__["handshake_info"] is handshake
+
+
+def test_peers_without_gser_get_dasks_families(registered):
+    with_gser = {"recipient": {"gser": 1, "compression": None}}
+    without = {"recipient": {"compression": None}}
+    serializers = list(gser.dask.SERIALIZERS)
+    assert ser.serialize([1.5] * 100, serializers, context=with_gser)[0]["serializer"] == "gser"
+    assert ser.serialize([1.5] * 100, serializers, context=without)[0]["serializer"] == "pickle"
+    assert ser.serialize(np.arange(5), serializers, context=without)[0]["serializer"] == "dask"
+    with pytest.raises(NotImplementedError, match="not loaded gser"):
+        gser.dask.dumps([1.5], context=without)
+    # a whole message, as a comm writes it
+    frames = dask_dumps({"x": to_serialize([0.5] * 10)}, serializers=serializers, context=without)
+    sub = msgpack.unpackb(frames[1])
+    assert sub["is-collection"] and {h["serializer"] for h in sub["sub-headers"]} == {"pickle"}
 
 
 def test_local_cluster_end_to_end(spy):
@@ -160,8 +226,7 @@ def test_local_cluster_end_to_end(spy):
 
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp://",
                       dashboard_address=None) as cluster, \
-         Client(cluster, serializers=list(gser.dask.SERIALIZERS),
-                deserializers=list(gser.dask.DESERIALIZERS)) as client:
+         Client(cluster, serializers=list(gser.dask.SERIALIZERS), deserializers=WITH_PICKLE) as client:
         assert cluster.scheduler_address.startswith("tcp://")  # real comms, real serialization
 
         floats = client.submit(lambda: [1.5] * 1_000_000, pure=False).result(timeout=60)
@@ -187,3 +252,66 @@ def test_local_cluster_end_to_end(spy):
         fut = client.scatter([0.5] * 50_000)
         assert client.submit(sum, fut).result(timeout=60) == 25_000.0
         assert spy["dumps"] > before
+
+
+# ---- deployment: one switch for every process, and no half-gser cluster ---------------------------
+
+
+def test_preload_reaches_every_process_of_a_local_cluster():
+    from distributed import Client, LocalCluster
+
+    gser.dask.register(default=True)  # adds gser.dask to the scheduler's and workers' preloads
+    try:
+        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+             Client(cluster) as client:
+            assert set(client.run(gser.dask.registered).values()) == {True}
+            a, b = sorted(cluster.scheduler.workers)
+            x = client.submit(lambda: [1.5] * 200_000, workers=[a], pure=False)
+            assert client.submit(sum, x, workers=[b], pure=False).result(timeout=120) == 300_000.0
+            stats = client.run(gser.dask.stats)
+            # the list went from worker a to worker b as one gser message
+            assert stats[a]["dumps"] >= 1 and stats[b]["loads"] >= 1, stats
+    finally:
+        gser.dask.unregister()
+
+
+def without_gser():
+    """The environment of a process that cannot import gser."""
+    import os
+
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+def run_without_gser(*args):
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as cwd:  # not next to the built package (python -c puts cwd on the path)
+        p = subprocess.run([sys.executable, *args], env=without_gser(), cwd=cwd, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=300, text=True)
+    return p.returncode, p.stdout
+
+
+def test_peers_without_gser_are_refused_and_the_cluster_keeps_its_data():
+    import sys
+
+    from distributed import Client, LocalCluster
+
+    assert run_without_gser("-c", "import gser")[0] != 0
+    gser.dask.register(default=True)
+    try:
+        with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp://",
+                          dashboard_address=None) as cluster, Client(cluster) as client:
+            data = client.scatter([0.5] * 100_000)
+            rc, out = run_without_gser("-m", "distributed.cli.dask_worker", cluster.scheduler_address,
+                                       "--no-nanny", "--no-dashboard")
+            assert rc != 0 and "this worker has not loaded gser" in out and "--preload gser.dask" in out, out
+            rc, out = run_without_gser("-c", f"from distributed import Client; Client({cluster.scheduler_address!r})")
+            assert rc != 0 and "ImportError: gser: this client has not loaded gser" in out, out
+            assert len(cluster.scheduler.workers) == 1
+            assert client.gather(data) == [0.5] * 100_000
+            assert client.submit(sum, data).result(timeout=60) == 50_000.0
+    finally:
+        gser.dask.unregister()
+    assert sys.modules["gser.dask"]

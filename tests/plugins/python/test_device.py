@@ -4,7 +4,8 @@ data through the "host" family, device=True (GSER_DESERIALIZE_RESTORE_DEVICE),
 the interface's stream, and the device backend chosen by GSER_DEVICE.
 
 The suite runs with GSER_DEVICE=emulated (plugins/python/CMakeLists.txt):
-"device" memory is host memory; contents are checked through gser._gser._device_read."""
+"device" memory is host memory; contents are checked through copy_to_host()
+(gser_device_memcpy), as on a GPU."""
 
 import gc
 import os
@@ -58,8 +59,6 @@ def check_device(out, ref):
     host = out.copy_to_host()
     assert type(host) is np.ndarray and host.dtype == ref.dtype and host.shape == ref.shape
     assert np.array_equal(host, ref)
-    if ref.nbytes:
-        assert gser._gser._device_read(out.ptr, out.nbytes) == ref.tobytes()
 
 
 @pytest.mark.parametrize("shape", [(0,), (1,), (1000,), (3, 4), (2, 0, 5), (300_000,)], ids=str)
@@ -107,8 +106,7 @@ def test_device_arrays_send_again():
     check_device(gser.from_bytes(gser.to_bytes([once]), device=True)[0], a)
     # something consuming __cuda_array_interface__ sees the same memory
     cai = twice.__cuda_array_interface__
-    seen = np.frombuffer(gser._gser._device_read(cai["data"][0], a.nbytes), np.float32).reshape(cai["shape"])
-    assert np.array_equal(seen, a)
+    assert cai["data"][0] == twice.ptr and np.array_equal(twice.copy_to_host(), a)
 
 
 def test_to_bytes_stages_device_data_into_host_frames():
@@ -151,8 +149,7 @@ def test_cuda_array_interface_streams():
         gser.dumps(Dev(a, stream="default"))
     # frames with a stream: loads synchronizes with it before reading
     header, frames = gser.dumps(Dev(a))
-    out = gser.loads(header, [Dev(np.frombuffer(gser._gser._device_read(frames[0].ptr, frames[0].nbytes), np.uint8),
-                                  stream=2)])
+    out = gser.loads(header, [Dev(frames[0].copy_to_host(), stream=2)])
     check_device(out, a)
     with pytest.raises(NotImplementedError, match="stream 0"):
         gser.loads(header, [Dev(np.zeros(frames[0].nbytes, np.uint8), stream=0)])
@@ -245,8 +242,3 @@ except gser.GserError as e:
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["none", "GSER_ERR_NO_DEVICE", "DeviceArray", "GSER_ERR_NO_DEVICE",
                                 "GSER_ERR_NO_DEVICE"], r.stdout
-
-
-def test_backend_unknown_fails_the_import():
-    r = run_with("quantum", "import gser")
-    assert r.returncode != 0 and "unknown device backend" in r.stderr

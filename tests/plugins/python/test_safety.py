@@ -156,6 +156,91 @@ def test_core_errors_name_the_path():
         gser.loads(raw, [])
 
 
+# ---- hostile input found by hand (issue 11) ----------------------------------------------------
+
+
+@pytest.mark.parametrize("origin", [0, 1], ids=["host", "device"])
+def test_shape_numpy_cannot_hold_is_a_gser_error(origin):
+    # valid for gser (no bytes), but no array can have this shape: the extents'
+    # product overflows (it used to overflow a signed multiplication, and
+    # release builds raised numpy's ValueError)
+    for shape in ([0, 2**63 - 1], [0, 2**40, 2**40], [0, 2**61]):
+        h = handmade({"a": [0, {"b": [ext(4), 13, shape, b"", origin]}]})
+        with pytest.raises(gser.GserError) as e:
+            gser.loads(h, [])
+        assert e.value.status_name == "GSER_ERR_UNSUPPORTED" and "$.a[1].b" in str(e.value), str(e.value)
+    # the largest shapes that fit still load
+    out = gser.loads(handmade([[ext(4), 13, [0, 2**59], b"", origin]]), [])[0]
+    assert out.shape == (0, 2**59)
+
+
+def test_names_that_are_not_utf8_are_gser_errors_with_the_path():
+    bad = b"\xff\xfeblob"
+    for where in ("type", "family"):
+        fields = {"type": "myapp.blob", "family": "host"}
+        h = handmade({"x": [ext(6), fields["type"], fields["family"], 1, 0, 0, msgpack.packb(None)]})
+        h = h.replace(fields[where].encode(), bad[: len(fields[where])].ljust(len(fields[where]), b"z"))
+        with pytest.raises(gser.GserError) as e:
+            gser.loads(h, [])
+        assert "$.x" in str(e.value), str(e.value)
+        assert where == "family" or "\\xff\\xfeblob" in str(e.value), str(e.value)  # the type is named
+
+
+@pytest.mark.skipif(not gser.HAVE_ARROW, reason="built without gser::arrow")
+def test_arrow_format_that_is_not_utf8_is_a_gser_error():
+    from arrow_ctypes import Table
+
+    header, frames = gser.dumps({"t": Table({"id": ("l", [1, 2, 3])}, methods=("array",))})
+    assert header.count(b"\xa1l") == 1  # the column's format, a one-character str
+    with pytest.raises(gser.GserError) as e:
+        gser.loads(header.replace(b"\xa1l", b"\xa1\xff"), frames)
+    assert "$.t" in str(e.value) and "\\xff" in str(e.value), str(e.value)
+
+
+def test_frames_list_changed_while_loading():
+    # reading a frame runs Python code (a __cuda_array_interface__ property);
+    # here it empties the caller's list, which loads used to keep reading
+    header, frames = gser.dumps([np.arange(100.0), np.arange(200.0)])
+    received = [None, bytes(frames[1])]
+
+    class Clearing:
+        def __init__(self, b):
+            self.a = np.frombuffer(bytearray(b), dtype=np.uint8)
+
+        @property
+        def __cuda_array_interface__(self):
+            received.clear()
+            return {"shape": self.a.shape, "typestr": "|u1", "data": (self.a.ctypes.data, False), "version": 3}
+
+    received[0] = Clearing(frames[0])
+    keep = received[0]
+    out = gser.loads(header, received)
+    assert received == [] and np.array_equal(out[1], np.arange(200.0))
+    assert np.array_equal(out[0].copy_to_host(), np.arange(100.0)) and keep
+
+
+def test_no_reads_of_arbitrary_device_addresses():
+    # device memory is read only through gser's own objects, whose ranges gser knows
+    assert not hasattr(gser._gser, "_device_read")
+    out = gser.loads(*gser.dumps(np.arange(4.0)), device=False)
+    assert not hasattr(out, "copy_to_host")
+
+
+def test_a_million_buffer_references_are_linear():
+    # 1,048,576 references into one frame, 13 bytes of header each: every
+    # array views one exporter of that frame (one Python object per frame,
+    # not one per buffer: the message used to take 41.6 s and 1.2 GB)
+    n = 1 << 14 if SANITIZED else 1 << 20
+    h = handmade([[ext(4), 13, None, [0, 8 * (i % 32), 8], 0] for i in range(n)], table=[[256, 0, 0]])
+    frame = np.arange(32, dtype=np.float64).tobytes()
+    out = gser.loads(h, [frame])
+    assert len(out) == n and out[n - 1][0] == (n - 1) % 32
+    assert len({id(a.base) for a in out}) == 1 and out[0].base is not frame
+    del out
+    out = gser.from_bytes(gser.to_bytes([np.arange(40.0)] * 1000))
+    assert len({id(a.base) for a in out}) == 1000  # one frame each
+
+
 class CudaBytes:
     """Host bytes presented as a device frame through __cuda_array_interface__."""
 

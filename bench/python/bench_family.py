@@ -1,0 +1,247 @@
+#!/usr/bin/python3
+"""The gser Dask family against the path Dask takes without it, measured in the
+same run: one row per kind of object.
+
+    PYTHONPATH=<build>/plugins/python /usr/bin/python3 bench/python/bench_family.py [--json]
+    (or: ninja -C <build> bench-python)
+
+Each row: distributed.protocol.dumps + loads of a worker's reply holding the
+object, {"op": "get_data", "status": "OK", "data": {"x": to_serialize(obj)}},
+as task results and transfers travel. value: with gser.dask registered as the
+default family (what `--preload gser.dask` does); anchor: the same message
+without gser (Dask's families "dask" and "pickle"; lists, tuples and dicts
+item by item, as Dask does for to_serialize). Times are medians of --reps
+runs alternating with and without gser after a warm-up, in ms; Dask's
+item-by-item path runs once when one run takes more than 10 s. Where gser would be slower it declines (gser.Declined)
+and Dask's path runs: those rows measure what declining costs.
+
+Rows (target: ratio <= 1.0; [1.5]*1_000_000 <= 0.01):
+  floats_1m       1,000,000 distinct floats
+  ints_1m         list(range(1_000_000))
+  strs_100k       100,000 short strings
+  mixed_lists     20 lists of 5,000 floats + 5,000 ints + 1,000 strings (bag partitions)
+  dict_int_lists  {name: list of 10,000 ints} x 20
+  nested_dicts    2,000 dicts of five small values, in a dict
+  sched_msg       a ~100-byte scheduler-like message
+  numpy_8mb       numpy.arange(1_000_000, dtype=float64)
+  const_list_1m   [1.5] * 1_000_000
+End to end on a LocalCluster (2 worker processes, TCP), with gser preloaded
+everywhere against no gser (--no-cluster skips them):
+  e2e_dict_lists  client.submit(task returning a dict of 20 lists of 10,000 ints).result()
+  e2e_bag_gather  client.gather(20 futures of mixed lists)
+  e2e_list_1m     client.submit(lambda: [1.5] * 1_000_000).result()
+
+--json prints one object per line: name, value, unit, anchor, anchor_value,
+ratio (value / anchor_value), target (on ratio).
+"""
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+
+SLOW_S = 10.0
+
+
+def median_ms(fn, reps, warmup=1):
+    for _ in range(warmup):
+        fn()
+    t = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        t.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(t)
+
+
+def timed_ms(fn, reps):
+    """Median of reps runs after a warm-up, or one run when it takes more than SLOW_S."""
+    t0 = time.perf_counter()
+    fn()
+    first = (time.perf_counter() - t0) * 1e3
+    if first > SLOW_S * 1e3:
+        return first, 1
+    return median_ms(fn, reps, warmup=0), reps
+
+
+def meets(ratio, target):
+    op, x = (target[:2], target[2:]) if target[1] == "=" else (target[:1], target[1:])
+    x = float(x)
+    return {"<=": ratio <= x, "<": ratio < x, ">=": ratio >= x, ">": ratio > x}[op]
+
+
+class Report:
+    def __init__(self, as_json):
+        self.json = as_json
+        self.missed = 0
+        if not as_json:
+            print(f"{'case':<16} {'gser ms':>10} {'Dask ms':>11} {'ratio':>8}  target")
+
+    def add(self, name, value, anchor, anchor_value, target, note=""):
+        ratio = value / anchor_value
+        ok = meets(ratio, target)
+        self.missed += not ok
+        if self.json:
+            print(json.dumps({"name": name, "value": round(value, 6), "unit": "ms", "anchor": anchor,
+                              "anchor_value": round(anchor_value, 6), "ratio": round(ratio, 6), "target": target}))
+        else:
+            print(f"{name:<16} {value:>10.3f} {anchor_value:>11.3f} {ratio:>8.4f}  {target:<7} "
+                  f"{'ok' if ok else 'MISSED'}{'  ' + note if note else ''}")
+        sys.stdout.flush()
+
+
+def kinds():
+    rng = random.Random(1)
+    return {
+        "floats_1m": [rng.random() for _ in range(1_000_000)],
+        "ints_1m": list(range(1_000_000)),
+        "strs_100k": [f"key-{i}" for i in range(100_000)],
+        "mixed_lists": mixed_lists(rng),
+        "dict_int_lists": {f"col{i}": list(range(i * 10_000, (i + 1) * 10_000)) for i in range(20)},
+        "nested_dicts": {f"k{i}": {"a": i, "b": i / 7, "c": f"v{i}", "d": None, "e": i % 2 == 0}
+                         for i in range(2000)},
+        "sched_msg": {"op": "task-finished", "key": "inc-5e2c4f", "status": "OK", "nbytes": 800,
+                      "thread": 140, "startstops": ({"action": "compute", "start": 1.5, "stop": 2.5},)},
+    }
+
+
+def mixed_lists(rng):
+    return [[rng.random() for _ in range(5000)] + list(range(5000)) + [f"s{i}" for i in range(1000)]
+            for _ in range(20)]
+
+
+def message_roundtrip(obj):
+    from distributed.protocol import dumps, loads, to_serialize
+
+    def run():
+        frames = dumps({"op": "get_data", "status": "OK", "data": {"x": to_serialize(obj)}})
+        out = loads(frames)["data"]["x"]
+        assert type(out) is type(obj)
+    return run
+
+
+def alternating_ms(run, reps):
+    """(gser ms, Dask ms, Dask runs): medians of runs alternating without and
+    with gser (so that the shared machine's load hits both alike), after a
+    warm-up of each; Dask's path once when it takes more than SLOW_S."""
+    import gser.dask
+
+    def once():
+        t0 = time.perf_counter()
+        run()
+        return (time.perf_counter() - t0) * 1e3
+
+    def gser_once():
+        gser.dask.register(default=True)
+        try:
+            return once()
+        finally:
+            gser.dask.unregister()
+
+    d = [once()]
+    gser_once()
+    if d[0] > SLOW_S * 1e3:
+        return statistics.median(gser_once() for _ in range(reps)), d[0], 1
+    g = []
+    for _ in range(reps):
+        d.append(once())
+        g.append(gser_once())
+    return statistics.median(g), statistics.median(d[1:]), reps
+
+
+def cluster_ms(reps, gser_on):
+    """The three end-to-end rows' times on one LocalCluster: {name: (ms, runs)}."""
+    import gser.dask
+    from distributed import Client, LocalCluster
+
+    if gser_on:
+        gser.dask.register(default=True)  # and the preloads of the cluster's processes
+    try:
+        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+             Client(cluster) as client:
+            assert all(client.run(gser.dask.registered).values()) == gser_on
+
+            def dict_lists():
+                r = client.submit(lambda: {f"col{i}": list(range(i * 10_000, (i + 1) * 10_000)) for i in range(20)},
+                                  pure=False).result(timeout=600)
+                assert len(r) == 20
+
+            parts = [client.submit(lambda i: mixed_lists(random.Random(i)), i, pure=False) for i in range(20)]
+            client.gather(parts)
+
+            def bag_gather():
+                assert len(client.gather(parts, direct=False)) == 20
+                client.run(lambda: None)  # nothing cached: gather asks the workers again
+
+            def list_1m():
+                assert len(client.submit(lambda: [1.5] * 1_000_000, pure=False).result(timeout=600)) == 1_000_000
+
+            out = {}
+            for name, fn in (("e2e_dict_lists", dict_lists), ("e2e_bag_gather", bag_gather), ("e2e_list_1m", list_1m)):
+                fn()  # warm-up: the first task also ships the function
+                out[name] = timed_ms(fn, reps)
+            return out
+    finally:
+        if gser_on:
+            gser.dask.unregister()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", action="store_true", help="one JSON object per line")
+    ap.add_argument("--reps", type=int, default=9, help="repetitions of each case (default 9)")
+    ap.add_argument("--no-cluster", action="store_true", help="skip the LocalCluster rows")
+    ap.add_argument("--rounds", type=int, default=2, help="LocalCluster pairs, alternating (default 2)")
+    ap.add_argument("--only", nargs="*", help="only these rows")
+    args = ap.parse_args()
+
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    import distributed  # noqa: F401  (sets up its loggers, quieted below)
+    import numpy as np
+
+    import gser
+    import gser.dask
+
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("distributed"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+    rep = Report(args.json)
+    objs = kinds()
+    objs["numpy_8mb"] = np.arange(1_000_000, dtype=np.float64)
+    objs["const_list_1m"] = [1.5] * 1_000_000
+    anchor = "Dask protocol dumps+loads of the same message without gser (ms)"
+    for name, obj in objs.items():
+        if args.only and name not in args.only:
+            continue
+        gser_ms, dask_ms, runs = alternating_ms(message_roundtrip(obj), args.reps)
+        rep.add(name, gser_ms, anchor, dask_ms, "<= 0.01" if name == "const_list_1m" else "<= 1.0",
+                note="" if runs > 1 else "Dask ran once (> 10 s)")
+
+    if not args.no_cluster and (not args.only or any(n.startswith("e2e") for n in args.only)):
+        # Clusters with and without gser, alternately, args.rounds times each.
+        rounds = [(cluster_ms(args.reps, False), cluster_ms(args.reps, True)) for _ in range(args.rounds)]
+        for name in rounds[0][1]:
+            if args.only and name not in args.only:
+                continue
+            without = statistics.median(r[0][name][0] for r in rounds)
+            withg = statistics.median(r[1][name][0] for r in rounds)
+            once = any(r[0][name][1] == 1 for r in rounds)
+            rep.add(name, withg, "the same on a LocalCluster without gser (ms)", without,
+                    "<= 0.01" if name == "e2e_list_1m" else "<= 1.0",
+                    note="without gser: one run per round (> 10 s)" if once else "")
+
+    if not args.json:
+        print(f"# {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
+              f"gser {gser.__version__}, distributed {distributed.__version__}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

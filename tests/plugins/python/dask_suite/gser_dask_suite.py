@@ -1,0 +1,73 @@
+"""A pytest plugin that runs Dask's own protocol tests (distributed/protocol/tests
+from Debian's python3-distributed) with gser as the default serializer family,
+as `--preload gser.dask` makes it in a cluster.
+
+    python3 -m pytest -p gser_dask_suite /usr/lib/python3/dist-packages/distributed/protocol/tests
+
+expected_failures.txt (next to this file) lists, one per line, the tests
+expected to fail with gser, and why: `<file>::<test id>  # <reason>`. They are
+marked xfail(strict=True), so that a listed test that starts passing fails
+the run (the list stays true), as does any failure not listed, and a listed
+test that no longer exists. Lines `ignore <file>  # <reason>` name test files
+that cannot be collected here.
+"""
+
+import os
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LIST = os.path.join(HERE, "expected_failures.txt")
+
+
+def read_list(path=LIST):
+    """({test key: reason}, {file name: reason})."""
+    expected, ignored = {}, {}
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            entry, sep, reason = line.partition("#")
+            entry, reason = entry.strip(), reason.strip()
+            if not sep or not reason:
+                raise pytest.UsageError(f"{path}:{n}: every entry needs a reason after '#'")
+            if entry.startswith("ignore "):
+                ignored[entry[len("ignore "):].strip()] = reason
+            else:
+                expected[entry] = reason
+    return expected, ignored
+
+
+def key(item):
+    """<file name>::<test id>, whatever directory pytest runs from."""
+    return f"{item.path.name}::{item.nodeid.split('::', 1)[1]}"
+
+
+def pytest_configure(config):
+    import gser.dask
+
+    gser.dask.register(default=True)
+    config._gser_expected, config._gser_ignored = read_list()
+
+
+def pytest_ignore_collect(collection_path, config):
+    return collection_path.name in config._gser_ignored or None
+
+
+def pytest_collection_modifyitems(config, items):
+    expected = dict(config._gser_expected)
+    for item in items:
+        reason = expected.pop(key(item), None)
+        if reason is not None:
+            item.add_marker(pytest.mark.xfail(strict=True, reason=f"with gser: {reason}"))
+    files = {item.path.name for item in items}
+    stale = sorted(k for k in expected if k.split("::", 1)[0] in files)
+    if stale and not config.getoption("keyword") and not config.getoption("markexpr"):
+        raise pytest.UsageError("expected_failures.txt lists tests that no longer exist: " + ", ".join(stale))
+
+
+def pytest_report_header(config):
+    import gser
+
+    return f"gser {gser.__version__} is the default serializer family (gser.dask.register(default=True))"
