@@ -13,8 +13,11 @@ frames, straight to UCX when both sides' UCX can read CUDA memory and through
 pinned staging buffers otherwise (never an error).
 
 Every process that uses the scheme registers the gser serialization family
-(gser.dask), and where Dask names no serializers the comm uses SERIALIZERS:
-"gser" first, then Dask's own families.
+(gser.dask.register), and where Dask names no serializers the comm writes
+with SERIALIZERS: "gser" first, then Dask's own families; it reads what
+Dask's own comms read. Its handshake says that it carries device frames as
+device memory (gser.dask.HANDSHAKE_DEVICE_KEY), so the family keeps device
+buffers on the device towards its peers.
 
 Faults, as Dask expects of a comm: a peer that dies or closes ends pending
 and later reads and writes with CommClosedError; a read or write that is
@@ -47,7 +50,7 @@ logger = logging.getLogger(__name__)
 
 SCHEME = "gser"
 PREFIX = SCHEME + "://"
-#: Serializers and deserializers where Dask names none.
+#: Serializers where Dask names none.
 SERIALIZERS = ("gser", "cuda", "dask", "pickle", "error")
 
 # The first message of a connection, from the connecting side: the comm's
@@ -167,6 +170,15 @@ class GserComm(Comm):
         # A comm dropped without close() must not keep its connection.
         self._finalizer = weakref.finalize(self, _drop_endpoint, ep)
 
+    @staticmethod
+    def handshake_info():
+        # Comm's (with the gser family's key once it is registered), and that
+        # this comm carries device frames as device memory: the family keeps
+        # device buffers in device frames towards such a peer.
+        from gser import dask as gser_dask
+
+        return {**Comm.handshake_info(), gser_dask.HANDSHAKE_DEVICE_KEY: True}
+
     @property
     def local_address(self) -> str:
         return self._local_addr
@@ -253,7 +265,7 @@ class GserComm(Comm):
             return await from_frames(
                 frames,
                 deserialize=self.deserialize,
-                deserializers=deserializers if deserializers is not None else SERIALIZERS,
+                deserializers=deserializers,  # None: what Dask's own comms accept
                 allow_offload=self.allow_offload,
             )
         except EOFError as e:
