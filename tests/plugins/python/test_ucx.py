@@ -7,6 +7,7 @@ import asyncio
 import gc
 import os
 import resource
+import select
 
 import pytest
 
@@ -98,6 +99,31 @@ def test_host_and_device_frames_in_one_message():
         w.close()
 
     run(main())
+
+
+@pytest.mark.skipif(not EMULATED, reason="needs the emulated backend's queues (events answer 'not yet' first)")
+def test_armed_worker_always_has_a_wakeup_coming():
+    """Driven as an event loop drives it (progress, arm, sleep on the fd), a
+    staged message arrives: the end of a device copy does not show on the
+    fd, so arm() must not say "sleep" while one runs (nothing would wake the
+    loop but an unrelated event, seconds later)."""
+    c = gser._gser
+    w = c._UcxWorker(c._UcxContext(), staging_chunk=64 << 10)  # 16 chunks, copies both ways
+    lst = w.listen("127.0.0.1", 0)
+    ep = w.connect("127.0.0.1", lst.port)
+    accepted = []
+    while ep.state == "connecting" or not accepted:
+        accepted += [e for e in w.progress() if type(e) is c._UcxEndpoint]
+    data = np.arange(1 << 17, dtype=np.int64)
+    send = ep.send([Dev(data)])
+    recv = accepted[0].recv()
+    while not (send.done and recv.done):
+        w.progress()
+        if w.arm():
+            readable, _, _ = select.select([w.fileno()], [], [], 2.0)
+            assert readable, "armed with the message half staged, and nothing woke the loop"
+    assert np.array_equal(recv.result()[0].copy_to_host(), data)
+    w.close()
 
 
 def test_connection_refused_carries_the_c_message():
