@@ -128,10 +128,15 @@ def test_using_the_scheme_registers_the_family():
 
     async def main():
         a, b = await dask_tests.get_comm_pair("gser://127.0.0.1")
-        assert "gser" in ser.families
-        await a.write({"data": to_serialize([1.5] * 1000)})  # the default serializers: gser first
-        frames_seen = await b.read(deserializers=None)
-        assert frames_seen == {"data": [1.5] * 1000}
+        assert "gser" in ser.families and gser.dask.registered()
+        # both ends said they read gser and carry device frames as device memory
+        for c in (a, b):
+            assert c.remote_info.get(gser.dask.HANDSHAKE_KEY) and c.remote_info.get(gser.dask.HANDSHAKE_DEVICE_KEY)
+        before = gser.dask.stats()["dumps"]
+        await a.write({"data": to_serialize(np.arange(1000.0))})  # no serializers named: gser first
+        got = await b.read()
+        assert np.array_equal(got["data"], np.arange(1000.0))
+        assert gser.dask.stats()["dumps"] == before + 1
         await a.close()
         await b.close()
 
