@@ -52,8 +52,11 @@ async def serve():
         try:
             while True:
                 msg = await comm.read()
-                # a large message is acknowledged, a small one echoed
-                await comm.write({"ack": msg["data"].nbytes} if "data" in msg else msg)
+                # a large message is acknowledged (and let go of before the
+                # next arrives, as a consumer would), a small one echoed
+                reply = {"ack": msg["data"].nbytes} if "data" in msg else msg
+                del msg
+                await comm.write(reply)
         except CommClosedError:
             pass
 
