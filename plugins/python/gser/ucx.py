@@ -66,6 +66,9 @@ _CLOSED = (_ERR_CONNECTION, _ERR_CANCELED, _ERR_TIMEOUT)
 # Progress rounds in one go before other callbacks of the loop get a turn
 # (a busy worker is progressed again right after them).
 _ROUNDS = 64
+# How long to wait before progressing again when a worker cannot be armed
+# but nothing moves (asyncio's timers are as fine as the selector's 1 ms).
+_IDLE_S = 0.001
 
 
 class ConnectionClosedError(ConnectionError):
@@ -142,6 +145,8 @@ class Worker:
         self._w = _gser._UcxWorker(self.context._c, **options)
         self._fd = self._w.fileno()
         self._scheduled = False
+        self._waiting = False  # not armed, and nothing moved: the fd is not watched, _timer looks
+        self._timer = None
         self._connecting: dict = {}  # _UcxEndpoint -> Future
         self.endpoints: weakref.WeakSet = weakref.WeakSet()
         self.listeners: weakref.WeakSet = weakref.WeakSet()
@@ -150,23 +155,55 @@ class Worker:
     # -- driving it -------------------------------------------------------------------
 
     def _progress(self):
-        """Progress until the worker can be armed (then the fd wakes the loop);
-        after _ROUNDS busy rounds, come back once the loop's other callbacks ran."""
+        """Progress until the worker can be armed (then the fd wakes the loop).
+        After _ROUNDS rounds that could not arm, come back once the loop's
+        other callbacks ran. If nothing moved in them either, UCX waits on the
+        peer (a large send the peer is still reading) and will not let the fd
+        be armed meanwhile; the fd then stays readable, so watching it would
+        spin, taking the CPU the peer needs: look once every _IDLE_S instead
+        until something moves or the worker can be armed."""
         self._scheduled = False
         w = self._w
         if w is None:
             return
-        for _ in range(_ROUNDS):
+        moved = False
+        for _ in range(1 if self._waiting else _ROUNDS):
             events = w.progress()
             if events:
                 self._dispatch(events)
+                moved = True
+            elif w.handled:
+                moved = True
             if self._connecting:
                 self._check_connecting()
             if self._w is None:
                 return
             if w.arm():
+                self._wait_for_peer(False)
                 return
-        self.kick()
+        self._wait_for_peer(not moved)
+        if moved:
+            self.kick()
+
+    def _wait_for_peer(self, waiting):
+        """Switch between watching the fd and looking every _IDLE_S."""
+        if self._loop.is_closed():
+            return
+        if waiting != self._waiting:
+            self._waiting = waiting
+            if waiting:
+                self._loop.remove_reader(self._fd)
+            else:
+                self._loop.add_reader(self._fd, self._progress)
+                if self._timer is not None:
+                    self._timer.cancel()
+                    self._timer = None
+        if waiting and self._timer is None:
+            self._timer = self._loop.call_later(_IDLE_S, self._on_timer)
+
+    def _on_timer(self):
+        self._timer = None
+        self._progress()
 
     def kick(self):
         """Progress soon: work was posted that the event fd may not announce."""
@@ -260,7 +297,11 @@ class Worker:
             w.close()  # nobody can wait for what it still had
             self._connecting.clear()
             return
-        self._loop.remove_reader(self._fd)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._waiting:
+            self._loop.remove_reader(self._fd)
         for ev in w.close():
             if type(ev) is _gser._UcxRequest:
                 _complete(ev)

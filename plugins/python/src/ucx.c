@@ -73,6 +73,7 @@ struct PgUcxWorker {
     pg_accepted_t *accepted;
     size_t naccepted, cap_accepted;
     pg_child_t children;
+    unsigned handled; /* what the last gser_ucx_worker_progress returned */
 };
 
 struct PgUcxListener {
@@ -411,7 +412,7 @@ static PyObject *worker_progress(PgUcxWorker *self, PyObject *unused)
     (void)unused;
     if (!self->w)
         return closed_error("_UcxWorker.progress");
-    gser_ucx_worker_progress(self->w);
+    self->handled = gser_ucx_worker_progress(self->w);
     return take_events(self);
 }
 
@@ -523,6 +524,12 @@ static PyGetSetDef worker_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
+static PyMemberDef worker_members[] = {
+    {"handled", T_UINT, offsetof(PgUcxWorker, handled), READONLY,
+     "Events the last progress() handled (0: nothing moved)."},
+    {NULL, 0, 0, 0, NULL},
+};
+
 static PyTypeObject PgUcxWorker_Type = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "gser._gser._UcxWorker",
@@ -537,6 +544,7 @@ static PyTypeObject PgUcxWorker_Type = {
     .tp_traverse = (traverseproc)worker_traverse,
     .tp_clear = (inquiry)worker_clear,
     .tp_methods = worker_methods,
+    .tp_members = worker_members,
     .tp_getset = worker_getset,
 };
 
