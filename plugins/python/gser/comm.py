@@ -65,7 +65,6 @@ _NO_SPLIT = 1 << 62
 # ---- process state: one UCX context, one worker per event loop ----------------------------
 
 _workers: dict = {}  # loop -> gser.ucx.Worker
-_family = {"registered": False}
 
 
 def _config(key, default=None):
@@ -79,21 +78,21 @@ def _context() -> gser.ucx.Context:
 
 
 def _register_family():
-    """Every process that uses the scheme can read what the gser family wrote."""
-    if not _family["registered"]:
-        import gser.dask
+    """Every process that uses the scheme can read what the gser family wrote
+    (gser.dask.register: the family's entry point for anything that wants it)."""
+    from gser import dask as gser_dask  # here: gser.dask imports this module
 
-        gser.dask.register()
-        _family["registered"] = True
+    if not gser_dask.registered():
+        gser_dask.register()
 
 
 def _worker() -> gser.ucx.Worker:
     loop = asyncio.get_running_loop()
     for old in [lp for lp in _workers if lp.is_closed()]:
         _workers.pop(old).close()  # comms left open when their loop ended
+    _register_family()
     w = _workers.get(loop)
     if w is None or w.closed:
-        _register_family()
         w = _workers[loop] = gser.ucx.Worker(_context(), loop=loop)
     return w
 
