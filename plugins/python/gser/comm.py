@@ -165,7 +165,6 @@ class GserComm(Comm):
         self._peer_addr = peer_addr
         self._sending = 0  # sends the transport still holds buffers of
         self._drained = None  # a future close() waits on until _sending is 0
-        self._sent_cb = self._sent
         # A comm dropped without close() must not keep its connection.
         self._finalizer = weakref.finalize(self, _drop_endpoint, ep)
 
@@ -234,7 +233,7 @@ class GserComm(Comm):
         # next read or write reports.
         self._sending += 1
         try:
-            ep.send_frames_nowait(frames, callback=self._sent_cb)
+            ep.send_frames_nowait(frames, callback=self._sent)
         except BaseException as e:
             self._sending -= 1
             self.abort()
