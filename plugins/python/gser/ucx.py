@@ -216,7 +216,7 @@ class Worker:
             if type(ev) is _gser._UcxRequest:
                 _complete(ev)
             else:  # an accepted _UcxEndpoint
-                listener = ev.listener.user
+                listener = ev.listener.user()
                 if listener is None or listener.closed:
                     ev.destroy()
                 else:
@@ -234,7 +234,8 @@ class Worker:
     def listen(self, callback, address: str | None = None, port: int = 0) -> Listener:
         """Listen on address (None: every interface) and port (0: a free one).
         callback(endpoint) is called for every connection whose handshake
-        succeeded; a coroutine function runs as a task."""
+        succeeded; a coroutine function runs as a task. Listening stops when
+        the Listener is closed or dropped: keep it."""
         self._check_open()
         try:
             c = self._w.listen(address, port)
@@ -331,7 +332,7 @@ class Listener:
         self._c = c
         self._callback = callback
         self._tasks: set = set()
-        c.user = self
+        c.user = weakref.ref(self)  # for progress() to find it, without a cycle
         self.port = c.port
 
     @property
@@ -391,7 +392,6 @@ class Endpoint:
     def __init__(self, worker: Worker, c):
         self.worker = worker
         self._c = c
-        c.user = self
 
     # -- state --------------------------------------------------------------------------
 
