@@ -25,6 +25,7 @@ typedef struct dec {
     path_t path;
     const char *what; /* "gser_deserialize" or the inspecting call */
     uint32_t version; /* of the header's wire format */
+    bool checked;     /* kept sub-headers were walked with their enclosing one's */
     char cb_err[512];
     mp_scratch_t scratch; /* the parsed msgpack objects of the units being decoded */
     /* device work (GSER_DESERIALIZE_RESTORE_DEVICE, _SCATTER) */
@@ -125,9 +126,9 @@ static gser_status_t dec_data(dec_t *d, const msgpack_object *o, size_t base, si
         return dec_fail(d, GSER_ERR_FRAME, "frame reference %llu is outside this object's %zu frames",
                         (unsigned long long)rel, n);
     const gser_frame_t *f = &d->frames[base + rel];
-    if (off > f->size || len > f->size - off)
-        return dec_fail(d, GSER_ERR_FRAME, "bytes %llu..%llu are outside frame %zu of %zu bytes",
-                        (unsigned long long)off, (unsigned long long)(off + len), base + rel + 1, f->size);
+    if (off > f->size || len > f->size - off) /* the numbers as sent: their sum may wrap */
+        return dec_fail(d, GSER_ERR_FRAME, "%llu bytes at offset %llu are outside frame %zu of %zu bytes",
+                        (unsigned long long)len, (unsigned long long)off, base + rel + 1, f->size);
     if (len && !f->data)
         return dec_fail(d, GSER_ERR_FRAME, "frame %zu has no data", base + rel + 1);
     *raw = (const char *)f->data + off;
@@ -416,9 +417,9 @@ static gser_status_t dec_object(dec_t *d, const msgpack_object *o, size_t depth,
         version > UINT32_MAX || !get_u64(&f[4], &rel) || !get_u64(&f[5], &nfr) || f[6].type != MSGPACK_OBJECT_BIN)
         return dec_fail(d, GSER_ERR_FORMAT,
                         "object marker needs [marker, type, family, version, frame base, frame count, sub-header]");
-    if (rel > n || nfr > n - rel)
-        return dec_fail(d, GSER_ERR_FRAME, "object frames %llu..%llu are outside the %zu frames it may use",
-                        (unsigned long long)rel, (unsigned long long)(rel + nfr), n);
+    if (rel > n || nfr > n - rel) /* the numbers as sent: their sum may wrap */
+        return dec_fail(d, GSER_ERR_FRAME, "object frame base %llu and frame count %llu are outside the %zu frames it may use",
+                        (unsigned long long)rel, (unsigned long long)nfr, n);
     size_t first = base + (size_t)rel;
     const unsigned char *sub = (const unsigned char *)f[6].via.bin.ptr;
     size_t sub_len = f[6].via.bin.size;
@@ -426,23 +427,39 @@ static gser_status_t dec_object(dec_t *d, const msgpack_object *o, size_t depth,
     const gser_type_t *t = context_find_type(d->ctx, tname, tlen);
     int fam = context_find_family(d->ctx, fname, flen);
     bool can_rebuild = t && fam >= 0 && t->fam[fam].deserialize;
+    char qt[GSER_QUOTED_MAX], qf[GSER_QUOTED_MAX]; /* names from the wire, escaped for messages */
     if (!(d->flags & GSER_DESERIALIZE_KEEP_SERIALIZED) && !can_rebuild &&
         !(d->flags & GSER_DESERIALIZE_ALLOW_UNKNOWN)) {
+        quote_format(tname, tlen, qt, sizeof qt);
         if (!t)
-            return dec_fail(d, GSER_ERR_UNKNOWN_TYPE, "type \"%.*s\" is not registered", (int)tlen, tname);
-        return dec_fail(d, GSER_ERR_NO_SERIALIZER, "type \"%.*s\" has no deserializer for family \"%.*s\"", (int)tlen,
-                        tname, (int)flen, fname);
+            return dec_fail(d, GSER_ERR_UNKNOWN_TYPE, "type %s is not registered", qt);
+        quote_format(fname, flen, qf, sizeof qf);
+        return dec_fail(d, GSER_ERR_NO_SERIALIZER, "type %s has no deserializer for family %s", qt, qf);
     }
     if ((d->flags & GSER_DESERIALIZE_KEEP_SERIALIZED) || !can_rebuild) {
         /* Pass-through: nothing of the object is decoded, but its sub-header
-         * must still be well-formed msgpack within the limits. */
+         * must still be well-formed msgpack within the limits, and its
+         * sub-tree starts at depth + 1 (wire-format.md 4.7). A sub-header
+         * walked already with its enclosing object's is not walked again. */
+        if (depth + 1 > d->lim.max_depth) {
+            quote_format(tname, tlen, qt, sizeof qt);
+            return dec_fail(d, GSER_ERR_LIMIT_DEPTH, "the sub-tree of type %s is deeper than the limit of %zu", qt,
+                            d->lim.max_depth);
+        }
         size_t used, off;
-        gser_status_t st = mp_check(sub, sub_len, d->lim.max_depth + 2, &d->nodes_left, &used, &off);
-        if (st == GSER_OK && used != sub_len)
+        const char *why;
+        gser_status_t st = d->checked ? GSER_OK
+                                      : mp_check(sub, sub_len, d->lim.max_depth - depth + 1, &d->nodes_left, &used,
+                                                 &off, &why);
+        if (st == GSER_OK && !d->checked && used != sub_len) {
             st = GSER_ERR_FORMAT;
-        if (st)
-            return dec_fail(d, st, "sub-header of type \"%.*s\": bad msgpack at byte %zu of %zu", (int)tlen, tname,
-                            off, sub_len);
+            off = used;
+            why = "has trailing bytes";
+        }
+        if (st) {
+            quote_format(tname, tlen, qt, sizeof qt);
+            return dec_fail(d, st, "sub-header of type %s %s at byte %zu of %zu", qt, why, off, sub_len);
+        }
         gser_value_t *v = msg_value(d->msg, GSER_KIND_SERIALIZED);
         gser_serialized_t *s = v ? msg_alloc(d->msg, sizeof *s, alignof(gser_serialized_t)) : NULL;
         gser_frame_t *frs = s && nfr ? msg_alloc(d->msg, (size_t)nfr * sizeof *frs, alignof(gser_frame_t)) : NULL;
@@ -462,11 +479,15 @@ static gser_status_t dec_object(dec_t *d, const msgpack_object *o, size_t depth,
         }
         s->frames = frs;
         s->nframes = (size_t)nfr;
+        s->depth = depth;
         v->u.ser = s;
         *out = v;
-        if (d->trace)
-            dec_trace(d, "serialized type=%s family=%s version=%u frames=%zu sub-header=%zu bytes (kept)",
-                      s->type_name, s->family, s->version, s->nframes, sub_len);
+        if (d->trace) {
+            quote_format(tname, tlen, qt, sizeof qt);
+            quote_format(fname, flen, qf, sizeof qf);
+            dec_trace(d, "serialized type=%s family=%s version=%u frames=%zu sub-header=%zu bytes (kept)", qt, qf,
+                      s->version, s->nframes, sub_len);
+        }
         return GSER_OK;
     }
     if (version < t->min_read_version || version > t->version) {
@@ -888,6 +909,7 @@ gser_status_t gser_deserialize(gser_context_t *ctx, const gser_frame_t *frames, 
     dec_t d;
     d.ctx = ctx;
     d.what = "gser_deserialize";
+    d.checked = false;
     gser_deserialize_options_t o = GSER_DESERIALIZE_OPTIONS_INIT;
     gser_status_t st = dopts_read(ctx, d.what, opts, &o, &d.lim);
     if (st)
@@ -954,6 +976,7 @@ gser_status_t gser_value_decode_serialized(gser_msg_t *msg, const gser_value_t *
     d.ctx = msg->ctx;
     d.what = "gser_value_decode_serialized";
     d.version = GSER_WIRE_VERSION; /* a kept sub-header was valid where it came from */
+    d.checked = true;               /* and its nested sub-headers were walked with it */
     d.msg = msg;
     d.flags = GSER_DESERIALIZE_KEEP_SERIALIZED;
     d.lim = msg->ctx->limits;
@@ -967,7 +990,7 @@ gser_status_t gser_value_decode_serialized(gser_msg_t *msg, const gser_value_t *
     d.dev_vals = NULL;
     d.ndev_vals = d.cap_dev_vals = d.flushed = 0;
     mp_scratch_init(&d.scratch);
-    gser_status_t st = dec_unit(&d, s->header, s->header_len, 1, 0, s->nframes, tree);
+    gser_status_t st = dec_unit(&d, s->header, s->header_len, s->depth + 1, 0, s->nframes, tree);
     mp_scratch_free(&d.scratch);
     return st;
 }

@@ -518,9 +518,13 @@ static gser_status_t enc_serialized(enc_t *e, obuf_t *pk, const gser_value_t *v,
             return enc_fail(e, GSER_ERR_NO_MEMORY, "out of memory for the frame table");
     }
     pack_object(pk, s->type_name, s->family, s->version, first - base, s->nframes, s->header, s->header_len);
-    if (e->trace)
-        enc_trace(e, "serialized type=%s family=%s version=%u frames=%zu sub-header=%zu bytes (forwarded)",
-                  s->type_name, s->family, s->version, s->nframes, s->header_len);
+    if (e->trace) {
+        char qt[GSER_QUOTED_MAX], qf[GSER_QUOTED_MAX]; /* the names came from a peer */
+        quote_format(s->type_name, strlen(s->type_name), qt, sizeof qt);
+        quote_format(s->family, strlen(s->family), qf, sizeof qf);
+        enc_trace(e, "serialized type=%s family=%s version=%u frames=%zu sub-header=%zu bytes (forwarded)", qt, qf,
+                  s->version, s->nframes, s->header_len);
+    }
     return GSER_OK;
 }
 

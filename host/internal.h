@@ -155,6 +155,7 @@ typedef struct gser_serialized {
     size_t header_len;
     gser_frame_t *frames;
     size_t nframes;
+    size_t depth; /* of the object where it was decoded: its sub-tree starts one deeper */
 } gser_serialized_t;
 
 struct gser_value {
@@ -380,17 +381,24 @@ GSER_INTERNAL void path_vmessage(const path_t *p, const char *sep, char *buf, si
 GSER_INTERNAL void dims_format(const int64_t *v, uint32_t n, char *buf, size_t cap);
 /* For traces: " strides=(a, b) span=N" for a strided buffer, "" otherwise. */
 GSER_INTERNAL void layout_format(const gser_buffer_desc_t *d, size_t span, char *buf, size_t cap);
+/* A name from the wire, quoted and escaped like a str value (no terminal
+ * escapes reach a log), cut after 64 bytes: fits GSER_QUOTED_MAX. */
+#define GSER_QUOTED_MAX (4 * 64 + 8)
+GSER_INTERNAL void quote_format(const char *s, size_t n, char *buf, size_t cap);
 /* Write a short rendering of a scalar value (for paths and traces). */
 GSER_INTERNAL void scalar_format(const gser_value_t *v, char *buf, size_t cap);
 
 /* ---- msgpack bounds check ----------------------------------------------- */
 
 /* Walk one msgpack object at p[0..len) without allocating: every declared
- * length must fit in what is left, containers nest at most max_depth (and never
- * deeper than msgpack-c's unpacker can go), and *nodes_left is charged one per
- * item. *used is the object's size. On error *err_off is the failing offset. */
+ * length must fit in what is left, containers nest at most max_depth levels
+ * (and never deeper than msgpack-c's unpacker can go), and *nodes_left is
+ * charged one per item. The sub-headers of object markers inside are walked
+ * the same way with the levels left at the marker (at least 2: a root and
+ * its markers' fields). *used is the object's size. On error *err_off is the
+ * failing offset and *why says what is wrong. */
 GSER_INTERNAL gser_status_t mp_check(const unsigned char *p, size_t len, size_t max_depth, size_t *nodes_left,
-                                     size_t *used, size_t *err_off);
+                                     size_t *used, size_t *err_off, const char **why);
 
 /* ---- msgpack parsing ------------------------------------------------------- */
 

@@ -284,7 +284,10 @@ GSER_API gser_status_t gser_value_get_serialized(const gser_value_t *v, gser_ser
 /**
  * Decode the sub-header of a serialized value into a value tree in msg
  * without running any type's code (nested objects stay serialized), for
- * inspection. Buffers in it point into the serialized value's frames.
+ * inspection. Buffers in it point into the serialized value's frames. The
+ * tree starts one level below the depth the object had in the message it
+ * was decoded from, so the context's depth limit holds across nested
+ * objects (GSER_ERR_LIMIT_DEPTH).
  */
 GSER_API gser_status_t gser_value_decode_serialized(gser_msg_t *msg, const gser_value_t *v,
                                                     gser_value_t **tree);

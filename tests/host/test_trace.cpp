@@ -70,7 +70,7 @@ TEST(Trace, SerializeAndDeserializePrintTheTree)
     EXPECT_NE(out.find("[gser] deserialize $.data  list array<float> n=1000 bytes=8000 frame 1 host"),
               std::string::npos)
         << out;
-    EXPECT_NE(out.find("[gser] deserialize $.payload  serialized type=test.blob family=host version=1 frames=1"),
+    EXPECT_NE(out.find("[gser] deserialize $.payload  serialized type=\"test.blob\" family=\"host\" version=1 frames=1"),
               std::string::npos)
         << out;
     fclose(f);
