@@ -102,7 +102,8 @@ static inline gser_status_t arena_vec_reserve(arena_t *a, void **ptr, size_t *ca
 /* ---- values ------------------------------------------------------------ */
 
 enum {
-    VF_OWNED = 1u << 0,          /* object: the message destroys it */
+    VF_OWNED = 1u << 0,    /* object: the message destroys it */
+    VF_EXT_UINT = 1u << 1, /* a uint decoded from its ext (not a msgpack integer a marker field may be) */
 };
 
 typedef enum list_mode {
@@ -115,6 +116,7 @@ typedef struct gser_list {
     gser_kind_t arr_kind;
     bool explicit_array; /* built as an array (or decoded from one): stays one on the wire */
     bool arr_borrowed;   /* arr points at memory the message does not own */
+    uint8_t marker;      /* while the list is decoded: MARK_* (host/decode.h) */
     size_t len;
     gser_value_t **items; /* LIST_BOXED */
     size_t items_cap;
@@ -271,8 +273,9 @@ GSER_INTERNAL uint32_t layout_span(uint32_t ndim, const int64_t *shape, const in
 GSER_INTERNAL bool layout_is_c(uint32_t ndim, const int64_t *shape, const int64_t *strides, size_t es);
 /* A buffer value for a checked description (strides NULL when C order) whose
  * elements span span bytes from data - first; shape and strides are copied,
- * flags and release ignored. */
-GSER_INTERNAL gser_value_t *buffer_value(gser_msg_t *msg, const gser_buffer_desc_t *desc, size_t first, size_t span);
+ * flags and release ignored. The value is into, made a buffer, or new. */
+GSER_INTERNAL gser_value_t *buffer_value(gser_msg_t *msg, gser_value_t *into, const gser_buffer_desc_t *desc,
+                                         size_t first, size_t span);
 GSER_INTERNAL gser_status_t value_list_new(gser_msg_t *msg, gser_kind_t kind, gser_value_t **out);
 /* An array-backed list over data (borrowed, never copied). */
 GSER_INTERNAL gser_status_t value_array_wrap(gser_msg_t *msg, bool tuple, gser_kind_t elem_kind, const void *data,
@@ -399,40 +402,6 @@ GSER_INTERNAL void scalar_format(const gser_value_t *v, char *buf, size_t cap);
  * failing offset and *why says what is wrong. */
 GSER_INTERNAL gser_status_t mp_check(const unsigned char *p, size_t len, size_t max_depth, size_t *nodes_left,
                                      size_t *used, size_t *err_off, const char **why);
-
-/* ---- msgpack parsing ------------------------------------------------------- */
-
-/* Where parsed objects live while a message is decoded: a buffer in the
- * decoder's frame first, then heap blocks. Units nest (an object's
- * sub-header is parsed while the header's objects are in use), so space is
- * given back to a mark. */
-typedef struct mp_scratch {
-    unsigned char *base;
-    size_t cap, used;
-    struct mp_block *blocks; /* heap blocks, newest first */
-    _Alignas(16) unsigned char local[2048];
-} mp_scratch_t;
-
-typedef struct mp_mark {
-    unsigned char *base;
-    size_t cap, used;
-    struct mp_block *blocks;
-} mp_mark_t;
-
-GSER_INTERNAL void mp_scratch_init(mp_scratch_t *s);
-GSER_INTERNAL void mp_scratch_free(mp_scratch_t *s);
-GSER_INTERNAL mp_mark_t mp_scratch_mark(const mp_scratch_t *s);
-GSER_INTERNAL void mp_scratch_release(mp_scratch_t *s, mp_mark_t m);
-
-struct msgpack_object;
-/* Parse the msgpack object that is exactly p[0..len) into *out, its arrays
- * and maps in s; strings, bins and exts point into p. Charges *nodes_left one
- * per item and fails before allocating for a count the input cannot hold.
- * Containers nest at most 32 deep (the caller checks its own, lower, limit as
- * it walks). On error *err_off is where parsing stopped and *why says what
- * went wrong, for the caller's message. */
-GSER_INTERNAL gser_status_t mp_unpack(mp_scratch_t *s, const unsigned char *p, size_t len, size_t *nodes_left,
-                                      struct msgpack_object *out, size_t *err_off, const char **why);
 
 /* ---- frames -------------------------------------------------------------- */
 

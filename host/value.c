@@ -573,9 +573,10 @@ static void c_strides(uint32_t ndim, const int64_t *shape, size_t es, int64_t *o
     }
 }
 
-gser_value_t *buffer_value(gser_msg_t *msg, const gser_buffer_desc_t *desc, size_t first, size_t span)
+gser_value_t *buffer_value(gser_msg_t *msg, gser_value_t *into, const gser_buffer_desc_t *desc, size_t first,
+                           size_t span)
 {
-    gser_value_t *v = msg_value(msg, GSER_KIND_BUFFER);
+    gser_value_t *v = into ? into : msg_value(msg, GSER_KIND_BUFFER);
     gser_buffer_t *b = v ? msg_alloc(msg, sizeof *b, alignof(gser_buffer_t)) : NULL;
     size_t dims = (size_t)desc->ndim * (desc->strides ? 2 : 1);
     int64_t *store = b && dims ? msg_alloc(msg, dims * sizeof(int64_t), 8) : NULL;
@@ -596,6 +597,7 @@ gser_value_t *buffer_value(gser_msg_t *msg, const gser_buffer_desc_t *desc, size
     }
     b->first = first;
     b->span = span;
+    v->kind = GSER_KIND_BUFFER;
     v->u.buf = b;
     return v;
 }
@@ -669,7 +671,7 @@ gser_status_t gser_msg_new_buffer(gser_msg_t *msg, const gser_buffer_desc_t *use
     if (copy && desc->release)
         return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: both GSER_BUFFER_COPY and release set", what);
 
-    gser_value_t *v = buffer_value(msg, desc, first, span);
+    gser_value_t *v = buffer_value(msg, NULL, desc, first, span);
     if (!v)
         return nomem(msg, what);
     if (copy && span) {
