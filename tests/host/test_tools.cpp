@@ -65,13 +65,8 @@ TEST(Tools, InspectShowsUnknownObjectsWithoutTheirType)
     BlobStats stats;
     register_blob(ctx.get(), &stats, {"host"});
     Blob blob{11, "eleven", std::vector<double>(64, 2.0)};
-    gser_msg_t *m;
-    ASSERT_EQ(gser_msg_create(ctx.get(), &m), GSER_OK);
-    MsgPtr mp(m);
-    gser_value_t *v;
-    gser_msg_new_object(m, "test.blob", &blob, &v);
-    gser_msg_set_root(m, v);
-    auto frames = serialize(ctx.get(), m);
+    auto m = blob_msg(ctx.get(), &blob);
+    auto frames = serialize(ctx.get(), m.get());
     std::string file = tmp_path("obj.gser");
     FILE *f = fopen(file.c_str(), "wb");
     ASSERT_NE(f, nullptr);

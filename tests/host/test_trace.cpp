@@ -4,30 +4,11 @@
 
 #include "host/common.hpp"
 
-namespace {
-
-std::string read_all(FILE *f)
-{
-    fflush(f);
-    rewind(f);
-    std::string out;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
-        out.append(buf, n);
-    return out;
-}
-
-} // namespace
-
 TEST(Trace, SerializeAndDeserializePrintTheTree)
 {
     FILE *f = tmpfile();
     ASSERT_NE(f, nullptr);
-    gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
-    o.trace = 1;
-    o.trace_stream = f;
-    auto ctx = make_ctx(&o);
+    auto ctx = make_trace_ctx(f);
     BlobStats stats;
     register_blob(ctx.get(), &stats, {"host"});
     Blob blob{5, "five", std::vector<double>(100, 1.0)};
@@ -62,8 +43,7 @@ TEST(Trace, SerializeAndDeserializePrintTheTree)
 
     fclose(f);
     f = tmpfile();
-    o.trace_stream = f;
-    auto rx = make_ctx(&o);
+    auto rx = make_trace_ctx(f);
     auto back = deserialize(rx.get(), frames.get(), GSER_DESERIALIZE_ALLOW_UNKNOWN);
     out = read_all(f);
     EXPECT_NE(out.find("[gser] deserialize header"), std::string::npos) << out;
