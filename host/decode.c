@@ -410,7 +410,7 @@ static gser_status_t rebuild(dec_t *d, const dec_object_t *o)
     d->path = o->path; /* the sub-tree's paths, and this object's errors, start at the object */
     d->defer = false;  /* the frame table is checked by now */
     const gser_type_t *t = o->type;
-    gser_value_t *tree;
+    gser_value_t *tree = NULL;
     gser_status_t st =
         mp_parse_unit(d, o->sub, o->sub_len, o->depth + 1, o->first, o->nframes, true, "sub-header", 0, &tree, NULL);
     /* The deserializer must see its buffers as they will be: scattered,

@@ -164,7 +164,8 @@ static gser_status_t enc_fail(enc_t *e, gser_status_t st, const char *fmt, ...)
         vsnprintf(e->err, sizeof e->err, fmt, ap);
     va_end(ap);
     e->failed = true;
-    e->path.len = 0; /* without tracing, the segments come now, innermost first */
+    if (!e->trace)
+        e->path.len = 0; /* the segments come now, innermost first */
     return st;
 }
 
