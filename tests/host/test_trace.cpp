@@ -84,3 +84,34 @@ TEST(Trace, EnvironmentVariableTurnsItOnAndOffByDefault)
     unsetenv("GSER_TRACE");
     fclose(f);
 }
+
+// A failure names the same path whether the encoder traces (and keeps the
+// path as it goes) or not (and gathers it on the way out).
+TEST(Trace, FailuresNameTheSamePathTracedOrNot)
+{
+    FILE *f = tmpfile();
+    ASSERT_NE(f, nullptr);
+    for (bool traced : {false, true}) {
+        auto ctx = traced ? make_trace_ctx(f) : make_ctx();
+        BlobStats stats;
+        register_blob(ctx.get(), &stats, {"host"});
+        Blob bad{-5, "neg", {}};
+        gser_msg_t *m;
+        ASSERT_EQ(gser_msg_create(ctx.get(), &m), GSER_OK);
+        MsgPtr mp(m);
+        gser_value_t *root, *l, *v;
+        gser_msg_new_map(m, &root);
+        gser_msg_new_list(m, &l);
+        gser_list_append_int(l, 1);
+        gser_msg_new_object(m, "test.blob", &bad, &v);
+        gser_list_append(l, v);
+        gser_map_put_cstr(root, "tasks", l);
+        gser_msg_set_root(m, root);
+        gser_frames_t *fr = nullptr;
+        EXPECT_EQ(gser_serialize(ctx.get(), m, nullptr, &fr), GSER_ERR_INVALID_ARG);
+        EXPECT_EQ(std::string(gser_context_get_last_error(ctx.get())),
+                  "$.tasks[1]: type \"test.blob\", family \"host\": serializer failed: blob id -5 is negative")
+            << (traced ? "traced" : "not traced");
+    }
+    fclose(f);
+}
