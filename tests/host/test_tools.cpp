@@ -36,6 +36,19 @@ std::string tmp_path(const char *name)
     return std::string(dir ? dir : "/tmp") + "/gser-test-" + std::to_string(getpid()) + "-" + name;
 }
 
+// gser-inspect on the flattened frames.
+ProcResult inspect_frames(const gser_frames_t *frames, const char *name)
+{
+    std::string file = tmp_path(name);
+    FILE *f = fopen(file.c_str(), "wb");
+    EXPECT_NE(f, nullptr);
+    EXPECT_EQ(gser_flat_write_file(gser_frames_get_array(frames), gser_frames_get_count(frames), f), GSER_OK);
+    fclose(f);
+    ProcResult r = run(std::string(GSER_INSPECT_PATH) + " " + file);
+    std::remove(file.c_str());
+    return r;
+}
+
 } // namespace
 
 TEST(Tools, DemoWritesAMessageThatInspectPrints)
@@ -67,18 +80,12 @@ TEST(Tools, InspectShowsUnknownObjectsWithoutTheirType)
     Blob blob{11, "eleven", std::vector<double>(64, 2.0)};
     auto m = blob_msg(ctx.get(), &blob);
     auto frames = serialize(ctx.get(), m.get());
-    std::string file = tmp_path("obj.gser");
-    FILE *f = fopen(file.c_str(), "wb");
-    ASSERT_NE(f, nullptr);
-    ASSERT_EQ(gser_flat_write_file(gser_frames_get_array(frames.get()), gser_frames_get_count(frames.get()), f), GSER_OK);
-    fclose(f);
-    ProcResult insp = run(std::string(GSER_INSPECT_PATH) + " " + file);
+    ProcResult insp = inspect_frames(frames.get(), "obj.gser");
     ASSERT_EQ(insp.status, 0) << insp.out;
     EXPECT_NE(insp.out.find("object type=\"test.blob\" family=\"host\" version=1 frames=1"), std::string::npos)
         << insp.out;
     EXPECT_NE(insp.out.find("\"name\": str \"eleven\""), std::string::npos) << insp.out;
     EXPECT_NE(insp.out.find("\"data\": buffer float64 512 bytes host, frame 1"), std::string::npos) << insp.out;
-    std::remove(file.c_str());
 }
 
 TEST(Tools, InspectPrintsStridesAndSpans)
@@ -109,12 +116,7 @@ TEST(Tools, InspectPrintsStridesAndSpans)
     gser_map_put_cstr(root, "z", v);
     gser_msg_set_root(m, root);
     auto frames = serialize(ctx.get(), m);
-    std::string file = tmp_path("strides.gser");
-    FILE *f = fopen(file.c_str(), "wb");
-    ASSERT_NE(f, nullptr);
-    ASSERT_EQ(gser_flat_write_file(gser_frames_get_array(frames.get()), gser_frames_get_count(frames.get()), f), GSER_OK);
-    fclose(f);
-    ProcResult insp = run(std::string(GSER_INSPECT_PATH) + " " + file);
+    ProcResult insp = inspect_frames(frames.get(), "strides.gser");
     ASSERT_EQ(insp.status, 0) << insp.out;
     EXPECT_NE(insp.out.find("gser message, wire format 2:"), std::string::npos) << insp.out;
     EXPECT_NE(insp.out.find("\"f\": buffer float64 shape=(30, 40) strides=(8, 240) 9600 bytes (span 9600) host, frame 1"),
@@ -123,7 +125,6 @@ TEST(Tools, InspectPrintsStridesAndSpans)
     EXPECT_NE(insp.out.find("\"z\": buffer float64 shape=(1000, 1000) strides=(0, 0) 8000000 bytes (span 8) host, inline"),
               std::string::npos)
         << insp.out;
-    std::remove(file.c_str());
 }
 
 TEST(Tools, InspectRejectsBadFilesWithOneLine)
