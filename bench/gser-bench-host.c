@@ -5,10 +5,15 @@
  * list_f64_1m       serialize + deserialize of a built 1,000,000-float list vs memcpy of 8 MB
  * list_f64_1m_flat  the same through the flattened form (bytes for a file or socket) vs memcpy
  * control_msg       build + serialize + deserialize of a scheduler message vs msgpack-c pack + unpack
+ * control_msg_deserialize  gser_deserialize alone (and the destroy) vs msgpack_unpack of the same message
  * host_buffer_1m/1g serialize + deserialize of one host buffer vs memcpy of it (must not grow with size)
  *
  * --quick uses small sizes and few repetitions: it checks the benchmark runs,
  * its numbers mean nothing.
+ *
+ * --phases N runs the control message N times, each phase in a function of
+ * its own, for callgrind's --toggle-collect (bench/callgrind-control.sh
+ * prints instructions per message and phase).
  */
 #include <msgpack.h>
 
@@ -141,24 +146,25 @@ static void run_elementwise(void *p)
 static const char *const ctl_keys[NKEYS] = {"('x-part', 0)", "('x-part', 1)", "('x-part', 2)", "('x-part', 3)"};
 static const char *const ctl_addrs[2] = {"tcp://10.0.0.1:40000", "tcp://10.0.0.2:40001"};
 
-static void run_control_gser(void *p)
+/* The message as a program writes it: keys in its source are literals
+ * (borrowed), the task keys and addresses are its data (copied). */
+static gser_msg_t *build_control(void)
 {
-    (void)p;
     gser_msg_t *m;
     gser_value_t *root, *v, *prio, *who, *addrs, *nbytes;
     CK(gser_msg_create(g_ctx, &m));
     CK(gser_msg_new_map(m, &root));
     CK(gser_msg_new_cstr(m, "compute-task", &v));
-    CK(gser_map_put_cstr(root, "op", v));
+    CK(GSER_MAP_PUT_LITERAL(root, "op", v));
     CK(gser_msg_new_cstr(m, "('sum-aggregate-5c1f', 17)", &v));
-    CK(gser_map_put_cstr(root, "key", v));
+    CK(GSER_MAP_PUT_LITERAL(root, "key", v));
     CK(gser_msg_new_tuple(m, &prio));
     CK(gser_list_append_int(prio, 0));
     CK(gser_list_append_int(prio, 4));
     CK(gser_list_append_int(prio, -12));
-    CK(gser_map_put_cstr(root, "priority", prio));
+    CK(GSER_MAP_PUT_LITERAL(root, "priority", prio));
     CK(gser_msg_new_float(m, 0.25, &v));
-    CK(gser_map_put_cstr(root, "duration", v));
+    CK(GSER_MAP_PUT_LITERAL(root, "duration", v));
     CK(gser_msg_new_map(m, &who));
     CK(gser_msg_new_map(m, &nbytes));
     for (int i = 0; i < NKEYS; i++) {
@@ -169,11 +175,31 @@ static void run_control_gser(void *p)
         CK(gser_msg_new_int(m, 8000000 + i, &v));
         CK(gser_map_put_cstr(nbytes, ctl_keys[i], v));
     }
-    CK(gser_map_put_cstr(root, "who_has", who));
-    CK(gser_map_put_cstr(root, "nbytes", nbytes));
+    CK(GSER_MAP_PUT_LITERAL(root, "who_has", who));
+    CK(GSER_MAP_PUT_LITERAL(root, "nbytes", nbytes));
     CK(gser_msg_set_root(m, root));
+    return m;
+}
+
+static void run_control_gser(void *p)
+{
+    (void)p;
+    gser_msg_t *m = build_control();
     roundtrip(m);
     gser_msg_destroy(m);
+}
+
+/* Deserialize alone: the frames of one control message, decoded again and again. */
+static const gser_frame_t *g_ctl_frames;
+static size_t g_ctl_nframes;
+
+static void run_control_deserialize(void *p)
+{
+    (void)p;
+    gser_msg_t *back;
+    CK(gser_deserialize(g_ctx, g_ctl_frames, g_ctl_nframes, NULL, &back));
+    g_sink += gser_value_get_len(gser_msg_get_root(back));
+    gser_msg_destroy(back);
 }
 
 static void pack_cstr(msgpack_packer *pk, const char *s)
@@ -181,13 +207,43 @@ static void pack_cstr(msgpack_packer *pk, const char *s)
     msgpack_pack_str_with_body(pk, s, strlen(s));
 }
 
+static void pack_control(msgpack_sbuffer *sb);
+
+/* msgpack-c's unpack of msgpack-c's bytes of the message (a zone per call). */
+static void unpack_control(const msgpack_sbuffer *sb)
+{
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    size_t off = 0;
+    if (msgpack_unpack_next(&up, sb->data, sb->size, &off) != MSGPACK_UNPACK_SUCCESS)
+        abort();
+    g_sink += up.data.via.map.size;
+    msgpack_unpacked_destroy(&up);
+}
+
 static void run_control_msgpack(void *p)
 {
     (void)p;
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
+    pack_control(&sb);
+    unpack_control(&sb);
+    msgpack_sbuffer_destroy(&sb);
+}
+
+/* Unpack alone, of the same bytes again and again. */
+static msgpack_sbuffer g_ctl_sb;
+
+static void run_control_unpack(void *p)
+{
+    (void)p;
+    unpack_control(&g_ctl_sb);
+}
+
+static void pack_control(msgpack_sbuffer *sb)
+{
     msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
     msgpack_pack_map(&pk, 6);
     pack_cstr(&pk, "op");
     pack_cstr(&pk, "compute-task");
@@ -214,14 +270,6 @@ static void run_control_msgpack(void *p)
         pack_cstr(&pk, ctl_keys[i]);
         msgpack_pack_int64(&pk, 8000000 + i);
     }
-    msgpack_unpacked up;
-    msgpack_unpacked_init(&up);
-    size_t off = 0;
-    if (msgpack_unpack_next(&up, sb.data, sb.size, &off) != MSGPACK_UNPACK_SUCCESS)
-        abort();
-    g_sink += up.data.via.map.size;
-    msgpack_unpacked_destroy(&up);
-    msgpack_sbuffer_destroy(&sb);
 }
 
 /* Many calls per sample, so the clock's resolution does not matter. */
@@ -287,10 +335,70 @@ static void bench_buffer(const char *name, size_t n, int reps, bool json)
 static void bench_lists(size_t n, int reps, bool quick, bool json);
 static void bench_control(bool quick, bool json);
 
+/* ---- phases, for callgrind ---------------------------------------------------------------- */
+
+__attribute__((noinline)) gser_msg_t *phase_build(void);
+__attribute__((noinline)) gser_frames_t *phase_serialize(gser_msg_t *m);
+__attribute__((noinline)) void phase_deserialize(gser_frames_t *f);
+__attribute__((noinline)) void phase_destroy(gser_msg_t *m, gser_frames_t *f);
+__attribute__((noinline)) void anchor_pack(msgpack_sbuffer *sb);
+__attribute__((noinline)) void anchor_unpack(msgpack_sbuffer *sb);
+
+gser_msg_t *phase_build(void)
+{
+    return build_control();
+}
+
+gser_frames_t *phase_serialize(gser_msg_t *m)
+{
+    gser_frames_t *f;
+    CK(gser_serialize(g_ctx, m, NULL, &f));
+    return f;
+}
+
+void phase_deserialize(gser_frames_t *f)
+{
+    g_ctl_frames = gser_frames_get_array(f);
+    g_ctl_nframes = gser_frames_get_count(f);
+    run_control_deserialize(NULL); /* and the destroy of what it made */
+}
+
+void phase_destroy(gser_msg_t *m, gser_frames_t *f)
+{
+    gser_frames_destroy(f);
+    gser_msg_destroy(m);
+}
+
+void anchor_pack(msgpack_sbuffer *sb)
+{
+    msgpack_sbuffer_init(sb);
+    pack_control(sb);
+}
+
+void anchor_unpack(msgpack_sbuffer *sb)
+{
+    unpack_control(sb);
+    msgpack_sbuffer_destroy(sb);
+}
+
+static void run_phases(long n)
+{
+    for (long i = 0; i < n; i++) {
+        gser_msg_t *m = phase_build();
+        gser_frames_t *f = phase_serialize(m);
+        phase_deserialize(f);
+        phase_destroy(m, f);
+        msgpack_sbuffer sb;
+        anchor_pack(&sb);
+        anchor_unpack(&sb);
+    }
+}
+
 int main(int argc, char **argv)
 {
     bool json = false, quick = false;
     const char *only = NULL;
+    long phases = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0)
             json = true;
@@ -298,8 +406,10 @@ int main(int argc, char **argv)
             quick = true;
         else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
             only = argv[++i];
+        else if (strcmp(argv[i], "--phases") == 0 && i + 1 < argc)
+            phases = atol(argv[++i]);
         else {
-            fprintf(stderr, "usage: gser-bench-host [--json] [--quick] [--only list|control|buffer]\n");
+            fprintf(stderr, "usage: gser-bench-host [--json] [--quick] [--only list|control|buffer] [--phases N]\n");
             return 2;
         }
     }
@@ -307,6 +417,11 @@ int main(int argc, char **argv)
     o.trace = -1;
     if (gser_context_create(&o, &g_ctx) != GSER_OK)
         return 1;
+    if (phases > 0) {
+        run_phases(phases);
+        gser_context_destroy(g_ctx);
+        return 0;
+    }
     const size_t n = quick ? 10000 : 1000000;
     const int reps = quick ? 3 : 21;
 
@@ -370,6 +485,24 @@ static void bench_control(bool quick, bool json)
     double t_g = bench_median_us(run_batch, &bg, 1, quick ? 3 : 15) / bg.n;
     double t_m = bench_median_us(run_batch, &bm, 1, quick ? 3 : 15) / bm.n;
     snprintf(note, sizeof note, "%.0f messages/s (msgpack-c: %.0f/s)", 1e6 / t_g, 1e6 / t_m);
-    bench_result_t r3 = {"control_msg", t_g, "us", "msgpack-c pack + unpack (us)", t_m, "<= 1.5", note};
+    bench_result_t r3 = {"control_msg", t_g, "us", "msgpack-c pack + unpack (us)", t_m, "<= 2", note};
     bench_print(&r3, json);
+
+    /* deserialize alone */
+    gser_msg_t *m = build_control();
+    gser_frames_t *f;
+    CK(gser_serialize(g_ctx, m, NULL, &f));
+    g_ctl_frames = gser_frames_get_array(f);
+    g_ctl_nframes = gser_frames_get_count(f);
+    msgpack_sbuffer_init(&g_ctl_sb);
+    pack_control(&g_ctl_sb);
+    batch_arg_t bd = {run_control_deserialize, 1000}, bu = {run_control_unpack, 1000};
+    double t_d = bench_median_us(run_batch, &bd, 1, quick ? 3 : 15) / bd.n;
+    double t_u = bench_median_us(run_batch, &bu, 1, quick ? 3 : 15) / bu.n;
+    snprintf(note, sizeof note, "header %zu bytes, msgpack-c's %zu", g_ctl_frames[0].size, g_ctl_sb.size);
+    bench_result_t r4 = {"control_msg_deserialize", t_d, "us", "msgpack_unpack (us)", t_u, "<= 1.5", note};
+    bench_print(&r4, json);
+    msgpack_sbuffer_destroy(&g_ctl_sb);
+    gser_frames_destroy(f);
+    gser_msg_destroy(m);
 }

@@ -181,6 +181,9 @@ gser_status_t gser_context_create(const gser_context_options_t *opts, gser_conte
     if (o.trace > 0 || (o.trace == 0 && env_trace_on()))
         ctx->trace = o.trace_stream ? o.trace_stream : stderr;
     atomic_init(&ctx->frozen, false);
+    atomic_init(&ctx->spare_msg[0], NULL);
+    atomic_init(&ctx->spare_msg[1], NULL);
+    atomic_init(&ctx->spare_frames, NULL);
     strcpy(ctx->families[GSER_FAMILY_DEVICE], "device");
     strcpy(ctx->families[GSER_FAMILY_HOST], "host");
     ctx->nfamilies = 2;
@@ -205,6 +208,9 @@ void gser_context_destroy(gser_context_t *ctx)
         }
     }
     free(ctx->types);
+    free(atomic_load(&ctx->spare_msg[0]));
+    free(atomic_load(&ctx->spare_msg[1]));
+    free(atomic_load(&ctx->spare_frames));
     ctxdev_close(ctx);
     for (err_slot_t *s = ctx->err_slots, *next; s; s = next) {
         next = s->next;

@@ -1,44 +1,34 @@
 /* gser_deserialize: header + frames -> a value tree, for untrusted input.
  *
- * Every msgpack unit (the header, each object's sub-header) is parsed by
- * msgpack-c's unpack template under gser's limits (mpparse.c), then turned
- * into values with every marker, frame reference and size checked. Values
- * point into the frames where they can (bytes, buffers, arrays).
+ * Every msgpack unit (the header's root, each object's sub-header) is parsed
+ * straight into values by msgpack-c's unpack template under gser's limits
+ * (mpparse.c); gser's markers are finished here as their last field
+ * arrives, with every frame reference and size checked. The frame table is
+ * checked once the root is parsed, before any type's deserializer runs.
+ * Values point into the frames where they can (bytes, buffers, arrays).
  */
 #include <stdlib.h>
 #include <string.h>
 
-#include <msgpack.h>
-
-#include "internal.h"
-
-typedef struct dec {
-    gser_context_t *ctx;
-    gser_msg_t *msg;
-    unsigned flags;
-    gser_limits_t lim;
-    const gser_frame_t *frames; /* data frames (the header is not among them) */
-    size_t nframes;
-    size_t nodes_left; /* msgpack items still allowed */
-    FILE *trace;
-    path_t path;
-    const char *what; /* "gser_deserialize" or the inspecting call */
-    uint32_t version; /* of the header's wire format */
-    char cb_err[512];
-    mp_scratch_t scratch; /* the parsed msgpack objects of the units being decoded */
-    /* device work (GSER_DESERIALIZE_RESTORE_DEVICE, _SCATTER) */
-    void *stream;
-    void **uploaded;          /* per data frame: its copy on the device, made on first use */
-    gser_value_t **dev_vals;  /* device buffers that gser copied: get the event, maybe a scatter */
-    size_t ndev_vals, cap_dev_vals;
-    size_t flushed;           /* dev_vals before this one are done */
-} dec_t;
+#include "decode.h"
 
 struct gser_reader {
     dec_t *dec;
     gser_value_t *tree;
     uint32_t version;
     const char *family;
+};
+
+/* An object to rebuild once the frame table is checked. */
+struct dec_object {
+    gser_value_t *v; /* an object value whose obj is still NULL */
+    const unsigned char *sub;
+    size_t sub_len;
+    size_t depth, first, nframes;
+    const gser_type_t *type;
+    int fam;
+    uint32_t version;
+    path_t path;
 };
 
 static gser_status_t dec_fail(dec_t *d, gser_status_t st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -70,27 +60,44 @@ static gser_status_t nomem(dec_t *d)
     return dec_fail(d, GSER_ERR_NO_MEMORY, "out of memory");
 }
 
-static gser_status_t dec_obj(dec_t *d, const msgpack_object *o, size_t depth, size_t base, size_t n,
-                             gser_value_t **out);
+static gser_status_t dec_device_flush(dec_t *d);
 
-/* ---- small readers ------------------------------------------------------------ */
+/* ---- marker fields: values made by the parser -------------------------------------- */
 
-static bool get_u64(const msgpack_object *o, uint64_t *v)
+/* A msgpack positive integer (not a uint that came as an ext). */
+static bool get_u64(const gser_value_t *v, uint64_t *out)
 {
-    if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+    if (v->kind == GSER_KIND_INT && v->u.i >= 0) {
+        *out = (uint64_t)v->u.i;
+        return true;
+    }
+    if (v->kind == GSER_KIND_UINT && !(v->flags & VF_EXT_UINT)) {
+        *out = v->u.u;
+        return true;
+    }
+    return false;
+}
+
+static bool get_i64(const gser_value_t *v, int64_t *out)
+{
+    if (v->kind != GSER_KIND_INT)
         return false;
-    *v = o->via.u64;
+    *out = v->u.i;
     return true;
 }
 
-/* A marker is an array whose first element is an ext with an empty payload;
- * a list may well start with a uint (an ext with 8 bytes). */
-static bool is_marker(const msgpack_object *o, int *type)
+/* An array field (shape, strides, reference) of n items. */
+static bool get_ints(const gser_value_t *v, size_t n)
 {
-    if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size == 0 ||
-        o->via.array.ptr[0].type != MSGPACK_OBJECT_EXT || o->via.array.ptr[0].via.ext.size != 0)
+    return v->kind == GSER_KIND_LIST && v->u.list->len == n;
+}
+
+static bool get_str(const gser_value_t *v, size_t max, const char **s, size_t *len)
+{
+    if (v->kind != GSER_KIND_STR || v->u.s.len == 0 || v->u.s.len > max || memchr(v->u.s.ptr, '\0', v->u.s.len))
         return false;
-    *type = o->via.array.ptr[0].via.ext.type;
+    *s = v->u.s.ptr;
+    *len = v->u.s.len;
     return true;
 }
 
@@ -99,39 +106,50 @@ static size_t dtype_align(size_t es)
     return es > 16 ? 16 : es; /* element sizes are powers of two */
 }
 
-/* Data of a buffer or array: inline bin or [frame, offset, nbytes] within
- * this object's frames [base, base + n). *raw points at the bytes as they are
- * (in the header or the frame); *frame is the frame's index, or SIZE_MAX. */
-static gser_status_t dec_data(dec_t *d, const msgpack_object *o, size_t base, size_t n, size_t nbytes,
-                              const void **raw, size_t *frame, char *where, size_t where_cap)
+/* The length a data field declares: a bin's, or a reference's third field. */
+static bool data_len(const gser_value_t *v, uint64_t *len)
 {
+    if (v->kind == GSER_KIND_BYTES) {
+        *len = v->u.s.len;
+        return true;
+    }
+    return get_ints(v, 3) && get_u64(v->u.list->items[2], len);
+}
+
+/* Data of a buffer or array: inline bin or [frame, offset, nbytes] within
+ * the unit's frames. *raw points at the bytes as they are (in the header or
+ * the frame); *frame is the frame's index, or SIZE_MAX. */
+static gser_status_t dec_data(mp_unit_t *u, const gser_value_t *v, size_t nbytes, const void **raw, size_t *frame,
+                              char *where, size_t where_cap)
+{
+    dec_t *d = u->d;
     *frame = SIZE_MAX;
-    if (o->type == MSGPACK_OBJECT_BIN) {
-        if (o->via.bin.size != nbytes)
-            return dec_fail(d, GSER_ERR_FORMAT, "inline data has %u bytes, %zu expected", o->via.bin.size, nbytes);
-        *raw = o->via.bin.ptr;
+    if (v->kind == GSER_KIND_BYTES) {
+        if (v->u.s.len != nbytes)
+            return mp_unit_fail(u, GSER_ERR_FORMAT, "inline data has %zu bytes, %zu expected", v->u.s.len, nbytes);
+        *raw = v->u.s.ptr;
         snprintf(where, where_cap, "inline");
         return GSER_OK;
     }
     uint64_t rel, off, len;
-    if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 3 || !get_u64(&o->via.array.ptr[0], &rel) ||
-        !get_u64(&o->via.array.ptr[1], &off) || !get_u64(&o->via.array.ptr[2], &len))
-        return dec_fail(d, GSER_ERR_FORMAT, "data is neither bin nor a [frame, offset, nbytes] reference");
+    if (!get_ints(v, 3) || !get_u64(v->u.list->items[0], &rel) || !get_u64(v->u.list->items[1], &off) ||
+        !get_u64(v->u.list->items[2], &len))
+        return mp_unit_fail(u, GSER_ERR_FORMAT, "data is neither bin nor a [frame, offset, nbytes] reference");
     if (len != nbytes)
-        return dec_fail(d, GSER_ERR_FORMAT, "reference covers %llu bytes, %zu expected", (unsigned long long)len,
-                        nbytes);
-    if (rel >= n)
-        return dec_fail(d, GSER_ERR_FRAME, "frame reference %llu is outside this object's %zu frames",
-                        (unsigned long long)rel, n);
-    const gser_frame_t *f = &d->frames[base + rel];
-    if (off > f->size || len > f->size - off)
-        return dec_fail(d, GSER_ERR_FRAME, "bytes %llu..%llu are outside frame %zu of %zu bytes",
-                        (unsigned long long)off, (unsigned long long)(off + len), base + rel + 1, f->size);
+        return mp_unit_fail(u, GSER_ERR_FORMAT, "reference covers %llu bytes, %zu expected", (unsigned long long)len,
+                            nbytes);
+    if (rel >= u->fn)
+        return mp_unit_fail(u, GSER_ERR_FRAME, "frame reference %llu is outside this object's %zu frames",
+                            (unsigned long long)rel, u->fn);
+    const gser_frame_t *f = &d->frames[u->fbase + rel];
+    if (off > f->size || len > f->size - off) /* the numbers as sent: their sum may wrap */
+        return mp_unit_fail(u, GSER_ERR_FRAME, "%llu bytes at offset %llu are outside frame %zu of %zu bytes",
+                            (unsigned long long)len, (unsigned long long)off, u->fbase + rel + 1, f->size);
     if (len && !f->data)
-        return dec_fail(d, GSER_ERR_FRAME, "frame %zu has no data", base + rel + 1);
+        return mp_unit_fail(u, GSER_ERR_FRAME, "frame %zu has no data", u->fbase + rel + 1);
     *raw = (const char *)f->data + off;
-    *frame = base + (size_t)rel;
-    snprintf(where, where_cap, "frame %zu %s", base + rel + 1, gser_memory_str(f->memory));
+    *frame = u->fbase + (size_t)rel;
+    snprintf(where, where_cap, "frame %zu %s", u->fbase + rel + 1, gser_memory_str(f->memory));
     return GSER_OK;
 }
 
@@ -198,108 +216,94 @@ static gser_status_t note_dev_val(dec_t *d, gser_value_t *v)
 
 /* ---- markers ------------------------------------------------------------------- */
 
-static bool get_i64(const msgpack_object *o, int64_t *v)
-{
-    if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
-        *v = o->via.i64;
-        return true;
-    }
-    if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER || o->via.u64 > INT64_MAX)
-        return false;
-    *v = (int64_t)o->via.u64;
-    return true;
-}
-
 /* The strides field of a buffer marker: ndim byte strides whose elements'
  * span is found (0 and the bytes of the shape for C order). *strides is set
  * to NULL for C order, which the receiver sees the same as no strides. */
-static gser_status_t dec_strides(dec_t *d, const msgpack_object *o, const int64_t *shape, uint32_t ndim, size_t es,
+static gser_status_t dec_strides(mp_unit_t *u, const gser_value_t *v, const int64_t *shape, uint32_t ndim, size_t es,
                                  int64_t *store, const int64_t **strides, size_t *first, size_t *span)
 {
-    if (d->version < 2)
-        return dec_fail(d, GSER_ERR_FORMAT, "buffer strides need wire format version 2, the header is version %u",
-                        d->version);
+    if (u->d->version < 2)
+        return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer strides need wire format version 2, the header is version %u",
+                            u->d->version);
     if (ndim == 0)
-        return dec_fail(d, GSER_ERR_FORMAT, "buffer has strides but no shape");
-    if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != ndim)
-        return dec_fail(d, GSER_ERR_FORMAT, "buffer strides are not an array of %u integers, one per dim", ndim);
+        return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer has strides but no shape");
+    if (!get_ints(v, ndim))
+        return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer strides are not an array of %u integers, one per dim", ndim);
     for (uint32_t k = 0; k < ndim; k++)
-        if (!get_i64(&o->via.array.ptr[k], &store[k]))
-            return dec_fail(d, GSER_ERR_FORMAT, "buffer stride %u is not a 64-bit integer", k);
+        if (!get_i64(v->u.list->items[k], &store[k]))
+            return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer stride %u is not a 64-bit integer", k);
     uint32_t bad = layout_span(ndim, shape, store, es, first, span);
     if (bad)
-        return dec_fail(d, GSER_ERR_FORMAT, "buffer strides[%u] = %lld: the elements span more than 2^63 - 1 bytes",
-                        bad - 1, (long long)store[bad - 1]);
+        return mp_unit_fail(u, GSER_ERR_FORMAT,
+                            "buffer strides[%u] = %lld: the elements span more than 2^63 - 1 bytes", bad - 1,
+                            (long long)store[bad - 1]);
     *strides = layout_is_c(ndim, shape, store, es) ? NULL : store;
     return GSER_OK;
 }
 
-static gser_status_t dec_buffer(dec_t *d, const msgpack_object *o, size_t base, size_t n, gser_value_t **out)
+/* [ext(4), dtype, shape, data, origin(, strides)]: f are the fields after the ext. */
+static gser_status_t dec_buffer(mp_unit_t *u, gser_value_t *v, gser_value_t *const *f, size_t nf)
 {
-    const msgpack_object *f = o->via.array.ptr;
+    dec_t *d = u->d;
     uint64_t dtype;
-    if ((o->via.array.size != 5 && o->via.array.size != 6) || !get_u64(&f[1], &dtype) || dtype >= GSER_DTYPE_COUNT)
-        return dec_fail(d, GSER_ERR_FORMAT,
-                        "buffer marker needs [marker, dtype, shape, data, origin(, strides)] with a known dtype");
+    if ((nf != 4 && nf != 5) || !get_u64(f[0], &dtype) || dtype >= GSER_DTYPE_COUNT)
+        return mp_unit_fail(u, GSER_ERR_FORMAT,
+                            "buffer marker needs [marker, dtype, shape, data, origin(, strides)] with a known dtype");
     size_t es = gser_dtype_size((gser_dtype_t)dtype);
     int64_t shape[GSER_MAX_NDIM];
     uint32_t ndim = 0;
     uint64_t total = es;
-    if (f[2].type == MSGPACK_OBJECT_ARRAY) {
-        if (f[2].via.array.size == 0 || f[2].via.array.size > GSER_MAX_NDIM)
-            return dec_fail(d, GSER_ERR_FORMAT, "buffer shape has %u dims (1..%d allowed)", f[2].via.array.size,
-                            GSER_MAX_NDIM);
-        ndim = f[2].via.array.size;
+    if (f[1]->kind == GSER_KIND_LIST) {
+        size_t n = f[1]->u.list->len;
+        if (n == 0 || n > GSER_MAX_NDIM)
+            return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer shape has %zu dims (1..%d allowed)", n, GSER_MAX_NDIM);
+        ndim = (uint32_t)n;
         for (uint32_t i = 0; i < ndim; i++) {
             uint64_t ext;
-            if (!get_u64(&f[2].via.array.ptr[i], &ext) || ext > INT64_MAX)
-                return dec_fail(d, GSER_ERR_FORMAT, "buffer shape dim %u is not a non-negative integer", i);
+            if (!get_u64(f[1]->u.list->items[i], &ext) || ext > INT64_MAX)
+                return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer shape dim %u is not a non-negative integer", i);
             /* numpy's limit, and what a signed size can hold */
             if (ext && total > INT64_MAX / ext)
-                return dec_fail(d, GSER_ERR_FORMAT, "buffer shape dim %u: the elements hold more than 2^63 - 1 bytes",
-                                i);
+                return mp_unit_fail(u, GSER_ERR_FORMAT,
+                                    "buffer shape dim %u: the elements hold more than 2^63 - 1 bytes", i);
             total *= ext;
             shape[i] = (int64_t)ext;
         }
-    } else if (f[2].type != MSGPACK_OBJECT_NIL) {
-        return dec_fail(d, GSER_ERR_FORMAT, "buffer shape is neither nil nor an array");
+    } else if (f[1]->kind != GSER_KIND_NIL) {
+        return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer shape is neither nil nor an array");
     }
     int64_t stride_store[GSER_MAX_NDIM];
     const int64_t *strides = NULL;
     size_t first = 0, span = (size_t)total;
     gser_status_t st;
-    bool laid_out = o->via.array.size == 6;
-    if (laid_out && (st = dec_strides(d, &f[5], shape, ndim, es, stride_store, &strides, &first, &span)))
+    bool laid_out = nf == 5;
+    if (laid_out && (st = dec_strides(u, f[4], shape, ndim, es, stride_store, &strides, &first, &span)))
         return st;
     /* the data's length comes from the data: a bin's size or the reference's
      * length; with strides it is the span the elements cover */
     uint64_t len;
-    if (f[3].type == MSGPACK_OBJECT_BIN)
-        len = f[3].via.bin.size;
-    else if (f[3].type == MSGPACK_OBJECT_ARRAY && f[3].via.array.size == 3 && get_u64(&f[3].via.array.ptr[2], &len))
-        ;
-    else
-        return dec_fail(d, GSER_ERR_FORMAT, "buffer data is neither bin nor a [frame, offset, nbytes] reference");
+    if (!data_len(f[2], &len))
+        return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer data is neither bin nor a [frame, offset, nbytes] reference");
     if (len > SIZE_MAX)
-        return dec_fail(d, GSER_ERR_FORMAT, "buffer too large");
+        return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer too large");
     if (laid_out) {
         if (len != span)
-            return dec_fail(d, GSER_ERR_FORMAT, "buffer data holds %llu bytes, its shape and strides span %zu",
-                            (unsigned long long)len, span);
+            return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer data holds %llu bytes, its shape and strides span %zu",
+                                (unsigned long long)len, span);
     } else if (ndim ? total != len : len % es != 0) {
-        return dec_fail(d, GSER_ERR_FORMAT, "buffer of %s holds %llu bytes, its shape says %llu",
-                        gser_dtype_str((gser_dtype_t)dtype), (unsigned long long)len,
-                        (unsigned long long)(ndim ? total : len - len % es));
+        return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer of %s holds %llu bytes, its shape says %llu",
+                            gser_dtype_str((gser_dtype_t)dtype), (unsigned long long)len,
+                            (unsigned long long)(ndim ? total : len - len % es));
     }
     size_t nbytes = laid_out ? (size_t)total : (size_t)len;
     span = (size_t)len;
     uint64_t origin;
-    if (!get_u64(&f[4], &origin) || origin > GSER_MEMORY_DEVICE)
-        return dec_fail(d, GSER_ERR_FORMAT, "buffer origin is not 0 (host) or 1 (device)");
+    if (!get_u64(f[3], &origin) || origin > GSER_MEMORY_DEVICE)
+        return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer origin is not 0 (host) or 1 (device)");
     const void *raw, *data = NULL;
     size_t frame;
     char where[64];
-    if ((st = dec_data(d, &f[3], base, n, span, &raw, &frame, where, sizeof where)))
+    if ((st = dec_data(u, f[2], span, &raw, &frame, where, sizeof where)))
         return st;
     gser_memory_t mem = frame != SIZE_MAX ? d->frames[frame].memory : GSER_MEMORY_HOST;
     int32_t device = frame != SIZE_MAX ? d->frames[frame].device : d->ctx->ordinal;
@@ -332,69 +336,63 @@ static gser_status_t dec_buffer(dec_t *d, const msgpack_object *o, size_t base, 
                                .memory = mem,
                                .device = device,
                                .strides = strides};
-    if (!(*out = buffer_value(d->msg, &desc, first, span)))
+    if (!buffer_value(d->msg, v, &desc, first, span))
         return nomem(d);
     if (mem == GSER_MEMORY_DEVICE && span && (copied || (d->flags & GSER_DESERIALIZE_SCATTER)) &&
-        (st = note_dev_val(d, *out)))
+        (st = note_dev_val(d, v)))
         return st;
     if (d->trace) {
         char layout[160];
         layout_format(&desc, span, layout, sizeof layout);
-        dec_trace(d, "buffer %s ndim=%u bytes=%zu%s %s%s%s", gser_dtype_str(desc.dtype), ndim, desc.nbytes, layout,
-                  where, origin == GSER_MEMORY_DEVICE ? " (from device)" : "", copied ? " -> device" : "");
+        mp_unit_trace(u, "buffer %s ndim=%u bytes=%zu%s %s%s%s", gser_dtype_str(desc.dtype), ndim, desc.nbytes,
+                      layout, where, origin == GSER_MEMORY_DEVICE ? " (from device)" : "", copied ? " -> device" : "");
     }
     return GSER_OK;
 }
 
-static gser_status_t dec_array(dec_t *d, const msgpack_object *o, size_t base, size_t n, gser_value_t **out)
+/* [ext(5), container, kind, count, data] */
+static gser_status_t dec_array(mp_unit_t *u, gser_value_t *v, gser_value_t *const *f, size_t nf)
 {
-    const msgpack_object *f = o->via.array.ptr;
+    dec_t *d = u->d;
     uint64_t container, kind, count;
-    if (o->via.array.size != 5 || !get_u64(&f[1], &container) || container > 1 || !get_u64(&f[2], &kind) ||
-        !kind_is_array_elem((gser_kind_t)kind) || !get_u64(&f[3], &count))
-        return dec_fail(d, GSER_ERR_FORMAT,
-                        "array marker needs [marker, 0|1, bool|int|uint|float kind, count, data]");
+    if (nf != 4 || !get_u64(f[0], &container) || container > 1 || !get_u64(f[1], &kind) ||
+        !kind_is_array_elem((gser_kind_t)kind) || !get_u64(f[2], &count))
+        return mp_unit_fail(u, GSER_ERR_FORMAT,
+                            "array marker needs [marker, 0|1, bool|int|uint|float kind, count, data]");
     size_t es = scalar_kind_size((gser_kind_t)kind);
     if (count > SIZE_MAX / es)
-        return dec_fail(d, GSER_ERR_FORMAT, "array of %llu elements is too large", (unsigned long long)count);
+        return mp_unit_fail(u, GSER_ERR_FORMAT, "array of %llu elements is too large", (unsigned long long)count);
     size_t nbytes = (size_t)count * es;
     const void *raw, *data = NULL;
     size_t frame;
     char where[64];
-    gser_status_t st = dec_data(d, &f[4], base, n, nbytes, &raw, &frame, where, sizeof where);
+    gser_status_t st = dec_data(u, f[3], nbytes, &raw, &frame, where, sizeof where);
     if (st)
         return st;
     if (frame != SIZE_MAX && d->frames[frame].memory != GSER_MEMORY_HOST)
-        return dec_fail(d, GSER_ERR_FRAME, "array data is in %s memory, arrays live in host memory",
-                        gser_memory_str(d->frames[frame].memory));
+        return mp_unit_fail(u, GSER_ERR_FRAME, "array data is in %s memory, arrays live in host memory",
+                            gser_memory_str(d->frames[frame].memory));
     if ((st = host_aligned(d, raw, nbytes, es, &data)))
         return st;
     if (kind == GSER_KIND_BOOL) {
         const unsigned char *b = data;
         for (size_t i = 0; i < nbytes; i++)
             if (b[i] > 1)
-                return dec_fail(d, GSER_ERR_FORMAT, "bool array element %zu is %u, not 0 or 1", i, b[i]);
+                return mp_unit_fail(u, GSER_ERR_FORMAT, "bool array element %zu is %u, not 0 or 1", i, b[i]);
     }
-    if (value_array_wrap(d->msg, container == 1, (gser_kind_t)kind, data, (size_t)count, out))
-        return nomem(d);
+    /* the marker's array becomes the list, backed by the data (borrowed) */
+    gser_list_t *l = v->u.list;
+    *l = (gser_list_t){.mode = LIST_ARRAY,
+                       .arr_kind = (gser_kind_t)kind,
+                       .explicit_array = true,
+                       .arr_borrowed = true,
+                       .len = (size_t)count,
+                       .arr = (void *)data};
+    v->kind = container ? GSER_KIND_TUPLE : GSER_KIND_LIST;
     if (d->trace)
-        dec_trace(d, "%s array<%s> n=%zu bytes=%zu %s", container ? "tuple" : "list",
-                  gser_kind_str((gser_kind_t)kind), (size_t)count, nbytes, where);
+        mp_unit_trace(u, "%s array<%s> n=%zu bytes=%zu %s", container ? "tuple" : "list",
+                      gser_kind_str((gser_kind_t)kind), (size_t)count, nbytes, where);
     return GSER_OK;
-}
-
-static gser_status_t dec_unit(dec_t *d, const unsigned char *p, size_t len, size_t depth, size_t base, size_t n,
-                              gser_value_t **out);
-static gser_status_t dec_device_flush(dec_t *d);
-
-static bool dec_str(const msgpack_object *o, size_t max, const char **s, size_t *len)
-{
-    if (o->type != MSGPACK_OBJECT_STR || o->via.str.size == 0 || o->via.str.size > max ||
-        memchr(o->via.str.ptr, '\0', o->via.str.size))
-        return false;
-    *s = o->via.str.ptr;
-    *len = o->via.str.size;
-    return true;
 }
 
 static void run_destroy(void *arg)
@@ -404,47 +402,110 @@ static void run_destroy(void *arg)
         v->u.obj->type->destroy(v->u.obj->obj, v->u.obj->type->user_data);
 }
 
-static gser_status_t dec_object(dec_t *d, const msgpack_object *o, size_t depth, size_t base, size_t n,
-                                gser_value_t **out)
+/* Decode an object's sub-header and hand it to its type's deserializer. */
+static gser_status_t rebuild(dec_t *d, const dec_object_t *o)
 {
-    const msgpack_object *f = o->via.array.ptr;
+    path_t outer = d->path;
+    bool defer = d->defer;
+    d->path = o->path; /* the sub-tree's paths, and this object's errors, start at the object */
+    d->defer = false;  /* the frame table is checked by now */
+    const gser_type_t *t = o->type;
+    gser_value_t *tree = NULL;
+    gser_status_t st =
+        mp_parse_unit(d, o->sub, o->sub_len, o->depth + 1, o->first, o->nframes, true, "sub-header", 0, &tree, NULL);
+    /* The deserializer must see its buffers as they will be: scattered,
+     * restored, and with the event of the copies. */
+    if (st == GSER_OK)
+        st = dec_device_flush(d);
+    gser_reader_t r = {.dec = d, .tree = tree, .version = o->version, .family = d->ctx->families[o->fam]};
+    void *obj = NULL;
+    if (st == GSER_OK) {
+        d->cb_err[0] = '\0';
+        st = t->fam[o->fam].deserialize(d->ctx, &r, &obj, t->user_data);
+        if (st != GSER_OK) {
+            if (st > GSER_OK)
+                st = GSER_ERR_CALLBACK;
+            st = dec_fail(d, st, "type \"%s\", family \"%s\": deserializer failed: %s", t->name, r.family,
+                          d->cb_err[0] ? d->cb_err : gser_status_str(st));
+        }
+    }
+    if (st == GSER_OK) {
+        gser_value_t *v = o->v;
+        v->u.obj->obj = obj;
+        if (t->destroy && arena_on_release(&d->msg->arena, run_destroy, v)) {
+            t->destroy(obj, t->user_data);
+            st = nomem(d);
+        } else if (t->destroy) {
+            v->flags |= VF_OWNED;
+        }
+    }
+    if (st == GSER_OK && d->trace)
+        dec_trace(d, "object type=%s family=%s version=%u frames=%zu sub-header=%zu bytes", t->name, r.family,
+                  o->version, o->nframes, o->sub_len);
+    d->path = outer;
+    d->defer = defer;
+    return st;
+}
+
+/* [ext(6), type, family, version, frame base, frame count, sub-header] */
+static gser_status_t dec_object(mp_unit_t *u, gser_value_t *v, gser_value_t *const *f, size_t nf)
+{
+    dec_t *d = u->d;
     const char *tname, *fname;
     size_t tlen, flen;
     uint64_t version, rel, nfr;
-    if (o->via.array.size != 7 || !dec_str(&f[1], GSER_TYPE_NAME_MAX, &tname, &tlen) ||
-        !dec_str(&f[2], GSER_FAMILY_NAME_MAX, &fname, &flen) || !get_u64(&f[3], &version) ||
-        version > UINT32_MAX || !get_u64(&f[4], &rel) || !get_u64(&f[5], &nfr) || f[6].type != MSGPACK_OBJECT_BIN)
-        return dec_fail(d, GSER_ERR_FORMAT,
-                        "object marker needs [marker, type, family, version, frame base, frame count, sub-header]");
-    if (rel > n || nfr > n - rel)
-        return dec_fail(d, GSER_ERR_FRAME, "object frames %llu..%llu are outside the %zu frames it may use",
-                        (unsigned long long)rel, (unsigned long long)(rel + nfr), n);
-    size_t first = base + (size_t)rel;
-    const unsigned char *sub = (const unsigned char *)f[6].via.bin.ptr;
-    size_t sub_len = f[6].via.bin.size;
+    if (nf != 6 || !get_str(f[0], GSER_TYPE_NAME_MAX, &tname, &tlen) ||
+        !get_str(f[1], GSER_FAMILY_NAME_MAX, &fname, &flen) || !get_u64(f[2], &version) || version > UINT32_MAX ||
+        !get_u64(f[3], &rel) || !get_u64(f[4], &nfr) || f[5]->kind != GSER_KIND_BYTES)
+        return mp_unit_fail(
+            u, GSER_ERR_FORMAT,
+            "object marker needs [marker, type, family, version, frame base, frame count, sub-header]");
+    if (rel > u->fn || nfr > u->fn - rel) /* the numbers as sent: their sum may wrap */
+        return mp_unit_fail(u, GSER_ERR_FRAME,
+                            "object frame base %llu and frame count %llu are outside the %zu frames it may use",
+                            (unsigned long long)rel, (unsigned long long)nfr, u->fn);
+    size_t first = u->fbase + (size_t)rel;
+    const unsigned char *sub = (const unsigned char *)f[5]->u.s.ptr;
+    size_t sub_len = f[5]->u.s.len;
+    size_t depth = u->depth + u->open; /* the marker's own value depth */
 
     const gser_type_t *t = context_find_type(d->ctx, tname, tlen);
     int fam = context_find_family(d->ctx, fname, flen);
     bool can_rebuild = t && fam >= 0 && t->fam[fam].deserialize;
+    char qt[GSER_QUOTED_MAX], qf[GSER_QUOTED_MAX]; /* names from the wire, escaped for messages */
     if (!(d->flags & GSER_DESERIALIZE_KEEP_SERIALIZED) && !can_rebuild &&
         !(d->flags & GSER_DESERIALIZE_ALLOW_UNKNOWN)) {
+        quote_format(tname, tlen, qt, sizeof qt);
         if (!t)
-            return dec_fail(d, GSER_ERR_UNKNOWN_TYPE, "type \"%.*s\" is not registered", (int)tlen, tname);
-        return dec_fail(d, GSER_ERR_NO_SERIALIZER, "type \"%.*s\" has no deserializer for family \"%.*s\"", (int)tlen,
-                        tname, (int)flen, fname);
+            return mp_unit_fail(u, GSER_ERR_UNKNOWN_TYPE, "type %s is not registered", qt);
+        quote_format(fname, flen, qf, sizeof qf);
+        return mp_unit_fail(u, GSER_ERR_NO_SERIALIZER, "type %s has no deserializer for family %s", qt, qf);
     }
     if ((d->flags & GSER_DESERIALIZE_KEEP_SERIALIZED) || !can_rebuild) {
         /* Pass-through: nothing of the object is decoded, but its sub-header
-         * must still be well-formed msgpack within the limits. */
+         * must still be well-formed msgpack within the limits, and its
+         * sub-tree starts at depth + 1 (wire-format.md 4.7). A sub-header
+         * walked already with its enclosing object's is not walked again. */
+        if (depth + 1 > d->lim.max_depth) {
+            quote_format(tname, tlen, qt, sizeof qt);
+            return mp_unit_fail(u, GSER_ERR_LIMIT_DEPTH, "the sub-tree of type %s is deeper than the limit of %zu",
+                                qt, d->lim.max_depth);
+        }
         size_t used, off;
-        gser_status_t st = mp_check(sub, sub_len, d->lim.max_depth + 2, &d->nodes_left, &used, &off);
-        if (st == GSER_OK && used != sub_len)
+        const char *why;
+        gser_status_t st = d->checked ? GSER_OK
+                                      : mp_check(sub, sub_len, d->lim.max_depth - depth + 1, &d->nodes_left, &used,
+                                                 &off, &why);
+        if (st == GSER_OK && !d->checked && used != sub_len) {
             st = GSER_ERR_FORMAT;
-        if (st)
-            return dec_fail(d, st, "sub-header of type \"%.*s\": bad msgpack at byte %zu of %zu", (int)tlen, tname,
-                            off, sub_len);
-        gser_value_t *v = msg_value(d->msg, GSER_KIND_SERIALIZED);
-        gser_serialized_t *s = v ? msg_alloc(d->msg, sizeof *s, alignof(gser_serialized_t)) : NULL;
+            off = used;
+            why = "has trailing bytes";
+        }
+        if (st) {
+            quote_format(tname, tlen, qt, sizeof qt);
+            return mp_unit_fail(u, st, "sub-header of type %s %s at byte %zu of %zu", qt, why, off, sub_len);
+        }
+        gser_serialized_t *s = msg_alloc(d->msg, sizeof *s, alignof(gser_serialized_t));
         gser_frame_t *frs = s && nfr ? msg_alloc(d->msg, (size_t)nfr * sizeof *frs, alignof(gser_frame_t)) : NULL;
         if (!s || (nfr && !frs))
             return nomem(d);
@@ -462,222 +523,66 @@ static gser_status_t dec_object(dec_t *d, const msgpack_object *o, size_t depth,
         }
         s->frames = frs;
         s->nframes = (size_t)nfr;
+        s->depth = depth;
+        v->kind = GSER_KIND_SERIALIZED;
         v->u.ser = s;
-        *out = v;
-        if (d->trace)
-            dec_trace(d, "serialized type=%s family=%s version=%u frames=%zu sub-header=%zu bytes (kept)",
-                      s->type_name, s->family, s->version, s->nframes, sub_len);
+        if (d->trace) {
+            quote_format(tname, tlen, qt, sizeof qt);
+            quote_format(fname, flen, qf, sizeof qf);
+            mp_unit_trace(u, "serialized type=%s family=%s version=%u frames=%zu sub-header=%zu bytes (kept)", qt,
+                          qf, s->version, s->nframes, sub_len);
+        }
         return GSER_OK;
     }
     if (version < t->min_read_version || version > t->version) {
         if (t->min_read_version == t->version)
-            return dec_fail(d, GSER_ERR_VERSION, "type \"%s\" is version %llu in the message, version %u here",
-                            t->name, (unsigned long long)version, t->version);
-        return dec_fail(d, GSER_ERR_VERSION,
-                        "type \"%s\" is version %llu in the message, versions %u..%u can be read here", t->name,
-                        (unsigned long long)version, t->min_read_version, t->version);
+            return mp_unit_fail(u, GSER_ERR_VERSION, "type \"%s\" is version %llu in the message, version %u here",
+                                t->name, (unsigned long long)version, t->version);
+        return mp_unit_fail(u, GSER_ERR_VERSION,
+                            "type \"%s\" is version %llu in the message, versions %u..%u can be read here", t->name,
+                            (unsigned long long)version, t->min_read_version, t->version);
     }
-    gser_value_t *tree;
-    gser_status_t st = dec_unit(d, sub, sub_len, depth + 1, first, (size_t)nfr, &tree);
-    if (st)
-        return st;
-    /* The deserializer must see its buffers as they will be: scattered,
-     * restored, and with the event of the copies. */
-    if ((st = dec_device_flush(d)))
-        return st;
-    gser_reader_t r = {.dec = d, .tree = tree, .version = (uint32_t)version, .family = d->ctx->families[fam]};
-    void *obj = NULL;
-    d->cb_err[0] = '\0';
-    st = t->fam[fam].deserialize(d->ctx, &r, &obj, t->user_data);
-    if (st != GSER_OK) {
-        if (st > GSER_OK)
-            st = GSER_ERR_CALLBACK;
-        return dec_fail(d, st, "type \"%s\", family \"%s\": deserializer failed: %s", t->name, r.family,
-                        d->cb_err[0] ? d->cb_err : gser_status_str(st));
-    }
-    gser_value_t *v = msg_value(d->msg, GSER_KIND_OBJECT);
-    gser_object_t *ob = v ? msg_alloc(d->msg, sizeof *ob, alignof(gser_object_t)) : NULL;
-    if (!ob || (t->destroy && arena_on_release(&d->msg->arena, run_destroy, v))) {
-        if (t->destroy)
-            t->destroy(obj, t->user_data);
+    gser_object_t *ob = msg_alloc(d->msg, sizeof *ob, alignof(gser_object_t));
+    if (!ob)
         return nomem(d);
-    }
-    ob->type = t;
-    ob->obj = obj;
+    *ob = (gser_object_t){.type = t, .obj = NULL};
+    v->kind = GSER_KIND_OBJECT;
     v->u.obj = ob;
-    if (t->destroy)
-        v->flags |= VF_OWNED;
-    *out = v;
-    if (d->trace)
-        dec_trace(d, "object type=%s family=%s version=%llu frames=%llu sub-header=%zu bytes", t->name, r.family,
-                  (unsigned long long)version, (unsigned long long)nfr, sub_len);
+    dec_object_t o = {.v = v,
+                      .sub = sub,
+                      .sub_len = sub_len,
+                      .depth = depth,
+                      .first = first,
+                      .nframes = (size_t)nfr,
+                      .type = t,
+                      .fam = fam,
+                      .version = (uint32_t)version};
+    mp_unit_path(u, &o.path);
+    if (!d->defer)
+        return rebuild(d, &o);
+    /* in the header's root: once the frame table is checked */
+    if (d->nlater == d->cap_later) {
+        size_t cap = d->cap_later ? 2 * d->cap_later : 4;
+        dec_object_t *nl = realloc(d->later, cap * sizeof *nl);
+        if (!nl)
+            return nomem(d);
+        d->later = nl;
+        d->cap_later = cap;
+    }
+    d->later[d->nlater++] = o;
     return GSER_OK;
 }
 
-/* ---- plain values ------------------------------------------------------------- */
-
-static inline __attribute__((always_inline)) gser_status_t dec_scalar(dec_t *d, const msgpack_object *o, gser_value_t **out,
-                                                               bool *is_scalar)
+gser_status_t dec_marker(mp_unit_t *u, gser_value_t *v)
 {
-    gser_msg_t *m = d->msg;
-    gser_value_t *v = NULL;
-    *is_scalar = true;
-    switch (o->type) {
-    case MSGPACK_OBJECT_NIL: *out = &m->nil; return GSER_OK;
-    case MSGPACK_OBJECT_BOOLEAN:
-        if ((v = msg_value(m, GSER_KIND_BOOL)))
-            v->u.b = o->via.boolean;
-        break;
-    case MSGPACK_OBJECT_POSITIVE_INTEGER:
-        if (o->via.u64 <= (uint64_t)INT64_MAX) {
-            if ((v = msg_value(m, GSER_KIND_INT)))
-                v->u.i = (int64_t)o->via.u64;
-        } else if ((v = msg_value(m, GSER_KIND_UINT))) {
-            v->u.u = o->via.u64;
-        }
-        break;
-    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
-        if ((v = msg_value(m, GSER_KIND_INT)))
-            v->u.i = o->via.i64;
-        break;
-    case MSGPACK_OBJECT_FLOAT32:
-    case MSGPACK_OBJECT_FLOAT64:
-        if ((v = msg_value(m, GSER_KIND_FLOAT)))
-            v->u.f = o->via.f64;
-        break;
-    case MSGPACK_OBJECT_STR: v = msg_str_value(m, o->via.str.ptr, o->via.str.size); break;
-    case MSGPACK_OBJECT_BIN:
-        if ((v = msg_value(m, GSER_KIND_BYTES))) {
-            v->u.s.ptr = o->via.bin.ptr;
-            v->u.s.len = o->via.bin.size;
-        }
-        break;
-    case MSGPACK_OBJECT_EXT:
-        if (o->via.ext.type != GSER_EXT_UINT || o->via.ext.size != 8)
-            return dec_fail(d, GSER_ERR_FORMAT, "ext type %d of %u bytes where a value was expected",
-                            o->via.ext.type, o->via.ext.size);
-        if ((v = msg_value(m, GSER_KIND_UINT)))
-            memcpy(&v->u.u, o->via.ext.ptr, 8);
-        break;
-    default: *is_scalar = false; return GSER_OK;
-    }
-    if (!v)
-        return nomem(d);
-    *out = v;
-    return GSER_OK;
-}
-
-static gser_status_t dec_list(dec_t *d, const msgpack_object *items, size_t count, gser_kind_t kind, size_t depth,
-                              size_t base, size_t n, gser_value_t **out)
-{
-    gser_value_t *list;
-    if (value_list_new(d->msg, kind, &list))
-        return nomem(d);
-    /* Boxed, as it was on the wire: only array markers give array-backed lists. */
-    gser_list_t *l = list->u.list;
-    if (count && arena_vec_reserve(&d->msg->arena, (void **)&l->items, &l->items_cap, sizeof(gser_value_t *), count))
-        return nomem(d);
-    if (d->trace)
-        dec_trace(d, "%s n=%zu", gser_kind_str(kind), count);
-    for (size_t i = 0; i < count; i++) {
-        d->path.seg[d->path.len++] = (path_seg_t){.key = NULL, .index = i};
-        gser_status_t st = dec_obj(d, &items[i], depth + 1, base, n, &l->items[i]);
-        d->path.len--;
-        if (st)
-            return st;
-        l->len++;
-    }
-    *out = list;
-    return GSER_OK;
-}
-
-static gser_status_t dec_map(dec_t *d, const msgpack_object *o, size_t depth, size_t base, size_t n,
-                             gser_value_t **out)
-{
-    gser_value_t *map;
-    if (gser_msg_new_map(d->msg, &map))
-        return nomem(d);
-    gser_map_t *m = map->u.map;
-    size_t count = o->via.map.size;
-    if (count && arena_vec_reserve(&d->msg->arena, (void **)&m->pairs, &m->cap, sizeof(gser_pair_t), count))
-        return nomem(d);
-    if (d->trace)
-        dec_trace(d, "map n=%zu", count);
-    for (size_t i = 0; i < count; i++) {
-        const msgpack_object_kv *kv = &o->via.map.ptr[i];
-        gser_value_t *k = NULL, *v;
-        bool scalar;
-        d->path.seg[d->path.len++] = (path_seg_t){.key = NULL, .index = i};
-        gser_status_t st = dec_scalar(d, &kv->key, &k, &scalar);
-        if (st == GSER_OK && !scalar)
-            st = dec_fail(d, GSER_ERR_FORMAT, "map key %zu is not a scalar", i);
-        if (st == GSER_OK) {
-            d->path.seg[d->path.len - 1].key = k;
-            st = dec_obj(d, &kv->val, depth + 1, base, n, &v);
-        }
-        d->path.len--;
-        if (st)
-            return st;
-        m->pairs[m->len].key = k;
-        m->pairs[m->len].value = v;
-        m->len++;
-    }
-    *out = map;
-    return GSER_OK;
-}
-
-static gser_status_t dec_obj(dec_t *d, const msgpack_object *o, size_t depth, size_t base, size_t n,
-                             gser_value_t **out)
-{
-    if (depth > d->lim.max_depth)
-        return dec_fail(d, GSER_ERR_LIMIT_DEPTH, "nested deeper than the limit of %zu", d->lim.max_depth);
-    bool scalar;
-    gser_status_t st = dec_scalar(d, o, out, &scalar);
-    if (st || scalar) {
-        if (st == GSER_OK && d->trace) {
-            char s[80];
-            scalar_format(*out, s, sizeof s);
-            dec_trace(d, "%s %s", gser_kind_str((gser_kind_t)(*out)->kind), s);
-        }
-        return st;
-    }
-    if (o->type == MSGPACK_OBJECT_MAP)
-        return dec_map(d, o, depth, base, n, out);
-    /* an array: a list, or one of gser's markers */
-    int marker;
-    if (!is_marker(o, &marker))
-        return dec_list(d, o->via.array.ptr, o->via.array.size, GSER_KIND_LIST, depth, base, n, out);
+    gser_list_t *l = v->u.list;
+    uint8_t marker = l->marker;
+    l->marker = MARK_NONE;
     switch (marker) {
-    case GSER_EXT_TUPLE:
-        return dec_list(d, o->via.array.ptr + 1, o->via.array.size - 1, GSER_KIND_TUPLE, depth, base, n, out);
-    case GSER_EXT_BUFFER: return dec_buffer(d, o, base, n, out);
-    case GSER_EXT_ARRAY: return dec_array(d, o, base, n, out);
-    case GSER_EXT_OBJECT: return dec_object(d, o, depth, base, n, out);
-    default: return dec_fail(d, GSER_ERR_FORMAT, "unknown marker ext type %d", marker);
+    case MARK_BUFFER: return dec_buffer(u, v, l->items, l->len);
+    case MARK_ARRAY: return dec_array(u, v, l->items, l->len);
+    default: return dec_object(u, v, l->items, l->len);
     }
-}
-
-/* Parse one msgpack unit (its objects go to d->scratch). */
-static gser_status_t mp_parse(dec_t *d, const unsigned char *p, size_t len, const char *what, msgpack_object *obj)
-{
-    size_t off;
-    const char *why;
-    gser_status_t st = mp_unpack(&d->scratch, p, len, &d->nodes_left, obj, &off, &why);
-    if (st)
-        return dec_fail(d, st, "%s %s at byte %zu of %zu", what, why, off, len);
-    return GSER_OK;
-}
-
-static gser_status_t dec_unit(dec_t *d, const unsigned char *p, size_t len, size_t depth, size_t base, size_t n,
-                              gser_value_t **out)
-{
-    mp_mark_t mark = mp_scratch_mark(&d->scratch);
-    msgpack_object obj;
-    gser_status_t st = mp_parse(d, p, len, "sub-header", &obj);
-    if (st == GSER_OK)
-        st = dec_obj(d, &obj, depth, base, n, out);
-    mp_scratch_release(&d->scratch, mark);
-    return st;
 }
 
 /* ---- reader ------------------------------------------------------------------------- */
@@ -768,6 +673,108 @@ static gser_status_t dec_device_flush(dec_t *d)
 
 static const unsigned char magic[] = {0x94, 0xd6, GSER_EXT_MAGIC, 'G', 'S', 'E', 'R'};
 
+/* A msgpack integer at p[0..len): its bytes, 0 if it is not one, SIZE_MAX if
+ * it is cut short. *neg for a negative one (*v then holds it as int64). */
+static size_t mp_int(const unsigned char *p, size_t len, uint64_t *v, bool *neg)
+{
+    if (len == 0)
+        return SIZE_MAX;
+    unsigned c = p[0];
+    *neg = false;
+    if (c <= 0x7f || c >= 0xe0) { /* fixints */
+        *v = (uint64_t)(int64_t)(c <= 0x7f ? (int)c : (int)(int8_t)c);
+        *neg = c >= 0xe0;
+        return 1;
+    }
+    if (c < 0xcc || c > 0xd3)
+        return 0;
+    unsigned w = 1u << (c & 3); /* uint8..64 (cc..cf), int8..64 (d0..d3) */
+    if (len < 1 + (size_t)w)
+        return SIZE_MAX;
+    uint64_t x = 0;
+    for (unsigned i = 0; i < w; i++)
+        x = (x << 8) | p[1 + i];
+    if (c >= 0xd0 && w < 8 && (x >> (8 * w - 1)))
+        x |= ~(uint64_t)0 << (8 * w); /* sign-extend */
+    *neg = c >= 0xd0 && (int64_t)x < 0;
+    *v = x;
+    return 1 + w;
+}
+
+/* A msgpack array's count at p[0..len), as mp_int. */
+static size_t mp_array(const unsigned char *p, size_t len, uint64_t *n)
+{
+    if (len == 0)
+        return SIZE_MAX;
+    if (p[0] >= 0x90 && p[0] <= 0x9f) {
+        *n = p[0] & 0x0f;
+        return 1;
+    }
+    if (p[0] != 0xdc && p[0] != 0xdd)
+        return 0;
+    unsigned w = p[0] == 0xdc ? 2 : 4;
+    if (len < 1 + (size_t)w)
+        return SIZE_MAX;
+    uint64_t x = 0;
+    for (unsigned i = 0; i < w; i++)
+        x = (x << 8) | p[1 + i];
+    *n = x;
+    return 1 + w;
+}
+
+static gser_status_t header_short(dec_t *d, size_t at, size_t len)
+{
+    return error_set(d->ctx, GSER_ERR_TRUNCATED, "%s: header ends early at byte %zu of %zu", d->what, at, len);
+}
+
+/* The frame table at p[at..len): exactly one [size, memory, device] per data
+ * frame given, sizes equal to theirs, and nothing after it. */
+static gser_status_t dec_table(dec_t *d, const unsigned char *p, size_t at, size_t len)
+{
+    uint64_t n;
+    size_t k = mp_array(p + at, len - at, &n);
+    if (k == SIZE_MAX)
+        return header_short(d, at, len);
+    if (k == 0 || n != d->nframes)
+        return error_set(d->ctx, GSER_ERR_FRAME, "%s: header lists %llu data frames, %zu were given", d->what,
+                         k ? (unsigned long long)n : 0ull, d->nframes);
+    if (1 + 4 * n > d->nodes_left)
+        return error_set(d->ctx, GSER_ERR_LIMIT_NODES, "%s: the frame table has more items than the limit", d->what);
+    d->nodes_left -= 1 + 4 * n;
+    at += k;
+    for (size_t i = 0; i < d->nframes; i++) {
+        uint64_t three, size, mem, dev;
+        bool neg, neg_size, neg_mem;
+        size_t a = mp_array(p + at, len - at, &three), b = 0, c = 0, e = 0;
+        if (a != 0 && a != SIZE_MAX && three == 3) {
+            b = mp_int(p + at + a, len - at - a, &size, &neg_size);
+            if (b != 0 && b != SIZE_MAX) {
+                c = mp_int(p + at + a + b, len - at - a - b, &mem, &neg_mem);
+                if (c != 0 && c != SIZE_MAX)
+                    e = mp_int(p + at + a + b + c, len - at - a - b - c, &dev, &neg);
+            }
+        }
+        if (a == SIZE_MAX || b == SIZE_MAX || c == SIZE_MAX || e == SIZE_MAX)
+            return header_short(d, at, len);
+        /* The memory kind is the sender's; the frame may arrive elsewhere (a
+         * file, a host staging buffer), so only its form is checked. */
+        if (a == 0 || three != 3 || b == 0 || c == 0 || e == 0 || neg_size || neg_mem || mem > GSER_MEMORY_DEVICE ||
+            (neg ? (int64_t)dev < INT32_MIN : dev > INT32_MAX))
+            return error_set(d->ctx, GSER_ERR_FORMAT, "%s: frame table entry %zu is not [size, memory, device]",
+                             d->what, i + 1);
+        if (size != d->frames[i].size)
+            return error_set(d->ctx, GSER_ERR_FRAME, "%s: frame %zu has %zu bytes, the header says %llu", d->what,
+                             i + 1, d->frames[i].size, (unsigned long long)size);
+        at += a + b + c + e;
+    }
+    if (at != len)
+        return error_set(d->ctx, GSER_ERR_FORMAT, "%s: header has trailing bytes at byte %zu of %zu", d->what, at,
+                         len);
+    return GSER_OK;
+}
+
+/* [ext(1, "GSER"), version, root, frame table]: the magic and the version,
+ * the root (objects in it wait), the table, then the objects. */
 static gser_status_t dec_header(dec_t *d, const gser_frame_t *hdr, gser_value_t **root)
 {
     const unsigned char *p = hdr->data;
@@ -777,43 +784,29 @@ static gser_status_t dec_header(dec_t *d, const gser_frame_t *hdr, gser_value_t 
         return error_set(d->ctx, GSER_ERR_BAD_MAGIC, "%s: frame 0 is not a gser header (no \"GSER\" magic)", d->what);
     if (len < sizeof magic)
         return error_set(d->ctx, GSER_ERR_TRUNCATED, "%s: header of %zu bytes ends inside the magic", d->what, len);
-
-    msgpack_object up;
-    gser_status_t st = mp_parse(d, p, len, "header", &up);
-    if (st)
-        return st;
-    const msgpack_object *top = up.via.array.ptr; /* the magic check proved a 4-array */
     uint64_t version = 0;
-    if (!get_u64(&top[1], &version) || version < GSER_WIRE_VERSION_MIN || version > GSER_WIRE_VERSION) {
+    bool neg;
+    size_t at = sizeof magic, k = mp_int(p + at, len - at, &version, &neg);
+    if (k == SIZE_MAX)
+        return header_short(d, at, len);
+    if (k == 0 || neg || version < GSER_WIRE_VERSION_MIN || version > GSER_WIRE_VERSION)
         return error_set(d->ctx, GSER_ERR_WIRE_VERSION,
                          "%s: header is wire format version %llu, this build reads versions %d..%d", d->what,
-                         (unsigned long long)version, GSER_WIRE_VERSION_MIN, GSER_WIRE_VERSION);
-    }
+                         k ? (unsigned long long)version : 0ull, GSER_WIRE_VERSION_MIN, GSER_WIRE_VERSION);
     d->version = (uint32_t)version;
-    const msgpack_object *table = &top[3];
-    if (table->type != MSGPACK_OBJECT_ARRAY || table->via.array.size != d->nframes) {
-        return error_set(d->ctx, GSER_ERR_FRAME, "%s: header lists %u data frames, %zu were given", d->what,
-                       table->type == MSGPACK_OBJECT_ARRAY ? table->via.array.size : 0, d->nframes);
-    }
-    for (size_t i = 0; i < d->nframes; i++) {
-        const msgpack_object *e = &table->via.array.ptr[i];
-        uint64_t size, mem;
-        const msgpack_object *dev = e->type == MSGPACK_OBJECT_ARRAY && e->via.array.size == 3 ? &e->via.array.ptr[2] : NULL;
-        /* The memory kind is the sender's; the frame may arrive elsewhere (a
-         * file, a host staging buffer), so only its form is checked. */
-        if (!dev || !get_u64(&e->via.array.ptr[0], &size) || !get_u64(&e->via.array.ptr[1], &mem) ||
-            mem > GSER_MEMORY_DEVICE ||
-            (dev->type != MSGPACK_OBJECT_POSITIVE_INTEGER && dev->type != MSGPACK_OBJECT_NEGATIVE_INTEGER) ||
-            dev->via.i64 < INT32_MIN || (dev->type == MSGPACK_OBJECT_POSITIVE_INTEGER && dev->via.u64 > INT32_MAX)) {
-            return error_set(d->ctx, GSER_ERR_FORMAT, "%s: frame table entry %zu is not [size, memory, device]",
-                           d->what, i + 1);
-        }
-        if (size != d->frames[i].size) {
-            return error_set(d->ctx, GSER_ERR_FRAME, "%s: frame %zu has %zu bytes, the header says %llu", d->what,
-                           i + 1, d->frames[i].size, (unsigned long long)size);
-        }
-    }
-    return dec_obj(d, &top[2], 1, 0, d->nframes, root);
+    if (d->nodes_left < 4)
+        return error_set(d->ctx, GSER_ERR_LIMIT_NODES, "%s: the header has more items than the limit", d->what);
+    d->nodes_left -= 4; /* the header array and its magic, version and table */
+    at += k;
+    size_t used;
+    d->defer = true;
+    gser_status_t st = mp_parse_unit(d, p + at, len - at, 1, 0, d->nframes, false, "header", at, root, &used);
+    d->defer = false;
+    if (st == GSER_OK)
+        st = dec_table(d, p, at + used, len);
+    for (size_t i = 0; st == GSER_OK && i < d->nlater; i++)
+        st = rebuild(d, &d->later[i]);
+    return st;
 }
 
 static gser_status_t check_frames(gser_context_t *ctx, const char *what, const gser_frame_t *frames, size_t nframes,
@@ -865,34 +858,51 @@ gser_status_t dopts_read(const gser_context_t *ctx, const char *what, const gser
     return GSER_OK;
 }
 
+/* A decoder for msg; the caller sets frames, flags and limits. */
+static void dec_init(dec_t *d, gser_context_t *ctx, gser_msg_t *msg, const char *what)
+{
+    /* field by field: the path and the error buffer are not worth zeroing */
+    d->ctx = ctx;
+    d->msg = msg;
+    d->flags = 0;
+    d->frames = NULL;
+    d->nframes = 0;
+    d->trace = NULL;
+    d->path.len = 0;
+    d->what = what;
+    d->version = GSER_WIRE_VERSION;
+    d->checked = d->defer = false;
+    d->later = NULL;
+    d->nlater = d->cap_later = 0;
+    d->stream = NULL;
+    d->uploaded = NULL;
+    d->dev_vals = NULL;
+    d->ndev_vals = d->cap_dev_vals = d->flushed = 0;
+}
+
 gser_status_t gser_deserialize(gser_context_t *ctx, const gser_frame_t *frames, size_t nframes,
                                const gser_deserialize_options_t *opts, gser_msg_t **msg_out)
 {
+    static const char what[] = "gser_deserialize";
     if (!ctx || !msg_out)
         return ctx ? error_set(ctx, GSER_ERR_INVALID_ARG, "gser_deserialize: NULL output") : GSER_ERR_INVALID_ARG;
     context_freeze(ctx);
     dec_t d;
-    d.ctx = ctx;
-    d.what = "gser_deserialize";
+    dec_init(&d, ctx, NULL, what);
     gser_deserialize_options_t o = GSER_DESERIALIZE_OPTIONS_INIT;
-    gser_status_t st = dopts_read(ctx, d.what, opts, &o, &d.lim);
+    gser_status_t st = dopts_read(ctx, what, opts, &o, &d.lim);
     if (st)
         return st;
     d.flags = o.flags;
-    st = check_frames(ctx, d.what, frames, nframes, &d.lim);
+    st = check_frames(ctx, what, frames, nframes, &d.lim);
     if (st)
         return st;
     d.frames = frames + 1;
     d.nframes = nframes - 1;
     d.nodes_left = d.lim.max_nodes;
     d.trace = ctx->trace;
-    d.path.len = 0;
     d.stream = o.stream;
-    d.uploaded = NULL;
-    d.dev_vals = NULL;
-    d.ndev_vals = d.cap_dev_vals = d.flushed = 0;
-    if ((d.flags & (GSER_DESERIALIZE_SCATTER | GSER_DESERIALIZE_RESTORE_DEVICE)) &&
-        (st = ctxdev_need(ctx, d.what)))
+    if ((d.flags & (GSER_DESERIALIZE_SCATTER | GSER_DESERIALIZE_RESTORE_DEVICE)) && (st = ctxdev_need(ctx, what)))
         return st;
     if ((st = gser_msg_create(ctx, &d.msg)))
         return st;
@@ -903,10 +913,9 @@ gser_status_t gser_deserialize(gser_context_t *ctx, const gser_frame_t *frames, 
             trace_line(d.trace, "deserialize frame %zu %s %zu bytes", i, gser_memory_str(frames[i].memory),
                        frames[i].size);
     }
-    gser_value_t *root;
-    mp_scratch_init(&d.scratch);
+    gser_value_t *root = NULL;
     st = dec_header(&d, &frames[0], &root);
-    mp_scratch_free(&d.scratch);
+    free(d.later);
     if (st == GSER_OK)
         st = dec_device_flush(&d);
     gser_frame_t *copy = NULL;
@@ -937,25 +946,17 @@ gser_status_t gser_value_decode_serialized(gser_msg_t *msg, const gser_value_t *
         return GSER_ERR_TYPE_MISMATCH;
     const gser_serialized_t *s = v->u.ser;
     dec_t d;
-    d.ctx = msg->ctx;
-    d.what = "gser_value_decode_serialized";
-    d.version = GSER_WIRE_VERSION; /* a kept sub-header was valid where it came from */
-    d.msg = msg;
+    dec_init(&d, msg->ctx, msg, "gser_value_decode_serialized");
     d.flags = GSER_DESERIALIZE_KEEP_SERIALIZED;
     d.lim = msg->ctx->limits;
     d.frames = s->frames;
     d.nframes = s->nframes;
     d.nodes_left = d.lim.max_nodes;
-    d.trace = NULL;
-    d.path.len = 0;
-    d.stream = NULL;
-    d.uploaded = NULL;
-    d.dev_vals = NULL;
-    d.ndev_vals = d.cap_dev_vals = d.flushed = 0;
-    mp_scratch_init(&d.scratch);
-    gser_status_t st = dec_unit(&d, s->header, s->header_len, 1, 0, s->nframes, tree);
-    mp_scratch_free(&d.scratch);
-    return st;
+    d.checked = true; /* its nested sub-headers were walked when it was kept */
+    /* a kept sub-header was valid where it came from: it is read as this
+     * build's version; its tree starts below the object's depth there */
+    return mp_parse_unit(&d, s->header, s->header_len, s->depth + 1, 0, s->nframes, true, "sub-header", 0, tree,
+                         NULL);
 }
 
 gser_status_t gser_msg_wait(const gser_msg_t *msg)

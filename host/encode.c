@@ -125,7 +125,12 @@ typedef struct enc {
     size_t array_min;
     size_t max_depth;
     FILE *trace;
+    /* The path of the value being encoded: kept as the tree is walked only
+     * when tracing; otherwise gathered, innermost first, as a failure
+     * returns through the containers (no cost until something fails). */
     path_t path;
+    bool failed;      /* err holds the message of a failure */
+    char err[1024];
     char cb_err[512]; /* set by gser_writer_fail */
     /* device buffers */
     int buffer_family; /* GSER_FAMILY_DEVICE or _HOST: the first of them in the list; -1 if neither */
@@ -141,20 +146,51 @@ struct gser_writer {
 };
 
 static gser_status_t enc_value(enc_t *e, obuf_t *pk, const gser_value_t *v, size_t depth, size_t base);
-static bool enc_scalar(obuf_t *pk, const gser_value_t *v);
+static inline __attribute__((always_inline)) bool enc_scalar(obuf_t *pk, const gser_value_t *v);
 static void families_list(const enc_t *e, char *buf, size_t cap);
 
 static gser_status_t enc_fail(enc_t *e, gser_status_t st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
-/* Record "<path>: <message>" as the context's detailed error. */
+/* Note the message of a failure; gser_serialize sets it as the context's
+ * detailed error, after the path, once the failure has returned to it. */
 static gser_status_t enc_fail(enc_t *e, gser_status_t st, const char *fmt, ...)
 {
-    char msg[1024];
     va_list ap;
     va_start(ap, fmt);
-    path_vmessage(&e->path, ": ", msg, sizeof msg, fmt, ap);
+    if (e->trace) /* the path is there already */
+        path_vmessage(&e->path, ": ", e->err, sizeof e->err, fmt, ap);
+    else
+        vsnprintf(e->err, sizeof e->err, fmt, ap);
     va_end(ap);
-    return error_set(e->ctx, st, "%s", msg);
+    e->failed = true;
+    if (!e->trace)
+        e->path.len = 0; /* the segments come now, innermost first */
+    return st;
+}
+
+/* A failure returns through the slot seg of a container. */
+static gser_status_t enc_unwind(enc_t *e, gser_status_t st, path_seg_t seg)
+{
+    if (e->failed && !e->trace && e->path.len < GSER_PATH_MAX)
+        e->path.seg[e->path.len++] = seg;
+    return st;
+}
+
+/* The context's detailed error for a failure noted by enc_fail. */
+static gser_status_t enc_report(enc_t *e, gser_status_t st)
+{
+    if (!e->failed)
+        return st;
+    if (e->trace)
+        return error_set(e->ctx, st, "%s", e->err);
+    for (size_t i = 0, j = e->path.len; i + 1 < j; i++, j--) { /* gathered innermost first */
+        path_seg_t t = e->path.seg[i];
+        e->path.seg[i] = e->path.seg[j - 1];
+        e->path.seg[j - 1] = t;
+    }
+    char path[256];
+    path_format(&e->path, path, sizeof path);
+    return error_set(e->ctx, st, "%s: %s", path, e->err);
 }
 
 static void enc_trace(enc_t *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -354,19 +390,26 @@ static gser_status_t enc_list(enc_t *e, obuf_t *pk, const gser_value_t *v, size_
         pk_ext(pk, 0, GSER_EXT_TUPLE);
     if (depth + 1 > e->max_depth && l->len)
         return enc_fail(e, GSER_ERR_LIMIT_DEPTH, "nesting deeper than %zu levels (is there a cycle?)", e->max_depth);
-    size_t es = scalar_kind_size(l->arr_kind);
-    for (size_t i = 0; i < l->len; i++) {
-        if (l->mode == LIST_ARRAY) {
+    if (l->mode == LIST_ARRAY) {
+        size_t es = scalar_kind_size(l->arr_kind);
+        for (size_t i = 0; i < l->len; i++) {
             enc_scalar_bits(pk, l->arr_kind, (const char *)l->arr + i * es);
             if (e->trace)
                 trace_unboxed(e, l, i);
-            continue;
         }
-        e->path.seg[e->path.len++] = (path_seg_t){.key = NULL, .index = i};
-        gser_status_t st = enc_value(e, pk, l->items[i], depth + 1, base);
-        e->path.len--;
+        return GSER_OK;
+    }
+    for (size_t i = 0; i < l->len; i++) {
+        const gser_value_t *it = l->items[i];
+        if (!e->trace && enc_scalar(pk, it)) /* most items: no recursion, no path */
+            continue;
+        if (e->trace)
+            e->path.seg[e->path.len++] = (path_seg_t){.key = NULL, .index = i};
+        gser_status_t st = enc_value(e, pk, it, depth + 1, base);
+        if (e->trace)
+            e->path.len--;
         if (st)
-            return st;
+            return enc_unwind(e, st, (path_seg_t){.key = NULL, .index = i});
     }
     return GSER_OK;
 }
@@ -380,12 +423,17 @@ static gser_status_t enc_map(enc_t *e, obuf_t *pk, const gser_value_t *v, size_t
         return enc_fail(e, GSER_ERR_LIMIT_DEPTH, "nesting deeper than %zu levels (is there a cycle?)", e->max_depth);
     pk_map(pk, m->len);
     for (size_t i = 0; i < m->len; i++) {
-        e->path.seg[e->path.len++] = (path_seg_t){.key = m->pairs[i].key, .index = i};
-        enc_scalar(pk, m->pairs[i].key); /* gser_map_put admits scalars only */
-        gser_status_t st = enc_value(e, pk, m->pairs[i].value, depth + 1, base);
-        e->path.len--;
+        const gser_pair_t *pair = &m->pairs[i];
+        enc_scalar(pk, pair->key); /* gser_map_put admits scalars only */
+        if (!e->trace && enc_scalar(pk, pair->value))
+            continue;
+        if (e->trace)
+            e->path.seg[e->path.len++] = (path_seg_t){.key = pair->key, .index = i};
+        gser_status_t st = enc_value(e, pk, pair->value, depth + 1, base);
+        if (e->trace)
+            e->path.len--;
         if (st)
-            return st;
+            return enc_unwind(e, st, (path_seg_t){.key = pair->key, .index = i});
     }
     return GSER_OK;
 }
@@ -522,14 +570,19 @@ static gser_status_t enc_serialized(enc_t *e, obuf_t *pk, const gser_value_t *v,
             return enc_fail(e, GSER_ERR_NO_MEMORY, "out of memory for the frame table");
     }
     pack_object(pk, s->type_name, s->family, s->version, first - base, s->nframes, s->header, s->header_len);
-    if (e->trace)
-        enc_trace(e, "serialized type=%s family=%s version=%u frames=%zu sub-header=%zu bytes (forwarded)",
-                  s->type_name, s->family, s->version, s->nframes, s->header_len);
+    if (e->trace) {
+        char qt[GSER_QUOTED_MAX], qf[GSER_QUOTED_MAX]; /* the names came from a peer */
+        quote_format(s->type_name, strlen(s->type_name), qt, sizeof qt);
+        quote_format(s->family, strlen(s->family), qf, sizeof qf);
+        enc_trace(e, "serialized type=%s family=%s version=%u frames=%zu sub-header=%zu bytes (forwarded)", qt, qf,
+                  s->version, s->nframes, s->header_len);
+    }
     return GSER_OK;
 }
 
-/* Scalars (also map keys, which are never traced on their own). */
-static bool enc_scalar(obuf_t *pk, const gser_value_t *v)
+/* Scalars (also map keys, which are never traced on their own); false for
+ * anything else. */
+static inline __attribute__((always_inline)) bool enc_scalar(obuf_t *pk, const gser_value_t *v)
 {
     switch ((gser_kind_t)v->kind) {
     case GSER_KIND_NIL: pk_nil(pk); return true;
@@ -656,6 +709,7 @@ gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg, const g
     enc_t e;
     e.ctx = ctx;
     e.path.len = 0;
+    e.failed = false;
     e.trace = ctx->trace;
     e.inline_max = opts->inline_max ? opts->inline_max : ctx->inline_max;
     e.array_min = opts->array_min ? opts->array_min : ctx->array_min;
@@ -668,8 +722,8 @@ gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg, const g
     e.group = -1;
     packer_init(&e.pack, ctx, opts->pack_max ? opts->pack_max : ctx->pack_max, opts->stream);
 
-    gser_frames_t *f = malloc(sizeof *f);
-    if (!f) {
+    gser_frames_t *f = GSER_REUSE ? atomic_exchange_explicit(&ctx->spare_frames, NULL, memory_order_acquire) : NULL;
+    if (!f && !(f = malloc(sizeof *f))) {
         packer_free(&e.pack);
         return error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize: out of memory");
     }
@@ -690,7 +744,7 @@ gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg, const g
     pk_array(pk, 4);
     pk_ext_with_body(pk, "GSER", 4, GSER_EXT_MAGIC);
     pk_uint32(pk, GSER_WIRE_VERSION);
-    st = enc_value(&e, pk, msg->root, 1, 1);
+    st = enc_report(&e, enc_value(&e, pk, msg->root, 1, 1));
     if (st == GSER_OK)
         st = packer_finish(&e.pack, f); /* sizes of packed frames are known now */
     packer_free(&e.pack);
@@ -769,5 +823,8 @@ void gser_frames_destroy(gser_frames_t *frames)
         free(frames->frames);
     free(frames->header);
     gser_msg_destroy(frames->scratch);
-    free(frames);
+    gser_frames_t *none = NULL;
+    if (!GSER_REUSE || !atomic_compare_exchange_strong_explicit(&frames->ctx->spare_frames, &none, frames,
+                                                                memory_order_release, memory_order_relaxed))
+        free(frames);
 }

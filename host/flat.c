@@ -10,6 +10,7 @@
  * See docs/wire-format.md.
  */
 #include <errno.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -156,20 +157,21 @@ gser_status_t gser_flat_write_file(const gser_frame_t *frames, size_t nframes, F
     return flat_emit(frames, nframes, file_put, f);
 }
 
-gser_status_t gser_deserialize_flat(gser_context_t *ctx, const void *buf, size_t len,
-                                    gser_release_fn release, void *release_arg,
-                                    const gser_deserialize_options_t *opts, gser_msg_t **msg_out)
+/* How far the first len bytes of a flattened message check out, in the
+ * order of wire-format.md section 9: an error as soon as what is there is
+ * wrong, else GSER_OK and *need, the length the message has as far as it is
+ * known (the prefix until it is read, then the prefix and the size table,
+ * then the whole message). Nothing past *need is looked at, so a reader of a
+ * stream reads exactly *need bytes before asking again. */
+static gser_status_t flat_scan(gser_context_t *ctx, const char *what, const unsigned char *p, size_t len,
+                               const gser_limits_t *lim, uint64_t *need)
 {
-    static const char *what = "gser_deserialize_flat";
-    if (!ctx || !msg_out || (!buf && len))
-        return ctx ? error_set(ctx, GSER_ERR_INVALID_ARG, "%s: NULL buffer or output", what) : GSER_ERR_INVALID_ARG;
-    const unsigned char *p = buf;
     size_t m = len < 8 ? len : 8;
-    if (m == 0 || memcmp(p, flat_magic, m) != 0)
+    if (memcmp(p, flat_magic, m) != 0)
         return error_set(ctx, GSER_ERR_BAD_MAGIC, "%s: not a flattened gser message (bad magic)", what);
+    *need = FLAT_PREFIX;
     if (len < FLAT_PREFIX)
-        return error_set(ctx, GSER_ERR_TRUNCATED, "%s: %zu bytes end inside the %d-byte prefix", what, len,
-                         FLAT_PREFIX);
+        return GSER_OK;
     uint64_t version = get_le(p + 8, 2), flags = get_le(p + 10, 2), n = get_le(p + 12, 4);
     if (version != FLAT_VERSION)
         return error_set(ctx, GSER_ERR_WIRE_VERSION, "%s: flattened format version %llu, this build reads %d", what,
@@ -178,45 +180,77 @@ gser_status_t gser_deserialize_flat(gser_context_t *ctx, const void *buf, size_t
         return error_set(ctx, GSER_ERR_FORMAT, "%s: unknown flags 0x%llx at byte 10", what, (unsigned long long)flags);
     if (n == 0)
         return error_set(ctx, GSER_ERR_FORMAT, "%s: zero frames (the header is frame 0)", what);
-    gser_limits_t lim = GSER_LIMITS_INIT;
-    gser_deserialize_options_t o = GSER_DESERIALIZE_OPTIONS_INIT;
-    gser_status_t ost = dopts_read(ctx, what, opts, &o, &lim);
-    if (ost)
-        return ost;
-    if (n - 1 > lim.max_frames)
+    if (n - 1 > lim->max_frames)
         return error_set(ctx, GSER_ERR_LIMIT_FRAMES, "%s: %llu data frames, the limit is %zu", what,
-                         (unsigned long long)(n - 1), lim.max_frames);
-    if (n > (len - FLAT_PREFIX) / 8)
-        return error_set(ctx, GSER_ERR_TRUNCATED, "%s: the size table of %llu frames does not fit in %zu bytes", what,
-                         (unsigned long long)n, len);
-
-    gser_frame_t *frames = malloc((size_t)n * sizeof *frames);
-    if (!frames)
-        return error_set(ctx, GSER_ERR_NO_MEMORY, "%s: out of memory", what);
-    size_t off = FLAT_PREFIX + 8 * (size_t)n;
-    gser_status_t st = GSER_OK;
+                         (unsigned long long)(n - 1), lim->max_frames);
+    *need = FLAT_PREFIX + 8 * n;
+    if (len < *need)
+        return GSER_OK;
+    uint64_t bytes = 0, total = *need;
     for (size_t i = 0; i < n; i++) {
         uint64_t sz = get_le(p + FLAT_PREFIX + 8 * i, 8);
-        if (sz > len - off) {
-            st = error_set(ctx, GSER_ERR_TRUNCATED, "%s: frame %zu (%llu bytes at byte %zu) runs past the end (%zu bytes)",
-                           what, i, (unsigned long long)sz, off, len);
-            break;
-        }
-        frames[i] = (gser_frame_t){.data = p + off, .size = (size_t)sz, .memory = GSER_MEMORY_HOST};
-        off += (size_t)sz;
-        size_t pad = pad8((size_t)sz);
-        if (pad > len - off) {
-            st = error_set(ctx, GSER_ERR_TRUNCATED, "%s: padding after frame %zu runs past the end", what, i);
-            break;
-        }
-        off += pad;
+        /* checked before any frame is read: the sizes as declared */
+        if (sz > lim->max_bytes - bytes || sz > UINT64_MAX - 8 - total)
+            return error_set(ctx, GSER_ERR_LIMIT_BYTES,
+                             "%s: frame %zu declares %llu bytes, past the limit of %llu bytes for a message", what, i,
+                             (unsigned long long)sz, (unsigned long long)lim->max_bytes);
+        bytes += sz;
+        total += sz + pad8((size_t)sz);
     }
-    if (st == GSER_OK && off != len)
-        st = error_set(ctx, GSER_ERR_FORMAT, "%s: %zu trailing bytes after the last frame (at byte %zu)", what,
-                       len - off, off);
+    *need = total;
+    return GSER_OK;
+}
+
+/* Why the len bytes at p are not a whole message of need (> len) bytes. */
+static gser_status_t flat_short(gser_context_t *ctx, const char *what, const unsigned char *p, size_t len,
+                                uint64_t need)
+{
+    if (len == 0)
+        return error_set(ctx, GSER_ERR_BAD_MAGIC, "%s: empty input, not a flattened gser message", what);
+    if (len < FLAT_PREFIX)
+        return error_set(ctx, GSER_ERR_TRUNCATED, "%s: %zu bytes end inside the %d-byte prefix", what, len,
+                         FLAT_PREFIX);
+    uint64_t n = get_le(p + 12, 4);
+    if (len < FLAT_PREFIX + 8 * n)
+        return error_set(ctx, GSER_ERR_TRUNCATED, "%s: the size table of %llu frames does not fit in %zu bytes", what,
+                         (unsigned long long)n, len);
+    return error_set(ctx, GSER_ERR_TRUNCATED, "%s: the input ends after %zu bytes, its size table says %llu", what,
+                     len, (unsigned long long)need);
+}
+
+gser_status_t gser_deserialize_flat(gser_context_t *ctx, const void *buf, size_t len,
+                                    gser_release_fn release, void *release_arg,
+                                    const gser_deserialize_options_t *opts, gser_msg_t **msg_out)
+{
+    static const char *what = "gser_deserialize_flat";
+    if (!ctx || !msg_out || (!buf && len))
+        return ctx ? error_set(ctx, GSER_ERR_INVALID_ARG, "%s: NULL buffer or output", what) : GSER_ERR_INVALID_ARG;
+    const unsigned char *p = buf;
+    gser_limits_t lim = GSER_LIMITS_INIT;
+    gser_deserialize_options_t o = GSER_DESERIALIZE_OPTIONS_INIT;
+    gser_status_t st = dopts_read(ctx, what, opts, &o, &lim);
+    if (st)
+        return st;
+    uint64_t need;
+    if ((st = flat_scan(ctx, what, p, len, &lim, &need)))
+        return st;
+    if (need > len)
+        return flat_short(ctx, what, p, len, need);
+    if (need < len)
+        return error_set(ctx, GSER_ERR_FORMAT, "%s: %zu trailing bytes after the last frame (at byte %llu)", what,
+                         len - (size_t)need, (unsigned long long)need);
+    size_t n = (size_t)get_le(p + 12, 4);
+    gser_frame_t *frames = malloc(n * sizeof *frames);
+    if (!frames)
+        return error_set(ctx, GSER_ERR_NO_MEMORY, "%s: out of memory", what);
+    size_t off = FLAT_PREFIX + 8 * n;
+    for (size_t i = 0; i < n; i++) {
+        size_t sz = (size_t)get_le(p + FLAT_PREFIX + 8 * i, 8);
+        frames[i] = (gser_frame_t){.data = p + off, .size = sz, .memory = GSER_MEMORY_HOST};
+        off += sz + pad8(sz);
+    }
     gser_msg_t *msg = NULL;
-    if (st == GSER_OK)
-        st = gser_deserialize(ctx, frames, (size_t)n, opts, &msg);
+    st = gser_deserialize(ctx, frames, n, opts, &msg);
     free(frames);
     if (st)
         return st;
@@ -233,6 +267,33 @@ static void free_buf(void *data, void *arg)
     free(data);
 }
 
+/* Read until *len reaches want or the input ends, growing *buf as bytes
+ * arrive (never past want): memory follows what the input really sent. */
+static gser_status_t read_upto(gser_context_t *ctx, const char *what, int fd, unsigned char **buf, size_t *cap,
+                               size_t *len, size_t want)
+{
+    while (*len < want) {
+        if (*len == *cap) {
+            size_t grow = *cap < 65536 ? 65536 : *cap;
+            size_t ncap = want - *cap < grow ? want : *cap + grow;
+            unsigned char *nb = realloc(*buf, ncap);
+            if (!nb)
+                return error_set(ctx, GSER_ERR_NO_MEMORY, "%s: out of memory after %zu bytes", what, *len);
+            *buf = nb;
+            *cap = ncap;
+        }
+        ssize_t r = read(fd, *buf + *len, *cap - *len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return error_set(ctx, GSER_ERR_IO, "%s: read failed after %zu bytes: %s", what, *len, strerror(errno));
+        if (r == 0)
+            break;
+        *len += (size_t)r;
+    }
+    return GSER_OK;
+}
+
 gser_status_t gser_deserialize_fd(gser_context_t *ctx, int fd, const gser_deserialize_options_t *opts,
                                   gser_msg_t **msg_out)
 {
@@ -242,45 +303,47 @@ gser_status_t gser_deserialize_fd(gser_context_t *ctx, int fd, const gser_deseri
                    : GSER_ERR_INVALID_ARG;
     gser_limits_t lim = GSER_LIMITS_INIT;
     gser_deserialize_options_t o = GSER_DESERIALIZE_OPTIONS_INIT;
-    gser_status_t ost = dopts_read(ctx, what, opts, &o, &lim);
-    if (ost)
-        return ost;
-    /* The prefix, size table and padding come on top of the message bytes. */
-    uint64_t extra = FLAT_PREFIX + 16 * ((uint64_t)lim.max_frames + 1);
-    uint64_t max = lim.max_bytes > UINT64_MAX - extra ? UINT64_MAX : lim.max_bytes + extra;
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    if (!buf)
-        return error_set(ctx, GSER_ERR_NO_MEMORY, "gser_deserialize_fd: out of memory");
+    gser_status_t st = dopts_read(ctx, what, opts, &o, &lim);
+    if (st)
+        return st;
+    /* A regular file says how much it holds: a table that promises more is
+     * refused before its frames are read or allocated for. */
+    struct stat sb;
+    off_t at = -1;
+    uint64_t avail = UINT64_MAX;
+    if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && (at = lseek(fd, 0, SEEK_CUR)) >= 0)
+        avail = sb.st_size > at ? (uint64_t)(sb.st_size - at) : 0;
+    unsigned char *buf = NULL;
+    size_t cap = 0, len = 0;
+    uint64_t need = 8, seen = 0; /* the magic first */
     for (;;) {
-        if (len == cap) {
-            if ((uint64_t)cap > max) {
-                free(buf);
-                return error_set(ctx, GSER_ERR_LIMIT_BYTES, "gser_deserialize_fd: input exceeds the limit of %llu bytes",
-                                 (unsigned long long)lim.max_bytes);
-            }
-            char *nb = cap <= SIZE_MAX / 2 ? realloc(buf, cap * 2) : NULL;
-            if (!nb) {
-                free(buf);
-                return error_set(ctx, GSER_ERR_NO_MEMORY, "gser_deserialize_fd: out of memory after %zu bytes", len);
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        ssize_t r = read(fd, buf + len, cap - len);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            int e = errno;
-            free(buf);
-            return error_set(ctx, GSER_ERR_IO, "gser_deserialize_fd: read failed after %zu bytes: %s", len,
-                             strerror(e));
-        }
-        if (r == 0)
+        if (need > avail && len >= FLAT_PREFIX) {
+            st = error_set(ctx, GSER_ERR_TRUNCATED, "%s: the message needs %llu bytes, the file holds %llu from here",
+                           what, (unsigned long long)need, (unsigned long long)avail);
             break;
-        len += (size_t)r;
+        }
+        if (need > SIZE_MAX) {
+            st = error_set(ctx, GSER_ERR_NO_MEMORY, "%s: a message of %llu bytes cannot be held here", what,
+                           (unsigned long long)need);
+            break;
+        }
+        if ((st = read_upto(ctx, what, fd, &buf, &cap, &len, (size_t)(need < avail ? need : avail))))
+            break;
+        seen = need;
+        if ((st = flat_scan(ctx, what, buf, len, &lim, &need)))
+            break;
+        if (len < seen) {
+            st = flat_short(ctx, what, buf, len, seen);
+            break;
+        }
+        if (need == seen)
+            break; /* the whole message, and not a byte more */
     }
-    gser_status_t st = gser_deserialize_flat(ctx, buf, len, free_buf, NULL, opts, msg_out);
+    if (st == GSER_OK && avail != UINT64_MAX && avail > len)
+        st = error_set(ctx, GSER_ERR_FORMAT, "%s: %llu trailing bytes in the file after the message (%zu bytes)", what,
+                       (unsigned long long)(avail - len), len);
+    if (st == GSER_OK)
+        st = gser_deserialize_flat(ctx, buf, len, free_buf, NULL, opts, msg_out);
     if (st)
         free(buf);
     return st;

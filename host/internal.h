@@ -25,6 +25,21 @@
 
 #define GSER_INTERNAL __attribute__((visibility("hidden")))
 
+/* A context keeps two spare messages and one spare frames object, reused
+ * instead of malloc'd again (they are ~3 KiB and ~1 KiB, past malloc's fast
+ * path: two of them cost a small message a tenth of its time). Off under
+ * AddressSanitizer, so that a use after destroy still faults there. */
+#if defined(__SANITIZE_ADDRESS__)
+#define GSER_REUSE 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define GSER_REUSE 0
+#endif
+#endif
+#ifndef GSER_REUSE
+#define GSER_REUSE 1
+#endif
+
 #define GSER_MAX_FAMILIES 32
 #define GSER_FAMILY_NAME_MAX 63
 #define GSER_TYPE_NAME_MAX 255
@@ -104,7 +119,8 @@ static inline gser_status_t arena_vec_reserve(arena_t *a, void **ptr, size_t *ca
 /* ---- values ------------------------------------------------------------ */
 
 enum {
-    VF_OWNED = 1u << 0,          /* object: the message destroys it */
+    VF_OWNED = 1u << 0,    /* object: the message destroys it */
+    VF_EXT_UINT = 1u << 1, /* a uint decoded from its ext (not a msgpack integer a marker field may be) */
 };
 
 typedef enum list_mode {
@@ -117,6 +133,7 @@ typedef struct gser_list {
     gser_kind_t arr_kind;
     bool explicit_array; /* built as an array (or decoded from one): stays one on the wire */
     bool arr_borrowed;   /* arr points at memory the message does not own */
+    uint8_t marker;      /* while the list is decoded: MARK_* (host/decode.h) */
     size_t len;
     gser_value_t **items; /* LIST_BOXED */
     size_t items_cap;
@@ -157,6 +174,7 @@ typedef struct gser_serialized {
     size_t header_len;
     gser_frame_t *frames;
     size_t nframes;
+    size_t depth; /* of the object where it was decoded: its sub-tree starts one deeper */
 } gser_serialized_t;
 
 struct gser_value {
@@ -228,8 +246,22 @@ static inline gser_value_t *msg_value(gser_msg_t *msg, gser_kind_t kind)
 
 static inline void copy_cstr(char *d, const char *s, size_t len)
 {
-    if (len)
+    /* most strings of a message are short: two overlapping moves, no call */
+    if (len >= 8 && len <= 16) {
+        uint64_t a, b;
+        memcpy(&a, s, 8);
+        memcpy(&b, s + len - 8, 8);
+        memcpy(d, &a, 8);
+        memcpy(d + len - 8, &b, 8);
+    } else if (len >= 4 && len < 8) {
+        uint32_t a, b;
+        memcpy(&a, s, 4);
+        memcpy(&b, s + len - 4, 4);
+        memcpy(d, &a, 4);
+        memcpy(d + len - 4, &b, 4);
+    } else if (len) {
         memcpy(d, s, len);
+    }
     d[len] = '\0';
 }
 
@@ -274,9 +306,14 @@ GSER_INTERNAL uint32_t layout_span(uint32_t ndim, const int64_t *shape, const in
 GSER_INTERNAL bool layout_is_c(uint32_t ndim, const int64_t *shape, const int64_t *strides, size_t es);
 /* A buffer value for a checked description (strides NULL when C order) whose
  * elements span span bytes from data - first; shape and strides are copied,
- * flags and release ignored. */
-GSER_INTERNAL gser_value_t *buffer_value(gser_msg_t *msg, const gser_buffer_desc_t *desc, size_t first, size_t span);
+ * flags and release ignored. The value is into, made a buffer, or new. */
+GSER_INTERNAL gser_value_t *buffer_value(gser_msg_t *msg, gser_value_t *into, const gser_buffer_desc_t *desc,
+                                         size_t first, size_t span);
 GSER_INTERNAL gser_status_t value_list_new(gser_msg_t *msg, gser_kind_t kind, gser_value_t **out);
+/* Room for this many items (pairs) is allocated with a new list (map):
+ * most messages' containers never grow. */
+#define GSER_LIST_INLINE 4
+#define GSER_MAP_INLINE 8
 /* An array-backed list over data (borrowed, never copied). */
 GSER_INTERNAL gser_status_t value_array_wrap(gser_msg_t *msg, bool tuple, gser_kind_t elem_kind, const void *data,
                                              size_t count, gser_value_t **out);
@@ -315,6 +352,8 @@ struct gser_context {
     size_t array_min;
     FILE *trace; /* NULL = off */
     atomic_bool frozen;
+    _Atomic(struct gser_msg *) spare_msg[2]; /* GSER_REUSE: a message built and one received */
+    _Atomic(struct gser_frames *) spare_frames;
     size_t nfamilies;
     char families[GSER_MAX_FAMILIES][GSER_FAMILY_NAME_MAX + 1];
     gser_type_t **types; /* open addressing, power-of-two slots */
@@ -378,51 +417,24 @@ GSER_INTERNAL void path_vmessage(const path_t *p, const char *sep, char *buf, si
 GSER_INTERNAL void dims_format(const int64_t *v, uint32_t n, char *buf, size_t cap);
 /* For traces: " strides=(a, b) span=N" for a strided buffer, "" otherwise. */
 GSER_INTERNAL void layout_format(const gser_buffer_desc_t *d, size_t span, char *buf, size_t cap);
+/* A name from the wire, quoted and escaped like a str value (no terminal
+ * escapes reach a log), cut after 64 bytes: fits GSER_QUOTED_MAX. */
+#define GSER_QUOTED_MAX (4 * 64 + 8)
+GSER_INTERNAL void quote_format(const char *s, size_t n, char *buf, size_t cap);
 /* Write a short rendering of a scalar value (for paths and traces). */
 GSER_INTERNAL void scalar_format(const gser_value_t *v, char *buf, size_t cap);
 
 /* ---- msgpack bounds check ----------------------------------------------- */
 
 /* Walk one msgpack object at p[0..len) without allocating: every declared
- * length must fit in what is left, containers nest at most max_depth (and never
- * deeper than msgpack-c's unpacker can go), and *nodes_left is charged one per
- * item. *used is the object's size. On error *err_off is the failing offset. */
+ * length must fit in what is left, containers nest at most max_depth levels
+ * (and never deeper than msgpack-c's unpacker can go), and *nodes_left is
+ * charged one per item. The sub-headers of object markers inside are walked
+ * the same way with the levels left at the marker (at least 2: a root and
+ * its markers' fields). *used is the object's size. On error *err_off is the
+ * failing offset and *why says what is wrong. */
 GSER_INTERNAL gser_status_t mp_check(const unsigned char *p, size_t len, size_t max_depth, size_t *nodes_left,
-                                     size_t *used, size_t *err_off);
-
-/* ---- msgpack parsing ------------------------------------------------------- */
-
-/* Where parsed objects live while a message is decoded: a buffer in the
- * decoder's frame first, then heap blocks. Units nest (an object's
- * sub-header is parsed while the header's objects are in use), so space is
- * given back to a mark. */
-typedef struct mp_scratch {
-    unsigned char *base;
-    size_t cap, used;
-    struct mp_block *blocks; /* heap blocks, newest first */
-    _Alignas(16) unsigned char local[2048];
-} mp_scratch_t;
-
-typedef struct mp_mark {
-    unsigned char *base;
-    size_t cap, used;
-    struct mp_block *blocks;
-} mp_mark_t;
-
-GSER_INTERNAL void mp_scratch_init(mp_scratch_t *s);
-GSER_INTERNAL void mp_scratch_free(mp_scratch_t *s);
-GSER_INTERNAL mp_mark_t mp_scratch_mark(const mp_scratch_t *s);
-GSER_INTERNAL void mp_scratch_release(mp_scratch_t *s, mp_mark_t m);
-
-struct msgpack_object;
-/* Parse the msgpack object that is exactly p[0..len) into *out, its arrays
- * and maps in s; strings, bins and exts point into p. Charges *nodes_left one
- * per item and fails before allocating for a count the input cannot hold.
- * Containers nest at most 32 deep (the caller checks its own, lower, limit as
- * it walks). On error *err_off is where parsing stopped and *why says what
- * went wrong, for the caller's message. */
-GSER_INTERNAL gser_status_t mp_unpack(mp_scratch_t *s, const unsigned char *p, size_t len, size_t *nodes_left,
-                                      struct msgpack_object *out, size_t *err_off, const char **why);
+                                     size_t *used, size_t *err_off, const char **why);
 
 /* ---- frames -------------------------------------------------------------- */
 

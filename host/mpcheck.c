@@ -1,11 +1,13 @@
-/* Bounds and limits for untrusted msgpack, checked before msgpack-c sees it.
+/* Bounds and limits for a kept (pass-through) sub-header, without parsing it.
  *
- * msgpack-c's C unpacker has no limits: it allocates an array's elements from
- * the declared count before reading them (5 bytes can ask for 96 GB) and
- * gives up at 32 nested containers with a generic error. This walk reads only
- * the type bytes and lengths, allocates nothing, and rejects what msgpack-c
- * should not be given, with a precise status and offset. Decoding itself is
- * left to msgpack-c.
+ * A receiver that forwards an object must still know that its sub-header is
+ * well-formed msgpack within the limits, but builds nothing from it. This
+ * walk reads only the type bytes and lengths and allocates nothing: every
+ * declared length must fit in what is left, every item is charged to the
+ * node budget, and containers nest no deeper than the levels left. The
+ * sub-headers of objects nested inside (the bin of an object marker) are
+ * walked too, with the levels left at the marker: an object's sub-tree
+ * starts at its depth + 1, so pass-through cannot escape the depth limit.
  */
 #include "internal.h"
 
@@ -21,25 +23,33 @@ static uint64_t be(const unsigned char *p, unsigned n)
 }
 
 gser_status_t mp_check(const unsigned char *p, size_t len, size_t max_depth, size_t *nodes_left, size_t *used,
-                       size_t *err_off)
+                       size_t *err_off, const char **why)
 {
     size_t left[MP_UNPACK_DEPTH + 1];
+    size_t next[MP_UNPACK_DEPTH + 1];  /* index of the next item of each open container */
+    bool marker[MP_UNPACK_DEPTH + 1];  /* an array that is (so far) an object marker */
     size_t depth = 0, pos = 0;
     if (max_depth > MP_UNPACK_DEPTH)
         max_depth = MP_UNPACK_DEPTH;
     left[0] = 1;
+    next[0] = 0;
+    marker[0] = false;
     for (;;) {
         size_t at = pos;
         *err_off = at;
-        if (pos >= len)
+        if (pos >= len) {
+            *why = "ends early";
             return GSER_ERR_TRUNCATED;
-        if (*nodes_left == 0)
+        }
+        if (*nodes_left == 0) {
+            *why = "has more items than the limit";
             return GSER_ERR_LIMIT_NODES;
+        }
         (*nodes_left)--;
         unsigned c = p[pos++];
         uint64_t skip = 0;   /* payload bytes after the header */
         uint64_t items = 0;  /* for containers: items inside */
-        bool container = false;
+        bool container = false, array = false, ext = false, bin = false;
         unsigned lenbytes = 0; /* size of a big-endian length field */
         if (c <= 0x7f || c >= 0xe0 || c == 0xc0 || c == 0xc2 || c == 0xc3) {
             /* fixint, nil, bool */
@@ -47,18 +57,21 @@ gser_status_t mp_check(const unsigned char *p, size_t len, size_t max_depth, siz
             container = true;
             items = 2 * (uint64_t)(c & 0x0f);
         } else if (c <= 0x9f) {
-            container = true;
+            container = array = true;
             items = c & 0x0f;
         } else if (c <= 0xbf) {
             skip = c & 0x1f;
         } else {
             switch (c) {
-            case 0xc4: case 0xd9: lenbytes = 1; break;                   /* bin8, str8 */
-            case 0xc5: case 0xda: lenbytes = 2; break;                   /* bin16, str16 */
-            case 0xc6: case 0xdb: lenbytes = 4; break;                   /* bin32, str32 */
-            case 0xc7: lenbytes = 1; skip = 1; break;                    /* ext8 (+type) */
-            case 0xc8: lenbytes = 2; skip = 1; break;                    /* ext16 */
-            case 0xc9: lenbytes = 4; skip = 1; break;                    /* ext32 */
+            case 0xc4: case 0xc5: case 0xc6: bin = true; lenbytes = 1u << (c - 0xc4); break;
+            case 0xd9: lenbytes = 1; break;                              /* str8 */
+            case 0xda: lenbytes = 2; break;                              /* str16 */
+            case 0xdb: lenbytes = 4; break;                              /* str32 */
+            case 0xc7: case 0xc8: case 0xc9:                             /* ext8/16/32 (+type) */
+                ext = true;
+                lenbytes = 1u << (c - 0xc7);
+                skip = 1;
+                break;
             case 0xca: skip = 4; break;
             case 0xcb: skip = 8; break;
             case 0xcc: case 0xd0: skip = 1; break;
@@ -70,15 +83,17 @@ gser_status_t mp_check(const unsigned char *p, size_t len, size_t max_depth, siz
             case 0xd6: skip = 5; break;
             case 0xd7: skip = 9; break;
             case 0xd8: skip = 17; break;
-            case 0xdc: container = true; lenbytes = 2; break;            /* array16 */
-            case 0xdd: container = true; lenbytes = 4; break;            /* array32 */
+            case 0xdc: container = array = true; lenbytes = 2; break;    /* array16 */
+            case 0xdd: container = array = true; lenbytes = 4; break;    /* array32 */
             case 0xde: container = true; lenbytes = 2; break;            /* map16 */
             case 0xdf: container = true; lenbytes = 4; break;            /* map32 */
-            default: return GSER_ERR_FORMAT;                             /* 0xc1: never used */
+            default: *why = "holds an invalid byte"; return GSER_ERR_FORMAT; /* 0xc1: never used */
             }
             if (lenbytes) {
-                if (len - pos < lenbytes)
+                if (len - pos < lenbytes) {
+                    *why = "ends early";
                     return GSER_ERR_TRUNCATED;
+                }
                 uint64_t n = be(p + pos, lenbytes);
                 pos += lenbytes;
                 if (container)
@@ -87,19 +102,50 @@ gser_status_t mp_check(const unsigned char *p, size_t len, size_t max_depth, siz
                     skip += n;
             }
         }
-        if (skip > len - pos)
+        if (skip > len - pos) {
+            *why = "declares more bytes than it holds";
             return GSER_ERR_TRUNCATED;
+        }
+        /* [ext(6), type, family, version, base, count, sub-header]: the
+         * sub-header is walked at the levels left below the marker. */
+        size_t idx = next[depth]++;
+        if (marker[depth] && idx == 0)
+            marker[depth] = ext && skip == 1 && p[pos] == GSER_EXT_OBJECT;
+        else if (marker[depth] && idx == 6 && bin) {
+            size_t sub_used, sub_off;
+            gser_status_t st;
+            if (max_depth < depth + 2) { /* its root would be deeper than the limit */
+                *why = "nests deeper than the limit (an object's sub-tree counts)";
+                return GSER_ERR_LIMIT_DEPTH;
+            }
+            st = mp_check(p + pos, (size_t)skip, max_depth - depth, nodes_left, &sub_used, &sub_off, why);
+            if (st == GSER_OK && sub_used != skip) {
+                sub_off = sub_used;
+                *why = "has trailing bytes";
+                st = GSER_ERR_FORMAT;
+            }
+            if (st) {
+                *err_off = pos + sub_off;
+                return st;
+            }
+        }
         pos += (size_t)skip;
         left[depth]--;
         /* msgpack-c counts empty containers against its depth too. */
-        if (container && depth + 1 > max_depth)
+        if (container && depth + 1 > max_depth) {
+            *why = "nests deeper than the limit";
             return GSER_ERR_LIMIT_DEPTH;
+        }
         if (container && items) {
             /* Every item takes at least one byte: a count the input cannot
              * hold is a lie, and msgpack-c would allocate for it. */
-            if (items > len - pos)
+            if (items > len - pos) {
+                *why = "declares more items than it holds";
                 return GSER_ERR_TRUNCATED;
+            }
             left[++depth] = (size_t)items;
+            next[depth] = 0;
+            marker[depth] = array && items == 7;
         }
         while (left[depth] == 0) {
             if (depth == 0) {

@@ -81,6 +81,15 @@ void scalar_format(const gser_value_t *v, char *buf, size_t cap)
     scalar_put(&b, v);
 }
 
+void quote_format(const char *s, size_t n, char *buf, size_t cap)
+{
+    sbuf_t b = {buf, cap, 0};
+    if (cap == 0)
+        return;
+    buf[0] = '\0';
+    put_quoted(&b, s, n, 64);
+}
+
 void dims_format(const int64_t *v, uint32_t n, char *buf, size_t cap)
 {
     sbuf_t b = {buf, cap, 0};

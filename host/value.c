@@ -11,8 +11,11 @@ gser_status_t gser_msg_create(gser_context_t *ctx, gser_msg_t **msg_out)
 {
     if (!ctx || !msg_out)
         return GSER_ERR_INVALID_ARG;
-    gser_msg_t *m = malloc(sizeof *m);
-    if (!m)
+    gser_msg_t *m = NULL;
+    for (int i = 0; GSER_REUSE && !m && i < 2; i++)
+        if (atomic_load_explicit(&ctx->spare_msg[i], memory_order_relaxed))
+            m = atomic_exchange_explicit(&ctx->spare_msg[i], NULL, memory_order_acquire);
+    if (!m && !(m = malloc(sizeof *m)))
         return error_set(ctx, GSER_ERR_NO_MEMORY, "gser_msg_create: out of memory");
     m->ctx = ctx;
     m->dev = NULL;
@@ -43,6 +46,12 @@ void gser_msg_destroy(gser_msg_t *msg)
     if (msg->flat_release)
         msg->flat_release((void *)msg->flat_data, msg->flat_arg);
     arena_free(&msg->arena, (arena_chunk_t *)msg->first_chunk);
+    for (int i = 0; GSER_REUSE && i < 2; i++) {
+        gser_msg_t *none = NULL;
+        if (atomic_compare_exchange_strong_explicit(&msg->ctx->spare_msg[i], &none, msg, memory_order_release,
+                                                    memory_order_relaxed))
+            return;
+    }
     free(msg);
 }
 
@@ -153,13 +162,14 @@ bool kind_is_scalar(gser_kind_t k)
 
 gser_status_t value_list_new(gser_msg_t *msg, gser_kind_t kind, gser_value_t **out)
 {
-    gser_value_t *v = msg_value(msg, kind);
-    gser_list_t *l = v ? msg_alloc(msg, sizeof *l, alignof(gser_list_t)) : NULL;
-    if (!l)
+    /* the value, the list and its first item slots: one allocation */
+    gser_value_t *v = msg_alloc(msg, sizeof *v + sizeof(gser_list_t) + GSER_LIST_INLINE * sizeof(gser_value_t *),
+                                alignof(gser_value_t));
+    if (!v)
         return GSER_ERR_NO_MEMORY;
-    memset(l, 0, sizeof *l);
-    l->mode = LIST_BOXED;
-    v->u.list = l;
+    gser_list_t *l = (gser_list_t *)(v + 1);
+    *v = (gser_value_t){.kind = (uint8_t)kind, .msg = msg, .u.list = l};
+    *l = (gser_list_t){.mode = LIST_BOXED, .items = (gser_value_t **)(l + 1), .items_cap = GSER_LIST_INLINE};
     *out = v;
     return GSER_OK;
 }
@@ -383,9 +393,15 @@ gser_status_t gser_list_append_cstr(gser_value_t *list, const char *s)
 {
     if (!is_list(list) || !s)
         return GSER_ERR_INVALID_ARG;
-    gser_value_t *v;
-    gser_status_t st = gser_msg_new_cstr(list->msg, s, &v);
-    return st ? st : gser_list_append(list, v);
+    gser_value_t *v = msg_str_value(list->msg, s, strlen(s));
+    if (!v)
+        return nomem(list->msg, "gser_list_append_cstr");
+    gser_list_t *l = list->u.list;
+    if (l->mode == LIST_BOXED && l->len < l->items_cap) { /* the common case, without the checks of any append */
+        l->items[l->len++] = v;
+        return GSER_OK;
+    }
+    return gser_list_append(list, v);
 }
 
 gser_status_t gser_list_get(gser_value_t *list, size_t i, gser_value_t **out)
@@ -431,13 +447,27 @@ gser_status_t gser_msg_new_map(gser_msg_t *msg, gser_value_t **out)
 {
     if (!msg || !out)
         return GSER_ERR_INVALID_ARG;
-    gser_value_t *v = msg_value(msg, GSER_KIND_MAP);
-    gser_map_t *m = v ? msg_alloc(msg, sizeof *m, alignof(gser_map_t)) : NULL;
-    if (!m)
+    /* the value, the map and its first pairs: one allocation */
+    gser_value_t *v = msg_alloc(msg, sizeof *v + sizeof(gser_map_t) + GSER_MAP_INLINE * sizeof(gser_pair_t),
+                                alignof(gser_value_t));
+    if (!v)
         return nomem(msg, "gser_msg_new_map");
-    memset(m, 0, sizeof *m);
-    v->u.map = m;
+    gser_map_t *m = (gser_map_t *)(v + 1);
+    *v = (gser_value_t){.kind = GSER_KIND_MAP, .msg = msg, .u.map = m};
+    *m = (gser_map_t){.len = 0, .cap = GSER_MAP_INLINE, .pairs = (gser_pair_t *)(m + 1)};
     *out = v;
+    return GSER_OK;
+}
+
+/* Append a pair whose key is known to be a scalar. */
+static inline gser_status_t map_append(gser_value_t *map, gser_value_t *key, gser_value_t *value)
+{
+    gser_map_t *m = map->u.map;
+    if (arena_vec_reserve(&map->msg->arena, (void **)&m->pairs, &m->cap, sizeof(gser_pair_t), m->len + 1))
+        return nomem(map->msg, "gser_map_put");
+    m->pairs[m->len].key = key;
+    m->pairs[m->len].value = value;
+    m->len++;
     return GSER_OK;
 }
 
@@ -448,22 +478,27 @@ gser_status_t gser_map_put(gser_value_t *map, gser_value_t *key, gser_value_t *v
     if (!kind_is_scalar(key->kind))
         return error_set(map->msg->ctx, GSER_ERR_INVALID_ARG, "gser_map_put: a map key must be a scalar, not a %s",
                          gser_kind_str(key->kind));
-    gser_map_t *m = map->u.map;
-    if (arena_vec_reserve(&map->msg->arena, (void **)&m->pairs, &m->cap, sizeof(gser_pair_t), m->len + 1))
-        return nomem(map->msg, "gser_map_put");
-    m->pairs[m->len].key = key;
-    m->pairs[m->len].value = value;
-    m->len++;
-    return GSER_OK;
+    return map_append(map, key, value);
 }
 
 gser_status_t gser_map_put_cstr(gser_value_t *map, const char *key, gser_value_t *value)
 {
     if (!map || map->kind != GSER_KIND_MAP || !key || !value)
         return GSER_ERR_INVALID_ARG;
-    gser_value_t *k;
-    gser_status_t st = gser_msg_new_cstr(map->msg, key, &k);
-    return st ? st : gser_map_put(map, k, value);
+    gser_value_t *k = msg_str_value(map->msg, key, strlen(key));
+    return k ? map_append(map, k, value) : nomem(map->msg, "gser_map_put_cstr");
+}
+
+gser_status_t gser_map_put_borrowed(gser_value_t *map, const char *key, size_t len, gser_value_t *value)
+{
+    if (!map || map->kind != GSER_KIND_MAP || !key || !value || key[len] != '\0')
+        return GSER_ERR_INVALID_ARG;
+    gser_value_t *k = msg_value(map->msg, GSER_KIND_STR);
+    if (!k)
+        return nomem(map->msg, "gser_map_put_borrowed");
+    k->u.s.ptr = key; /* not copied: the caller keeps it, as the call says */
+    k->u.s.len = len;
+    return map_append(map, k, value);
 }
 
 gser_status_t gser_map_get_at(gser_value_t *map, size_t i, gser_value_t **key, gser_value_t **value)
@@ -573,9 +608,10 @@ static void c_strides(uint32_t ndim, const int64_t *shape, size_t es, int64_t *o
     }
 }
 
-gser_value_t *buffer_value(gser_msg_t *msg, const gser_buffer_desc_t *desc, size_t first, size_t span)
+gser_value_t *buffer_value(gser_msg_t *msg, gser_value_t *into, const gser_buffer_desc_t *desc, size_t first,
+                           size_t span)
 {
-    gser_value_t *v = msg_value(msg, GSER_KIND_BUFFER);
+    gser_value_t *v = into ? into : msg_value(msg, GSER_KIND_BUFFER);
     gser_buffer_t *b = v ? msg_alloc(msg, sizeof *b, alignof(gser_buffer_t)) : NULL;
     size_t dims = (size_t)desc->ndim * (desc->strides ? 2 : 1);
     int64_t *store = b && dims ? msg_alloc(msg, dims * sizeof(int64_t), 8) : NULL;
@@ -596,6 +632,7 @@ gser_value_t *buffer_value(gser_msg_t *msg, const gser_buffer_desc_t *desc, size
     }
     b->first = first;
     b->span = span;
+    v->kind = GSER_KIND_BUFFER;
     v->u.buf = b;
     return v;
 }
@@ -669,7 +706,7 @@ gser_status_t gser_msg_new_buffer(gser_msg_t *msg, const gser_buffer_desc_t *use
     if (copy && desc->release)
         return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: both GSER_BUFFER_COPY and release set", what);
 
-    gser_value_t *v = buffer_value(msg, desc, first, span);
+    gser_value_t *v = buffer_value(msg, NULL, desc, first, span);
     if (!v)
         return nomem(msg, what);
     if (copy && span) {

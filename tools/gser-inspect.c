@@ -5,6 +5,13 @@
  * No type needs to be registered: every typed object is kept serialized and
  * its sub-header decoded for display only. Malformed input gives one line on
  * stderr and exit status 1; usage and I/O errors exit with 2.
+ *
+ * Hostile files are expected: the reader checks the prefix and the size
+ * table before it reads on and never reads past what the table declares
+ * (gser_deserialize_fd), objects nested in objects count against the depth
+ * limit, every name and string is printed escaped, and the output grows with
+ * the input, not faster (at most --items children per container, strings
+ * cut short, indentation bounded by the depth limit).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -27,6 +34,8 @@ static void indent(int depth)
         fputs("  ", stdout);
 }
 
+/* Like a str value: quoted, with quotes, backslashes, control and non-ASCII
+ * bytes escaped, so that no byte of the input reaches the terminal as is. */
 static void print_quoted(const char *s, size_t n, size_t max)
 {
     putchar('"');
@@ -44,15 +53,26 @@ static void print_quoted(const char *s, size_t n, size_t max)
         printf("...(%zu bytes)", n);
 }
 
-/* "frame N" for data inside a frame of the message, "inline" otherwise. */
+/* "frame N" for data inside a frame of the message, "inline" otherwise. The
+ * frames of a flattened message lie in one buffer in order: a binary search,
+ * so that a message of many buffers and frames prints in n log n. */
 static void print_where(const void *p, size_t n)
 {
-    for (size_t i = 1; p && i < nframes; i++) {
-        const char *f = frames[i].data;
-        if ((const char *)p >= f && (const char *)p + n <= f + frames[i].size) {
-            printf("frame %zu", i);
-            if ((const char *)p != f)
-                printf(" +%td", (const char *)p - f);
+    const char *c = p;
+    size_t lo = 1, hi = nframes; /* the last frame starting at or before p is in [lo - 1, hi) */
+    while (c && lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if ((const char *)frames[mid].data <= c)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (c && lo > 1) {
+        const char *f = frames[lo - 1].data;
+        if (c + n <= f + frames[lo - 1].size) {
+            printf("frame %zu", lo - 1);
+            if (c != f)
+                printf(" +%td", c - f);
             return;
         }
     }
@@ -203,8 +223,11 @@ static int print_value(gser_msg_t *msg, gser_value_t *v, int depth)
     case GSER_KIND_SERIALIZED: {
         gser_serialized_info_t info = GSER_SERIALIZED_INFO_INIT;
         gser_value_get_serialized(v, &info);
-        printf("object type=%s family=%s version=%u frames=%zu sub-header=%zu bytes\n", info.type_name,
-               info.family, info.version, info.nframes, info.header_len);
+        printf("object type=");
+        print_quoted(info.type_name, strlen(info.type_name), 255);
+        printf(" family=");
+        print_quoted(info.family, strlen(info.family), 63);
+        printf(" version=%u frames=%zu sub-header=%zu bytes\n", info.version, info.nframes, info.header_len);
         gser_value_t *tree;
         if (gser_value_decode_serialized(msg, v, &tree) != GSER_OK)
             return -1;
@@ -256,9 +279,10 @@ int main(int argc, char **argv)
     }
     gser_context_options_t opts = GSER_CONTEXT_OPTIONS_INIT;
     opts.trace = -1;
+    opts.device_backend = "none"; /* a file holds host frames: no device is needed, whatever GSER_DEVICE says */
     gser_context_t *ctx;
     if (gser_context_create(&opts, &ctx) != GSER_OK) {
-        fprintf(stderr, "gser-inspect: cannot create a context\n");
+        fprintf(stderr, "gser-inspect: cannot create a context: %s\n", gser_context_get_last_error(NULL));
         return 2;
     }
     gser_deserialize_options_t dopts = GSER_DESERIALIZE_OPTIONS_INIT;

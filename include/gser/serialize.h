@@ -182,8 +182,15 @@ GSER_API gser_status_t gser_deserialize_flat(gser_context_t *ctx, const void *bu
                                              gser_release_fn release, void *release_arg,
                                              const gser_deserialize_options_t *opts, gser_msg_t **msg_out);
 
-/** Read a whole flattened message from fd (until end of file) and
- *  deserialize it; the message owns the bytes read. */
+/**
+ * Read one flattened message from fd and deserialize it; the message owns
+ * the bytes read. The magic, prefix and size table are checked before more
+ * is read, and nothing past the message is read: from a pipe or socket,
+ * exactly one message (another may follow), in memory that grows with what
+ * arrives; a regular file must hold exactly one message from the current
+ * offset (GSER_ERR_TRUNCATED for a table that declares more, before it is
+ * read; GSER_ERR_FORMAT for bytes after it).
+ */
 GSER_API gser_status_t gser_deserialize_fd(gser_context_t *ctx, int fd, const gser_deserialize_options_t *opts,
                                            gser_msg_t **msg_out);
 

@@ -202,6 +202,17 @@ GSER_API gser_status_t gser_list_append_cstr(gser_value_t *list, const char *s);
 GSER_API gser_status_t gser_map_put(gser_value_t *map, gser_value_t *key, gser_value_t *value);
 /** gser_map_put with a string key copied from the NUL-terminated key. */
 GSER_API gser_status_t gser_map_put_cstr(gser_value_t *map, const char *key, gser_value_t *value);
+/**
+ * gser_map_put with a string key that is borrowed, not copied: the len bytes
+ * at key, followed by a NUL (key[len] == '\0'), must stay valid and unchanged
+ * until the message is destroyed -- a string literal, or a table of names
+ * that lives as long. For the keys a program writes in its source, it saves
+ * the copy and the strlen; GSER_MAP_PUT_LITERAL passes a literal's length.
+ */
+GSER_API gser_status_t gser_map_put_borrowed(gser_value_t *map, const char *key, size_t len, gser_value_t *value);
+/** gser_map_put_borrowed for a string literal (only a literal compiles). */
+#define GSER_MAP_PUT_LITERAL(map, literal, value) \
+    gser_map_put_borrowed((map), "" literal "", sizeof(literal) - 1, (value))
 
 /* ---- accessors ----------------------------------------------------------- */
 
@@ -284,7 +295,10 @@ GSER_API gser_status_t gser_value_get_serialized(const gser_value_t *v, gser_ser
 /**
  * Decode the sub-header of a serialized value into a value tree in msg
  * without running any type's code (nested objects stay serialized), for
- * inspection. Buffers in it point into the serialized value's frames.
+ * inspection. Buffers in it point into the serialized value's frames. The
+ * tree starts one level below the depth the object had in the message it
+ * was decoded from, so the context's depth limit holds across nested
+ * objects (GSER_ERR_LIMIT_DEPTH).
  */
 GSER_API gser_status_t gser_value_decode_serialized(gser_msg_t *msg, const gser_value_t *v,
                                                     gser_value_t **tree);

@@ -2,6 +2,7 @@
  * between them use every marker. Run from the repository root:
  *   build-fuzz/tests/fuzz/make_corpus tests/fuzz/corpus */
 #include <stdio.h>
+#include <string.h>
 
 #include "fuzz_common.h"
 #include "plugins/ucx/wire.h"
@@ -43,6 +44,53 @@ static int write_msg(gser_context_t *ctx, gser_msg_t *m, const char *dir, const 
 }
 
 static const char *const host_only[] = {"host"};
+
+/* A flattened header-only message whose root is n typed objects nested in
+ * one another, named type (the innermost sub-header is nil): msgpack written
+ * by hand from the inside out, as no serializer makes such a chain. */
+static int write_nested(const char *dir, const char *name, size_t n, const char *type)
+{
+    size_t tl = strlen(type), cap = 64 + n * (24 + tl), len = 1;
+    unsigned char *buf = malloc(cap);
+    if (!buf || tl > 31)
+        return 1;
+    size_t at = cap - 1; /* built backwards from the end */
+    buf[at] = 0xc0;
+    for (size_t k = 0; k < n; k++) {
+        unsigned char head[48];
+        size_t h = 0;
+        head[h++] = 0x97;
+        head[h++] = 0xc7, head[h++] = 0x00, head[h++] = 0x06;
+        head[h++] = (unsigned char)(0xa0 | tl);
+        memcpy(head + h, type, tl), h += tl;
+        head[h++] = 0xa4, memcpy(head + h, "host", 4), h += 4;
+        head[h++] = 0x01, head[h++] = 0x00, head[h++] = 0x00;
+        head[h++] = 0xc6; /* bin32 */
+        for (int i = 3; i >= 0; i--)
+            head[h++] = (unsigned char)(len >> (8 * i));
+        at -= h;
+        memcpy(buf + at, head, h);
+        len += h;
+    }
+    static const unsigned char top[8] = {0x94, 0xd6, 0x01, 'G', 'S', 'E', 'R', GSER_WIRE_VERSION};
+    gser_frame_t fr = {.size = 8 + len + 1};
+    unsigned char *hdr = malloc(fr.size);
+    if (!hdr)
+        return 1;
+    memcpy(hdr, top, 8);
+    memcpy(hdr + 8, buf + at, len);
+    hdr[8 + len] = 0x90; /* no data frames */
+    fr.data = hdr;
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *out = fopen(path, "wb");
+    int rc = !out || gser_flat_write_file(&fr, 1, out) != GSER_OK;
+    if (out)
+        fclose(out);
+    free(hdr);
+    free(buf);
+    return rc;
+}
 
 int main(int argc, char **argv)
 {
@@ -123,6 +171,12 @@ int main(int argc, char **argv)
     if (write_msg(ctx, m, dir, "objects.gser"))
         return 1;
     gser_msg_destroy(m);
+
+    /* 3b: objects nested in objects, at the depth limit and past it, and
+     * names that are terminal escapes */
+    if (write_nested(dir, "nested-29.gser", 29, "t") || write_nested(dir, "nested-40.gser", 40, "t") ||
+        write_nested(dir, "names.gser", 3, "\x1b[2J\x1b]0;x\x07"))
+        return 1;
 
     /* 4: device buffers through the host family (origin device, one pinned
      * frame), made on the emulated device backend */

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -164,6 +165,39 @@ inline std::string header_bytes(const gser_frames_t *f)
 {
     const gser_frame_t &h = gser_frames_get_array(f)[0];
     return std::string(static_cast<const char *>(h.data), h.size);
+}
+
+// A message whose root is the typed object "test.blob" (registered by the caller).
+inline MsgPtr blob_msg(gser_context_t *ctx, Blob *blob)
+{
+    gser_msg_t *m = nullptr;
+    gser_value_t *v = nullptr;
+    EXPECT_EQ(gser_msg_create(ctx, &m), GSER_OK);
+    EXPECT_EQ(gser_msg_new_object(m, "test.blob", blob, &v), GSER_OK);
+    gser_msg_set_root(m, v);
+    return MsgPtr(m);
+}
+
+// A context that traces to f.
+inline CtxPtr make_trace_ctx(FILE *f)
+{
+    gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
+    o.trace = 1;
+    o.trace_stream = f;
+    return make_ctx(&o);
+}
+
+// Everything written to f so far (a tmpfile used as a trace stream).
+inline std::string read_all(FILE *f)
+{
+    fflush(f);
+    rewind(f);
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+        out.append(buf, n);
+    return out;
 }
 
 class CtxTest : public ::testing::Test {

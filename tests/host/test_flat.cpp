@@ -1,5 +1,7 @@
 // The flattened form: layout, files, descriptors, ownership.
 #include <cstdio>
+#include <fcntl.h>
+#include <thread>
 #include <unistd.h>
 
 #include "host/common.hpp"
@@ -184,4 +186,145 @@ TEST(Flat, PrefixErrorsAreSpecific)
     EXPECT_EQ(gser_deserialize_flat(ctx.get(), bad.data(), bad.size(), nullptr, nullptr, nullptr, &back),
               GSER_ERR_BAD_MAGIC);
     EXPECT_EQ(back, nullptr);
+}
+
+// ---- reading from descriptors: the prefix and the size table first ----------
+
+namespace {
+
+// A flattened prefix and size table for frames of these sizes (no frames).
+std::string prefix_of(const std::vector<uint64_t> &sizes)
+{
+    std::string p("\x89GSER\r\n\x1a\x01\x00\x00\x00", 12);
+    uint32_t n = (uint32_t)sizes.size();
+    p.append(reinterpret_cast<const char *>(&n), 4); // little-endian host
+    for (uint64_t s : sizes)
+        p.append(reinterpret_cast<const char *>(&s), 8);
+    return p;
+}
+
+struct TmpFile {
+    std::string path;
+    int fd = -1;
+    explicit TmpFile(const std::string &bytes, off_t size = 0)
+    {
+        char tmpl[] = "/tmp/gser-flat-XXXXXX";
+        fd = mkstemp(tmpl);
+        path = tmpl;
+        EXPECT_EQ(write(fd, bytes.data(), bytes.size()), (ssize_t)bytes.size());
+        if (size) {
+            EXPECT_EQ(ftruncate(fd, size), 0); // sparse: no disk, no memory
+        }
+        lseek(fd, 0, SEEK_SET);
+    }
+    ~TmpFile()
+    {
+        close(fd);
+        unlink(path.c_str());
+    }
+    off_t offset() const { return lseek(fd, 0, SEEK_CUR); }
+};
+
+gser_status_t read_fd(gser_context_t *ctx, int fd, MsgPtr *out = nullptr)
+{
+    gser_msg_t *m = nullptr;
+    gser_status_t st = gser_deserialize_fd(ctx, fd, nullptr, &m);
+    if (out)
+        out->reset(m);
+    else
+        gser_msg_destroy(m);
+    return st;
+}
+
+std::string flat_string(const gser_frames_t *f)
+{
+    auto v = flatten(f);
+    return std::string(v.begin(), v.end());
+}
+
+} // namespace
+
+TEST(FlatFd, HugeAndEndlessInputsStopAtTheirPrefix)
+{
+    auto ctx = make_ctx();
+    // /dev/zero never ends: the magic is wrong after 8 bytes.
+    int z = open("/dev/zero", O_RDONLY);
+    ASSERT_GE(z, 0);
+    EXPECT_EQ(read_fd(ctx.get(), z), GSER_ERR_BAD_MAGIC);
+    close(z);
+
+    // A 4 GiB sparse file of zeros: 8 bytes read.
+    TmpFile zeros("", (off_t)4 << 30);
+    EXPECT_EQ(read_fd(ctx.get(), zeros.fd), GSER_ERR_BAD_MAGIC);
+    EXPECT_EQ(zeros.offset(), 8);
+
+    // A valid prefix whose table promises 8 GiB in a 4 GiB file: refused
+    // after the table, before a frame is read or allocated for.
+    TmpFile lying(prefix_of({(uint64_t)8 << 30}), (off_t)4 << 30);
+    EXPECT_EQ(read_fd(ctx.get(), lying.fd), GSER_ERR_TRUNCATED);
+    EXPECT_NE(std::string(gser_context_get_last_error(ctx.get())).find("needs 8589934616 bytes, the file holds 4294967296"),
+              std::string::npos)
+        << gser_context_get_last_error(ctx.get());
+    EXPECT_EQ(lying.offset(), 24) << "the prefix and the size table, nothing more";
+
+    // A table past the context's byte limit: refused at the table.
+    TmpFile over(prefix_of({(uint64_t)1 << 41}));
+    EXPECT_EQ(read_fd(ctx.get(), over.fd), GSER_ERR_LIMIT_BYTES);
+    EXPECT_NE(std::string(gser_context_get_last_error(ctx.get())).find("frame 0 declares 2199023255552 bytes"),
+              std::string::npos)
+        << gser_context_get_last_error(ctx.get());
+}
+
+TEST(FlatFd, APipeThatLiesCostsOnlyWhatItSent)
+{
+    // The table promises a 512 GiB header (below the 1 TiB limit); 100 kB
+    // follow, then the writer hangs up. The reader's memory grows with what
+    // arrives: no 512 GiB allocation (under ASan that would abort the test).
+    auto ctx = make_ctx();
+    int p[2];
+    ASSERT_EQ(pipe(p), 0);
+    std::thread writer([fd = p[1]] {
+        std::string bytes = prefix_of({(uint64_t)512 << 30}) + std::string(100000, 'x');
+        for (size_t off = 0; off < bytes.size();) {
+            ssize_t w = write(fd, bytes.data() + off, bytes.size() - off);
+            if (w <= 0)
+                break;
+            off += (size_t)w;
+        }
+        close(fd);
+    });
+    EXPECT_EQ(read_fd(ctx.get(), p[0]), GSER_ERR_TRUNCATED);
+    EXPECT_NE(std::string(gser_context_get_last_error(ctx.get())).find("ends after 100024 bytes, its size table says "
+                                                                     "549755813912"),
+              std::string::npos)
+        << gser_context_get_last_error(ctx.get());
+    writer.join();
+    close(p[0]);
+}
+
+TEST(FlatFd, StreamsCarryMessagesBackToBackAndFilesHoldExactlyOne)
+{
+    auto ctx = make_ctx();
+    std::vector<double> a(100, 1.0), b(50, 2.0);
+    auto ma = sample(ctx.get(), a), mb = sample(ctx.get(), b);
+    auto fa = serialize(ctx.get(), ma.get()), fb = serialize(ctx.get(), mb.get());
+    std::string two = flat_string(fa.get()) + flat_string(fb.get());
+    int p[2];
+    ASSERT_EQ(pipe(p), 0);
+    ASSERT_LT(two.size(), 65536u);
+    ASSERT_EQ(write(p[1], two.data(), two.size()), (ssize_t)two.size());
+    close(p[1]);
+    MsgPtr first, second;
+    ASSERT_EQ(read_fd(ctx.get(), p[0], &first), GSER_OK) << gser_context_get_last_error(ctx.get());
+    ASSERT_EQ(read_fd(ctx.get(), p[0], &second), GSER_OK) << gser_context_get_last_error(ctx.get());
+    EXPECT_TRUE(gser_value_equal(gser_msg_get_root(ma.get()), gser_msg_get_root(first.get())));
+    EXPECT_TRUE(gser_value_equal(gser_msg_get_root(mb.get()), gser_msg_get_root(second.get())));
+    EXPECT_EQ(read_fd(ctx.get(), p[0]), GSER_ERR_BAD_MAGIC) << "then the stream is empty";
+    close(p[0]);
+
+    // A file is one message: bytes after it are an error, found without reading them.
+    TmpFile file(two);
+    EXPECT_EQ(read_fd(ctx.get(), file.fd), GSER_ERR_FORMAT);
+    EXPECT_NE(std::string(gser_context_get_last_error(ctx.get())).find("trailing bytes in the file"), std::string::npos)
+        << gser_context_get_last_error(ctx.get());
 }

@@ -288,15 +288,7 @@ TEST(Safety, CraftedHeadersAreRejectedPrecisely)
                              craft([](msgpack_packer *pk) {
                                  msgpack_pack_map(pk, 1);
                                  msgpack_pack_str_with_body(pk, "b", 1);
-                                 msgpack_pack_array(pk, 5);
-                                 msgpack_pack_ext(pk, 0, 4);
-                                 msgpack_pack_uint8(pk, GSER_DTYPE_UINT8);
-                                 msgpack_pack_nil(pk);
-                                 msgpack_pack_array(pk, 3);
-                                 msgpack_pack_uint8(pk, 0);
-                                 msgpack_pack_uint8(pk, 0);
-                                 msgpack_pack_uint8(pk, 16);
-                                 msgpack_pack_uint8(pk, GSER_MEMORY_HOST);
+                                 pack_buffer_ref(pk, GSER_DTYPE_UINT8, 0, 0, 16);
                              }),
                              &err),
               GSER_ERR_FRAME);
@@ -343,25 +335,13 @@ TEST(Safety, CraftedHeadersAreRejectedPrecisely)
               GSER_ERR_FORMAT);
     // An object whose frames lie outside the message.
     EXPECT_EQ(decode_crafted(ctx.get(), craft([](msgpack_packer *pk) {
-                  msgpack_pack_array(pk, 7);
-                  msgpack_pack_ext(pk, 0, 6);
-                  msgpack_pack_str_with_body(pk, "t", 1);
-                  msgpack_pack_str_with_body(pk, "host", 4);
-                  msgpack_pack_uint8(pk, 1);
-                  msgpack_pack_uint8(pk, 0);
-                  msgpack_pack_uint8(pk, 5);
+                  pack_object_head(pk, "t", "host", 0, 5);
                   msgpack_pack_bin_with_body(pk, "\xc0", 1);
               })),
               GSER_ERR_FRAME);
     // An object whose sub-header is not msgpack (kept serialized: still checked).
     std::string bad_sub = craft([](msgpack_packer *pk) {
-        msgpack_pack_array(pk, 7);
-        msgpack_pack_ext(pk, 0, 6);
-        msgpack_pack_str_with_body(pk, "t", 1);
-        msgpack_pack_str_with_body(pk, "host", 4);
-        msgpack_pack_uint8(pk, 1);
-        msgpack_pack_uint8(pk, 0);
-        msgpack_pack_uint8(pk, 0);
+        pack_object_head(pk, "t", "host", 0, 0);
         msgpack_pack_bin_with_body(pk, "\x91\xc1", 2);
     });
     gser_frame_t f = {bad_sub.data(), bad_sub.size(), GSER_MEMORY_HOST, 0, nullptr, nullptr, {}};
@@ -467,4 +447,96 @@ TEST(Decoder, EveryMsgpackEncodingOfAValueDecodes)
     int64_t x = 0;
     ASSERT_EQ(gser_value_get_int(kv, &x), GSER_OK);
     EXPECT_EQ(x, 3);
+}
+
+// An object's sub-tree starts at its depth + 1, kept or rebuilt: objects
+// nested in objects cannot escape the depth limit.
+TEST(Safety, ObjectsNestedInObjectsCountAgainstTheDepthLimit)
+{
+    auto ctx = make_ctx();
+    for (unsigned flags : {(unsigned)GSER_DESERIALIZE_KEEP_SERIALIZED, (unsigned)GSER_DESERIALIZE_ALLOW_UNKNOWN}) {
+        // 29 objects: the innermost's nil is at depth 30, the limit.
+        std::string ok = craft_raw(nested_objects(GSER_DEPTH_MAX - 1));
+        gser_frame_t f = {ok.data(), ok.size(), GSER_MEMORY_HOST, 0, nullptr, nullptr, {}};
+        gser_deserialize_options_t o = GSER_DESERIALIZE_OPTIONS_INIT;
+        o.flags = flags;
+        gser_msg_t *m = nullptr;
+        ASSERT_EQ(gser_deserialize(ctx.get(), &f, 1, &o, &m), GSER_OK) << gser_context_get_last_error(ctx.get());
+        MsgPtr mp(m);
+        // Each sub-tree decodes one level deeper, down to the nil.
+        gser_value_t *v = gser_msg_get_root(m);
+        size_t levels = 0;
+        while (gser_value_get_kind(v) == GSER_KIND_SERIALIZED) {
+            ASSERT_EQ(gser_value_decode_serialized(m, v, &v), GSER_OK)
+                << levels << ": " << gser_context_get_last_error(ctx.get());
+            levels++;
+        }
+        EXPECT_EQ(levels, (size_t)GSER_DEPTH_MAX - 1);
+        EXPECT_EQ(gser_value_get_kind(v), GSER_KIND_NIL);
+
+        // One more: refused as the message is decoded, not later.
+        std::string deep = craft_raw(nested_objects(GSER_DEPTH_MAX));
+        f = {deep.data(), deep.size(), GSER_MEMORY_HOST, 0, nullptr, nullptr, {}};
+        EXPECT_EQ(expect_failure(ctx.get(), &f, 1, flags), GSER_ERR_LIMIT_DEPTH);
+        EXPECT_NE(std::string(gser_context_get_last_error(ctx.get())).find("nests deeper than the limit"),
+                  std::string::npos)
+            << gser_context_get_last_error(ctx.get());
+
+        // 60,000 of them (1.2 MB): the same refusal, in one pass, and no stack overflow.
+        std::string huge = craft_raw(nested_objects(60000));
+        f = {huge.data(), huge.size(), GSER_MEMORY_HOST, 0, nullptr, nullptr, {}};
+        EXPECT_EQ(expect_failure(ctx.get(), &f, 1, flags), GSER_ERR_LIMIT_DEPTH);
+    }
+
+    // A lower limit in the options counts the same way.
+    gser_limits_t lim = GSER_LIMITS_INIT;
+    lim.max_depth = 5;
+    std::string five = craft_raw(nested_objects(5));
+    gser_frame_t f = {five.data(), five.size(), GSER_MEMORY_HOST, 0, nullptr, nullptr, {}};
+    EXPECT_EQ(expect_failure(ctx.get(), &f, 1, GSER_DESERIALIZE_KEEP_SERIALIZED, &lim), GSER_ERR_LIMIT_DEPTH);
+    std::string four = craft_raw(nested_objects(4));
+    f = {four.data(), four.size(), GSER_MEMORY_HOST, 0, nullptr, nullptr, {}};
+    gser_deserialize_options_t o = GSER_DESERIALIZE_OPTIONS_INIT;
+    o.flags = GSER_DESERIALIZE_KEEP_SERIALIZED;
+    o.limits = &lim;
+    gser_msg_t *m = nullptr;
+    ASSERT_EQ(gser_deserialize(ctx.get(), &f, 1, &o, &m), GSER_OK) << gser_context_get_last_error(ctx.get());
+    gser_msg_destroy(m);
+}
+
+// Numbers in errors are the ones the peer sent, not sums that wrapped; names
+// from the wire are escaped like str values.
+TEST(Safety, ErrorsQuoteThePeerFaithfullyAndSafely)
+{
+    auto ctx = make_ctx();
+    std::string err;
+    EXPECT_EQ(decode_crafted(ctx.get(), craft([](msgpack_packer *pk) {
+                                 pack_object_head(pk, "t", "host", UINT64_MAX, 2);
+                                 msgpack_pack_bin_with_body(pk, "\xc0", 1);
+                             }),
+                             &err),
+              GSER_ERR_FRAME);
+    EXPECT_NE(err.find("object frame base 18446744073709551615 and frame count 2 are outside the 0 frames"),
+              std::string::npos)
+        << err;
+    std::string ref = craft(
+        [](msgpack_packer *pk) {
+            pack_buffer_ref(pk, GSER_DTYPE_UINT8, 0, UINT64_MAX, 2);
+        },
+        GSER_WIRE_VERSION, {8});
+    gser_frame_t fr[2] = {{ref.data(), ref.size(), GSER_MEMORY_HOST, 0, nullptr, nullptr, {}},
+                          {"01234567", 8, GSER_MEMORY_HOST, 0, nullptr, nullptr, {}}};
+    EXPECT_EQ(expect_failure(ctx.get(), fr, 2), GSER_ERR_FRAME);
+    err = gser_context_get_last_error(ctx.get());
+    EXPECT_NE(err.find("2 bytes at offset 18446744073709551615 are outside frame 1 of 8 bytes"), std::string::npos)
+        << err;
+
+    // A type name that would clear the terminal and set its title.
+    const std::string evil = "\x1b[2J\x1b]0;owned\x07";
+    std::string h = craft_raw(nested_objects(1, evil));
+    gser_frame_t f = {h.data(), h.size(), GSER_MEMORY_HOST, 0, nullptr, nullptr, {}};
+    EXPECT_EQ(expect_failure(ctx.get(), &f, 1), GSER_ERR_UNKNOWN_TYPE);
+    err = gser_context_get_last_error(ctx.get());
+    EXPECT_EQ(err.find('\x1b'), std::string::npos) << err;
+    EXPECT_NE(err.find("type \"\\x1b[2J\\x1b]0;owned\\x07\" is not registered"), std::string::npos) << err;
 }

@@ -392,7 +392,7 @@ TEST_F(Strides, HostileLayoutsOnTheWireAreRefusedWithThePath)
         {strided_header(ints({4}), bin(24), ints({-8})), GSER_ERR_FORMAT,
          "$.b: buffer data holds 24 bytes, its shape and strides span 32", {}},
         {strided_header(ints({4}), ref, ints({-8}), GSER_WIRE_VERSION, {32}), GSER_ERR_FRAME,
-         "$.b: bytes 8..40 are outside frame 1 of 32 bytes", {32}},
+         "$.b: 32 bytes at offset 8 are outside frame 1 of 32 bytes", {32}},
         {strided_header(ints(Dims(33, 1)), bin(8), ints(Dims(33, 0))), GSER_ERR_FORMAT,
          "$.b: buffer shape has 33 dims (1..32 allowed)", {}},
     };

@@ -4,30 +4,11 @@
 
 #include "host/common.hpp"
 
-namespace {
-
-std::string read_all(FILE *f)
-{
-    fflush(f);
-    rewind(f);
-    std::string out;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
-        out.append(buf, n);
-    return out;
-}
-
-} // namespace
-
 TEST(Trace, SerializeAndDeserializePrintTheTree)
 {
     FILE *f = tmpfile();
     ASSERT_NE(f, nullptr);
-    gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
-    o.trace = 1;
-    o.trace_stream = f;
-    auto ctx = make_ctx(&o);
+    auto ctx = make_trace_ctx(f);
     BlobStats stats;
     register_blob(ctx.get(), &stats, {"host"});
     Blob blob{5, "five", std::vector<double>(100, 1.0)};
@@ -62,15 +43,14 @@ TEST(Trace, SerializeAndDeserializePrintTheTree)
 
     fclose(f);
     f = tmpfile();
-    o.trace_stream = f;
-    auto rx = make_ctx(&o);
+    auto rx = make_trace_ctx(f);
     auto back = deserialize(rx.get(), frames.get(), GSER_DESERIALIZE_ALLOW_UNKNOWN);
     out = read_all(f);
     EXPECT_NE(out.find("[gser] deserialize header"), std::string::npos) << out;
     EXPECT_NE(out.find("[gser] deserialize $.data  list array<float> n=1000 bytes=8000 frame 1 host"),
               std::string::npos)
         << out;
-    EXPECT_NE(out.find("[gser] deserialize $.payload  serialized type=test.blob family=host version=1 frames=1"),
+    EXPECT_NE(out.find("[gser] deserialize $.payload  serialized type=\"test.blob\" family=\"host\" version=1 frames=1"),
               std::string::npos)
         << out;
     fclose(f);
@@ -102,5 +82,36 @@ TEST(Trace, EnvironmentVariableTurnsItOnAndOffByDefault)
                 << "GSER_TRACE=0 adds nothing: " << out;
     }
     unsetenv("GSER_TRACE");
+    fclose(f);
+}
+
+// A failure names the same path whether the encoder traces (and keeps the
+// path as it goes) or not (and gathers it on the way out).
+TEST(Trace, FailuresNameTheSamePathTracedOrNot)
+{
+    FILE *f = tmpfile();
+    ASSERT_NE(f, nullptr);
+    for (bool traced : {false, true}) {
+        auto ctx = traced ? make_trace_ctx(f) : make_ctx();
+        BlobStats stats;
+        register_blob(ctx.get(), &stats, {"host"});
+        Blob bad{-5, "neg", {}};
+        gser_msg_t *m;
+        ASSERT_EQ(gser_msg_create(ctx.get(), &m), GSER_OK);
+        MsgPtr mp(m);
+        gser_value_t *root, *l, *v;
+        gser_msg_new_map(m, &root);
+        gser_msg_new_list(m, &l);
+        gser_list_append_int(l, 1);
+        gser_msg_new_object(m, "test.blob", &bad, &v);
+        gser_list_append(l, v);
+        gser_map_put_cstr(root, "tasks", l);
+        gser_msg_set_root(m, root);
+        gser_frames_t *fr = nullptr;
+        EXPECT_EQ(gser_serialize(ctx.get(), m, nullptr, &fr), GSER_ERR_INVALID_ARG);
+        EXPECT_EQ(std::string(gser_context_get_last_error(ctx.get())),
+                  "$.tasks[1]: type \"test.blob\", family \"host\": serializer failed: blob id -5 is negative")
+            << (traced ? "traced" : "not traced");
+    }
     fclose(f);
 }
