@@ -7,6 +7,10 @@ other side of a gser:// connection, run as `python3 comm_peer.py ROLE ...`.
     hold ADDRESS           connect, print "connected", sleep until killed
     client ADDRESS MIB     connect, ping-pong small messages and one MIB-MiB
                            array, print "ok <seconds>"
+    partition ADDRESS      connect, one round trip, print "ready", then read:
+                           print "closed <seconds>" when the comm fails
+
+serve prints "closed" for every comm that failed.
 """
 
 import asyncio
@@ -20,19 +24,21 @@ from distributed.comm.core import CommClosedError
 from distributed.protocol import to_serialize
 
 
-async def echo(comm):
-    """Send back every message (read with deserialize=False: as it came)."""
+async def echo(comm, report=False):
+    """Send back every message (read with deserialize=False: as it came).
+    report: print "closed" when the comm fails."""
     try:
         while True:
             await comm.write(await comm.read())
     except CommClosedError:
-        pass
+        if report:
+            print("closed", flush=True)
     finally:
         await comm.close()
 
 
 async def serve(host):
-    listener = await listen(f"gser://{host}:0", echo, deserialize=False)
+    listener = await listen(f"gser://{host}:0", lambda comm: echo(comm, report=True), deserialize=False)
     print(listener.contact_address, flush=True)
     await asyncio.Event().wait()
 
@@ -65,6 +71,19 @@ async def client(address, mib):
     print("ok", round(time.perf_counter() - start, 3), flush=True)
 
 
+async def partition(address):
+    comm = await connect(address, timeout=20)
+    await comm.write("ping")
+    assert await comm.read() == "ping"
+    print("ready", flush=True)
+    start = time.monotonic()
+    try:
+        await comm.read()
+        print("message", flush=True)
+    except CommClosedError:
+        print("closed", round(time.monotonic() - start, 3), flush=True)
+
+
 def main(argv):
     warnings.simplefilter("ignore", DeprecationWarning)  # tornado 6.2 inside distributed
     role = argv[1]
@@ -76,6 +95,8 @@ def main(argv):
         coro = hold(argv[2])
     elif role == "client":
         coro = client(argv[2], int(argv[3]))
+    elif role == "partition":
+        coro = partition(argv[2])
     else:
         raise SystemExit(f"unknown role {role!r}")
     asyncio.run(coro)

@@ -541,3 +541,37 @@ def test_two_namespaces_over_veth(two_namespaces):
                              capture_output=True, text=True, timeout=300, env=env)
         assert out.returncode == 0, out.stderr[-3000:]
         assert out.stdout.startswith("ok ")
+
+
+@pytest.mark.skipif(gser.HAVE_UCX and gser._gser.UCX_WIRE_VERSION < 2,
+                    reason="gser::ucx notices a silent peer from its wire version 2 on (heartbeats, issue 16); "
+                           "this build's transport speaks version 1")
+def test_partitioned_peer_fails_the_comm(two_namespaces):
+    """A network partition (the veth link down: no socket ever closes) fails a
+    comm waiting to read on both sides with CommClosedError within the peer
+    timeout (2 s here) and a bounded slack, instead of hanging; after the link
+    returns, the listener serves a new connection."""
+    timeout_s = 2.0
+    env = dict(os.environ, UCX_TLS="tcp", DASK_DISTRIBUTED__COMM__GSER__PEER_TIMEOUT=f"{timeout_s}s")
+    with Peer("serve", ADDR[0], prefix=("ip", "netns", "exec", NS[0]), env=env) as server:
+        client = subprocess.Popen(["ip", "netns", "exec", NS[1], sys.executable, PEER, "partition", server.address],
+                                  stdout=subprocess.PIPE, text=True, env=env)
+        try:
+            assert client.stdout.readline().strip() == "ready"
+            ip("-n", NS[0], "link", "set", VETH[0], "down")
+            start = time.monotonic()
+            line = client.stdout.readline().split()
+            waited = time.monotonic() - start
+            assert line[:1] == ["closed"], line
+            # the transport's bound: the timeout plus a quarter of it; plus a loaded machine
+            assert waited < timeout_s * 1.25 + 5, waited
+            assert server.proc.stdout.readline().strip() == "closed"
+        finally:
+            if client.poll() is None:
+                client.kill()
+            client.wait(30)
+            client.stdout.close()
+        ip("-n", NS[0], "link", "set", VETH[0], "up")
+        out = subprocess.run(["ip", "netns", "exec", NS[1], sys.executable, PEER, "client", server.address, "1"],
+                             capture_output=True, text=True, timeout=120, env=env)
+        assert out.returncode == 0 and out.stdout.startswith("ok "), out.stderr[-3000:]
