@@ -171,8 +171,9 @@ GSER_API gser_status_t gser_ucx_worker_get_efd(gser_ucx_worker_t *worker, int *f
 
 /**
  * Arm the event file descriptor before waiting on it. GSER_OK: armed, it is
- * safe to sleep until it is readable. GSER_INPROGRESS: events are pending;
- * call gser_ucx_worker_progress and arm again.
+ * safe to sleep until it is readable. GSER_INPROGRESS: events are pending,
+ * or a device copy of a staged frame is running (its end does not show on
+ * the fd); call gser_ucx_worker_progress and arm again.
  */
 GSER_API gser_status_t gser_ucx_worker_arm(gser_ucx_worker_t *worker);
 

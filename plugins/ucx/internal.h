@@ -335,6 +335,8 @@ GUX_INTERNAL void gux_staging_destroy(gser_ucx_worker_t *w);
 GUX_INTERNAL gser_status_t gux_staging_advance(gser_ucx_request_t *req);
 /* Advance all staging in flight (copies finishing, buffers freed). */
 GUX_INTERNAL unsigned gux_staging_progress(gser_ucx_worker_t *w);
+/* Whether a staging copy is running: its end does not show on the event fd. */
+GUX_INTERNAL bool gux_staging_copying(const gser_ucx_worker_t *w);
 /* Stop issuing chunks of req and take back its chunk receives; the staging
  * part finishes once the copies in flight are done. */
 GUX_INTERNAL void gux_staging_abort(gser_ucx_request_t *req);

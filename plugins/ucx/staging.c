@@ -515,6 +515,19 @@ void gux_staging_abandon(gser_ucx_request_t *r)
     op_advance(op);
 }
 
+bool gux_staging_copying(const gser_ucx_worker_t *w)
+{
+    if (!w->staging)
+        return false;
+    for (const gux_list_t *it = w->staging->ops.next; it != &w->staging->ops; it = it->next) {
+        const gux_stage_op_t *op = gux_container(it, gux_stage_op_t, link);
+        for (unsigned i = 0; i < op->depth; i++)
+            if (op->slots[i].state == SLOT_COPY)
+                return true;
+    }
+    return false;
+}
+
 unsigned gux_staging_progress(gser_ucx_worker_t *w)
 {
     unsigned n = 0;

@@ -402,8 +402,10 @@ gser_status_t gser_ucx_worker_get_efd(gser_ucx_worker_t *w, int *fd_out)
 /* Lock held. */
 static gser_status_t arm(gser_ucx_worker_t *w)
 {
-    /* Work we queued ourselves does not show on the fd. */
-    if (!gux_list_empty(&w->ready) || !gux_list_empty(&w->done) || w->nconn_reqs || w->eps_dirty)
+    /* Work we queued ourselves, and device copies of staged frames, do not
+     * show on the fd. */
+    if (!gux_list_empty(&w->ready) || !gux_list_empty(&w->done) || w->nconn_reqs || w->eps_dirty ||
+        gux_staging_copying(w))
         return GSER_INPROGRESS;
     ucs_status_t s = ucp_worker_arm(w->ucp);
     if (s == UCS_ERR_BUSY)

@@ -36,13 +36,16 @@ pyarrow arrays and record batches are registered that way here, lazily.
 
 Errors from the core raise GserError (a ValueError) whose message names the
 failing value's path, e.g. "GSER_ERR_FORMAT: gser_deserialize: $[2].payload:
-...". The Dask integration is in gser.dask.
+...". The Dask integration is in gser.dask; gser.ucx moves messages between
+processes with UCX (asyncio), and gser.comm is a Dask comm backend on it
+(gser://HOST:PORT; HAVE_UCX says whether this build has them).
 """
 
 from gser._gser import (  # noqa: F401
     DEPTH_MAX,
     DEVICE_BACKEND,
     HAVE_ARROW,
+    HAVE_UCX,
     WIRE_VERSION,
     ArrowArray,
     Declined,
@@ -64,6 +67,7 @@ __all__ = [
     "DEPTH_MAX",
     "DEVICE_BACKEND",
     "HAVE_ARROW",
+    "HAVE_UCX",
     "WIRE_VERSION",
     "ArrowArray",
     "Declined",

@@ -347,3 +347,11 @@ def dask_setup(server=None) -> None:
     register(default=bool(dask.config.get(CONFIG_DEFAULT, default=True)))
     if server is not None and "register-worker" in getattr(server, "handlers", {}):
         _guard_scheduler(server)
+
+
+# The comm backend "gser://" (gser.comm, on gser::ucx): importing gser.dask
+# makes it known to Dask, as the package's entry point does.
+if _gser.HAVE_UCX:
+    from gser import comm as _comm  # noqa: E402
+
+    _comm.register_backend()

@@ -50,11 +50,8 @@ PyObject *pg_text(const char *s)
     return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "backslashreplace");
 }
 
-PyObject *pg_raise(gser_status_t st, bool detail, const char *what)
+PyObject *pg_raise_text(gser_status_t st, PyObject *text)
 {
-    /* The detail may quote a type name or an Arrow format from the wire. */
-    const char *d = detail ? gser_context_get_last_error(pg_ctx) : "";
-    PyObject *text = *d ? pg_text(d) : PyUnicode_FromFormat("%s: %s", what ? what : "gser", gser_status_str(st));
     if (!text)
         return NULL;
     if (st == GSER_ERR_NO_MEMORY) {
@@ -68,6 +65,14 @@ PyObject *pg_raise(gser_status_t st, bool detail, const char *what)
     }
     Py_DECREF(text);
     return NULL;
+}
+
+PyObject *pg_raise(gser_status_t st, bool detail, const char *what)
+{
+    /* The detail may quote a type name or an Arrow format from the wire. */
+    const char *d = detail ? gser_context_get_last_error(pg_ctx) : "";
+    return pg_raise_text(st, *d ? pg_text(d)
+                                : PyUnicode_FromFormat("%s: %s", what ? what : "gser", gser_status_str(st)));
 }
 
 /* ---- serializing -------------------------------------------------------------------------- */
@@ -185,6 +190,12 @@ fail:
     Py_XDECREF(fam.keep);
     Py_DECREF(owner);
     return NULL;
+}
+
+PgOwner *pg_serialize(PyObject *obj, PyObject *families)
+{
+    pg_encode_options_t eo = {0};
+    return serialize(obj, families, &eo, false);
 }
 
 PyDoc_STRVAR(dumps_doc,
@@ -418,6 +429,24 @@ static void frame_ref_set(pg_frame_ref_t *ref, const gser_frame_t *fr, bool read
     ref->src = src;
 }
 
+PyObject *pg_decode_msg(PgOwner *owner, bool readonly)
+{
+    if (msg_wait(owner->msg) < 0)
+        return NULL;
+    size_t n;
+    const gser_frame_t *fr = gser_msg_get_frames(owner->msg, &n);
+    pg_decode_ctx_t dc = {0};
+    PyObject *out = NULL;
+    if (pg_decode_ctx_init(&dc, owner, n) == 0) {
+        dc.any_readonly = readonly;
+        for (size_t i = 0; i < n; i++)
+            frame_ref_set(&dc.frames[i], &fr[i], readonly, NULL); /* no objects of their own */
+        out = pg_decode(&dc, gser_msg_get_root(owner->msg));
+    }
+    pg_decode_ctx_clear(&dc);
+    return out;
+}
+
 static PyObject *py_loads(PyObject *self, PyObject *args, PyObject *kw)
 {
     (void)self;
@@ -499,7 +528,6 @@ static PyObject *py_from_bytes(PyObject *self, PyObject *args, PyObject *kw)
     if (!owner)
         return NULL;
     PyObject *out = NULL;
-    pg_decode_ctx_t dc = {0};
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
         goto done;
@@ -519,18 +547,8 @@ static PyObject *py_from_bytes(PyObject *self, PyObject *args, PyObject *kw)
         goto done;
     }
     owner->msg = msg;
-    if (msg_wait(msg) < 0)
-        goto done;
-    size_t n;
-    const gser_frame_t *fr = gser_msg_get_frames(msg, &n);
-    if (pg_decode_ctx_init(&dc, owner, n) < 0)
-        goto done;
-    dc.any_readonly = readonly;
-    for (size_t i = 0; i < n; i++)
-        frame_ref_set(&dc.frames[i], &fr[i], readonly, NULL); /* slices of b: no objects of their own */
-    out = pg_decode(&dc, gser_msg_get_root(msg));
+    out = pg_decode_msg(owner, readonly); /* the frames are slices of b */
 done:
-    pg_decode_ctx_clear(&dc);
     Py_DECREF(owner);
     return out;
 }
@@ -604,6 +622,17 @@ PyMODINIT_FUNC PyInit__gser(void)
         Py_DECREF(m);
         return NULL;
     }
+#ifdef GSER_PY_HAVE_UCX
+    if (pg_ucx_add(m) < 0 || PyModule_AddObjectRef(m, "HAVE_UCX", Py_True) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+#else
+    if (PyModule_AddObjectRef(m, "HAVE_UCX", Py_False) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+#endif
     if (PyModule_AddObjectRef(m, "GserError", pg_GserError) < 0 ||
         PyModule_AddObjectRef(m, "Declined", pg_Declined) < 0 ||
         PyModule_AddObjectRef(m, "DeviceFrame", (PyObject *)&PgDeviceFrame_Type) < 0 ||

@@ -322,4 +322,22 @@ int pg_has_attr(PyObject *o, const char *name);
  * for a dtype Python has no format for (bfloat16). */
 const char *pg_dtype_format(gser_dtype_t dtype);
 
+/* ---- shared by the module and the UCX bindings (module.c, ucx.c) ------------------- */
+
+/* Serialize obj as dumps does (families: None, a str or a sequence of
+ * str): an owner holding the message and its frames, whose device work is
+ * done. NULL with an exception set. */
+PgOwner *pg_serialize(PyObject *obj, PyObject *families);
+/* Raise for status st with message text (a new reference, taken; NULL: an
+ * exception is set already): MemoryError for GSER_ERR_NO_MEMORY, GserError
+ * otherwise. Returns NULL. */
+PyObject *pg_raise_text(gser_status_t st, PyObject *text);
+/* The objects of owner->msg, a deserialized message whose frames belong
+ * to no Python object (readonly: whether their memory may not be written),
+ * once the device copies it carries are done. NULL with an exception set. */
+PyObject *pg_decode_msg(PgOwner *owner, bool readonly);
+/* Add the gser::ucx types (_UcxContext, _UcxWorker, ...) to the module
+ * (ucx.c; only when built with gser::ucx, GSER_PY_HAVE_UCX). */
+int pg_ucx_add(PyObject *m);
+
 #endif /* GSER_PY_PYGSER_H */

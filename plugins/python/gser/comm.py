@@ -1,0 +1,448 @@
+"""A Dask comm backend on gser::ucx, under the scheme "gser" (gser://HOST:PORT).
+
+    LocalCluster(protocol="gser")                     # one node
+    dask scheduler --protocol gser                    # across nodes
+    dask worker gser://SCHEDULER:PORT
+
+Dask finds it through the entry point distributed.comm.backends (the
+installed package's metadata, also in the build tree), or because gser.dask
+was imported. One Dask message is one gser message: Dask's frames become
+gser buffers; small ones ride in the message's first UCX send, large ones go
+zero-copy, and frames in device memory (__cuda_array_interface__) go as device
+frames, straight to UCX when both sides' UCX can read CUDA memory and through
+pinned staging buffers otherwise (never an error).
+
+Every process that uses the scheme registers the gser serialization family
+(gser.dask.register), and where Dask names no serializers the comm writes
+with SERIALIZERS: "gser" first, then Dask's own families; it reads what
+Dask's own comms read. Its handshake says that it carries device frames as
+device memory (gser.dask.HANDSHAKE_DEVICE_KEY), so the family keeps device
+buffers on the device towards its peers.
+
+Faults, as Dask expects of a comm: a peer that dies or closes ends pending
+and later reads and writes with CommClosedError; a read or write that is
+canceled (a timeout) aborts the comm, since its message stream would be torn.
+
+UCX settings come from the environment (UCX_TLS, UCX_NET_DEVICES, ...) and
+from Dask's configuration, distributed.comm.gser.{transports,peer-timeout}
+(DASK_DISTRIBUTED__COMM__GSER__TRANSPORTS=tcp, ...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import weakref
+
+import dask
+from dask.utils import parse_timedelta
+from distributed.comm.addressing import parse_host_port, unparse_host_port
+from distributed.comm.core import Comm, CommClosedError, Connector, Listener
+from distributed.comm.registry import Backend, backends
+from distributed.comm.utils import ensure_concrete_host, from_frames, to_frames
+from distributed.utils import ensure_ip, get_ip, get_ipv6, nbytes
+
+import gser.ucx
+from gser._gser import GserError
+
+logger = logging.getLogger(__name__)
+
+SCHEME = "gser"
+PREFIX = SCHEME + "://"
+#: Serializers where Dask names none.
+SERIALIZERS = ("gser", "cuda", "dask", "pickle", "error")
+
+# The first message of a connection, from the connecting side: the comm's
+# protocol version, its local address and the address it connected to.
+_HELLO_KEY = "gser-comm"
+_HELLO_VERSION = 1
+# Dask's frame splitting exists for sockets; one gser frame per Dask frame
+# keeps large arrays in one piece (no merge copy on the receiving side).
+_NO_SPLIT = 1 << 62
+
+
+# ---- process state: one UCX context, one worker per event loop ----------------------------
+
+_workers: dict = {}  # loop -> gser.ucx.Worker
+
+
+def _config(key, default=None):
+    return dask.config.get(f"distributed.comm.gser.{key}", default)
+
+
+def _context() -> gser.ucx.Context:
+    timeout = _config("peer-timeout")
+    ms = 0 if timeout is None else int(parse_timedelta(timeout, default="seconds") * 1000)
+    return gser.ucx.default_context(transports=_config("transports"), peer_timeout_ms=ms)
+
+
+def _register_family():
+    """Every process that uses the scheme can read what the gser family wrote
+    (gser.dask.register: the family's entry point for anything that wants it)."""
+    from gser import dask as gser_dask  # here: gser.dask imports this module
+
+    if not gser_dask.registered():
+        gser_dask.register()
+
+
+def _worker() -> gser.ucx.Worker:
+    loop = asyncio.get_running_loop()
+    for old in [lp for lp in _workers if lp.is_closed()]:
+        _workers.pop(old).close()  # comms left open when their loop ended
+    _register_family()
+    w = _workers.get(loop)
+    if w is None or w.closed:
+        w = _workers[loop] = gser.ucx.Worker(_context(), loop=loop)
+    return w
+
+
+def _release(worker: gser.ucx.Worker):
+    """Close a worker nothing uses any more (its loop may be gone soon)."""
+    if worker.closed or worker._connecting:
+        return
+    if any(not lst.closed for lst in worker.listeners):
+        return
+    if any(ep.state != "destroyed" for ep in worker.endpoints):
+        return
+    worker.close()
+    if _workers.get(worker._loop) is worker:
+        del _workers[worker._loop]
+
+
+def _local_ip_for(host: str) -> str:
+    """The local address this host reaches host from (a UDP connect sends nothing)."""
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((host, 9))
+            return s.getsockname()[0]
+    except OSError:
+        return get_ipv6() if ":" in host else get_ip()
+
+
+_PLAIN = (str, bytes, int, float, bool, type(None))
+
+
+def _small(msg, budget=64) -> bool:
+    """Whether msg is a small plain message (at most budget items, strings and
+    bytes under 64 KiB, nothing Dask would serialize with a family). Such a
+    message is never offloaded, so Dask's check (a sizeof() of the whole
+    message, the largest cost of a small write) is skipped for it."""
+    stack = [msg]
+    while stack:
+        budget -= 1
+        if budget < 0:
+            return False
+        x = stack.pop()
+        t = type(x)
+        if t is dict:
+            stack.extend(x.keys())
+            stack.extend(x.values())
+        elif t is list or t is tuple:
+            stack.extend(x)
+        elif t not in _PLAIN or ((t is str or t is bytes) and len(x) > 65536):
+            return False
+    return True
+
+
+def _closed_error(comm, what, e=None) -> CommClosedError:
+    msg = f"{what}: {comm!r}"
+    if e is not None:
+        msg += f": {e}"
+    return CommClosedError(msg)
+
+
+# ---- the comm ---------------------------------------------------------------------------
+
+class GserComm(Comm):
+    """A Dask Comm over one gser::ucx endpoint (gser.ucx.Endpoint)."""
+
+    def __init__(self, ep: gser.ucx.Endpoint, local_addr: str, peer_addr: str, deserialize: bool = True):
+        super().__init__(deserialize=deserialize)
+        self._ep = ep
+        self._local_addr = local_addr
+        self._peer_addr = peer_addr
+        self._sending = 0  # sends the transport still holds buffers of
+        self._drained = None  # a future close() waits on until _sending is 0
+        # A comm dropped without close() must not keep its connection.
+        self._finalizer = weakref.finalize(self, _drop_endpoint, ep)
+
+    @staticmethod
+    def handshake_info():
+        # Comm's (with the gser family's key once it is registered), and that
+        # this comm carries device frames as device memory: the family keeps
+        # device buffers in device frames towards such a peer.
+        from gser import dask as gser_dask
+
+        return {**Comm.handshake_info(), gser_dask.HANDSHAKE_DEVICE_KEY: True}
+
+    @property
+    def local_address(self) -> str:
+        return self._local_addr
+
+    @property
+    def peer_address(self) -> str:
+        return self._peer_addr
+
+    @property
+    def extra_info(self):
+        ep = self._ep
+        if ep is None or ep.closed:
+            return {}
+        peer = ep.peer_info()
+        local = ep.worker.context.cuda
+        return {
+            "transport": "gser::ucx",
+            "local_cuda": local,
+            "peer_cuda": peer["cuda"],
+            "device_frames": "direct" if local and peer["cuda"] else "staged",
+        }
+
+    def closed(self) -> bool:
+        return self._ep is None or self._ep.closed
+
+    def _endpoint(self, what) -> gser.ucx.Endpoint:
+        ep = self._ep
+        if ep is None:
+            raise _closed_error(self, f"{what} on a closed comm")
+        return ep
+
+    async def write(self, msg, serializers=None, on_error="message"):
+        ep = self._endpoint("write")
+        if ep.closed:
+            self.abort()
+            raise _closed_error(self, "write", ep.error())
+        frames = await to_frames(
+            msg,
+            allow_offload=self.allow_offload and not _small(msg),
+            serializers=serializers if serializers is not None else SERIALIZERS,
+            on_error=on_error,
+            context={
+                "sender": self.local_info,
+                "recipient": self.remote_info,
+                **self.handshake_options,
+                "compression": None,  # UCX moves bytes faster than lz4 makes fewer of them
+            },
+            frame_split_size=_NO_SPLIT,
+        )
+        # Posted, not waited for: as a socket's buffer would, the transport
+        # holds the frames until the peer takes them (a large message
+        # completes only when the peer reads it, and Dask peers often write
+        # before they read). A send that fails fails the endpoint, which the
+        # next read or write reports.
+        self._sending += 1
+        try:
+            ep.send_frames_nowait(frames, callback=self._sent)
+        except BaseException as e:
+            self._sending -= 1
+            self.abort()
+            if isinstance(e, gser.ucx.ConnectionClosedError):
+                raise _closed_error(self, "write", e) from e
+            raise
+        return sum(map(nbytes, frames))
+
+    def _sent(self, error):
+        # A failed send failed the endpoint: the next read or write says so.
+        self._sending -= 1
+        if self._sending == 0 and self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    async def read(self, deserializers=None):
+        ep = self._endpoint("read")
+        try:
+            frames = await ep.recv_frames()
+        except (gser.ucx.ConnectionClosedError, GserError) as e:
+            # A failed endpoint, or a message that is not a list of frames.
+            self.abort()
+            raise _closed_error(self, "read", e) from e
+        except BaseException:
+            self.abort()
+            raise
+        try:
+            return await from_frames(
+                frames,
+                deserialize=self.deserialize,
+                deserializers=deserializers,  # None: what Dask's own comms accept
+                allow_offload=self.allow_offload,
+            )
+        except EOFError as e:
+            # Frames that end early: the peer's data is not a Dask message.
+            self.abort()
+            raise _closed_error(self, "read: truncated data") from e
+
+    async def close(self):
+        """Wait until the peer took what was written (or failed), then close."""
+        ep = self._ep
+        if ep is None:
+            return
+        if self._sending:
+            self._drained = asyncio.get_running_loop().create_future()
+            await self._drained
+        self._let_go(graceful=True)
+
+    def abort(self):
+        self._let_go(graceful=False)
+
+    def _let_go(self, graceful):
+        ep, self._ep = self._ep, None
+        if ep is not None:
+            self._finalizer.detach()
+            if graceful:
+                ep.close()  # completed sends are flushed first
+            else:
+                ep.abort()
+            _release(ep.worker)
+
+
+def _drop_endpoint(ep):
+    if not ep.worker.closed:
+        ep.abort()
+        _release(ep.worker)
+
+
+# ---- connecting ---------------------------------------------------------------------------
+
+class GserConnector(Connector):
+    prefix = PREFIX
+    comm_class = GserComm
+    encrypted = False
+
+    async def connect(self, address, deserialize=True, **connection_args):
+        host, port = parse_host_port(address)
+        worker = _worker()
+        try:
+            ep = await worker.connect(host, port)
+        except gser.ucx.ConnectionClosedError as e:
+            _release(worker)
+            raise CommClosedError(f"gser: cannot connect to {PREFIX}{address}: {e}") from e
+        except BaseException:
+            _release(worker)
+            raise
+        local = PREFIX + unparse_host_port(_local_ip_for(host), 0)
+        peer = PREFIX + address
+        comm = self.comm_class(ep, local, peer, deserialize)
+        try:
+            await ep.send({_HELLO_KEY: _HELLO_VERSION, "address": local, "to": peer})
+        except BaseException as e:
+            comm.abort()
+            if isinstance(e, gser.ucx.ConnectionClosedError):
+                raise CommClosedError(f"gser: {PREFIX}{address} closed the connection: {e}") from e
+            raise
+        return comm
+
+
+def _check_hello(msg):
+    """The peer's (local address, the address it connected to), or a ValueError."""
+    if (type(msg) is not dict or msg.get(_HELLO_KEY) != _HELLO_VERSION or set(msg) != {_HELLO_KEY, "address", "to"}):
+        raise ValueError(f"not a gser comm hello: {msg!r:.200}")
+    for k in ("address", "to"):
+        v = msg[k]
+        if type(v) is not str or len(v) > 300 or not v.startswith(PREFIX):
+            raise ValueError(f"gser comm hello: bad {k} {v!r:.200}")
+        parse_host_port(v[len(PREFIX):])
+    return msg["address"], msg["to"]
+
+
+class GserListener(Listener):
+    prefix = PREFIX
+    comm_class = GserComm
+    encrypted = False
+
+    def __init__(self, address, comm_handler, deserialize=True, allow_offload=True, **connection_args):
+        if address.startswith(PREFIX):
+            address = address[len(PREFIX):]
+        self.ip, self._port = parse_host_port(address, 0)
+        self.comm_handler = comm_handler
+        self.deserialize = deserialize
+        self.allow_offload = allow_offload
+        self._listener = None
+        self._worker = None
+        #: Connections dropped before they became comms (bad hello, dead peer).
+        self.rejected = 0
+
+    async def start(self):
+        self._worker = _worker()
+        # "" and 0.0.0.0: every interface (the transport's default); names resolved here.
+        ip = None if self.ip in ("", "0.0.0.0") else self.ip if self.ip == "::" else ensure_ip(self.ip)
+        try:
+            self._listener = self._worker.listen(self._handle, ip, self._port)
+        except Exception:
+            _release(self._worker)
+            raise
+        self._port = self._listener.port
+
+    def stop(self):
+        lst, self._listener = self._listener, None
+        if lst is not None:
+            lst.close()
+            _release(self._worker)
+
+    async def _handle(self, ep: gser.ucx.Endpoint):
+        timeout = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), default="seconds")
+        try:
+            hello = await asyncio.wait_for(ep.recv(), timeout)
+            peer, local = _check_hello(hello)
+        except Exception as e:
+            self.rejected += 1
+            logger.info("gser: dropped a connection to %s before its handshake: %s", self.contact_address, e)
+            ep.abort()
+            _release(ep.worker)
+            return
+        comm = self.comm_class(ep, local, peer, self.deserialize)
+        comm.allow_offload = self.allow_offload
+        try:
+            await self.on_connection(comm)
+        except CommClosedError:
+            logger.info("gser: connection from %s closed before the Dask handshake completed", peer)
+            return
+        await self.comm_handler(comm)
+
+    def get_host_port(self):
+        if self._listener is None and self._worker is None:
+            raise ValueError("invalid operation on a gser listener that was not started")
+        return (self.ip or "0.0.0.0"), self._port
+
+    @property
+    def listen_address(self):
+        return self.prefix + unparse_host_port(*self.get_host_port())
+
+    @property
+    def contact_address(self):
+        host, port = self.get_host_port()
+        return self.prefix + unparse_host_port(ensure_concrete_host(host), port)
+
+
+# ---- the backend ---------------------------------------------------------------------------
+
+class GserBackend(Backend):
+    """Dask's comm backend for gser:// addresses (host:port, as tcp's)."""
+
+    def get_connector(self):
+        return GserConnector()
+
+    def get_listener(self, loc, handle_comm, deserialize, **connection_args):
+        return GserListener(loc, handle_comm, deserialize, **connection_args)
+
+    def get_address_host(self, loc):
+        return parse_host_port(loc)[0]
+
+    def get_address_host_port(self, loc):
+        return parse_host_port(loc)
+
+    def resolve_address(self, loc):
+        host, port = parse_host_port(loc)
+        return unparse_host_port(ensure_ip(host), port)
+
+    def get_local_address_for(self, loc):
+        host, port = parse_host_port(loc)
+        host = ensure_ip(host)
+        local = get_ipv6(host) if ":" in host else get_ip(host)
+        return unparse_host_port(local, None)
+
+
+def register_backend():
+    """Make gser:// known to Dask in this process (what the entry point does
+    lazily, on the first gser address)."""
+    if not isinstance(backends.get(SCHEME), GserBackend):
+        backends[SCHEME] = GserBackend()

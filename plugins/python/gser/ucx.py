@@ -1,0 +1,531 @@
+"""gser's UCX transport (gser::ucx) for asyncio.
+
+    import gser.ucx
+
+    async def serve(ep):                       # one accepted Endpoint
+        obj = await ep.recv()                  # one message, loaded as gser.loads does
+        await ep.send({"echo": obj})
+
+    worker = gser.ucx.Worker()                 # one UCX worker, driven by the running loop
+    listener = worker.listen(serve, port=0)    # every interface, a free port
+    ep = await worker.connect("127.0.0.1", listener.port)
+    await ep.send({"x": numpy.ones(10**6)})    # one gser message; arrays are not copied
+    reply = await ep.recv()
+    frames = await ep.recv_frames()            # a message sent with send_frames()
+    ep.close(); listener.close(); worker.close()
+
+A message is what gser.dumps takes (dicts, lists, numpy arrays, objects with
+__cuda_array_interface__ or DLPack, Arrow tables, ...): it travels as one
+gser message, its header and small frames in one UCX send, large frames
+zero-copy, device frames straight to UCX when both sides' UCX can read CUDA
+memory and through pinned staging buffers otherwise. send_frames() sends a
+list of frames (bytes-like objects, and device arrays) as such a message,
+recv_frames() gives them back: memoryviews over the received host frames
+(writable, not copied) and gser.DeviceArray for device frames.
+
+The loop watches the worker's event file descriptor (loop.add_reader); when
+it is readable the worker is progressed until it can be armed again, so an
+idle worker costs nothing. A Worker belongs to the loop that created it:
+use it from that loop's thread only.
+
+Failures raise gser.ucx.ConnectionClosedError (a ConnectionError) when the
+endpoint failed or was closed, gser.GserError for anything else the
+transport refuses; both carry the transport's message and, as .status /
+.status_name, its gser_status_t.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import weakref
+
+from gser import _gser
+from gser._gser import GserError
+
+HAVE_UCX = _gser.HAVE_UCX
+
+__all__ = [
+    "HAVE_UCX",
+    "ConnectionClosedError",
+    "Context",
+    "Endpoint",
+    "Listener",
+    "Worker",
+    "default_context",
+]
+
+# gser_status_t values this module tells apart.
+_INPROGRESS = 1
+_ERR_CONNECTION = -26
+_ERR_TIMEOUT = -27
+_ERR_CANCELED = -28
+_CLOSED = (_ERR_CONNECTION, _ERR_CANCELED, _ERR_TIMEOUT)
+
+# Progress rounds in one go before other callbacks of the loop get a turn
+# (a busy worker is progressed again right after them).
+_ROUNDS = 64
+# How long to wait before progressing again when a worker cannot be armed
+# but nothing moves (asyncio's timers are as fine as the selector's 1 ms).
+_IDLE_S = 0.001
+
+
+class ConnectionClosedError(ConnectionError):
+    """The endpoint failed (the peer went away, the network failed) or was
+    closed here. status / status_name / detail: as GserError's."""
+
+    def __init__(self, message, status=_ERR_CONNECTION, status_name="GSER_ERR_CONNECTION", detail=None):
+        super().__init__(message)
+        self.status = status
+        self.status_name = status_name
+        self.detail = detail if detail is not None else message
+
+
+def _translate(e: GserError) -> Exception:
+    """GserError of a closed or failed endpoint -> ConnectionClosedError."""
+    if getattr(e, "status", None) in _CLOSED:
+        out = ConnectionClosedError(str(e), e.status, e.status_name, e.detail)
+        out.__cause__ = e
+        return out
+    return e
+
+
+def _need_ucx():
+    if not HAVE_UCX:
+        raise ImportError("gser was built without gser::ucx (Debian's libucx-dev): gser.ucx is not available")
+
+
+class Context:
+    """A UCX transport context (gser_ucx_context_create).
+
+    transports: as UCX_TLS lists them ("tcp", "posix,sysv,cma,self,tcp");
+    None = the UCX_TLS environment variable, else UCX's default.
+    peer_timeout_ms: see gser_ucx_context_options_t (0 = the default).
+    """
+
+    def __init__(self, transports: str | None = None, peer_timeout_ms: int = 0):
+        _need_ucx()
+        self._c = _gser._UcxContext(transports=transports, peer_timeout_ms=peer_timeout_ms)
+        self.transports = transports
+        self.peer_timeout_ms = peer_timeout_ms
+
+    @property
+    def cuda(self) -> bool:
+        """Whether this UCX reads and writes CUDA memory (else device frames are staged)."""
+        return bool(self._c.caps & _gser.UCX_CAP_CUDA)
+
+
+_default = {"context": None, "pid": None}
+_default_lock = threading.Lock()
+
+
+def default_context(**options) -> Context:
+    """The process's shared Context, created at the first call (with options;
+    later calls return it as it is)."""
+    with _default_lock:
+        if _default["context"] is None or _default["pid"] != os.getpid():
+            _default["context"] = Context(**options)
+            _default["pid"] = os.getpid()
+        return _default["context"]
+
+
+class Worker:
+    """A UCX worker driven by an asyncio loop (the running one by default).
+
+    Options (0 = the transport's default): inline_max, inline_budget,
+    staging_chunk, staging_depth, recv_cache_bytes, recv_cache_max_bytes,
+    max_frames, max_bytes (see gser_ucx_worker_options_t).
+    """
+
+    def __init__(self, context: Context | None = None, *, loop=None, **options):
+        _need_ucx()
+        self.context = context if context is not None else default_context()
+        self._loop = loop if loop is not None else asyncio.get_running_loop()
+        self._w = _gser._UcxWorker(self.context._c, **options)
+        self._fd = self._w.fileno()
+        self._scheduled = False
+        self._waiting = False  # not armed, and nothing moved: the fd is not watched, _timer looks
+        self._timer = None
+        self._connecting: dict = {}  # _UcxEndpoint -> Future
+        self.endpoints: weakref.WeakSet = weakref.WeakSet()
+        self.listeners: weakref.WeakSet = weakref.WeakSet()
+        self._loop.add_reader(self._fd, self._progress)
+
+    # -- driving it -------------------------------------------------------------------
+
+    def _progress(self):
+        """Progress until the worker can be armed (then the fd wakes the loop).
+        After _ROUNDS rounds that could not arm, come back once the loop's
+        other callbacks ran. If nothing moved in them either, UCX waits on the
+        peer (a large send the peer is still reading) and will not let the fd
+        be armed meanwhile; the fd then stays readable, so watching it would
+        spin, taking the CPU the peer needs: look once every _IDLE_S instead
+        until something moves or the worker can be armed."""
+        self._scheduled = False
+        w = self._w
+        if w is None:
+            return
+        moved = False
+        for _ in range(1 if self._waiting else _ROUNDS):
+            events = w.progress()
+            if events:
+                self._dispatch(events)
+                moved = True
+            elif w.handled:
+                moved = True
+            if self._connecting:
+                self._check_connecting()
+            if self._w is None:
+                return
+            if w.arm():
+                self._wait_for_peer(False)
+                return
+        self._wait_for_peer(not moved)
+        if moved:
+            self.kick()
+
+    def _wait_for_peer(self, waiting):
+        """Switch between watching the fd and looking every _IDLE_S."""
+        if self._loop.is_closed():
+            return
+        if waiting != self._waiting:
+            self._waiting = waiting
+            if waiting:
+                self._loop.remove_reader(self._fd)
+            else:
+                self._loop.add_reader(self._fd, self._progress)
+                if self._timer is not None:
+                    self._timer.cancel()
+                    self._timer = None
+        if waiting and self._timer is None:
+            self._timer = self._loop.call_later(_IDLE_S, self._on_timer)
+
+    def _on_timer(self):
+        self._timer = None
+        self._progress()
+
+    def kick(self):
+        """Progress soon: work was posted that the event fd may not announce."""
+        if not self._scheduled and self._w is not None and not self._loop.is_closed():
+            self._scheduled = True
+            self._loop.call_soon(self._progress)
+
+    def _dispatch(self, events):
+        for ev in events:
+            if type(ev) is _gser._UcxRequest:
+                _complete(ev)
+            else:  # an accepted _UcxEndpoint
+                listener = ev.listener.user()
+                if listener is None or listener.closed:
+                    ev.destroy()
+                else:
+                    listener._accepted(ev)
+
+    def _check_connecting(self):
+        for c, fut in list(self._connecting.items()):
+            if c.status != _INPROGRESS:
+                del self._connecting[c]
+                if not fut.done():
+                    fut.set_result(None)
+
+    # -- listening and connecting -------------------------------------------------------
+
+    def listen(self, callback, address: str | None = None, port: int = 0) -> Listener:
+        """Listen on address (None: every interface) and port (0: a free one).
+        callback(endpoint) is called for every connection whose handshake
+        succeeded; a coroutine function runs as a task. Listening stops when
+        the Listener is closed or dropped: keep it."""
+        self._check_open()
+        try:
+            c = self._w.listen(address, port)
+        except GserError as e:
+            raise _translate(e) from None
+        lst = Listener(self, c, callback)
+        self.listeners.add(lst)
+        return lst
+
+    async def connect(self, host: str, port: int, timeout: float | None = None) -> Endpoint:
+        """Connect and wait for the handshake (at most timeout seconds).
+        A refused or failed connection raises ConnectionClosedError."""
+        self._check_open()
+        try:
+            c = self._w.connect(host, port)
+        except GserError as e:
+            raise _translate(e) from None
+        fut = self._loop.create_future()
+        self._connecting[c] = fut
+        self.kick()
+        try:
+            if timeout is None:
+                await fut
+            else:
+                await asyncio.wait_for(fut, timeout)
+        except BaseException:
+            self._connecting.pop(c, None)
+            c.destroy()
+            raise
+        err = c.error()
+        if err is not None:
+            c.destroy()
+            raise ConnectionClosedError(f"connecting to {host}:{port}: {err}", err.status, err.status_name,
+                                        err.detail)
+        ep = Endpoint(self, c)
+        self.endpoints.add(ep)
+        return ep
+
+    # -- state --------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._w is None
+
+    def _check_open(self):
+        if self._w is None:
+            raise ConnectionClosedError("the gser.ucx worker is closed", _ERR_CANCELED, "GSER_ERR_CANCELED")
+
+    def cache_stats(self) -> dict:
+        self._check_open()
+        return self._w.cache_stats()
+
+    def close(self):
+        """Destroy the worker with its listeners and endpoints: what is in flight
+        ends with ConnectionClosedError. Idempotent."""
+        w, self._w = self._w, None
+        if w is None:
+            return
+        if self._loop.is_closed():
+            w.close()  # nobody can wait for what it still had
+            self._connecting.clear()
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._waiting:
+            self._loop.remove_reader(self._fd)
+        for ev in w.close():
+            if type(ev) is _gser._UcxRequest:
+                _complete(ev)
+        for fut in self._connecting.values():
+            if not fut.done():
+                fut.set_result(None)
+        self._connecting.clear()
+
+
+def _complete(req):
+    """A request completed: resolve its future, or call its callback."""
+    user, req.user = req.user, None
+    if user is None:
+        return
+    if isinstance(user, asyncio.Future):
+        if not user.done():
+            user.set_result(req)
+    else:
+        user(req)
+
+
+class Listener:
+    """Accepts connections for a Worker (from Worker.listen)."""
+
+    def __init__(self, worker: Worker, c, callback):
+        self.worker = worker
+        self._c = c
+        self._callback = callback
+        self._tasks: set = set()
+        c.user = weakref.ref(self)  # for progress() to find it, without a cycle
+        self.port = c.port
+
+    @property
+    def closed(self) -> bool:
+        return self._c.closed
+
+    @property
+    def failed(self) -> int:
+        """Connections whose handshake failed; the listener went on serving."""
+        return self._c.failed
+
+    def _accepted(self, c):
+        ep = Endpoint(self.worker, c)
+        self.worker.endpoints.add(ep)
+        r = self._callback(ep)
+        if asyncio.iscoroutine(r):
+            task = self.worker._loop.create_task(r)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def close(self):
+        """Stop listening; endpoints it accepted stay open."""
+        self._c.close()
+
+
+def _frame(f):
+    """One frame for send_frames: host bytes as a flat memoryview of bytes
+    (gser's untyped bytes, not copied), device arrays as they are."""
+    if type(f) is bytes:  # the common case first: Dask's headers
+        return memoryview(f)
+    if hasattr(f, "__cuda_array_interface__") or (not _has_buffer(f) and hasattr(f, "__dlpack__")):
+        return f
+    mv = memoryview(f)
+    if mv.ndim == 1 and mv.format == "B":
+        return mv
+    if mv.c_contiguous:
+        return mv.cast("B")
+    return memoryview(mv.tobytes())  # strided: one copy
+
+
+def _has_buffer(f):
+    try:
+        memoryview(f)
+    except TypeError:
+        return False
+    return True
+
+
+class Endpoint:
+    """One connection (from Worker.connect, or given to a listener's callback).
+
+    Messages arrive in the order they were sent. One reader and one writer at
+    a time is what a comm needs; concurrent sends and receives are allowed
+    and keep the order in which they were posted.
+    """
+
+    def __init__(self, worker: Worker, c):
+        self.worker = worker
+        self._c = c
+
+    # -- state --------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """Closed here, or failed (the peer or the network)."""
+        return self._c.status not in (0, _INPROGRESS)
+
+    @property
+    def state(self) -> str:
+        """'ready', 'failed', 'closed' (close()) or 'destroyed'."""
+        return self._c.state
+
+    def error(self):
+        """Why the endpoint failed or closed (a ConnectionClosedError), or None."""
+        e = self._c.error()
+        return None if e is None else _translate(e)
+
+    def peer_info(self) -> dict:
+        """The peer's handshake: wire_version, gser_wire_version, caps, cuda."""
+        info = self._c.peer_info()
+        info["cuda"] = bool(info["caps"] & _gser.UCX_CAP_CUDA)
+        return info
+
+    # -- messages ------------------------------------------------------------------------
+
+    async def _wait(self, req):
+        fut = self.worker._loop.create_future()
+        req.user = fut
+        w = self.worker
+        w._progress()  # now: what already arrived completes it without a loop turn
+        try:
+            await fut
+        except asyncio.CancelledError:
+            # Undone here: a receive that matched nothing leaves the endpoint
+            # usable, anything else closes it (gser_ucx_request_cancel).
+            if not req.done:
+                req.cancel()
+                self.worker.kick()
+            raise
+        return req
+
+    async def send(self, obj, families=None) -> None:
+        """Send obj (anything gser.dumps takes) as one message; returns once the
+        transport is done with obj's buffers."""
+        try:
+            req = await self._wait(self._c.send(obj, families))
+            req.result()
+        except GserError as e:
+            raise _translate(e) from None
+
+    async def send_frames(self, frames) -> None:
+        """Send a list of frames (bytes-like objects; device arrays with
+        __cuda_array_interface__ or DLPack) as one message."""
+        await self.send([_frame(f) for f in frames])
+
+    def send_nowait(self, obj, families=None, *, callback=None):
+        """Start sending obj and return at once. The transport holds obj's
+        buffers until the send completes: keep them unchanged until then. A
+        large message completes only once the peer receives it, so a peer
+        that sends before it receives needs this rather than send().
+
+        Returns a future that resolves then (None, or ConnectionClosedError /
+        GserError); with callback, calls callback(None or that exception)
+        instead (perhaps before this returns) and returns None."""
+        fut = None
+        if callback is None:
+            fut = self.worker._loop.create_future()
+
+            def callback(error):
+                if not fut.done():
+                    if error is None:
+                        fut.set_result(None)
+                    else:
+                        fut.set_exception(error)
+
+        def done(req):
+            try:
+                req.result()
+            except GserError as e:
+                callback(_translate(e))
+            else:
+                callback(None)
+
+        try:
+            self._c.send(obj, families, user=done)
+        except GserError as e:
+            raise _translate(e) from None
+        # Progress now rather than soon: a caller that keeps sending without
+        # ever yielding to the loop still moves its messages.
+        self.worker._progress()
+        return fut
+
+    def send_frames_nowait(self, frames, *, callback=None):
+        """send_frames without waiting: see send_nowait."""
+        return self.send_nowait([_frame(f) for f in frames], callback=callback)
+
+    async def recv(self, device: bool = False):
+        """The next message, loaded as gser.loads does (arrays view the
+        received frames)."""
+        try:
+            req = await self._wait(self._c.recv())
+            return req.result(device=device)
+        except GserError as e:
+            raise _translate(e) from None
+
+    async def recv_frames(self) -> list:
+        """The next message sent with send_frames: memoryviews of bytes over
+        host frames, gser.DeviceArray for device frames. Anything else (a peer
+        that sent some other message) raises GserError."""
+        out = await self.recv()
+        if type(out) is not list:
+            raise GserError(f"gser.ucx: expected a list of frames, got a message of type {type(out).__name__}")
+        for i, f in enumerate(out):
+            t = type(f)
+            if t is memoryview or t is _gser.DeviceArray:
+                continue
+            if t.__name__ == "ndarray" and t.__module__ == "numpy":
+                out[i] = memoryview(f).cast("B")  # a typed host frame (a CPU DLPack tensor): its bytes
+                continue
+            raise GserError(f"gser.ucx: expected a list of frames, got a list with an item of type {t.__name__}")
+        return out
+
+    # -- teardown ------------------------------------------------------------------------
+
+    def abort(self):
+        """Close now: what is in flight ends with ConnectionClosedError, the peer
+        sees the connection drop."""
+        self._c.close()
+        self._c.destroy()
+        self.worker.kick()
+
+    def close(self):
+        """Destroy the endpoint: sends that completed are flushed to the peer
+        first (bounded: at most 2 s), anything in flight is canceled."""
+        self._c.destroy()
+        self.worker.kick()

@@ -1,0 +1,1015 @@
+/* gser._gser's bindings of gser::ucx (include/gser/ucx.h): _UcxContext,
+ * _UcxWorker, _UcxListener, _UcxEndpoint and _UcxRequest. gser/ucx.py drives
+ * them from an asyncio loop (event fd, arm, progress).
+ *
+ * Threads: workers are GSER_UCX_THREAD_SERIALIZED, and every gser_ucx call
+ * here is made with the GIL held, which serializes them; received frames
+ * may be released from any thread (the transport's cache locks).
+ *
+ * No Python code runs inside a gser_ucx call: completion and accept
+ * callbacks (run inside progress, close, cancel and destroy) only record
+ * what happened, without allocating Python objects (which could start the
+ * garbage collector, whose finalizers could call back into the worker).
+ * progress() then hands the completed requests and the accepted endpoints
+ * to Python, and releases what the sends held.
+ */
+#include "pygser.h" /* first: Python.h sets the feature macros */
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <structmember.h>
+
+#include <gser/ucx.h>
+
+/* ---- errors ------------------------------------------------------------------------ */
+
+/* Raise for a failed gser_ucx call: the transport's detailed message (or
+ * what + the status). Returns NULL. */
+static PyObject *ucx_raise(gser_status_t st, const char *what)
+{
+    const char *d = gser_ucx_get_last_error();
+    return pg_raise_text(st, *d ? pg_text(d) : PyUnicode_FromFormat("%s: %s", what, gser_status_str(st)));
+}
+
+/* A call on an object closed (or destroyed) here: GSER_ERR_CANCELED, as
+ * the transport reports operations on an endpoint closed from this side. */
+static PyObject *closed_error(const char *what)
+{
+    return pg_raise_text(GSER_ERR_CANCELED, PyUnicode_FromFormat("%s: it was closed here", what));
+}
+
+/* ---- objects ----------------------------------------------------------------------- */
+
+typedef struct PgUcxWorker PgUcxWorker;
+typedef struct PgUcxListener PgUcxListener;
+typedef struct PgUcxRequest PgUcxRequest;
+
+/* A worker's listeners and endpoints, so that closing the worker (which
+ * destroys their C objects) can let go of their pointers. */
+typedef struct pg_child {
+    struct pg_child *prev, *next;
+    bool listener; /* else an endpoint */
+} pg_child_t;
+
+typedef struct {
+    PyObject_HEAD
+    gser_ucx_context_t *ctx;
+} PgUcxContext;
+
+/* An accepted connection not yet handed to Python. */
+typedef struct {
+    PgUcxListener *listener; /* a reference, taken in the callback (increfs are safe there) */
+    gser_ucx_ep_t *ep;
+} pg_accepted_t;
+
+struct PgUcxWorker {
+    PyObject_HEAD
+    gser_ucx_worker_t *w; /* NULL once closed */
+    PgUcxContext *context;
+    int efd;
+    /* completed requests, oldest first; each holds the request's in-flight reference */
+    PgUcxRequest *done_head, *done_tail;
+    pg_accepted_t *accepted;
+    size_t naccepted, cap_accepted;
+    pg_child_t children;
+    unsigned handled; /* what the last gser_ucx_worker_progress returned */
+};
+
+struct PgUcxListener {
+    PyObject_HEAD
+    pg_child_t link; /* in the worker's children */
+    PgUcxWorker *worker;
+    gser_ucx_listener_t *l; /* NULL once closed */
+    PyObject *user;
+    unsigned long long failed; /* handshakes that failed */
+    int last_failure;          /* the status of the latest one */
+    uint16_t port;
+};
+
+typedef struct {
+    PyObject_HEAD
+    pg_child_t link; /* in the worker's children */
+    PgUcxWorker *worker;
+    gser_ucx_ep_t *ep; /* NULL once destroyed */
+    PyObject *listener; /* the _UcxListener it came from, or None */
+    PyObject *user;
+} PgUcxEndpoint;
+
+struct PgUcxRequest {
+    PyObject_HEAD
+    PgUcxRequest *next_done;
+    PgUcxWorker *worker;
+    gser_ucx_request_t *req;
+    PgOwner *owner; /* a send's message and frames, held until it completes */
+    PyObject *user;
+    gser_status_t status;
+    char *detail; /* the transport's message for a failure */
+    bool recv;
+    bool taken;
+};
+
+static PyTypeObject PgUcxContext_Type, PgUcxWorker_Type, PgUcxListener_Type, PgUcxEndpoint_Type,
+    PgUcxRequest_Type;
+
+#define CHILD_OBJ(c, type) ((type *)(void *)((char *)(c)-offsetof(type, link)))
+
+static void child_link(PgUcxWorker *w, pg_child_t *c, bool listener)
+{
+    c->listener = listener;
+    c->next = w->children.next;
+    c->prev = &w->children;
+    w->children.next->prev = c;
+    w->children.next = c;
+}
+
+static void child_unlink(pg_child_t *c)
+{
+    if (!c->next)
+        return;
+    c->prev->next = c->next;
+    c->next->prev = c->prev;
+    c->prev = c->next = NULL;
+}
+
+/* ---- _UcxContext ---------------------------------------------------------------------- */
+
+static PyObject *context_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"transports", "peer_timeout_ms", NULL};
+    const char *transports = NULL;
+    unsigned int timeout = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$zI:_UcxContext", kwlist, &transports, &timeout))
+        return NULL;
+    gser_ucx_context_options_t o = GSER_UCX_CONTEXT_OPTIONS_INIT;
+    o.transports = transports;
+    o.peer_timeout_ms = timeout;
+    gser_ucx_context_t *ctx;
+    gser_status_t st = gser_ucx_context_create(&o, &ctx);
+    if (st)
+        return ucx_raise(st, "gser_ucx_context_create");
+    PgUcxContext *self = (PgUcxContext *)type->tp_alloc(type, 0);
+    if (!self) {
+        gser_ucx_context_destroy(ctx);
+        return NULL;
+    }
+    self->ctx = ctx;
+    return (PyObject *)self;
+}
+
+static void context_dealloc(PgUcxContext *self)
+{
+    gser_ucx_context_destroy(self->ctx);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *context_caps(PgUcxContext *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromUnsignedLong(gser_ucx_context_get_caps(self->ctx));
+}
+
+static PyGetSetDef context_getset[] = {
+    {"caps", (getter)context_caps, NULL, "GSER_UCX_CAP_* bits (1: this UCX moves CUDA memory).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject PgUcxContext_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gser._gser._UcxContext",
+    .tp_doc = "_UcxContext(*, transports=None, peer_timeout_ms=0): a gser::ucx transport context\n"
+              "(gser_ucx_context_create). transports as UCX_TLS lists them.",
+    .tp_basicsize = sizeof(PgUcxContext),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = context_new,
+    .tp_dealloc = (destructor)context_dealloc,
+    .tp_getset = context_getset,
+};
+
+/* ---- completions ------------------------------------------------------------------ */
+
+/* Completion callback of every request (inside a gser_ucx call): record, queue. */
+static void request_done_cb(gser_ucx_request_t *req, gser_status_t st, void *user_data)
+{
+    (void)req;
+    PgUcxRequest *r = user_data;
+    r->status = st;
+    if (st != GSER_OK && st != GSER_ERR_CANCELED) {
+        const char *d = gser_ucx_get_last_error();
+        if (*d)
+            r->detail = strdup(d); /* NULL: the status alone is reported */
+    }
+    PgUcxWorker *w = r->worker;
+    r->next_done = NULL;
+    if (w->done_tail)
+        w->done_tail->next_done = r;
+    else
+        w->done_head = r;
+    w->done_tail = r;
+}
+
+/* Accept callback (inside a gser_ucx call): remember the endpoint. */
+static void accept_cb(gser_ucx_listener_t *l, gser_ucx_ep_t *ep, gser_status_t st, void *user_data)
+{
+    (void)l;
+    PgUcxListener *pl = user_data;
+    if (!ep) {
+        pl->failed++;
+        pl->last_failure = st;
+        return;
+    }
+    PgUcxWorker *w = pl->worker;
+    if (w->naccepted == w->cap_accepted) {
+        size_t cap = w->cap_accepted ? 2 * w->cap_accepted : 8;
+        pg_accepted_t *n = realloc(w->accepted, cap * sizeof *n);
+        if (!n) {
+            /* Out of memory: drop the connection; the worker frees the
+             * endpoint when it is destroyed (destroying it here is not allowed). */
+            gser_ucx_ep_close(ep);
+            pl->failed++;
+            pl->last_failure = GSER_ERR_NO_MEMORY;
+            return;
+        }
+        w->accepted = n;
+        w->cap_accepted = cap;
+    }
+    Py_INCREF((PyObject *)pl);
+    w->accepted[w->naccepted++] = (pg_accepted_t){pl, ep};
+}
+
+static PgUcxEndpoint *endpoint_wrap(PgUcxWorker *w, gser_ucx_ep_t *ep, PyObject *listener);
+
+/* Hand what the callbacks recorded to Python: a tuple of accepted
+ * _UcxEndpoint objects, then completed _UcxRequest objects, oldest first.
+ * Sends let go of their message here, outside any gser_ucx call. Any
+ * allocation or release here may run a finalizer that closes the worker,
+ * which destroys the endpoints not wrapped yet: w->w is checked each time. */
+static PyObject *take_events(PgUcxWorker *w)
+{
+    /* Detached first, for the same reason. */
+    PgUcxRequest *head = w->done_head;
+    w->done_head = w->done_tail = NULL;
+    pg_accepted_t *acc = w->accepted;
+    size_t nacc = w->naccepted;
+    w->accepted = NULL;
+    w->naccepted = w->cap_accepted = 0;
+
+    Py_ssize_t n = (Py_ssize_t)nacc;
+    for (PgUcxRequest *r = head; r; r = r->next_done)
+        n++;
+    PyObject *out = PyTuple_New(n);
+    Py_ssize_t k = 0;
+    for (size_t i = 0; i < nacc; i++) {
+        PgUcxEndpoint *e = out && w->w ? endpoint_wrap(w, acc[i].ep, (PyObject *)acc[i].listener) : NULL;
+        if (e)
+            PyTuple_SET_ITEM(out, k++, (PyObject *)e);
+        else if (w->w)
+            gser_ucx_ep_destroy(acc[i].ep); /* out of memory: drop the connection */
+        Py_DECREF((PyObject *)acc[i].listener);
+    }
+    free(acc);
+    while (head) {
+        PgUcxRequest *r = head;
+        head = r->next_done;
+        r->next_done = NULL;
+        Py_CLEAR(r->owner);
+        if (out)
+            PyTuple_SET_ITEM(out, k++, (PyObject *)r); /* the in-flight reference */
+        else
+            Py_DECREF(r);
+    }
+    if (out && k < n) /* endpoints dropped */
+        _PyTuple_Resize(&out, k);
+    return out;
+}
+
+/* ---- _UcxWorker ----------------------------------------------------------------------------- */
+
+static PyObject *worker_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"context", "inline_max", "inline_budget", "staging_chunk", "staging_depth",
+                             "recv_cache_bytes", "recv_cache_max_bytes", "max_frames", "max_bytes", NULL};
+    PyObject *context;
+    gser_ucx_worker_options_t o = GSER_UCX_WORKER_OPTIONS_INIT;
+    gser_limits_t lim = GSER_LIMITS_INIT;
+    unsigned long long max_bytes = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|$nnnInnnK:_UcxWorker", kwlist, &PgUcxContext_Type, &context,
+                                     &o.inline_max, &o.inline_budget, &o.staging_chunk, &o.staging_depth,
+                                     &o.recv_cache_bytes, &o.recv_cache_max_bytes, &lim.max_frames, &max_bytes))
+        return NULL;
+    lim.max_bytes = max_bytes;
+    o.thread_mode = GSER_UCX_THREAD_SERIALIZED; /* the GIL serializes the calls */
+    o.gser_ctx = pg_ctx;                        /* device frames: the module's backend */
+    o.limits = &lim;
+    PgUcxWorker *self = (PgUcxWorker *)type->tp_alloc(type, 0);
+    if (!self)
+        return NULL;
+    self->children.next = self->children.prev = &self->children;
+    self->efd = -1;
+    gser_status_t st = gser_ucx_worker_create(((PgUcxContext *)context)->ctx, &o, &self->w);
+    if (st == GSER_OK)
+        st = gser_ucx_worker_get_efd(self->w, &self->efd);
+    if (st) {
+        ucx_raise(st, "gser_ucx_worker_create");
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->context = (PgUcxContext *)Py_NewRef(context);
+    return (PyObject *)self;
+}
+
+/* Destroy the C worker: its listeners and endpoints go with it (their
+ * objects let go of the pointers), requests in flight complete canceled. */
+static void worker_close_c(PgUcxWorker *self)
+{
+    if (!self->w)
+        return;
+    while (self->children.next != &self->children) {
+        pg_child_t *c = self->children.next;
+        if (c->listener)
+            CHILD_OBJ(c, PgUcxListener)->l = NULL;
+        else
+            CHILD_OBJ(c, PgUcxEndpoint)->ep = NULL;
+        child_unlink(c);
+    }
+    gser_ucx_worker_destroy(self->w);
+    self->w = NULL;
+    self->efd = -1;
+    /* Accepted endpoints not handed out yet went with the worker. */
+    pg_accepted_t *acc = self->accepted;
+    size_t nacc = self->naccepted;
+    self->accepted = NULL;
+    self->naccepted = self->cap_accepted = 0;
+    for (size_t i = 0; i < nacc; i++)
+        Py_DECREF((PyObject *)acc[i].listener);
+    free(acc);
+}
+
+static int worker_traverse(PgUcxWorker *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->context);
+    for (PgUcxRequest *r = self->done_head; r; r = r->next_done)
+        Py_VISIT(r);
+    for (size_t i = 0; i < self->naccepted; i++)
+        Py_VISIT(self->accepted[i].listener);
+    return 0;
+}
+
+static void worker_drop_done(PgUcxWorker *self)
+{
+    PgUcxRequest *r = self->done_head;
+    self->done_head = self->done_tail = NULL;
+    while (r) {
+        PgUcxRequest *next = r->next_done;
+        r->next_done = NULL;
+        Py_DECREF(r);
+        r = next;
+    }
+}
+
+static int worker_clear(PgUcxWorker *self)
+{
+    /* Unreachable: its endpoints and listeners are garbage too. Closing it
+     * drops the listeners that accepts still refer to. */
+    worker_close_c(self);
+    worker_drop_done(self);
+    return 0;
+}
+
+static void worker_dealloc(PgUcxWorker *self)
+{
+    PyObject_GC_UnTrack(self);
+    /* Nothing refers to the worker any more: no listener, endpoint or request in flight. */
+    worker_close_c(self);
+    worker_drop_done(self);
+    Py_CLEAR(self->context);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *worker_fileno(PgUcxWorker *self, PyObject *unused)
+{
+    (void)unused;
+    if (!self->w)
+        return closed_error("_UcxWorker.fileno");
+    return PyLong_FromLong(self->efd);
+}
+
+static PyObject *worker_arm(PgUcxWorker *self, PyObject *unused)
+{
+    (void)unused;
+    if (!self->w)
+        return closed_error("_UcxWorker.arm");
+    gser_status_t st = gser_ucx_worker_arm(self->w);
+    if (st == GSER_OK)
+        Py_RETURN_TRUE;
+    if (st == GSER_INPROGRESS)
+        Py_RETURN_FALSE;
+    return ucx_raise(st, "gser_ucx_worker_arm");
+}
+
+static PyObject *worker_progress(PgUcxWorker *self, PyObject *unused)
+{
+    (void)unused;
+    if (!self->w)
+        return closed_error("_UcxWorker.progress");
+    self->handled = gser_ucx_worker_progress(self->w);
+    return take_events(self);
+}
+
+static PyObject *worker_close(PgUcxWorker *self, PyObject *unused)
+{
+    (void)unused;
+    worker_close_c(self);
+    return take_events(self);
+}
+
+static PyObject *worker_listen(PgUcxWorker *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"address", "port", NULL};
+    const char *address = NULL;
+    unsigned short port = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|zH:listen", kwlist, &address, &port))
+        return NULL;
+    if (!self->w)
+        return closed_error("_UcxWorker.listen");
+    PgUcxListener *l = PyObject_GC_New(PgUcxListener, &PgUcxListener_Type);
+    if (!l)
+        return NULL;
+    l->link.prev = l->link.next = NULL;
+    l->worker = (PgUcxWorker *)Py_NewRef((PyObject *)self);
+    l->l = NULL;
+    l->user = Py_NewRef(Py_None);
+    l->failed = 0;
+    l->last_failure = 0;
+    l->port = 0;
+    PyObject_GC_Track(l);
+    if (!self->w) { /* a finalizer closed the worker */
+        Py_DECREF(l);
+        return closed_error("_UcxWorker.listen");
+    }
+    gser_ucx_listener_options_t o = GSER_UCX_LISTENER_OPTIONS_INIT;
+    o.address = address;
+    o.port = port;
+    o.accept_cb = accept_cb;
+    o.user_data = l;
+    gser_status_t st = gser_ucx_listener_create(self->w, &o, &l->l);
+    if (st) {
+        Py_DECREF(l);
+        return ucx_raise(st, "gser_ucx_listener_create");
+    }
+    l->port = gser_ucx_listener_get_port(l->l);
+    child_link(self, &l->link, true);
+    return (PyObject *)l;
+}
+
+static PyObject *worker_connect(PgUcxWorker *self, PyObject *args)
+{
+    const char *host;
+    unsigned short port;
+    if (!PyArg_ParseTuple(args, "sH:connect", &host, &port))
+        return NULL;
+    if (!self->w)
+        return closed_error("_UcxWorker.connect");
+    gser_ucx_ep_t *ep;
+    gser_status_t st = gser_ucx_ep_connect_nb(self->w, host, port, &ep);
+    if (st)
+        return ucx_raise(st, "gser_ucx_ep_connect_nb");
+    PgUcxEndpoint *e = endpoint_wrap(self, ep, Py_None);
+    if (!e && self->w)
+        gser_ucx_ep_destroy(ep);
+    return (PyObject *)e;
+}
+
+static PyObject *worker_cache_stats(PgUcxWorker *self, PyObject *unused)
+{
+    (void)unused;
+    if (!self->w)
+        return closed_error("_UcxWorker.cache_stats");
+    gser_ucx_cache_stats_t s = GSER_UCX_CACHE_STATS_INIT;
+    gser_status_t st = gser_ucx_worker_get_cache_stats(self->w, &s);
+    if (st)
+        return ucx_raise(st, "gser_ucx_worker_get_cache_stats");
+    return Py_BuildValue("{s:n,s:n,s:K,s:K}", "cached_bytes", (Py_ssize_t)s.cached_bytes, "limit_bytes",
+                         (Py_ssize_t)s.limit_bytes, "hits", (unsigned long long)s.hits, "misses",
+                         (unsigned long long)s.misses);
+}
+
+static PyObject *worker_closed(PgUcxWorker *self, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(self->w == NULL);
+}
+
+static PyMethodDef worker_methods[] = {
+    {"fileno", (PyCFunction)worker_fileno, METH_NOARGS, "The event file descriptor (gser_ucx_worker_get_efd)."},
+    {"arm", (PyCFunction)worker_arm, METH_NOARGS,
+     "arm() -> bool: True when armed (sleep until the fd is readable), False when\n"
+     "events are pending (progress again)."},
+    {"progress", (PyCFunction)worker_progress, METH_NOARGS,
+     "progress() -> tuple: one gser_ucx_worker_progress, then the endpoints accepted\n"
+     "and the requests completed since the last call, oldest first."},
+    {"close", (PyCFunction)worker_close, METH_NOARGS,
+     "close() -> tuple: destroy the worker, its listeners and endpoints; returns the\n"
+     "events still due (requests in flight complete canceled). Idempotent."},
+    {"listen", (PyCFunction)(void (*)(void))worker_listen, METH_VARARGS | METH_KEYWORDS,
+     "listen(address=None, port=0) -> _UcxListener; accepted endpoints come out of progress()."},
+    {"connect", (PyCFunction)worker_connect, METH_VARARGS,
+     "connect(host, port) -> _UcxEndpoint, connecting (gser_ucx_ep_connect_nb): see its state."},
+    {"cache_stats", (PyCFunction)worker_cache_stats, METH_NOARGS, "The receive cache's numbers (a dict)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef worker_getset[] = {
+    {"closed", (getter)worker_closed, NULL, "Whether close() ran.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef worker_members[] = {
+    {"handled", T_UINT, offsetof(PgUcxWorker, handled), READONLY,
+     "Events the last progress() handled (0: nothing moved)."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject PgUcxWorker_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gser._gser._UcxWorker",
+    .tp_doc = "_UcxWorker(context, *, inline_max=0, inline_budget=0, staging_chunk=0,\n"
+              "staging_depth=0, recv_cache_bytes=0, recv_cache_max_bytes=0, max_frames=0,\n"
+              "max_bytes=0): a gser::ucx worker whose device frames use the module's device\n"
+              "backend. 0 means the transport's default for every option.",
+    .tp_basicsize = sizeof(PgUcxWorker),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = worker_new,
+    .tp_dealloc = (destructor)worker_dealloc,
+    .tp_traverse = (traverseproc)worker_traverse,
+    .tp_clear = (inquiry)worker_clear,
+    .tp_methods = worker_methods,
+    .tp_members = worker_members,
+    .tp_getset = worker_getset,
+};
+
+/* ---- _UcxListener ------------------------------------------------------------------------------ */
+
+static void listener_close_c(PgUcxListener *self)
+{
+    if (!self->l)
+        return;
+    gser_ucx_listener_destroy(self->l);
+    self->l = NULL;
+    child_unlink(&self->link);
+}
+
+static int listener_traverse(PgUcxListener *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->worker);
+    Py_VISIT(self->user);
+    return 0;
+}
+
+static int listener_clear(PgUcxListener *self)
+{
+    Py_CLEAR(self->user);
+    return 0;
+}
+
+static void listener_dealloc(PgUcxListener *self)
+{
+    PyObject_GC_UnTrack(self);
+    listener_close_c(self);
+    Py_CLEAR(self->user);
+    Py_CLEAR(self->worker);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *listener_close(PgUcxListener *self, PyObject *unused)
+{
+    (void)unused;
+    listener_close_c(self);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef listener_methods[] = {
+    {"close", (PyCFunction)listener_close, METH_NOARGS,
+     "Stop listening (gser_ucx_listener_destroy); accepted endpoints stay. Idempotent."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyObject *listener_closed(PgUcxListener *self, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(self->l == NULL);
+}
+
+static PyGetSetDef listener_getset[] = {
+    {"closed", (getter)listener_closed, NULL, "Whether it stopped listening.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef listener_members[] = {
+    {"port", T_USHORT, offsetof(PgUcxListener, port), READONLY, "The port it listens on."},
+    {"failed", T_ULONGLONG, offsetof(PgUcxListener, failed), READONLY,
+     "Connections whose handshake failed (the listener went on serving)."},
+    {"last_failure", T_INT, offsetof(PgUcxListener, last_failure), READONLY,
+     "The status of the latest failed handshake (0: none)."},
+    {"user", T_OBJECT, offsetof(PgUcxListener, user), 0, "Anything the caller wants to keep here."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject PgUcxListener_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gser._gser._UcxListener",
+    .tp_doc = "A gser::ucx listener (from _UcxWorker.listen).",
+    .tp_basicsize = sizeof(PgUcxListener),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_dealloc = (destructor)listener_dealloc,
+    .tp_traverse = (traverseproc)listener_traverse,
+    .tp_clear = (inquiry)listener_clear,
+    .tp_methods = listener_methods,
+    .tp_members = listener_members,
+    .tp_getset = listener_getset,
+};
+
+/* ---- _UcxEndpoint ----------------------------------------------------------------------------- */
+
+/* A new _UcxEndpoint over ep. If the allocation ran a finalizer that
+ * closed the worker, ep went with it: the object is a destroyed endpoint. */
+static PgUcxEndpoint *endpoint_wrap(PgUcxWorker *w, gser_ucx_ep_t *ep, PyObject *listener)
+{
+    PgUcxEndpoint *e = PyObject_GC_New(PgUcxEndpoint, &PgUcxEndpoint_Type);
+    if (!e)
+        return NULL;
+    e->worker = (PgUcxWorker *)Py_NewRef((PyObject *)w);
+    e->ep = w->w ? ep : NULL;
+    e->listener = Py_NewRef(listener);
+    e->user = Py_NewRef(Py_None);
+    e->link.prev = e->link.next = NULL;
+    if (e->ep)
+        child_link(w, &e->link, false);
+    PyObject_GC_Track(e);
+    return e;
+}
+
+static void endpoint_destroy_c(PgUcxEndpoint *self)
+{
+    if (!self->ep)
+        return;
+    gser_ucx_ep_t *ep = self->ep;
+    self->ep = NULL;
+    child_unlink(&self->link);
+    gser_ucx_ep_destroy(ep);
+}
+
+static int endpoint_traverse(PgUcxEndpoint *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->worker);
+    Py_VISIT(self->listener);
+    Py_VISIT(self->user);
+    return 0;
+}
+
+static int endpoint_clear(PgUcxEndpoint *self)
+{
+    Py_CLEAR(self->user);
+    return 0;
+}
+
+static void endpoint_dealloc(PgUcxEndpoint *self)
+{
+    PyObject_GC_UnTrack(self);
+    endpoint_destroy_c(self);
+    Py_CLEAR(self->user);
+    Py_CLEAR(self->listener);
+    Py_CLEAR(self->worker);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static gser_status_t endpoint_status(const PgUcxEndpoint *self)
+{
+    return self->ep ? gser_ucx_ep_get_status(self->ep) : GSER_ERR_CANCELED;
+}
+
+static PyObject *endpoint_state(PgUcxEndpoint *self, void *closure)
+{
+    (void)closure;
+    gser_status_t st = endpoint_status(self);
+    const char *s = st == GSER_OK ? "ready" : st == GSER_INPROGRESS ? "connecting" : !self->ep ? "destroyed"
+                                          : st == GSER_ERR_CANCELED                ? "closed"
+                                                                                   : "failed";
+    return PyUnicode_FromString(s);
+}
+
+static PyObject *endpoint_status_get(PgUcxEndpoint *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromLong((long)endpoint_status(self));
+}
+
+static PyObject *endpoint_error(PgUcxEndpoint *self, PyObject *unused)
+{
+    (void)unused;
+    gser_status_t st = endpoint_status(self);
+    if (st == GSER_OK || st == GSER_INPROGRESS)
+        Py_RETURN_NONE;
+    PyObject *text = PyUnicode_FromFormat("endpoint %s: %s", self->ep ? "failed" : "destroyed", gser_status_str(st));
+    PyObject *e = text ? pg_make_exc(pg_GserError, st, text) : NULL;
+    Py_XDECREF(text);
+    return e;
+}
+
+static PyObject *endpoint_peer_info(PgUcxEndpoint *self, PyObject *unused)
+{
+    (void)unused;
+    if (!self->ep)
+        return closed_error("_UcxEndpoint.peer_info");
+    gser_ucx_peer_info_t info = GSER_UCX_PEER_INFO_INIT;
+    gser_status_t st = gser_ucx_ep_get_peer_info(self->ep, &info);
+    if (st)
+        return ucx_raise(st, "gser_ucx_ep_get_peer_info");
+    return Py_BuildValue("{s:k,s:k,s:k}", "wire_version", (unsigned long)info.wire_version, "gser_wire_version",
+                         (unsigned long)info.gser_wire_version, "caps", (unsigned long)info.caps);
+}
+
+static PgUcxRequest *request_new(PgUcxEndpoint *ep, PyObject *user, bool recv)
+{
+    PgUcxRequest *r = PyObject_GC_New(PgUcxRequest, &PgUcxRequest_Type);
+    if (!r)
+        return NULL;
+    r->next_done = NULL;
+    r->worker = (PgUcxWorker *)Py_NewRef((PyObject *)ep->worker);
+    r->req = NULL;
+    r->owner = NULL;
+    r->user = Py_NewRef(user);
+    r->status = GSER_INPROGRESS;
+    r->detail = NULL;
+    r->recv = recv;
+    r->taken = false;
+    PyObject_GC_Track(r);
+    return r;
+}
+
+static PyObject *endpoint_send(PgUcxEndpoint *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"obj", "families", "user", NULL};
+    PyObject *obj, *families = NULL, *user = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$O:send", kwlist, &obj, &families, &user))
+        return NULL;
+    if (!self->ep)
+        return closed_error("_UcxEndpoint.send");
+    PgUcxRequest *r = request_new(self, user, false);
+    if (!r)
+        return NULL;
+    PgOwner *owner = pg_serialize(obj, families);
+    if (!owner) {
+        Py_DECREF(r);
+        return NULL;
+    }
+    if (!self->ep) { /* Python code run meanwhile (the encoder, a finalizer) destroyed it */
+        Py_DECREF(owner);
+        Py_DECREF(r);
+        return closed_error("_UcxEndpoint.send");
+    }
+    gser_ucx_op_params_t p = GSER_UCX_OP_PARAMS_INIT;
+    p.cb = request_done_cb;
+    p.user_data = r;
+    gser_status_t st = gser_ucx_ep_send_nb(self->ep, gser_frames_get_array(owner->frames),
+                                           gser_frames_get_count(owner->frames), &p, &r->req);
+    if (st) {
+        Py_DECREF(owner);
+        Py_DECREF(r);
+        return ucx_raise(st, "gser_ucx_ep_send_nb");
+    }
+    r->owner = owner;       /* the bytes stay valid until the send completes */
+    Py_INCREF((PyObject *)r); /* the in-flight reference, handed on by the callback */
+    return (PyObject *)r;
+}
+
+static PyObject *endpoint_recv(PgUcxEndpoint *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"user", NULL};
+    PyObject *user = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$O:recv", kwlist, &user))
+        return NULL;
+    if (!self->ep)
+        return closed_error("_UcxEndpoint.recv");
+    PgUcxRequest *r = request_new(self, user, true);
+    if (!r)
+        return NULL;
+    if (!self->ep) { /* a finalizer run by the allocation destroyed it */
+        Py_DECREF(r);
+        return closed_error("_UcxEndpoint.recv");
+    }
+    gser_ucx_op_params_t p = GSER_UCX_OP_PARAMS_INIT;
+    p.cb = request_done_cb;
+    p.user_data = r;
+    gser_status_t st = gser_ucx_ep_recv_nb(self->ep, &p, &r->req);
+    if (st) {
+        Py_DECREF(r);
+        return ucx_raise(st, "gser_ucx_ep_recv_nb");
+    }
+    Py_INCREF((PyObject *)r);
+    return (PyObject *)r;
+}
+
+static PyObject *endpoint_close(PgUcxEndpoint *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->ep) {
+        gser_status_t st = gser_ucx_ep_close(self->ep);
+        if (st)
+            return ucx_raise(st, "gser_ucx_ep_close");
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *endpoint_destroy(PgUcxEndpoint *self, PyObject *unused)
+{
+    (void)unused;
+    endpoint_destroy_c(self);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef endpoint_methods[] = {
+    {"send", (PyCFunction)(void (*)(void))endpoint_send, METH_VARARGS | METH_KEYWORDS,
+     "send(obj, families=None, *, user=None) -> _UcxRequest: serialize obj as gser.dumps\n"
+     "does (buffers borrowed until the send completes) and send it as one message."},
+    {"recv", (PyCFunction)(void (*)(void))endpoint_recv, METH_VARARGS | METH_KEYWORDS,
+     "recv(*, user=None) -> _UcxRequest: receive the next message; result() loads it."},
+    {"close", (PyCFunction)endpoint_close, METH_NOARGS,
+     "Close now (gser_ucx_ep_close): what is in flight completes canceled, the peer\n"
+     "sees the connection drop."},
+    {"destroy", (PyCFunction)endpoint_destroy, METH_NOARGS,
+     "Destroy it (gser_ucx_ep_destroy): completed sends are flushed to the peer first\n"
+     "(bounded), anything in flight is canceled. Idempotent."},
+    {"error", (PyCFunction)endpoint_error, METH_NOARGS,
+     "error() -> GserError or None: why the endpoint failed or closed."},
+    {"peer_info", (PyCFunction)endpoint_peer_info, METH_NOARGS,
+     "peer_info() -> dict: what the peer announced in the handshake."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef endpoint_getset[] = {
+    {"state", (getter)endpoint_state, NULL, "'connecting', 'ready', 'failed', 'closed' or 'destroyed'.", NULL},
+    {"status", (getter)endpoint_status_get, NULL, "gser_ucx_ep_get_status (GSER_ERR_CANCELED once destroyed).",
+     NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef endpoint_members[] = {
+    {"listener", T_OBJECT, offsetof(PgUcxEndpoint, listener), READONLY,
+     "The _UcxListener that accepted it, or None (connected from here)."},
+    {"user", T_OBJECT, offsetof(PgUcxEndpoint, user), 0, "Anything the caller wants to keep here."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject PgUcxEndpoint_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gser._gser._UcxEndpoint",
+    .tp_doc = "A gser::ucx endpoint (from _UcxWorker.connect or accepted by a listener).",
+    .tp_basicsize = sizeof(PgUcxEndpoint),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_dealloc = (destructor)endpoint_dealloc,
+    .tp_traverse = (traverseproc)endpoint_traverse,
+    .tp_clear = (inquiry)endpoint_clear,
+    .tp_methods = endpoint_methods,
+    .tp_members = endpoint_members,
+    .tp_getset = endpoint_getset,
+};
+
+/* ---- _UcxRequest -------------------------------------------------------------------------------- */
+
+static int request_traverse(PgUcxRequest *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->worker);
+    Py_VISIT(self->owner);
+    Py_VISIT(self->user);
+    return 0;
+}
+
+static int request_clear(PgUcxRequest *self)
+{
+    Py_CLEAR(self->user);
+    return 0;
+}
+
+static void request_dealloc(PgUcxRequest *self)
+{
+    PyObject_GC_UnTrack(self);
+    /* Never in flight here (the in-flight reference): freeing cancels nothing. */
+    gser_ucx_request_free(self->req);
+    self->req = NULL;
+    free(self->detail);
+    Py_CLEAR(self->owner);
+    Py_CLEAR(self->user);
+    Py_CLEAR(self->worker);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Raise the exception of a request that failed, as GserError. */
+static PyObject *request_raise(PgUcxRequest *self)
+{
+    const char *what = self->recv ? "receive" : "send";
+    return pg_raise_text(self->status,
+                         self->detail ? pg_text(self->detail)
+                         : self->status == GSER_ERR_CANCELED
+                             ? PyUnicode_FromFormat("%s: canceled (the endpoint was closed or destroyed here)", what)
+                             : PyUnicode_FromFormat("%s: %s", what, gser_status_str(self->status)));
+}
+
+static PyObject *request_result(PgUcxRequest *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"device", NULL};
+    int device = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$p:result", kwlist, &device))
+        return NULL;
+    if (self->status == GSER_INPROGRESS)
+        return pg_raise_text(GSER_ERR_STATE, PyUnicode_FromString("_UcxRequest.result: the request is still running"));
+    if (self->status != GSER_OK)
+        return request_raise(self);
+    if (!self->recv)
+        Py_RETURN_NONE;
+    if (self->taken)
+        return pg_raise_text(GSER_ERR_STATE, PyUnicode_FromString("_UcxRequest.result: the message was taken already"));
+    self->taken = true;
+    PgOwner *owner = pg_owner_new();
+    if (!owner)
+        return NULL;
+    gser_deserialize_options_t o = GSER_DESERIALIZE_OPTIONS_INIT;
+    o.flags = device ? GSER_DESERIALIZE_RESTORE_DEVICE : 0;
+    /* A malformed or over-limit message closes its endpoint. */
+    gser_status_t st = gser_ucx_request_deserialize(self->req, pg_ctx, &o, &owner->msg);
+    /* Received frames are ours: arrays over them are writable. */
+    PyObject *out = st ? ucx_raise(st, "gser_ucx_request_deserialize") : pg_decode_msg(owner, false);
+    Py_DECREF(owner);
+    return out;
+}
+
+static PyObject *request_cancel(PgUcxRequest *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->req && self->status == GSER_INPROGRESS) {
+        gser_status_t st = gser_ucx_request_cancel(self->req);
+        if (st)
+            return ucx_raise(st, "gser_ucx_request_cancel");
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *request_done(PgUcxRequest *self, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(self->status != GSER_INPROGRESS);
+}
+
+static PyMethodDef request_methods[] = {
+    {"result", (PyCFunction)(void (*)(void))request_result, METH_VARARGS | METH_KEYWORDS,
+     "result(*, device=False): None for a send, the loaded object for a receive (once;\n"
+     "as gser.loads, arrays view the received frames); raises GserError if it failed."},
+    {"cancel", (PyCFunction)request_cancel, METH_NOARGS,
+     "Cancel it (gser_ucx_request_cancel): a receive that matched no message yet\n"
+     "leaves the endpoint usable; a send or a half-received message closes it."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef request_getset[] = {
+    {"done", (getter)request_done, NULL, "Whether it completed (progress() returned it).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef request_members[] = {
+    {"status", T_INT, offsetof(PgUcxRequest, status), READONLY, "GSER_INPROGRESS (1), then its final status."},
+    {"user", T_OBJECT, offsetof(PgUcxRequest, user), 0, "Anything the caller wants to keep here."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject PgUcxRequest_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gser._gser._UcxRequest",
+    .tp_doc = "A send or receive in flight (from _UcxEndpoint.send / recv).",
+    .tp_basicsize = sizeof(PgUcxRequest),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_dealloc = (destructor)request_dealloc,
+    .tp_traverse = (traverseproc)request_traverse,
+    .tp_clear = (inquiry)request_clear,
+    .tp_methods = request_methods,
+    .tp_members = request_members,
+    .tp_getset = request_getset,
+};
+
+/* ---- module ----------------------------------------------------------------------------------- */
+
+int pg_ucx_add(PyObject *m)
+{
+    PyTypeObject *types[] = {&PgUcxContext_Type, &PgUcxWorker_Type, &PgUcxListener_Type, &PgUcxEndpoint_Type,
+                             &PgUcxRequest_Type};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        if (PyType_Ready(types[i]) < 0)
+            return -1;
+        const char *name = strrchr(types[i]->tp_name, '.') + 1;
+        if (PyModule_AddObjectRef(m, name, (PyObject *)types[i]) < 0)
+            return -1;
+    }
+    if (PyModule_AddIntConstant(m, "UCX_WIRE_VERSION", GSER_UCX_WIRE_VERSION) < 0 ||
+        PyModule_AddIntConstant(m, "UCX_CAP_CUDA", GSER_UCX_CAP_CUDA) < 0)
+        return -1;
+    return 0;
+}
