@@ -20,7 +20,7 @@ extern "C" {
 #endif
 
 /** The most negative status (for tables indexed by status). */
-#define GSER_STATUS_LAST GSER_ERR_CANCELED
+#define GSER_STATUS_LAST GSER_ERR_ACCESS
 
 /** One past the last dtype (for tables indexed by dtype). */
 #define GSER_DTYPE_COUNT (GSER_DTYPE_COMPLEX128 + 1)

@@ -36,7 +36,14 @@ extern "C" {
 
 /** Version of the transport's own wire protocol (handshake and per-message
  *  layout, docs/ucx.md). Both sides of a connection must speak the same. */
-#define GSER_UCX_WIRE_VERSION 1
+#define GSER_UCX_WIRE_VERSION 2
+
+/** peer_timeout_ms that turns the silent-peer check off. */
+#define GSER_UCX_PEER_TIMEOUT_NONE 0xffffffffu
+
+/** The environment variable a transport context takes its shared secret
+ *  from when its options name none. */
+#define GSER_UCX_SECRET_ENV "GSER_UCX_SECRET"
 
 /** Capability bits exchanged in the handshake. */
 enum {
@@ -63,16 +70,39 @@ typedef struct gser_ucx_context_options {
      *  NULL = the UCX_TLS environment variable, else UCX's default. Connecting
      *  by address needs a network transport (tcp) on the address's device. */
     const char *transports;
-    /** A peer that stays silent this long while a connection is open is
-     *  declared failed, and everything pending on it completes with
-     *  GSER_ERR_CONNECTION. A peer whose process dies is noticed at once on
-     *  the connection's socket. 0 = 10000 ms. */
+    /** A peer that sends nothing for this long is declared failed: everything
+     *  pending on its endpoint completes with GSER_ERR_CONNECTION, and the
+     *  message says that the peer went silent and for how long. Both sides
+     *  send heartbeats on the control connection often enough for the
+     *  shorter of their two timeouts, so an idle healthy connection stays
+     *  up; a stopped or hung process, a network partition, or a process that
+     *  stops calling progress (or the blocking calls, or waking on the event
+     *  fd) is failed between peer_timeout_ms and peer_timeout_ms + a quarter
+     *  of it after it went silent. A peer whose process dies is noticed at
+     *  once. A handshake must also finish within this time. 0 = 10000 ms;
+     *  GSER_UCX_PEER_TIMEOUT_NONE = never (handshakes then get 10000 ms). */
     unsigned peer_timeout_ms;
+    /** A shared secret (NUL-terminated). Every connection of this context
+     *  then proves it, both ways, by challenge-response (HMAC-SHA-256 over a
+     *  nonce from each side; the secret never crosses the wire); a peer that
+     *  does not is refused with GSER_ERR_ACCESS before any UCX endpoint
+     *  exists and before any byte of a message is read. NULL = the
+     *  GSER_UCX_SECRET environment variable (none if unset or empty); "" =
+     *  none. Copied. Nothing is encrypted: see docs/ucx.md section 2.3. */
+    const char *secret;
+    /** UCX network devices, as UCX_NET_DEVICES lists them ("eth0",
+     *  "mlx5_0:1", "all"). NULL = the UCX_NET_DEVICES environment variable,
+     *  else, for a worker that first listens on one address (not 0.0.0.0 or
+     *  ::), the device that has that address, so that UCX opens no port on
+     *  other interfaces; else all. */
+    const char *net_devices;
 } gser_ucx_context_options_t;
 
 #define GSER_UCX_CONTEXT_OPTIONS_INIT GSER_STRUCT_INIT(gser_ucx_context_options_t)
 
-/** Create a transport context (ucp_init). opts may be NULL. */
+/** Create a transport context (ucp_init). opts may be NULL. A worker's own
+ *  UCX worker, and the ports of UCX's network transports, are opened when
+ *  it first listens or connects. */
 GSER_API gser_status_t gser_ucx_context_create(const gser_ucx_context_options_t *opts,
                                                gser_ucx_context_t **ctx_out);
 
@@ -210,11 +240,32 @@ GSER_API gser_status_t gser_ucx_listener_create(gser_ucx_worker_t *worker, const
 /** The port the listener is bound to. */
 GSER_API uint16_t gser_ucx_listener_get_port(const gser_ucx_listener_t *listener);
 
+/** What a listener's connections came to. */
+typedef struct gser_ucx_listener_stats {
+    size_t size;       /**< sizeof(gser_ucx_listener_stats_t): GSER_UCX_LISTENER_STATS_INIT sets it */
+    uint64_t accepted; /**< finished their handshake (handed out, or queued for accept) */
+    uint64_t refused;  /**< closed for not starting with a gser hello (any other bytes, or none) */
+    uint64_t timed_out; /**< did not finish their handshake in time */
+    uint64_t evicted;  /**< dropped unfinished to make room: more than 256 handshakes at once */
+    uint64_t failed;   /**< sent a hello, then failed (reported through accept) */
+    uint64_t pending;  /**< handshakes running now */
+} gser_ucx_listener_stats_t;
+
+#define GSER_UCX_LISTENER_STATS_INIT GSER_STRUCT_INIT(gser_ucx_listener_stats_t)
+
+/** The listener's counts now. out->size must be set
+ *  (GSER_UCX_LISTENER_STATS_INIT). */
+GSER_API gser_status_t gser_ucx_listener_get_stats(const gser_ucx_listener_t *listener,
+                                                   gser_ucx_listener_stats_t *out);
+
 /**
  * The next connection that finished its handshake, waiting up to timeout_ms
  * (-1: no limit; 0: only what is queued). GSER_ERR_TIMEOUT if none came. A
- * connection whose handshake failed is reported once with its status (e.g.
- * GSER_ERR_WIRE_VERSION); the listener goes on serving others.
+ * connection that sent a gser hello and then failed its handshake is
+ * reported once with its status (GSER_ERR_WIRE_VERSION, GSER_ERR_ACCESS,
+ * GSER_ERR_FORMAT, GSER_ERR_TIMEOUT, GSER_ERR_CONNECTION); bytes that are
+ * not a gser hello are dropped without a report (counted in
+ * gser_ucx_listener_get_stats). The listener goes on serving others.
  */
 GSER_API gser_status_t gser_ucx_listener_accept(gser_ucx_listener_t *listener, int timeout_ms,
                                                 gser_ucx_ep_t **ep_out);

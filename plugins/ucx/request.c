@@ -203,9 +203,13 @@ gser_status_t gser_ucx_request_wait(gser_ucx_request_t *r, int timeout_ms)
         return r->status;
     gux_lock(w);
     gser_status_t st = gux_wait(w, req_done, r, timeout_ms);
-    if (st == GSER_OK)
+    if (st == GSER_OK) {
         st = r->status;
-    else
+        /* Ended with its endpoint: say why the endpoint ended (the message
+         * recorded then may have been overwritten since). */
+        if (st < 0 && r->ep && r->ep->state >= GUX_EP_FAILED && st == r->ep->error)
+            gux_fail(st, "%s", r->ep->why);
+    } else
         gux_fail(st, "request did not complete within %d ms", timeout_ms);
     gux_unlock(w);
     return st;
