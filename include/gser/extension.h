@@ -134,6 +134,13 @@ typedef struct gser_ucx_worker gser_ucx_worker_t;
  *  Implemented by gser::ucx. */
 GSER_API gser_status_t gser_ucx_worker_set_announce_version(gser_ucx_worker_t *worker, uint32_t version);
 
+typedef struct gser_ucx_listener gser_ucx_listener_t;
+
+/** For tests and fuzzers of the handshake: handle a connected stream socket
+ *  (any family, e.g. one end of a socketpair) as if the listener had
+ *  accepted it. Takes fd. Implemented by gser::ucx. */
+GSER_API gser_status_t gser_ucx_listener_adopt(gser_ucx_listener_t *listener, int fd);
+
 #ifdef __cplusplus
 }
 #endif

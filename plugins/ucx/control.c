@@ -16,6 +16,7 @@
 #define _GNU_SOURCE /* accept4 */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -67,6 +68,10 @@ static void sa_name(const struct sockaddr_storage *sa, char *out, size_t n)
         inet_ntop(AF_INET6, &s->sin6_addr, ip, sizeof ip);
         port = ntohs(s->sin6_port);
         snprintf(out, n, "[%s]:%u", ip, port);
+        return;
+    }
+    if (sa->ss_family != AF_INET) {
+        snprintf(out, n, "a peer of address family %d", sa->ss_family);
         return;
     }
     const struct sockaddr_in *s = (const struct sockaddr_in *)sa;
@@ -703,6 +708,53 @@ static unsigned pconn_io(gser_ucx_worker_t *w, gux_pconn_t *pc)
     }
 }
 
+/* A connection the listener took: its handshake starts (the hello may be
+ * there already). Takes fd. */
+static void pconn_start(gser_ucx_worker_t *w, gser_ucx_listener_t *l, int fd, const struct sockaddr_storage *sa)
+{
+    if (l->npending >= GUX_MAX_PENDING)
+        pconn_drop(w, gux_container(l->pending.next, gux_pconn_t, link), &l->stats.evicted, GSER_OK);
+    gux_pconn_t *pc = calloc(1, sizeof *pc);
+    if (!pc) {
+        close(fd);
+        return;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    pc->listener = l;
+    pc->ctl.server = true;
+    pc->ctl.step = GUX_CTL_HELLO;
+    memcpy(&pc->ctl.peer_sa, sa, sizeof *sa);
+    sa_name(sa, pc->ctl.peer_name, sizeof pc->ctl.peer_name);
+    if (io_open(w, &pc->ctl.io, fd, GUX_IO_PCONN, EPOLLIN)) {
+        close(fd);
+        free(pc);
+        return;
+    }
+    gux_list_push(&l->pending, &pc->link);
+    l->npending++;
+    pc->ctl.deadline = gux_now_ms() + w->ctx->handshake_ms;
+    timer_at(w, pc->ctl.deadline);
+    if (ctl_expect(&pc->ctl, GUX_HELLO_LEN, false) == GSER_OK)
+        pconn_io(w, pc);
+}
+
+gser_status_t gser_ucx_listener_adopt(gser_ucx_listener_t *l, int fd)
+{
+    if (!l || fd < 0)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_listener_adopt: bad argument");
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
+        return gux_fail(GSER_ERR_IO, "gser_ucx_listener_adopt: fcntl: %s", strerror(errno));
+    struct sockaddr_storage sa = {.ss_family = AF_UNSPEC};
+    socklen_t len = sizeof sa;
+    getpeername(fd, (struct sockaddr *)&sa, &len);
+    gux_lock(l->worker);
+    pconn_start(l->worker, l, fd, &sa);
+    gux_unlock(l->worker);
+    return GSER_OK;
+}
+
 static void listener_accept(gser_ucx_worker_t *w, gser_ucx_listener_t *l)
 {
     for (int i = 0; i < GUX_ACCEPT_BATCH; i++) {
@@ -725,31 +777,7 @@ static void listener_accept(gser_ucx_worker_t *w, gser_ucx_listener_t *l)
             }
             return;
         }
-        if (l->npending >= GUX_MAX_PENDING)
-            pconn_drop(w, gux_container(l->pending.next, gux_pconn_t, link), &l->stats.evicted, GSER_OK);
-        gux_pconn_t *pc = calloc(1, sizeof *pc);
-        if (!pc) {
-            close(fd);
-            continue;
-        }
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        pc->listener = l;
-        pc->ctl.server = true;
-        pc->ctl.step = GUX_CTL_HELLO;
-        memcpy(&pc->ctl.peer_sa, &sa, sizeof sa);
-        sa_name(&sa, pc->ctl.peer_name, sizeof pc->ctl.peer_name);
-        if (io_open(w, &pc->ctl.io, fd, GUX_IO_PCONN, EPOLLIN)) {
-            close(fd);
-            free(pc);
-            continue;
-        }
-        gux_list_push(&l->pending, &pc->link);
-        l->npending++;
-        pc->ctl.deadline = gux_now_ms() + w->ctx->handshake_ms;
-        timer_at(w, pc->ctl.deadline);
-        ctl_expect(&pc->ctl, GUX_HELLO_LEN, false);
-        pconn_io(w, pc); /* the hello may be there already */
+        pconn_start(w, l, fd, &sa);
     }
     w->ctl_now = true; /* more may be queued */
 }

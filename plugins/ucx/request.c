@@ -157,6 +157,9 @@ void gux_completions_run(gser_ucx_worker_t *w)
         gux_list_del(&r->wlink);
         r->cb_queued = false;
         r->in_cb = true;
+        /* Ended with its endpoint: the callback reads why in the last error. */
+        if (r->status < 0 && r->ep && r->ep->state >= GUX_EP_FAILED && r->status == r->ep->error)
+            gux_fail(r->status, "%s", r->ep->why);
         r->cb(r, r->status, r->user_data);
         r->in_cb = false;
         gux_req_release_if_idle(r);

@@ -11,8 +11,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
+#include <deque>
+#include <mutex>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -245,58 +249,94 @@ inline std::string self_exe()
     return buf;
 }
 
+// How a child starts: in another network namespace (through `ip netns
+// exec`, which also gives it that namespace's /sys, where UCX finds its
+// devices), with environment variables set or removed ("NAME=" removes).
+struct ChildOpts {
+    std::string netns;
+    std::vector<std::string> env;
+};
+
 // A child process: this binary with --child <args>; killed if still alive
 // when destroyed.
 struct Child {
     pid_t pid = -1;
     int out_fd = -1; // the child's stdout (one line per event)
+    // A thread reads the child's lines as they come, so that a chatty child
+    // never blocks on a full pipe.
+    std::thread reader;
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::string> lines;
+    bool eof = false;
 
-    explicit Child(const std::vector<std::string> &args)
+    explicit Child(const std::vector<std::string> &args, const ChildOpts &opts = {})
     {
         int p[2];
         if (pipe(p) != 0)
             return;
         std::string exe = self_exe();
+        std::vector<std::string> argv;
+        if (!opts.netns.empty())
+            argv = {"ip", "netns", "exec", opts.netns};
+        argv.push_back(exe);
+        argv.push_back("--child");
+        argv.insert(argv.end(), args.begin(), args.end());
         pid = fork();
         if (pid == 0) {
             dup2(p[1], 1);
             ::close(p[0]);
             ::close(p[1]);
-            std::vector<char *> argv;
-            argv.push_back(const_cast<char *>(exe.c_str()));
-            argv.push_back(const_cast<char *>("--child"));
-            for (auto &a : args)
-                argv.push_back(const_cast<char *>(a.c_str()));
-            argv.push_back(nullptr);
-            execv(exe.c_str(), argv.data());
+            for (auto &e : opts.env) {
+                size_t eq = e.find('=');
+                if (eq + 1 == e.size())
+                    unsetenv(e.substr(0, eq).c_str());
+                else
+                    setenv(e.substr(0, eq).c_str(), e.substr(eq + 1).c_str(), 1);
+            }
+            std::vector<char *> cargv;
+            for (auto &a : argv)
+                cargv.push_back(const_cast<char *>(a.c_str()));
+            cargv.push_back(nullptr);
+            execvp(cargv[0], cargv.data());
             _exit(127);
         }
         ::close(p[1]);
         out_fd = p[0];
+        reader = std::thread([this] {
+            std::string partial;
+            char buf[4096];
+            ssize_t n;
+            while ((n = read(out_fd, buf, sizeof buf)) > 0) {
+                std::lock_guard<std::mutex> g(mu);
+                for (ssize_t i = 0; i < n; i++) {
+                    if (buf[i] != '\n') {
+                        partial += buf[i];
+                        continue;
+                    }
+                    lines.push_back(partial);
+                    partial.clear();
+                }
+                cv.notify_all();
+            }
+            std::lock_guard<std::mutex> g(mu);
+            eof = true;
+            cv.notify_all();
+        });
     }
     Child(const Child &) = delete;
     Child &operator=(const Child &) = delete;
 
-    // Read one line from the child's stdout, waiting at most timeout_ms.
+    // The child's next line, waiting at most timeout_ms ("" if none came).
     std::string read_line(int timeout_ms = kWaitMs)
     {
-        std::string line;
-        auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-        while (std::chrono::steady_clock::now() < end) {
-            fd_set fds;
-            FD_ZERO(&fds);
-            FD_SET(out_fd, &fds);
-            timeval tv{0, 20000};
-            if (select(out_fd + 1, &fds, nullptr, nullptr, &tv) <= 0)
-                continue;
-            char c;
-            if (read(out_fd, &c, 1) != 1)
-                break;
-            if (c == '\n')
-                return line;
-            line += c;
-        }
-        return line;
+        std::unique_lock<std::mutex> g(mu);
+        cv.wait_for(g, std::chrono::milliseconds(timeout_ms), [&] { return !lines.empty() || eof; });
+        if (lines.empty())
+            return "";
+        std::string l = lines.front();
+        lines.pop_front();
+        return l;
     }
 
     // Wait for the child to exit; its exit status, or -1 if it had to be killed.
@@ -331,10 +371,84 @@ struct Child {
     ~Child()
     {
         kill_now();
+        if (reader.joinable())
+            reader.join();
         if (out_fd >= 0)
             ::close(out_fd);
     }
 };
 
-// Implemented by the test files that have child roles; 0 = success.
+// Child roles: a test file registers a role by name (a static ChildRole);
+// main() runs it when this binary is started as `--child <role> args...`.
+// The role returns the child's exit status (0 = success).
+using ChildRoleFn = int (*)(const std::vector<std::string> &args);
+inline std::map<std::string, ChildRoleFn> &child_roles()
+{
+    static std::map<std::string, ChildRoleFn> roles;
+    return roles;
+}
+struct ChildRole {
+    ChildRole(const char *name, ChildRoleFn fn) { child_roles()[name] = fn; }
+};
 int ucx_child_main(int argc, char **argv);
+
+// What a child sets up: a transport context (with the peer timeout given),
+// a worker, and a gser context.
+struct ChildEnv {
+    UcxCtxPtr ctx;
+    WorkerPtr worker;
+    CtxPtr gctx;
+};
+
+inline bool child_setup(ChildEnv *e, unsigned peer_timeout_ms = 0)
+{
+    e->ctx = make_ucx_ctx(peer_timeout_ms);
+    if (!e->ctx)
+        return false;
+    e->worker = make_worker(e->ctx.get());
+    e->gctx = make_ctx();
+    return e->worker && e->gctx;
+}
+
+// A line to the parent, on stdout.
+inline void say(const std::string &line)
+{
+    std::string l = line + "\n";
+    if (write(1, l.data(), l.size()) < 0)
+        _exit(3);
+}
+
+// Progress for ms milliseconds, then stop driving UCX entirely.
+inline void progress_for(gser_ucx_worker_t *w, int ms)
+{
+    auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    while (std::chrono::steady_clock::now() < end)
+        gser_ucx_worker_progress(w);
+}
+
+// Listen on address, say the port, accept one peer: 0, or the child's exit code.
+inline int child_accept(ChildEnv *e, ListenerPtr *lp, gser_ucx_ep_t **ep, const char *address = "127.0.0.1")
+{
+    gser_ucx_listener_options_t lo = GSER_UCX_LISTENER_OPTIONS_INIT;
+    lo.address = address;
+    gser_ucx_listener_t *l;
+    if (gser_ucx_listener_create(e->worker.get(), &lo, &l))
+        return 11;
+    lp->reset(l);
+    say("port " + std::to_string(gser_ucx_listener_get_port(l)));
+    return gser_ucx_listener_accept(l, kWaitMs, ep) ? 12 : 0;
+}
+
+inline uint16_t port_of(const std::string &line)
+{
+    return line.rfind("port ", 0) == 0 ? (uint16_t)std::atoi(line.c_str() + 5) : 0;
+}
+
+// Milliseconds on CLOCK_MONOTONIC: the same clock in every process, so a
+// child's timestamps compare with the parent's.
+inline double mono_ms()
+{
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
