@@ -48,22 +48,33 @@ static gser_status_t config_default(ucp_config_t *cfg, const char *name, const c
     return GUX_CALL("ucp_config_modify", ucp_config_modify(cfg, name, value));
 }
 
-/* Whether the transport list may include posix or sysv (UCX warns about
+/* Whether the transport list may include one of names (UCX warns about
  * settings for transports it does not load). */
-static bool may_use_shm(const char *tls)
+static bool may_use(const char *tls, const char *const *names, size_t n)
 {
     if (!tls)
         tls = getenv("UCX_TLS");
     if (!tls || tls[0] == '^')
         return true;
-    const char *names[] = {"all", "sm", "shm", "posix", "sysv", "mm"};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        size_t n = strlen(names[i]);
-        for (const char *p = tls; (p = strstr(p, names[i])); p += n)
-            if ((p == tls || p[-1] == ',') && (p[n] == '\0' || p[n] == ','))
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strlen(names[i]);
+        for (const char *p = tls; (p = strstr(p, names[i])); p += len)
+            if ((p == tls || p[-1] == ',') && (p[len] == '\0' || p[len] == ','))
                 return true;
     }
     return false;
+}
+
+static bool may_use_shm(const char *tls)
+{
+    static const char *const names[] = {"all", "sm", "shm", "posix", "sysv", "mm"};
+    return may_use(tls, names, sizeof names / sizeof names[0]);
+}
+
+static bool may_use_tcp(const char *tls)
+{
+    static const char *const names[] = {"all", "tcp"};
+    return may_use(tls, names, sizeof names / sizeof names[0]);
 }
 
 /* A UCX context with the context's settings; net_devices: UCX_NET_DEVICES
@@ -93,7 +104,8 @@ static gser_status_t ctx_ucp_init(const gser_ucx_context_t *ctx, const char *net
     /* tcp's put emulation is slower than UCX's active-message rendezvous on
      * tcp, and for local peers it would take large messages off shared
      * memory. */
-    if (!getenv("UCX_TCP_PUT_ENABLE") && (st = config_default(cfg, "PUT_ENABLE", "n", false))) /* tcp's */
+    if (may_use_tcp(ctx->transports) && !getenv("UCX_TCP_PUT_ENABLE") &&
+        (st = config_default(cfg, "PUT_ENABLE", "n", false))) /* tcp's */
         goto out;
 
     ucp_params_t params = {
