@@ -237,7 +237,7 @@ int main(int argc, char **argv)
 
     /* 10..: what a client sends a listener (fuzz_ucx_hello's seeds, in DIR-ucx-hello). */
     snprintf(udir, sizeof udir, "%s-ucx-hello", dir);
-    unsigned char rec[GUX_REC_LEN + GUX_SETUP_FIXED + 16] = {0};
+    unsigned char rec[GUX_REC_LEN + GUX_MAC_LEN] = {0}; /* the longest of the three */
     gux_rec_t proof = {GUX_REC_PROOF, 0, GUX_MAC_LEN}, setup = {GUX_REC_SETUP, 0, GUX_SETUP_FIXED + 16},
               bye = {GUX_REC_BYE, GUX_BYE_CLOSING, GUX_BYE_LEN};
     gux_rec_encode(&proof, rec);
@@ -246,7 +246,7 @@ int main(int argc, char **argv)
         return 1;
     gux_rec_encode(&setup, rec);
     snprintf(path, sizeof path, "%s/hello-setup.bin", udir);
-    if (write_bytes(path, hb, sizeof hb, rec, sizeof rec))
+    if (write_bytes(path, hb, sizeof hb, rec, GUX_REC_LEN + GUX_SETUP_FIXED + 16))
         return 1;
     gux_rec_encode(&bye, rec);
     snprintf(path, sizeof path, "%s/hello-bye.bin", udir);
