@@ -906,10 +906,9 @@ void gux_ctl_arm_timer(gser_ucx_worker_t *w)
     struct itimerspec its = {0};
     if (isfinite(w->timer_next)) {
         double ms = w->timer_next - gux_now_ms();
-        if (ms < 0.05)
-            ms = 0.05;
-        its.it_value.tv_sec = (time_t)(ms / 1000);
-        its.it_value.tv_nsec = (long)(fmod(ms, 1000.0) * 1e6);
+        long long us = ms < 0.05 ? 50 : (long long)(ms * 1000); /* 0 would disarm it */
+        its.it_value.tv_sec = (time_t)(us / 1000000);
+        its.it_value.tv_nsec = (long)(us % 1000000) * 1000;
     }
     timerfd_settime(w->tfd, 0, &its, NULL);
 }

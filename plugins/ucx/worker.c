@@ -89,12 +89,10 @@ static gser_status_t ctx_ucp_init(const gser_ucx_context_t *ctx, const char *net
         goto out;
     if (net_devices && (st = config_default(cfg, "NET_DEVICES", net_devices, true)))
         goto out;
-    if (ctx->timeout_ms) {
-        char ka[32];
-        snprintf(ka, sizeof ka, "%ums", ctx->timeout_ms);
-        if ((st = config_default(cfg, "KEEPALIVE_INTERVAL", ka, false)))
-            goto out;
-    }
+    /* gser's heartbeats watch every connection (control.c); UCX's own
+     * keepalive would only add work to every progress round. */
+    if ((st = config_default(cfg, "KEEPALIVE_INTERVAL", "inf", false)))
+        goto out;
     /* Endpoints use peer error handling (a dead peer must fail what is
      * pending, not hang it); UCX's shared-memory transports take part in
      * that only when asked. */
