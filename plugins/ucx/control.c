@@ -312,12 +312,18 @@ static gser_status_t proof_send(gser_ucx_worker_t *w, gux_ctl_t *c)
 
 static gser_status_t setup_send(gser_ucx_worker_t *w, gser_ucx_ep_t *ep)
 {
-    unsigned char h[GUX_REC_LEN + GUX_SETUP_FIXED] = {0};
-    gux_rec_t r = {.type = GUX_REC_SETUP, .len = (uint32_t)(GUX_SETUP_FIXED + w->ucp_addr_len)};
+    /* The header, the fixed part and this host's addresses (where its UCX
+     * may connect from: the peer's admission filter lets them through),
+     * then the worker address. */
+    unsigned char h[GUX_REC_LEN + GUX_SETUP_FIXED + GUX_SETUP_IPS_MAX * GUX_IP_LEN] = {0};
+    size_t k = gux_local_ips(h + GUX_REC_LEN + GUX_SETUP_FIXED, GUX_SETUP_IPS_MAX);
+    size_t head = GUX_REC_LEN + GUX_SETUP_FIXED + k * GUX_IP_LEN;
+    gux_rec_t r = {.type = GUX_REC_SETUP, .len = (uint32_t)(head - GUX_REC_LEN + w->ucp_addr_len)};
     gux_rec_encode(&r, h);
     for (int i = 0; i < 4; i++)
         h[GUX_REC_LEN + i] = (unsigned char)(ep->local_id >> (8 * i));
-    return ctl_send(w, &ep->ctl, h, sizeof h, w->ucp_addr, w->ucp_addr_len);
+    h[GUX_REC_LEN + 4] = (unsigned char)k;
+    return ctl_send(w, &ep->ctl, h, head, w->ucp_addr, w->ucp_addr_len);
 }
 
 /* The record types each step takes (as gux_rec_decode's mask). */
@@ -356,6 +362,13 @@ static gser_status_t bye_status(const gux_ctl_t *c, const unsigned char *body)
 }
 
 /* ---- endpoints' control connections ---------------------------------------------------------- */
+
+/* Let the address the peer's control connection uses through UCX's ports. */
+static gser_status_t allow_peer(gser_ucx_ep_t *ep)
+{
+    unsigned char ip[GUX_IP_LEN];
+    return gux_ip_of(&ep->ctl.peer_sa, ip) ? gux_filter_allow(ep, ip, 1) : GSER_OK;
+}
 
 static void ep_ctl_fail(gser_ucx_ep_t *ep, gser_status_t st)
 {
@@ -437,14 +450,16 @@ static gser_status_t ep_unit(gser_ucx_worker_t *w, gser_ucx_ep_t *ep)
         c->step = GUX_CTL_SETUP;
         break;
     case GUX_REC_SETUP: {
-        uint32_t id;
-        const unsigned char *addr;
-        size_t len;
-        if ((st = gux_setup_decode(body, c->rec.len, &id, &addr, &len)))
+        gux_setup_t su;
+        if ((st = gux_setup_decode(body, c->rec.len, &su)))
             return st;
-        if ((st = gux_ep_ucx_connect(ep, addr)))
+        /* The peer's UCX may connect from any of its addresses: let them
+         * through before it learns ours (the client: before its setup). */
+        if ((st = allow_peer(ep)) || (st = gux_filter_allow(ep, su.ips, su.nips)))
             return st;
-        ep->peer_id = id;
+        if ((st = gux_ep_ucx_connect(ep, su.addr)))
+            return st;
+        ep->peer_id = su.conn_id;
         if (!c->server && (st = setup_send(w, ep)))
             return st;
         ctl_open(w, c, hello_timeout(c)); /* ready once UCX has connected (gux_eps_process) */
@@ -496,11 +511,17 @@ static unsigned ep_io(gser_ucx_worker_t *w, gser_ucx_ep_t *ep, uint32_t events)
                 gux_fail(st, "handshake: the peer %s closed the connection", c->peer_name);
             else
                 gux_fail(st, "the peer %s closed the connection (its process may have ended)", c->peer_name);
-            goto fail;
+            gux_ep_lost(ep, st);
+            return n + 1;
         }
         n++;
-        if ((st = ep_unit(w, ep)))
-            goto fail;
+        if ((st = ep_unit(w, ep))) {
+            if (c->in_body && c->rec.type == GUX_REC_BYE) /* the peer said why it left */
+                gux_ep_lost(ep, st);
+            else
+                ep_ctl_fail(ep, st);
+            return n + 1;
+        }
     }
     return n;
 fail:
@@ -616,7 +637,8 @@ static gser_status_t pconn_admit(gser_ucx_worker_t *w, gux_pconn_t *pc)
     ep->listener = l;
     peer_info_set(ep, &h);
     gux_ctl_t *c = &ep->ctl;
-    if ((w->ctx->secret && (st = proof_send(w, c))) || (st = setup_send(w, ep)) ||
+    /* The client's UCX connects as soon as it has this side's setup. */
+    if ((st = allow_peer(ep)) || (w->ctx->secret && (st = proof_send(w, c))) || (st = setup_send(w, ep)) ||
         (st = ctl_expect(c, GUX_REC_LEN, false))) {
         ep_ctl_fail(ep, st);
         return GSER_OK; /* reported through the endpoint */

@@ -39,6 +39,7 @@ gser_status_t gux_ep_new(gser_ucx_worker_t *w, gser_ucx_ep_t **out)
 void gux_ep_free(gser_ucx_ep_t *ep)
 {
     gux_ctl_close(ep, 0, 0);
+    gux_filter_release(ep);
     gux_slot_put(&ep->worker->conn_ids, ep->local_id);
     gux_list_del(&ep->wlink);
     gux_list_del(&ep->alink);
@@ -185,8 +186,16 @@ void gux_ep_fail_bye(gser_ucx_ep_t *ep, gser_status_t st, unsigned bye, uint64_t
     ep->worker->eps_dirty = true;
     ep_abort_reqs(ep, st, ep->drain);
     gux_ctl_close(ep, bye, value); /* the peer hears why, if it still listens */
-    ep_ucp_close(ep, true);
+    if (bye || ep->ucx_failed || !ep->ucp)
+        ep_ucp_close(ep, true);
+    else
+        ep->lost_at = gux_now_ms(); /* see ep_process */
     gux_fail(st, "%s", msg);
+}
+
+void gux_ep_lost(gser_ucx_ep_t *ep, gser_status_t st)
+{
+    gux_ep_fail_bye(ep, st, 0, 0);
 }
 
 void gux_ep_fail(gser_ucx_ep_t *ep, gser_status_t st)
@@ -340,6 +349,16 @@ static bool ep_process(gser_ucx_ep_t *ep)
             gux_ep_fail(ep, st);
         else
             ep->state = GUX_EP_READY;
+    }
+    /* The peer left, as its control connection said: UCX's endpoint is
+     * closed once UCX saw it too (closing it while UCX still handles the
+     * peer's end of a transfer trips UCX 1.13's tcp transport), or after a
+     * grace period when UCX does not notice (a stopped peer). */
+    if (ep->state == GUX_EP_FAILED && ep->ucp && ep->lost_at) {
+        if (ep->ucx_failed || gux_now_ms() >= ep->lost_at + GUX_LOST_GRACE_MS)
+            ep_ucp_close(ep, true);
+        else
+            w->eps_dirty = true;
     }
     if (ep->state >= GUX_EP_FAILED)
         ep_abandon_sends(ep);

@@ -45,6 +45,8 @@
 #define GUX_DEFAULT_MAX_BYTES ((uint64_t)1 << 40)
 /* How long teardown waits for UCX to finish closing before giving up. */
 #define GUX_CLOSE_TIMEOUT_MS 2000
+/* How long UCX gets to notice a peer that left before its endpoint is closed anyway. */
+#define GUX_LOST_GRACE_MS 200
 /* Longest a destroy lets UCX finish tearing a connection down. */
 #define GUX_SETTLE_MS 20
 /* Heads up to this size are built inside the request, without a malloc. */
@@ -174,6 +176,13 @@ typedef struct gux_ctl {
     struct sockaddr_storage peer_sa;
 } gux_ctl_t;
 
+/* An address the admission filter lets through, and how many endpoints
+ * want it (filter.c). */
+typedef struct gux_allow {
+    unsigned char ip[GUX_IP_LEN];
+    unsigned refs;
+} gux_allow_t;
+
 typedef struct gux_pconn {
     gux_ctl_t ctl;
     gser_ucx_listener_t *listener;
@@ -200,6 +209,11 @@ struct gser_ucx_worker {
     double timer_next;        /* the earliest deadline (ms) */
     unsigned ctl_rounds;      /* progress rounds since the sockets were looked at */
     bool ctl_now;             /* look at them in the next round */
+    int ucx_lfds[16];         /* UCX's listening sockets, which the admission filter guards */
+    size_t nucx_lfds;
+    gux_allow_t *allow;       /* addresses the filter lets through */
+    size_t nallow, allow_cap;
+    bool filter_off;          /* GSER_UCX_FILTER=0 */
 
     /* resolved options */
     gser_context_t *gser_ctx;
@@ -242,6 +256,7 @@ struct gser_ucx_ep {
     ucp_ep_h ucp; /* NULL before the handshake's end and once closed */
     void *close_req; /* ucp_ep_close_nbx still running */
     bool drain;      /* failed by the peer: messages that fully arrived are still delivered */
+    double lost_at;  /* the peer left (control connection): close UCX's endpoint when UCX sees it, or later */
     uint32_t local_id;
     uint32_t peer_id;
     gux_ep_state_t state;
@@ -258,6 +273,8 @@ struct gser_ucx_ep {
     gux_list_t alink;
 
     gux_ctl_t ctl;    /* the control connection */
+    unsigned char allowed[(GUX_SETUP_IPS_MAX + 1) * GUX_IP_LEN]; /* the peer's addresses in the filter */
+    size_t nallowed;
     void *wireup_req; /* the flush that tells when UCX has connected it */
     bool wired;       /* ... done */
     bool peer_ready;  /* the client: the server's endpoint is connected too (ready record) */
@@ -386,6 +403,25 @@ GUX_INTERNAL gser_status_t gux_ctl_ready(gser_ucx_ep_t *ep);
  * to the peer in a bye when the connection is open. */
 GUX_INTERNAL void gux_ctl_close(gser_ucx_ep_t *ep, unsigned reason, uint64_t value);
 
+/* ---- the admission filter on UCX's ports (filter.c) ------------------------------------------ */
+
+/* Around ucp_worker_create: note the listening sockets before (and hold
+ * other gser workers off), then guard the ones UCX opened (w->ucp and its
+ * address set; or NULL when creating it failed: only lets go). */
+GUX_INTERNAL void *gux_filter_before(void);
+GUX_INTERNAL void gux_filter_after(gser_ucx_worker_t *w, void *snapshot);
+/* Put the current list of allowed addresses on UCX's listening sockets. */
+GUX_INTERNAL void gux_filter_apply(gser_ucx_worker_t *w);
+/* Let n addresses (GUX_IP_LEN bytes each) through for ep; let go of them
+ * when the endpoint goes. */
+GUX_INTERNAL gser_status_t gux_filter_allow(gser_ucx_ep_t *ep, const unsigned char *ips, size_t n);
+GUX_INTERNAL void gux_filter_release(gser_ucx_ep_t *ep);
+/* sa's address as GUX_IP_LEN bytes (IPv4 as ::ffff:a.b.c.d); false for
+ * another family. */
+GUX_INTERNAL bool gux_ip_of(const struct sockaddr_storage *sa, unsigned char out[GUX_IP_LEN]);
+/* This host's addresses (not loopback or link-local), at most cap. */
+GUX_INTERNAL size_t gux_local_ips(unsigned char *out, size_t cap);
+
 /* ---- endpoints (endpoint.c) ----------------------------------------------------------- */
 
 GUX_INTERNAL gser_ucx_ep_t *gux_ep_lookup(gser_ucx_worker_t *w, uint32_t id);
@@ -403,6 +439,9 @@ GUX_INTERNAL gser_status_t gux_ep_part_error(gser_ucx_ep_t *ep, ucs_status_t st,
 GUX_INTERNAL void gux_ep_fail(gser_ucx_ep_t *ep, gser_status_t st);
 /* The same, telling the peer bye (GUX_BYE_*) and value. */
 GUX_INTERNAL void gux_ep_fail_bye(gser_ucx_ep_t *ep, gser_status_t st, unsigned bye, uint64_t value);
+/* The peer left (its control connection ended or said bye): fail ep with
+ * st, saying nothing back. */
+GUX_INTERNAL void gux_ep_lost(gser_ucx_ep_t *ep, gser_status_t st);
 /* Close ep from this side with st as its status; cancels what is in flight. */
 GUX_INTERNAL void gux_ep_shutdown(gser_ucx_ep_t *ep, gser_status_t st, bool force);
 GUX_INTERNAL void gux_ep_free(gser_ucx_ep_t *ep);

@@ -98,7 +98,7 @@ gser_status_t gux_rec_decode(const unsigned char in[GUX_REC_LEN], unsigned allow
     uint32_t want_min = 0, want_max = 0;
     switch (r.type) {
     case GUX_REC_PROOF: want_min = want_max = GUX_MAC_LEN; break;
-    case GUX_REC_SETUP: want_min = GUX_SETUP_FIXED + 1, want_max = GUX_SETUP_FIXED + GUX_ADDR_MAX; break;
+    case GUX_REC_SETUP: want_min = GUX_SETUP_FIXED + 1, want_max = GUX_SETUP_MAX; break;
     case GUX_REC_HEARTBEAT:
     case GUX_REC_READY: break;
     case GUX_REC_BYE: want_min = want_max = GUX_BYE_LEN; break;
@@ -112,16 +112,24 @@ gser_status_t gux_rec_decode(const unsigned char in[GUX_REC_LEN], unsigned allow
     return GSER_OK;
 }
 
-gser_status_t gux_setup_decode(const unsigned char *body, size_t len, uint32_t *conn_id, const unsigned char **addr,
-                               size_t *addr_len)
+gser_status_t gux_setup_decode(const unsigned char *body, size_t len, gux_setup_t *out)
 {
-    if (len <= GUX_SETUP_FIXED || len > GUX_SETUP_FIXED + GUX_ADDR_MAX)
+    if (len <= GUX_SETUP_FIXED || len > GUX_SETUP_MAX)
         return gux_fail(GSER_ERR_FORMAT, "handshake: a setup record of %zu bytes", len);
-    if (get_le(body + 4, 4) != 0)
+    size_t k = (size_t)get_le(body + 4, 2);
+    if (get_le(body + 6, 2) != 0)
         return gux_fail(GSER_ERR_FORMAT, "handshake: a setup record with a nonzero reserved field");
-    *conn_id = (uint32_t)get_le(body, 4);
-    *addr = body + GUX_SETUP_FIXED;
-    *addr_len = len - GUX_SETUP_FIXED;
+    if (k > GUX_SETUP_IPS_MAX || len - GUX_SETUP_FIXED <= k * GUX_IP_LEN)
+        return gux_fail(GSER_ERR_FORMAT, "handshake: a setup record of %zu bytes lists %zu addresses", len, k);
+    size_t alen = len - GUX_SETUP_FIXED - k * GUX_IP_LEN;
+    if (alen > GUX_ADDR_MAX)
+        return gux_fail(GSER_ERR_FORMAT, "handshake: a UCX worker address of %zu bytes", alen);
+    gux_setup_t s = {.conn_id = (uint32_t)get_le(body, 4),
+                     .ips = body + GUX_SETUP_FIXED,
+                     .nips = k,
+                     .addr = body + GUX_SETUP_FIXED + k * GUX_IP_LEN,
+                     .addr_len = alen};
+    *out = s;
     return GSER_OK;
 }
 

@@ -60,7 +60,7 @@ GUX_HIDDEN gser_status_t gux_hello_decode(const unsigned char in[GUX_HELLO_LEN],
 
 enum {
     GUX_REC_PROOF = 1,     /* body: the HMAC proof, GUX_MAC_LEN bytes */
-    GUX_REC_SETUP = 2,     /* body: u32 connection id, u32 reserved (0), the UCX worker address */
+    GUX_REC_SETUP = 2,     /* body: u32 connection id, u16 k, u16 reserved (0), k IP addresses, the UCX worker address */
     GUX_REC_HEARTBEAT = 3, /* no body */
     GUX_REC_BYE = 4,       /* body: u64 value (GUX_BYE_SILENT: ms heard nothing; GUX_BYE_ERROR: -status) */
     GUX_REC_READY = 5,     /* no body: the listening side's UCX endpoint is connected */
@@ -80,6 +80,11 @@ typedef struct gux_rec {
 } gux_rec_t;
 
 #define GUX_SETUP_FIXED 8
+/* A setup record lists up to this many IP addresses of its sender, 16
+ * bytes each (IPv4 as ::ffff:a.b.c.d): where its UCX may connect from. */
+#define GUX_SETUP_IPS_MAX 64
+#define GUX_IP_LEN 16
+#define GUX_SETUP_MAX (GUX_SETUP_FIXED + GUX_SETUP_IPS_MAX * GUX_IP_LEN + GUX_ADDR_MAX)
 #define GUX_BYE_LEN 8
 
 GUX_HIDDEN void gux_rec_encode(const gux_rec_t *r, unsigned char out[GUX_REC_LEN]);
@@ -88,10 +93,18 @@ GUX_HIDDEN void gux_rec_encode(const gux_rec_t *r, unsigned char out[GUX_REC_LEN
  * GSER_ERR_BAD_MAGIC or GSER_ERR_FORMAT with a message naming what. */
 GUX_HIDDEN gser_status_t gux_rec_decode(const unsigned char in[GUX_REC_LEN], unsigned allowed, gux_rec_t *out);
 
-/* A setup body of len bytes: the peer's connection id and where its worker
- * address starts (*addr_len bytes, at least 1). */
-GUX_HIDDEN gser_status_t gux_setup_decode(const unsigned char *body, size_t len, uint32_t *conn_id,
-                                          const unsigned char **addr, size_t *addr_len);
+/* A setup body of len bytes: the peer's connection id, its IP addresses
+ * (*nips of GUX_IP_LEN bytes at *ips), and where its worker address starts
+ * (*addr_len bytes, at least 1). */
+typedef struct gux_setup {
+    uint32_t conn_id;
+    const unsigned char *ips;
+    size_t nips;
+    const unsigned char *addr;
+    size_t addr_len;
+} gux_setup_t;
+
+GUX_HIDDEN gser_status_t gux_setup_decode(const unsigned char *body, size_t len, gux_setup_t *out);
 
 /* ---- the shared secret (auth.c) ------------------------------------------------- */
 

@@ -385,6 +385,7 @@ gser_status_t gux_worker_ucx(gser_ucx_worker_t *w, const struct sockaddr *listen
         .name = "gser",
     };
     int ufd = -1;
+    void *snap = gux_filter_before();
     if ((st = GUX_CALL("ucp_worker_create", ucp_worker_create(uctx, &wp, &w->ucp))))
         goto fail_ctx;
     struct epoll_event ev = {.events = EPOLLIN, .data.u64 = GUX_TAG_UCX};
@@ -405,11 +406,13 @@ gser_status_t gux_worker_ucx(gser_ucx_worker_t *w, const struct sockaddr *listen
     }
     w->ucp_ctx = uctx;
     w->ucp_ctx_own = own;
+    gux_filter_after(w, snap); /* UCX's ports admit only peers gser admitted */
     return GSER_OK;
 fail_worker:
     ucp_worker_destroy(w->ucp);
     w->ucp = NULL;
 fail_ctx:
+    gux_filter_after(w, snap);
     if (own)
         ucp_cleanup(uctx);
     return st;
@@ -555,6 +558,7 @@ void gser_ucx_worker_destroy(gser_ucx_worker_t *w)
     free(w->req_cache);
     gux_slots_free(&w->conn_ids);
     gux_slots_free(&w->io);
+    free(w->allow);
     close(w->tfd);
     close(w->efd);
     gux_unlock(w);

@@ -68,13 +68,13 @@ static void records(const uint8_t *data, size_t size)
         if (r.len > size - off)
             return;
         if (r.type == GUX_REC_SETUP) {
-            uint32_t id;
-            const unsigned char *addr;
-            size_t len;
-            if (gux_setup_decode(data + off, r.len, &id, &addr, &len) == GSER_OK) {
-                if (addr < data + off || len > (size_t)(data + size - addr))
-                    abort(); /* an address said to lie outside the record */
-                sink += id + addr[len - 1];
+            gux_setup_t su;
+            if (gux_setup_decode(data + off, r.len, &su) == GSER_OK) {
+                const uint8_t *end = data + off + r.len;
+                if (su.addr < data + off || su.addr_len == 0 || su.addr_len > (size_t)(end - su.addr) ||
+                    su.ips < data + off || su.nips * GUX_IP_LEN > (size_t)(su.addr - su.ips))
+                    abort(); /* a part said to lie outside the record */
+                sink += su.conn_id + su.addr[su.addr_len - 1] + (su.nips ? su.ips[0] : 0);
             }
         }
         off += r.len;

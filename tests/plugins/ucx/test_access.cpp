@@ -144,17 +144,11 @@ namespace {
 // A plain TCP connection to 127.0.0.1:port, for bytes no gser peer sends.
 struct Raw {
     int fd = -1;
-    explicit Raw(uint16_t port, const char *host = "127.0.0.1")
+    // Connect within timeout_ms (fd -1 if not: refused, or no answer, as
+    // from a port whose filter drops the attempt), from bind_ip if given.
+    explicit Raw(uint16_t port, const char *host = "127.0.0.1", int timeout_ms = 5000, const char *bind_ip = nullptr)
     {
-        fd = socket(AF_INET, SOCK_STREAM, 0);
-        sockaddr_in sa{};
-        sa.sin_family = AF_INET;
-        sa.sin_port = htons(port);
-        inet_pton(AF_INET, host, &sa.sin_addr);
-        if (connect(fd, (sockaddr *)&sa, sizeof sa) != 0) {
-            ::close(fd);
-            fd = -1;
-        }
+        fd = raw_connect(port, host, timeout_ms, bind_ip);
     }
     Raw(const Raw &) = delete;
     ~Raw()
@@ -261,61 +255,6 @@ std::vector<std::pair<std::string, std::string>> hostile_payloads(unsigned seed)
     v.push_back({"hello, then a bye", hello_bytes(GSER_UCX_WIRE_VERSION, 0) +
                                           rec_bytes(GUX_REC_BYE, GUX_BYE_CLOSING, std::string(8, '\0'))});
     return v;
-}
-
-// The listening TCP sockets of a process: "address:port" each.
-std::vector<std::string> listening_sockets(pid_t pid)
-{
-    std::set<std::string> inodes;
-    std::string fddir = "/proc/" + std::to_string(pid) + "/fd";
-    if (DIR *d = opendir(fddir.c_str())) {
-        while (dirent *e = readdir(d)) {
-            char buf[64];
-            ssize_t n = readlink((fddir + "/" + e->d_name).c_str(), buf, sizeof buf - 1);
-            if (n > 0) {
-                buf[n] = '\0';
-                if (std::strncmp(buf, "socket:[", 8) == 0)
-                    inodes.insert(std::string(buf + 8, strlen(buf + 8) - 1));
-            }
-        }
-        closedir(d);
-    }
-    std::vector<std::string> out;
-    for (const char *f : {"tcp", "tcp6"}) {
-        std::ifstream in("/proc/" + std::to_string(pid) + "/net/" + f);
-        std::string line;
-        std::getline(in, line);
-        while (std::getline(in, line)) {
-            std::istringstream ls(line);
-            std::string sl, local, remote, st, q, tr, rt, uid, to, inode;
-            ls >> sl >> local >> remote >> st >> q >> tr >> rt >> uid >> to >> inode;
-            if (st != "0A" || !inodes.count(inode))
-                continue;
-            size_t colon = local.find(':');
-            std::string hexip = local.substr(0, colon);
-            unsigned port = (unsigned)std::stoul(local.substr(colon + 1), nullptr, 16);
-            char ip[INET6_ADDRSTRLEN] = "?";
-            if (hexip.size() == 8) {
-                in_addr a;
-                a.s_addr = (in_addr_t)std::stoul(hexip, nullptr, 16);
-                inet_ntop(AF_INET, &a, ip, sizeof ip);
-            } else {
-                in6_addr a;
-                for (int i = 0; i < 4; i++) {
-                    uint32_t w = (uint32_t)std::stoul(hexip.substr(8 * i, 8), nullptr, 16);
-                    std::memcpy(a.s6_addr + 4 * i, &w, 4);
-                }
-                inet_ntop(AF_INET6, &a, ip, sizeof ip);
-            }
-            out.push_back(std::string(ip) + ":" + std::to_string(port));
-        }
-    }
-    return out;
-}
-
-uint16_t port_part(const std::string &s)
-{
-    return (uint16_t)std::atoi(s.c_str() + s.rfind(':') + 1);
 }
 
 size_t fd_count(pid_t pid)
@@ -434,23 +373,23 @@ class Hostile : public ::testing::Test {
     WorkerPtr worker_;
 };
 
-// Every hostile payload, at gser's port and at UCX's own: the connection is
-// closed (gser's within its handshake deadline), the process lives on, and
-// a valid client is served after each.
+// UCX's own listening ports of a process: every listening socket but the
+// given one (gser's).
+std::vector<uint16_t> ucx_ports_of(pid_t pid, uint16_t gser_port)
+{
+    std::vector<uint16_t> v;
+    for (auto &s : listening_sockets(pid))
+        if (port_part(s) != gser_port)
+            v.push_back(port_part(s));
+    return v;
+}
+
+// Every hostile payload at gser's port: the connection is closed within the
+// handshake deadline, the process lives on, and a valid client is served
+// after them all.
 TEST_F(Hostile, EveryPayloadIsRefusedAndTheListenerServesOn)
 {
     ASSERT_GT(probe(), 0);
-    auto socks = listening_sockets(child_->pid);
-    std::vector<uint16_t> ucx_ports;
-    for (auto &s : socks)
-        if (port_part(s) != port_)
-            ucx_ports.push_back(port_part(s));
-    ASSERT_TRUE(std::find_if(socks.begin(), socks.end(), [&](const std::string &s) { return port_part(s) == port_; }) !=
-                socks.end())
-        << "gser's own port is not among the child's listening sockets";
-    std::cout << "[          ] the child listens on " << socks.size() << " ports, " << ucx_ports.size()
-              << " of them UCX's" << std::endl;
-
     auto before = stats();
     size_t sent = 0;
     for (auto &pl : hostile_payloads(1)) {
@@ -459,14 +398,6 @@ TEST_F(Hostile, EveryPayloadIsRefusedAndTheListenerServesOn)
         c.send_all(pl.second);
         EXPECT_TRUE(c.closed_within(kHandshakeMs + 3000)) << pl.first << ": the listener kept the connection";
         sent++;
-        // UCX's ports: closed at UCX's magic check, or held until we close.
-        for (uint16_t up : ucx_ports) {
-            Raw u(up);
-            if (u.fd < 0)
-                continue; // a port on an address this side cannot reach
-            u.send_all(pl.second);
-            u.closed_within(pl.second.size() >= 8 ? 2000 : 50);
-        }
         ASSERT_TRUE(alive(child_->pid)) << "the child died after: " << pl.first;
     }
     EXPECT_GT(probe(), 0);
@@ -484,6 +415,54 @@ TEST_F(Hostile, EveryPayloadIsRefusedAndTheListenerServesOn)
     }
     EXPECT_TRUE(version);
     EXPECT_TRUE(access);
+}
+
+// The 13 bytes that abort a process through UCX's tcp port (its 8-byte
+// magic, then a connection packet header its assertion rejects).
+const std::string kUcxKiller = std::string("\x78\x56\x34\x12\xbe\xba\xfe\xca", 8) + std::string("\x40\x01\0\0\0", 5);
+
+// UCX's own ports take connections only from hosts gser admitted: none
+// while no peer is connected; 127.0.0.1 while a local peer is, and then the
+// hostile payloads meet UCX's magic check and are closed; none again after.
+TEST_F(Hostile, UcxPortsAdmitOnlyAdmittedHosts)
+{
+    if (std::getenv("GSER_UCX_FILTER") && std::string(std::getenv("GSER_UCX_FILTER")) == "0")
+        GTEST_SKIP() << "GSER_UCX_FILTER=0 turns the admission filter off";
+    auto ports = ucx_ports_of(child_->pid, port_);
+    if (ports.empty())
+        GTEST_SKIP() << "UCX opens no port with these transports";
+    for (uint16_t up : ports) {
+        Raw u(up, "127.0.0.1", 500);
+        EXPECT_LT(u.fd, 0) << "UCX's port " << up << " took a connection while no peer was admitted";
+        u.send_all(kUcxKiller);
+    }
+    ASSERT_TRUE(alive(child_->pid));
+
+    // A local peer is admitted: 127.0.0.1 gets through.
+    Child peer({"idle-client", "127.0.0.1", std::to_string(port_), std::to_string(kHandshakeMs)});
+    ASSERT_EQ(peer.read_line(), "connected");
+    for (auto &pl : hostile_payloads(3)) {
+        if (pl.second.size() < 8)
+            continue; // UCX waits for its magic's 8 bytes
+        for (uint16_t up : ports) {
+            Raw u(up, "127.0.0.1", 2000);
+            ASSERT_GE(u.fd, 0) << "UCX's port " << up << " refused an admitted host";
+            u.send_all(pl.second);
+            EXPECT_TRUE(u.closed_within(3000)) << pl.first << ": UCX kept the connection";
+        }
+        ASSERT_TRUE(alive(child_->pid)) << "the child died after: " << pl.first;
+    }
+    peer.kill_now();
+    // Once the child noticed the peer gone, 127.0.0.1 is dropped again.
+    bool closed = false;
+    for (double end = mono_ms() + 5000; !closed && mono_ms() < end;) {
+        Raw u(ports[0], "127.0.0.1", 100);
+        closed = u.fd < 0;
+        if (!closed)
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_TRUE(closed) << "UCX's port still takes connections after the peer left";
+    EXPECT_GT(probe(), 0);
 }
 
 // One byte a second: the handshake deadline ends it.

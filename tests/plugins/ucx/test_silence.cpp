@@ -101,6 +101,31 @@ int child_stream_client(const std::string &host, uint16_t port, unsigned timeout
     return 0;
 }
 
+// knock <host> <port> <bind_ip> <bytes as hex>: connect from bind_ip
+// (within a second) and send the bytes; "connected" or "not connected".
+int child_knock(const std::string &host, uint16_t port, const std::string &bind_ip, const std::string &hex)
+{
+    int fd = raw_connect(port, host.c_str(), 1000, bind_ip.c_str());
+    if (fd < 0) {
+        say("not connected");
+        return 0;
+    }
+    std::string bytes;
+    for (size_t i = 0; i + 1 < hex.size(); i += 2)
+        bytes += (char)std::stoi(hex.substr(i, 2), nullptr, 16);
+    if (send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) < 0) {
+        /* said below */
+    }
+    say("connected");
+    usleep(200000);
+    ::close(fd);
+    return 0;
+}
+
+ChildRole knock_role("knock", [](const std::vector<std::string> &a) {
+    return a.size() == 4 ? child_knock(a[0], (uint16_t)std::atoi(a[1].c_str()), a[2], a[3]) : 2;
+});
+
 ChildRole idle_client_role("idle-client", [](const std::vector<std::string> &a) {
     return a.size() == 3 ? child_idle_client(a[0], (uint16_t)std::atoi(a[1].c_str()), (unsigned)std::atoi(a[2].c_str()))
                          : 2;
@@ -497,6 +522,44 @@ TEST_F(Partition, BothSidesFailInBoundedTimeAndTheListenerServesOn)
     EXPECT_EQ(after.read_line(), "started");
     EXPECT_EQ(after.read_line().rfind("done ", 0), 0u);
     EXPECT_EQ(after.wait(), 0);
+}
+
+// UCX's own ports on a server take connections only from admitted hosts:
+// from 10.77.0.2, whose client the server admitted, a connection gets
+// through; from 10.77.0.3, an address that appeared after the client
+// listed its host's addresses, it does not, so the 13 bytes that abort a
+// process through UCX's port never reach it.
+TEST_F(Partition, UcxPortsDropHostsTheServerDidNotAdmit)
+{
+    if (std::getenv("GSER_UCX_FILTER") && std::string(std::getenv("GSER_UCX_FILTER")) == "0")
+        GTEST_SKIP() << "GSER_UCX_FILTER=0 turns the admission filter off";
+    Child server({"serve", "10.77.0.1", "2000"}, in(a_));
+    uint16_t port = port_of(server.read_line());
+    ASSERT_NE(port, 0);
+    Child client({"idle-client", "10.77.0.1", std::to_string(port), "2000"}, in(b_));
+    ASSERT_EQ(client.read_line(), "connected");
+    ASSERT_TRUE(sh("ip -n " + b_ + " addr add 10.77.0.3/24 dev " + vb_));
+    std::vector<uint16_t> ucx;
+    for (auto &s : listening_sockets(server.pid))
+        if (port_part(s) != port)
+            ucx.push_back(port_part(s));
+    ASSERT_FALSE(ucx.empty()) << "the server has no UCX port (UCX_TLS=tcp)";
+    const std::string killer = "785634 12bebafeca" "4001000000";
+    std::string hex;
+    for (char ch : killer)
+        if (ch != ' ')
+            hex += ch;
+    for (uint16_t up : ucx) {
+        Child stranger({"knock", "10.77.0.1", std::to_string(up), "10.77.0.3", hex}, in(b_));
+        EXPECT_EQ(stranger.read_line(), "not connected") << "a host the server never admitted reached UCX's port";
+        Child known({"knock", "10.77.0.1", std::to_string(up), "10.77.0.2", ""}, in(b_));
+        EXPECT_EQ(known.read_line(), "connected") << "the admitted host could not reach UCX's port";
+    }
+    EXPECT_EQ(waitpid(server.pid, nullptr, WNOHANG), 0) << "the server died";
+    // The admitted client's connection still works.
+    Child after({"stream-client", "10.77.0.1", std::to_string(port), "2000", "200", "4096"}, in(b_));
+    EXPECT_EQ(after.read_line(), "connected");
+    EXPECT_EQ(after.read_line(), "started");
 }
 
 } // namespace

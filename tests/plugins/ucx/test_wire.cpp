@@ -76,8 +76,8 @@ TEST(Wire, ControlRecords)
         {{GUX_REC_PROOF, 0, GUX_MAC_LEN - 1}, GSER_ERR_FORMAT},
         {{GUX_REC_SETUP, 0, GUX_SETUP_FIXED}, GSER_ERR_FORMAT},
         {{GUX_REC_SETUP, 0, GUX_SETUP_FIXED + 1}, GSER_OK},
-        {{GUX_REC_SETUP, 0, GUX_SETUP_FIXED + GUX_ADDR_MAX}, GSER_OK},
-        {{GUX_REC_SETUP, 0, GUX_SETUP_FIXED + GUX_ADDR_MAX + 1}, GSER_ERR_FORMAT},
+        {{GUX_REC_SETUP, 0, GUX_SETUP_MAX}, GSER_OK},
+        {{GUX_REC_SETUP, 0, GUX_SETUP_MAX + 1}, GSER_ERR_FORMAT},
         {{GUX_REC_SETUP, 0, 0xffffffffu}, GSER_ERR_FORMAT},
         {{GUX_REC_HEARTBEAT, 0, 0}, GSER_OK},
         {{GUX_REC_HEARTBEAT, 0, 1}, GSER_ERR_FORMAT},
@@ -97,17 +97,31 @@ TEST(Wire, ControlRecords)
     b[0] = 'X';
     EXPECT_EQ(gux_rec_decode(b, all, &g), GSER_ERR_BAD_MAGIC);
 
-    unsigned char body[GUX_SETUP_FIXED + 3] = {0x78, 0x56, 0x34, 0x12, 0, 0, 0, 0, 7, 8, 9};
-    uint32_t id = 0;
-    const unsigned char *addr = nullptr;
-    size_t alen = 0;
-    ASSERT_EQ(gux_setup_decode(body, sizeof body, &id, &addr, &alen), GSER_OK);
-    EXPECT_EQ(id, 0x12345678u);
-    EXPECT_EQ(addr, body + GUX_SETUP_FIXED);
-    EXPECT_EQ(alen, 3u);
-    body[5] = 1;
-    EXPECT_EQ(gux_setup_decode(body, sizeof body, &id, &addr, &alen), GSER_ERR_FORMAT);
-    EXPECT_EQ(gux_setup_decode(body, GUX_SETUP_FIXED, &id, &addr, &alen), GSER_ERR_FORMAT);
+    // A setup: connection id, two addresses, then the worker address.
+    unsigned char body[GUX_SETUP_FIXED + 2 * GUX_IP_LEN + 3] = {0x78, 0x56, 0x34, 0x12, 2, 0, 0, 0};
+    body[GUX_SETUP_FIXED] = 0xaa;
+    body[GUX_SETUP_FIXED + GUX_IP_LEN] = 0xbb;
+    body[sizeof body - 3] = 7, body[sizeof body - 1] = 9;
+    gux_setup_t su{};
+    ASSERT_EQ(gux_setup_decode(body, sizeof body, &su), GSER_OK);
+    EXPECT_EQ(su.conn_id, 0x12345678u);
+    EXPECT_EQ(su.nips, 2u);
+    EXPECT_EQ(su.ips, body + GUX_SETUP_FIXED);
+    EXPECT_EQ(su.ips[GUX_IP_LEN], 0xbb);
+    EXPECT_EQ(su.addr, body + GUX_SETUP_FIXED + 2 * GUX_IP_LEN);
+    EXPECT_EQ(su.addr_len, 3u);
+    EXPECT_EQ(su.addr[0], 7);
+    // More addresses than the record holds (no worker address left), too many, reserved bits.
+    body[4] = 3;
+    EXPECT_EQ(gux_setup_decode(body, sizeof body, &su), GSER_ERR_FORMAT);
+    body[4] = GUX_SETUP_IPS_MAX + 1;
+    EXPECT_EQ(gux_setup_decode(body, sizeof body, &su), GSER_ERR_FORMAT);
+    body[4] = 2;
+    body[6] = 1;
+    EXPECT_EQ(gux_setup_decode(body, sizeof body, &su), GSER_ERR_FORMAT);
+    body[6] = 0;
+    EXPECT_EQ(gux_setup_decode(body, GUX_SETUP_FIXED, &su), GSER_ERR_FORMAT);
+    EXPECT_EQ(gux_setup_decode(body, GUX_SETUP_FIXED + 2 * GUX_IP_LEN, &su), GSER_ERR_FORMAT);
 }
 
 std::string hex(const unsigned char *p, size_t n)

@@ -6,6 +6,11 @@
 
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,7 +19,10 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
+#include <fstream>
 #include <mutex>
+#include <set>
+#include <sstream>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -442,6 +450,89 @@ inline int child_accept(ChildEnv *e, ListenerPtr *lp, gser_ucx_ep_t **ep, const 
 inline uint16_t port_of(const std::string &line)
 {
     return line.rfind("port ", 0) == 0 ? (uint16_t)std::atoi(line.c_str() + 5) : 0;
+}
+
+// A TCP connection to host:port within timeout_ms, from bind_ip if given:
+// its fd (blocking), or -1.
+inline int raw_connect(uint16_t port, const char *host, int timeout_ms, const char *bind_ip = nullptr)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    if (bind_ip) {
+        inet_pton(AF_INET, bind_ip, &sa.sin_addr);
+        if (bind(fd, (sockaddr *)&sa, sizeof sa) != 0) {
+            ::close(fd);
+            return -1;
+        }
+    }
+    sa.sin_port = htons(port);
+    inet_pton(AF_INET, host, &sa.sin_addr);
+    int err = 0;
+    socklen_t len = sizeof err;
+    pollfd p{fd, POLLOUT, 0};
+    if ((connect(fd, (sockaddr *)&sa, sizeof sa) != 0 && errno != EINPROGRESS) || poll(&p, 1, timeout_ms) != 1 ||
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
+        ::close(fd);
+        return -1;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    return fd;
+}
+
+// The listening TCP sockets of a process: "address:port" each.
+inline std::vector<std::string> listening_sockets(pid_t pid)
+{
+    std::set<std::string> inodes;
+    std::string fddir = "/proc/" + std::to_string(pid) + "/fd";
+    if (DIR *d = opendir(fddir.c_str())) {
+        while (dirent *e = readdir(d)) {
+            char buf[64];
+            ssize_t n = readlink((fddir + "/" + e->d_name).c_str(), buf, sizeof buf - 1);
+            if (n > 0) {
+                buf[n] = '\0';
+                if (std::strncmp(buf, "socket:[", 8) == 0)
+                    inodes.insert(std::string(buf + 8, strlen(buf + 8) - 1));
+            }
+        }
+        closedir(d);
+    }
+    std::vector<std::string> out;
+    for (const char *f : {"tcp", "tcp6"}) {
+        std::ifstream in("/proc/" + std::to_string(pid) + "/net/" + f);
+        std::string line;
+        std::getline(in, line);
+        while (std::getline(in, line)) {
+            std::istringstream ls(line);
+            std::string sl, local, remote, st, q, tr, rt, uid, to, inode;
+            ls >> sl >> local >> remote >> st >> q >> tr >> rt >> uid >> to >> inode;
+            if (st != "0A" || !inodes.count(inode))
+                continue;
+            size_t colon = local.find(':');
+            std::string hexip = local.substr(0, colon);
+            unsigned port = (unsigned)std::stoul(local.substr(colon + 1), nullptr, 16);
+            char ip[INET6_ADDRSTRLEN] = "?";
+            if (hexip.size() == 8) {
+                in_addr a;
+                a.s_addr = (in_addr_t)std::stoul(hexip, nullptr, 16);
+                inet_ntop(AF_INET, &a, ip, sizeof ip);
+            } else {
+                in6_addr a;
+                for (int i = 0; i < 4; i++) {
+                    uint32_t w = (uint32_t)std::stoul(hexip.substr(8 * i, 8), nullptr, 16);
+                    std::memcpy(a.s6_addr + 4 * i, &w, 4);
+                }
+                inet_ntop(AF_INET6, &a, ip, sizeof ip);
+            }
+            out.push_back(std::string(ip) + ":" + std::to_string(port));
+        }
+    }
+    return out;
+}
+
+inline uint16_t port_part(const std::string &s)
+{
+    return (uint16_t)std::atoi(s.c_str() + s.rfind(':') + 1);
 }
 
 // Milliseconds on CLOCK_MONOTONIC: the same clock in every process, so a
