@@ -3,9 +3,13 @@
  * Moves serialized messages (a header frame plus data frames, as produced by
  * gser_serialize) between processes and nodes with UCX, and hands the
  * received frames to gser_deserialize. docs/ucx.md specifies the wire
- * protocol: a handshake per connection, then per message one send holding
- * the header, the frame table and the small frames, followed by one tagged
- * send per large frame.
+ * protocol: a handshake per connection on a TCP connection gser owns (a
+ * fixed-size hello read under a deadline, an optional shared secret, then
+ * UCX endpoints made from worker addresses; afterwards heartbeats), then per
+ * message one send holding the header, the frame table and the small
+ * frames, followed by one tagged send per large frame. Nothing is
+ * encrypted: use it on trusted networks or with the secret (docs/ucx.md
+ * section 2.3).
  *
  * Objects: a transport context (one UCX context), workers (one UCX worker
  * each: progress, event file descriptor, thread mode), listeners and
@@ -233,7 +237,12 @@ typedef struct gser_ucx_listener_options {
 
 #define GSER_UCX_LISTENER_OPTIONS_INIT GSER_STRUCT_INIT(gser_ucx_listener_options_t)
 
-/** Listen for connections. opts may be NULL (every interface, a free port). */
+/** Listen for connections. opts may be NULL (every interface, a free port).
+ *  gser owns the listening socket: a connection reaches UCX only after its
+ *  hello (and, with a secret, its proof) passed. The worker's UCX ports are
+ *  opened now if it has none yet, on the device of this address (see
+ *  gser_ucx_context_options_t.net_devices), and admit only the hosts of
+ *  admitted peers (GSER_UCX_FILTER=0 turns that filter off). */
 GSER_API gser_status_t gser_ucx_listener_create(gser_ucx_worker_t *worker, const gser_ucx_listener_options_t *opts,
                                                 gser_ucx_listener_t **listener_out);
 
