@@ -574,25 +574,12 @@ struct Outcome {
 Outcome try_connect(gser_ucx_context_t *sctx, gser_ucx_context_t *cctx)
 {
     auto sw = make_worker(sctx), cw = make_worker(cctx);
-    gser_ucx_listener_options_t lo = GSER_UCX_LISTENER_OPTIONS_INIT;
-    lo.address = "127.0.0.1";
-    gser_ucx_listener_t *l = nullptr;
-    EXPECT_EQ(gser_ucx_listener_create(sw.get(), &lo, &l), GSER_OK);
-    ListenerPtr lp(l);
-    gser_ucx_ep_t *cep = nullptr, *sep = nullptr;
-    EXPECT_EQ(gser_ucx_ep_connect_nb(cw.get(), "127.0.0.1", gser_ucx_listener_get_port(l), &cep), GSER_OK);
-    EpPtr cp(cep);
-    Outcome o{GSER_INPROGRESS, GSER_ERR_TIMEOUT, ""};
-    EXPECT_TRUE(drive_until({sw.get(), cw.get()}, [&] {
-        if (o.server == GSER_ERR_TIMEOUT)
-            o.server = gser_ucx_listener_accept(l, 0, &sep);
-        o.client = gser_ucx_ep_get_status(cep);
-        return o.server != GSER_ERR_TIMEOUT && o.client != GSER_INPROGRESS;
-    }));
-    EpPtr sp(sep);
-    if (o.client != GSER_OK) {
+    auto l = listen_local(sw.get());
+    Handshake h = handshake(sw.get(), cw.get(), l.get());
+    Outcome o{h.client_st, h.server_st, ""};
+    if (o.client != GSER_OK && h.client) {
         gser_msg_t *m;
-        gser_ucx_ep_recv_msg(cep, make_ctx().get(), nullptr, 0, &m); // the endpoint's message
+        gser_ucx_ep_recv_msg(h.client.get(), make_ctx().get(), nullptr, 0, &m); // the endpoint's message
         o.client_msg = gser_ucx_get_last_error();
     }
     return o;
@@ -637,11 +624,9 @@ TEST(SharedSecret, RefusedBeforeAnyUcxEndpointAndTheSecretNeverCrossesTheWire)
     const char *secret = "correct horse battery staple";
     auto sctx = secret_ctx(secret);
     auto w = make_worker(sctx.get());
-    gser_ucx_listener_options_t lo = GSER_UCX_LISTENER_OPTIONS_INIT;
-    lo.address = "127.0.0.1";
-    gser_ucx_listener_t *l;
-    UCX_OK(gser_ucx_listener_create(w.get(), &lo, &l));
-    ListenerPtr lp(l);
+    auto lp = listen_local(w.get());
+    ASSERT_TRUE(lp);
+    gser_ucx_listener_t *l = lp.get();
     uint16_t port = gser_ucx_listener_get_port(l);
     std::atomic<bool> stop{false};
     std::thread driver([&] {

@@ -24,26 +24,36 @@ std::string line_of(const char *what, gser_status_t st)
            gser_ucx_get_last_error();
 }
 
+// Set up, and connect to host:port: 0, or the child's exit code (an
+// "error ..." line says why).
+int child_connect(ChildEnv *e, const std::string &host, uint16_t port, unsigned timeout_ms, EpPtr *out)
+{
+    if (!child_setup(e, timeout_ms))
+        return 10;
+    gser_ucx_ep_t *ep;
+    gser_status_t st = gser_ucx_ep_connect(e->worker.get(), host.c_str(), port, kWaitMs, &ep);
+    if (st) {
+        say(line_of("error", st));
+        return 11;
+    }
+    out->reset(ep);
+    return 0;
+}
+
 // idle-client <host> <port> <timeout_ms>: connect, post a receive, say
 // "connected", and wait for the receive: "recv <ms> <status> | <message>".
 int child_idle_client(const std::string &host, uint16_t port, unsigned timeout_ms)
 {
     ChildEnv e;
-    if (!child_setup(&e, timeout_ms))
-        return 10;
-    gser_ucx_ep_t *ep;
-    gser_status_t st = gser_ucx_ep_connect(e.worker.get(), host.c_str(), port, kWaitMs, &ep);
-    if (st) {
-        say(line_of("error", st));
-        return 11;
-    }
-    EpPtr epp(ep);
+    EpPtr epp;
+    if (int rc = child_connect(&e, host, port, timeout_ms, &epp))
+        return rc;
     gser_ucx_request_t *r;
-    if (gser_ucx_ep_recv_nb(ep, nullptr, &r))
+    if (gser_ucx_ep_recv_nb(epp.get(), nullptr, &r))
         return 12;
     ReqPtr rp(r);
     say("connected");
-    st = gser_ucx_request_wait(r, 50000);
+    gser_status_t st = gser_ucx_request_wait(r, 50000);
     say(line_of("recv", st));
     return 0;
 }
@@ -55,15 +65,11 @@ int child_idle_client(const std::string &host, uint16_t port, unsigned timeout_m
 int child_stream_client(const std::string &host, uint16_t port, unsigned timeout_ms, int duration_ms, size_t bytes)
 {
     ChildEnv e;
-    if (!child_setup(&e, timeout_ms))
-        return 10;
-    gser_ucx_ep_t *ep;
-    gser_status_t st = gser_ucx_ep_connect(e.worker.get(), host.c_str(), port, kWaitMs, &ep);
-    if (st) {
-        say(line_of("error", st));
-        return 11;
-    }
-    EpPtr epp(ep);
+    EpPtr epp;
+    if (int rc = child_connect(&e, host, port, timeout_ms, &epp))
+        return rc;
+    gser_ucx_ep_t *ep = epp.get();
+    gser_status_t st;
     say("connected");
     std::vector<unsigned char> big(bytes);
     TestMsg::fill(big.data(), bytes, 5);
@@ -172,6 +178,8 @@ constexpr double kSlackMs = 2000;
 
 // ---- this process as the server ----------------------------------------------------------
 
+constexpr unsigned kTimeoutMs = 1500;
+
 class Silence : public ::testing::Test {
   protected:
     void start(unsigned timeout_ms)
@@ -179,15 +187,26 @@ class Silence : public ::testing::Test {
         ctx_ = make_ucx_ctx(timeout_ms);
         worker_ = make_worker(ctx_.get());
         ASSERT_TRUE(worker_);
-        gser_ucx_listener_options_t lo = GSER_UCX_LISTENER_OPTIONS_INIT;
-        lo.address = "127.0.0.1";
-        gser_ucx_listener_t *l;
-        UCX_OK(gser_ucx_listener_create(worker_.get(), &lo, &l));
-        listener_.reset(l);
-        port_ = std::to_string(gser_ucx_listener_get_port(l));
+        listener_ = listen_local(worker_.get());
+        ASSERT_TRUE(listener_);
+        port_ = std::to_string(gser_ucx_listener_get_port(listener_.get()));
+    }
+    // Listen with a timeout of kTimeoutMs, and accept an idle client child
+    // with the same timeout.
+    void idle_peer()
+    {
+        ASSERT_NO_FATAL_FAILURE(start(kTimeoutMs));
+        peer_ = std::make_unique<Child>(std::vector<std::string>{"idle-client", "127.0.0.1", port_,
+                                                                 std::to_string(kTimeoutMs)});
+        gser_ucx_ep_t *ep;
+        UCX_OK(gser_ucx_listener_accept(listener_.get(), kWaitMs, &ep));
+        peer_ep_.reset(ep);
+        ASSERT_EQ(peer_->read_line(), "connected");
     }
     void TearDown() override
     {
+        peer_ep_.reset();
+        peer_.reset();
         listener_.reset();
         worker_.reset();
         ctx_.reset();
@@ -196,21 +215,18 @@ class Silence : public ::testing::Test {
     WorkerPtr worker_;
     ListenerPtr listener_;
     std::string port_;
+    std::unique_ptr<Child> peer_; // idle_peer's
+    EpPtr peer_ep_;
 };
-
-constexpr unsigned kTimeoutMs = 1500;
 
 // A peer stopped for longer than the timeout: this side fails it within the
 // timeout (plus slack), saying it went silent; the stopped side, once
 // continued, fails too, within the slack, hearing that it was given up on.
 TEST_F(Silence, StoppedPeerIsFailedOnBothSides)
 {
-    ASSERT_NO_FATAL_FAILURE(start(kTimeoutMs));
-    Child c({"idle-client", "127.0.0.1", port_, std::to_string(kTimeoutMs)});
-    gser_ucx_ep_t *ep;
-    UCX_OK(gser_ucx_listener_accept(listener_.get(), kWaitMs, &ep));
-    EpPtr epp(ep);
-    ASSERT_EQ(c.read_line(), "connected");
+    ASSERT_NO_FATAL_FAILURE(idle_peer());
+    Child &c = *peer_;
+    gser_ucx_ep_t *ep = peer_ep_.get();
     gser_ucx_request_t *rr;
     UCX_OK(gser_ucx_ep_recv_nb(ep, nullptr, &rr));
     ReqPtr r(rr);
@@ -247,12 +263,9 @@ TEST_F(Silence, StoppedPeerIsFailedOnBothSides)
 // bounded time, and so does this side as soon as it progresses again.
 TEST_F(Silence, AProcessThatStopsProgressingIsFailed)
 {
-    ASSERT_NO_FATAL_FAILURE(start(kTimeoutMs));
-    Child c({"idle-client", "127.0.0.1", port_, std::to_string(kTimeoutMs)});
-    gser_ucx_ep_t *ep;
-    UCX_OK(gser_ucx_listener_accept(listener_.get(), kWaitMs, &ep));
-    EpPtr epp(ep);
-    ASSERT_EQ(c.read_line(), "connected");
+    ASSERT_NO_FATAL_FAILURE(idle_peer());
+    Child &c = *peer_;
+    gser_ucx_ep_t *ep = peer_ep_.get();
     progress_for(worker_.get(), 300);
     double hang = mono_ms();
     Report rep = parse(c.read_line(2 * kTimeoutMs + (int)kSlackMs)); // no progress here meanwhile
@@ -357,20 +370,11 @@ TEST(Heartbeats, FollowTheShorterTimeoutOfTheTwoSides)
 {
     auto off = make_ucx_ctx(GSER_UCX_PEER_TIMEOUT_NONE), on = make_ucx_ctx(300);
     auto sw = make_worker(off.get()), cw = make_worker(on.get());
-    gser_ucx_listener_options_t lo = GSER_UCX_LISTENER_OPTIONS_INIT;
-    lo.address = "127.0.0.1";
-    gser_ucx_listener_t *l;
-    UCX_OK(gser_ucx_listener_create(sw.get(), &lo, &l));
-    ListenerPtr lp(l);
-    gser_ucx_ep_t *c = nullptr, *s = nullptr;
-    UCX_OK(gser_ucx_ep_connect_nb(cw.get(), "127.0.0.1", gser_ucx_listener_get_port(l), &c));
-    EpPtr cp(c);
-    ASSERT_TRUE(drive_until({sw.get(), cw.get()}, [&] {
-        if (!s)
-            gser_ucx_listener_accept(l, 0, &s);
-        return s && gser_ucx_ep_get_status(c) != GSER_INPROGRESS;
-    }));
-    EpPtr sp(s);
+    auto l = listen_local(sw.get());
+    ASSERT_TRUE(l);
+    Handshake h = handshake(sw.get(), cw.get(), l.get());
+    ASSERT_EQ(h.server_st, GSER_OK);
+    gser_ucx_ep_t *c = h.client.get(), *s = h.server.get();
     double end = mono_ms() + 2000;
     drive_until({sw.get(), cw.get()}, [&] { return mono_ms() > end || gser_ucx_ep_get_status(c) != GSER_OK; }, 5000);
     UCX_OK(gser_ucx_ep_get_status(c));

@@ -120,6 +120,48 @@ inline bool drive_until(std::initializer_list<gser_ucx_worker_t *> ws, Pred pred
     return true;
 }
 
+// A listener of w on 127.0.0.1, on a free port (nullptr on failure, which
+// the test reports).
+inline ListenerPtr listen_local(gser_ucx_worker_t *w, gser_ucx_accept_fn cb = nullptr, void *user_data = nullptr)
+{
+    gser_ucx_listener_options_t lo = GSER_UCX_LISTENER_OPTIONS_INIT;
+    lo.address = "127.0.0.1";
+    lo.accept_cb = cb;
+    lo.user_data = user_data;
+    gser_ucx_listener_t *l = nullptr;
+    gser_status_t st = gser_ucx_listener_create(w, &lo, &l);
+    EXPECT_EQ(st, GSER_OK) << gser_ucx_get_last_error();
+    return ListenerPtr(l);
+}
+
+// A client of worker cw connecting to listener l of worker sw, both driven
+// here until each side has its outcome: the endpoints (when they got one)
+// and each side's status (GSER_ERR_TIMEOUT for the listener: no outcome).
+struct Handshake {
+    EpPtr client, server;
+    gser_status_t client_st = GSER_INPROGRESS, server_st = GSER_ERR_TIMEOUT;
+};
+
+inline Handshake handshake(gser_ucx_worker_t *sw, gser_ucx_worker_t *cw, gser_ucx_listener_t *l)
+{
+    Handshake h;
+    gser_ucx_ep_t *c = nullptr, *s = nullptr;
+    gser_status_t st = gser_ucx_ep_connect_nb(cw, "127.0.0.1", gser_ucx_listener_get_port(l), &c);
+    EXPECT_EQ(st, GSER_OK) << gser_ucx_get_last_error();
+    h.client.reset(c);
+    if (!c)
+        return h;
+    bool done = drive_until({sw, cw}, [&] {
+        if (h.server_st == GSER_ERR_TIMEOUT)
+            h.server_st = gser_ucx_listener_accept(l, 0, &s);
+        h.client_st = gser_ucx_ep_get_status(c);
+        return h.server_st != GSER_ERR_TIMEOUT && h.client_st != GSER_INPROGRESS;
+    });
+    EXPECT_TRUE(done) << "the handshake did not finish on both sides";
+    h.server.reset(s);
+    return h;
+}
+
 // Two workers in this process: a server with a listener on 127.0.0.1 and a
 // client, and one connected endpoint on each side.
 struct Pair {
@@ -131,22 +173,12 @@ struct Pair {
     // Connect one more client endpoint; *accepted is the server's end.
     void connect(EpPtr *client_ep, EpPtr *server_ep)
     {
-        gser_ucx_ep_t *c = nullptr, *s = nullptr;
-        UCX_OK(gser_ucx_ep_connect_nb(client.get(), "127.0.0.1", gser_ucx_listener_get_port(listener.get()), &c));
-        client_ep->reset(c);
-        gser_status_t st = GSER_ERR_TIMEOUT;
-        ASSERT_TRUE(drive_until({server.get(), client.get()}, [&] {
-            if (!s) {
-                st = gser_ucx_listener_accept(listener.get(), 0, &s);
-                if (st != GSER_OK && st != GSER_ERR_TIMEOUT)
-                    return true;
-            }
-            return s && gser_ucx_ep_get_status(c) != GSER_INPROGRESS;
-        })) << "no connection";
-        ASSERT_TRUE(s) << gser_status_str(st) << ": " << gser_ucx_get_last_error();
-        server_ep->reset(s);
-        UCX_OK(gser_ucx_ep_get_status(c));
-        UCX_OK(gser_ucx_ep_get_status(s));
+        Handshake h = handshake(server.get(), client.get(), listener.get());
+        ASSERT_EQ(h.server_st, GSER_OK) << gser_status_str(h.server_st) << ": " << gser_ucx_get_last_error();
+        UCX_OK(h.client_st);
+        UCX_OK(gser_ucx_ep_get_status(h.server.get()));
+        *client_ep = std::move(h.client);
+        *server_ep = std::move(h.server);
     }
 
     void open(const gser_ucx_worker_options_t *sopts = nullptr, const gser_ucx_worker_options_t *copts = nullptr,
@@ -157,12 +189,9 @@ struct Pair {
         server = make_worker(ctx.get(), sopts);
         client = make_worker(ctx.get(), copts);
         ASSERT_TRUE(server && client);
-        gser_ucx_listener_options_t lo = GSER_UCX_LISTENER_OPTIONS_INIT;
-        lo.address = "127.0.0.1";
-        gser_ucx_listener_t *l = nullptr;
-        UCX_OK(gser_ucx_listener_create(server.get(), &lo, &l));
-        listener.reset(l);
-        ASSERT_NE(gser_ucx_listener_get_port(l), 0);
+        listener = listen_local(server.get());
+        ASSERT_TRUE(listener);
+        ASSERT_NE(gser_ucx_listener_get_port(listener.get()), 0);
         connect(&cep, &sep);
     }
 
