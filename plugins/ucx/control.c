@@ -84,7 +84,7 @@ static void sa_name(const struct sockaddr_storage *sa, char *out, size_t n)
 
 static gser_status_t io_open(gser_ucx_worker_t *w, gux_io_t *io, int fd, gux_io_kind_t kind, uint32_t events)
 {
-    io->fd = fd;
+    io->fd = -1; /* until it is in: the caller closes fd on failure */
     io->kind = kind;
     io->events = 0;
     gser_status_t st = gux_slot_take(&w->io, io, &io->id);
@@ -95,6 +95,7 @@ static gser_status_t io_open(gser_ucx_worker_t *w, gux_io_t *io, int fd, gux_io_
         gux_slot_put(&w->io, io->id);
         return gux_fail(GSER_ERR_IO, "epoll_ctl: %s", strerror(errno));
     }
+    io->fd = fd;
     io->events = events;
     return GSER_OK;
 }
@@ -387,6 +388,9 @@ static unsigned hello_timeout(const gux_ctl_t *c)
 static void ctl_open(gser_ucx_worker_t *w, gux_ctl_t *c, unsigned peer_timeout_ms)
 {
     unsigned mine = ctl_timeout(w), t = mine;
+    /* A peer cannot make this side heartbeat more often than this. */
+    if (peer_timeout_ms && peer_timeout_ms < GUX_MIN_PEER_TIMEOUT_MS)
+        peer_timeout_ms = GUX_MIN_PEER_TIMEOUT_MS;
     if (peer_timeout_ms && (!t || peer_timeout_ms < t))
         t = peer_timeout_ms;
     c->step = GUX_CTL_OPEN;
@@ -625,16 +629,20 @@ static gser_status_t pconn_admit(gser_ucx_worker_t *w, gux_pconn_t *pc)
     gux_hello_t h;
     gux_hello_decode(pc->ctl.hello_peer, &h); /* checked when it came */
     gser_status_t st = gux_ep_new(w, &ep);
-    if (st)
+    if (st) {
+        pconn_drop(w, pc, &l->stats.failed, st);
         return st;
+    }
     /* The connection moves into the endpoint; its id stays. */
     ep->ctl = pc->ctl;
     ep->ctl.io.kind = GUX_IO_EP;
-    w->io.items[(ep->ctl.io.id & 0xfffffu) - 1] = &ep->ctl.io;
+    gux_slot_set(&w->io, ep->ctl.io.id, &ep->ctl.io);
     pc->ctl.io.fd = -1;
     pc->ctl.body = pc->ctl.out = NULL;
     pconn_free(w, pc);
     ep->listener = l;
+    ep->admitting = true;
+    l->nadmitting++;
     peer_info_set(ep, &h);
     gux_ctl_t *c = &ep->ctl;
     /* The client's UCX connects as soon as it has this side's setup. */
@@ -732,10 +740,30 @@ static unsigned pconn_io(gser_ucx_worker_t *w, gux_pconn_t *pc)
 
 /* A connection the listener took: its handshake starts (the hello may be
  * there already). Takes fd. */
+/* Make room for one more handshake: the oldest before admission gives way,
+ * else the oldest admitted one (reported as failed). */
+static void make_room(gser_ucx_worker_t *w, gser_ucx_listener_t *l)
+{
+    if (l->npending + l->nadmitting < GUX_MAX_PENDING)
+        return;
+    if (l->npending) {
+        pconn_drop(w, gux_container(l->pending.next, gux_pconn_t, link), &l->stats.evicted, GSER_OK);
+        return;
+    }
+    for (gux_list_t *n = w->eps.next; n != &w->eps; n = n->next) {
+        gser_ucx_ep_t *ep = gux_container(n, gser_ucx_ep_t, wlink);
+        if (ep->listener == l && ep->admitting) {
+            gux_fail(GSER_ERR_TIMEOUT, "handshake with %s: dropped unfinished to make room for newer connections",
+                     ep->ctl.peer_name);
+            ep_ctl_fail(ep, GSER_ERR_TIMEOUT);
+            return;
+        }
+    }
+}
+
 static void pconn_start(gser_ucx_worker_t *w, gser_ucx_listener_t *l, int fd, const struct sockaddr_storage *sa)
 {
-    if (l->npending >= GUX_MAX_PENDING)
-        pconn_drop(w, gux_container(l->pending.next, gux_pconn_t, link), &l->stats.evicted, GSER_OK);
+    make_room(w, l);
     gux_pconn_t *pc = calloc(1, sizeof *pc);
     if (!pc) {
         close(fd);

@@ -36,8 +36,18 @@ gser_status_t gux_ep_new(gser_ucx_worker_t *w, gser_ucx_ep_t **out)
     return GSER_OK;
 }
 
+void gux_ep_admitted(gser_ucx_ep_t *ep)
+{
+    if (!ep->admitting)
+        return;
+    ep->admitting = false;
+    if (ep->listener)
+        ep->listener->nadmitting--;
+}
+
 void gux_ep_free(gser_ucx_ep_t *ep)
 {
+    gux_ep_admitted(ep);
     gux_ctl_close(ep, 0, 0);
     gux_filter_release(ep);
     gux_slot_put(&ep->worker->conn_ids, ep->local_id);
@@ -215,6 +225,7 @@ void gux_ep_shutdown(gser_ucx_ep_t *ep, gser_status_t st, bool force)
     ep_abort_reqs(ep, st, false);
     gux_ctl_close(ep, GUX_BYE_CLOSING, 0);
     ep_ucp_close(ep, force);
+    gux_ep_admitted(ep);
     if (ep->listener) {
         gux_list_del(&ep->alink);
         ep->listener = NULL;
@@ -362,6 +373,8 @@ static bool ep_process(gser_ucx_ep_t *ep)
     }
     if (ep->state >= GUX_EP_FAILED)
         ep_abandon_sends(ep);
+    if (ep->state != GUX_EP_CONNECTING)
+        gux_ep_admitted(ep);
     if (ep->listener && !ep->hs_reported && ep->state != GUX_EP_CONNECTING && listener_report(ep->listener, ep))
         return true;
     if ((ep->user_owned && !ep->zombie) || ep->listener)
@@ -462,7 +475,7 @@ gser_status_t gser_ucx_listener_get_stats(const gser_ucx_listener_t *l, gser_ucx
         return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_listener_get_stats: NULL argument");
     gux_lock(l->worker);
     gser_ucx_listener_stats_t s = l->stats;
-    s.pending = l->npending;
+    s.pending = l->npending + l->nadmitting;
     gux_unlock(l->worker);
     if (gser_struct_write(out, &s, sizeof s))
         return gux_fail(GSER_ERR_INVALID_ARG,
@@ -516,6 +529,7 @@ void gser_ucx_listener_destroy(gser_ucx_listener_t *l)
         gser_ucx_ep_t *ep = gux_container(n, gser_ucx_ep_t, wlink);
         if (ep->listener == l) {
             gux_list_del(&ep->alink);
+            ep->admitting = false;
             ep->listener = NULL;
             ep->hs_reported = true;
             w->eps_dirty = true;

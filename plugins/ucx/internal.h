@@ -36,6 +36,8 @@
 #define GUX_MAX_PENDING 256
 /* Heartbeats go out this many times per peer timeout. */
 #define GUX_HEARTBEATS_PER_TIMEOUT 4
+/* The shortest timeout a peer's hello may ask this side to heartbeat for. */
+#define GUX_MIN_PEER_TIMEOUT_MS 100u
 #define GUX_DEFAULT_INLINE_MAX 8192u
 #define GUX_DEFAULT_INLINE_BUDGET 65536u
 #define GUX_DEFAULT_CHUNK ((size_t)4 << 20)
@@ -115,6 +117,8 @@ typedef struct gux_slots {
 GUX_INTERNAL gser_status_t gux_slot_take(gux_slots_t *t, void *item, uint32_t *id);
 GUX_INTERNAL void gux_slot_put(gux_slots_t *t, uint32_t id);
 GUX_INTERNAL void *gux_slot_get(const gux_slots_t *t, uint32_t id);
+/* Put item where id's slot is (an object that moved). */
+GUX_INTERNAL void gux_slot_set(gux_slots_t *t, uint32_t id, void *item);
 GUX_INTERNAL void gux_slots_free(gux_slots_t *t);
 
 /* ---- objects ------------------------------------------------------------------- */
@@ -279,6 +283,7 @@ struct gser_ucx_ep {
     bool wired;       /* ... done */
     bool peer_ready;  /* the client: the server's endpoint is connected too (ready record) */
     bool peer_known;  /* the peer's hello arrived */
+    bool admitting;   /* admitted by its listener, handshake not done: counts in listener->nadmitting */
     bool hs_reported; /* the listener reported this endpoint's outcome */
 
     /* reported by UCX's error handler, handled in progress */
@@ -297,6 +302,7 @@ struct gser_ucx_listener {
     gux_list_t accepted; /* ready endpoints (ep.alink) */
     gux_list_t pending;  /* handshakes before admission (gux_pconn_t.link), oldest first */
     size_t npending;
+    size_t nadmitting; /* admitted endpoints whose handshake runs: with npending, at most GUX_MAX_PENDING */
     double resume_at; /* out of file descriptors: accept again then (0: not resting) */
     gser_ucx_listener_stats_t stats;
     gser_status_t *failures; /* handshake failures not yet reported */
@@ -430,6 +436,9 @@ GUX_INTERNAL gser_status_t gux_ep_new(gser_ucx_worker_t *w, gser_ucx_ep_t **out)
 GUX_INTERNAL gser_status_t gux_ep_ucx_connect(gser_ucx_ep_t *ep, const void *addr);
 /* Handle errors and handshake events UCX reported. */
 GUX_INTERNAL void gux_eps_process(gser_ucx_worker_t *w);
+/* ep's handshake is over (done, failed, or its listener gone): it no
+ * longer counts against its listener's handshakes. */
+GUX_INTERNAL void gux_ep_admitted(gser_ucx_ep_t *ep);
 /* A listener's handshake failed before an endpoint existed: report st once. */
 GUX_INTERNAL void gux_listener_failure(gser_ucx_listener_t *l, gser_status_t st);
 /* The status for a UCX operation of ep that ended with st (recorded). */

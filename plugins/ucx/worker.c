@@ -471,6 +471,13 @@ void *gux_slot_get(const gux_slots_t *t, uint32_t id)
     return t->items[i];
 }
 
+void gux_slot_set(gux_slots_t *t, uint32_t id, void *item)
+{
+    size_t i = (size_t)(id & GUX_SLOT_MASK) - 1;
+    if ((id & GUX_SLOT_MASK) != 0 && i < t->n)
+        t->items[i] = item;
+}
+
 void gux_slots_free(gux_slots_t *t)
 {
     free(t->items);
