@@ -328,9 +328,7 @@ GSER_API gser_status_t gser_ucx_ep_close(gser_ucx_ep_t *ep);
 /**
  * Destroy an endpoint. Sends that completed are flushed to the peer first
  * (bounded); anything still in flight is canceled as by gser_ucx_ep_close.
- * After a version mismatch (GSER_ERR_WIRE_VERSION) the worker keeps the
- * connection until the peer hangs up, at most 2 s, so that the peer learns of
- * the mismatch rather than of a lost connection. NULL is fine.
+ * NULL is fine.
  */
 GSER_API void gser_ucx_ep_destroy(gser_ucx_ep_t *ep);
 

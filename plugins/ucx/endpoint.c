@@ -176,9 +176,9 @@ gser_status_t gux_ep_part_error(gser_ucx_ep_t *ep, ucs_status_t st, const char *
 }
 
 /* Keep the message that explains why ep ended, for whatever ends with it. */
-static void ep_why(gser_ucx_ep_t *ep, const char *fmt, const char *msg)
+static void ep_why(gser_ucx_ep_t *ep, const char *msg)
 {
-    snprintf(ep->why, sizeof ep->why, fmt, msg);
+    snprintf(ep->why, sizeof ep->why, "%s", msg);
 }
 
 void gux_ep_fail_bye(gser_ucx_ep_t *ep, gser_status_t st, unsigned bye, uint64_t value)
@@ -187,7 +187,7 @@ void gux_ep_fail_bye(gser_ucx_ep_t *ep, gser_status_t st, unsigned bye, uint64_t
         return;
     char msg[sizeof ep->why];
     snprintf(msg, sizeof msg, "%s", gser_ucx_get_last_error());
-    ep_why(ep, "%s", msg[0] ? msg : gser_status_str(st));
+    ep_why(ep, msg[0] ? msg : gser_status_str(st));
     ep->state = GUX_EP_FAILED;
     ep->error = st;
     /* A peer that went away may have sent whole messages first: receives
@@ -218,8 +218,8 @@ void gux_ep_shutdown(gser_ucx_ep_t *ep, gser_status_t st, bool force)
     if (ep->state < GUX_EP_FAILED) {
         ep->state = GUX_EP_CLOSED;
         ep->error = st;
-        ep_why(ep, "%s", st == GSER_ERR_TIMEOUT ? "the endpoint was closed after a send timed out"
-                                                : "the endpoint was closed by this side");
+        ep_why(ep, st == GSER_ERR_TIMEOUT ? "the endpoint was closed after a send timed out"
+                                          : "the endpoint was closed by this side");
     }
     ep->drain = false;
     ep_abort_reqs(ep, st, false);
