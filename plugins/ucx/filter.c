@@ -175,7 +175,8 @@ void gux_filter_apply(gser_ucx_worker_t *w)
     static struct sock_filter open_all[] = {ACCEPT};
     struct sock_filter *f = NULL;
     struct sock_fprog prog = {.len = 1, .filter = open_all};
-    if (w->nallow <= GUX_ALLOW_MAX && (f = malloc((5 + 9 * w->nallow + 1) * sizeof *f)))
+    /* 5 to branch and load, 2 per IPv4 entry, 9 per IPv6 one, 2 drops. */
+    if (w->nallow <= GUX_ALLOW_MAX && (f = malloc((7 + 9 * w->nallow) * sizeof *f)))
         prog = (struct sock_fprog){.len = (unsigned short)program(w, f), .filter = f};
     for (size_t i = 0; i < w->nucx_lfds; i++)
         setsockopt(w->ucx_lfds[i], SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof prog);
