@@ -569,6 +569,12 @@ gser_status_t gux_ctl_connect(gser_ucx_ep_t *ep, const struct sockaddr *sa, sock
     return GSER_OK;
 }
 
+void gux_ctl_read_now(gser_ucx_ep_t *ep)
+{
+    if (ep->ctl.io.fd >= 0 && ep->ctl.step != GUX_CTL_CONNECTING)
+        ep_io(ep->worker, ep, EPOLLIN);
+}
+
 gser_status_t gux_ctl_ready(gser_ucx_ep_t *ep)
 {
     return ctl_send_rec(ep->worker, &ep->ctl, GUX_REC_READY, 0, NULL, 0);

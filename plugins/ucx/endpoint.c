@@ -346,6 +346,9 @@ static bool listeners_report(gser_ucx_worker_t *w)
 static bool ep_process(gser_ucx_ep_t *ep)
 {
     gser_ucx_worker_t *w = ep->worker;
+    /* UCX saw the peer go: the control connection may say why (a bye). */
+    if (ep->state < GUX_EP_FAILED && ep->ucx_failed)
+        gux_ctl_read_now(ep);
     if (ep->state < GUX_EP_FAILED && ep->ucx_failed) {
         gux_fail(GSER_ERR_CONNECTION, "connection to the peer %s lost: %s", ep->ctl.peer_name,
                  ucs_status_string(ep->ucx_error));

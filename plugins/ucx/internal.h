@@ -403,6 +403,9 @@ GUX_INTERNAL void gux_ctl_unlisten(gser_ucx_listener_t *l);
 /* Start the client side of a control connection for ep. */
 GUX_INTERNAL gser_status_t gux_ctl_connect(gser_ucx_ep_t *ep, const struct sockaddr *sa, socklen_t len,
                                            const char *name);
+/* Read what ep's control connection holds now (a bye may say why UCX
+ * reports the peer gone). */
+GUX_INTERNAL void gux_ctl_read_now(gser_ucx_ep_t *ep);
 /* The listening side's endpoint is connected: tell the client. */
 GUX_INTERNAL gser_status_t gux_ctl_ready(gser_ucx_ep_t *ep);
 /* Close ep's control connection; reason (GUX_BYE_*, 0: none) and value go
