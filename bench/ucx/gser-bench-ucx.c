@@ -167,8 +167,10 @@ static int serve(const char *device_backend)
             /* Receive and deserialize n messages, RECV_WINDOW receives posted. */
             gser_ucx_request_t *r[RECV_WINDOW] = {0};
             uint64_t posted = 0, done = 0;
-            /* Large frames: as many in flight as the receive cache holds. */
-            uint64_t window = c.size >= ((size_t)16 << 20) ? 4 : RECV_WINDOW;
+            /* Large frames: as many in flight as the receive cache holds
+             * (it grows to one message: every further one in flight would
+             * land in fresh pages). */
+            uint64_t window = c.size >= ((size_t)256 << 20) ? 1 : c.size >= ((size_t)16 << 20) ? 4 : RECV_WINDOW;
             while (done < c.n) {
                 while (posted < c.n && posted - done < window)
                     CK(gser_ucx_ep_recv_nb(ep, NULL, &r[posted++ % RECV_WINDOW]));

@@ -754,6 +754,14 @@ TEST(TransportSetup, ReceiveCacheReusesBuffersAndGrowsToTheLargestMessage)
         s = stats(p.server.get());
         EXPECT_EQ(s.hits, 4u) << "the second message reuses every buffer";
         EXPECT_EQ(s.misses, 4u);
+        // A larger frame takes the room of the smaller buffers when it is
+        // released, so the next one of its size reuses it.
+        pass(p, {4 * MiB}, 8);
+        pass(p, {4 * MiB}, 9);
+        s = stats(p.server.get());
+        EXPECT_EQ(s.misses, 5u);
+        EXPECT_EQ(s.hits, 5u) << "the second 4 MiB frame reuses the first one's buffer";
+        EXPECT_EQ(s.cached_bytes, 4 * MiB);
         pass(p, {20 * MiB}, 3);
         EXPECT_EQ(stats(p.server.get()).limit_bytes, 16 * MiB) << "no further than the maximum";
         p.close();
