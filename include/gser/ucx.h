@@ -71,19 +71,21 @@ GSER_API const char *gser_ucx_get_last_error(void);
 typedef struct gser_ucx_context_options {
     size_t size; /**< sizeof(gser_ucx_context_options_t): GSER_UCX_CONTEXT_OPTIONS_INIT sets it */
     /** UCX transports, as UCX_TLS would list them ("tcp", "posix,sysv,cma,self,tcp").
-     *  NULL = the UCX_TLS environment variable, else UCX's default. Connecting
-     *  by address needs a network transport (tcp) on the address's device. */
+     *  NULL = the UCX_TLS environment variable, else UCX's default. Peers on
+     *  one host need no network transport (gser connects them on its own
+     *  socket); without tcp, UCX opens no port at all. */
     const char *transports;
-    /** A peer that sends nothing for this long is declared failed: everything
-     *  pending on its endpoint completes with GSER_ERR_CONNECTION, and the
-     *  message says that the peer went silent and for how long. Both sides
-     *  send heartbeats on the control connection often enough for the
-     *  shorter of their two timeouts, so an idle healthy connection stays
-     *  up; a stopped or hung process, a network partition, or a process that
-     *  stops calling progress (or the blocking calls, or waking on the event
-     *  fd) is failed between peer_timeout_ms and peer_timeout_ms + a quarter
-     *  of it after it went silent. A peer whose process dies is noticed at
-     *  once. A handshake must also finish within this time. 0 = 10000 ms;
+    /** A connection whose peer sends nothing for this long, whether or not
+     *  anything is pending on it, is declared failed: everything pending on
+     *  it completes with GSER_ERR_CONNECTION, with a message that says the
+     *  peer went silent and for how long. Both sides send a heartbeat every
+     *  quarter of the shorter of their two timeouts, so an idle healthy
+     *  connection stays up, and a peer that is stopped, hung, cut off by a
+     *  partition, or no longer calling progress (or a blocking call, or
+     *  waking on the event fd) is failed between three quarters of the
+     *  timeout and the timeout after it went silent, plus the time this side
+     *  takes to look. A peer whose process dies is noticed at once. A
+     *  handshake must also finish within this time. 0 = 10000 ms;
      *  GSER_UCX_PEER_TIMEOUT_NONE = never (handshakes then get 10000 ms). */
     unsigned peer_timeout_ms;
     /** A shared secret (NUL-terminated). Every connection of this context
@@ -272,7 +274,7 @@ GSER_API gser_status_t gser_ucx_listener_get_stats(const gser_ucx_listener_t *li
  * (-1: no limit; 0: only what is queued). GSER_ERR_TIMEOUT if none came. A
  * connection that sent a gser hello and then failed its handshake is
  * reported once with its status (GSER_ERR_WIRE_VERSION, GSER_ERR_ACCESS,
- * GSER_ERR_FORMAT, GSER_ERR_TIMEOUT, GSER_ERR_CONNECTION); bytes that are
+ * GSER_ERR_TIMEOUT, GSER_ERR_CONNECTION, GSER_ERR_FORMAT, ...); bytes that are
  * not a gser hello are dropped without a report (counted in
  * gser_ucx_listener_get_stats). The listener goes on serving others.
  */
