@@ -34,6 +34,7 @@ const char *gser_status_str(gser_status_t status)
     case GSER_ERR_CONNECTION: return "GSER_ERR_CONNECTION: connection lost or refused";
     case GSER_ERR_TIMEOUT: return "GSER_ERR_TIMEOUT: timed out";
     case GSER_ERR_CANCELED: return "GSER_ERR_CANCELED: canceled";
+    case GSER_ERR_ACCESS: return "GSER_ERR_ACCESS: access refused";
     }
     return "GSER_ERR_?: unknown status";
 }

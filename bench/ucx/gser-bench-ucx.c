@@ -16,6 +16,12 @@
  *                       <size> bytes (64 KiB, 4 MiB, 64 MiB), serialized and
  *                       deserialized each, vs ucx_perftest tag_bw <size>
  *   ucx_<tl>_rate_8B    the same with 8-byte messages: messages per second
+ *   ucx_shm_bw_256MiB, ucx_shm_bw_1GiB   the same at 256 MiB and 1 GiB over
+ *                       shared memory, vs ucx_perftest tag_bw; and
+ *   ucx_shm_1node_256MiB, _1GiB   the same bandwidth vs one memcpy of the
+ *                       same size in the same run (the limit of a one-copy
+ *                       path), with ucx_perftest without peer error handling
+ *                       (the one lane set with cma's one-copy get) in the note
  *
  * ucx_perftest runs with -e (peer error handling, which gser's endpoints use
  * so that a dead peer fails what is pending) and the same UCX environment, so
@@ -58,6 +64,11 @@ static gser_context_t *g_ctx;
     } while (0)
 
 static const char *g_self;
+
+/* The parent waits for ucx_perftest between its own measurements, for
+ * seconds, without driving its worker: no peer timeout on either side. */
+static const gser_ucx_context_options_t g_ucx_opts = {.size = sizeof(gser_ucx_context_options_t),
+                                                      .peer_timeout_ms = GSER_UCX_PEER_TIMEOUT_NONE};
 
 /* ---- small gser messages for control ---------------------------------------------- */
 
@@ -128,7 +139,7 @@ static int serve(const char *device_backend)
     gser_context_options_t co = {.size = sizeof(gser_context_options_t), .trace = -1, .device_backend = device_backend ? device_backend : "none"};
     CK(gser_context_create(&co, &g_ctx));
     gser_ucx_context_t *uctx;
-    CK(gser_ucx_context_create(NULL, &uctx));
+    CK(gser_ucx_context_create(&g_ucx_opts, &uctx));
     gser_ucx_worker_options_t wo = {.size = sizeof(gser_ucx_worker_options_t), .gser_ctx = device_backend ? g_ctx : NULL};
     gser_ucx_worker_t *w;
     CK(gser_ucx_worker_create(uctx, &wo, &w));
@@ -156,8 +167,10 @@ static int serve(const char *device_backend)
             /* Receive and deserialize n messages, RECV_WINDOW receives posted. */
             gser_ucx_request_t *r[RECV_WINDOW] = {0};
             uint64_t posted = 0, done = 0;
-            /* Large frames: as many in flight as the receive cache holds. */
-            uint64_t window = c.size >= ((size_t)16 << 20) ? 4 : RECV_WINDOW;
+            /* Large frames: as many in flight as the receive cache holds
+             * (it grows to one message: every further one in flight would
+             * land in fresh pages). */
+            uint64_t window = c.size >= ((size_t)256 << 20) ? 1 : c.size >= ((size_t)16 << 20) ? 4 : RECV_WINDOW;
             while (done < c.n) {
                 while (posted < c.n && posted - done < window)
                     CK(gser_ucx_ep_recv_nb(ep, NULL, &r[posted++ % RECV_WINDOW]));
@@ -246,8 +259,8 @@ static const char *g_perftest;
 /* Run one ucx_perftest test; its CSV line's columns: iterations, median
  * latency (us), average latency, overall latency, average bandwidth (MB/s,
  * MB = 2^20), overall bandwidth, message rates. */
-static bool perftest(const char *test, size_t size, long iters, long warmup, double *median_us, double *bw_gbs,
-                     double *rate_m)
+static bool perftest_mode(const char *test, size_t size, long iters, long warmup, bool peer_errors, double *median_us,
+                          double *bw_gbs, double *rate_m)
 {
     char port[16], sz[32], n[32], w[32];
     for (int attempt = 0; attempt < 3; attempt++) {
@@ -255,14 +268,16 @@ static bool perftest(const char *test, size_t size, long iters, long warmup, dou
         snprintf(sz, sizeof sz, "%zu", size);
         snprintf(n, sizeof n, "%ld", iters);
         snprintf(w, sizeof w, "%ld", warmup);
-        char *server_argv[] = {(char *)g_perftest, "-p", port, "-e", NULL};
+        /* -e: peer error handling, as gser's endpoints have it. */
+        char *e = peer_errors ? (char *)"-e" : NULL;
+        char *server_argv[] = {(char *)g_perftest, "-p", port, e, NULL};
         proc_t server = spawn(server_argv, true);
         proc_t client = {0};
         char line[512], last[512] = "";
         for (int tries = 0; tries < 40; tries++) {
             usleep(50000);
             char *client_argv[] = {(char *)g_perftest, "127.0.0.1", "-p", port, "-t", (char *)test, "-s", sz,
-                                   "-n", n, "-w", w, "-e", "-f", "-v", NULL};
+                                   "-n", n, "-w", w, "-f", "-v", e, NULL};
             client = spawn(client_argv, true);
             last[0] = '\0';
             while (fgets(line, sizeof line, client.out))
@@ -287,6 +302,27 @@ static bool perftest(const char *test, size_t size, long iters, long warmup, dou
     return false;
 }
 
+static bool perftest(const char *test, size_t size, long iters, long warmup, double *median_us, double *bw_gbs,
+                     double *rate_m)
+{
+    return perftest_mode(test, size, iters, warmup, true, median_us, bw_gbs, rate_m);
+}
+
+/* One memcpy of size bytes between two warm buffers: the physical limit of
+ * moving them within one node. Median GB/s of reps. */
+static double memcpy_gbs(void *dst, const void *src, size_t size, int reps)
+{
+    double v[8];
+    memcpy(dst, src, size); /* fault the pages in */
+    for (int i = 0; i < reps; i++) {
+        double t0 = bench_now_us();
+        memcpy(dst, src, size);
+        v[i] = (double)size / (bench_now_us() - t0) / 1e3;
+    }
+    qsort(v, (size_t)reps, sizeof *v, bench_cmp_double);
+    return v[reps / 2];
+}
+
 /* ---- gser's side ----------------------------------------------------------------------------- */
 
 typedef struct conn {
@@ -306,7 +342,7 @@ static void conn_open(conn_t *c, const char *device_backend)
         fprintf(stderr, "the serving child did not start\n");
         exit(1);
     }
-    CK(gser_ucx_context_create(NULL, &c->uctx));
+    CK(gser_ucx_context_create(&g_ucx_opts, &c->uctx));
     gser_ucx_worker_options_t wo = {.size = sizeof(gser_ucx_worker_options_t), .gser_ctx = device_backend ? g_ctx : NULL};
     CK(gser_ucx_worker_create(c->uctx, &wo, &c->w));
     CK(gser_ucx_ep_connect(c->w, "127.0.0.1", (uint16_t)port, WAIT_MS, &c->ep));
@@ -391,7 +427,9 @@ static double gser_stream(conn_t *c, const void *data, size_t size, gser_memory_
 static const char *size_name(size_t s)
 {
     static char buf[32];
-    if (s >= (1u << 20))
+    if (s >= ((size_t)1 << 30) && s % ((size_t)1 << 30) == 0)
+        snprintf(buf, sizeof buf, "%zuGiB", s >> 30);
+    else if (s >= (1u << 20))
         snprintf(buf, sizeof buf, "%zuMiB", s >> 20);
     else if (s >= 1024)
         snprintf(buf, sizeof buf, "%zuKiB", s >> 10);
@@ -424,6 +462,52 @@ static double median(double *v, int n)
 /* Rounds of each measurement, ucx_perftest and gser alternating, so that
  * both see the same machine (other load on it drifts); medians reported. */
 #define ROUNDS 5
+
+/* Large messages between two processes on one node, against one memcpy of
+ * the same size (the physical limit: a one-copy path reaches it) and
+ * against ucx_perftest with and without peer error handling (UCX 1.13 uses
+ * cma's one-copy get only without it: docs/ucx.md, BENCHMARKS.md). */
+static void run_one_node(conn_t *c, bool quick, bool json)
+{
+    static const size_t sizes[] = {(size_t)256 << 20, (size_t)1 << 30};
+    static const long counts[] = {12, 4};
+    int rounds = quick ? 1 : 3;
+    for (size_t i = 0; i < 2; i++) {
+        size_t sz = quick ? (size_t)16 << 20 : sizes[i];
+        long n = quick ? 2 : counts[i];
+        unsigned char *buf = malloc(sz), *dst = malloc(sz);
+        if (!buf || !dst) {
+            fprintf(stderr, "gser-bench-ucx: no memory for %zu bytes\n", sz);
+            free(buf);
+            free(dst);
+            return;
+        }
+        memset(buf, 7, sz);
+        gser_stream(c, buf, sz, GSER_MEMORY_HOST, 2); /* warm-up: the receive cache grows to it */
+        double gv[3], mv[3], pv[3], nv[3], unused;
+        bool have_pf = true, have_nf = true;
+        for (int k = 0; k < rounds; k++) {
+            mv[k] = memcpy_gbs(dst, buf, sz, quick ? 1 : 5);
+            have_pf &= perftest_mode("tag_bw", sz, n, 2, true, &unused, &pv[k], &unused);
+            have_nf &= perftest_mode("tag_bw", sz, n, 2, false, &unused, &nv[k], &unused);
+            gv[k] = gser_stream(c, buf, sz, GSER_MEMORY_HOST, n);
+        }
+        free(buf);
+        free(dst);
+        double g = median(gv, rounds);
+        char name[64], anchor[96], note[160];
+        snprintf(name, sizeof name, "ucx_shm_bw_%s", size_name(sz));
+        snprintf(anchor, sizeof anchor, "ucx_perftest tag_bw %s, shm", size_name(sz));
+        bench_result_t b = {name, g, "GB/s", anchor, have_pf ? median(pv, rounds) : NAN, ">= 0.9", NULL};
+        bench_print(&b, json);
+        snprintf(name, sizeof name, "ucx_shm_1node_%s", size_name(sz));
+        snprintf(anchor, sizeof anchor, "one memcpy of %s", size_name(sz));
+        snprintf(note, sizeof note, "ucx_perftest without peer error handling (cma, one copy): %.2f GB/s",
+                 have_nf ? median(nv, rounds) : NAN);
+        bench_result_t m = {name, g, "GB/s", anchor, median(mv, rounds), ">= 0.8", note};
+        bench_print(&m, json);
+    }
+}
 
 static double run_transport(const char *tl, bool quick, bool json, const char *only)
 {
@@ -482,6 +566,8 @@ static double run_transport(const char *tl, bool quick, bool json, const char *o
                             rate ? "each message serialized and deserialized" : NULL};
         bench_print(&b, json);
     }
+    if (strcmp(tl, "shm") == 0 && (!only || strcmp(only, "bw") == 0))
+        run_one_node(&c, quick, json);
     conn_close(&c);
     return host_bw_64m;
 }

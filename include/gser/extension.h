@@ -20,7 +20,7 @@ extern "C" {
 #endif
 
 /** The most negative status (for tables indexed by status). */
-#define GSER_STATUS_LAST GSER_ERR_CANCELED
+#define GSER_STATUS_LAST GSER_ERR_ACCESS
 
 /** One past the last dtype (for tables indexed by dtype). */
 #define GSER_DTYPE_COUNT (GSER_DTYPE_COMPLEX128 + 1)
@@ -133,6 +133,13 @@ typedef struct gser_ucx_worker gser_ucx_worker_t;
  *  announces in the handshakes it starts from now on (0 = GSER_UCX_WIRE_VERSION).
  *  Implemented by gser::ucx. */
 GSER_API gser_status_t gser_ucx_worker_set_announce_version(gser_ucx_worker_t *worker, uint32_t version);
+
+typedef struct gser_ucx_listener gser_ucx_listener_t;
+
+/** For tests and fuzzers of the handshake: handle a connected stream socket
+ *  (any family, e.g. one end of a socketpair) as if the listener had
+ *  accepted it. Takes fd. Implemented by gser::ucx. */
+GSER_API gser_status_t gser_ucx_listener_adopt(gser_ucx_listener_t *listener, int fd);
 
 #ifdef __cplusplus
 }

@@ -3,9 +3,13 @@
  * Moves serialized messages (a header frame plus data frames, as produced by
  * gser_serialize) between processes and nodes with UCX, and hands the
  * received frames to gser_deserialize. docs/ucx.md specifies the wire
- * protocol: a handshake per connection, then per message one send holding
- * the header, the frame table and the small frames, followed by one tagged
- * send per large frame.
+ * protocol: a handshake per connection on a TCP connection gser owns (a
+ * fixed-size hello read under a deadline, an optional shared secret, then
+ * UCX endpoints made from worker addresses; afterwards heartbeats), then per
+ * message one send holding the header, the frame table and the small
+ * frames, followed by one tagged send per large frame. Nothing is
+ * encrypted: use it on trusted networks or with the secret (docs/ucx.md
+ * section 2.3).
  *
  * Objects: a transport context (one UCX context), workers (one UCX worker
  * each: progress, event file descriptor, thread mode), listeners and
@@ -36,7 +40,14 @@ extern "C" {
 
 /** Version of the transport's own wire protocol (handshake and per-message
  *  layout, docs/ucx.md). Both sides of a connection must speak the same. */
-#define GSER_UCX_WIRE_VERSION 1
+#define GSER_UCX_WIRE_VERSION 2
+
+/** peer_timeout_ms that turns the silent-peer check off. */
+#define GSER_UCX_PEER_TIMEOUT_NONE 0xffffffffu
+
+/** The environment variable a transport context takes its shared secret
+ *  from when its options name none. */
+#define GSER_UCX_SECRET_ENV "GSER_UCX_SECRET"
 
 /** Capability bits exchanged in the handshake. */
 enum {
@@ -60,19 +71,44 @@ GSER_API const char *gser_ucx_get_last_error(void);
 typedef struct gser_ucx_context_options {
     size_t size; /**< sizeof(gser_ucx_context_options_t): GSER_UCX_CONTEXT_OPTIONS_INIT sets it */
     /** UCX transports, as UCX_TLS would list them ("tcp", "posix,sysv,cma,self,tcp").
-     *  NULL = the UCX_TLS environment variable, else UCX's default. Connecting
-     *  by address needs a network transport (tcp) on the address's device. */
+     *  NULL = the UCX_TLS environment variable, else UCX's default. Peers on
+     *  one host need no network transport (gser connects them on its own
+     *  socket); without tcp, UCX opens no port at all. */
     const char *transports;
-    /** A peer that stays silent this long while a connection is open is
-     *  declared failed, and everything pending on it completes with
-     *  GSER_ERR_CONNECTION. A peer whose process dies is noticed at once on
-     *  the connection's socket. 0 = 10000 ms. */
+    /** A connection whose peer sends nothing for this long, whether or not
+     *  anything is pending on it, is declared failed: everything pending on
+     *  it completes with GSER_ERR_CONNECTION, with a message that says the
+     *  peer went silent and for how long. Both sides send a heartbeat every
+     *  quarter of the shorter of their two timeouts, so an idle healthy
+     *  connection stays up, and a peer that is stopped, hung, cut off by a
+     *  partition, or no longer calling progress (or a blocking call, or
+     *  waking on the event fd) is failed between three quarters of the
+     *  timeout and the timeout after it went silent, plus the time this side
+     *  takes to look. A peer whose process dies is noticed at once. A
+     *  handshake must also finish within this time. 0 = 10000 ms;
+     *  GSER_UCX_PEER_TIMEOUT_NONE = never (handshakes then get 10000 ms). */
     unsigned peer_timeout_ms;
+    /** A shared secret (NUL-terminated). Every connection of this context
+     *  then proves it, both ways, by challenge-response (HMAC-SHA-256 over a
+     *  nonce from each side; the secret never crosses the wire); a peer that
+     *  does not is refused with GSER_ERR_ACCESS before any UCX endpoint
+     *  exists and before any byte of a message is read. NULL = the
+     *  GSER_UCX_SECRET environment variable (none if unset or empty); "" =
+     *  none. Copied. Nothing is encrypted: see docs/ucx.md section 2.3. */
+    const char *secret;
+    /** UCX network devices, as UCX_NET_DEVICES lists them ("eth0",
+     *  "mlx5_0:1", "all"). NULL = the UCX_NET_DEVICES environment variable,
+     *  else, for a worker that first listens on one address (not 0.0.0.0 or
+     *  ::), the device that has that address, so that UCX opens no port on
+     *  other interfaces; else all. */
+    const char *net_devices;
 } gser_ucx_context_options_t;
 
 #define GSER_UCX_CONTEXT_OPTIONS_INIT GSER_STRUCT_INIT(gser_ucx_context_options_t)
 
-/** Create a transport context (ucp_init). opts may be NULL. */
+/** Create a transport context (ucp_init). opts may be NULL. A worker's own
+ *  UCX worker, and the ports of UCX's network transports, are opened when
+ *  it first listens or connects. */
 GSER_API gser_status_t gser_ucx_context_create(const gser_ucx_context_options_t *opts,
                                                gser_ucx_context_t **ctx_out);
 
@@ -204,18 +240,44 @@ typedef struct gser_ucx_listener_options {
 
 #define GSER_UCX_LISTENER_OPTIONS_INIT GSER_STRUCT_INIT(gser_ucx_listener_options_t)
 
-/** Listen for connections. opts may be NULL (every interface, a free port). */
+/** Listen for connections. opts may be NULL (every interface, a free port).
+ *  gser owns the listening socket: a connection reaches UCX only after its
+ *  hello (and, with a secret, its proof) passed. The worker's UCX ports are
+ *  opened now if it has none yet, on the device of this address (see
+ *  gser_ucx_context_options_t.net_devices), and admit only the hosts of
+ *  admitted peers (GSER_UCX_FILTER=0 turns that filter off). */
 GSER_API gser_status_t gser_ucx_listener_create(gser_ucx_worker_t *worker, const gser_ucx_listener_options_t *opts,
                                                 gser_ucx_listener_t **listener_out);
 
 /** The port the listener is bound to. */
 GSER_API uint16_t gser_ucx_listener_get_port(const gser_ucx_listener_t *listener);
 
+/** What a listener's connections came to. */
+typedef struct gser_ucx_listener_stats {
+    size_t size;       /**< sizeof(gser_ucx_listener_stats_t): GSER_UCX_LISTENER_STATS_INIT sets it */
+    uint64_t accepted; /**< finished their handshake (handed out, or queued for accept) */
+    uint64_t refused;  /**< closed for not starting with a gser hello (any other bytes, or none) */
+    uint64_t timed_out; /**< did not finish their handshake in time */
+    uint64_t evicted;  /**< dropped unfinished to make room: more than 256 handshakes at once */
+    uint64_t failed;   /**< sent a hello, then failed (reported through accept) */
+    uint64_t pending;  /**< handshakes running now */
+} gser_ucx_listener_stats_t;
+
+#define GSER_UCX_LISTENER_STATS_INIT GSER_STRUCT_INIT(gser_ucx_listener_stats_t)
+
+/** The listener's counts now. out->size must be set
+ *  (GSER_UCX_LISTENER_STATS_INIT). */
+GSER_API gser_status_t gser_ucx_listener_get_stats(const gser_ucx_listener_t *listener,
+                                                   gser_ucx_listener_stats_t *out);
+
 /**
  * The next connection that finished its handshake, waiting up to timeout_ms
  * (-1: no limit; 0: only what is queued). GSER_ERR_TIMEOUT if none came. A
- * connection whose handshake failed is reported once with its status (e.g.
- * GSER_ERR_WIRE_VERSION); the listener goes on serving others.
+ * connection that sent a gser hello and then failed its handshake is
+ * reported once with its status (GSER_ERR_WIRE_VERSION, GSER_ERR_ACCESS,
+ * GSER_ERR_TIMEOUT, GSER_ERR_CONNECTION, GSER_ERR_FORMAT, ...); bytes that are
+ * not a gser hello are dropped without a report (counted in
+ * gser_ucx_listener_get_stats). The listener goes on serving others.
  */
 GSER_API gser_status_t gser_ucx_listener_accept(gser_ucx_listener_t *listener, int timeout_ms,
                                                 gser_ucx_ep_t **ep_out);
@@ -269,9 +331,7 @@ GSER_API gser_status_t gser_ucx_ep_close(gser_ucx_ep_t *ep);
 /**
  * Destroy an endpoint. Sends that completed are flushed to the peer first
  * (bounded); anything still in flight is canceled as by gser_ucx_ep_close.
- * After a version mismatch (GSER_ERR_WIRE_VERSION) the worker keeps the
- * connection until the peer hangs up, at most 2 s, so that the peer learns of
- * the mismatch rather than of a lost connection. NULL is fine.
+ * NULL is fine.
  */
 GSER_API void gser_ucx_ep_destroy(gser_ucx_ep_t *ep);
 

@@ -9,72 +9,24 @@
 
 #include "internal.h"
 
-#define GUX_SLOT_BITS 20
-#define GUX_SLOT_MASK ((1u << GUX_SLOT_BITS) - 1)
-
-/* ---- connection ids -------------------------------------------------------------- */
-
-static gser_status_t slot_take(gser_ucx_worker_t *w, gser_ucx_ep_t *ep)
-{
-    size_t i = w->free_slot_hint;
-    while (i < w->nslots && w->slots[i])
-        i++;
-    if (i == w->nslots) {
-        if (w->nslots >= GUX_SLOT_MASK - 1)
-            return gux_fail(GSER_ERR_NO_MEMORY, "too many endpoints on one worker");
-        size_t cap = w->nslots ? w->nslots * 2 : 16;
-        gser_ucx_ep_t **s = realloc(w->slots, cap * sizeof *s);
-        if (!s)
-            return gux_fail(GSER_ERR_NO_MEMORY, "endpoint table: out of memory");
-        w->slots = s;
-        uint32_t *g = realloc(w->slot_gen, cap * sizeof *g);
-        if (!g)
-            return gux_fail(GSER_ERR_NO_MEMORY, "endpoint table: out of memory");
-        w->slot_gen = g;
-        memset(s + w->nslots, 0, (cap - w->nslots) * sizeof *s);
-        memset(g + w->nslots, 0, (cap - w->nslots) * sizeof *g);
-        w->nslots = cap;
-    }
-    w->slots[i] = ep;
-    w->free_slot_hint = i + 1;
-    /* A generation in the high bits keeps a reused slot from catching a
-     * message meant for the endpoint that had it before. */
-    ep->local_id = ((w->slot_gen[i] & 0xfffu) << GUX_SLOT_BITS) | (uint32_t)(i + 1);
-    return GSER_OK;
-}
-
-static void slot_put(gser_ucx_worker_t *w, gser_ucx_ep_t *ep)
-{
-    size_t i = (ep->local_id & GUX_SLOT_MASK) - 1;
-    if (!ep->local_id || i >= w->nslots || w->slots[i] != ep)
-        return;
-    w->slots[i] = NULL;
-    w->slot_gen[i]++;
-    if (i < w->free_slot_hint)
-        w->free_slot_hint = i;
-}
-
 gser_ucx_ep_t *gux_ep_lookup(gser_ucx_worker_t *w, uint32_t id)
 {
-    size_t i = (size_t)(id & GUX_SLOT_MASK) - 1;
-    if ((id & GUX_SLOT_MASK) == 0 || i >= w->nslots)
-        return NULL;
-    gser_ucx_ep_t *ep = w->slots[i];
-    return ep && ep->local_id == id ? ep : NULL;
+    return gux_slot_get(&w->conn_ids, id);
 }
 
 /* ---- endpoint objects -------------------------------------------------------------------- */
 
-static gser_status_t ep_new(gser_ucx_worker_t *w, gser_ucx_ep_t **out)
+gser_status_t gux_ep_new(gser_ucx_worker_t *w, gser_ucx_ep_t **out)
 {
     gser_ucx_ep_t *ep = calloc(1, sizeof *ep);
     if (!ep)
         return gux_fail(GSER_ERR_NO_MEMORY, "endpoint: out of memory");
     ep->worker = w;
     ep->state = GUX_EP_CONNECTING;
+    ep->ctl.io.fd = -1;
     gux_list_init(&ep->reqs);
     gux_list_init(&ep->alink);
-    gser_status_t st = slot_take(w, ep);
+    gser_status_t st = gux_slot_take(&w->conn_ids, ep, &ep->local_id);
     if (st) {
         free(ep);
         return st;
@@ -84,9 +36,21 @@ static gser_status_t ep_new(gser_ucx_worker_t *w, gser_ucx_ep_t **out)
     return GSER_OK;
 }
 
+void gux_ep_admitted(gser_ucx_ep_t *ep)
+{
+    if (!ep->admitting)
+        return;
+    ep->admitting = false;
+    if (ep->listener)
+        ep->listener->nadmitting--;
+}
+
 void gux_ep_free(gser_ucx_ep_t *ep)
 {
-    slot_put(ep->worker, ep);
+    gux_ep_admitted(ep);
+    gux_ctl_close(ep, 0, 0);
+    gux_filter_release(ep);
+    gux_slot_put(&ep->worker->conn_ids, ep->local_id);
     gux_list_del(&ep->wlink);
     gux_list_del(&ep->alink);
     /* Requests that outlive the endpoint no longer point at it. */
@@ -177,7 +141,7 @@ static bool ep_closed(void *arg)
 static bool ep_quiet(void *arg)
 {
     gser_ucx_ep_t *ep = arg;
-    return !ep->ucp && !ep->close_req && !ep->hs_pending && !ep_busy(ep);
+    return !ep->ucp && !ep->close_req && !ep->wireup_req && !ep_busy(ep);
 }
 
 /* End every request in flight on ep with st. */
@@ -201,8 +165,7 @@ static void ep_abort_reqs(gser_ucx_ep_t *ep, gser_status_t st, bool keep_waiting
 gser_status_t gux_ep_part_error(gser_ucx_ep_t *ep, ucs_status_t st, const char *what)
 {
     if (ep && ep->state >= GUX_EP_FAILED)
-        return gux_fail(ep->error, "%s: the endpoint %s (%s)", what,
-                        ep->state == GUX_EP_CLOSED ? "was closed" : "failed", gser_status_str(ep->error));
+        return gux_fail(ep->error, "%s: %s", what, ep->why);
     /* We cancel UCX operations only when closing: a cancel we did not ask
      * for is UCX purging an endpoint whose peer is gone (its error handler
      * may not have been handled yet). */
@@ -212,10 +175,19 @@ gser_status_t gux_ep_part_error(gser_ucx_ep_t *ep, ucs_status_t st, const char *
     return GUX_CALL(what, st);
 }
 
-void gux_ep_fail(gser_ucx_ep_t *ep, gser_status_t st)
+/* Keep the message that explains why ep ended, for whatever ends with it. */
+static void ep_why(gser_ucx_ep_t *ep, const char *msg)
+{
+    snprintf(ep->why, sizeof ep->why, "%s", msg);
+}
+
+void gux_ep_fail_bye(gser_ucx_ep_t *ep, gser_status_t st, unsigned bye, uint64_t value)
 {
     if (ep->state >= GUX_EP_FAILED)
         return;
+    char msg[sizeof ep->why];
+    snprintf(msg, sizeof msg, "%s", gser_ucx_get_last_error());
+    ep_why(ep, msg[0] ? msg : gser_status_str(st));
     ep->state = GUX_EP_FAILED;
     ep->error = st;
     /* A peer that went away may have sent whole messages first: receives
@@ -223,14 +195,22 @@ void gux_ep_fail(gser_ucx_ep_t *ep, gser_status_t st)
     ep->drain = st == GSER_ERR_CONNECTION;
     ep->worker->eps_dirty = true;
     ep_abort_reqs(ep, st, ep->drain);
-    /* After a version mismatch the connection stays up until the peer, who
-     * has our hello too, hangs up (bounded): closing at once could reach the
-     * peer before our hello does, and it would see a lost connection
-     * instead of the mismatch. */
-    if (st == GSER_ERR_WIRE_VERSION)
-        ep->close_deadline = gux_now_ms() + GUX_CLOSE_TIMEOUT_MS;
-    else
+    gux_ctl_close(ep, bye, value); /* the peer hears why, if it still listens */
+    if (bye || ep->ucx_failed || !ep->ucp)
         ep_ucp_close(ep, true);
+    else
+        ep->lost_at = gux_now_ms(); /* see ep_process */
+    gux_fail(st, "%s", msg);
+}
+
+void gux_ep_lost(gser_ucx_ep_t *ep, gser_status_t st)
+{
+    gux_ep_fail_bye(ep, st, 0, 0);
+}
+
+void gux_ep_fail(gser_ucx_ep_t *ep, gser_status_t st)
+{
+    gux_ep_fail_bye(ep, st, GUX_BYE_ERROR, (uint64_t) - (int64_t)st);
 }
 
 void gux_ep_shutdown(gser_ucx_ep_t *ep, gser_status_t st, bool force)
@@ -238,10 +218,14 @@ void gux_ep_shutdown(gser_ucx_ep_t *ep, gser_status_t st, bool force)
     if (ep->state < GUX_EP_FAILED) {
         ep->state = GUX_EP_CLOSED;
         ep->error = st;
+        ep_why(ep, st == GSER_ERR_TIMEOUT ? "the endpoint was closed after a send timed out"
+                                          : "the endpoint was closed by this side");
     }
     ep->drain = false;
     ep_abort_reqs(ep, st, false);
+    gux_ctl_close(ep, GUX_BYE_CLOSING, 0);
     ep_ucp_close(ep, force);
+    gux_ep_admitted(ep);
     if (ep->listener) {
         gux_list_del(&ep->alink);
         ep->listener = NULL;
@@ -249,96 +233,73 @@ void gux_ep_shutdown(gser_ucx_ep_t *ep, gser_status_t st, bool force)
     ep->worker->eps_dirty = true;
 }
 
-/* ---- handshake ------------------------------------------------------------------------- */
-
-static void hs_send_cb(void *req, ucs_status_t status, void *user_data)
+static void wireup_cb(void *req, ucs_status_t status, void *user_data)
 {
     gser_ucx_ep_t *ep = user_data;
     ucp_request_free(req);
-    ep->hs_pending--;
-    if (status == UCS_OK)
-        ep->hs_sent = true;
-    else if (ep->hs_status == UCS_OK)
-        ep->hs_status = status;
+    ep->wireup_req = NULL;
+    if (status == UCS_OK) {
+        ep->wired = true;
+    } else if (!ep->ucx_failed) {
+        ep->ucx_failed = true;
+        ep->ucx_error = status;
+    }
     ep->worker->eps_dirty = true;
 }
 
-static void hs_recv_cb(void *req, ucs_status_t status, size_t length, void *user_data)
+gser_status_t gux_ep_ucx_connect(gser_ucx_ep_t *ep, const void *addr)
 {
-    gser_ucx_ep_t *ep = user_data;
-    ucp_request_free(req);
-    ep->hs_pending--;
-    if (status == UCS_OK && length == GUX_HELLO_LEN)
-        ep->hs_received = true;
-    else if (ep->hs_status == UCS_OK)
-        ep->hs_status = status == UCS_OK ? UCS_ERR_MESSAGE_TRUNCATED : status;
-    ep->worker->eps_dirty = true;
-}
-
-static gser_status_t hs_start(gser_ucx_ep_t *ep)
-{
-    gser_ucx_worker_t *w = ep->worker;
-    gux_hello_t h = {.wire_version = w->announce_version,
-                     .gser_wire_version = GSER_WIRE_VERSION,
-                     .caps = w->ctx->caps,
-                     .conn_id = ep->local_id};
-    gux_hello_encode(&h, ep->hello_out);
-
-    ucp_request_param_t sp = {
+    ucp_ep_params_t p = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .address = (const ucp_address_t *)addr,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = err_cb, .arg = ep},
+    };
+    gser_status_t st = GUX_CALL("handshake: ucp_ep_create", ucp_ep_create(ep->worker->ucp, &p, &ep->ucp));
+    if (st)
+        return st;
+    /* Ready once UCX has connected the endpoint (a flush completes then), as
+     * both sides are still driving progress for the handshake: a first send
+     * then completes without waiting for the peer's progress. */
+    ucp_request_param_t fp = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
-        .cb.send = hs_send_cb,
+        .cb.send = wireup_cb,
         .user_data = ep,
     };
-    ucs_status_ptr_t r = ucp_stream_send_nbx(ep->ucp, ep->hello_out, GUX_HELLO_LEN, &sp);
-    if (UCS_PTR_IS_ERR(r))
-        return GUX_CALL("handshake: ucp_stream_send_nbx", UCS_PTR_STATUS(r));
-    if (r)
-        ep->hs_pending++;
+    ucs_status_ptr_t sp = ucp_ep_flush_nbx(ep->ucp, &fp);
+    if (UCS_PTR_IS_ERR(sp))
+        return GUX_CALL("handshake: ucp_ep_flush_nbx", UCS_PTR_STATUS(sp));
+    if (sp)
+        ep->wireup_req = sp;
     else
-        ep->hs_sent = true;
-
-    size_t len = 0;
-    ucp_request_param_t rp = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
-        .flags = UCP_STREAM_RECV_FLAG_WAITALL,
-        .cb.recv_stream = hs_recv_cb,
-        .user_data = ep,
-    };
-    r = ucp_stream_recv_nbx(ep->ucp, ep->hello_in, GUX_HELLO_LEN, &len, &rp);
-    if (UCS_PTR_IS_ERR(r))
-        return GUX_CALL("handshake: ucp_stream_recv_nbx", UCS_PTR_STATUS(r));
-    if (r)
-        ep->hs_pending++;
-    else
-        ep->hs_received = true, ep->worker->eps_dirty = true;
+        ep->wired = true;
+    ep->worker->eps_dirty = true;
     return GSER_OK;
 }
 
-/* The handshake finished on our side: check what the peer announced. */
-static void hs_check(gser_ucx_ep_t *ep)
+/* ---- listener bookkeeping ---------------------------------------------------------------- */
+
+static void failure_push(gser_ucx_listener_t *l, gser_status_t st)
 {
-    gux_hello_t h;
-    if (gux_hello_decode(ep->hello_in, &h)) {
-        gux_ep_fail(ep, GSER_ERR_BAD_MAGIC);
-        return;
+    if (l->nfailures == l->failures_cap) {
+        size_t cap = l->failures_cap ? l->failures_cap * 2 : 4;
+        gser_status_t *f = realloc(l->failures, cap * sizeof *f);
+        if (!f)
+            return; /* the failure goes unreported; the connection is still cleaned up */
+        l->failures = f;
+        l->failures_cap = cap;
     }
-    ep->peer.wire_version = h.wire_version;
-    ep->peer.gser_wire_version = h.gser_wire_version;
-    ep->peer.caps = h.caps;
-    uint32_t mine = ep->worker->announce_version;
-    if (h.wire_version != mine || h.gser_wire_version != GSER_WIRE_VERSION) {
-        gux_fail(GSER_ERR_WIRE_VERSION,
-                 "handshake: the peer speaks transport wire version %u and gser wire version %u, "
-                 "this side %u and %u",
-                 h.wire_version, h.gser_wire_version, mine, GSER_WIRE_VERSION);
-        gux_ep_fail(ep, GSER_ERR_WIRE_VERSION);
-        return;
-    }
-    ep->peer_id = h.conn_id;
-    ep->state = GUX_EP_READY;
+    l->failures[l->nfailures++] = st;
 }
 
-/* ---- listener bookkeeping ---------------------------------------------------------------- */
+void gux_listener_failure(gser_ucx_listener_t *l, gser_status_t st)
+{
+    /* Reported from gux_eps_process (a callback must not run in the middle
+     * of the socket work that found the failure). */
+    failure_push(l, st);
+    l->worker->eps_dirty = true;
+}
 
 /* Returns whether a user callback ran. */
 static bool listener_report(gser_ucx_listener_t *l, gser_ucx_ep_t *ep)
@@ -346,6 +307,7 @@ static bool listener_report(gser_ucx_listener_t *l, gser_ucx_ep_t *ep)
     ep->hs_reported = true;
     ep->listener = NULL;
     if (ep->state == GUX_EP_READY) {
+        l->stats.accepted++;
         if (l->cb) {
             ep->user_owned = true;
             l->cb(l, ep, GSER_OK, l->user_data);
@@ -355,19 +317,28 @@ static bool listener_report(gser_ucx_listener_t *l, gser_ucx_ep_t *ep)
         gux_list_push(&l->accepted, &ep->alink);
         return false;
     }
+    l->stats.failed++;
     if (l->cb) {
         l->cb(l, NULL, ep->error, l->user_data);
         return true;
     }
-    if (l->nfailures == l->failures_cap) {
-        size_t cap = l->failures_cap ? l->failures_cap * 2 : 4;
-        gser_status_t *f = realloc(l->failures, cap * sizeof *f);
-        if (!f)
-            return false; /* the failure goes unreported; the endpoint is still cleaned up */
-        l->failures = f;
-        l->failures_cap = cap;
+    failure_push(l, ep->error);
+    return false;
+}
+
+/* Failures of handshakes that ended before an endpoint existed, to a
+ * listener's callback. Returns whether one ran. */
+static bool listeners_report(gser_ucx_worker_t *w)
+{
+    for (gux_list_t *n = w->listeners.next; n != &w->listeners; n = n->next) {
+        gser_ucx_listener_t *l = gux_container(n, gser_ucx_listener_t, wlink);
+        if (l->cb && l->nfailures) {
+            gser_status_t st = l->failures[0];
+            memmove(l->failures, l->failures + 1, --l->nfailures * sizeof *l->failures);
+            l->cb(l, NULL, st, l->user_data);
+            return true;
+        }
     }
-    l->failures[l->nfailures++] = ep->error;
     return false;
 }
 
@@ -375,26 +346,38 @@ static bool listener_report(gser_ucx_listener_t *l, gser_ucx_ep_t *ep)
 static bool ep_process(gser_ucx_ep_t *ep)
 {
     gser_ucx_worker_t *w = ep->worker;
-    /* The peer's hello first: a peer that hangs up right after a version
-     * mismatch must be reported as a mismatch. */
-    if (ep->state == GUX_EP_CONNECTING && ep->hs_received)
-        hs_check(ep);
+    /* UCX saw the peer go: the control connection may say why (a bye). */
+    if (ep->state < GUX_EP_FAILED && ep->ucx_failed)
+        gux_ctl_read_now(ep);
     if (ep->state < GUX_EP_FAILED && ep->ucx_failed) {
-        gux_fail(GSER_ERR_CONNECTION, "connection to the peer lost: %s", ucs_status_string(ep->ucx_error));
+        gux_fail(GSER_ERR_CONNECTION, "connection to the peer %s lost: %s", ep->ctl.peer_name,
+                 ucs_status_string(ep->ucx_error));
         gux_ep_fail(ep, GSER_ERR_CONNECTION);
     }
-    if (ep->state == GUX_EP_CONNECTING && ep->hs_status != UCS_OK) {
-        gux_fail(GSER_ERR_CONNECTION, "handshake failed: %s", ucs_status_string(ep->hs_status));
-        gux_ep_fail(ep, GSER_ERR_CONNECTION);
+    /* Ready when UCX has connected both ends: the client learns of the
+     * server's end from its ready record, so that both are ready when the
+     * connecting call returns. */
+    if (ep->state == GUX_EP_CONNECTING && ep->wired && (ep->ctl.server || ep->peer_ready)) {
+        gser_status_t st = ep->ctl.server ? gux_ctl_ready(ep) : GSER_OK;
+        if (st)
+            gux_ep_fail(ep, st);
+        else
+            ep->state = GUX_EP_READY;
     }
-    if (ep->state == GUX_EP_FAILED && ep->ucp) { /* a version mismatch, waiting for the peer to hang up */
-        if (ep->ucx_failed || gux_now_ms() > ep->close_deadline)
+    /* The peer left, as its control connection said: UCX's endpoint is
+     * closed once UCX saw it too (closing it while UCX still handles the
+     * peer's end of a transfer trips UCX 1.13's tcp transport), or after a
+     * grace period when UCX does not notice (a stopped peer). */
+    if (ep->state == GUX_EP_FAILED && ep->ucp && ep->lost_at) {
+        if (ep->ucx_failed || gux_now_ms() >= ep->lost_at + GUX_LOST_GRACE_MS)
             ep_ucp_close(ep, true);
         else
             w->eps_dirty = true;
     }
     if (ep->state >= GUX_EP_FAILED)
         ep_abandon_sends(ep);
+    if (ep->state != GUX_EP_CONNECTING)
+        gux_ep_admitted(ep);
     if (ep->listener && !ep->hs_reported && ep->state != GUX_EP_CONNECTING && listener_report(ep->listener, ep))
         return true;
     if ((ep->user_owned && !ep->zombie) || ep->listener)
@@ -413,6 +396,8 @@ static bool ep_process(gser_ucx_ep_t *ep)
 void gux_eps_process(gser_ucx_worker_t *w)
 {
     w->eps_dirty = false;
+    while (listeners_report(w))
+        ;
     gux_list_t *n = w->eps.next;
     while (n != &w->eps) {
         gser_ucx_ep_t *ep = gux_container(n, gser_ucx_ep_t, wlink);
@@ -423,58 +408,6 @@ void gux_eps_process(gser_ucx_worker_t *w)
 }
 
 /* ---- listeners --------------------------------------------------------------------------- */
-
-static void conn_cb(ucp_conn_request_h cr, void *arg)
-{
-    gser_ucx_listener_t *l = arg;
-    gser_ucx_worker_t *w = l->worker;
-    if (w->nconn_reqs == w->conn_reqs_cap) {
-        size_t cap = w->conn_reqs_cap ? w->conn_reqs_cap * 2 : 8;
-        gux_conn_req_t *a = realloc(w->conn_reqs, cap * sizeof *a);
-        if (!a) {
-            ucp_listener_reject(l->ucp, cr);
-            return;
-        }
-        w->conn_reqs = a;
-        w->conn_reqs_cap = cap;
-    }
-    w->conn_reqs[w->nconn_reqs++] = (gux_conn_req_t){l, cr};
-}
-
-static gser_status_t accept_one(gser_ucx_listener_t *l, ucp_conn_request_h cr)
-{
-    gser_ucx_worker_t *w = l->worker;
-    gser_ucx_ep_t *ep;
-    gser_status_t st = ep_new(w, &ep);
-    if (st) {
-        ucp_listener_reject(l->ucp, cr);
-        return st;
-    }
-    ucp_ep_params_t p = {
-        .field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
-        .conn_request = cr,
-        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-        .err_handler = {.cb = err_cb, .arg = ep},
-    };
-    if ((st = GUX_CALL("accept: ucp_ep_create", ucp_ep_create(w->ucp, &p, &ep->ucp)))) {
-        gux_ep_free(ep);
-        return st;
-    }
-    ep->listener = l;
-    if ((st = hs_start(ep)))
-        gux_ep_fail(ep, st); /* reported to the listener and cleaned up by gux_eps_process */
-    w->eps_dirty = true;
-    return GSER_OK;
-}
-
-void gux_conn_reqs_process(gser_ucx_worker_t *w)
-{
-    /* accept_one may not add requests (no UCX progress runs in it). */
-    for (size_t i = 0; i < w->nconn_reqs; i++)
-        accept_one(w->conn_reqs[i].listener, w->conn_reqs[i].req);
-    w->nconn_reqs = 0;
-}
 
 static gser_status_t resolve(const char *host, uint16_t port, bool passive, struct sockaddr_storage *out,
                              socklen_t *len)
@@ -514,27 +447,16 @@ gser_status_t gser_ucx_listener_create(gser_ucx_worker_t *w, const gser_ucx_list
     if (!l)
         return gux_fail(GSER_ERR_NO_MEMORY, "listener: out of memory");
     l->worker = w;
+    l->io.fd = -1;
     l->cb = o.accept_cb;
     l->user_data = o.user_data;
+    l->stats.size = sizeof l->stats;
     gux_list_init(&l->accepted);
-
-    ucp_listener_params_t p = {
-        .field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
-        .sockaddr = {.addr = (const struct sockaddr *)&sa, .addrlen = salen},
-        .conn_handler = {.cb = conn_cb, .arg = l},
-    };
-    ucp_listener_attr_t attr = {.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR};
+    gux_list_init(&l->pending);
     gux_lock(w);
-    if ((st = GUX_CALL("ucp_listener_create", ucp_listener_create(w->ucp, &p, &l->ucp))))
+    /* UCX comes first: its network devices follow this address. */
+    if ((st = gux_worker_ucx(w, (const struct sockaddr *)&sa)) || (st = gux_ctl_listen(l, (struct sockaddr *)&sa, salen)))
         goto fail;
-    if ((st = GUX_CALL("ucp_listener_query", ucp_listener_query(l->ucp, &attr)))) {
-        ucp_listener_destroy(l->ucp);
-        goto fail;
-    }
-    if (attr.sockaddr.ss_family == AF_INET6)
-        l->port = ntohs(((const struct sockaddr_in6 *)&attr.sockaddr)->sin6_port);
-    else
-        l->port = ntohs(((const struct sockaddr_in *)&attr.sockaddr)->sin_port);
     gux_list_push(&w->listeners, &l->wlink);
     gux_unlock(w);
     *listener_out = l;
@@ -548,6 +470,20 @@ fail:
 uint16_t gser_ucx_listener_get_port(const gser_ucx_listener_t *l)
 {
     return l ? l->port : 0;
+}
+
+gser_status_t gser_ucx_listener_get_stats(const gser_ucx_listener_t *l, gser_ucx_listener_stats_t *out)
+{
+    if (!l || !out)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_listener_get_stats: NULL argument");
+    gux_lock(l->worker);
+    gser_ucx_listener_stats_t s = l->stats;
+    s.pending = l->npending + l->nadmitting;
+    gux_unlock(l->worker);
+    if (gser_struct_write(out, &s, sizeof s))
+        return gux_fail(GSER_ERR_INVALID_ARG,
+                        "gser_ucx_listener_get_stats: out->size is 0: use GSER_UCX_LISTENER_STATS_INIT");
+    return GSER_OK;
 }
 
 static bool accept_ready(void *arg)
@@ -590,21 +526,13 @@ void gser_ucx_listener_destroy(gser_ucx_listener_t *l)
         return;
     gser_ucx_worker_t *w = l->worker;
     gux_lock(w);
-    /* Requests UCX queued for this listener and we did not handle yet. */
-    size_t k = 0;
-    for (size_t i = 0; i < w->nconn_reqs; i++) {
-        if (w->conn_reqs[i].listener == l)
-            ucp_listener_reject(l->ucp, w->conn_reqs[i].req);
-        else
-            w->conn_reqs[k++] = w->conn_reqs[i];
-    }
-    w->nconn_reqs = k;
-    ucp_listener_destroy(l->ucp);
+    gux_ctl_unlisten(l);
     /* Endpoints accepted but not taken, and handshakes still running. */
     for (gux_list_t *n = w->eps.next; n != &w->eps; n = n->next) {
         gser_ucx_ep_t *ep = gux_container(n, gser_ucx_ep_t, wlink);
         if (ep->listener == l) {
             gux_list_del(&ep->alink);
+            ep->admitting = false;
             ep->listener = NULL;
             ep->hs_reported = true;
             w->eps_dirty = true;
@@ -628,24 +556,14 @@ gser_status_t gser_ucx_ep_connect_nb(gser_ucx_worker_t *w, const char *host, uin
     gser_status_t st = resolve(host, port, false, &sa, &salen);
     if (st)
         return st;
+    char name[300];
+    snprintf(name, sizeof name, strchr(host, ':') ? "[%s]:%u" : "%s:%u", host, port);
     gux_lock(w);
     gser_ucx_ep_t *ep;
-    if ((st = ep_new(w, &ep)))
+    if ((st = gux_worker_ucx(w, NULL)) || (st = gux_ep_new(w, &ep)))
         goto out;
-    ucp_ep_params_t p = {
-        .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
-        .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
-        .sockaddr = {.addr = (const struct sockaddr *)&sa, .addrlen = salen},
-        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-        .err_handler = {.cb = err_cb, .arg = ep},
-    };
-    if ((st = GUX_CALL("connect: ucp_ep_create", ucp_ep_create(w->ucp, &p, &ep->ucp)))) {
-        gux_ep_free(ep);
-        goto out;
-    }
     ep->user_owned = true;
-    if ((st = hs_start(ep))) {
+    if ((st = gux_ctl_connect(ep, (struct sockaddr *)&sa, salen, name))) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", gser_ucx_get_last_error());
         gux_unlock(w);
@@ -675,7 +593,7 @@ gser_status_t gser_ucx_ep_connect(gser_ucx_worker_t *w, const char *host, uint16
     if (st)
         gux_fail(st, "connect to %s:%u: no handshake within %d ms", host, port, timeout_ms);
     else if (ep->state != GUX_EP_READY)
-        st = ep->error; /* the message was recorded when it failed */
+        st = gux_fail(ep->error, "%s", ep->why);
     gux_unlock(w);
     if (st) {
         char msg[512];
@@ -705,7 +623,7 @@ gser_status_t gser_ucx_ep_get_peer_info(const gser_ucx_ep_t *ep, gser_ucx_peer_i
 {
     if (!ep || !info)
         return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_get_peer_info: bad argument");
-    if (!ep->hs_received)
+    if (!ep->peer_known)
         return gux_fail(GSER_ERR_STATE, "gser_ucx_ep_get_peer_info: the handshake is not done");
     gser_ucx_peer_info_t p = ep->peer;
     p.size = sizeof p;
@@ -767,18 +685,6 @@ void gser_ucx_ep_destroy(gser_ucx_ep_t *ep)
         return;
     gser_ucx_worker_t *w = ep->worker;
     gux_lock(w);
-    if (ep->state == GUX_EP_FAILED && ep->error == GSER_ERR_WIRE_VERSION && ep->ucp) {
-        /* A version mismatch: the peer may not have read our hello yet, and a
-         * hang-up can overtake it there (it would see a lost connection, not
-         * the mismatch). The worker hangs up when the peer has, or at the
-         * close deadline (ep_process). */
-        ep->user_owned = false;
-        ep->zombie = true;
-        w->eps_dirty = true;
-        gux_completions_run(w);
-        gux_unlock(w);
-        return;
-    }
     if (ep->state == GUX_EP_READY && !ep_busy(ep) && ep->ucp) {
         /* Nothing in flight: flush what was sent (UCX's flush waits for the
          * peer's acknowledgement, bounded), then hang up. */

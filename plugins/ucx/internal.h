@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include <ucp/api/ucp.h>
 
@@ -29,6 +30,14 @@
 
 /* Defaults (documented in gser/ucx.h and gser/context.h). */
 #define GUX_DEFAULT_PEER_TIMEOUT_MS 10000u
+/* A handshake must finish within the peer timeout, or this when it is off. */
+#define GUX_DEFAULT_HANDSHAKE_MS 10000u
+/* Handshakes a listener runs at once; the oldest is dropped for a new one. */
+#define GUX_MAX_PENDING 256
+/* Heartbeats go out this many times per peer timeout. */
+#define GUX_HEARTBEATS_PER_TIMEOUT 4
+/* The shortest timeout a peer's hello may ask this side to heartbeat for. */
+#define GUX_MIN_PEER_TIMEOUT_MS 100u
 #define GUX_DEFAULT_INLINE_MAX 8192u
 #define GUX_DEFAULT_INLINE_BUDGET 65536u
 #define GUX_DEFAULT_CHUNK ((size_t)4 << 20)
@@ -38,6 +47,8 @@
 #define GUX_DEFAULT_MAX_BYTES ((uint64_t)1 << 40)
 /* How long teardown waits for UCX to finish closing before giving up. */
 #define GUX_CLOSE_TIMEOUT_MS 2000
+/* How long UCX gets to notice a peer that left before its endpoint is closed anyway. */
+#define GUX_LOST_GRACE_MS 200
 /* Longest a destroy lets UCX finish tearing a connection down. */
 #define GUX_SETTLE_MS 20
 /* Heads up to this size are built inside the request, without a malloc. */
@@ -93,29 +104,120 @@ GUX_INTERNAL gser_status_t gux_check(ucs_status_t st, const char *what);
 /* The UCX call wrapper: every ucp_* call that returns a status goes through it. */
 #define GUX_CALL(what, call) gux_check((call), (what))
 
+/* ---- tables of objects by id ----------------------------------------------------
+ * An id is the slot index + 1 in its low 20 bits and a generation above, so
+ * that an id kept past its object's end never finds the slot's next owner. */
+
+typedef struct gux_slots {
+    void **items;
+    uint32_t *gen;
+    size_t n, hint;
+} gux_slots_t;
+
+GUX_INTERNAL gser_status_t gux_slot_take(gux_slots_t *t, void *item, uint32_t *id);
+GUX_INTERNAL void gux_slot_put(gux_slots_t *t, uint32_t id);
+GUX_INTERNAL void *gux_slot_get(const gux_slots_t *t, uint32_t id);
+/* Put item where id's slot is (an object that moved). */
+GUX_INTERNAL void gux_slot_set(gux_slots_t *t, uint32_t id, void *item);
+GUX_INTERNAL void gux_slots_free(gux_slots_t *t);
+
 /* ---- objects ------------------------------------------------------------------- */
 
 struct gser_ucx_context {
     ucp_context_h ucp;
     uint32_t caps;
-    size_t ucp_request_size;
+    /* options, kept for the UCX contexts of workers whose network devices
+     * follow their listen address */
+    char *transports;
+    char *net_devices;    /* NULL: UCX_NET_DEVICES, else the listen address's device */
+    unsigned timeout_ms;  /* peer timeout; 0: off */
+    unsigned handshake_ms;
+    unsigned char *secret; /* NULL: none */
+    size_t secret_len;
 };
 
-typedef struct gux_conn_req {
+/* Something on the worker's epoll set that gser owns: a listening socket or
+ * a control connection. The epoll tag is its id in the worker's table. */
+typedef enum gux_io_kind { GUX_IO_LISTENER = 1, GUX_IO_PCONN = 2, GUX_IO_EP = 3 } gux_io_kind_t;
+
+typedef struct gux_io {
+    int fd;
+    uint32_t id;
+    gux_io_kind_t kind;
+    uint32_t events; /* EPOLLIN, EPOLLOUT registered */
+} gux_io_t;
+
+typedef enum gux_ctl_step {
+    GUX_CTL_NONE = 0,   /* closed */
+    GUX_CTL_CONNECTING, /* the client's TCP connect runs */
+    GUX_CTL_HELLO,      /* reading the peer's hello */
+    GUX_CTL_PROOF,      /* reading the peer's proof of the secret */
+    GUX_CTL_SETUP,      /* reading the peer's setup record */
+    GUX_CTL_OPEN,       /* established: heartbeats, then a bye */
+} gux_ctl_step_t;
+
+/* A control connection (control.c). */
+typedef struct gux_ctl {
+    gux_io_t io;
+    bool server;
+    gux_ctl_step_t step;
+    /* the unit being read: a hello, a record header, or a record's body */
+    unsigned char in[GUX_HELLO_LEN];
+    unsigned char *body; /* a body too long for in[] */
+    unsigned char *dst;
+    size_t have, need;
+    bool in_body;
+    gux_rec_t rec;
+    /* bytes the socket did not take yet */
+    unsigned char *out;
+    size_t out_len, out_off;
+    unsigned char hello_mine[GUX_HELLO_LEN], hello_peer[GUX_HELLO_LEN];
+    double deadline; /* the handshake ends by then */
+    double last_rx;  /* when the peer last sent anything */
+    double next_hb;  /* our next heartbeat */
+    unsigned hb_ms;  /* 0: no heartbeats */
+    char peer_name[64];
+    struct sockaddr_storage peer_sa;
+} gux_ctl_t;
+
+/* An address the admission filter lets through, and how many endpoints
+ * want it (filter.c). */
+typedef struct gux_allow {
+    unsigned char ip[GUX_IP_LEN];
+    unsigned refs;
+} gux_allow_t;
+
+typedef struct gux_pconn {
+    gux_ctl_t ctl;
     gser_ucx_listener_t *listener;
-    ucp_conn_request_h req;
-} gux_conn_req_t;
+    gux_list_t link; /* in listener->pending, oldest first */
+} gux_pconn_t;
 
 typedef struct gux_staging gux_staging_t;
 typedef struct gux_pool gux_pool_t;
 
 struct gser_ucx_worker {
     gser_ucx_context_t *ctx;
-    ucp_worker_h ucp;
+    ucp_worker_h ucp;         /* NULL until the worker first listens or connects */
+    ucp_context_h ucp_ctx;    /* the UCX context it came from */
+    bool ucp_ctx_own;         /* a context of its own (network devices of its listen address) */
+    ucp_address_t *ucp_addr;  /* its worker address, sent in setup records */
+    size_t ucp_addr_len;
+    gser_ucx_thread_mode_t thread_mode;
     bool mt;
     pthread_mutex_t lock;
-    int efd;
+    int efd;                  /* an epoll set: UCX's event fd, the timer, gser's sockets */
+    int tfd;                  /* timerfd for handshake deadlines, heartbeats and silence */
     bool blocking_sleep;
+    gux_slots_t io;           /* gux_io_t by id */
+    double timer_next;        /* the earliest deadline (ms) */
+    unsigned ctl_rounds;      /* progress rounds since the sockets were looked at */
+    bool ctl_now;             /* look at them in the next round */
+    int ucx_lfds[16];         /* UCX's listening sockets, which the admission filter guards */
+    size_t nucx_lfds;
+    gux_allow_t *allow;       /* addresses the filter lets through */
+    size_t nallow, allow_cap;
+    bool filter_off;          /* GSER_UCX_FILTER=0 */
 
     /* resolved options */
     gser_context_t *gser_ctx;
@@ -137,14 +239,7 @@ struct gser_ucx_worker {
     gux_list_t all;       /* every request not yet freed (req.alink) */
     bool eps_dirty;       /* an endpoint has an error or handshake event to handle */
 
-    gux_conn_req_t *conn_reqs; /* connection requests from listeners, not yet handled */
-    size_t nconn_reqs, conn_reqs_cap;
-
-    /* connection ids: slot index + 1 in the low 20 bits, a generation above */
-    gser_ucx_ep_t **slots;
-    uint32_t *slot_gen;
-    size_t nslots;
-    size_t free_slot_hint;
+    gux_slots_t conn_ids; /* endpoints by connection id */
 
     gser_ucx_request_t **req_cache; /* freed requests, for reuse */
     size_t nreq_cache;
@@ -162,14 +257,15 @@ typedef enum gux_ep_state {
 
 struct gser_ucx_ep {
     gser_ucx_worker_t *worker;
-    ucp_ep_h ucp; /* NULL once closed */
+    ucp_ep_h ucp; /* NULL before the handshake's end and once closed */
     void *close_req; /* ucp_ep_close_nbx still running */
     bool drain;      /* failed by the peer: messages that fully arrived are still delivered */
-    double close_deadline; /* a version mismatch: when to hang up if the peer has not */
+    double lost_at;  /* the peer left (control connection): close UCX's endpoint when UCX sees it, or later */
     uint32_t local_id;
     uint32_t peer_id;
     gux_ep_state_t state;
     gser_status_t error; /* why it failed or closed */
+    char why[256];       /* ... in words, for whatever ends with it */
     gser_ucx_peer_info_t peer;
     uint32_t send_seq;
     uint32_t recv_seq;
@@ -180,12 +276,14 @@ struct gser_ucx_ep {
     gser_ucx_listener_t *listener;
     gux_list_t alink;
 
-    /* handshake */
-    unsigned char hello_out[GUX_HELLO_LEN];
-    unsigned char hello_in[GUX_HELLO_LEN];
-    unsigned hs_pending; /* stream send/recv not completed by UCX yet */
-    bool hs_sent, hs_received;
-    ucs_status_t hs_status;
+    gux_ctl_t ctl;    /* the control connection */
+    unsigned char allowed[(GUX_SETUP_IPS_MAX + 1) * GUX_IP_LEN]; /* the peer's addresses in the filter */
+    size_t nallowed;
+    void *wireup_req; /* the flush that tells when UCX has connected it */
+    bool wired;       /* ... done */
+    bool peer_ready;  /* the client: the server's endpoint is connected too (ready record) */
+    bool peer_known;  /* the peer's hello arrived */
+    bool admitting;   /* admitted by its listener, handshake not done: counts in listener->nadmitting */
     bool hs_reported; /* the listener reported this endpoint's outcome */
 
     /* reported by UCX's error handler, handled in progress */
@@ -197,11 +295,16 @@ struct gser_ucx_ep {
 
 struct gser_ucx_listener {
     gser_ucx_worker_t *worker;
-    ucp_listener_h ucp;
+    gux_io_t io; /* the listening socket */
     uint16_t port;
     gser_ucx_accept_fn cb;
     void *user_data;
     gux_list_t accepted; /* ready endpoints (ep.alink) */
+    gux_list_t pending;  /* handshakes before admission (gux_pconn_t.link), oldest first */
+    size_t npending;
+    size_t nadmitting; /* admitted endpoints whose handshake runs: with npending, at most GUX_MAX_PENDING */
+    double resume_at; /* out of file descriptors: accept again then (0: not resting) */
+    gser_ucx_listener_stats_t stats;
     gser_status_t *failures; /* handshake failures not yet reported */
     size_t nfailures, failures_cap;
     gux_list_t wlink;
@@ -278,16 +381,79 @@ GUX_INTERNAL unsigned gux_progress(gser_ucx_worker_t *w);
 GUX_INTERNAL gser_status_t gux_wait(gser_ucx_worker_t *w, bool (*done)(void *arg), void *arg, int timeout_ms);
 GUX_INTERNAL double gux_now_ms(void);
 
+/* Create the worker's UCX worker if it has none yet. listen: the address
+ * it is about to listen on (its network device is then the only one UCX
+ * uses, unless the context or UCX_NET_DEVICES names devices), or NULL. */
+GUX_INTERNAL gser_status_t gux_worker_ucx(gser_ucx_worker_t *w, const struct sockaddr *listen);
+/* Add fd to the worker's epoll set (io->events) or change what it waits for. */
+GUX_INTERNAL gser_status_t gux_io_watch(gser_ucx_worker_t *w, gux_io_t *io, uint32_t events);
+/* Take fd off the epoll set, close it and free io's id. */
+GUX_INTERNAL void gux_io_close(gser_ucx_worker_t *w, gux_io_t *io);
+
+/* ---- control connections (control.c) --------------------------------------------------- */
+
+/* Accept, read and write what the sockets have; run due timers. Lock held. */
+GUX_INTERNAL unsigned gux_ctl_progress(gser_ucx_worker_t *w);
+/* Arm the timer for the earliest deadline. */
+GUX_INTERNAL void gux_ctl_arm_timer(gser_ucx_worker_t *w);
+/* Listen on sa (the listener's io is set up). */
+GUX_INTERNAL gser_status_t gux_ctl_listen(gser_ucx_listener_t *l, const struct sockaddr *sa, socklen_t len);
+/* Drop a listener's pending handshakes and close its socket. */
+GUX_INTERNAL void gux_ctl_unlisten(gser_ucx_listener_t *l);
+/* Start the client side of a control connection for ep. */
+GUX_INTERNAL gser_status_t gux_ctl_connect(gser_ucx_ep_t *ep, const struct sockaddr *sa, socklen_t len,
+                                           const char *name);
+/* Read what ep's control connection holds now (a bye may say why UCX
+ * reports the peer gone). */
+GUX_INTERNAL void gux_ctl_read_now(gser_ucx_ep_t *ep);
+/* The listening side's endpoint is connected: tell the client. */
+GUX_INTERNAL gser_status_t gux_ctl_ready(gser_ucx_ep_t *ep);
+/* Close ep's control connection; reason (GUX_BYE_*, 0: none) and value go
+ * to the peer in a bye when the connection is open. */
+GUX_INTERNAL void gux_ctl_close(gser_ucx_ep_t *ep, unsigned reason, uint64_t value);
+
+/* ---- the admission filter on UCX's ports (filter.c) ------------------------------------------ */
+
+/* Around ucp_worker_create: note the listening sockets before (and hold
+ * other gser workers off), then guard the ones UCX opened (w->ucp and its
+ * address set; or NULL when creating it failed: only lets go). */
+GUX_INTERNAL void *gux_filter_before(void);
+GUX_INTERNAL void gux_filter_after(gser_ucx_worker_t *w, void *snapshot);
+/* Put the current list of allowed addresses on UCX's listening sockets. */
+GUX_INTERNAL void gux_filter_apply(gser_ucx_worker_t *w);
+/* Let n addresses (GUX_IP_LEN bytes each) through for ep; let go of them
+ * when the endpoint goes. */
+GUX_INTERNAL gser_status_t gux_filter_allow(gser_ucx_ep_t *ep, const unsigned char *ips, size_t n);
+GUX_INTERNAL void gux_filter_release(gser_ucx_ep_t *ep);
+/* sa's address as GUX_IP_LEN bytes (IPv4 as ::ffff:a.b.c.d); false for
+ * another family. */
+GUX_INTERNAL bool gux_ip_of(const struct sockaddr_storage *sa, unsigned char out[GUX_IP_LEN]);
+/* This host's addresses (not loopback or link-local), at most cap. */
+GUX_INTERNAL size_t gux_local_ips(unsigned char *out, size_t cap);
+
 /* ---- endpoints (endpoint.c) ----------------------------------------------------------- */
 
 GUX_INTERNAL gser_ucx_ep_t *gux_ep_lookup(gser_ucx_worker_t *w, uint32_t id);
+GUX_INTERNAL gser_status_t gux_ep_new(gser_ucx_worker_t *w, gser_ucx_ep_t **out);
+/* The peer's setup arrived: create the UCX endpoint from its worker address. */
+GUX_INTERNAL gser_status_t gux_ep_ucx_connect(gser_ucx_ep_t *ep, const void *addr);
 /* Handle errors and handshake events UCX reported. */
 GUX_INTERNAL void gux_eps_process(gser_ucx_worker_t *w);
-GUX_INTERNAL void gux_conn_reqs_process(gser_ucx_worker_t *w);
+/* ep's handshake is over (done, failed, or its listener gone): it no
+ * longer counts against its listener's handshakes. */
+GUX_INTERNAL void gux_ep_admitted(gser_ucx_ep_t *ep);
+/* A listener's handshake failed before an endpoint existed: report st once. */
+GUX_INTERNAL void gux_listener_failure(gser_ucx_listener_t *l, gser_status_t st);
 /* The status for a UCX operation of ep that ended with st (recorded). */
 GUX_INTERNAL gser_status_t gux_ep_part_error(gser_ucx_ep_t *ep, ucs_status_t st, const char *what);
-/* Fail ep with st (a message is recorded); cancels what is in flight on it. */
+/* Fail ep with st (the thread's last message says why, and is kept in
+ * ep->why); cancels what is in flight on it. */
 GUX_INTERNAL void gux_ep_fail(gser_ucx_ep_t *ep, gser_status_t st);
+/* The same, telling the peer bye (GUX_BYE_*) and value. */
+GUX_INTERNAL void gux_ep_fail_bye(gser_ucx_ep_t *ep, gser_status_t st, unsigned bye, uint64_t value);
+/* The peer left (its control connection ended or said bye): fail ep with
+ * st, saying nothing back. */
+GUX_INTERNAL void gux_ep_lost(gser_ucx_ep_t *ep, gser_status_t st);
 /* Close ep from this side with st as its status; cancels what is in flight. */
 GUX_INTERNAL void gux_ep_shutdown(gser_ucx_ep_t *ep, gser_status_t st, bool force);
 GUX_INTERNAL void gux_ep_free(gser_ucx_ep_t *ep);

@@ -138,14 +138,35 @@ static void pool_release(void *data, void *arg)
         return;
     }
     size_t cap = class_cap(b->cls);
+    pool_buf_t *evicted = NULL;
     pthread_mutex_lock(&p->lock);
-    if (!p->closed && p->cached + cap <= p->max_cached) {
-        b->next = p->free[b->cls];
-        p->free[b->cls] = b;
-        p->cached += cap;
-        b = NULL;
+    if (!p->closed && cap <= p->max_cached) {
+        /* The buffer just released is the likeliest to be wanted again: cached
+         * buffers of other sizes make room for it, smallest first (a workload
+         * that moves from 64 MiB to 256 MiB messages would otherwise fault in
+         * every new one). */
+        for (unsigned c = 0; c < POOL_CLASSES && p->cached + cap > p->max_cached; c++) {
+            while (c != b->cls && p->free[c] && p->cached + cap > p->max_cached) {
+                pool_buf_t *e = p->free[c];
+                p->free[c] = e->next;
+                p->cached -= class_cap(c);
+                e->next = evicted;
+                evicted = e;
+            }
+        }
+        if (p->cached + cap <= p->max_cached) {
+            b->next = p->free[b->cls];
+            p->free[b->cls] = b;
+            p->cached += cap;
+            b = NULL;
+        }
     }
     pthread_mutex_unlock(&p->lock);
+    while (evicted) {
+        pool_buf_t *e = evicted;
+        evicted = e->next;
+        buf_free(e);
+    }
     if (b)
         buf_free(b);
     pool_unref(p);

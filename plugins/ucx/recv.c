@@ -74,8 +74,7 @@ gser_status_t gser_ucx_ep_recv_nb(gser_ucx_ep_t *ep, const gser_ucx_op_params_t 
     gux_lock(w);
     gux_error_clear();
     if (ep->state >= GUX_EP_FAILED && !ep->drain) {
-        st = gux_fail(ep->error, "receive: the endpoint is %s (%s)", ep->state == GUX_EP_CLOSED ? "closed" : "failed",
-                      gser_status_str(ep->error));
+        st = gux_fail(ep->error, "receive: %s", ep->why);
         goto out;
     }
     gser_ucx_request_t *r = gux_req_new(w, GUX_REQ_RECV, ep, params, req_out != NULL);
@@ -235,8 +234,7 @@ unsigned gux_recvs_match(gser_ucx_worker_t *w)
             if (!msg) {
                 if (ep->state >= GUX_EP_FAILED) {
                     /* Everything the peer sent before it went is delivered. */
-                    gux_fail(ep->error, "receive: the endpoint %s (%s)",
-                             ep->state == GUX_EP_CLOSED ? "is closed" : "failed", gser_status_str(ep->error));
+                    gux_fail(ep->error, "receive: %s", ep->why);
                     gux_req_complete(r, ep->error);
                     n++;
                 }

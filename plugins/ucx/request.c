@@ -150,6 +150,14 @@ void gux_ready_process(gser_ucx_worker_t *w)
     }
 }
 
+/* A request that ended with its endpoint: its message is why the endpoint
+ * ended (the one recorded then may have been overwritten since). */
+static void req_why(const gser_ucx_request_t *r)
+{
+    if (r->status < 0 && r->ep && r->ep->state >= GUX_EP_FAILED && r->status == r->ep->error)
+        gux_fail(r->status, "%s", r->ep->why);
+}
+
 void gux_completions_run(gser_ucx_worker_t *w)
 {
     while (!gux_list_empty(&w->done)) {
@@ -157,6 +165,7 @@ void gux_completions_run(gser_ucx_worker_t *w)
         gux_list_del(&r->wlink);
         r->cb_queued = false;
         r->in_cb = true;
+        req_why(r); /* the callback reads it in the last error */
         r->cb(r, r->status, r->user_data);
         r->in_cb = false;
         gux_req_release_if_idle(r);
@@ -203,9 +212,10 @@ gser_status_t gser_ucx_request_wait(gser_ucx_request_t *r, int timeout_ms)
         return r->status;
     gux_lock(w);
     gser_status_t st = gux_wait(w, req_done, r, timeout_ms);
-    if (st == GSER_OK)
+    if (st == GSER_OK) {
         st = r->status;
-    else
+        req_why(r);
+    } else
         gux_fail(st, "request did not complete within %d ms", timeout_ms);
     gux_unlock(w);
     return st;

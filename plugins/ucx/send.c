@@ -64,9 +64,7 @@ gser_status_t gser_ucx_ep_send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames,
     gux_error_clear();
     if (ep->state != GUX_EP_READY) {
         st = ep->state == GUX_EP_CONNECTING ? gux_fail(GSER_ERR_STATE, "send: the handshake is not done")
-                                            : gux_fail(ep->error, "send: the endpoint is %s (%s)",
-                                                       ep->state == GUX_EP_CLOSED ? "closed" : "failed",
-                                                       gser_status_str(ep->error));
+                                            : gux_fail(ep->error, "send: %s", ep->why);
         goto out;
     }
     if (nframes > sizeof routes_stack && !(routes = malloc(nframes))) {

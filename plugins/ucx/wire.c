@@ -1,6 +1,6 @@
-/* Encoding and checking of the handshake record and the message head
- * (layout in wire.h and docs/ucx.md). Every field is little-endian and read
- * byte by byte, so the head may sit at any address. */
+/* Encoding and checking of the control connection's hello and records and
+ * of the message head (layout in wire.h and docs/ucx.md). Every field is
+ * little-endian and read byte by byte, so the bytes may sit at any address. */
 #include <string.h>
 
 #include "error.h"
@@ -35,7 +35,9 @@ void gux_hello_encode(const gux_hello_t *h, unsigned char out[GUX_HELLO_LEN])
     put_le(out + 8, h->wire_version, 4);
     put_le(out + 12, h->gser_wire_version, 4);
     put_le(out + 16, h->caps, 4);
-    put_le(out + 20, h->conn_id, 4);
+    put_le(out + 20, h->flags, 4);
+    put_le(out + 24, h->timeout_ms, 4);
+    memcpy(out + 32, h->nonce, GUX_NONCE_LEN);
 }
 
 gser_status_t gux_hello_decode(const unsigned char in[GUX_HELLO_LEN], gux_hello_t *out)
@@ -46,9 +48,88 @@ gser_status_t gux_hello_decode(const unsigned char in[GUX_HELLO_LEN], gux_hello_
         .wire_version = (uint32_t)get_le(in + 8, 4),
         .gser_wire_version = (uint32_t)get_le(in + 12, 4),
         .caps = (uint32_t)get_le(in + 16, 4),
-        .conn_id = (uint32_t)get_le(in + 20, 4),
+        .flags = (uint32_t)get_le(in + 20, 4),
+        .timeout_ms = (uint32_t)get_le(in + 24, 4),
     };
+    memcpy(h.nonce, in + 32, GUX_NONCE_LEN);
+    /* Another version may give these bytes a meaning: the caller reports
+     * the version mismatch instead. */
+    if (h.wire_version == GSER_UCX_WIRE_VERSION && (get_le(in + 28, 4) != 0 || (h.flags & ~(uint32_t)GUX_HELLO_SECRET)))
+        return gux_fail(GSER_ERR_FORMAT, "handshake: the peer's hello sets unknown flags (0x%x) or reserved bytes",
+                        h.flags);
     *out = h;
+    return GSER_OK;
+}
+
+static const unsigned char rec_magic[4] = {'G', 'S', 'X', 'R'};
+
+static const char *rec_name(unsigned type)
+{
+    switch (type) {
+    case GUX_REC_PROOF: return "proof";
+    case GUX_REC_SETUP: return "setup";
+    case GUX_REC_HEARTBEAT: return "heartbeat";
+    case GUX_REC_BYE: return "bye";
+    case GUX_REC_READY: return "ready";
+    default: return "unknown";
+    }
+}
+
+void gux_rec_encode(const gux_rec_t *r, unsigned char out[GUX_REC_LEN])
+{
+    memcpy(out, rec_magic, 4);
+    put_le(out + 4, r->type, 2);
+    put_le(out + 6, r->reason, 2);
+    put_le(out + 8, r->len, 4);
+    put_le(out + 12, 0, 4);
+}
+
+gser_status_t gux_rec_decode(const unsigned char in[GUX_REC_LEN], unsigned allowed, gux_rec_t *out)
+{
+    if (memcmp(in, rec_magic, 4) != 0)
+        return gux_fail(GSER_ERR_BAD_MAGIC, "handshake: a control record without its \"GSXR\" magic");
+    gux_rec_t r = {.type = (uint16_t)get_le(in + 4, 2), .reason = (uint16_t)get_le(in + 6, 2),
+                   .len = (uint32_t)get_le(in + 8, 4)};
+    if (r.type < GUX_REC_PROOF || r.type > GUX_REC_READY || !(allowed & (1u << r.type)))
+        return gux_fail(GSER_ERR_FORMAT, "handshake: a control record of type %u (%s) where it is not expected",
+                        r.type, rec_name(r.type));
+    if (get_le(in + 12, 4) != 0)
+        return gux_fail(GSER_ERR_FORMAT, "handshake: a %s record with a nonzero reserved field", rec_name(r.type));
+    uint32_t want_min = 0, want_max = 0;
+    switch (r.type) {
+    case GUX_REC_PROOF: want_min = want_max = GUX_MAC_LEN; break;
+    case GUX_REC_SETUP: want_min = GUX_SETUP_FIXED + 1, want_max = GUX_SETUP_MAX; break;
+    case GUX_REC_HEARTBEAT:
+    case GUX_REC_READY: break;
+    case GUX_REC_BYE: want_min = want_max = GUX_BYE_LEN; break;
+    }
+    if (r.len < want_min || r.len > want_max)
+        return gux_fail(GSER_ERR_FORMAT, "handshake: a %s record of %u bytes (it has %u to %u)", rec_name(r.type),
+                        r.len, want_min, want_max);
+    if ((r.type == GUX_REC_BYE) != (r.reason != 0) || r.reason > GUX_BYE_ACCESS)
+        return gux_fail(GSER_ERR_FORMAT, "handshake: a %s record with reason %u", rec_name(r.type), r.reason);
+    *out = r;
+    return GSER_OK;
+}
+
+gser_status_t gux_setup_decode(const unsigned char *body, size_t len, gux_setup_t *out)
+{
+    if (len <= GUX_SETUP_FIXED || len > GUX_SETUP_MAX)
+        return gux_fail(GSER_ERR_FORMAT, "handshake: a setup record of %zu bytes", len);
+    size_t k = (size_t)get_le(body + 4, 2);
+    if (get_le(body + 6, 2) != 0)
+        return gux_fail(GSER_ERR_FORMAT, "handshake: a setup record with a nonzero reserved field");
+    if (k > GUX_SETUP_IPS_MAX || len - GUX_SETUP_FIXED <= k * GUX_IP_LEN)
+        return gux_fail(GSER_ERR_FORMAT, "handshake: a setup record of %zu bytes lists %zu addresses", len, k);
+    size_t alen = len - GUX_SETUP_FIXED - k * GUX_IP_LEN;
+    if (alen > GUX_ADDR_MAX)
+        return gux_fail(GSER_ERR_FORMAT, "handshake: a UCX worker address of %zu bytes", alen);
+    gux_setup_t s = {.conn_id = (uint32_t)get_le(body, 4),
+                     .ips = body + GUX_SETUP_FIXED,
+                     .nips = k,
+                     .addr = body + GUX_SETUP_FIXED + k * GUX_IP_LEN,
+                     .addr_len = alen};
+    *out = s;
     return GSER_OK;
 }
 

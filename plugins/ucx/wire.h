@@ -14,21 +14,111 @@
 
 #define GUX_HIDDEN __attribute__((visibility("hidden")))
 
-/* ---- handshake -------------------------------------------------------------- */
+/* ---- the control connection (docs/ucx.md section 2) --------------------------
+ *
+ * A TCP connection that gser owns. The connecting side sends its hello; the
+ * listening side checks it and answers with its own; with a shared secret
+ * each side then proves it holds it; each side sends a setup record with its
+ * connection id and UCX worker address; afterwards only heartbeats and a
+ * final bye travel on it. */
 
-#define GUX_HELLO_LEN 32
+#define GUX_HELLO_LEN 64
+#define GUX_NONCE_LEN 32
+#define GUX_MAC_LEN 32
+/* The longest UCX worker address a peer may send. */
+#define GUX_ADDR_MAX 65536
+
+/* Hello flags. */
+enum {
+    GUX_HELLO_SECRET = 1u << 0, /* this side holds a shared secret and proves it */
+};
 
 typedef struct gux_hello {
     uint32_t wire_version;      /* GSER_UCX_WIRE_VERSION */
     uint32_t gser_wire_version; /* GSER_WIRE_VERSION */
     uint32_t caps;              /* GSER_UCX_CAP_* */
-    uint32_t conn_id;           /* what the peer puts in the tags it sends to us */
+    uint32_t flags;             /* GUX_HELLO_* */
+    uint32_t timeout_ms;        /* this side's peer timeout (0: none): the peer heartbeats often enough for it */
+    unsigned char nonce[GUX_NONCE_LEN];
 } gux_hello_t;
 
 GUX_HIDDEN void gux_hello_encode(const gux_hello_t *h, unsigned char out[GUX_HELLO_LEN]);
 /* GSER_ERR_BAD_MAGIC if the bytes are not a gser UCX hello. Versions are
- * returned as sent; the caller compares them. */
+ * returned as sent (the caller compares them); the reserved bytes are
+ * checked only when the version is this build's (GSER_ERR_FORMAT). */
 GUX_HIDDEN gser_status_t gux_hello_decode(const unsigned char in[GUX_HELLO_LEN], gux_hello_t *out);
+
+/* Records after the hellos: a 16-byte header, then len bytes of body.
+ *
+ *   0  4  magic "GSXR"
+ *   4  2  type (GUX_REC_*)
+ *   6  2  reason (a bye's GUX_BYE_*, else 0)
+ *   8  4  length of the body
+ *   12 4  reserved (0)
+ */
+#define GUX_REC_LEN 16
+
+enum {
+    GUX_REC_PROOF = 1,     /* body: the HMAC proof, GUX_MAC_LEN bytes */
+    GUX_REC_SETUP = 2,     /* body: u32 connection id, u16 k, u16 reserved (0), k IP addresses, the UCX worker address */
+    GUX_REC_HEARTBEAT = 3, /* no body */
+    GUX_REC_BYE = 4,       /* body: u64 value (GUX_BYE_SILENT: ms heard nothing; GUX_BYE_ERROR: -status) */
+    GUX_REC_READY = 5,     /* no body: the listening side's UCX endpoint is connected */
+};
+
+enum {
+    GUX_BYE_CLOSING = 1, /* closed by the application */
+    GUX_BYE_SILENT = 2,  /* heard nothing from the other side for too long */
+    GUX_BYE_ERROR = 3,   /* failed (a transport error, a malformed message) */
+    GUX_BYE_ACCESS = 4,  /* the other side's proof of the secret was wrong */
+};
+
+typedef struct gux_rec {
+    uint16_t type;
+    uint16_t reason;
+    uint32_t len;
+} gux_rec_t;
+
+#define GUX_SETUP_FIXED 8
+/* A setup record lists up to this many IP addresses of its sender, 16
+ * bytes each (IPv4 as ::ffff:a.b.c.d): where its UCX may connect from. */
+#define GUX_SETUP_IPS_MAX 64
+#define GUX_IP_LEN 16
+#define GUX_SETUP_MAX (GUX_SETUP_FIXED + GUX_SETUP_IPS_MAX * GUX_IP_LEN + GUX_ADDR_MAX)
+#define GUX_BYE_LEN 8
+
+GUX_HIDDEN void gux_rec_encode(const gux_rec_t *r, unsigned char out[GUX_REC_LEN]);
+/* Check a record header: magic, a type in the allowed mask (bits 1 << type),
+ * a body length that type allows, a known bye reason, reserved zero.
+ * GSER_ERR_BAD_MAGIC or GSER_ERR_FORMAT with a message naming what. */
+GUX_HIDDEN gser_status_t gux_rec_decode(const unsigned char in[GUX_REC_LEN], unsigned allowed, gux_rec_t *out);
+
+/* A setup body of len bytes: the peer's connection id, its IP addresses
+ * (*nips of GUX_IP_LEN bytes at *ips), and where its worker address starts
+ * (*addr_len bytes, at least 1). */
+typedef struct gux_setup {
+    uint32_t conn_id;
+    const unsigned char *ips;
+    size_t nips;
+    const unsigned char *addr;
+    size_t addr_len;
+} gux_setup_t;
+
+GUX_HIDDEN gser_status_t gux_setup_decode(const unsigned char *body, size_t len, gux_setup_t *out);
+
+/* ---- the shared secret (auth.c) ------------------------------------------------- */
+
+GUX_HIDDEN void gux_hmac_sha256(const void *key, size_t key_len, const void *const *parts, const size_t *lens,
+                                size_t nparts, unsigned char out[GUX_MAC_LEN]);
+/* The proof one side (server or client) sends: HMAC-SHA-256 keyed by the
+ * secret over a label, the role and both hellos. */
+GUX_HIDDEN void gux_proof(const void *secret, size_t secret_len, bool server,
+                          const unsigned char client_hello[GUX_HELLO_LEN],
+                          const unsigned char server_hello[GUX_HELLO_LEN], unsigned char out[GUX_MAC_LEN]);
+/* Compare two proofs in time that does not depend on where they differ. */
+GUX_HIDDEN bool gux_mac_equal(const unsigned char a[GUX_MAC_LEN], const unsigned char b[GUX_MAC_LEN]);
+/* Random bytes for a nonce (getrandom). */
+GUX_HIDDEN gser_status_t gux_nonce(unsigned char out[GUX_NONCE_LEN]);
 
 /* ---- tags ---------------------------------------------------------------------
  * 63..32 the receiver's connection id, 31..28 kind, 27..0 message sequence. */

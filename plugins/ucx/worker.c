@@ -1,8 +1,14 @@
 /* Transport contexts and workers: UCX initialisation, progress, the event
  * file descriptor and bounded waits. */
 #include <errno.h>
+#include <ifaddrs.h>
 #include <inttypes.h>
+#include <math.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <sys/epoll.h>
+#include <sys/timerfd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +22,12 @@
 #define GUX_SPIN_ROUNDS 4000
 /* Longest single sleep, so that a missed wakeup costs little. */
 #define GUX_SLEEP_SLICE_MS 20
+/* Progress rounds between looks at gser's own sockets while polling: a
+ * look is a system call, and control traffic can wait that long. */
+#define GUX_CTL_EVERY 64
+/* Epoll tags of UCX's event fd and the timer (see control.c). */
+#define GUX_TAG_UCX ((uint64_t)1 << 40)
+#define GUX_TAG_TIMER ((uint64_t)2 << 40)
 
 double gux_now_ms(void)
 {
@@ -36,22 +48,89 @@ static gser_status_t config_default(ucp_config_t *cfg, const char *name, const c
     return GUX_CALL("ucp_config_modify", ucp_config_modify(cfg, name, value));
 }
 
-/* Whether the transport list may include posix or sysv (UCX warns about
+/* Whether the transport list may include one of names (UCX warns about
  * settings for transports it does not load). */
-static bool may_use_shm(const char *tls)
+static bool may_use(const char *tls, const char *const *names, size_t n)
 {
     if (!tls)
         tls = getenv("UCX_TLS");
     if (!tls || tls[0] == '^')
         return true;
-    const char *names[] = {"all", "sm", "shm", "posix", "sysv", "mm"};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        size_t n = strlen(names[i]);
-        for (const char *p = tls; (p = strstr(p, names[i])); p += n)
-            if ((p == tls || p[-1] == ',') && (p[n] == '\0' || p[n] == ','))
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strlen(names[i]);
+        for (const char *p = tls; (p = strstr(p, names[i])); p += len)
+            if ((p == tls || p[-1] == ',') && (p[len] == '\0' || p[len] == ','))
                 return true;
     }
     return false;
+}
+
+static bool may_use_shm(const char *tls)
+{
+    static const char *const names[] = {"all", "sm", "shm", "posix", "sysv", "mm"};
+    return may_use(tls, names, sizeof names / sizeof names[0]);
+}
+
+static bool may_use_tcp(const char *tls)
+{
+    static const char *const names[] = {"all", "tcp"};
+    return may_use(tls, names, sizeof names / sizeof names[0]);
+}
+
+/* A UCX context with the context's settings; net_devices: UCX_NET_DEVICES
+ * to use (NULL: the environment's). */
+static gser_status_t ctx_ucp_init(const gser_ucx_context_t *ctx, const char *net_devices, ucp_context_h *out)
+{
+    gser_status_t st;
+    ucp_config_t *cfg = NULL;
+    if ((st = GUX_CALL("ucp_config_read", ucp_config_read(NULL, NULL, &cfg))))
+        return st;
+    if (ctx->transports && (st = config_default(cfg, "TLS", ctx->transports, true)))
+        goto out;
+    if (net_devices && (st = config_default(cfg, "NET_DEVICES", net_devices, true)))
+        goto out;
+    /* gser's heartbeats watch every connection (control.c); UCX's own
+     * keepalive would only add work to every progress round. */
+    if ((st = config_default(cfg, "KEEPALIVE_INTERVAL", "inf", false)))
+        goto out;
+    /* Endpoints use peer error handling (a dead peer must fail what is
+     * pending, not hang it); UCX's shared-memory transports take part in
+     * that only when asked. */
+    if (may_use_shm(ctx->transports) && !getenv("UCX_POSIX_ERROR_HANDLING") && !getenv("UCX_SYSV_ERROR_HANDLING") &&
+        (st = config_default(cfg, "MM_ERROR_HANDLING", "y", false))) /* posix and sysv share it */
+        goto out;
+    /* tcp's put emulation is slower than UCX's active-message rendezvous on
+     * tcp, and for local peers it would take large messages off shared
+     * memory. */
+    if (may_use_tcp(ctx->transports) && !getenv("UCX_TCP_PUT_ENABLE") &&
+        (st = config_default(cfg, "PUT_ENABLE", "n", false))) /* tcp's */
+        goto out;
+
+    ucp_params_t params = {
+        .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME,
+        .features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP,
+        .mt_workers_shared = 1,
+        .name = "gser",
+    };
+    st = GUX_CALL("ucp_init", ucp_init(&params, cfg, out));
+out:
+    ucp_config_release(cfg);
+    return st;
+}
+
+static char *dup_or_null(const char *s)
+{
+    return s ? strdup(s) : NULL;
+}
+
+static void ctx_free(gser_ucx_context_t *ctx)
+{
+    if (ctx->secret)
+        memset(ctx->secret, 0, ctx->secret_len);
+    free(ctx->secret);
+    free(ctx->transports);
+    free(ctx->net_devices);
+    free(ctx);
 }
 
 gser_status_t gser_ucx_context_create(const gser_ucx_context_options_t *opts, gser_ucx_context_t **ctx_out)
@@ -65,60 +144,43 @@ gser_status_t gser_ucx_context_create(const gser_ucx_context_options_t *opts, gs
     gux_error_clear();
 
     gser_status_t st;
-    ucp_config_t *cfg = NULL;
     gser_ucx_context_t *ctx = calloc(1, sizeof *ctx);
     if (!ctx)
         return gux_fail(GSER_ERR_NO_MEMORY, "gser_ucx_context_create: out of memory");
-    if ((st = GUX_CALL("ucp_config_read", ucp_config_read(NULL, NULL, &cfg))))
+    ctx->timeout_ms = o.peer_timeout_ms == GSER_UCX_PEER_TIMEOUT_NONE ? 0
+                      : o.peer_timeout_ms                           ? o.peer_timeout_ms
+                                                                    : GUX_DEFAULT_PEER_TIMEOUT_MS;
+    ctx->handshake_ms = ctx->timeout_ms ? ctx->timeout_ms : GUX_DEFAULT_HANDSHAKE_MS;
+    const char *secret = o.secret ? o.secret : getenv(GSER_UCX_SECRET_ENV);
+    ctx->transports = dup_or_null(o.transports);
+    ctx->net_devices = dup_or_null(o.net_devices);
+    if (secret && *secret) {
+        ctx->secret_len = strlen(secret);
+        ctx->secret = malloc(ctx->secret_len);
+        if (ctx->secret)
+            memcpy(ctx->secret, secret, ctx->secret_len);
+    }
+    if ((o.transports && !ctx->transports) || (o.net_devices && !ctx->net_devices) ||
+        (secret && *secret && !ctx->secret)) {
+        st = gux_fail(GSER_ERR_NO_MEMORY, "gser_ucx_context_create: out of memory");
         goto fail_ctx;
-    if (o.transports && (st = config_default(cfg, "TLS", o.transports, true)))
-        goto fail_cfg;
-    char ka[32];
-    snprintf(ka, sizeof ka, "%ums", o.peer_timeout_ms ? o.peer_timeout_ms : GUX_DEFAULT_PEER_TIMEOUT_MS);
-    if ((st = config_default(cfg, "KEEPALIVE_INTERVAL", ka, o.peer_timeout_ms != 0)))
-        goto fail_cfg;
-    /* Endpoints use peer error handling (a dead peer must fail what is
-     * pending, not hang it); UCX's shared-memory transports take part in
-     * that only when asked. */
-    if (may_use_shm(o.transports) && !getenv("UCX_POSIX_ERROR_HANDLING") && !getenv("UCX_SYSV_ERROR_HANDLING") &&
-        (st = config_default(cfg, "MM_ERROR_HANDLING", "y", false))) /* posix and sysv share it */
-        goto fail_cfg;
-    /* Endpoints connected through a listener get tcp's put emulation, which
-     * UCX then picks for rendezvous: slower than its active-message
-     * rendezvous on tcp, and for local peers it takes large messages off
-     * shared memory. Without it the lanes are those of address-connected
-     * endpoints (what ucx_perftest measures). */
-    if (!getenv("UCX_TCP_PUT_ENABLE") && (st = config_default(cfg, "PUT_ENABLE", "n", false))) /* tcp's */
-        goto fail_cfg;
+    }
+    if ((st = ctx_ucp_init(ctx, ctx->net_devices, &ctx->ucp)))
+        goto fail_ctx;
 
-    ucp_params_t params = {
-        .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME,
-        .features = UCP_FEATURE_TAG | UCP_FEATURE_STREAM | UCP_FEATURE_WAKEUP,
-        .mt_workers_shared = 1,
-        .name = "gser",
-    };
-    if ((st = GUX_CALL("ucp_init", ucp_init(&params, cfg, &ctx->ucp))))
-        goto fail_cfg;
-    ucp_config_release(cfg);
-
-    ucp_context_attr_t attr = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES | UCP_ATTR_FIELD_REQUEST_SIZE};
+    ucp_context_attr_t attr = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
     if ((st = GUX_CALL("ucp_context_query", ucp_context_query(ctx->ucp, &attr))))
         goto fail_ucp;
     /* memory_types is a bitmask indexed by ucs_memory_type_t. */
     if (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA))
         ctx->caps |= GSER_UCX_CAP_CUDA;
-    ctx->ucp_request_size = attr.request_size;
     *ctx_out = ctx;
     return GSER_OK;
 
 fail_ucp:
     ucp_cleanup(ctx->ucp);
-    free(ctx);
-    return st;
-fail_cfg:
-    ucp_config_release(cfg);
 fail_ctx:
-    free(ctx);
+    ctx_free(ctx);
     return st;
 }
 
@@ -127,7 +189,7 @@ void gser_ucx_context_destroy(gser_ucx_context_t *ctx)
     if (!ctx)
         return;
     ucp_cleanup(ctx->ucp);
-    free(ctx);
+    ctx_free(ctx);
 }
 
 uint32_t gser_ucx_context_get_caps(const gser_ucx_context_t *ctx)
@@ -193,6 +255,8 @@ gser_status_t gser_ucx_worker_create(gser_ucx_context_t *ctx, const gser_ucx_wor
         return gux_fail(GSER_ERR_NO_MEMORY, "gser_ucx_worker_create: out of memory");
     w->ctx = ctx;
     w->efd = -1;
+    w->tfd = -1;
+    w->thread_mode = o.thread_mode;
     w->blocking_sleep = o.blocking_sleep;
     w->gser_ctx = o.gser_ctx;
     /* Unset limits follow the gser context's, so that a message it would
@@ -229,33 +293,36 @@ gser_status_t gser_ucx_worker_create(gser_ucx_context_t *ctx, const gser_ucx_wor
         w->mt = true;
     }
 
-    ucp_worker_params_t wp = {
-        .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_NAME,
-        .thread_mode = thread_mode(o.thread_mode),
-        .name = "gser",
-    };
-    if ((st = GUX_CALL("ucp_worker_create", ucp_worker_create(ctx->ucp, &wp, &w->ucp))))
-        goto fail_lock;
-    if ((st = GUX_CALL("ucp_worker_get_efd", ucp_worker_get_efd(w->ucp, &w->efd))))
-        goto fail_ucp;
+    /* One fd for the application's event loop: UCX's own (once the worker
+     * listens or connects), the timer, and gser's sockets. */
+    w->efd = epoll_create1(EPOLL_CLOEXEC);
+    w->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    w->timer_next = INFINITY;
+    struct epoll_event tev = {.events = EPOLLIN, .data.u64 = GUX_TAG_TIMER};
+    if (w->efd < 0 || w->tfd < 0 || epoll_ctl(w->efd, EPOLL_CTL_ADD, w->tfd, &tev) != 0) {
+        st = gux_fail(GSER_ERR_IO, "gser_ucx_worker_create: epoll or timerfd: %s", strerror(errno));
+        goto fail_fds;
+    }
     w->pool = gux_pool_create(o.recv_cache_bytes ? o.recv_cache_bytes : GUX_DEFAULT_RECV_CACHE,
                               o.recv_cache_bytes == 1 ? 0
                               : o.recv_cache_max_bytes ? o.recv_cache_max_bytes
                                                        : default_cache_max());
     if (!w->pool) {
         st = gux_fail(GSER_ERR_NO_MEMORY, "gser_ucx_worker_create: out of memory");
-        goto fail_ucp;
+        goto fail_fds;
     }
     if ((st = gux_staging_create(w))) {
         gux_pool_close(w->pool);
-        goto fail_ucp;
+        goto fail_fds;
     }
     *worker_out = w;
     return GSER_OK;
 
-fail_ucp:
-    ucp_worker_destroy(w->ucp);
-fail_lock:
+fail_fds:
+    if (w->tfd >= 0)
+        close(w->tfd);
+    if (w->efd >= 0)
+        close(w->efd);
     if (w->mt)
         pthread_mutex_destroy(&w->lock);
 fail_w:
@@ -263,12 +330,169 @@ fail_w:
     return st;
 }
 
+/* The network device that has the address sa, into dev. False for a
+ * wildcard address or one no interface has. */
+static bool sa_device(const struct sockaddr *sa, char dev[IF_NAMESIZE])
+{
+    const void *ip;
+    size_t iplen;
+    if (sa->sa_family == AF_INET) {
+        const struct sockaddr_in *s = (const struct sockaddr_in *)sa;
+        if (s->sin_addr.s_addr == htonl(INADDR_ANY))
+            return false;
+        ip = &s->sin_addr, iplen = sizeof s->sin_addr;
+    } else if (sa->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *s = (const struct sockaddr_in6 *)sa;
+        if (IN6_IS_ADDR_UNSPECIFIED(&s->sin6_addr))
+            return false;
+        ip = &s->sin6_addr, iplen = sizeof s->sin6_addr;
+    } else {
+        return false;
+    }
+    struct ifaddrs *ifs, *i;
+    if (getifaddrs(&ifs) != 0)
+        return false;
+    bool found = false;
+    for (i = ifs; i && !found; i = i->ifa_next) {
+        if (!i->ifa_addr || i->ifa_addr->sa_family != sa->sa_family)
+            continue;
+        const void *a = sa->sa_family == AF_INET ? (const void *)&((const struct sockaddr_in *)i->ifa_addr)->sin_addr
+                                                 : (const void *)&((const struct sockaddr_in6 *)i->ifa_addr)->sin6_addr;
+        if (memcmp(a, ip, iplen) == 0) {
+            snprintf(dev, IF_NAMESIZE, "%s", i->ifa_name);
+            found = true;
+        }
+    }
+    freeifaddrs(ifs);
+    return found;
+}
+
+gser_status_t gux_worker_ucx(gser_ucx_worker_t *w, const struct sockaddr *listen)
+{
+    if (w->ucp)
+        return GSER_OK;
+    gser_status_t st;
+    ucp_context_h uctx = w->ctx->ucp;
+    char dev[IF_NAMESIZE];
+    /* Listening on one address opens no UCX port on other interfaces,
+     * unless the user named the devices. */
+    bool own = listen && !w->ctx->net_devices && !getenv("UCX_NET_DEVICES") && sa_device(listen, dev);
+    if (own && (st = ctx_ucp_init(w->ctx, dev, &uctx)))
+        return st;
+    ucp_worker_params_t wp = {
+        .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_NAME,
+        .thread_mode = thread_mode(w->thread_mode),
+        .name = "gser",
+    };
+    int ufd = -1;
+    void *snap = gux_filter_before();
+    if ((st = GUX_CALL("ucp_worker_create", ucp_worker_create(uctx, &wp, &w->ucp))))
+        goto fail_ctx;
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = GUX_TAG_UCX};
+    if ((st = GUX_CALL("ucp_worker_get_efd", ucp_worker_get_efd(w->ucp, &ufd))))
+        goto fail_worker;
+    if (epoll_ctl(w->efd, EPOLL_CTL_ADD, ufd, &ev) != 0) {
+        st = gux_fail(GSER_ERR_IO, "epoll_ctl: %s", strerror(errno));
+        goto fail_worker;
+    }
+    if ((st = GUX_CALL("ucp_worker_get_address", ucp_worker_get_address(w->ucp, &w->ucp_addr, &w->ucp_addr_len))))
+        goto fail_worker;
+    if (w->ucp_addr_len > GUX_ADDR_MAX) {
+        st = gux_fail(GSER_ERR_UNSUPPORTED, "this UCX worker's address has %zu bytes, more than %d", w->ucp_addr_len,
+                      GUX_ADDR_MAX);
+        ucp_worker_release_address(w->ucp, w->ucp_addr);
+        w->ucp_addr = NULL;
+        goto fail_worker;
+    }
+    w->ucp_ctx = uctx;
+    w->ucp_ctx_own = own;
+    gux_filter_after(w, snap); /* UCX's ports admit only peers gser admitted */
+    return GSER_OK;
+fail_worker:
+    ucp_worker_destroy(w->ucp);
+    w->ucp = NULL;
+fail_ctx:
+    gux_filter_after(w, snap);
+    if (own)
+        ucp_cleanup(uctx);
+    return st;
+}
+
+/* ---- tables of objects by id ------------------------------------------------------- */
+
+#define GUX_SLOT_BITS 20
+#define GUX_SLOT_MASK ((1u << GUX_SLOT_BITS) - 1)
+
+gser_status_t gux_slot_take(gux_slots_t *t, void *item, uint32_t *id)
+{
+    size_t i = t->hint;
+    while (i < t->n && t->items[i])
+        i++;
+    if (i == t->n) {
+        if (t->n >= GUX_SLOT_MASK - 1)
+            return gux_fail(GSER_ERR_NO_MEMORY, "too many endpoints or connections on one worker");
+        size_t cap = t->n ? t->n * 2 : 16;
+        void **s = realloc(t->items, cap * sizeof *s);
+        if (!s)
+            return gux_fail(GSER_ERR_NO_MEMORY, "worker table: out of memory");
+        t->items = s;
+        uint32_t *g = realloc(t->gen, cap * sizeof *g);
+        if (!g)
+            return gux_fail(GSER_ERR_NO_MEMORY, "worker table: out of memory");
+        t->gen = g;
+        memset(s + t->n, 0, (cap - t->n) * sizeof *s);
+        memset(g + t->n, 0, (cap - t->n) * sizeof *g);
+        t->n = cap;
+    }
+    t->items[i] = item;
+    t->hint = i + 1;
+    /* A generation in the high bits keeps a reused slot from catching what
+     * was meant for its previous owner. */
+    *id = ((t->gen[i] & 0xfffu) << GUX_SLOT_BITS) | (uint32_t)(i + 1);
+    return GSER_OK;
+}
+
+void gux_slot_put(gux_slots_t *t, uint32_t id)
+{
+    size_t i = (size_t)(id & GUX_SLOT_MASK) - 1;
+    if ((id & GUX_SLOT_MASK) == 0 || i >= t->n || !t->items[i])
+        return;
+    t->items[i] = NULL;
+    t->gen[i]++;
+    if (i < t->hint)
+        t->hint = i;
+}
+
+void *gux_slot_get(const gux_slots_t *t, uint32_t id)
+{
+    size_t i = (size_t)(id & GUX_SLOT_MASK) - 1;
+    if ((id & GUX_SLOT_MASK) == 0 || i >= t->n || !t->items[i] || (t->gen[i] & 0xfffu) != id >> GUX_SLOT_BITS)
+        return NULL;
+    return t->items[i];
+}
+
+void gux_slot_set(gux_slots_t *t, uint32_t id, void *item)
+{
+    size_t i = (size_t)(id & GUX_SLOT_MASK) - 1;
+    if ((id & GUX_SLOT_MASK) != 0 && i < t->n)
+        t->items[i] = item;
+}
+
+void gux_slots_free(gux_slots_t *t)
+{
+    free(t->items);
+    free(t->gen);
+    t->items = NULL;
+    t->gen = NULL;
+    t->n = t->hint = 0;
+}
+
 static bool teardown_done(void *arg)
 {
     gser_ucx_worker_t *w = arg;
     for (gux_list_t *n = w->eps.next; n != &w->eps; n = n->next) {
         gser_ucx_ep_t *ep = gux_container(n, gser_ucx_ep_t, wlink);
-        if (ep->close_req || ep->hs_pending)
+        if (ep->close_req || ep->wireup_req)
             return false;
     }
     /* Parts of requests that already ended (sends UCX kept when it closed
@@ -312,8 +536,14 @@ void gser_ucx_worker_destroy(gser_ucx_worker_t *w)
         r->nucx_reqs = 0;
     }
     /* After this no UCX callback can run; whatever UCX still held is ours. */
-    ucp_worker_destroy(w->ucp);
-    w->ucp = NULL;
+    if (w->ucp) {
+        if (w->ucp_addr)
+            ucp_worker_release_address(w->ucp, w->ucp_addr);
+        ucp_worker_destroy(w->ucp);
+        w->ucp = NULL;
+        if (w->ucp_ctx_own)
+            ucp_cleanup(w->ucp_ctx);
+    }
     while (!gux_list_empty(&w->eps))
         gux_ep_free(gux_container(w->eps.next, gser_ucx_ep_t, wlink));
     while (!gux_list_empty(&w->all)) {
@@ -333,9 +563,11 @@ void gser_ucx_worker_destroy(gser_ucx_worker_t *w)
     for (size_t i = 0; i < w->nreq_cache; i++)
         free(w->req_cache[i]);
     free(w->req_cache);
-    free(w->conn_reqs);
-    free(w->slots);
-    free(w->slot_gen);
+    gux_slots_free(&w->conn_ids);
+    gux_slots_free(&w->io);
+    free(w->allow);
+    close(w->tfd);
+    close(w->efd);
     gux_unlock(w);
     if (w->mt)
         pthread_mutex_destroy(&w->lock);
@@ -344,13 +576,18 @@ void gser_ucx_worker_destroy(gser_ucx_worker_t *w)
 
 unsigned gux_progress(gser_ucx_worker_t *w)
 {
-    unsigned n = ucp_worker_progress(w->ucp);
-    if (w->nconn_reqs)
-        gux_conn_reqs_process(w);
-    gux_ready_process(w);
-    n += gux_recvs_match(w);
-    if (w->staging)
-        n += gux_staging_progress(w);
+    unsigned n = 0;
+    /* Sockets first: a peer's end of file must not overtake the data it
+     * sent before, which UCX's progress below still takes in. */
+    if (w->ctl_now || ++w->ctl_rounds >= GUX_CTL_EVERY)
+        n += gux_ctl_progress(w);
+    if (w->ucp) {
+        n += ucp_worker_progress(w->ucp);
+        gux_ready_process(w);
+        n += gux_recvs_match(w);
+        if (w->staging)
+            n += gux_staging_progress(w);
+    }
     gux_ready_process(w);
     /* After the data that arrived before a failure has been matched. */
     if (w->eps_dirty)
@@ -404,13 +641,24 @@ static gser_status_t arm(gser_ucx_worker_t *w)
 {
     /* Work we queued ourselves, and device copies of staged frames, do not
      * show on the fd. */
-    if (!gux_list_empty(&w->ready) || !gux_list_empty(&w->done) || w->nconn_reqs || w->eps_dirty ||
+    if (!gux_list_empty(&w->ready) || !gux_list_empty(&w->done) || w->eps_dirty || w->ctl_now ||
         gux_staging_copying(w))
         return GSER_INPROGRESS;
-    ucs_status_t s = ucp_worker_arm(w->ucp);
-    if (s == UCS_ERR_BUSY)
+    if (w->ucp) {
+        ucs_status_t s = ucp_worker_arm(w->ucp);
+        if (s == UCS_ERR_BUSY)
+            return GSER_INPROGRESS;
+        if (s != UCS_OK)
+            return GUX_CALL("ucp_worker_arm", s);
+    }
+    gux_ctl_arm_timer(w);
+    /* Whoever wakes on the fd next looks at gser's sockets at once; if one
+     * is ready already, there is work now. */
+    w->ctl_now = true;
+    struct epoll_event ev;
+    if (epoll_wait(w->efd, &ev, 1, 0) > 0)
         return GSER_INPROGRESS;
-    return GUX_CALL("ucp_worker_arm", s);
+    return GSER_OK;
 }
 
 gser_status_t gser_ucx_worker_arm(gser_ucx_worker_t *w)

@@ -1,5 +1,5 @@
 /* libFuzzer target: the UCX transport's wire parsing from untrusted bytes —
- * the handshake record and the head of a message (fixed part, frame table,
+ * the hello and the head of a message (fixed part, frame table,
  * inlined frames). Whatever the parser accepts must stay inside the bytes it
  * was given and within the limits. Seeds: tests/fuzz/corpus-ucx. */
 #include <stdint.h>
@@ -19,7 +19,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size >= GUX_HELLO_LEN) {
         gux_hello_t h;
         if (gux_hello_decode(data, &h) == GSER_OK)
-            sink += h.wire_version + h.caps + h.conn_id;
+            sink += h.wire_version + h.caps + h.flags + h.timeout_ms;
     }
     gux_head_info_t info;
     if (gux_head_parse_fixed(data, size, MAX_FRAMES, &info) != GSER_OK)

@@ -1,6 +1,7 @@
 /* Writes the seed corpus for fuzz_decode: a few flattened messages that
  * between them use every marker. Run from the repository root:
- *   build-fuzz/tests/fuzz/make_corpus tests/fuzz/corpus */
+ *   build-fuzz/tests/fuzz/make_corpus tests/fuzz/corpus
+ * (it also writes tests/fuzz/corpus-arrow, -ucx and -ucx-hello). */
 #include <stdio.h>
 #include <string.h>
 
@@ -36,6 +37,16 @@ static int write_msg_with(gser_context_t *ctx, gser_msg_t *m, const char *const 
     fclose(out);
     gser_frames_destroy(f);
     return 0;
+}
+
+/* Write a then b (either may be empty) to path. */
+static int write_bytes(const char *path, const void *a, size_t alen, const void *b, size_t blen)
+{
+    FILE *out = fopen(path, "wb");
+    if (!out)
+        return 1;
+    int bad = fwrite(a, 1, alen, out) != alen || (blen && fwrite(b, 1, blen, out) != blen);
+    return fclose(out) != 0 || bad;
 }
 
 static int write_msg(gser_context_t *ctx, gser_msg_t *m, const char *dir, const char *name)
@@ -307,14 +318,47 @@ int main(int argc, char **argv)
         fclose(out);
         free(head);
     }
-    gux_hello_t hello = {GSER_UCX_WIRE_VERSION, GSER_WIRE_VERSION, 0, 42};
+    gux_hello_t hello = {GSER_UCX_WIRE_VERSION, GSER_WIRE_VERSION, 0, GUX_HELLO_SECRET, 10000, {7}};
     unsigned char hb[GUX_HELLO_LEN];
     gux_hello_encode(&hello, hb);
     char path[600];
     snprintf(path, sizeof path, "%s/hello.bin", udir);
-    FILE *out = fopen(path, "wb");
-    if (!out || fwrite(hb, 1, sizeof hb, out) != sizeof hb)
+    if (write_bytes(path, hb, sizeof hb, NULL, 0))
         return 1;
-    fclose(out);
+
+    /* 10..: what a client sends a listener (fuzz_ucx_hello's seeds, in DIR-ucx-hello). */
+    snprintf(udir, sizeof udir, "%s-ucx-hello", dir);
+    unsigned char rec[GUX_REC_LEN + GUX_MAC_LEN] = {0}; /* the longest of the three */
+    gux_rec_t proof = {GUX_REC_PROOF, 0, GUX_MAC_LEN}, setup = {GUX_REC_SETUP, 0, GUX_SETUP_FIXED + 16},
+              bye = {GUX_REC_BYE, GUX_BYE_CLOSING, GUX_BYE_LEN};
+    gux_rec_encode(&proof, rec);
+    snprintf(path, sizeof path, "%s/hello-proof.bin", udir);
+    if (write_bytes(path, hb, sizeof hb, rec, GUX_REC_LEN + GUX_MAC_LEN))
+        return 1;
+    gux_rec_encode(&setup, rec);
+    snprintf(path, sizeof path, "%s/hello-setup.bin", udir);
+    if (write_bytes(path, hb, sizeof hb, rec, GUX_REC_LEN + GUX_SETUP_FIXED + 16))
+        return 1;
+    gux_rec_encode(&bye, rec);
+    snprintf(path, sizeof path, "%s/hello-bye.bin", udir);
+    if (write_bytes(path, hb, sizeof hb, rec, GUX_REC_LEN + GUX_BYE_LEN))
+        return 1;
+    snprintf(path, sizeof path, "%s/hello-cut.bin", udir);
+    if (write_bytes(path, hb, 40, NULL, 0))
+        return 1;
+    hello.flags = 0;
+    gux_hello_encode(&hello, hb);
+    snprintf(path, sizeof path, "%s/hello-nosecret.bin", udir);
+    if (write_bytes(path, hb, sizeof hb, NULL, 0))
+        return 1;
+    hello.wire_version = 99;
+    gux_hello_encode(&hello, hb);
+    snprintf(path, sizeof path, "%s/hello-v99.bin", udir);
+    if (write_bytes(path, hb, sizeof hb, NULL, 0))
+        return 1;
+    static const char http[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    snprintf(path, sizeof path, "%s/http.bin", udir);
+    if (write_bytes(path, http, sizeof http - 1, NULL, 0))
+        return 1;
     return 0;
 }

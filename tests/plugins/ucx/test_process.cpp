@@ -11,50 +11,6 @@ namespace {
 
 // ---- child roles -----------------------------------------------------------
 
-struct ChildEnv {
-    UcxCtxPtr ctx;
-    WorkerPtr worker;
-    CtxPtr gctx;
-};
-
-bool child_setup(ChildEnv *e)
-{
-    e->ctx = make_ucx_ctx();
-    if (!e->ctx)
-        return false;
-    e->worker = make_worker(e->ctx.get());
-    e->gctx = make_ctx();
-    return e->worker && e->gctx;
-}
-
-void say(const std::string &line)
-{
-    std::string l = line + "\n";
-    if (write(1, l.data(), l.size()) < 0)
-        _exit(3);
-}
-
-// Progress for ms milliseconds, then stop driving UCX entirely.
-void progress_for(gser_ucx_worker_t *w, int ms)
-{
-    auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
-    while (std::chrono::steady_clock::now() < end)
-        gser_ucx_worker_progress(w);
-}
-
-// Listen on 127.0.0.1, say the port, accept one peer: 0, or the child's exit code.
-int child_accept(ChildEnv *e, ListenerPtr *lp, gser_ucx_ep_t **ep)
-{
-    gser_ucx_listener_options_t lo = GSER_UCX_LISTENER_OPTIONS_INIT;
-    lo.address = "127.0.0.1";
-    gser_ucx_listener_t *l;
-    if (gser_ucx_listener_create(e->worker.get(), &lo, &l))
-        return 11;
-    lp->reset(l);
-    say("port " + std::to_string(gser_ucx_listener_get_port(l)));
-    return gser_ucx_listener_accept(l, kWaitMs, ep) ? 12 : 0;
-}
-
 // echo-server <n>: listen, accept one connection, send back n messages.
 int child_echo_server(int n)
 {
@@ -156,28 +112,21 @@ int child_client(uint16_t port, int n)
     return 0;
 }
 
+ChildRole echo_server_role("echo-server", [](const std::vector<std::string> &a) {
+    return a.size() == 1 ? child_echo_server(std::atoi(a[0].c_str())) : 2;
+});
+ChildRole stall_sender_role("stall-sender", [](const std::vector<std::string> &a) {
+    return a.size() == 2 ? child_stall_sender((uint16_t)std::atoi(a[0].c_str()), (size_t)std::atoll(a[1].c_str())) : 2;
+});
+ChildRole stall_receiver_role("stall-receiver",
+                              [](const std::vector<std::string> &a) { return a.empty() ? child_stall_receiver() : 2; });
+ChildRole client_role("client", [](const std::vector<std::string> &a) {
+    return a.size() == 2 ? child_client((uint16_t)std::atoi(a[0].c_str()), std::atoi(a[1].c_str())) : 2;
+});
+
 } // namespace
 
-int ucx_child_main(int argc, char **argv)
-{
-    std::string role = argc > 0 ? argv[0] : "";
-    if (role == "echo-server" && argc == 2)
-        return child_echo_server(std::atoi(argv[1]));
-    if (role == "stall-sender" && argc == 3)
-        return child_stall_sender((uint16_t)std::atoi(argv[1]), (size_t)std::atoll(argv[2]));
-    if (role == "stall-receiver" && argc == 1)
-        return child_stall_receiver();
-    if (role == "client" && argc == 3)
-        return child_client((uint16_t)std::atoi(argv[1]), std::atoi(argv[2]));
-    return 2;
-}
-
 namespace {
-
-uint16_t port_of(const std::string &line)
-{
-    return line.rfind("port ", 0) == 0 ? (uint16_t)std::atoi(line.c_str() + 5) : 0;
-}
 
 // ---- the parent's side ---------------------------------------------------------
 

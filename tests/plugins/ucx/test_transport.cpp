@@ -575,27 +575,16 @@ TEST(TransportSetup, VersionMismatchIsAnErrorOnBothSides)
     auto server = make_worker(uctx.get());
     auto client = make_worker(uctx.get());
     UCX_OK(gser_ucx_worker_set_announce_version(client.get(), 99));
-    gser_ucx_listener_options_t lo = GSER_UCX_LISTENER_OPTIONS_INIT;
-    lo.address = "127.0.0.1";
-    gser_ucx_listener_t *l;
-    UCX_OK(gser_ucx_listener_create(server.get(), &lo, &l));
-    ListenerPtr lp(l);
+    auto lp = listen_local(server.get());
+    ASSERT_TRUE(lp);
+    gser_ucx_listener_t *l = lp.get();
     uint16_t port = gser_ucx_listener_get_port(l);
 
-    gser_ucx_ep_t *cep;
-    UCX_OK(gser_ucx_ep_connect_nb(client.get(), "127.0.0.1", port, &cep));
-    EpPtr cp(cep);
-    gser_status_t accept_st = GSER_ERR_TIMEOUT;
-    gser_ucx_ep_t *sep = nullptr;
-    ASSERT_TRUE(drive_until({server.get(), client.get()}, [&] {
-        if (accept_st == GSER_ERR_TIMEOUT)
-            accept_st = gser_ucx_listener_accept(l, 0, &sep);
-        return accept_st != GSER_ERR_TIMEOUT && gser_ucx_ep_get_status(cep) != GSER_INPROGRESS;
-    }));
-    EXPECT_EQ(gser_ucx_ep_get_status(cep), GSER_ERR_WIRE_VERSION);
-    EXPECT_EQ(accept_st, GSER_ERR_WIRE_VERSION);
-    EXPECT_EQ(sep, nullptr);
-    cp.reset();
+    Handshake h = handshake(server.get(), client.get(), l);
+    EXPECT_EQ(h.client_st, GSER_ERR_WIRE_VERSION);
+    EXPECT_EQ(h.server_st, GSER_ERR_WIRE_VERSION);
+    EXPECT_EQ(h.server, nullptr);
+    h.client.reset();
 
     // The blocking connect says so too, with both versions in the message.
     gser_ucx_ep_t *ep2 = nullptr;
@@ -613,16 +602,9 @@ TEST(TransportSetup, VersionMismatchIsAnErrorOnBothSides)
 
     // The listener keeps serving peers that speak its version.
     auto good = make_worker(uctx.get());
-    gser_ucx_ep_t *gep = nullptr, *gsep = nullptr;
-    UCX_OK(gser_ucx_ep_connect_nb(good.get(), "127.0.0.1", port, &gep));
-    EpPtr gp(gep);
-    ASSERT_TRUE(drive_until({server.get(), good.get()}, [&] {
-        if (!gsep)
-            gser_ucx_listener_accept(l, 0, &gsep);
-        return gsep && gser_ucx_ep_get_status(gep) != GSER_INPROGRESS;
-    }));
-    EpPtr gsp(gsep);
-    UCX_OK(gser_ucx_ep_get_status(gep));
+    Handshake g = handshake(server.get(), good.get(), l);
+    UCX_OK(g.server_st);
+    UCX_OK(g.client_st);
 }
 
 // Send a message of frames of these sizes from c to s over p: the status of
@@ -772,6 +754,14 @@ TEST(TransportSetup, ReceiveCacheReusesBuffersAndGrowsToTheLargestMessage)
         s = stats(p.server.get());
         EXPECT_EQ(s.hits, 4u) << "the second message reuses every buffer";
         EXPECT_EQ(s.misses, 4u);
+        // A larger frame takes the room of the smaller buffers when it is
+        // released, so the next one of its size reuses it.
+        pass(p, {4 * MiB}, 8);
+        pass(p, {4 * MiB}, 9);
+        s = stats(p.server.get());
+        EXPECT_EQ(s.misses, 5u);
+        EXPECT_EQ(s.hits, 5u) << "the second 4 MiB frame reuses the first one's buffer";
+        EXPECT_EQ(s.cached_bytes, 4 * MiB);
         pass(p, {20 * MiB}, 3);
         EXPECT_EQ(stats(p.server.get()).limit_bytes, 16 * MiB) << "no further than the maximum";
         p.close();

@@ -6,13 +6,25 @@
 
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
+#include <deque>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <sstream>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -108,6 +120,48 @@ inline bool drive_until(std::initializer_list<gser_ucx_worker_t *> ws, Pred pred
     return true;
 }
 
+// A listener of w on 127.0.0.1, on a free port (nullptr on failure, which
+// the test reports).
+inline ListenerPtr listen_local(gser_ucx_worker_t *w, gser_ucx_accept_fn cb = nullptr, void *user_data = nullptr)
+{
+    gser_ucx_listener_options_t lo = GSER_UCX_LISTENER_OPTIONS_INIT;
+    lo.address = "127.0.0.1";
+    lo.accept_cb = cb;
+    lo.user_data = user_data;
+    gser_ucx_listener_t *l = nullptr;
+    gser_status_t st = gser_ucx_listener_create(w, &lo, &l);
+    EXPECT_EQ(st, GSER_OK) << gser_ucx_get_last_error();
+    return ListenerPtr(l);
+}
+
+// A client of worker cw connecting to listener l of worker sw, both driven
+// here until each side has its outcome: the endpoints (when they got one)
+// and each side's status (GSER_ERR_TIMEOUT for the listener: no outcome).
+struct Handshake {
+    EpPtr client, server;
+    gser_status_t client_st = GSER_INPROGRESS, server_st = GSER_ERR_TIMEOUT;
+};
+
+inline Handshake handshake(gser_ucx_worker_t *sw, gser_ucx_worker_t *cw, gser_ucx_listener_t *l)
+{
+    Handshake h;
+    gser_ucx_ep_t *c = nullptr, *s = nullptr;
+    gser_status_t st = gser_ucx_ep_connect_nb(cw, "127.0.0.1", gser_ucx_listener_get_port(l), &c);
+    EXPECT_EQ(st, GSER_OK) << gser_ucx_get_last_error();
+    h.client.reset(c);
+    if (!c)
+        return h;
+    bool done = drive_until({sw, cw}, [&] {
+        if (h.server_st == GSER_ERR_TIMEOUT)
+            h.server_st = gser_ucx_listener_accept(l, 0, &s);
+        h.client_st = gser_ucx_ep_get_status(c);
+        return h.server_st != GSER_ERR_TIMEOUT && h.client_st != GSER_INPROGRESS;
+    });
+    EXPECT_TRUE(done) << "the handshake did not finish on both sides";
+    h.server.reset(s);
+    return h;
+}
+
 // Two workers in this process: a server with a listener on 127.0.0.1 and a
 // client, and one connected endpoint on each side.
 struct Pair {
@@ -119,22 +173,12 @@ struct Pair {
     // Connect one more client endpoint; *accepted is the server's end.
     void connect(EpPtr *client_ep, EpPtr *server_ep)
     {
-        gser_ucx_ep_t *c = nullptr, *s = nullptr;
-        UCX_OK(gser_ucx_ep_connect_nb(client.get(), "127.0.0.1", gser_ucx_listener_get_port(listener.get()), &c));
-        client_ep->reset(c);
-        gser_status_t st = GSER_ERR_TIMEOUT;
-        ASSERT_TRUE(drive_until({server.get(), client.get()}, [&] {
-            if (!s) {
-                st = gser_ucx_listener_accept(listener.get(), 0, &s);
-                if (st != GSER_OK && st != GSER_ERR_TIMEOUT)
-                    return true;
-            }
-            return s && gser_ucx_ep_get_status(c) != GSER_INPROGRESS;
-        })) << "no connection";
-        ASSERT_TRUE(s) << gser_status_str(st) << ": " << gser_ucx_get_last_error();
-        server_ep->reset(s);
-        UCX_OK(gser_ucx_ep_get_status(c));
-        UCX_OK(gser_ucx_ep_get_status(s));
+        Handshake h = handshake(server.get(), client.get(), listener.get());
+        ASSERT_EQ(h.server_st, GSER_OK) << gser_status_str(h.server_st) << ": " << gser_ucx_get_last_error();
+        UCX_OK(h.client_st);
+        UCX_OK(gser_ucx_ep_get_status(h.server.get()));
+        *client_ep = std::move(h.client);
+        *server_ep = std::move(h.server);
     }
 
     void open(const gser_ucx_worker_options_t *sopts = nullptr, const gser_ucx_worker_options_t *copts = nullptr,
@@ -145,12 +189,9 @@ struct Pair {
         server = make_worker(ctx.get(), sopts);
         client = make_worker(ctx.get(), copts);
         ASSERT_TRUE(server && client);
-        gser_ucx_listener_options_t lo = GSER_UCX_LISTENER_OPTIONS_INIT;
-        lo.address = "127.0.0.1";
-        gser_ucx_listener_t *l = nullptr;
-        UCX_OK(gser_ucx_listener_create(server.get(), &lo, &l));
-        listener.reset(l);
-        ASSERT_NE(gser_ucx_listener_get_port(l), 0);
+        listener = listen_local(server.get());
+        ASSERT_TRUE(listener);
+        ASSERT_NE(gser_ucx_listener_get_port(listener.get()), 0);
         connect(&cep, &sep);
     }
 
@@ -245,58 +286,94 @@ inline std::string self_exe()
     return buf;
 }
 
+// How a child starts: in another network namespace (through `ip netns
+// exec`, which also gives it that namespace's /sys, where UCX finds its
+// devices), with environment variables set or removed ("NAME=" removes).
+struct ChildOpts {
+    std::string netns;
+    std::vector<std::string> env;
+};
+
 // A child process: this binary with --child <args>; killed if still alive
 // when destroyed.
 struct Child {
     pid_t pid = -1;
     int out_fd = -1; // the child's stdout (one line per event)
+    // A thread reads the child's lines as they come, so that a chatty child
+    // never blocks on a full pipe.
+    std::thread reader;
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::string> lines;
+    bool eof = false;
 
-    explicit Child(const std::vector<std::string> &args)
+    explicit Child(const std::vector<std::string> &args, const ChildOpts &opts = {})
     {
         int p[2];
         if (pipe(p) != 0)
             return;
         std::string exe = self_exe();
+        std::vector<std::string> argv;
+        if (!opts.netns.empty())
+            argv = {"ip", "netns", "exec", opts.netns};
+        argv.push_back(exe);
+        argv.push_back("--child");
+        argv.insert(argv.end(), args.begin(), args.end());
         pid = fork();
         if (pid == 0) {
             dup2(p[1], 1);
             ::close(p[0]);
             ::close(p[1]);
-            std::vector<char *> argv;
-            argv.push_back(const_cast<char *>(exe.c_str()));
-            argv.push_back(const_cast<char *>("--child"));
-            for (auto &a : args)
-                argv.push_back(const_cast<char *>(a.c_str()));
-            argv.push_back(nullptr);
-            execv(exe.c_str(), argv.data());
+            for (auto &e : opts.env) {
+                size_t eq = e.find('=');
+                if (eq + 1 == e.size())
+                    unsetenv(e.substr(0, eq).c_str());
+                else
+                    setenv(e.substr(0, eq).c_str(), e.substr(eq + 1).c_str(), 1);
+            }
+            std::vector<char *> cargv;
+            for (auto &a : argv)
+                cargv.push_back(const_cast<char *>(a.c_str()));
+            cargv.push_back(nullptr);
+            execvp(cargv[0], cargv.data());
             _exit(127);
         }
         ::close(p[1]);
         out_fd = p[0];
+        reader = std::thread([this] {
+            std::string partial;
+            char buf[4096];
+            ssize_t n;
+            while ((n = read(out_fd, buf, sizeof buf)) > 0) {
+                std::lock_guard<std::mutex> g(mu);
+                for (ssize_t i = 0; i < n; i++) {
+                    if (buf[i] != '\n') {
+                        partial += buf[i];
+                        continue;
+                    }
+                    lines.push_back(partial);
+                    partial.clear();
+                }
+                cv.notify_all();
+            }
+            std::lock_guard<std::mutex> g(mu);
+            eof = true;
+            cv.notify_all();
+        });
     }
     Child(const Child &) = delete;
     Child &operator=(const Child &) = delete;
 
-    // Read one line from the child's stdout, waiting at most timeout_ms.
+    // The child's next line, waiting at most timeout_ms ("" if none came).
     std::string read_line(int timeout_ms = kWaitMs)
     {
-        std::string line;
-        auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-        while (std::chrono::steady_clock::now() < end) {
-            fd_set fds;
-            FD_ZERO(&fds);
-            FD_SET(out_fd, &fds);
-            timeval tv{0, 20000};
-            if (select(out_fd + 1, &fds, nullptr, nullptr, &tv) <= 0)
-                continue;
-            char c;
-            if (read(out_fd, &c, 1) != 1)
-                break;
-            if (c == '\n')
-                return line;
-            line += c;
-        }
-        return line;
+        std::unique_lock<std::mutex> g(mu);
+        cv.wait_for(g, std::chrono::milliseconds(timeout_ms), [&] { return !lines.empty() || eof; });
+        if (lines.empty())
+            return "";
+        std::string l = lines.front();
+        lines.pop_front();
+        return l;
     }
 
     // Wait for the child to exit; its exit status, or -1 if it had to be killed.
@@ -331,10 +408,167 @@ struct Child {
     ~Child()
     {
         kill_now();
+        if (reader.joinable())
+            reader.join();
         if (out_fd >= 0)
             ::close(out_fd);
     }
 };
 
-// Implemented by the test files that have child roles; 0 = success.
+// Child roles: a test file registers a role by name (a static ChildRole);
+// main() runs it when this binary is started as `--child <role> args...`.
+// The role returns the child's exit status (0 = success).
+using ChildRoleFn = int (*)(const std::vector<std::string> &args);
+inline std::map<std::string, ChildRoleFn> &child_roles()
+{
+    static std::map<std::string, ChildRoleFn> roles;
+    return roles;
+}
+struct ChildRole {
+    ChildRole(const char *name, ChildRoleFn fn) { child_roles()[name] = fn; }
+};
 int ucx_child_main(int argc, char **argv);
+
+// What a child sets up: a transport context (with the peer timeout given),
+// a worker, and a gser context.
+struct ChildEnv {
+    UcxCtxPtr ctx;
+    WorkerPtr worker;
+    CtxPtr gctx;
+};
+
+inline bool child_setup(ChildEnv *e, unsigned peer_timeout_ms = 0)
+{
+    e->ctx = make_ucx_ctx(peer_timeout_ms);
+    if (!e->ctx)
+        return false;
+    e->worker = make_worker(e->ctx.get());
+    e->gctx = make_ctx();
+    return e->worker && e->gctx;
+}
+
+// A line to the parent, on stdout.
+inline void say(const std::string &line)
+{
+    std::string l = line + "\n";
+    if (write(1, l.data(), l.size()) < 0)
+        _exit(3);
+}
+
+// Progress for ms milliseconds, then stop driving UCX entirely.
+inline void progress_for(gser_ucx_worker_t *w, int ms)
+{
+    auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    while (std::chrono::steady_clock::now() < end)
+        gser_ucx_worker_progress(w);
+}
+
+// Listen on address, say the port, accept one peer: 0, or the child's exit code.
+inline int child_accept(ChildEnv *e, ListenerPtr *lp, gser_ucx_ep_t **ep, const char *address = "127.0.0.1")
+{
+    gser_ucx_listener_options_t lo = GSER_UCX_LISTENER_OPTIONS_INIT;
+    lo.address = address;
+    gser_ucx_listener_t *l;
+    if (gser_ucx_listener_create(e->worker.get(), &lo, &l))
+        return 11;
+    lp->reset(l);
+    say("port " + std::to_string(gser_ucx_listener_get_port(l)));
+    return gser_ucx_listener_accept(l, kWaitMs, ep) ? 12 : 0;
+}
+
+inline uint16_t port_of(const std::string &line)
+{
+    return line.rfind("port ", 0) == 0 ? (uint16_t)std::atoi(line.c_str() + 5) : 0;
+}
+
+// A TCP connection to host:port within timeout_ms, from bind_ip if given:
+// its fd (blocking), or -1.
+inline int raw_connect(uint16_t port, const char *host, int timeout_ms, const char *bind_ip = nullptr)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    if (bind_ip) {
+        inet_pton(AF_INET, bind_ip, &sa.sin_addr);
+        if (bind(fd, (sockaddr *)&sa, sizeof sa) != 0) {
+            ::close(fd);
+            return -1;
+        }
+    }
+    sa.sin_port = htons(port);
+    inet_pton(AF_INET, host, &sa.sin_addr);
+    int err = 0;
+    socklen_t len = sizeof err;
+    pollfd p{fd, POLLOUT, 0};
+    if ((connect(fd, (sockaddr *)&sa, sizeof sa) != 0 && errno != EINPROGRESS) || poll(&p, 1, timeout_ms) != 1 ||
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
+        ::close(fd);
+        return -1;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    return fd;
+}
+
+// The listening TCP sockets of a process: "address:port" each.
+inline std::vector<std::string> listening_sockets(pid_t pid)
+{
+    std::set<std::string> inodes;
+    std::string fddir = "/proc/" + std::to_string(pid) + "/fd";
+    if (DIR *d = opendir(fddir.c_str())) {
+        while (dirent *e = readdir(d)) {
+            char buf[64];
+            ssize_t n = readlink((fddir + "/" + e->d_name).c_str(), buf, sizeof buf - 1);
+            if (n > 0) {
+                buf[n] = '\0';
+                if (std::strncmp(buf, "socket:[", 8) == 0)
+                    inodes.insert(std::string(buf + 8, strlen(buf + 8) - 1));
+            }
+        }
+        closedir(d);
+    }
+    std::vector<std::string> out;
+    for (const char *f : {"tcp", "tcp6"}) {
+        std::ifstream in("/proc/" + std::to_string(pid) + "/net/" + f);
+        std::string line;
+        std::getline(in, line);
+        while (std::getline(in, line)) {
+            std::istringstream ls(line);
+            std::string sl, local, remote, st, q, tr, rt, uid, to, inode;
+            ls >> sl >> local >> remote >> st >> q >> tr >> rt >> uid >> to >> inode;
+            if (st != "0A" || !inodes.count(inode))
+                continue;
+            size_t colon = local.find(':');
+            std::string hexip = local.substr(0, colon);
+            unsigned port = (unsigned)std::stoul(local.substr(colon + 1), nullptr, 16);
+            char ip[INET6_ADDRSTRLEN] = "?";
+            if (hexip.size() == 8) {
+                in_addr a;
+                a.s_addr = (in_addr_t)std::stoul(hexip, nullptr, 16);
+                inet_ntop(AF_INET, &a, ip, sizeof ip);
+            } else {
+                in6_addr a;
+                for (int i = 0; i < 4; i++) {
+                    uint32_t w = (uint32_t)std::stoul(hexip.substr(8 * i, 8), nullptr, 16);
+                    std::memcpy(a.s6_addr + 4 * i, &w, 4);
+                }
+                inet_ntop(AF_INET6, &a, ip, sizeof ip);
+            }
+            out.push_back(std::string(ip) + ":" + std::to_string(port));
+        }
+    }
+    return out;
+}
+
+inline uint16_t port_part(const std::string &s)
+{
+    return (uint16_t)std::atoi(s.c_str() + s.rfind(':') + 1);
+}
+
+// Milliseconds on CLOCK_MONOTONIC: the same clock in every process, so a
+// child's timestamps compare with the parent's.
+inline double mono_ms()
+{
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
