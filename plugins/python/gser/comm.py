@@ -23,9 +23,20 @@ Faults, as Dask expects of a comm: a peer that dies or closes ends pending
 and later reads and writes with CommClosedError; a read or write that is
 canceled (a timeout) aborts the comm, since its message stream would be torn.
 
+A peer that goes silent (a hung process, a network partition: no socket
+ever closes) fails its comms with CommClosedError after the peer timeout:
+distributed.comm.gser.peer-timeout, by default Dask's own
+distributed.comm.timeouts.tcp (30 s, what Dask's tcp comm gives a dead
+peer); "none" turns the check off. Each side heartbeats on its own, so an
+idle healthy comm stays up, as long as the event loop runs at least every
+few seconds.
+
 UCX settings come from the environment (UCX_TLS, UCX_NET_DEVICES, ...) and
-from Dask's configuration, distributed.comm.gser.{transports,peer-timeout}
-(DASK_DISTRIBUTED__COMM__GSER__TRANSPORTS=tcp, ...).
+from Dask's configuration, distributed.comm.gser.{transports, net-devices,
+peer-timeout, secret} (DASK_DISTRIBUTED__COMM__GSER__TRANSPORTS=tcp, ...).
+With a secret (that key, or the GSER_UCX_SECRET environment variable) every
+connection proves it both ways before UCX or Dask sees a byte of it; the
+secret never crosses the wire, nothing is encrypted (docs/ucx.md).
 """
 
 from __future__ import annotations
@@ -71,10 +82,20 @@ def _config(key, default=None):
     return dask.config.get(f"distributed.comm.gser.{key}", default)
 
 
-def _context() -> gser.ucx.Context:
+def _peer_timeout_ms() -> int:
     timeout = _config("peer-timeout")
-    ms = 0 if timeout is None else int(parse_timedelta(timeout, default="seconds") * 1000)
-    return gser.ucx.default_context(transports=_config("transports"), peer_timeout_ms=ms)
+    if timeout is None:
+        timeout = dask.config.get("distributed.comm.timeouts.tcp", None)
+    if timeout is None:
+        return 0
+    if timeout is False or (isinstance(timeout, str) and timeout.strip().lower() in ("none", "never", "off")):
+        return gser.ucx.PEER_TIMEOUT_NONE
+    return max(1, int(parse_timedelta(timeout, default="seconds") * 1000))
+
+
+def _context() -> gser.ucx.Context:
+    return gser.ucx.default_context(transports=_config("transports"), peer_timeout_ms=_peer_timeout_ms(),
+                                    secret=_config("secret"), net_devices=_config("net-devices"))
 
 
 def _register_family():

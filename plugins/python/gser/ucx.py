@@ -45,9 +45,12 @@ from gser import _gser
 from gser._gser import GserError
 
 HAVE_UCX = _gser.HAVE_UCX
+#: peer_timeout_ms that turns the silent-peer check off.
+PEER_TIMEOUT_NONE = getattr(_gser, "UCX_PEER_TIMEOUT_NONE", 0xFFFFFFFF)
 
 __all__ = [
     "HAVE_UCX",
+    "PEER_TIMEOUT_NONE",
     "ConnectionClosedError",
     "Context",
     "Endpoint",
@@ -101,14 +104,23 @@ class Context:
 
     transports: as UCX_TLS lists them ("tcp", "posix,sysv,cma,self,tcp");
     None = the UCX_TLS environment variable, else UCX's default.
-    peer_timeout_ms: see gser_ucx_context_options_t (0 = the default).
+    peer_timeout_ms: a peer silent this long is failed (0 = 10000 ms;
+    PEER_TIMEOUT_NONE = never). See gser_ucx_context_options_t.
+    secret: a shared secret every connection proves both ways (None = the
+    GSER_UCX_SECRET environment variable; "" = none). It never crosses the
+    wire; nothing is encrypted (docs/ucx.md).
+    net_devices: UCX network devices as UCX_NET_DEVICES lists them (None =
+    that variable, else the device of the first address a worker listens on).
     """
 
-    def __init__(self, transports: str | None = None, peer_timeout_ms: int = 0):
+    def __init__(self, transports: str | None = None, peer_timeout_ms: int = 0, secret: str | None = None,
+                 net_devices: str | None = None):
         _need_ucx()
-        self._c = _gser._UcxContext(transports=transports, peer_timeout_ms=peer_timeout_ms)
+        self._c = _gser._UcxContext(transports=transports, peer_timeout_ms=peer_timeout_ms, secret=secret,
+                                    net_devices=net_devices)
         self.transports = transports
         self.peer_timeout_ms = peer_timeout_ms
+        self.net_devices = net_devices
 
     @property
     def cuda(self) -> bool:

@@ -136,14 +136,17 @@ static void child_unlink(pg_child_t *c)
 
 static PyObject *context_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"transports", "peer_timeout_ms", NULL};
-    const char *transports = NULL;
+    static char *kwlist[] = {"transports", "peer_timeout_ms", "secret", "net_devices", NULL};
+    const char *transports = NULL, *secret = NULL, *net_devices = NULL;
     unsigned int timeout = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$zI:_UcxContext", kwlist, &transports, &timeout))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$zIzz:_UcxContext", kwlist, &transports, &timeout, &secret,
+                                     &net_devices))
         return NULL;
     gser_ucx_context_options_t o = GSER_UCX_CONTEXT_OPTIONS_INIT;
     o.transports = transports;
     o.peer_timeout_ms = timeout;
+    o.secret = secret;
+    o.net_devices = net_devices;
     gser_ucx_context_t *ctx;
     gser_status_t st = gser_ucx_context_create(&o, &ctx);
     if (st)
@@ -177,8 +180,8 @@ static PyGetSetDef context_getset[] = {
 static PyTypeObject PgUcxContext_Type = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "gser._gser._UcxContext",
-    .tp_doc = "_UcxContext(*, transports=None, peer_timeout_ms=0): a gser::ucx transport context\n"
-              "(gser_ucx_context_create). transports as UCX_TLS lists them.",
+    .tp_doc = "_UcxContext(*, transports=None, peer_timeout_ms=0, secret=None, net_devices=None): a gser::ucx\n"
+              "transport context (gser_ucx_context_create). transports as UCX_TLS lists them.",
     .tp_basicsize = sizeof(PgUcxContext),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = context_new,
@@ -1009,6 +1012,7 @@ int pg_ucx_add(PyObject *m)
             return -1;
     }
     if (PyModule_AddIntConstant(m, "UCX_WIRE_VERSION", GSER_UCX_WIRE_VERSION) < 0 ||
+        PyModule_AddObject(m, "UCX_PEER_TIMEOUT_NONE", PyLong_FromUnsignedLong(GSER_UCX_PEER_TIMEOUT_NONE)) < 0 ||
         PyModule_AddIntConstant(m, "UCX_CAP_CUDA", GSER_UCX_CAP_CUDA) < 0)
         return -1;
     return 0;

@@ -575,3 +575,18 @@ def test_partitioned_peer_fails_the_comm(two_namespaces):
         out = subprocess.run(["ip", "netns", "exec", NS[1], sys.executable, PEER, "client", server.address, "1"],
                              capture_output=True, text=True, timeout=120, env=env)
         assert out.returncode == 0 and out.stdout.startswith("ok "), out.stderr[-3000:]
+
+
+def test_the_peer_timeout_follows_dask_config():
+    """distributed.comm.gser.peer-timeout, else Dask's own tcp timeout (what
+    Dask's tcp comm gives a dead peer); "none" turns the check off."""
+    import dask
+
+    from gser import comm
+
+    with dask.config.set({"distributed.comm.gser.peer-timeout": None, "distributed.comm.timeouts.tcp": "30s"}):
+        assert comm._peer_timeout_ms() == 30000
+    with dask.config.set({"distributed.comm.gser.peer-timeout": "2.5s"}):
+        assert comm._peer_timeout_ms() == 2500
+    with dask.config.set({"distributed.comm.gser.peer-timeout": "none"}):
+        assert comm._peer_timeout_ms() == gser.ucx.PEER_TIMEOUT_NONE

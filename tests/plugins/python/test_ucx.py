@@ -268,3 +268,61 @@ def test_objects_do_not_leak():
     growth = rss_growth(cycle, 30)
     assert len(os.listdir("/proc/self/fd")) <= fds
     assert growth < 16 << 20, f"resident memory grew by {growth >> 20} MiB over 30 worker cycles"
+
+
+def test_a_shared_secret_admits_only_peers_that_prove_it():
+    async def main():
+        server = gser.ucx.Worker(gser.ucx.Context(secret="s3cret"))
+        accepted = asyncio.Queue()
+        lst = server.listen(accepted.put_nowait, "127.0.0.1", 0)
+        for wrong in ("other", ""):  # another secret, and none at all
+            client = gser.ucx.Worker(gser.ucx.Context(secret=wrong))
+            with pytest.raises(gser.ucx.ConnectionClosedError, match="GSER_ERR_ACCESS"):
+                await client.connect("127.0.0.1", lst.port, timeout=10)
+            client.close()
+        assert accepted.empty(), "a peer without the secret never reaches the accept callback"
+        client = gser.ucx.Worker(gser.ucx.Context(secret="s3cret"))
+        ep = await client.connect("127.0.0.1", lst.port, timeout=10)
+        srv = await asyncio.wait_for(accepted.get(), 10)
+        await ep.send({"hello": 1})
+        assert await srv.recv() == {"hello": 1}
+        client.close()
+        server.close()
+
+    run(main())
+
+
+def test_a_peer_that_stops_progressing_is_failed_after_the_peer_timeout():
+    """The worker's loop is blocked (time.sleep) past the peer's timeout: the
+    other side's pending receive fails instead of waiting forever."""
+    import threading
+    import time
+
+    async def main():
+        w = gser.ucx.Worker(gser.ucx.Context(peer_timeout_ms=1000))
+        accepted = asyncio.Queue()
+        lst = w.listen(accepted.put_nowait, "127.0.0.1", 0)
+        done = threading.Event()
+        port = lst.port
+
+        def silent_peer():  # its own loop, which then stops running
+            async def peer():
+                pw = gser.ucx.Worker(gser.ucx.Context(peer_timeout_ms=1000))
+                ep = await pw.connect("127.0.0.1", port, timeout=10)
+                time.sleep(4)  # blocks this loop: no progress, no heartbeat
+                ep.close()
+                pw.close()
+            asyncio.run(peer())
+            done.set()
+
+        t = threading.Thread(target=silent_peer)
+        t.start()
+        srv = await asyncio.wait_for(accepted.get(), 10)
+        start = time.monotonic()
+        with pytest.raises(gser.ucx.ConnectionClosedError, match="silent"):
+            await asyncio.wait_for(srv.recv(), 30)
+        assert time.monotonic() - start < 3.5, "failed within the timeout and a bounded slack"
+        await asyncio.get_running_loop().run_in_executor(None, t.join)
+        w.close()
+
+    run(main())
