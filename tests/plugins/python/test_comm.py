@@ -440,7 +440,7 @@ def test_local_cluster_array_workload(gser_client, tcp_client):
 
 
 def test_local_cluster_dataframe_workload(gser_client, tcp_client):
-    pytest.importorskip("pandas", reason="dask.dataframe needs pandas (python3-pandas is not installed here)")
+    pytest.importorskip("pandas", reason="dask.dataframe needs pandas (tools/setup.sh installs python3-pandas)")
     import dask.dataframe as dd
     import pandas as pd
 
