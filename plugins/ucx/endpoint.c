@@ -96,6 +96,7 @@ static void ep_ucp_close(gser_ucx_ep_t *ep, bool force)
     };
     ucp_ep_h uep = ep->ucp;
     ep->ucp = NULL;
+    ep->ucp_closed_round = ep->worker->rounds;
     ucs_status_ptr_t sp = ucp_ep_close_nbx(uep, &p);
     if (UCS_PTR_IS_PTR(sp))
         ep->close_req = sp;
@@ -419,6 +420,33 @@ static void ep_drain_end(gser_ucx_ep_t *ep)
     ep_abort_reqs(ep, ep->error, false);
 }
 
+/* A peer that went away without a count (it died, or failed the
+ * connection) may leave a message torn: its head taken, its frames never
+ * coming. Once UCX's endpoint is closed and UCX has progressed since (all
+ * that had arrived is matched), such a receive fails; it would otherwise
+ * wait for its timeout, or forever. */
+static void ep_fail_torn(gser_ucx_ep_t *ep)
+{
+    if (!ep->drain || ep->drain_until || ep->ucp)
+        return;
+    gser_ucx_worker_t *w = ep->worker;
+    gux_list_t *n = ep->reqs.next;
+    while (n != &ep->reqs) {
+        gser_ucx_request_t *r = gux_container(n, gser_ucx_request_t, elink);
+        n = n->next;
+        if (r->kind != GUX_REQ_RECV || r->status != GSER_INPROGRESS || r->stage == GUX_RECV_WAIT_HEAD)
+            continue;
+        uint64_t since = r->head_round > ep->ucp_closed_round ? r->head_round : ep->ucp_closed_round;
+        if (w->rounds < since + 2) {
+            w->eps_dirty = true; /* look again after UCX progressed */
+            continue;
+        }
+        gux_fail(ep->error, "receive: %s; message %u had started and the rest of it did not arrive", ep->why,
+                 r->msg_no);
+        gux_req_abort(r, ep->error);
+    }
+}
+
 /* Returns whether a user callback ran (the endpoint list may have changed). */
 static bool ep_process(gser_ucx_ep_t *ep)
 {
@@ -453,8 +481,10 @@ static bool ep_process(gser_ucx_ep_t *ep)
         else
             w->eps_dirty = true;
     }
-    if (ep->state >= GUX_EP_FAILED)
+    if (ep->state >= GUX_EP_FAILED) {
         ep_abandon_sends(ep);
+        ep_fail_torn(ep);
+    }
     if (ep->state != GUX_EP_CONNECTING)
         gux_ep_admitted(ep);
     if (ep->listener && !ep->hs_reported && ep->state != GUX_EP_CONNECTING && listener_report(ep->listener, ep))

@@ -212,6 +212,7 @@ struct gser_ucx_worker {
     gux_slots_t io;           /* gux_io_t by id */
     double timer_next;        /* the earliest deadline (ms) */
     unsigned ctl_rounds;      /* progress rounds since the sockets were looked at */
+    uint64_t rounds;          /* UCX progress rounds so far */
     bool ctl_now;             /* look at them in the next round */
     int ucx_lfds[16];         /* UCX's listening sockets, which the admission filter guards */
     size_t nucx_lfds;
@@ -269,6 +270,7 @@ struct gser_ucx_ep {
     uint32_t peer_sent;
     double drain_until;
     uint32_t heads;   /* message heads taken off UCX's queue: the next one's number */
+    uint64_t ucp_closed_round; /* w->rounds when UCX's endpoint was closed */
     uint32_t local_id;
     uint32_t peer_id;
     gux_ep_state_t state;
@@ -352,6 +354,7 @@ struct gser_ucx_request {
     gux_list_t rlink; /* in worker->ready */
     gux_list_t alink; /* in worker->all */
     uint32_t msg_no;  /* the message's number on its endpoint (not wrapped at 2^28, as seq is) */
+    uint64_t head_round; /* worker->rounds when its head was taken */
 
     /* send */
     const gser_frame_t *sframes; /* copy of the frames, when some are staged */

@@ -163,8 +163,9 @@ static void head_start(gser_ucx_request_t *r, ucp_tag_message_h msg, const ucp_t
     };
     gser_ucx_ep_t *ep = r->ep;
     r->msg_no = ep->heads++;
-    if (ep->drain_until)
-        w->eps_dirty = true; /* perhaps the last message the closed peer sent */
+    r->head_round = w->rounds;
+    if (ep->drain_until || ep->state >= GUX_EP_FAILED)
+        w->eps_dirty = true; /* perhaps the last message the closed peer sent, or one torn (ep_process) */
     size_t len = info->length;
     bool too_big = len > gux_head_max(w->max_frames, w->max_bytes);
     if (too_big)

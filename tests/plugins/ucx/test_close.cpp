@@ -70,6 +70,78 @@ int child_send_close(uint16_t port, int n, Close how)
     return 0;
 }
 
+// send-torn <port> <n> <how>: send n messages (each waited for), start one
+// more with a large frame and hang up at once: that one is torn.
+int child_send_torn(uint16_t port, int n, Close how)
+{
+    ChildEnv e;
+    if (!child_setup(&e))
+        return 10;
+    gser_ucx_ep_t *ep;
+    if (gser_ucx_ep_connect(e.worker.get(), "127.0.0.1", port, kWaitMs, &ep))
+        return 11;
+    for (int i = 0; i < n; i++) {
+        TestMsg m(e.gctx.get(), sizes_of(i), (unsigned)i);
+        if (gser_ucx_ep_send_msg(ep, e.gctx.get(), m.msg.get(), nullptr, kWaitMs))
+            return 12;
+    }
+    TestMsg m(e.gctx.get(), {64, (size_t)8 << 20}, 99);
+    auto frames = serialize(e.gctx.get(), m.msg.get());
+    gser_ucx_request_t *r;
+    if (gser_ucx_ep_send_nb(ep, gser_frames_get_array(frames.get()), gser_frames_get_count(frames.get()), nullptr,
+                            &r))
+        return 13;
+    hang_up(ep, how);
+    if (how == Close::close)
+        gser_ucx_ep_destroy(ep);
+    gser_status_t st = gser_ucx_request_query(r);
+    gser_ucx_request_free(r);
+    say(st == GSER_ERR_CANCELED ? "torn" : std::string("send ended ") + gser_status_str(st));
+    return 0;
+}
+
+// send-kill <port> <n> <wait>: send n messages (each waited for, or, with
+// wait 0, only posted), then die.
+int child_send_kill(uint16_t port, int n, bool wait)
+{
+    ChildEnv e;
+    if (!child_setup(&e))
+        return 10;
+    gser_ucx_ep_t *ep;
+    if (gser_ucx_ep_connect(e.worker.get(), "127.0.0.1", port, kWaitMs, &ep))
+        return 11;
+    std::vector<std::unique_ptr<TestMsg>> msgs;
+    std::vector<FramesPtr> frames;
+    for (int i = 0; i < n; i++) {
+        msgs.push_back(std::make_unique<TestMsg>(e.gctx.get(), sizes_of(i), (unsigned)i));
+        if (wait) {
+            if (gser_ucx_ep_send_msg(ep, e.gctx.get(), msgs.back()->msg.get(), nullptr, kWaitMs))
+                return 12;
+            continue;
+        }
+        frames.push_back(serialize(e.gctx.get(), msgs.back()->msg.get()));
+        gser_ucx_op_params_t p = GSER_UCX_OP_PARAMS_INIT;
+        p.cb = [](gser_ucx_request_t *, gser_status_t, void *) {};
+        if (gser_ucx_ep_send_nb(ep, gser_frames_get_array(frames.back().get()),
+                                gser_frames_get_count(frames.back().get()), &p, nullptr))
+            return 13;
+        gser_ucx_worker_progress(e.worker.get());
+    }
+    say("sent");
+    raise(SIGKILL);
+    return 14;
+}
+
+ChildRole send_torn_role("send-torn", [](const std::vector<std::string> &a) {
+    return a.size() == 3 ? child_send_torn((uint16_t)std::atoi(a[0].c_str()), std::atoi(a[1].c_str()), close_of(a[2]))
+                         : 2;
+});
+ChildRole send_kill_role("send-kill", [](const std::vector<std::string> &a) {
+    return a.size() == 3 ? child_send_kill((uint16_t)std::atoi(a[0].c_str()), std::atoi(a[1].c_str()),
+                                           std::atoi(a[2].c_str()) != 0)
+                         : 2;
+});
+
 ChildRole send_close_role("send-close", [](const std::vector<std::string> &a) {
     return a.size() == 3 ? child_send_close((uint16_t)std::atoi(a[0].c_str()), std::atoi(a[1].c_str()), close_of(a[2]))
                          : 2;
@@ -119,6 +191,80 @@ TEST_P(CloseAfterSend, FromAnotherProcess)
         EXPECT_EQ(receive_all(ep, gctx_.get(), n), n);
         EXPECT_EQ(child.read_line(), "sent");
         EXPECT_EQ(child.wait(), 0);
+        if (HasFailure())
+            break;
+    }
+}
+
+// The sender hangs up with a large message halfway out: the messages before
+// it arrive, that one never does, and its receive fails at once, not after
+// the wait for what a closed peer sent (the peer timeout, 30 s here).
+TEST_P(CloseAfterSend, TornMessageIsNotDelivered)
+{
+    const unsigned timeout_ms = 30000;
+    UcxCtxPtr ctx = make_ucx_ctx(timeout_ms);
+    WorkerPtr w = make_worker(ctx.get());
+    ListenerPtr l = listen_local(w.get());
+    ASSERT_TRUE(l);
+    const int n = 5;
+    for (int round = 0; round < 4; round++) {
+        SCOPED_TRACE("round " + std::to_string(round));
+        Child child({"send-torn", std::to_string(gser_ucx_listener_get_port(l.get())), std::to_string(n),
+                     name_of(GetParam())});
+        gser_ucx_ep_t *ep;
+        UCX_OK(gser_ucx_listener_accept(l.get(), kWaitMs, &ep));
+        EpPtr epp(ep);
+        auto t0 = std::chrono::steady_clock::now();
+        EXPECT_EQ(receive_all(ep, gctx_.get(), n), n);
+        auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+        EXPECT_LT(ms, timeout_ms);
+        EXPECT_EQ(child.read_line(), "torn");
+        EXPECT_EQ(child.wait(), 0);
+        if (HasFailure())
+            break;
+    }
+}
+
+// A peer that dies sends no count: what had arrived whole is delivered, in
+// order, and the death is reported at once (this side's peer timeout, 30 s,
+// plays no part), whether the peer's sends had completed or were only
+// posted (torn messages never hang a receive).
+TEST(PeerKilled, AfterSendingIsReportedAtOnce)
+{
+    const unsigned timeout_ms = 30000;
+    auto gctx = make_ctx();
+    UcxCtxPtr ctx = make_ucx_ctx(timeout_ms);
+    WorkerPtr w = make_worker(ctx.get());
+    ListenerPtr l = listen_local(w.get());
+    ASSERT_TRUE(l);
+    const int n = 9;
+    for (int round = 0; round < 6; round++) {
+        bool wait = round % 2 == 0;
+        SCOPED_TRACE("round " + std::to_string(round) + (wait ? ", sends waited for" : ", sends only posted"));
+        Child child({"send-kill", std::to_string(gser_ucx_listener_get_port(l.get())), std::to_string(n),
+                     wait ? "1" : "0"});
+        gser_ucx_ep_t *ep;
+        UCX_OK(gser_ucx_listener_accept(l.get(), kWaitMs, &ep));
+        EpPtr epp(ep);
+        if (!wait) { // receives start after the death
+            ASSERT_EQ(child.read_line(), "sent");
+        }
+        int got = 0;
+        gser_status_t st;
+        for (;; got++) {
+            gser_msg_t *m = nullptr;
+            st = gser_ucx_ep_recv_msg(ep, gctx.get(), nullptr, kWaitMs, &m);
+            if (st != GSER_OK)
+                break;
+            MsgPtr mp(m);
+            EXPECT_TRUE(same_msg(m, sizes_of(got), (unsigned)got)) << "message " << got;
+        }
+        EXPECT_EQ(st, GSER_ERR_CONNECTION) << "after " << got << " messages: " << gser_ucx_get_last_error();
+        EXPECT_LE(got, n);
+        if (wait) {
+            EXPECT_EQ(child.read_line(), "sent");
+        }
+        EXPECT_EQ(child.wait(), 128 + SIGKILL);
         if (HasFailure())
             break;
     }
