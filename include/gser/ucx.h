@@ -40,7 +40,7 @@ extern "C" {
 
 /** Version of the transport's own wire protocol (handshake and per-message
  *  layout, docs/ucx.md). Both sides of a connection must speak the same. */
-#define GSER_UCX_WIRE_VERSION 2
+#define GSER_UCX_WIRE_VERSION 3
 
 /** peer_timeout_ms that turns the silent-peer check off. */
 #define GSER_UCX_PEER_TIMEOUT_NONE 0xffffffffu
@@ -321,17 +321,24 @@ GSER_API gser_status_t gser_ucx_ep_get_peer_info(const gser_ucx_ep_t *ep, gser_u
 GSER_API gser_ucx_worker_t *gser_ucx_ep_get_worker(const gser_ucx_ep_t *ep);
 
 /**
- * Close an endpoint now: every send and receive in flight on it completes
- * with GSER_ERR_CANCELED (callbacks run during this call), and the
- * connection is dropped (the peer sees GSER_ERR_CONNECTION). The endpoint
- * stays allocated, in status GSER_ERR_CANCELED, until destroyed.
+ * Close an endpoint. With no send in flight, what was sent is flushed to
+ * the peer first (UCX's tcp flush waits for the peer's acknowledgement:
+ * bounded by 2 s, cut short when the peer leaves). Then every send and
+ * receive still in flight completes with GSER_ERR_CANCELED (callbacks run
+ * during this call), and the connection is dropped. The peer receives
+ * every message sent whole before the close (each one before the first
+ * send still in flight), in order, and only then do its receives fail with
+ * GSER_ERR_CONNECTION; a canceled message is never delivered, not even
+ * part of one. The endpoint stays allocated, in status GSER_ERR_CANCELED,
+ * until destroyed.
  */
 GSER_API gser_status_t gser_ucx_ep_close(gser_ucx_ep_t *ep);
 
 /**
- * Destroy an endpoint. Sends that completed are flushed to the peer first
- * (bounded); anything still in flight is canceled as by gser_ucx_ep_close.
- * NULL is fine.
+ * Destroy an endpoint, closing it first as gser_ucx_ep_close does (what was
+ * sent flushed when nothing is in flight, the rest canceled), with the
+ * same guarantee to the peer: every message sent whole before, in order,
+ * then GSER_ERR_CONNECTION. NULL is fine.
  */
 GSER_API void gser_ucx_ep_destroy(gser_ucx_ep_t *ep);
 
@@ -400,7 +407,9 @@ GSER_API gser_status_t gser_ucx_ep_send_msg(gser_ucx_ep_t *ep, gser_context_t *c
 
 /* ---- receiving ----------------------------------------------------------------- */
 
-/** Post a receive of the next message from ep. */
+/** Post a receive of the next message from ep. After the peer closed, receives
+ *  still get every message it sent whole before (bounded by the peer
+ *  timeout), then fail with GSER_ERR_CONNECTION. */
 GSER_API gser_status_t gser_ucx_ep_recv_nb(gser_ucx_ep_t *ep, const gser_ucx_op_params_t *params,
                                            gser_ucx_request_t **req_out);
 

@@ -338,12 +338,18 @@ static unsigned step_allows(gux_ctl_step_t s, bool c_server)
     }
 }
 
-/* A bye from the peer, as the status and message this side fails with. */
-static gser_status_t bye_status(const gux_ctl_t *c, const unsigned char *body)
+static uint64_t bye_value(const unsigned char *body)
 {
     uint64_t v = 0;
     for (int i = GUX_BYE_LEN; i-- > 0;)
         v = v << 8 | body[i];
+    return v;
+}
+
+/* A bye from the peer, as the status and message this side fails with. */
+static gser_status_t bye_status(const gux_ctl_t *c, const unsigned char *body)
+{
+    uint64_t v = bye_value(body);
     switch (c->rec.reason) {
     case GUX_BYE_SILENT:
         return gux_fail(GSER_ERR_CONNECTION,
@@ -441,6 +447,11 @@ static gser_status_t ep_unit(gser_ucx_worker_t *w, gser_ucx_ep_t *ep)
     const unsigned char *body = c->body ? c->body : c->in;
     switch (c->rec.type) {
     case GUX_REC_BYE:
+        if (c->rec.reason == GUX_BYE_CLOSING && c->step == GUX_CTL_OPEN) {
+            /* What the peer sent before it closed is delivered first. */
+            ep->peer_sent_known = true;
+            ep->peer_sent = (uint32_t)bye_value(body);
+        }
         return bye_status(c, body);
     case GUX_REC_HEARTBEAT:
         break;
@@ -915,6 +926,14 @@ static unsigned ctl_timers(gser_ucx_worker_t *w, double now)
         gser_ucx_ep_t *ep = gux_container(en, gser_ucx_ep_t, wlink);
         en = en->next;
         gux_ctl_t *c = &ep->ctl;
+        if (ep->drain_until) { /* waiting for what a peer that closed sent */
+            if (now >= ep->drain_until) {
+                w->eps_dirty = true;
+                n++;
+            } else if (ep->drain_until < next) {
+                next = ep->drain_until;
+            }
+        }
         if (c->io.fd < 0)
             continue;
         if (c->step != GUX_CTL_OPEN || ep->state == GUX_EP_CONNECTING) {

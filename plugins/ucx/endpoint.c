@@ -96,6 +96,7 @@ static void ep_ucp_close(gser_ucx_ep_t *ep, bool force)
     };
     ucp_ep_h uep = ep->ucp;
     ep->ucp = NULL;
+    ep->ucp_closed_round = ep->worker->rounds;
     ucs_status_ptr_t sp = ucp_ep_close_nbx(uep, &p);
     if (UCS_PTR_IS_PTR(sp))
         ep->close_req = sp;
@@ -144,8 +145,17 @@ static bool ep_quiet(void *arg)
     return !ep->ucp && !ep->close_req && !ep->wireup_req && !ep_busy(ep);
 }
 
-/* End every request in flight on ep with st. */
-static void ep_abort_reqs(gser_ucx_ep_t *ep, gser_status_t st, bool keep_waiting_recvs)
+/* Whether message msg_no is one the peer said it sent whole before it
+ * closed (its bye): those are delivered. */
+static bool peer_sent_it(const gser_ucx_ep_t *ep, uint32_t msg_no)
+{
+    return ep->peer_sent_known && (int32_t)(msg_no - ep->peer_sent) < 0;
+}
+
+/* End every request in flight on ep with st. keep_recvs: receives waiting
+ * for a head stay (they may still get messages that arrived whole), and
+ * so do receives halfway through a message the peer sent whole. */
+static void ep_abort_reqs(gser_ucx_ep_t *ep, gser_status_t st, bool keep_recvs)
 {
     gux_list_t *n = ep->reqs.next;
     while (n != &ep->reqs) {
@@ -154,12 +164,23 @@ static void ep_abort_reqs(gser_ucx_ep_t *ep, gser_status_t st, bool keep_waiting
         if (r->status != GSER_INPROGRESS)
             continue;
         if (r->kind == GUX_REQ_RECV && r->stage == GUX_RECV_WAIT_HEAD) {
-            if (!keep_waiting_recvs)
+            if (!keep_recvs)
                 gux_req_complete(r, st);
-        } else {
+        } else if (!(keep_recvs && r->kind == GUX_REQ_RECV && ep->drain_until && peer_sent_it(ep, r->msg_no))) {
             gux_req_abort(r, st);
         }
     }
+}
+
+uint32_t gux_ep_sent_whole(const gser_ucx_ep_t *ep)
+{
+    uint32_t n = ep->send_seq;
+    for (const gux_list_t *l = ep->reqs.next; l != &ep->reqs; l = l->next) {
+        const gser_ucx_request_t *r = gux_container(l, gser_ucx_request_t, elink);
+        if (r->kind == GUX_REQ_SEND && r->status == GSER_INPROGRESS && (int32_t)(r->msg_no - n) < 0)
+            n = r->msg_no;
+    }
+    return n;
 }
 
 gser_status_t gux_ep_part_error(gser_ucx_ep_t *ep, ucs_status_t st, const char *what)
@@ -193,12 +214,22 @@ void gux_ep_fail_bye(gser_ucx_ep_t *ep, gser_status_t st, unsigned bye, uint64_t
     /* A peer that went away may have sent whole messages first: receives
      * still get those (gux_recvs_match probes once more before failing). */
     ep->drain = st == GSER_ERR_CONNECTION;
-    ep->worker->eps_dirty = true;
+    /* A peer that closed said how many it sent (its bye): UCX's endpoint
+     * stays open until they are in (they may still be in UCX's shared
+     * memory queue, or arriving), bounded by the peer timeout. */
+    gser_ucx_worker_t *w = ep->worker;
+    if (ep->drain && !bye && ep->peer_sent_known && ep->ucp && !ep->ucx_failed) {
+        unsigned ms = w->ctx->timeout_ms ? w->ctx->timeout_ms : GUX_DEFAULT_HANDSHAKE_MS;
+        ep->drain_until = gux_now_ms() + ms;
+        if (ep->drain_until < w->timer_next)
+            w->timer_next = ep->drain_until;
+    }
+    w->eps_dirty = true;
     ep_abort_reqs(ep, st, ep->drain);
     gux_ctl_close(ep, bye, value); /* the peer hears why, if it still listens */
     if (bye || ep->ucx_failed || !ep->ucp)
         ep_ucp_close(ep, true);
-    else
+    else if (!ep->drain_until)
         ep->lost_at = gux_now_ms(); /* see ep_process */
     gux_fail(st, "%s", msg);
 }
@@ -222,8 +253,11 @@ void gux_ep_shutdown(gser_ucx_ep_t *ep, gser_status_t st, bool force)
                                           : "the endpoint was closed by this side");
     }
     ep->drain = false;
+    ep->drain_until = 0;
+    /* The peer delivers what went out whole before it reports the close. */
+    uint32_t sent = gux_ep_sent_whole(ep);
     ep_abort_reqs(ep, st, false);
-    gux_ctl_close(ep, GUX_BYE_CLOSING, 0);
+    gux_ctl_close(ep, GUX_BYE_CLOSING, sent);
     ep_ucp_close(ep, force);
     gux_ep_admitted(ep);
     if (ep->listener) {
@@ -342,6 +376,77 @@ static bool listeners_report(gser_ucx_worker_t *w)
     return false;
 }
 
+/* Whether every message the peer sent before it closed has been received
+ * or is being received from what UCX already holds. */
+static bool ep_drained(const gser_ucx_ep_t *ep)
+{
+    if (peer_sent_it(ep, ep->heads))
+        return false;
+    for (const gux_list_t *n = ep->reqs.next; n != &ep->reqs; n = n->next) {
+        const gser_ucx_request_t *r = gux_container(n, gser_ucx_request_t, elink);
+        if (r->kind == GUX_REQ_RECV && r->status == GSER_INPROGRESS && r->stage != GUX_RECV_WAIT_HEAD)
+            return false;
+    }
+    return true;
+}
+
+/* Stop waiting for the messages the peer said it sent: they are in, UCX
+ * reported the peer's end gone (nothing more will come), or the wait ran
+ * out. UCX's endpoint closes. Receives still waiting or halfway through a
+ * message have matched all UCX holds: what they wait for does not come.
+ * Later receives still get messages that are whole in UCX's queue. */
+static void ep_drain_end(gser_ucx_ep_t *ep)
+{
+    ep->drain_until = 0;
+    ep->lost_at = gux_now_ms();
+    uint32_t first = ep->heads; /* the first message not received whole */
+    bool waiting = false;
+    for (const gux_list_t *n = ep->reqs.next; n != &ep->reqs; n = n->next) {
+        const gser_ucx_request_t *r = gux_container(n, gser_ucx_request_t, elink);
+        if (r->kind != GUX_REQ_RECV || r->status != GSER_INPROGRESS)
+            continue;
+        waiting = true;
+        if (r->stage != GUX_RECV_WAIT_HEAD && (int32_t)(r->msg_no - first) < 0)
+            first = r->msg_no;
+    }
+    if (!waiting)
+        return;
+    if (peer_sent_it(ep, first)) {
+        size_t len = strlen(ep->why);
+        snprintf(ep->why + len, sizeof ep->why - len,
+                 "; of the %u messages it sent, those from number %u on did not arrive (%s)", ep->peer_sent, first,
+                 ep->ucx_failed ? "UCX reported the peer's end gone" : "not within the peer timeout");
+    }
+    ep_abort_reqs(ep, ep->error, false);
+}
+
+/* A peer that went away without a count (it died, or failed the
+ * connection) may leave a message torn: its head taken, its frames never
+ * coming. Once UCX's endpoint is closed and UCX has progressed since (all
+ * that had arrived is matched), such a receive fails; it would otherwise
+ * wait for its timeout, or forever. */
+static void ep_fail_torn(gser_ucx_ep_t *ep)
+{
+    if (!ep->drain || ep->drain_until || ep->ucp)
+        return;
+    gser_ucx_worker_t *w = ep->worker;
+    gux_list_t *n = ep->reqs.next;
+    while (n != &ep->reqs) {
+        gser_ucx_request_t *r = gux_container(n, gser_ucx_request_t, elink);
+        n = n->next;
+        if (r->kind != GUX_REQ_RECV || r->status != GSER_INPROGRESS || r->stage == GUX_RECV_WAIT_HEAD)
+            continue;
+        uint64_t since = r->head_round > ep->ucp_closed_round ? r->head_round : ep->ucp_closed_round;
+        if (w->rounds < since + 2) {
+            w->eps_dirty = true; /* look again after UCX progressed */
+            continue;
+        }
+        gux_fail(ep->error, "receive: %s; message %u had started and the rest of it did not arrive", ep->why,
+                 r->msg_no);
+        gux_req_abort(r, ep->error);
+    }
+}
+
 /* Returns whether a user callback ran (the endpoint list may have changed). */
 static bool ep_process(gser_ucx_ep_t *ep)
 {
@@ -364,6 +469,8 @@ static bool ep_process(gser_ucx_ep_t *ep)
         else
             ep->state = GUX_EP_READY;
     }
+    if (ep->drain_until && (ep_drained(ep) || ep->ucx_failed || gux_now_ms() >= ep->drain_until))
+        ep_drain_end(ep);
     /* The peer left, as its control connection said: UCX's endpoint is
      * closed once UCX saw it too (closing it while UCX still handles the
      * peer's end of a transfer trips UCX 1.13's tcp transport), or after a
@@ -374,8 +481,10 @@ static bool ep_process(gser_ucx_ep_t *ep)
         else
             w->eps_dirty = true;
     }
-    if (ep->state >= GUX_EP_FAILED)
+    if (ep->state >= GUX_EP_FAILED) {
         ep_abandon_sends(ep);
+        ep_fail_torn(ep);
+    }
     if (ep->state != GUX_EP_CONNECTING)
         gux_ep_admitted(ep);
     if (ep->listener && !ep->hs_reported && ep->state != GUX_EP_CONNECTING && listener_report(ep->listener, ep))
@@ -649,12 +758,62 @@ static void settle(gser_ucx_worker_t *w)
         quiet = gux_progress(w) ? 0 : quiet + 1;
 }
 
+typedef struct flush_wait {
+    const gser_ucx_ep_t *ep;
+    bool done;
+} flush_wait_t;
+
+static void flush_cb(void *req, ucs_status_t status, void *user_data)
+{
+    (void)req;
+    (void)status;
+    ((flush_wait_t *)user_data)->done = true;
+}
+
+static bool flushed_or_gone(void *arg)
+{
+    const flush_wait_t *f = arg;
+    return f->done || f->ep->state != GUX_EP_READY;
+}
+
+/* Before hanging up with nothing in flight: what was sent reaches the
+ * peer. A send completes when UCX took its bytes, and on tcp the last ones
+ * may still be in UCX's buffers, which closing drops; UCX's tcp flush
+ * waits for the peer's acknowledgement. Bounded; cut short when the peer
+ * leaves. With sends in flight there is no flush: they are canceled, and
+ * a flush would wait for them. */
+static void ep_flush_sent(gser_ucx_ep_t *ep)
+{
+    gser_ucx_worker_t *w = ep->worker;
+    if (ep->state != GUX_EP_READY || ep_busy(ep) || !ep->ucp)
+        return;
+    flush_wait_t f = {ep, false};
+    ucp_request_param_t p = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .cb.send = flush_cb,
+        .user_data = &f,
+    };
+    ucs_status_ptr_t sp = ucp_ep_flush_nbx(ep->ucp, &p);
+    if (UCS_PTR_IS_ERR(sp)) {
+        char keep[512];
+        snprintf(keep, sizeof keep, "%s", gser_ucx_get_last_error());
+        GUX_CALL("close: ucp_ep_flush_nbx", UCS_PTR_STATUS(sp)); /* the hang-up goes on */
+        gux_fail(GSER_OK, "%s", keep);
+        return;
+    }
+    if (sp) {
+        gux_wait(w, flushed_or_gone, &f, GUX_CLOSE_TIMEOUT_MS);
+        ucp_request_free(sp); /* no callback after this, done or not */
+    }
+}
+
 gser_status_t gser_ucx_ep_close(gser_ucx_ep_t *ep)
 {
     if (!ep)
         return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_close: ep is NULL");
     gser_ucx_worker_t *w = ep->worker;
     gux_lock(w);
+    ep_flush_sent(ep);
     gux_ep_shutdown(ep, GSER_ERR_CANCELED, true);
     /* Sends complete once UCX hands their buffers back (bounded). */
     gux_wait(w, ep_closed, ep, GUX_CLOSE_TIMEOUT_MS);
@@ -666,40 +825,13 @@ gser_status_t gser_ucx_ep_close(gser_ucx_ep_t *ep)
     return GSER_OK;
 }
 
-static void flush_cb(void *req, ucs_status_t status, void *user_data)
-{
-    (void)req;
-    (void)status;
-    *(bool *)user_data = true;
-}
-
-static bool flag_set(void *arg)
-{
-    return *(bool *)arg;
-}
-
-
 void gser_ucx_ep_destroy(gser_ucx_ep_t *ep)
 {
     if (!ep)
         return;
     gser_ucx_worker_t *w = ep->worker;
     gux_lock(w);
-    if (ep->state == GUX_EP_READY && !ep_busy(ep) && ep->ucp) {
-        /* Nothing in flight: flush what was sent (UCX's flush waits for the
-         * peer's acknowledgement, bounded), then hang up. */
-        bool flushed = false;
-        ucp_request_param_t p = {
-            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
-            .cb.send = flush_cb,
-            .user_data = &flushed,
-        };
-        ucs_status_ptr_t sp = ucp_ep_flush_nbx(ep->ucp, &p);
-        if (UCS_PTR_IS_PTR(sp)) {
-            gux_wait(w, flag_set, &flushed, GUX_CLOSE_TIMEOUT_MS);
-            ucp_request_free(sp); /* no callback after this, done or not */
-        }
-    }
+    ep_flush_sent(ep);
     gux_ep_shutdown(ep, GSER_ERR_CANCELED, true);
     gux_wait(w, ep_closed, ep, GUX_CLOSE_TIMEOUT_MS);
     ep_abandon_sends(ep);

@@ -212,6 +212,7 @@ struct gser_ucx_worker {
     gux_slots_t io;           /* gux_io_t by id */
     double timer_next;        /* the earliest deadline (ms) */
     unsigned ctl_rounds;      /* progress rounds since the sockets were looked at */
+    uint64_t rounds;          /* UCX progress rounds so far */
     bool ctl_now;             /* look at them in the next round */
     int ucx_lfds[16];         /* UCX's listening sockets, which the admission filter guards */
     size_t nucx_lfds;
@@ -261,6 +262,15 @@ struct gser_ucx_ep {
     void *close_req; /* ucp_ep_close_nbx still running */
     bool drain;      /* failed by the peer: messages that fully arrived are still delivered */
     double lost_at;  /* the peer left (control connection): close UCX's endpoint when UCX sees it, or later */
+    /* The peer closed after sending peer_sent messages whole (its bye):
+     * those are delivered, in order, before the close is reported, and no
+     * later one is. Until drain_until (0: not waiting) UCX's endpoint stays
+     * open for what of them is still on the way. */
+    bool peer_sent_known;
+    uint32_t peer_sent;
+    double drain_until;
+    uint32_t heads;   /* message heads taken off UCX's queue: the next one's number */
+    uint64_t ucp_closed_round; /* w->rounds when UCX's endpoint was closed */
     uint32_t local_id;
     uint32_t peer_id;
     gux_ep_state_t state;
@@ -343,6 +353,8 @@ struct gser_ucx_request {
     gux_list_t wlink; /* in worker->recvs or worker->done */
     gux_list_t rlink; /* in worker->ready */
     gux_list_t alink; /* in worker->all */
+    uint32_t msg_no;  /* the message's number on its endpoint (not wrapped at 2^28, as seq is) */
+    uint64_t head_round; /* worker->rounds when its head was taken */
 
     /* send */
     const gser_frame_t *sframes; /* copy of the frames, when some are staged */
@@ -454,6 +466,9 @@ GUX_INTERNAL void gux_ep_fail_bye(gser_ucx_ep_t *ep, gser_status_t st, unsigned 
 /* The peer left (its control connection ended or said bye): fail ep with
  * st, saying nothing back. */
 GUX_INTERNAL void gux_ep_lost(gser_ucx_ep_t *ep, gser_status_t st);
+/* How many messages went out whole on ep: those before the first send
+ * still in flight (it and later ones are canceled when ep closes). */
+GUX_INTERNAL uint32_t gux_ep_sent_whole(const gser_ucx_ep_t *ep);
 /* Close ep from this side with st as its status; cancels what is in flight. */
 GUX_INTERNAL void gux_ep_shutdown(gser_ucx_ep_t *ep, gser_status_t st, bool force);
 GUX_INTERNAL void gux_ep_free(gser_ucx_ep_t *ep);

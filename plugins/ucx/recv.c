@@ -49,6 +49,14 @@ void gux_recv_release(gser_ucx_request_t *r)
 
 /* ---- posting ----------------------------------------------------------------------------- */
 
+/* The peer closed and every message it sent whole has been taken: a head
+ * that follows is of a message it canceled, never delivered. */
+static bool peer_done(const gser_ucx_ep_t *ep)
+{
+    return ep->peer_sent_known && (int32_t)(ep->heads - ep->peer_sent) >= 0;
+}
+
+
 static gser_status_t post_recv(gser_ucx_request_t *r)
 {
     gser_ucx_worker_t *w = r->worker;
@@ -73,7 +81,7 @@ gser_status_t gser_ucx_ep_recv_nb(gser_ucx_ep_t *ep, const gser_ucx_op_params_t 
     gser_status_t st = GSER_OK;
     gux_lock(w);
     gux_error_clear();
-    if (ep->state >= GUX_EP_FAILED && !ep->drain) {
+    if (ep->state >= GUX_EP_FAILED && (!ep->drain || peer_done(ep))) {
         st = gux_fail(ep->error, "receive: %s", ep->why);
         goto out;
     }
@@ -153,6 +161,11 @@ static void head_start(gser_ucx_request_t *r, ucp_tag_message_h msg, const ucp_t
         .memory_type = UCS_MEMORY_TYPE_HOST,
         .recv_info.tag_info = &imm,
     };
+    gser_ucx_ep_t *ep = r->ep;
+    r->msg_no = ep->heads++;
+    r->head_round = w->rounds;
+    if (ep->drain_until || ep->state >= GUX_EP_FAILED)
+        w->eps_dirty = true; /* perhaps the last message the closed peer sent, or one torn (ep_process) */
     size_t len = info->length;
     bool too_big = len > gux_head_max(w->max_frames, w->max_bytes);
     if (too_big)
@@ -221,7 +234,7 @@ unsigned gux_recvs_match(gser_ucx_worker_t *w)
             if (!msg)
                 continue;
             gser_ucx_ep_t *ep = gux_ep_lookup(w, gux_tag_conn(info.sender_tag));
-            if (!ep || ep->state == GUX_EP_CLOSED || (ep->state == GUX_EP_FAILED && !ep->drain)) {
+            if (!ep || ep->state == GUX_EP_CLOSED || (ep->state == GUX_EP_FAILED && !ep->drain) || peer_done(ep)) {
                 discard(w, msg, &info);
                 it = &r->wlink; /* probe again for the same receive */
                 continue;
@@ -230,10 +243,13 @@ unsigned gux_recvs_match(gser_ucx_worker_t *w)
             gux_list_push(&ep->reqs, &r->elink);
         } else {
             gser_ucx_ep_t *ep = r->ep;
-            msg = ucp_tag_probe_nb(w->ucp, gux_tag(ep->local_id, GUX_KIND_HEAD, 0), GUX_TAG_MASK_CONN_KIND, 1, &info);
+            msg = peer_done(ep) ? NULL
+                                : ucp_tag_probe_nb(w->ucp, gux_tag(ep->local_id, GUX_KIND_HEAD, 0),
+                                                   GUX_TAG_MASK_CONN_KIND, 1, &info);
             if (!msg) {
-                if (ep->state >= GUX_EP_FAILED) {
-                    /* Everything the peer sent before it went is delivered. */
+                /* Everything the peer sent before it went is delivered:
+                 * what UCX holds, and what a peer that closed said it sent. */
+                if (ep->state >= GUX_EP_FAILED && !ep->drain_until) {
                     gux_fail(ep->error, "receive: %s", ep->why);
                     gux_req_complete(r, ep->error);
                     n++;

@@ -79,6 +79,8 @@ void gux_req_complete(gser_ucx_request_t *r, gser_status_t st)
     if (!w)
         return;
     w->events++;
+    if (r->kind == GUX_REQ_RECV && r->ep && r->ep->drain_until)
+        w->eps_dirty = true; /* perhaps the last message the closed peer sent */
     if (r->cb) {
         r->cb_queued = true;
         gux_list_push(&w->done, &r->wlink);

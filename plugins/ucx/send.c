@@ -98,6 +98,7 @@ gser_status_t gser_ucx_ep_send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames,
         goto out;
     }
     r->head_len = head_len;
+    r->msg_no = ep->send_seq;
     r->seq = ep->send_seq & GUX_SEQ_MASK;
     gux_head_write(frames, nframes, routes, r->seq, staged ? (uint32_t)w->chunk : 0, r->head, head_len);
 

@@ -583,6 +583,7 @@ unsigned gux_progress(gser_ucx_worker_t *w)
         n += gux_ctl_progress(w);
     if (w->ucp) {
         n += ucp_worker_progress(w->ucp);
+        w->rounds++;
         gux_ready_process(w);
         n += gux_recvs_match(w);
         if (w->staging)

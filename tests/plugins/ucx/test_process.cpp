@@ -291,8 +291,16 @@ TEST_F(TwoProcess, ListenerServesOnAfterAPeerDies)
         gser_ucx_recv_finish(&got, false);
         UCX_OK(st);
     }
+    // Driven meanwhile, as a live peer is: the child's hang-up flushes.
+    std::atomic<bool> stop{false};
+    std::thread driver([&] {
+        while (!stop)
+            gser_ucx_worker_progress(worker_.get());
+    });
     EXPECT_EQ(client.read_line(), "done");
     EXPECT_EQ(client.wait(), 0);
+    stop = true;
+    driver.join();
 }
 
 } // namespace

@@ -282,6 +282,11 @@ TEST_F(Transport, InterleavedEndpoints)
     }
     for (auto &s : sends)
         EXPECT_EQ(drive({pair_.client.get(), pair_.server.get()}, s.get()), GSER_OK);
+    sends.clear();
+    for (auto &ep : seps)
+        close_driving(ep, pair_.client.get());
+    for (auto &ep : ceps)
+        close_driving(ep, pair_.server.get());
 }
 
 // Receives posted before the sends, several in flight, completion callbacks
@@ -668,7 +673,7 @@ TEST(TransportSetup, MessageOverLimitsIsRejected)
     UCX_OK(gser_ucx_ep_recv_msg(s.get(), gctx.get(), nullptr, kWaitMs, &got));
     MsgPtr gp(got);
     EXPECT_TRUE(same_msg(got, {1000, 1000}, 2));
-    c.reset();
+    close_driving(c, p.server.get());
     s.reset();
     p.close();
 }

@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -53,9 +54,10 @@ struct WorkerDeleter {
 struct ListenerDeleter {
     void operator()(gser_ucx_listener_t *l) const { gser_ucx_listener_destroy(l); }
 };
-// Tests close endpoints before destroying them: a graceful destroy flushes,
-// and UCX's flush waits for the peer, which a one-thread test may not be
-// driving at that moment (tested on its own in GracefulDestroy).
+// Close, then destroy. Both flush what the endpoint sent before they hang
+// up, and UCX's tcp flush waits for the peer's acknowledgement: a peer in
+// this thread, not driven meanwhile, makes them wait out their bound (2 s);
+// close_driving drives it.
 inline void ep_close_destroy(gser_ucx_ep_t *e)
 {
     if (e)
@@ -73,6 +75,22 @@ using WorkerPtr = std::unique_ptr<gser_ucx_worker_t, WorkerDeleter>;
 using ListenerPtr = std::unique_ptr<gser_ucx_listener_t, ListenerDeleter>;
 using EpPtr = std::unique_ptr<gser_ucx_ep_t, EpDeleter>;
 using ReqPtr = std::unique_ptr<gser_ucx_request_t, ReqDeleter>;
+
+// Close and destroy ep while a thread drives the peer's worker, as a live
+// peer's own progress would: the close's flush then ends at once.
+inline void close_driving(EpPtr &ep, gser_ucx_worker_t *peer)
+{
+    if (!ep)
+        return;
+    std::atomic<bool> stop{false};
+    std::thread t([&] {
+        while (!stop)
+            gser_ucx_worker_progress(peer);
+    });
+    ep.reset();
+    stop = true;
+    t.join();
+}
 
 inline UcxCtxPtr make_ucx_ctx(unsigned peer_timeout_ms = 0)
 {
@@ -195,9 +213,11 @@ struct Pair {
         connect(&cep, &sep);
     }
 
+    ~Pair() { close(); }
+
     void close()
     {
-        cep.reset();
+        close_driving(cep, server.get());
         sep.reset();
         listener.reset();
         client.reset();
