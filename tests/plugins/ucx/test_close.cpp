@@ -50,19 +50,28 @@ void hang_up(gser_ucx_ep_t *ep, Close how)
 
 // send-close <port> <n> <how>: connect, send n messages (each send waited
 // for), hang up at once and exit.
+// A child's start: connect to port and send n messages, each waited for.
+// Returns 0, or the child's exit code for the step that failed.
+int connect_and_send(ChildEnv *e, uint16_t port, int n, gser_ucx_ep_t **ep)
+{
+    if (!child_setup(e))
+        return 10;
+    if (gser_ucx_ep_connect(e->worker.get(), "127.0.0.1", port, kWaitMs, ep))
+        return 11;
+    for (int i = 0; i < n; i++) {
+        TestMsg m(e->gctx.get(), sizes_of(i), (unsigned)i);
+        if (gser_ucx_ep_send_msg(*ep, e->gctx.get(), m.msg.get(), nullptr, kWaitMs))
+            return 12;
+    }
+    return 0;
+}
+
 int child_send_close(uint16_t port, int n, Close how)
 {
     ChildEnv e;
-    if (!child_setup(&e))
-        return 10;
     gser_ucx_ep_t *ep;
-    if (gser_ucx_ep_connect(e.worker.get(), "127.0.0.1", port, kWaitMs, &ep))
-        return 11;
-    for (int i = 0; i < n; i++) {
-        TestMsg m(e.gctx.get(), sizes_of(i), (unsigned)i);
-        if (gser_ucx_ep_send_msg(ep, e.gctx.get(), m.msg.get(), nullptr, kWaitMs))
-            return 12;
-    }
+    if (int rc = connect_and_send(&e, port, n, &ep))
+        return rc;
     hang_up(ep, how);
     if (how == Close::close)
         gser_ucx_ep_destroy(ep); // the endpoint, closed, is still the caller's
@@ -75,16 +84,9 @@ int child_send_close(uint16_t port, int n, Close how)
 int child_send_torn(uint16_t port, int n, Close how)
 {
     ChildEnv e;
-    if (!child_setup(&e))
-        return 10;
     gser_ucx_ep_t *ep;
-    if (gser_ucx_ep_connect(e.worker.get(), "127.0.0.1", port, kWaitMs, &ep))
-        return 11;
-    for (int i = 0; i < n; i++) {
-        TestMsg m(e.gctx.get(), sizes_of(i), (unsigned)i);
-        if (gser_ucx_ep_send_msg(ep, e.gctx.get(), m.msg.get(), nullptr, kWaitMs))
-            return 12;
-    }
+    if (int rc = connect_and_send(&e, port, n, &ep))
+        return rc;
     TestMsg m(e.gctx.get(), {64, (size_t)8 << 20}, 99);
     auto frames = serialize(e.gctx.get(), m.msg.get());
     gser_ucx_request_t *r;
