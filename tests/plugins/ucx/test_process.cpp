@@ -186,33 +186,48 @@ TEST_F(TwoProcess, PeerKilledWhileWeReceive)
     gser_ucx_listener_t *l;
     UCX_OK(gser_ucx_listener_create(worker_.get(), &lo, &l));
     ListenerPtr lp(l);
-    Child child({"stall-sender", std::to_string(gser_ucx_listener_get_port(l)), std::to_string(128 << 20)});
-    gser_ucx_ep_t *ep;
-    UCX_OK(gser_ucx_listener_accept(l, kWaitMs, &ep));
-    EpPtr epp(ep);
-    gser_ucx_request_t *rr;
-    UCX_OK(gser_ucx_ep_recv_nb(ep, nullptr, &rr));
-    ReqPtr r(rr);
-    // Drive our side while the child sends, until it stalls.
-    std::atomic<bool> stop{false};
-    std::string line;
-    std::thread reader([&] { line = child.read_line(); stop = true; });
-    while (!stop)
-        gser_ucx_worker_progress(worker_.get());
-    reader.join();
-    ASSERT_EQ(line, "stalled");
-    progress_for(worker_.get(), 100);
-    ASSERT_EQ(gser_ucx_request_query(rr), GSER_INPROGRESS) << "the transfer was expected to hang halfway";
-    child.kill_now();
-    auto t0 = std::chrono::steady_clock::now();
-    gser_status_t st = gser_ucx_request_wait(rr, kWaitMs);
-    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
-    EXPECT_EQ(st, GSER_ERR_CONNECTION) << gser_ucx_get_last_error();
-    EXPECT_LT(ms, 10000);
-    EXPECT_EQ(gser_ucx_ep_get_status(ep), GSER_ERR_CONNECTION);
-    // Later receives on it fail at once.
-    gser_msg_t *got;
-    EXPECT_EQ(gser_ucx_ep_recv_msg(ep, gctx_.get(), nullptr, 1000, &got), GSER_ERR_CONNECTION);
+    // The child stalls after 10 ms of sending; on a loaded machine that
+    // has once been enough for the whole frame. Then the case is run again
+    // with a larger one: it must be seen halfway once.
+    bool halfway = false;
+    for (size_t bytes = (size_t)128 << 20; !halfway && bytes <= ((size_t)512 << 20); bytes *= 2) {
+        SCOPED_TRACE("frame of " + std::to_string(bytes >> 20) + " MiB");
+        Child child({"stall-sender", std::to_string(gser_ucx_listener_get_port(l)), std::to_string(bytes)});
+        gser_ucx_ep_t *ep;
+        UCX_OK(gser_ucx_listener_accept(l, kWaitMs, &ep));
+        EpPtr epp(ep);
+        gser_ucx_request_t *rr;
+        UCX_OK(gser_ucx_ep_recv_nb(ep, nullptr, &rr));
+        ReqPtr r(rr);
+        // Drive our side while the child sends, until it stalls.
+        std::atomic<bool> stop{false};
+        std::string line;
+        std::thread reader([&] { line = child.read_line(); stop = true; });
+        while (!stop)
+            gser_ucx_worker_progress(worker_.get());
+        reader.join();
+        ASSERT_EQ(line, "stalled");
+        progress_for(worker_.get(), 100);
+        halfway = gser_ucx_request_query(rr) == GSER_INPROGRESS;
+        if (!halfway) {
+            EXPECT_EQ(gser_ucx_request_query(rr), GSER_OK) << gser_ucx_get_last_error();
+            printf("the whole frame of %zu MiB arrived before the child stalled: again, larger\n", bytes >> 20);
+            child.kill_now();
+            continue;
+        }
+        child.kill_now();
+        auto t0 = std::chrono::steady_clock::now();
+        gser_status_t st = gser_ucx_request_wait(rr, kWaitMs);
+        auto ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+        EXPECT_EQ(st, GSER_ERR_CONNECTION) << gser_ucx_get_last_error();
+        EXPECT_LT(ms, 10000);
+        EXPECT_EQ(gser_ucx_ep_get_status(ep), GSER_ERR_CONNECTION);
+        // Later receives on it fail at once.
+        gser_msg_t *got;
+        EXPECT_EQ(gser_ucx_ep_recv_msg(ep, gctx_.get(), nullptr, 1000, &got), GSER_ERR_CONNECTION);
+    }
+    EXPECT_TRUE(halfway) << "the transfer never hung halfway: the case was not tested";
 }
 
 // The peer dies while this side sends it a large frame: the send completes
