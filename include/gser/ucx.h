@@ -309,6 +309,14 @@ typedef struct gser_ucx_peer_info {
     uint32_t wire_version;      /**< the peer's GSER_UCX_WIRE_VERSION */
     uint32_t gser_wire_version; /**< the peer's GSER_WIRE_VERSION */
     uint32_t caps;              /**< the peer's GSER_UCX_CAP_* bits */
+    /** The connection's addresses, as its TCP control connection has them
+     *  (numeric, NUL-terminated; IPv6 without brackets): this side's, with
+     *  an ephemeral port on the connecting side, and the peer's. Empty and 0
+     *  where the system did not say. Since 0.2. */
+    char local_host[48];
+    uint16_t local_port;
+    char peer_host[48];
+    uint16_t peer_port;
 } gser_ucx_peer_info_t;
 
 #define GSER_UCX_PEER_INFO_INIT GSER_STRUCT_INIT(gser_ucx_peer_info_t)

@@ -410,8 +410,32 @@ static void ctl_open(gser_ucx_worker_t *w, gux_ctl_t *c, unsigned peer_timeout_m
         timer_at(w, now + mine);
 }
 
+static void sa_split(const struct sockaddr_storage *sa, char *host, size_t n, uint16_t *port)
+{
+    const void *a = NULL;
+    if (sa->ss_family == AF_INET) {
+        a = &((const struct sockaddr_in *)sa)->sin_addr;
+        *port = ntohs(((const struct sockaddr_in *)sa)->sin_port);
+    } else if (sa->ss_family == AF_INET6) {
+        a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+        *port = ntohs(((const struct sockaddr_in6 *)sa)->sin6_port);
+    }
+    if (!a || !inet_ntop(sa->ss_family, a, host, (socklen_t)n)) {
+        host[0] = '\0';
+        *port = 0;
+    }
+}
+
 static void peer_info_set(gser_ucx_ep_t *ep, const gux_hello_t *h)
 {
+    /* Read now: the control connection may be gone when the caller asks. */
+    struct sockaddr_storage sa;
+    socklen_t len = sizeof sa;
+    if (ep->ctl.io.fd >= 0 && getsockname(ep->ctl.io.fd, (struct sockaddr *)&sa, &len) == 0)
+        sa_split(&sa, ep->peer.local_host, sizeof ep->peer.local_host, &ep->peer.local_port);
+    len = sizeof sa;
+    if (ep->ctl.io.fd >= 0 && getpeername(ep->ctl.io.fd, (struct sockaddr *)&sa, &len) == 0)
+        sa_split(&sa, ep->peer.peer_host, sizeof ep->peer.peer_host, &ep->peer.peer_port);
     ep->peer.wire_version = h->wire_version;
     ep->peer.gser_wire_version = h->gser_wire_version;
     ep->peer.caps = h->caps;

@@ -340,7 +340,12 @@ class GserConnector(Connector):
         except BaseException:
             _release(worker)
             raise
-        local = PREFIX + unparse_host_port(_local_ip_for(host), 0)
+        # This side's address as tcp:// gives it: the connection's own port.
+        try:
+            info = ep.peer_info()
+            local = PREFIX + unparse_host_port(info["local_host"], info["local_port"])
+        except (gser.GserError, ConnectionError):  # closed under us: the comm's first read says so
+            local = PREFIX + unparse_host_port(_local_ip_for(host), 0)
         peer = PREFIX + address
         comm = self.comm_class(ep, local, peer, deserialize)
         try:

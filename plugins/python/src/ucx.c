@@ -728,8 +728,10 @@ static PyObject *endpoint_peer_info(PgUcxEndpoint *self, PyObject *unused)
     gser_status_t st = gser_ucx_ep_get_peer_info(self->ep, &info);
     if (st)
         return ucx_raise(st, "gser_ucx_ep_get_peer_info");
-    return Py_BuildValue("{s:k,s:k,s:k}", "wire_version", (unsigned long)info.wire_version, "gser_wire_version",
-                         (unsigned long)info.gser_wire_version, "caps", (unsigned long)info.caps);
+    return Py_BuildValue("{s:k,s:k,s:k,s:s,s:H,s:s,s:H}", "wire_version", (unsigned long)info.wire_version,
+                         "gser_wire_version", (unsigned long)info.gser_wire_version, "caps", (unsigned long)info.caps,
+                         "local_host", info.local_host, "local_port", info.local_port, "peer_host", info.peer_host,
+                         "peer_port", info.peer_port);
 }
 
 static PgUcxRequest *request_new(PgUcxEndpoint *ep, PyObject *user, bool recv)
@@ -846,7 +848,8 @@ static PyMethodDef endpoint_methods[] = {
     {"error", (PyCFunction)endpoint_error, METH_NOARGS,
      "error() -> GserError or None: why the endpoint failed or closed."},
     {"peer_info", (PyCFunction)endpoint_peer_info, METH_NOARGS,
-     "peer_info() -> dict: what the peer announced in the handshake."},
+     "peer_info() -> dict: what the peer announced in the handshake (wire_version, gser_wire_version, caps), "
+     "and the connection's addresses (local_host, local_port, peer_host, peer_port)."},
     {NULL, NULL, 0, NULL},
 };
 

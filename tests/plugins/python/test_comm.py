@@ -31,6 +31,7 @@ import dask  # noqa: E402
 import gser.comm  # noqa: E402
 import gser.dask  # noqa: E402,F401  (registers gser://)
 from distributed.comm import CommClosedError, connect, listen  # noqa: E402
+from distributed.comm.addressing import parse_host_port  # noqa: E402
 from distributed.comm.tests import test_comms as dask_tests  # noqa: E402
 from distributed.protocol import Serialized, deserialize, serialize, to_serialize  # noqa: E402
 
@@ -71,6 +72,12 @@ def test_dask_contract_repr_and_addresses():
     async def main():
         a, b = await dask_tests.get_comm_pair("gser://127.0.0.1")
         assert a.local_address in repr(b) and b.local_address in repr(a)
+        # As tcp:// does: the connecting side's address has its connection's
+        # own port, which the listening side sees as its peer.
+        assert a.local_address == b.peer_address and b.local_address == a.peer_address
+        for c in (a, b):
+            host, port = parse_host_port(c.local_address[len("gser://"):])
+            assert host == "127.0.0.1" and port != 0, c.local_address
         await dask_tests.check_repr(a, b)
         a, b = await dask_tests.get_comm_pair("gser://127.0.0.1")
         assert a.extra_info == {"transport": "gser::ucx", "local_cuda": False, "peer_cuda": False,

@@ -52,9 +52,31 @@ TEST_F(Transport, HandshakeReportsVersionsAndCaps)
     EXPECT_EQ(pi.wire_version, (uint32_t)GSER_UCX_WIRE_VERSION);
     EXPECT_EQ(pi.gser_wire_version, (uint32_t)GSER_WIRE_VERSION);
     EXPECT_EQ(pi.caps, gser_ucx_context_get_caps(pair_.ctx.get()));
-    UCX_OK(gser_ucx_ep_get_peer_info(pair_.sep.get(), &pi));
-    EXPECT_EQ(pi.wire_version, (uint32_t)GSER_UCX_WIRE_VERSION);
+    // The connection's addresses, as each side's TCP control socket has them.
+    EXPECT_STREQ(pi.local_host, "127.0.0.1");
+    EXPECT_STREQ(pi.peer_host, "127.0.0.1");
+    EXPECT_EQ(pi.peer_port, gser_ucx_listener_get_port(pair_.listener.get()));
+    EXPECT_NE(pi.local_port, 0);
+    EXPECT_NE(pi.local_port, pi.peer_port);
+    gser_ucx_peer_info_t si = GSER_UCX_PEER_INFO_INIT;
+    UCX_OK(gser_ucx_ep_get_peer_info(pair_.sep.get(), &si));
+    EXPECT_EQ(si.wire_version, (uint32_t)GSER_UCX_WIRE_VERSION);
+    EXPECT_STREQ(si.local_host, "127.0.0.1");
+    EXPECT_EQ(si.local_port, pi.peer_port);
+    EXPECT_EQ(si.peer_port, pi.local_port);
     EXPECT_EQ(gser_ucx_ep_get_worker(pair_.cep.get()), pair_.client.get());
+    // A caller built against the struct before the addresses gets the
+    // fields it knows and nothing written past them.
+    struct {
+        gser_ucx_peer_info_t head;
+        unsigned char guard[64];
+    } old = {};
+    old.head.size = offsetof(gser_ucx_peer_info_t, local_host);
+    memset(old.head.local_host, 0x5a, sizeof old.head.local_host);
+    memset(old.guard, 0x5a, sizeof old.guard);
+    UCX_OK(gser_ucx_ep_get_peer_info(pair_.cep.get(), &old.head));
+    EXPECT_EQ(old.head.wire_version, (uint32_t)GSER_UCX_WIRE_VERSION);
+    EXPECT_EQ((unsigned char)old.head.local_host[0], 0x5a);
 }
 
 TEST_F(Transport, EmptyMessage)
