@@ -134,6 +134,10 @@ typedef struct gser_ucx_worker gser_ucx_worker_t;
  *  Implemented by gser::ucx. */
 GSER_API gser_status_t gser_ucx_worker_set_announce_version(gser_ucx_worker_t *worker, uint32_t version);
 
+/** For tests of the receive-queue check: with on, the message a check sends
+ *  never arrives, as in a blocked queue. Implemented by gser::ucx. */
+GSER_API gser_status_t gser_ucx_worker_set_check_fault(gser_ucx_worker_t *worker, int on);
+
 typedef struct gser_ucx_listener gser_ucx_listener_t;
 
 /** For tests and fuzzers of the handshake: handle a connected stream socket

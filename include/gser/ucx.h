@@ -196,6 +196,24 @@ typedef struct gser_ucx_cache_stats {
  *  be set (GSER_UCX_CACHE_STATS_INIT). */
 GSER_API gser_status_t gser_ucx_worker_get_cache_stats(gser_ucx_worker_t *worker, gser_ucx_cache_stats_t *out);
 
+/**
+ * Whether the worker can still receive. GSER_OK; GSER_INPROGRESS while a
+ * check of its receive queue runs; GSER_ERR_CONNECTION once it failed for
+ * good (gser_ucx_get_last_error() then says why): over shared memory a
+ * local peer killed while it wrote into this worker's receive queue blocks
+ * that queue in UCX 1.13, and nothing from a local peer arrives any more.
+ * The worker checks itself after every peer that dies (it sends itself a
+ * message: a round trip through its own queue, or 2 s when the message does
+ * not arrive while the worker is progressed); when it fails, every endpoint fails with it and new
+ * connections are refused. Create a new worker then. docs/ucx.md section 6.
+ */
+GSER_API gser_status_t gser_ucx_worker_get_status(gser_ucx_worker_t *worker);
+
+/** Start a check of the worker's receive queue now, as after a peer's death
+ *  (nothing when one runs or the worker failed); its result shows in
+ *  gser_ucx_worker_get_status while the worker is progressed. */
+GSER_API gser_status_t gser_ucx_worker_check_queue(gser_ucx_worker_t *worker);
+
 /** Make progress: run UCX's progress, match incoming messages to pending
  *  receives, advance staging, and run completion callbacks. Returns how many
  *  events were handled (0: nothing happened). */

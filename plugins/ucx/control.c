@@ -996,6 +996,9 @@ static unsigned ctl_timers(gser_ucx_worker_t *w, double now)
         if (c->hb_ms && c->next_hb < next)
             next = c->next_hb;
     }
+    double pn = gux_probe_timer(w, now);
+    if (pn < next)
+        next = pn;
     w->timer_next = next;
     return n;
 }

@@ -18,6 +18,8 @@ gser_ucx_ep_t *gux_ep_lookup(gser_ucx_worker_t *w, uint32_t id)
 
 gser_status_t gux_ep_new(gser_ucx_worker_t *w, gser_ucx_ep_t **out)
 {
+    if (w->broken)
+        return gux_fail(w->broken, "%s", w->broken_why);
     gser_ucx_ep_t *ep = calloc(1, sizeof *ep);
     if (!ep)
         return gux_fail(GSER_ERR_NO_MEMORY, "endpoint: out of memory");
@@ -237,6 +239,7 @@ void gux_ep_fail_bye(gser_ucx_ep_t *ep, gser_status_t st, unsigned bye, uint64_t
 void gux_ep_lost(gser_ucx_ep_t *ep, gser_status_t st)
 {
     gux_ep_fail_bye(ep, st, 0, 0);
+    gux_probe_start(ep->worker); /* a peer that died mid-send may have blocked the receive queue */
 }
 
 void gux_ep_fail(gser_ucx_ep_t *ep, gser_status_t st)
@@ -458,6 +461,7 @@ static bool ep_process(gser_ucx_ep_t *ep)
         gux_fail(GSER_ERR_CONNECTION, "connection to the peer %s lost: %s", ep->ctl.peer_name,
                  ucs_status_string(ep->ucx_error));
         gux_ep_fail(ep, GSER_ERR_CONNECTION);
+        gux_probe_start(w); /* as in gux_ep_lost */
     }
     /* Ready when UCX has connected both ends: the client learns of the
      * server's end from its ready record, so that both are ready when the

@@ -196,6 +196,19 @@ typedef struct gux_pconn {
 typedef struct gux_staging gux_staging_t;
 typedef struct gux_pool gux_pool_t;
 
+/* A message the worker sends itself (probe.c). */
+typedef struct gux_probe {
+    ucp_ep_h ep;        /* to the worker's own address */
+    void *recv_req, *send_req;
+    bool got;           /* it arrived */
+    bool again;         /* another peer died while it ran: check once more after it */
+    bool shm_known, shm; /* whether UCX loaded a shared-memory transport (else no check) */
+    double deadline;    /* 0: no check running */
+    uint64_t rounds;    /* worker->rounds when it started */
+    uint32_t seq;
+    unsigned char sbuf[8], rbuf[8];
+} gux_probe_t;
+
 struct gser_ucx_worker {
     gser_ucx_context_t *ctx;
     ucp_worker_h ucp;         /* NULL until the worker first listens or connects */
@@ -241,6 +254,12 @@ struct gser_ucx_worker {
     bool eps_dirty;       /* an endpoint has an error or handshake event to handle */
 
     gux_slots_t conn_ids; /* endpoints by connection id */
+
+    /* probe.c: the receive queue checked after a peer died */
+    gux_probe_t probe;
+    bool probe_fault;          /* tests: the check's message never arrives */
+    gser_status_t broken;      /* not GSER_OK: the worker failed for good (probe.c) */
+    char broken_why[512];
 
     gser_ucx_request_t **req_cache; /* freed requests, for reuse */
     size_t nreq_cache;
@@ -466,6 +485,12 @@ GUX_INTERNAL void gux_ep_fail_bye(gser_ucx_ep_t *ep, gser_status_t st, unsigned 
 /* The peer left (its control connection ended or said bye): fail ep with
  * st, saying nothing back. */
 GUX_INTERNAL void gux_ep_lost(gser_ucx_ep_t *ep, gser_status_t st);
+/* probe.c: start checking the worker's receive queue (a peer died); the
+ * check's deadline, INFINITY when none runs (the worker may fail for good
+ * in it); teardown before UCX's worker goes. */
+GUX_INTERNAL void gux_probe_start(gser_ucx_worker_t *w);
+GUX_INTERNAL double gux_probe_timer(gser_ucx_worker_t *w, double now);
+GUX_INTERNAL void gux_probe_close(gser_ucx_worker_t *w);
 /* How many messages went out whole on ep: those before the first send
  * still in flight (it and later ones are canceled when ep closes). */
 GUX_INTERNAL uint32_t gux_ep_sent_whole(const gser_ucx_ep_t *ep);

@@ -123,7 +123,7 @@ GUX_HIDDEN gser_status_t gux_nonce(unsigned char out[GUX_NONCE_LEN]);
 /* ---- tags ---------------------------------------------------------------------
  * 63..32 the receiver's connection id, 31..28 kind, 27..0 message sequence. */
 
-enum { GUX_KIND_HEAD = 1, GUX_KIND_FRAME = 2, GUX_KIND_CHUNK = 3 };
+enum { GUX_KIND_HEAD = 1, GUX_KIND_FRAME = 2, GUX_KIND_CHUNK = 3, GUX_KIND_PROBE = 4 /* probe.c, connection 0 */ };
 
 #define GUX_SEQ_MASK 0x0fffffffu
 #define GUX_TAG_MASK_KIND ((uint64_t)0xf << 28)

@@ -535,6 +535,7 @@ void gser_ucx_worker_destroy(gser_ucx_worker_t *w)
             ucp_request_free(r->ucx_reqs[i]);
         r->nucx_reqs = 0;
     }
+    gux_probe_close(w);
     /* After this no UCX callback can run; whatever UCX still held is ours. */
     if (w->ucp) {
         if (w->ucp_addr)
@@ -608,6 +609,36 @@ gser_status_t gser_ucx_worker_get_cache_stats(gser_ucx_worker_t *w, gser_ucx_cac
     gux_pool_stats(w->pool, &s);
     if (gser_struct_write(out, &s, sizeof s))
         return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_worker_get_cache_stats: out->size is 0: use GSER_UCX_CACHE_STATS_INIT");
+    return GSER_OK;
+}
+
+gser_status_t gser_ucx_worker_get_status(gser_ucx_worker_t *w)
+{
+    if (!w)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_worker_get_status: worker is NULL");
+    gux_lock(w);
+    gser_status_t st = w->broken ? gux_fail(w->broken, "%s", w->broken_why)
+                       : w->probe.deadline ? GSER_INPROGRESS
+                                           : GSER_OK;
+    gux_unlock(w);
+    return st;
+}
+
+gser_status_t gser_ucx_worker_check_queue(gser_ucx_worker_t *w)
+{
+    if (!w)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_worker_check_queue: worker is NULL");
+    gux_lock(w);
+    gux_probe_start(w);
+    gux_unlock(w);
+    return GSER_OK;
+}
+
+gser_status_t gser_ucx_worker_set_check_fault(gser_ucx_worker_t *w, int on)
+{
+    if (!w)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_worker_set_check_fault: worker is NULL");
+    w->probe_fault = on != 0;
     return GSER_OK;
 }
 

@@ -113,7 +113,9 @@ def _worker() -> gser.ucx.Worker:
         _workers.pop(old).close()  # comms left open when their loop ended
     _register_family()
     w = _workers.get(loop)
-    if w is None or w.closed:
+    if w is None or w.closed or w.failed is not None:
+        # A failed worker (its receive queue blocked) stays with what still
+        # uses it until they let go; new comms get a new one.
         w = _workers[loop] = gser.ucx.Worker(_context(), loop=loop)
     return w
 
@@ -390,13 +392,27 @@ class GserListener(Listener):
     async def start(self):
         self._worker = _worker()
         # "" and 0.0.0.0: every interface (the transport's default); names resolved here.
-        ip = None if self.ip in ("", "0.0.0.0") else self.ip if self.ip == "::" else ensure_ip(self.ip)
+        self._ip = None if self.ip in ("", "0.0.0.0") else self.ip if self.ip == "::" else ensure_ip(self.ip)
         try:
-            self._listener = self._worker.listen(self._handle, ip, self._port)
+            self._listener = self._worker.listen(self._handle, self._ip, self._port)
         except Exception:
             _release(self._worker)
             raise
         self._port = self._listener.port
+        self._worker.on_failed.append(self._on_worker_failed)
+
+    def _on_worker_failed(self, worker):
+        """The worker failed for good (its shared-memory receive queue is
+        blocked: gser.ucx.Worker.failed): listen on a new one, same port."""
+        if self._listener is None or worker is not self._worker:
+            return
+        logger.warning("gser: %s: listening again on a new transport worker: %s", self.contact_address,
+                       worker.failed)
+        self._listener.close()
+        self._worker = _worker()
+        self._listener = self._worker.listen(self._handle, self._ip, self._port)
+        self._worker.on_failed.append(self._on_worker_failed)
+        _release(worker)
 
     def stop(self):
         lst, self._listener = self._listener, None

@@ -37,6 +37,7 @@ transport refuses; both carry the transport's message and, as .status /
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 import weakref
@@ -162,6 +163,9 @@ class Worker:
         self._connecting: dict = {}  # _UcxEndpoint -> Future
         self.endpoints: weakref.WeakSet = weakref.WeakSet()
         self.listeners: weakref.WeakSet = weakref.WeakSet()
+        #: Called with the worker once it failed for good (see failed).
+        self.on_failed: list = []
+        self._failed = None
         self._loop.add_reader(self._fd, self._progress)
 
     # -- driving it -------------------------------------------------------------------
@@ -192,10 +196,42 @@ class Worker:
                 return
             if w.arm():
                 self._wait_for_peer(False)
+                self._check_failed()
                 return
         self._wait_for_peer(not moved)
+        self._check_failed()
         if moved:
             self.kick()
+
+    def _check_failed(self):
+        if self._failed is None and self._w is not None and self._w.status()[0] < 0:
+            self._failed = self.failed
+            for cb in list(self.on_failed):
+                try:
+                    cb(self)
+                except Exception:  # one listener's trouble is not the others'
+                    logging.getLogger(__name__).exception("gser.ucx: an on_failed callback raised")
+
+    @property
+    def failed(self):
+        """None, or the ConnectionClosedError that failed this worker for good:
+        its shared-memory receive queue is blocked (a local peer killed while
+        it wrote into it; UCX 1.13), so nothing from a local peer arrives any
+        more. Every endpoint failed with it and no connection can be made:
+        use a new Worker. The worker checks itself after a peer dies."""
+        if self._w is None:
+            return None
+        st, why = self._w.status()
+        if st >= 0 or st == _INPROGRESS:
+            return None
+        return ConnectionClosedError(why, st, "GSER_ERR_CONNECTION" if st == _ERR_CONNECTION else str(st))
+
+    def check_queue(self):
+        """Check the receive queue now, as after a peer's death (about 2 s;
+        failed tells the outcome)."""
+        self._check_open()
+        self._w.check_queue()
+        self.kick()
 
     def _wait_for_peer(self, waiting):
         """Switch between watching the fd and looking every _IDLE_S."""

@@ -397,6 +397,39 @@ static PyObject *worker_fileno(PgUcxWorker *self, PyObject *unused)
     return PyLong_FromLong(self->efd);
 }
 
+static PyObject *worker_status(PgUcxWorker *self, PyObject *unused)
+{
+    (void)unused;
+    if (!self->w)
+        return closed_error("_UcxWorker.status");
+    gser_status_t st = gser_ucx_worker_get_status(self->w);
+    if (st == GSER_OK || st == GSER_INPROGRESS)
+        return Py_BuildValue("(iO)", (int)st, Py_None);
+    return Py_BuildValue("(is)", (int)st, gser_ucx_get_last_error());
+}
+
+static PyObject *worker_check_queue(PgUcxWorker *self, PyObject *unused)
+{
+    (void)unused;
+    if (!self->w)
+        return closed_error("_UcxWorker.check_queue");
+    gser_status_t st = gser_ucx_worker_check_queue(self->w);
+    if (st)
+        return ucx_raise(st, "gser_ucx_worker_check_queue");
+    Py_RETURN_NONE;
+}
+
+static PyObject *worker_set_check_fault(PgUcxWorker *self, PyObject *arg)
+{
+    if (!self->w)
+        return closed_error("_UcxWorker._set_check_fault");
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    gser_ucx_worker_set_check_fault(self->w, on);
+    Py_RETURN_NONE;
+}
+
 static PyObject *worker_arm(PgUcxWorker *self, PyObject *unused)
 {
     (void)unused;
@@ -505,6 +538,13 @@ static PyObject *worker_closed(PgUcxWorker *self, void *closure)
 
 static PyMethodDef worker_methods[] = {
     {"fileno", (PyCFunction)worker_fileno, METH_NOARGS, "The event file descriptor (gser_ucx_worker_get_efd)."},
+    {"status", (PyCFunction)worker_status, METH_NOARGS,
+     "status() -> (int, str | None): gser_ucx_worker_get_status and, when the worker\n"
+     "failed for good, why."},
+    {"check_queue", (PyCFunction)worker_check_queue, METH_NOARGS,
+     "Start a check of the worker's receive queue (gser_ucx_worker_check_queue)."},
+    {"_set_check_fault", (PyCFunction)worker_set_check_fault, METH_O,
+     "Tests: the check's message never arrives (gser_ucx_worker_set_check_fault)."},
     {"arm", (PyCFunction)worker_arm, METH_NOARGS,
      "arm() -> bool: True when armed (sleep until the fd is readable), False when\n"
      "events are pending (progress again)."},
