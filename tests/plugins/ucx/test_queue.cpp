@@ -37,6 +37,17 @@ gser_status_t check_outcome(std::initializer_list<gser_ucx_worker_t *> ws, gser_
     return st;
 }
 
+// A child connects to l, sends two messages and dies; w sees it gone.
+void peer_dies(gser_ucx_worker_t *w, gser_ucx_listener_t *l)
+{
+    Child child({"send-kill", std::to_string(gser_ucx_listener_get_port(l)), "2", "1"});
+    gser_ucx_ep_t *ep;
+    UCX_OK(gser_ucx_listener_accept(l, kWaitMs, &ep));
+    EpPtr epp(ep);
+    EXPECT_EQ(child.wait(), 128 + SIGKILL);
+    EXPECT_TRUE(drive_until({w}, [&] { return gser_ucx_ep_get_status(ep) == GSER_ERR_CONNECTION; }));
+}
+
 TEST(QueueCheck, AHealthyWorkerPassesAndServesOn)
 {
     NEED_SHM();
@@ -111,12 +122,7 @@ TEST(QueueCheck, APeerThatDiesStartsACheck)
     ListenerPtr l = listen_local(w.get());
     ASSERT_TRUE(l);
     UCX_OK(gser_ucx_worker_set_check_fault(w.get(), 1));
-    Child child({"send-kill", std::to_string(gser_ucx_listener_get_port(l.get())), "2", "1"});
-    gser_ucx_ep_t *ep;
-    UCX_OK(gser_ucx_listener_accept(l.get(), kWaitMs, &ep));
-    EpPtr epp(ep);
-    EXPECT_EQ(child.wait(), 128 + SIGKILL);
-    EXPECT_TRUE(drive_until({w.get()}, [&] { return gser_ucx_ep_get_status(ep) == GSER_ERR_CONNECTION; }));
+    peer_dies(w.get(), l.get());
     EXPECT_EQ(check_outcome({w.get()}, w.get()), GSER_ERR_CONNECTION);
 }
 
@@ -130,14 +136,8 @@ TEST(QueueCheck, AQueueADeadPeerDidNotBlockPassesAndServesOn)
     WorkerPtr w = make_worker(ctx.get());
     ListenerPtr l = listen_local(w.get());
     ASSERT_TRUE(l);
-    for (int round = 0; round < 3; round++) {
-        Child child({"send-kill", std::to_string(gser_ucx_listener_get_port(l.get())), "2", "1"});
-        gser_ucx_ep_t *ep;
-        UCX_OK(gser_ucx_listener_accept(l.get(), kWaitMs, &ep));
-        EpPtr epp(ep);
-        EXPECT_EQ(child.wait(), 128 + SIGKILL);
-        EXPECT_TRUE(drive_until({w.get()}, [&] { return gser_ucx_ep_get_status(ep) == GSER_ERR_CONNECTION; }));
-    }
+    for (int round = 0; round < 3; round++)
+        peer_dies(w.get(), l.get());
     EXPECT_EQ(check_outcome({w.get()}, w.get()), GSER_OK) << gser_ucx_get_last_error();
     Child next({"send-close", std::to_string(gser_ucx_listener_get_port(l.get())), "2", "close"});
     gser_ucx_ep_t *ep;
