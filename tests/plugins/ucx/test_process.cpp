@@ -145,6 +145,24 @@ class TwoProcess : public ::testing::Test {
         worker_.reset();
         ctx_.reset();
     }
+    // A stall-sender child connected to l and its large frame halfway in:
+    // its endpoint and a receive posted on it. Our side is driven while the
+    // child sends, until it says it stalled (its line, in *line).
+    void stalled_sender(Child &child, gser_ucx_listener_t *l, EpPtr *ep, ReqPtr *recv, std::string *line)
+    {
+        gser_ucx_ep_t *e;
+        UCX_OK(gser_ucx_listener_accept(l, kWaitMs, &e));
+        ep->reset(e);
+        gser_ucx_request_t *rr;
+        UCX_OK(gser_ucx_ep_recv_nb(e, nullptr, &rr));
+        recv->reset(rr);
+        std::atomic<bool> stop{false};
+        std::thread reader([&] { *line = child.read_line(); stop = true; });
+        while (!stop)
+            gser_ucx_worker_progress(worker_.get());
+        reader.join();
+    }
+
     UcxCtxPtr ctx_;
     WorkerPtr worker_;
     CtxPtr gctx_;
@@ -181,11 +199,9 @@ TEST_F(TwoProcess, RoundTripThroughAnotherProcess)
 // completes with a connection error, soon.
 TEST_F(TwoProcess, PeerKilledWhileWeReceive)
 {
-    gser_ucx_listener_options_t lo = GSER_UCX_LISTENER_OPTIONS_INIT;
-    lo.address = "127.0.0.1";
-    gser_ucx_listener_t *l;
-    UCX_OK(gser_ucx_listener_create(worker_.get(), &lo, &l));
-    ListenerPtr lp(l);
+    ListenerPtr lp = listen_local(worker_.get());
+    ASSERT_TRUE(lp);
+    gser_ucx_listener_t *l = lp.get();
     // The child stalls after 10 ms of sending; on a loaded machine that
     // has once been enough for the whole frame. Then the case is run again
     // with a larger one: it must be seen halfway once.
@@ -193,20 +209,13 @@ TEST_F(TwoProcess, PeerKilledWhileWeReceive)
     for (size_t bytes = (size_t)128 << 20; !halfway && bytes <= ((size_t)512 << 20); bytes *= 2) {
         SCOPED_TRACE("frame of " + std::to_string(bytes >> 20) + " MiB");
         Child child({"stall-sender", std::to_string(gser_ucx_listener_get_port(l)), std::to_string(bytes)});
-        gser_ucx_ep_t *ep;
-        UCX_OK(gser_ucx_listener_accept(l, kWaitMs, &ep));
-        EpPtr epp(ep);
-        gser_ucx_request_t *rr;
-        UCX_OK(gser_ucx_ep_recv_nb(ep, nullptr, &rr));
-        ReqPtr r(rr);
-        // Drive our side while the child sends, until it stalls.
-        std::atomic<bool> stop{false};
+        EpPtr epp;
+        ReqPtr r;
         std::string line;
-        std::thread reader([&] { line = child.read_line(); stop = true; });
-        while (!stop)
-            gser_ucx_worker_progress(worker_.get());
-        reader.join();
+        stalled_sender(child, l, &epp, &r, &line);
         ASSERT_EQ(line, "stalled");
+        gser_ucx_ep_t *ep = epp.get();
+        gser_ucx_request_t *rr = r.get();
         progress_for(worker_.get(), 100);
         halfway = gser_ucx_request_query(rr) == GSER_INPROGRESS;
         if (!halfway) {
@@ -266,27 +275,18 @@ TEST_F(TwoProcess, PeerKilledWhileWeSend)
 // whose messages arrive through a receive from any endpoint.
 TEST_F(TwoProcess, ListenerServesOnAfterAPeerDies)
 {
-    gser_ucx_listener_options_t lo = GSER_UCX_LISTENER_OPTIONS_INIT;
-    lo.address = "127.0.0.1";
-    gser_ucx_listener_t *l;
-    UCX_OK(gser_ucx_listener_create(worker_.get(), &lo, &l));
-    ListenerPtr lp(l);
+    ListenerPtr lp = listen_local(worker_.get());
+    ASSERT_TRUE(lp);
+    gser_ucx_listener_t *l = lp.get();
     std::string port = std::to_string(gser_ucx_listener_get_port(l));
     {
         Child doomed({"stall-sender", port, std::to_string(128 << 20)});
-        gser_ucx_ep_t *ep;
-        UCX_OK(gser_ucx_listener_accept(l, kWaitMs, &ep));
-        EpPtr epp(ep);
-        gser_ucx_request_t *rr;
-        UCX_OK(gser_ucx_ep_recv_nb(ep, nullptr, &rr));
-        ReqPtr r(rr);
-        std::atomic<bool> stop{false};
-        std::thread reader([&] { doomed.read_line(); stop = true; });
-        while (!stop)
-            gser_ucx_worker_progress(worker_.get());
-        reader.join();
+        EpPtr epp;
+        ReqPtr r;
+        std::string line;
+        stalled_sender(doomed, l, &epp, &r, &line);
         doomed.kill_now();
-        gser_status_t st = gser_ucx_request_wait(rr, kWaitMs);
+        gser_status_t st = gser_ucx_request_wait(r.get(), kWaitMs);
         EXPECT_TRUE(st == GSER_ERR_CONNECTION || st == GSER_OK) << gser_status_str(st);
     }
     const int n = 5;
