@@ -22,6 +22,36 @@ CtxPtr ctx_on(const char *backend, int ordinal)
     return CtxPtr(c);
 }
 
+// Table da serialized with one family: the message and its frames, whose
+// device work is done (frames null after a reported failure).
+struct Sent {
+    MsgPtr msg;
+    FramesPtr frames;
+};
+
+Sent send_with(gser_context_t *ctx, ArrowDeviceArray *da, ArrowSchema *schema, const char *family)
+{
+    Sent out;
+    gser_msg_t *m;
+    EXPECT_EQ(gser_msg_create(ctx, &m), GSER_OK);
+    out.msg.reset(m);
+    gser_value_t *v;
+    EXPECT_EQ(gser_arrow_new_value(m, da, schema, nullptr, &v), GSER_OK);
+    EXPECT_EQ(gser_msg_set_root(m, v), GSER_OK);
+    const char *fams[] = {family};
+    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
+    so.families = fams;
+    so.nfamilies = 1;
+    gser_frames_t *f = nullptr;
+    gser_status_t st = gser_serialize(ctx, m, &so, &f);
+    EXPECT_EQ(st, GSER_OK) << gser_context_get_last_error(ctx);
+    out.frames.reset(f);
+    if (f) {
+        EXPECT_EQ(gser_frames_wait(f), GSER_OK);
+    }
+    return out;
+}
+
 // Give every device buffer of n garbage now and its right bytes later: a copy
 // from pinned memory queued on stream, which runs only once something waits
 // for that stream (on a GPU: a producer's kernel still running).
@@ -75,20 +105,9 @@ TEST(ArrowDeviceOrder, SendWaitsForTheTablesSyncEventBeforeReadingIt)
     da.sync_event = &handle;
 
     for (const char *family : {"device", "host"}) {
-        gser_msg_t *m;
-        ASSERT_EQ(gser_msg_create(ctx.get(), &m), GSER_OK);
-        MsgPtr mp(m);
-        gser_value_t *v;
-        ASSERT_EQ(gser_arrow_new_value(m, &da, &root->schema, nullptr, &v), GSER_OK);
-        ASSERT_EQ(gser_msg_set_root(m, v), GSER_OK);
-        const char *fams[] = {family};
-        gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
-        so.families = fams;
-        so.nfamilies = 1;
-        gser_frames_t *f = nullptr;
-        GSER_OK_OR_FAIL(ctx.get(), gser_serialize(ctx.get(), m, &so, &f));
-        FramesPtr fp(f);
-        ASSERT_EQ(gser_frames_wait(f), GSER_OK);
+        Sent sent = send_with(ctx.get(), &da, &root->schema, family);
+        ASSERT_TRUE(sent.frames);
+        gser_frames_t *f = sent.frames.get();
         gser_msg_t *rm;
         GSER_OK_OR_FAIL(ctx.get(),
                         gser_deserialize(ctx.get(), gser_frames_get_array(f), gser_frames_get_count(f), nullptr, &rm));
@@ -124,20 +143,9 @@ TEST(ArrowDeviceOrder, ReceivedTablesNameTheReceiversGpu)
     da.device_id = 1;
     for (const char *family : {"device", "host"}) {
         for (unsigned take : {0u, (unsigned)GSER_ARROW_TO_DEVICE}) {
-            gser_msg_t *m;
-            ASSERT_EQ(gser_msg_create(tx.get(), &m), GSER_OK);
-            MsgPtr mp(m);
-            gser_value_t *v;
-            ASSERT_EQ(gser_arrow_new_value(m, &da, &root->schema, nullptr, &v), GSER_OK);
-            ASSERT_EQ(gser_msg_set_root(m, v), GSER_OK);
-            const char *fams[] = {family};
-            gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
-            so.families = fams;
-            so.nfamilies = 1;
-            gser_frames_t *f = nullptr;
-            GSER_OK_OR_FAIL(tx.get(), gser_serialize(tx.get(), m, &so, &f));
-            FramesPtr fp(f);
-            ASSERT_EQ(gser_frames_wait(f), GSER_OK);
+            Sent sent = send_with(tx.get(), &da, &root->schema, family);
+            ASSERT_TRUE(sent.frames);
+            gser_frames_t *f = sent.frames.get();
             const gser_frame_t *fr = gser_frames_get_array(f);
             for (size_t i = 1; i < gser_frames_get_count(f); i++)
                 if (fr[i].memory == GSER_MEMORY_DEVICE) {
