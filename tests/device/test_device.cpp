@@ -489,7 +489,35 @@ struct FailingAlloc {
         }
         gser_pinned_free(f->real, p, size);
     }
+
+    // A context on backend whose device and pinned memory come from here
+    // (pinned requests fail the same way); this object outlives it.
+    CtxPtr context(const char *backend)
+    {
+        dev = {sizeof dev, alloc, release, this};
+        pin = {sizeof pin, alloc_pinned, release_pinned, this};
+        gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
+        o.trace = -1;
+        o.device_backend = backend;
+        o.device_allocator = &dev;
+        o.pinned_allocator = &pin;
+        o.pack_max = 4096;
+        gser_context_t *c = nullptr;
+        EXPECT_EQ(gser_context_create(&o, &c), GSER_OK);
+        return CtxPtr(c);
+    }
+    gser_allocator_t dev{}, pin{};
 };
+
+// gser_serialize with the host family alone.
+gser_status_t serialize_host_only(gser_context_t *c, gser_msg_t *m, gser_frames_t **f)
+{
+    const char *const host_only[] = {"host"};
+    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
+    so.families = host_only;
+    so.nfamilies = 1;
+    return gser_serialize(c, m, &so, f);
+}
 
 TEST_P(DeviceTest, AllocationFailuresAreCleanErrors)
 {
@@ -504,28 +532,16 @@ TEST_P(DeviceTest, AllocationFailuresAreCleanErrors)
             FailingAlloc fa;
             fa.real = ctx();
             fa.fail_at = fail_at;
-            gser_allocator_t a{sizeof a, FailingAlloc::alloc, FailingAlloc::release, &fa};
-            gser_allocator_t pa{sizeof pa, FailingAlloc::alloc_pinned, FailingAlloc::release_pinned, &fa};
-            gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
-            o.trace = -1;
-            o.device_backend = GetParam().name;
-            o.device_allocator = &a;
-            o.pinned_allocator = &pa; // pinned requests fail the same way
-            o.pack_max = 4096;
-            gser_context_t *c;
-            ASSERT_EQ(gser_context_create(&o, &c), GSER_OK);
-            CtxPtr cp(c);
+            CtxPtr cp = fa.context(GetParam().name);
+            ASSERT_TRUE(cp);
+            gser_context_t *c = cp.get();
             gser_msg_t *m;
             ASSERT_EQ(gser_msg_create(c, &m), GSER_OK);
             MsgPtr mp(m);
             sent.clear();
             make_buffers(this, m, sent, count, 3000, 5);
             gser_frames_t *f = nullptr;
-            const char *const host_only[] = {"host"};
-            gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
-            so.families = host_only;
-            so.nfamilies = 1;
-            gser_status_t st = gser_serialize(c, m, &so, &f);
+            gser_status_t st = serialize_host_only(c, m, &f);
             if (fail_at < needed) {
                 EXPECT_EQ(st, GSER_ERR_NO_MEMORY) << fail_at;
                 EXPECT_EQ(f, nullptr);
@@ -555,27 +571,15 @@ TEST_P(DeviceTest, AFailedSerializeWaitsForTheWorkItQueued)
     fa.real = ctx();
     fa.fail_at = 2; // the packed frame, the plan, then the pinned host frame
     fa.scribble = true;
-    gser_allocator_t a{sizeof a, FailingAlloc::alloc, FailingAlloc::release, &fa};
-    gser_allocator_t pa{sizeof pa, FailingAlloc::alloc_pinned, FailingAlloc::release_pinned, &fa};
-    gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
-    o.trace = -1;
-    o.device_backend = GetParam().name;
-    o.device_allocator = &a;
-    o.pinned_allocator = &pa;
-    o.pack_max = 4096;
-    gser_context_t *c;
-    ASSERT_EQ(gser_context_create(&o, &c), GSER_OK);
-    CtxPtr cp(c);
+    CtxPtr cp = fa.context(GetParam().name);
+    ASSERT_TRUE(cp);
+    gser_context_t *c = cp.get();
     gser_msg_t *m;
     ASSERT_EQ(gser_msg_create(c, &m), GSER_OK);
     MsgPtr mp(m);
     make_buffers(this, m, sent, DEVL_FEW + 30, 3000, 9);
-    const char *const host_only[] = {"host"};
-    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
-    so.families = host_only;
-    so.nfamilies = 1;
     gser_frames_t *f = nullptr;
-    EXPECT_EQ(gser_serialize(c, m, &so, &f), GSER_ERR_NO_MEMORY);
+    EXPECT_EQ(serialize_host_only(c, m, &f), GSER_ERR_NO_MEMORY);
     EXPECT_EQ(f, nullptr);
     EXPECT_EQ(fa.live, 0);
     EXPECT_EQ(gser_stream_wait(c, nullptr), GSER_OK);
