@@ -1056,6 +1056,7 @@ unsigned gux_ctl_progress(gser_ucx_worker_t *w)
     if (k == 64)
         w->ctl_now = true;
     double now = gux_now_ms();
+    w->ctl_last = now;
     if (now >= w->timer_next)
         n += ctl_timers(w, now);
     return n;

@@ -225,6 +225,8 @@ struct gser_ucx_worker {
     gux_slots_t io;           /* gux_io_t by id */
     double timer_next;        /* the earliest deadline (ms) */
     unsigned ctl_rounds;      /* progress rounds since the sockets were looked at */
+    double ctl_last;          /* when they were looked at last (ms) */
+    uint64_t head_max;        /* gux_head_max of the limits below */
     uint64_t rounds;          /* UCX progress rounds so far */
     bool ctl_now;             /* look at them in the next round */
     int ucx_lfds[16];         /* UCX's listening sockets, which the admission filter guards */

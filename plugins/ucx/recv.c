@@ -40,9 +40,11 @@ void gux_recv_release(gser_ucx_request_t *r)
             free(r->frames);
         r->frames = NULL;
     }
-    free(r->rhead);
-    r->rhead = NULL;
-    if (r->table != r->table_inline)
+    if (r->rhead) {
+        free(r->rhead);
+        r->rhead = NULL;
+    }
+    if (r->table && r->table != r->table_inline)
         free(r->table);
     r->table = NULL;
 }
@@ -167,7 +169,7 @@ static void head_start(gser_ucx_request_t *r, ucp_tag_message_h msg, const ucp_t
     if (ep->drain_until || ep->state >= GUX_EP_FAILED)
         w->eps_dirty = true; /* perhaps the last message the closed peer sent, or one torn (ep_process) */
     size_t len = info->length;
-    bool too_big = len > gux_head_max(w->max_frames, w->max_bytes);
+    bool too_big = len > w->head_max;
     if (too_big)
         gux_fail(GSER_ERR_LIMIT_BYTES, "receive: a %zu-byte message head is over the limits", len);
     else if (len < GUX_HEAD_FIXED)

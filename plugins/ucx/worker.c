@@ -22,9 +22,13 @@
 #define GUX_SPIN_ROUNDS 4000
 /* Longest single sleep, so that a missed wakeup costs little. */
 #define GUX_SLEEP_SLICE_MS 20
-/* Progress rounds between looks at gser's own sockets while polling: a
- * look is a system call, and control traffic can wait that long. */
+/* While polling, gser's own sockets are looked at once GUX_CTL_EVERY rounds
+ * and GUX_CTL_GAP_MS have passed since the last look: a look is a system
+ * call (epoll_wait, about half a microsecond here), as costly as a dozen
+ * rounds, and control traffic (handshakes, heartbeats, a bye) can wait
+ * that long. */
 #define GUX_CTL_EVERY 64
+#define GUX_CTL_GAP_MS 0.05
 /* Epoll tags of UCX's event fd and the timer (see control.c). */
 #define GUX_TAG_UCX ((uint64_t)1 << 40)
 #define GUX_TAG_TIMER ((uint64_t)2 << 40)
@@ -266,6 +270,7 @@ gser_status_t gser_ucx_worker_create(gser_ucx_context_t *ctx, const gser_ucx_wor
         gser_context_get_limits(o.gser_ctx, &lim);
     w->max_frames = ol.max_frames ? ol.max_frames : lim.max_frames;
     w->max_bytes = ol.max_bytes ? ol.max_bytes : lim.max_bytes;
+    w->head_max = gux_head_max(w->max_frames, w->max_bytes);
     w->inline_budget = o.inline_budget ? o.inline_budget : GUX_DEFAULT_INLINE_BUDGET;
     w->inline_max = o.inline_max ? o.inline_max : GUX_DEFAULT_INLINE_MAX;
     if (w->inline_max > w->inline_budget)
@@ -575,12 +580,19 @@ void gser_ucx_worker_destroy(gser_ucx_worker_t *w)
     free(w);
 }
 
+/* Once GUX_CTL_EVERY rounds have passed: is a look at the sockets due? */
+static bool ctl_due(gser_ucx_worker_t *w)
+{
+    w->ctl_rounds = 0;
+    return gux_now_ms() - w->ctl_last >= GUX_CTL_GAP_MS;
+}
+
 unsigned gux_progress(gser_ucx_worker_t *w)
 {
     unsigned n = 0;
     /* Sockets first: a peer's end of file must not overtake the data it
      * sent before, which UCX's progress below still takes in. */
-    if (w->ctl_now || ++w->ctl_rounds >= GUX_CTL_EVERY)
+    if (w->ctl_now || (++w->ctl_rounds >= GUX_CTL_EVERY && ctl_due(w)))
         n += gux_ctl_progress(w);
     if (w->ucp) {
         n += ucp_worker_progress(w->ucp);
