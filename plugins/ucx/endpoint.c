@@ -52,6 +52,10 @@ void gux_ep_free(gser_ucx_ep_t *ep)
     gux_ep_admitted(ep);
     gux_ctl_close(ep, 0, 0);
     gux_filter_release(ep);
+    /* What the peer sent that nobody read would stay with UCX until the
+     * worker goes, and after 4096 reuses of the slot its id comes back. */
+    if (ep->local_id)
+        gux_recv_purge(ep->worker, gux_tag(ep->local_id, 0, 0), GUX_TAG_MASK_CONN);
     gux_slot_put(&ep->worker->conn_ids, ep->local_id);
     gux_list_del(&ep->wlink);
     gux_list_del(&ep->alink);

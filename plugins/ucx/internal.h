@@ -527,6 +527,10 @@ GUX_INTERNAL void gux_recv_cb(void *ucx_req, ucs_status_t st, const ucp_tag_recv
 
 /* recv.c */
 GUX_INTERNAL unsigned gux_recvs_match(gser_ucx_worker_t *w);
+/* Take the messages UCX holds whose tags match tag under mask off its queue,
+ * unread: an endpoint's that is gone, or all when the worker goes (UCX keeps
+ * them until its worker ends, and warns about each then). How many. */
+GUX_INTERNAL unsigned gux_recv_purge(gser_ucx_worker_t *w, uint64_t tag, uint64_t mask);
 GUX_INTERNAL void gux_recv_ready(gser_ucx_request_t *req);
 /* Release received frame memory not handed to the caller. */
 GUX_INTERNAL void gux_recv_release(gser_ucx_request_t *req);

@@ -222,6 +222,18 @@ static void discard(gser_ucx_worker_t *w, ucp_tag_message_h msg, const ucp_tag_r
     gux_req_release_if_idle(r);
 }
 
+unsigned gux_recv_purge(gser_ucx_worker_t *w, uint64_t tag, uint64_t mask)
+{
+    unsigned n = 0;
+    ucp_tag_recv_info_t info;
+    ucp_tag_message_h msg;
+    while (w->ucp && (msg = ucp_tag_probe_nb(w->ucp, tag, mask, 1, &info))) {
+        discard(w, msg, &info);
+        n++;
+    }
+    return n;
+}
+
 unsigned gux_recvs_match(gser_ucx_worker_t *w)
 {
     unsigned n = 0;

@@ -127,6 +127,7 @@ enum { GUX_KIND_HEAD = 1, GUX_KIND_FRAME = 2, GUX_KIND_CHUNK = 3, GUX_KIND_PROBE
 
 #define GUX_SEQ_MASK 0x0fffffffu
 #define GUX_TAG_MASK_KIND ((uint64_t)0xf << 28)
+#define GUX_TAG_MASK_CONN ((uint64_t)0xffffffffu << 32)
 #define GUX_TAG_MASK_CONN_KIND (((uint64_t)0xffffffffu << 32) | GUX_TAG_MASK_KIND)
 #define GUX_TAG_MASK_ALL (~(uint64_t)0)
 

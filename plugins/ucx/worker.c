@@ -510,6 +510,17 @@ static bool teardown_done(void *arg)
     return true;
 }
 
+static bool discards_done(void *arg)
+{
+    gser_ucx_worker_t *w = arg;
+    for (gux_list_t *n = w->all.next; n != &w->all; n = n->next) {
+        gser_ucx_request_t *r = gux_container(n, gser_ucx_request_t, alink);
+        if (r->stage == GUX_RECV_DISCARD && r->outstanding)
+            return false;
+    }
+    return true;
+}
+
 void gser_ucx_worker_destroy(gser_ucx_worker_t *w)
 {
     if (!w)
@@ -523,6 +534,10 @@ void gser_ucx_worker_destroy(gser_ucx_worker_t *w)
     while (!gux_list_empty(&w->recvs))
         gux_req_complete(gux_container(w->recvs.next, gser_ucx_request_t, wlink), GSER_ERR_CANCELED);
     gux_wait(w, teardown_done, w, GUX_CLOSE_TIMEOUT_MS);
+    /* Messages nobody read: taken off UCX's queue, which would warn about
+     * each, and given the rounds a large one's truncated receive needs. */
+    if (gux_recv_purge(w, 0, 0))
+        gux_wait(w, discards_done, w, GUX_CLOSE_TIMEOUT_MS);
     gux_completions_run(w);
 
     gux_staging_destroy(w);

@@ -4,8 +4,13 @@
 // closes at once after its last send, in this process or in a child that
 // exits right after; each case runs in a loop, since the close racing the
 // data was a race.
+#include <fcntl.h>
+#include <unistd.h>
 #include <atomic>
+#include <fstream>
+#include <sstream>
 
+#include "internal.h"
 #include "ucx_common.hpp"
 
 namespace {
@@ -150,6 +155,12 @@ ChildRole send_close_role("send-close", [](const std::vector<std::string> &a) {
 });
 
 class CloseAfterSend : public ::testing::TestWithParam<Close> {
+  protected:
+    void SetUp() override { gctx_ = make_ctx(); }
+    CtxPtr gctx_;
+};
+
+class CloseAfterSendNoParam : public ::testing::Test {
   protected:
     void SetUp() override { gctx_ = make_ctx(); }
     CtxPtr gctx_;
@@ -356,6 +367,97 @@ TEST_P(CloseAfterSend, ReceiverLooksOnlyAfterTheClose)
         if (HasFailure())
             break;
     }
+}
+
+// ---- messages nobody read ---------------------------------------------------
+
+// Whether UCX holds a message for w that nobody has taken (its queue of
+// unexpected messages), after the worker has taken in what arrived.
+bool holds_unread(gser_ucx_worker_t *w)
+{
+    for (int i = 0; i < 100; i++)
+        gser_ucx_worker_progress(w);
+    ucp_tag_recv_info_t info;
+    return ucp_tag_probe_nb(w->ucp, 0, 0, 0, &info) != nullptr;
+}
+
+// Messages the receiving side never asked for, small ones (one send each)
+// and ones with large frames (rendezvous): once it destroys its endpoint,
+// UCX holds none of them any more. They used to stay until the worker went.
+TEST_F(CloseAfterSendNoParam, UnreadMessagesGoWithTheirEndpoint)
+{
+    Pair p;
+    ASSERT_NO_FATAL_FAILURE(p.open());
+    std::vector<std::unique_ptr<TestMsg>> msgs;
+    std::vector<FramesPtr> frames;
+    std::vector<ReqPtr> sends;
+    for (int i = 0; i < 8; i++) {
+        msgs.push_back(std::make_unique<TestMsg>(gctx_.get(), sizes_of(i), (unsigned)i));
+        frames.push_back(serialize(gctx_.get(), msgs.back()->msg.get()));
+        gser_ucx_request_t *r;
+        UCX_OK(gser_ucx_ep_send_nb(p.cep.get(), gser_frames_get_array(frames.back().get()),
+                                   gser_frames_get_count(frames.back().get()), nullptr, &r));
+        sends.emplace_back(r);
+    }
+    ASSERT_TRUE(drive_until({p.client.get(), p.server.get()}, [&] { return holds_unread(p.server.get()); }))
+        << "nothing arrived";
+    p.sep.reset();
+    EXPECT_TRUE(drive_until({p.client.get(), p.server.get()}, [&] { return !holds_unread(p.server.get()); }))
+        << "UCX still holds what the peer sent to the destroyed endpoint";
+    // The sender's requests end one way or the other (the receiver is gone).
+    for (auto &r : sends)
+        EXPECT_NE(drive({p.client.get(), p.server.get()}, r.get()), GSER_INPROGRESS);
+    sends.clear();
+}
+
+// What this process writes to its standard output and error while f runs.
+template <typename F> std::string output_of(F f)
+{
+    fflush(stdout);
+    fflush(stderr);
+    char path[] = "/tmp/gser-test-output-XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0)
+        return "(mkstemp failed)";
+    unlink(path);
+    int out = dup(1), err = dup(2);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    f();
+    fflush(stdout);
+    fflush(stderr);
+    dup2(out, 1);
+    dup2(err, 2);
+    close(out);
+    close(err);
+    std::string text;
+    char buf[4096];
+    ssize_t k;
+    lseek(fd, 0, SEEK_SET);
+    while ((k = read(fd, buf, sizeof buf)) > 0)
+        text.append(buf, (size_t)k);
+    close(fd);
+    return text;
+}
+
+// A worker destroyed with unread messages on an endpoint it still has:
+// they are dropped quietly (UCX warned about each one).
+TEST_F(CloseAfterSendNoParam, UnreadMessagesGoQuietlyWithTheWorker)
+{
+    Pair p;
+    ASSERT_NO_FATAL_FAILURE(p.open());
+    for (int i = 0; i < 3; i++) {
+        TestMsg m(gctx_.get(), {(size_t)(100 * i)}, (unsigned)i);
+        UCX_OK(gser_ucx_ep_send_msg(p.cep.get(), gctx_.get(), m.msg.get(), nullptr, kWaitMs));
+    }
+    ASSERT_TRUE(drive_until({p.server.get()}, [&] { return holds_unread(p.server.get()); }));
+    // The server's worker closes its endpoint and listener itself.
+    (void)p.sep.release();
+    (void)p.listener.release();
+    close_driving(p.cep, p.server.get());
+    std::string text = output_of([&] { p.server.reset(); });
+    EXPECT_EQ(text.find("not matched"), std::string::npos) << text;
+    EXPECT_EQ(text.find("UCX  WARN"), std::string::npos) << text;
 }
 
 INSTANTIATE_TEST_SUITE_P(Ucx, CloseAfterSend, ::testing::Values(Close::destroy, Close::close, Close::close_destroy),
