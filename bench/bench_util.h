@@ -50,7 +50,7 @@ typedef struct bench_result {
     const char *unit;
     const char *anchor;
     double anchor_value;
-    const char *target; /* applies to ratio, e.g. "<= 2" */
+    const char *target; /* applies to ratio, e.g. "<= 2"; NULL: none (a row that explains another) */
     const char *note;   /* free text for the table, or NULL */
 } bench_result_t;
 
@@ -72,12 +72,14 @@ static inline void bench_print(const bench_result_t *r, bool json)
     double ratio = r->value / r->anchor_value;
     if (json) {
         printf("{\"name\": \"%s\", \"value\": %.6g, \"unit\": \"%s\", \"anchor\": \"%s\", \"anchor_value\": %.6g, "
-               "\"ratio\": %.6g, \"target\": \"%s\"}\n",
-               r->name, r->value, r->unit, r->anchor, r->anchor_value, ratio, r->target);
+               "\"ratio\": %.6g, \"target\": %s%s%s}\n",
+               r->name, r->value, r->unit, r->anchor, r->anchor_value, ratio, r->target ? "\"" : "",
+               r->target ? r->target : "null", r->target ? "\"" : "");
     } else {
-        printf("%-20s %12.3f %-4s  %-34s %12.3f  ratio %9.4f  target %-7s %s%s%s\n", r->name, r->value, r->unit,
-               r->anchor, r->anchor_value, ratio, r->target, bench_meets(ratio, r->target) ? "ok" : "MISSED",
-               r->note ? "  " : "", r->note ? r->note : "");
+        printf("%-22s %12.3f %-4s  %-34s %12.3f  ratio %9.4f  target %-7s %s%s%s\n", r->name, r->value, r->unit,
+               r->anchor, r->anchor_value, ratio, r->target ? r->target : "-",
+               !r->target ? "  " : bench_meets(ratio, r->target) ? "ok" : "MISSED", r->note ? "  " : "",
+               r->note ? r->note : "");
     }
     fflush(stdout);
 }

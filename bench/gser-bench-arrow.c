@@ -310,7 +310,7 @@ int main(int argc, char **argv)
     const double target = quick ? 32e6 : 1.07e9;
     const int reps = quick ? 1 : 3;
     if (!json)
-        printf("%-20s %12s %-4s  %-34s %12s  %-15s %s\n", "case", "value", "unit", "anchor", "anchor", "ratio",
+        printf("%-22s %12s %-4s  %-34s %12s  %-15s %s\n", "case", "value", "unit", "anchor", "anchor", "ratio",
                "target");
     sender_case(512, (int64_t)(target / (512 * 12.0)), device, json, reps);
     sender_case(8, (int64_t)(target / (8 * 12.0)), device, json, reps);

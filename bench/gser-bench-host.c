@@ -426,7 +426,7 @@ int main(int argc, char **argv)
     const int reps = quick ? 3 : 21;
 
     if (!json)
-        printf("%-20s %12s %-4s  %-34s %12s  %-15s %s\n", "case", "value", "unit", "anchor", "anchor", "ratio",
+        printf("%-22s %12s %-4s  %-34s %12s  %-15s %s\n", "case", "value", "unit", "anchor", "anchor", "ratio",
                "target");
     if (!only || strcmp(only, "list") == 0)
         bench_lists(n, reps, quick, json);

@@ -5,8 +5,9 @@ Each line is what bench_util.h (or bench/python) prints with --json:
 name, value, unit, anchor, anchor_value, ratio = value / anchor_value, target.
 A benchmark whose anchor failed prints nan (not JSON); such a line, a line
 that cannot be read at all, or a missing or non-finite ratio is a row that
-says so, never a crash. Exit status 1 if any row missed its target or had no
-value, so run.sh can report it.
+says so, never a crash. A row whose target is null explains another and is
+not judged. Exit status 1 if any row missed its target or had no value, so
+run.sh can report it.
 """
 import json
 import math
@@ -56,6 +57,10 @@ def row(r):
     if ratio is None and value is not None and anchor_value:
         ratio = value / anchor_value
     target = r.get("target", "?")
+    if "target" in r and target is None:
+        # A row that explains another (bench_util.h): shown, never judged.
+        return (f"{str(r.get('name', '?')):<30} {fmt(value, 10)} {str(r.get('unit', '')):<4} vs "
+                f"{str(r.get('anchor', '?'))[:36]:<36} {fmt(anchor_value, 10)}  ratio {fmt(ratio, 7)} {'-':>7}"), False
     ok = meets(ratio, target)
     verdict = "ok" if ok else ("MISSED" if ok is False else "NO VALUE")
     name, unit, anchor = str(r.get("name", "?")), str(r.get("unit", "")), str(r.get("anchor", "?"))[:36]

@@ -62,6 +62,16 @@ class Summary(unittest.TestCase):
         self.assertEqual(missed, 0)
         self.assertIn("0.5000", rows[0])
 
+    def test_a_row_without_a_target_is_shown_and_not_judged(self):
+        line = ('{"name": "ucx_shm_lat_8B_frames", "value": 0.8, "unit": "us", "anchor": "ucx_perftest", '
+                '"anchor_value": 0.4, "ratio": 2, "target": null}')
+        missed, rows = run([line, MISS])
+        self.assertEqual(missed, 1)
+        self.assertIn("ucx_shm_lat_8B_frames", rows[0])
+        self.assertIn("2.0000", rows[0])
+        self.assertNotIn("MISSED", rows[0])
+        self.assertNotIn("NO VALUE", rows[0])
+
     def test_as_a_program_exit_status_says_whether_anything_missed(self):
         for text, want in ((GOOD + "\n", 0), (GOOD + "\n" + NAN + "\n", 1)):
             p = subprocess.run([sys.executable, SUMMARY], input=text, capture_output=True, text=True)
