@@ -16,6 +16,11 @@
  *                       sent, received and sent back as received: the
  *                       transport's own part of the row above (no target:
  *                       it shows where the time goes)
+ *   ucx_shm_cpu_8B, ucx_shm_cpu_8B_frames   the two round trips above with
+ *                       both ends in this process, one thread driving both
+ *                       (ns per round trip), vs the same between two plain
+ *                       UCX workers: the CPU work alone, without the
+ *                       transfers between cores (no target)
  *   ucx_<tl>_bw_<size>  bandwidth of a stream of messages with one frame of
  *                       <size> bytes (64 KiB, 4 MiB, 64 MiB), serialized and
  *                       deserialized each, vs ucx_perftest tag_bw <size>
@@ -46,6 +51,8 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <ucp/api/ucp.h>
 
 #include <gser/device.h>
 #include <gser/gser.h>
@@ -134,6 +141,63 @@ static gser_msg_t *data_msg(const void *data, size_t size, gser_memory_t mem)
     return m;
 }
 
+/* ---- a small message's round trip ----------------------------------------------------- */
+
+typedef struct rt {
+    gser_frames_t *f;
+    gser_ucx_request_t *s, *r;
+} rt_t;
+
+/* The first half: send m (serialized now, or its frames serialized once) and
+ * post the receive of the answer. */
+static void rt_send(gser_ucx_ep_t *ep, gser_msg_t *m, gser_frames_t *once, rt_t *t)
+{
+    t->f = once;
+    if (!once)
+        CK(gser_serialize(g_ctx, m, NULL, &t->f));
+    CK(gser_ucx_ep_send_nb(ep, gser_frames_get_array(t->f), gser_frames_get_count(t->f), NULL, &t->s));
+    CK(gser_ucx_ep_recv_nb(ep, NULL, &t->r));
+}
+
+/* The second half: the answer, deserialized unless only frames travel. */
+static void rt_finish(rt_t *t, gser_frames_t *once)
+{
+    CK(gser_ucx_request_wait(t->r, WAIT_MS));
+    if (!once) {
+        gser_msg_t *got;
+        CK(gser_ucx_request_deserialize(t->r, g_ctx, NULL, &got));
+        gser_msg_destroy(got);
+    }
+    gser_ucx_request_free(t->r);
+    CK(gser_ucx_request_wait(t->s, WAIT_MS));
+    gser_ucx_request_free(t->s);
+    if (!once)
+        gser_frames_destroy(t->f);
+}
+
+/* The peer's part: receive one message and send it back, deserialized and
+ * serialized again, or (frames_only) its frames as they came. */
+static void echo_one(gser_ucx_ep_t *ep, bool frames_only)
+{
+    if (!frames_only) {
+        gser_msg_t *m;
+        CK(gser_ucx_ep_recv_msg(ep, g_ctx, NULL, WAIT_MS, &m));
+        CK(gser_ucx_ep_send_msg(ep, g_ctx, m, NULL, WAIT_MS));
+        gser_msg_destroy(m);
+        return;
+    }
+    gser_ucx_request_t *r, *s;
+    CK(gser_ucx_ep_recv_nb(ep, NULL, &r));
+    CK(gser_ucx_request_wait(r, WAIT_MS));
+    gser_ucx_recv_t got = GSER_UCX_RECV_INIT;
+    CK(gser_ucx_request_take(r, &got));
+    CK(gser_ucx_ep_send_nb(ep, got.frames, got.nframes, NULL, &s));
+    CK(gser_ucx_request_wait(s, WAIT_MS));
+    gser_ucx_request_free(s);
+    gser_ucx_request_free(r);
+    gser_ucx_recv_finish(&got, false);
+}
+
 /* ---- the serving child ---------------------------------------------------------------- */
 
 #define RECV_WINDOW 8
@@ -159,28 +223,9 @@ static int serve(const char *device_backend)
         recv_cmd(ep, &c);
         if (strcmp(c.op, "quit") == 0)
             break;
-        if (strcmp(c.op, "echo") == 0) {
-            /* Receive, deserialize, serialize again and send back. */
-            for (uint64_t i = 0; i < c.n; i++) {
-                gser_msg_t *m;
-                CK(gser_ucx_ep_recv_msg(ep, g_ctx, NULL, WAIT_MS, &m));
-                CK(gser_ucx_ep_send_msg(ep, g_ctx, m, NULL, WAIT_MS));
-                gser_msg_destroy(m);
-            }
-        } else if (strcmp(c.op, "echo_frames") == 0) {
-            /* Receive and send the frames back as they came. */
-            for (uint64_t i = 0; i < c.n; i++) {
-                gser_ucx_request_t *r, *s;
-                CK(gser_ucx_ep_recv_nb(ep, NULL, &r));
-                CK(gser_ucx_request_wait(r, WAIT_MS));
-                gser_ucx_recv_t got = GSER_UCX_RECV_INIT;
-                CK(gser_ucx_request_take(r, &got));
-                CK(gser_ucx_ep_send_nb(ep, got.frames, got.nframes, NULL, &s));
-                CK(gser_ucx_request_wait(s, WAIT_MS));
-                gser_ucx_request_free(s);
-                gser_ucx_request_free(r);
-                gser_ucx_recv_finish(&got, false);
-            }
+        if (strcmp(c.op, "echo") == 0 || strcmp(c.op, "echo_frames") == 0) {
+            for (uint64_t i = 0; i < c.n; i++)
+                echo_one(ep, strcmp(c.op, "echo_frames") == 0);
         } else if (strcmp(c.op, "sink") == 0) {
             /* Receive and deserialize n messages, RECV_WINDOW receives posted. */
             gser_ucx_request_t *r[RECV_WINDOW] = {0};
@@ -389,23 +434,9 @@ static double gser_latency_us(conn_t *c, long n, long warmup, bool frames_only)
     double *rtt = malloc(sizeof(double) * (size_t)n);
     for (long i = 0; i < n + warmup; i++) {
         double t0 = bench_now_us();
-        gser_frames_t *f = once;
-        if (!frames_only)
-            CK(gser_serialize(g_ctx, m, NULL, &f));
-        gser_ucx_request_t *s, *r;
-        CK(gser_ucx_ep_send_nb(c->ep, gser_frames_get_array(f), gser_frames_get_count(f), NULL, &s));
-        CK(gser_ucx_ep_recv_nb(c->ep, NULL, &r));
-        CK(gser_ucx_request_wait(r, WAIT_MS));
-        if (!frames_only) {
-            gser_msg_t *got;
-            CK(gser_ucx_request_deserialize(r, g_ctx, NULL, &got));
-            gser_msg_destroy(got);
-        }
-        gser_ucx_request_free(r);
-        CK(gser_ucx_request_wait(s, WAIT_MS));
-        gser_ucx_request_free(s);
-        if (!frames_only)
-            gser_frames_destroy(f);
+        rt_t t;
+        rt_send(c->ep, m, once, &t);
+        rt_finish(&t, once);
         if (i >= warmup)
             rtt[i - warmup] = bench_now_us() - t0;
     }
@@ -415,6 +446,134 @@ static double gser_latency_us(conn_t *c, long n, long warmup, bool frames_only)
     gser_frames_destroy(once);
     gser_msg_destroy(m);
     return med;
+}
+
+/* ---- both ends in this process, one thread: the CPU work alone ------------------------- */
+
+/* Nanoseconds per round trip of 8-byte tag messages between two UCX workers
+ * of one context, each receive posted before its send; NAN if UCX fails. */
+static double ucx_cpu_rt_ns(long n)
+{
+    double ns = NAN;
+    ucp_config_t *cfg;
+    if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK)
+        return NAN;
+    ucp_config_modify(cfg, "KEEPALIVE_INTERVAL", "inf"); /* as gser's context has it */
+    ucp_params_t pp = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_TAG};
+    ucp_context_h ctx;
+    ucs_status_t st = ucp_init(&pp, cfg, &ctx);
+    ucp_config_release(cfg);
+    if (st != UCS_OK)
+        return NAN;
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE, .thread_mode = UCS_THREAD_MODE_SINGLE};
+    ucp_worker_h w[2] = {NULL, NULL};
+    ucp_address_t *addr[2] = {NULL, NULL};
+    size_t len[2];
+    ucp_ep_h ep[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++)
+        if (ucp_worker_create(ctx, &wp, &w[i]) != UCS_OK || ucp_worker_get_address(w[i], &addr[i], &len[i]) != UCS_OK)
+            goto out;
+    for (int i = 0; i < 2; i++) {
+        ucp_ep_params_t ep_p = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+                                .address = addr[1 - i], .err_mode = UCP_ERR_HANDLING_MODE_PEER};
+        if (ucp_ep_create(w[i], &ep_p, &ep[i]) != UCS_OK)
+            goto out;
+    }
+    char sbuf[8] = {0}, rbuf[8];
+    double t0 = 0;
+    for (long k = 0; k < n + n / 10; k++) {
+        if (k == n / 10)
+            t0 = bench_now_us();
+        for (int i = 0; i < 2; i++) { /* i sends to 1 - i */
+            ucp_request_param_t rp = {0}, sp = {0};
+            void *r = ucp_tag_recv_nbx(w[1 - i], rbuf, sizeof rbuf, 1, ~(uint64_t)0, &rp);
+            void *s = ucp_tag_send_nbx(ep[i], sbuf, sizeof sbuf, 1, &sp);
+            if (UCS_PTR_IS_ERR(r) || UCS_PTR_IS_ERR(s))
+                goto out;
+            while ((r && ucp_request_check_status(r) == UCS_INPROGRESS) ||
+                   (s && ucp_request_check_status(s) == UCS_INPROGRESS)) {
+                ucp_worker_progress(w[1 - i]);
+                ucp_worker_progress(w[i]);
+            }
+            if (r)
+                ucp_request_free(r);
+            if (s)
+                ucp_request_free(s);
+        }
+    }
+    ns = (bench_now_us() - t0) * 1e3 / (double)n;
+out:
+    for (int i = 0; i < 2; i++) {
+        if (ep[i]) {
+            ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
+            void *c = ucp_ep_close_nbx(ep[i], &cp);
+            while (UCS_PTR_IS_PTR(c) && ucp_request_check_status(c) == UCS_INPROGRESS)
+                ucp_worker_progress(w[i]);
+            if (UCS_PTR_IS_PTR(c))
+                ucp_request_free(c);
+        }
+    }
+    for (int i = 0; i < 2; i++) {
+        if (addr[i])
+            ucp_worker_release_address(w[i], addr[i]);
+        if (w[i])
+            ucp_worker_destroy(w[i]);
+    }
+    ucp_cleanup(ctx);
+    return ns;
+}
+
+/* The same for gser: a client and a server endpoint on two workers here,
+ * the round trip of the latency rows with the server's part in between. */
+static double gser_cpu_rt_ns(long n, bool frames_only)
+{
+    gser_ucx_context_t *uctx;
+    CK(gser_ucx_context_create(&g_ucx_opts, &uctx));
+    gser_ucx_worker_options_t wo = {.size = sizeof(gser_ucx_worker_options_t)};
+    gser_ucx_worker_t *sw, *cw;
+    CK(gser_ucx_worker_create(uctx, &wo, &sw));
+    CK(gser_ucx_worker_create(uctx, &wo, &cw));
+    gser_ucx_listener_options_t lo = {.size = sizeof(gser_ucx_listener_options_t), .address = "127.0.0.1"};
+    gser_ucx_listener_t *l;
+    CK(gser_ucx_listener_create(sw, &lo, &l));
+    gser_ucx_ep_t *cep, *sep = NULL;
+    CK(gser_ucx_ep_connect_nb(cw, "127.0.0.1", gser_ucx_listener_get_port(l), &cep));
+    double until = bench_now_us() + WAIT_MS * 1e3;
+    while ((!sep || gser_ucx_ep_get_status(cep) == GSER_INPROGRESS) && bench_now_us() < until) {
+        gser_ucx_worker_progress(sw);
+        gser_ucx_worker_progress(cw);
+        gser_status_t st = sep ? GSER_OK : gser_ucx_listener_accept(l, 0, &sep);
+        if (st != GSER_OK && st != GSER_ERR_TIMEOUT)
+            CK(st);
+    }
+    if (!sep)
+        CK(GSER_ERR_TIMEOUT);
+    CK(gser_ucx_ep_get_status(cep));
+
+    unsigned char payload[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    gser_msg_t *m = data_msg(payload, sizeof payload, GSER_MEMORY_HOST);
+    gser_frames_t *once = NULL;
+    if (frames_only)
+        CK(gser_serialize(g_ctx, m, NULL, &once));
+    double t0 = 0;
+    for (long k = 0; k < n + n / 10; k++) {
+        if (k == n / 10)
+            t0 = bench_now_us();
+        rt_t t;
+        rt_send(cep, m, once, &t);
+        echo_one(sep, frames_only);
+        rt_finish(&t, once);
+    }
+    double ns = (bench_now_us() - t0) * 1e3 / (double)n;
+    gser_frames_destroy(once);
+    gser_msg_destroy(m);
+    gser_ucx_ep_destroy(cep);
+    gser_ucx_ep_destroy(sep);
+    gser_ucx_listener_destroy(l);
+    gser_ucx_worker_destroy(cw);
+    gser_ucx_worker_destroy(sw);
+    gser_ucx_context_destroy(uctx);
+    return ns;
 }
 
 #define SEND_WINDOW 16
@@ -566,6 +725,30 @@ static double run_transport(const char *tl, bool quick, bool json, const char *o
         bench_result_t f = {name, median(fv, rounds), "us", anchor, pf, NULL,
                             "the row above without serialize and deserialize: the transport's part"};
         bench_print(&f, json);
+
+    }
+    /* The same two round trips with both ends in this process, driven by one
+     * thread: what each costs in CPU work, without the transfers between
+     * cores that dominate the rows above. Over shared memory only: over tcp
+     * a send may wait for its own worker, which a one-thread echo does not
+     * drive while it waits for the other. */
+    if ((!only || strcmp(only, "lat") == 0) && strcmp(tl, "shm") == 0) {
+        long cpu_n = quick ? 200 : 20000;
+        double uv[ROUNDS], cv[ROUNDS], cf[ROUNDS];
+        for (int k = 0; k < rounds; k++) {
+            uv[k] = ucx_cpu_rt_ns(cpu_n);
+            cv[k] = gser_cpu_rt_ns(cpu_n, false);
+            cf[k] = gser_cpu_rt_ns(cpu_n, true);
+        }
+        snprintf(anchor, sizeof anchor, "UCX tag 8 B, 2 workers, 1 thread");
+        snprintf(name, sizeof name, "ucx_%s_cpu_8B", tl);
+        bench_result_t cr = {name, median(cv, rounds), "ns", anchor, median(uv, rounds), NULL,
+                             "round trip, both ends in one thread: CPU work, serialize and deserialize included"};
+        bench_print(&cr, json);
+        snprintf(name, sizeof name, "ucx_%s_cpu_8B_frames", tl);
+        bench_result_t cfr = {name, median(cf, rounds), "ns", anchor, median(uv, rounds), NULL,
+                              "the same without serialize and deserialize"};
+        bench_print(&cfr, json);
     }
 
     /* bandwidth; for 8-byte messages, the message rate */
