@@ -744,7 +744,11 @@ static void sleep_on_fd(gser_ucx_worker_t *w, double ms)
 
 gser_status_t gux_wait(gser_ucx_worker_t *w, bool (*done)(void *arg), void *arg, int timeout_ms)
 {
-    double deadline = timeout_ms < 0 ? 0 : gux_now_ms() + timeout_ms;
+    /* Reading the clock costs as much as a progress round: a wait over in
+     * its first round (most of a small message's) never reads it, the
+     * deadline counts from the end of that round, and polling looks every
+     * few rounds only. A zero timeout needs no clock: 16 rounds. */
+    double deadline = -1;
     unsigned idle = 0;
     for (unsigned round = 1;; round++) {
         if (done && done(arg))
@@ -754,10 +758,14 @@ gser_status_t gux_wait(gser_ucx_worker_t *w, bool (*done)(void *arg), void *arg,
             return GSER_OK;
         idle = n ? 0 : idle + 1;
         bool sleep = !n && (w->blocking_sleep || idle > GUX_SPIN_ROUNDS);
-        /* Reading the clock costs as much as a progress round: while
-         * polling, look at it every few rounds only. */
-        if (sleep || round % 16 == 0) {
-            double left = timeout_ms < 0 ? 1e9 : deadline - gux_now_ms();
+        if (sleep || round % 16 == 0 || (round == 1 && timeout_ms > 0)) {
+            double left = timeout_ms < 0 ? 1e9 : 0;
+            if (timeout_ms > 0) {
+                double now = gux_now_ms();
+                if (deadline < 0)
+                    deadline = now + timeout_ms;
+                left = deadline - now;
+            }
             if (left <= 0)
                 return GSER_ERR_TIMEOUT;
             if (sleep) {
