@@ -406,6 +406,13 @@ class Listener:
         self._c.close()
 
 
+def _bytes_of(mv):
+    """A contiguous memoryview as a flat memoryview of its bytes, not copied.
+    An empty one of several dimensions (an empty partition's (0, 3) array)
+    cannot be cast: its bytes are b""."""
+    return mv.cast("B") if mv.nbytes else memoryview(b"")
+
+
 def _frame(f):
     """One frame for send_frames: host bytes as a flat memoryview of bytes
     (gser's untyped bytes, not copied), device arrays as they are."""
@@ -417,7 +424,7 @@ def _frame(f):
     if mv.ndim == 1 and mv.format == "B":
         return mv
     if mv.c_contiguous:
-        return mv.cast("B")
+        return _bytes_of(mv)
     return memoryview(mv.tobytes())  # strided: one copy
 
 
@@ -559,7 +566,7 @@ class Endpoint:
             if t is memoryview or t is _gser.DeviceArray:
                 continue
             if t.__name__ == "ndarray" and t.__module__ == "numpy":
-                out[i] = memoryview(f).cast("B")  # a typed host frame (a CPU DLPack tensor): its bytes
+                out[i] = _bytes_of(memoryview(f))  # a typed host frame (a CPU DLPack tensor): its bytes
                 continue
             raise GserError(f"gser.ucx: expected a list of frames, got a list with an item of type {t.__name__}")
         return out

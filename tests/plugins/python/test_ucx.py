@@ -79,6 +79,22 @@ def test_frames_zero_copy_writable():
     run(main())
 
 
+def test_empty_frames_of_any_shape():
+    # An empty partition's arrays: no bytes, but a shape with a 0 in it
+    # (memoryview.cast refuses those). Found by Dask's test_worker.py over
+    # gser:// (test_broken_comm: a shuffle's empty pieces).
+    frames = [b"head", np.zeros((0, 3)), np.zeros((3, 0), dtype=np.int8), np.zeros((2, 0, 2), dtype="u1"),
+              memoryview(np.zeros((4, 0)))[::2], np.zeros(0)]
+
+    async def main():
+        w, lst, a, b = await pair()
+        _, out = await asyncio.gather(a.send_frames(frames), b.recv_frames())
+        assert [bytes(f) for f in out] == [b"head"] + [b""] * 5
+        w.close()
+
+    run(main())
+
+
 @pytest.mark.skipif(not EMULATED, reason="device frames need GSER_DEVICE=emulated here (or a GPU)")
 def test_host_and_device_frames_in_one_message():
     dev_big = np.arange(300_000, dtype=np.float32)
