@@ -299,6 +299,38 @@ def test_connection_refused_within_the_connect_timeout():
     run(main())
 
 
+def test_a_port_in_use_is_eaddrinuse_and_a_port_range_moves_on():
+    # Dask's Worker and Nanny try the next port of a range (--worker-port
+    # 9000:9100) only on OSError(EADDRINUSE), as tcp:// raises it. Found by
+    # Dask's test_worker.py::test_worker_port_range over gser://.
+    import errno
+
+    from distributed import Scheduler, Worker
+
+    async def main():
+        async with Scheduler(host="gser://127.0.0.1", port=0, dashboard_address=":0") as s:
+            for attempt in range(5):  # port + 1 may be another program's
+                first = await listen("gser://127.0.0.1:0", lambda comm: None)
+                port = parse_host_port(first.contact_address[len("gser://"):])[1]
+                try:
+                    with pytest.raises(OSError) as e:
+                        await listen(f"gser://127.0.0.1:{port}", lambda comm: None)
+                    assert e.value.errno == errno.EADDRINUSE and f"gser://127.0.0.1:{port}" in str(e.value)
+                    try:
+                        w = await Worker(s.address, host="127.0.0.1", port=f"{port}:{port + 1}", nthreads=1)
+                    except Exception:
+                        if attempt == 4:
+                            raise
+                        continue
+                    assert w.address == f"gser://127.0.0.1:{port + 1}"
+                    await w.close()
+                    return
+                finally:
+                    first.stop()
+
+    run(main())
+
+
 def test_peer_killed_mid_transfer():
     """A peer that dies while it sends us 64 MiB messages: the pending read and
     later writes end with CommClosedError within seconds, and the listener
