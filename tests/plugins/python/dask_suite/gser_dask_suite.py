@@ -9,7 +9,14 @@ expected to fail with gser, and why: `<file>::<test id>  # <reason>`. They are
 marked xfail(strict=True), so that a listed test that starts passing fails
 the run (the list stays true), as does any failure not listed, and a listed
 test that no longer exists. Lines `ignore <file>  # <reason>` name test files
-that cannot be collected here.
+that cannot be collected here; lines `skip <file>::<test id>  # <reason>`
+tests that are not run, and say why in the report (a test that could only
+wait for a timeout).
+
+GSER_DASK_SUITE_LIST names another list: the comm suite runs Dask's
+distributed/tests/test_core.py and test_batched.py with gser:// as the default
+scheme (DASK_DISTRIBUTED__COMM__DEFAULT_SCHEME=gser) against
+expected_comm_failures.txt.
 """
 
 import os
@@ -17,12 +24,13 @@ import os
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-LIST = os.path.join(HERE, "expected_failures.txt")
+LIST = os.environ.get("GSER_DASK_SUITE_LIST") or os.path.join(HERE, "expected_failures.txt")
 
 
 def read_list(path=LIST):
-    """({test key: reason}, {file name: reason})."""
-    expected, ignored = {}, {}
+    """({test key: reason}, {file name: reason}, {test key: reason}): the
+    expected failures, the files to ignore, the tests to skip."""
+    expected, ignored, skipped = {}, {}, {}
     with open(path) as f:
         for n, line in enumerate(f, 1):
             line = line.strip()
@@ -34,9 +42,11 @@ def read_list(path=LIST):
                 raise pytest.UsageError(f"{path}:{n}: every entry needs a reason after '#'")
             if entry.startswith("ignore "):
                 ignored[entry[len("ignore "):].strip()] = reason
+            elif entry.startswith("skip "):
+                skipped[entry[len("skip "):].strip()] = reason
             else:
                 expected[entry] = reason
-    return expected, ignored
+    return expected, ignored, skipped
 
 
 def key(item):
@@ -48,7 +58,7 @@ def pytest_configure(config):
     import gser.dask
 
     gser.dask.register(default=True)
-    config._gser_expected, config._gser_ignored = read_list()
+    config._gser_expected, config._gser_ignored, config._gser_skipped = read_list()
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -56,15 +66,18 @@ def pytest_ignore_collect(collection_path, config):
 
 
 def pytest_collection_modifyitems(config, items):
-    expected = dict(config._gser_expected)
+    expected, skipped = dict(config._gser_expected), dict(config._gser_skipped)
     for item in items:
         reason = expected.pop(key(item), None)
         if reason is not None:
             item.add_marker(pytest.mark.xfail(strict=True, reason=f"with gser: {reason}"))
+        reason = skipped.pop(key(item), None)
+        if reason is not None:
+            item.add_marker(pytest.mark.skip(reason=f"with gser: {reason}"))
     files = {item.path.name for item in items}
-    stale = sorted(k for k in expected if k.split("::", 1)[0] in files)
+    stale = sorted(k for k in list(expected) + list(skipped) if k.split("::", 1)[0] in files)
     if stale and not config.getoption("keyword") and not config.getoption("markexpr"):
-        raise pytest.UsageError("expected_failures.txt lists tests that no longer exist: " + ", ".join(stale))
+        raise pytest.UsageError(f"{os.path.basename(LIST)} lists tests that no longer exist: " + ", ".join(stale))
 
 
 def pytest_report_header(config):
