@@ -15,10 +15,23 @@ static const unsigned char head_magic[4] = {'G', 'S', 'X', 'M'};
  * and the byte loops were a tenth of a small message's transport work). */
 static inline __attribute__((always_inline)) void put_le(unsigned char *p, uint64_t v, unsigned n)
 {
-    uint16_t v16 = htole16((uint16_t)v);
-    uint32_t v32 = htole32((uint32_t)v);
-    uint64_t v64 = htole64(v);
-    memcpy(p, n == 2 ? (void *)&v16 : n == 4 ? (void *)&v32 : (void *)&v64, n);
+    uint16_t v16;
+    uint32_t v32;
+    uint64_t v64;
+    switch (n) {
+    case 2:
+        v16 = htole16((uint16_t)v);
+        memcpy(p, &v16, 2);
+        return;
+    case 4:
+        v32 = htole32((uint32_t)v);
+        memcpy(p, &v32, 4);
+        return;
+    default:
+        v64 = htole64(v);
+        memcpy(p, &v64, 8);
+        return;
+    }
 }
 
 static inline __attribute__((always_inline)) uint64_t get_le(const unsigned char *p, unsigned n)
