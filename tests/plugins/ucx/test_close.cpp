@@ -53,16 +53,12 @@ void hang_up(gser_ucx_ep_t *ep, Close how)
         gser_ucx_ep_destroy(ep);
 }
 
-// send-close <port> <n> <how>: connect, send n messages (each send waited
-// for), hang up at once and exit.
 // A child's start: connect to port and send n messages, each waited for.
 // Returns 0, or the child's exit code for the step that failed.
 int connect_and_send(ChildEnv *e, uint16_t port, int n, gser_ucx_ep_t **ep)
 {
-    if (!child_setup(e))
-        return 10;
-    if (gser_ucx_ep_connect(e->worker.get(), "127.0.0.1", port, kWaitMs, ep))
-        return 11;
+    if (int rc = child_setup_connect(e, port, ep))
+        return rc;
     for (int i = 0; i < n; i++) {
         TestMsg m(e->gctx.get(), sizes_of(i), (unsigned)i);
         if (gser_ucx_ep_send_msg(*ep, e->gctx.get(), m.msg.get(), nullptr, kWaitMs))
@@ -71,6 +67,8 @@ int connect_and_send(ChildEnv *e, uint16_t port, int n, gser_ucx_ep_t **ep)
     return 0;
 }
 
+// send-close <port> <n> <how>: connect, send n messages (each send waited
+// for), hang up at once and exit.
 int child_send_close(uint16_t port, int n, Close how)
 {
     ChildEnv e;
@@ -112,11 +110,9 @@ int child_send_torn(uint16_t port, int n, Close how)
 int child_send_kill(uint16_t port, int n, bool wait)
 {
     ChildEnv e;
-    if (!child_setup(&e))
-        return 10;
     gser_ucx_ep_t *ep;
-    if (gser_ucx_ep_connect(e.worker.get(), "127.0.0.1", port, kWaitMs, &ep))
-        return 11;
+    if (int rc = child_setup_connect(&e, port, &ep))
+        return rc;
     std::vector<std::unique_ptr<TestMsg>> msgs;
     std::vector<FramesPtr> frames;
     for (int i = 0; i < n; i++) {

@@ -50,11 +50,9 @@ int child_echo_server(int n)
 int child_stall_sender(uint16_t port, size_t bytes)
 {
     ChildEnv e;
-    if (!child_setup(&e))
-        return 10;
     gser_ucx_ep_t *ep;
-    if (gser_ucx_ep_connect(e.worker.get(), "127.0.0.1", port, kWaitMs, &ep))
-        return 11;
+    if (int rc = child_setup_connect(&e, port, &ep))
+        return rc;
     std::vector<unsigned char> big(bytes, 7);
     unsigned char hdr[8] = {1};
     gser_frame_t f[2] = {};
@@ -90,11 +88,9 @@ int child_stall_receiver()
 int child_client(uint16_t port, int n)
 {
     ChildEnv e;
-    if (!child_setup(&e))
-        return 10;
     gser_ucx_ep_t *ep;
-    if (gser_ucx_ep_connect(e.worker.get(), "127.0.0.1", port, kWaitMs, &ep))
-        return 11;
+    if (int rc = child_setup_connect(&e, port, &ep))
+        return rc;
     EpPtr epp(ep);
     for (int i = 0; i < n; i++) {
         std::vector<size_t> sizes = {(size_t)i * 1000, 50000};

@@ -496,6 +496,15 @@ inline int child_accept(ChildEnv *e, ListenerPtr *lp, gser_ucx_ep_t **ep, const 
     return gser_ucx_listener_accept(l, kWaitMs, ep) ? 12 : 0;
 }
 
+// Set the child up and connect to 127.0.0.1:port: 0, or the child's exit
+// code (10: setup, 11: connect).
+inline int child_setup_connect(ChildEnv *e, uint16_t port, gser_ucx_ep_t **ep)
+{
+    if (!child_setup(e))
+        return 10;
+    return gser_ucx_ep_connect(e->worker.get(), "127.0.0.1", port, kWaitMs, ep) ? 11 : 0;
+}
+
 inline uint16_t port_of(const std::string &line)
 {
     return line.rfind("port ", 0) == 0 ? (uint16_t)std::atoi(line.c_str() + 5) : 0;
