@@ -64,6 +64,9 @@ def pytest_configure(config):
     import gser.dask
 
     gser.dask.register(default=True)
+    # The fixtures Dask's conftest.py takes from distributed.utils_test
+    # (loop, c, s, a, b, cleanup, ...): Debian does not ship that conftest.
+    config.pluginmanager.import_plugin("distributed.utils_test")
     config._gser_expected, config._gser_ignored, config._gser_skipped, config._gser_flaky = read_list()
 
 
