@@ -396,16 +396,13 @@ class GserListener(Listener):
         self._ip = None if self.ip in ("", "0.0.0.0") else self.ip if self.ip == "::" else ensure_ip(self.ip)
         try:
             self._listener = self._worker.listen(self._handle, self._ip, self._port)
-        except GserError as e:
+        except Exception as e:
             _release(self._worker)
-            if e.status_name == "GSER_ERR_EXISTS":
+            if isinstance(e, GserError) and e.status_name == "GSER_ERR_EXISTS":
                 # As tcp:// raises it: a worker given a port range
                 # (--worker-port 9000:9100) tries the next port on EADDRINUSE.
                 where = self.prefix + unparse_host_port(self.ip or "0.0.0.0", self._port)
                 raise OSError(errno.EADDRINUSE, f"gser: cannot listen on {where}: {e}") from e
-            raise
-        except Exception:
-            _release(self._worker)
             raise
         self._port = self._listener.port
         self._worker.on_failed.append(self._on_worker_failed)
