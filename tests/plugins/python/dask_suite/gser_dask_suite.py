@@ -30,11 +30,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 LIST = os.environ.get("GSER_DASK_SUITE_LIST") or os.path.join(HERE, "expected_failures.txt")
 
 
+# The kinds of entry after "ignore" (a file): a test id with no prefix is
+# an expected failure.
+MARKS = {
+    "": lambda reason: pytest.mark.xfail(strict=True, reason=f"with gser: {reason}"),
+    "skip": lambda reason: pytest.mark.skip(reason=f"with gser: {reason}"),
+    "flaky": lambda reason: pytest.mark.xfail(strict=False, reason=f"with gser, timing: {reason}"),
+}
+
+
 def read_list(path=LIST):
-    """({test key: reason}, {file name: reason}, {test key: reason},
-    {test key: reason}): the expected failures, the files to ignore, the
-    tests to skip, the tests whose outcome depends on timing."""
-    expected, ignored, skipped, flaky = {}, {}, {}, {}
+    """({file name: reason}, {kind: {test key: reason}}): the files to
+    ignore, and the tests of each kind in MARKS."""
+    ignored, tests = {}, {kind: {} for kind in MARKS}
     with open(path) as f:
         for n, line in enumerate(f, 1):
             line = line.strip()
@@ -44,15 +52,14 @@ def read_list(path=LIST):
             entry, reason = entry.strip(), reason.strip()
             if not sep or not reason:
                 raise pytest.UsageError(f"{path}:{n}: every entry needs a reason after '#'")
-            if entry.startswith("ignore "):
-                ignored[entry[len("ignore "):].strip()] = reason
-            elif entry.startswith("skip "):
-                skipped[entry[len("skip "):].strip()] = reason
-            elif entry.startswith("flaky "):
-                flaky[entry[len("flaky "):].strip()] = reason
+            kind, _, rest = entry.partition(" ")
+            if kind == "ignore":
+                ignored[rest.strip()] = reason
+            elif kind in MARKS and rest:
+                tests[kind][rest.strip()] = reason
             else:
-                expected[entry] = reason
-    return expected, ignored, skipped, flaky
+                tests[""][entry] = reason
+    return ignored, tests
 
 
 def key(item):
@@ -67,7 +74,7 @@ def pytest_configure(config):
     # The fixtures Dask's conftest.py takes from distributed.utils_test
     # (loop, c, s, a, b, cleanup, ...): Debian does not ship that conftest.
     config.pluginmanager.import_plugin("distributed.utils_test")
-    config._gser_expected, config._gser_ignored, config._gser_skipped, config._gser_flaky = read_list()
+    config._gser_ignored, config._gser_tests = read_list()
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -75,19 +82,14 @@ def pytest_ignore_collect(collection_path, config):
 
 
 def pytest_collection_modifyitems(config, items):
-    expected, skipped, flaky = dict(config._gser_expected), dict(config._gser_skipped), dict(config._gser_flaky)
+    left = {kind: dict(tests) for kind, tests in config._gser_tests.items()}
     for item in items:
-        reason = expected.pop(key(item), None)
-        if reason is not None:
-            item.add_marker(pytest.mark.xfail(strict=True, reason=f"with gser: {reason}"))
-        reason = skipped.pop(key(item), None)
-        if reason is not None:
-            item.add_marker(pytest.mark.skip(reason=f"with gser: {reason}"))
-        reason = flaky.pop(key(item), None)
-        if reason is not None:
-            item.add_marker(pytest.mark.xfail(strict=False, reason=f"with gser, timing: {reason}"))
+        for kind, tests in left.items():
+            reason = tests.pop(key(item), None)
+            if reason is not None:
+                item.add_marker(MARKS[kind](reason))
     files = {item.path.name for item in items}
-    stale = sorted(k for k in list(expected) + list(skipped) + list(flaky) if k.split("::", 1)[0] in files)
+    stale = sorted(k for tests in left.values() for k in tests if k.split("::", 1)[0] in files)
     if stale and not config.getoption("keyword") and not config.getoption("markexpr"):
         raise pytest.UsageError(f"{os.path.basename(LIST)} lists tests that no longer exist: " + ", ".join(stale))
 
