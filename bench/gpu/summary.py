@@ -57,15 +57,13 @@ def row(r):
     if ratio is None and value is not None and anchor_value:
         ratio = value / anchor_value
     target = r.get("target", "?")
-    if "target" in r and target is None:
-        # A row that explains another (bench_util.h): shown, never judged.
-        return (f"{str(r.get('name', '?')):<30} {fmt(value, 10)} {str(r.get('unit', '')):<4} vs "
-                f"{str(r.get('anchor', '?'))[:36]:<36} {fmt(anchor_value, 10)}  ratio {fmt(ratio, 7)} {'-':>7}"), False
-    ok = meets(ratio, target)
-    verdict = "ok" if ok else ("MISSED" if ok is False else "NO VALUE")
+    # A null target: a row that explains another (bench_util.h), shown, never judged.
+    judged = not ("target" in r and target is None)
+    ok = meets(ratio, target) if judged else None
+    verdict = "" if not judged else "ok" if ok else ("MISSED" if ok is False else "NO VALUE")
     name, unit, anchor = str(r.get("name", "?")), str(r.get("unit", "")), str(r.get("anchor", "?"))[:36]
     return (f"{name:<30} {fmt(value, 10)} {unit:<4} vs {anchor:<36} {fmt(anchor_value, 10)}  "
-            f"ratio {fmt(ratio, 7)} {str(target):>7} {verdict}"), ok is not True
+            f"ratio {fmt(ratio, 7)} {str(target) if judged else '-':>7} {verdict}".rstrip()), judged and ok is not True
 
 
 def summarize(lines, out):
