@@ -40,7 +40,7 @@ extern "C" {
 
 /** Version of the transport's own wire protocol (handshake and per-message
  *  layout, docs/ucx.md). Both sides of a connection must speak the same. */
-#define GSER_UCX_WIRE_VERSION 3
+#define GSER_UCX_WIRE_VERSION 4
 
 /** peer_timeout_ms that turns the silent-peer check off. */
 #define GSER_UCX_PEER_TIMEOUT_NONE 0xffffffffu

@@ -385,6 +385,7 @@ struct gser_ucx_request {
     uint32_t seq;
 
     /* receive */
+    bool short_head;      /* the head is of the short form (GUX_KIND_SHORT) */
     unsigned char *rhead; /* received head: frame 0 and inlined frames point into it */
     size_t rhead_len;
     gux_head_frame_t *table;

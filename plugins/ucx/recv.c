@@ -168,31 +168,42 @@ static void head_start(gser_ucx_request_t *r, ucp_tag_message_h msg, const ucp_t
     r->head_round = w->rounds;
     if (ep->drain_until || ep->state >= GUX_EP_FAILED)
         w->eps_dirty = true; /* perhaps the last message the closed peer sent, or one torn (ep_process) */
+    /* A short head lands past the 7 bytes it left out, which are written
+     * back in front of it once it is in (head_parse). */
+    r->short_head = gux_tag_kind(info->sender_tag) == GUX_KIND_SHORT;
+    r->seq = gux_tag_seq(info->sender_tag);
+    size_t skip = r->short_head ? GUX_SHORT_PREFIX_LEN : 0;
     size_t len = info->length;
-    bool too_big = len > w->head_max;
-    if (too_big)
-        gux_fail(GSER_ERR_LIMIT_BYTES, "receive: a %zu-byte message head is over the limits", len);
-    else if (len < GUX_HEAD_FIXED)
-        gux_fail(GSER_ERR_TRUNCATED, "receive: a %zu-byte message head is shorter than its fixed part", len);
+    gser_status_t bad = GSER_OK;
+    if (r->short_head ? len > w->max_bytes || len + skip > w->max_bytes : len > w->head_max)
+        bad = GSER_ERR_LIMIT_BYTES;
+    else if (r->short_head ? len == 0 : len < GUX_HEAD_FIXED)
+        bad = GSER_ERR_TRUNCATED;
     /* A head that is over the limits or too short is still taken off UCX's
      * queue, into a small buffer (UCX truncates it, never moving the rest),
      * before the endpoint is closed. */
-    bool bad = too_big || len < GUX_HEAD_FIXED;
     size_t cap = bad ? GUX_HEAD_FIXED : len;
-    r->rhead = malloc(cap);
+    r->rhead = malloc(skip + cap);
     if (!r->rhead) {
-        gux_fail(GSER_ERR_NO_MEMORY, "receive: cannot allocate a %zu-byte head", len);
-        bad = true;
+        bad = GSER_ERR_NO_MEMORY;
         cap = 0;
     }
-    r->rhead_len = len;
+    r->rhead_len = skip + len;
     r->stage = GUX_RECV_HEAD;
     r->outstanding++;
-    gser_status_t st = gux_req_track(r, ucp_tag_msg_recv_nbx(w->ucp, r->rhead, cap, msg, &p),
+    gser_status_t st = gux_req_track(r, ucp_tag_msg_recv_nbx(w->ucp, r->rhead ? r->rhead + skip : NULL, cap, msg, &p),
                                      "receive: ucp_tag_msg_recv_nbx", false);
     if (bad) {
-        r->fail_status = too_big ? GSER_ERR_LIMIT_BYTES : r->rhead ? GSER_ERR_TRUNCATED : GSER_ERR_NO_MEMORY;
-        reject(r, r->fail_status);
+        /* Said after the receive, whose truncation is not the news. */
+        const char *form = r->short_head ? " (short form)" : "";
+        if (bad == GSER_ERR_LIMIT_BYTES)
+            gux_fail(bad, "receive: a %zu-byte message head%s is over the limits", len, form);
+        else if (bad == GSER_ERR_TRUNCATED)
+            gux_fail(bad, "receive: a %zu-byte message head%s is shorter than its fixed part", len, form);
+        else
+            gux_fail(bad, "receive: cannot allocate a %zu-byte head", len);
+        r->fail_status = bad;
+        reject(r, bad);
     } else if (st) {
         reject(r, st);
     } else if (r->outstanding == 0) {
@@ -244,7 +255,7 @@ unsigned gux_recvs_match(gser_ucx_worker_t *w)
         ucp_tag_recv_info_t info;
         ucp_tag_message_h msg;
         if (r->any) {
-            msg = ucp_tag_probe_nb(w->ucp, gux_tag(0, GUX_KIND_HEAD, 0), GUX_TAG_MASK_KIND, 1, &info);
+            msg = ucp_tag_probe_nb(w->ucp, gux_tag(0, GUX_KIND_HEAD, 0), GUX_TAG_MASK_HEADS, 1, &info);
             if (!msg)
                 continue;
             gser_ucx_ep_t *ep = gux_ep_lookup(w, gux_tag_conn(info.sender_tag));
@@ -259,7 +270,7 @@ unsigned gux_recvs_match(gser_ucx_worker_t *w)
             gser_ucx_ep_t *ep = r->ep;
             msg = peer_done(ep) ? NULL
                                 : ucp_tag_probe_nb(w->ucp, gux_tag(ep->local_id, GUX_KIND_HEAD, 0),
-                                                   GUX_TAG_MASK_CONN_KIND, 1, &info);
+                                                   GUX_TAG_MASK_CONN_HEADS, 1, &info);
             if (!msg) {
                 /* Everything the peer sent before it went is delivered:
                  * what UCX holds, and what a peer that closed said it sent. */
@@ -285,8 +296,26 @@ static void head_parse(gser_ucx_request_t *r)
     gser_ucx_worker_t *w = r->worker;
     gser_ucx_ep_t *ep = r->ep;
     gux_head_info_t info;
-    gser_status_t st = gux_head_parse_fixed(r->rhead, r->rhead_len, w->max_frames, &info);
-    if (st)
+    gser_status_t st;
+    if (r->short_head) {
+        if (r->seq != (ep->recv_seq & GUX_SEQ_MASK)) {
+            st = gux_fail(GSER_ERR_FORMAT, "receive: message %u arrived where message %u was due", r->seq,
+                          ep->recv_seq & GUX_SEQ_MASK);
+            goto bad;
+        }
+        ep->recv_seq++;
+        memcpy(r->rhead, GUX_SHORT_PREFIX, GUX_SHORT_PREFIX_LEN);
+        r->table = r->table_inline;
+        r->table[0] = (gux_head_frame_t){.size = r->rhead_len, .memory = GSER_MEMORY_HOST, .route = GUX_ROUTE_INLINE};
+        r->frames = r->frames_inline;
+        r->frames[0] = (gser_frame_t){.data = r->rhead, .size = r->rhead_len, .memory = GSER_MEMORY_HOST,
+                                      .release = head_release, .release_arg = r->rhead};
+        r->nframes = 1;
+        r->stage = GUX_RECV_FRAMES;
+        gux_req_complete(r, GSER_OK);
+        return;
+    }
+    if ((st = gux_head_parse_fixed(r->rhead, r->rhead_len, w->max_frames, &info)))
         goto bad;
     if (info.seq != (ep->recv_seq & GUX_SEQ_MASK)) {
         st = gux_fail(GSER_ERR_FORMAT, "receive: message %u arrived where message %u was due", info.seq,

@@ -67,6 +67,23 @@ gser_status_t gser_ucx_ep_send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames,
                                             : gux_fail(ep->error, "send: %s", ep->why);
         goto out;
     }
+    if (gux_short_fits(frames, nframes)) {
+        /* The frame itself goes out, past its magic: no head to plan or write. */
+        if (!(r = gux_req_new(w, GUX_REQ_SEND, ep, params, req_out != NULL))) {
+            st = GSER_ERR_NO_MEMORY;
+            goto out;
+        }
+        r->msg_no = ep->send_seq;
+        r->seq = ep->send_seq & GUX_SEQ_MASK;
+        r->posting = true;
+        st = post_send(r, (const unsigned char *)frames[0].data + GUX_SHORT_PREFIX_LEN,
+                       frames[0].size - GUX_SHORT_PREFIX_LEN, gux_tag(ep->peer_id, GUX_KIND_SHORT, r->seq),
+                       UCS_MEMORY_TYPE_HOST);
+        if (st)
+            goto out;
+        ep->send_seq++;
+        goto posted;
+    }
     if (nframes > sizeof routes_stack && !(routes = malloc(nframes))) {
         st = gux_fail(GSER_ERR_NO_MEMORY, "send: out of memory");
         goto out;
@@ -138,6 +155,7 @@ gser_status_t gser_ucx_ep_send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames,
             }
         }
     }
+posted:
     r->posting = false;
     if (st) {
         /* The head went out but not the whole message: the stream is torn. */

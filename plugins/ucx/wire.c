@@ -307,3 +307,9 @@ uint64_t gux_head_max(size_t max_frames, uint64_t max_bytes)
     uint64_t fixed = GUX_HEAD_FIXED + (GUX_HEAD_ENTRY + GUX_HEAD_ALIGN) * n;
     return max_bytes > UINT64_MAX - fixed ? UINT64_MAX : max_bytes + fixed;
 }
+
+bool gux_short_fits(const gser_frame_t *frames, size_t nframes)
+{
+    return nframes == 1 && frames[0].memory == GSER_MEMORY_HOST && frames[0].data &&
+           frames[0].size > GUX_SHORT_PREFIX_LEN && memcmp(frames[0].data, GUX_SHORT_PREFIX, GUX_SHORT_PREFIX_LEN) == 0;
+}
