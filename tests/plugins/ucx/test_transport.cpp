@@ -24,22 +24,7 @@ class Transport : public ::testing::Test {
     gser_context_t *ctx() { return ctx_.get(); }
 
     // Send msg from the client and receive it on the server.
-    MsgPtr round_trip(const gser_msg_t *msg)
-    {
-        auto frames = serialize(ctx(), const_cast<gser_msg_t *>(msg));
-        gser_ucx_request_t *sr = nullptr, *rr = nullptr;
-        EXPECT_EQ(gser_ucx_ep_send_nb(pair_.cep.get(), gser_frames_get_array(frames.get()),
-                                      gser_frames_get_count(frames.get()), nullptr, &sr),
-                  GSER_OK)
-            << gser_ucx_get_last_error();
-        EXPECT_EQ(gser_ucx_ep_recv_nb(pair_.sep.get(), nullptr, &rr), GSER_OK) << gser_ucx_get_last_error();
-        ReqPtr s(sr), r(rr);
-        EXPECT_EQ(drive({pair_.client.get(), pair_.server.get()}, sr), GSER_OK) << gser_ucx_get_last_error();
-        EXPECT_EQ(drive({pair_.client.get(), pair_.server.get()}, rr), GSER_OK) << gser_ucx_get_last_error();
-        gser_msg_t *m = nullptr;
-        EXPECT_EQ(gser_ucx_request_deserialize(rr, ctx(), nullptr, &m), GSER_OK) << gser_ucx_get_last_error();
-        return MsgPtr(m);
-    }
+    MsgPtr round_trip(const gser_msg_t *msg) { return send_recv(pair_, ctx(), msg); }
 
     CtxPtr ctx_;
     Pair pair_;

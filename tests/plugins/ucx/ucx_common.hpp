@@ -226,6 +226,26 @@ struct Pair {
     }
 };
 
+// Send msg from p's client end and receive it on its server end, driving
+// both workers (a large frame needs the receiver's progress to leave);
+// the message deserialized, or null after a failed expectation.
+inline MsgPtr send_recv(Pair &p, gser_context_t *ctx, const gser_msg_t *msg)
+{
+    auto frames = serialize(ctx, const_cast<gser_msg_t *>(msg));
+    gser_ucx_request_t *sr = nullptr, *rr = nullptr;
+    EXPECT_EQ(gser_ucx_ep_send_nb(p.cep.get(), gser_frames_get_array(frames.get()), gser_frames_get_count(frames.get()),
+                                  nullptr, &sr),
+              GSER_OK)
+        << gser_ucx_get_last_error();
+    EXPECT_EQ(gser_ucx_ep_recv_nb(p.sep.get(), nullptr, &rr), GSER_OK) << gser_ucx_get_last_error();
+    ReqPtr s(sr), r(rr);
+    EXPECT_EQ(drive({p.client.get(), p.server.get()}, sr), GSER_OK) << gser_ucx_get_last_error();
+    EXPECT_EQ(drive({p.client.get(), p.server.get()}, rr), GSER_OK) << gser_ucx_get_last_error();
+    gser_msg_t *m = nullptr;
+    EXPECT_EQ(gser_ucx_request_deserialize(rr, ctx, nullptr, &m), GSER_OK) << gser_ucx_get_last_error();
+    return MsgPtr(m);
+}
+
 // A message: a map with a name and n buffers of the given sizes, filled with
 // a pattern derived from seed. Frames are made by gser_serialize.
 struct TestMsg {
