@@ -174,11 +174,9 @@ static void head_start(gser_ucx_request_t *r, ucp_tag_message_h msg, const ucp_t
     r->seq = gux_tag_seq(info->sender_tag);
     size_t skip = r->short_head ? GUX_SHORT_PREFIX_LEN : 0;
     size_t len = info->length;
-    gser_status_t bad = GSER_OK;
-    if (r->short_head ? len > w->max_bytes || len + skip > w->max_bytes : len > w->head_max)
-        bad = GSER_ERR_LIMIT_BYTES;
-    else if (r->short_head ? len == 0 : len < GUX_HEAD_FIXED)
-        bad = GSER_ERR_TRUNCATED;
+    uint64_t max = r->short_head ? w->max_bytes : w->head_max; /* for the bytes with the magic back */
+    size_t min = r->short_head ? 1 : GUX_HEAD_FIXED;
+    gser_status_t bad = len > max || len + skip > max ? GSER_ERR_LIMIT_BYTES : len < min ? GSER_ERR_TRUNCATED : GSER_OK;
     /* A head that is over the limits or too short is still taken off UCX's
      * queue, into a small buffer (UCX truncates it, never moving the rest),
      * before the endpoint is closed. */
@@ -199,7 +197,7 @@ static void head_start(gser_ucx_request_t *r, ucp_tag_message_h msg, const ucp_t
         if (bad == GSER_ERR_LIMIT_BYTES)
             gux_fail(bad, "receive: a %zu-byte message head%s is over the limits", len, form);
         else if (bad == GSER_ERR_TRUNCATED)
-            gux_fail(bad, "receive: a %zu-byte message head%s is shorter than its fixed part", len, form);
+            gux_fail(bad, "receive: a %zu-byte message head%s is shorter than the %zu bytes it needs", len, form, min);
         else
             gux_fail(bad, "receive: cannot allocate a %zu-byte head", len);
         r->fail_status = bad;
@@ -298,15 +296,22 @@ static void head_parse(gser_ucx_request_t *r)
     gux_head_info_t info;
     gser_status_t st;
     if (r->short_head) {
-        if (r->seq != (ep->recv_seq & GUX_SEQ_MASK)) {
-            st = gux_fail(GSER_ERR_FORMAT, "receive: message %u arrived where message %u was due", r->seq,
-                          ep->recv_seq & GUX_SEQ_MASK);
-            goto bad;
-        }
-        ep->recv_seq++;
+        /* The magic back in front; the sequence number came in the tag. */
         memcpy(r->rhead, GUX_SHORT_PREFIX, GUX_SHORT_PREFIX_LEN);
-        r->table = r->table_inline;
-        r->table[0] = (gux_head_frame_t){.size = r->rhead_len, .memory = GSER_MEMORY_HOST, .route = GUX_ROUTE_INLINE};
+        info.seq = r->seq;
+    } else if ((st = gux_head_parse_fixed(r->rhead, r->rhead_len, w->max_frames, &info))) {
+        goto bad;
+    }
+    if (info.seq != (ep->recv_seq & GUX_SEQ_MASK)) {
+        st = gux_fail(GSER_ERR_FORMAT, "receive: message %u arrived where message %u was due", info.seq,
+                      ep->recv_seq & GUX_SEQ_MASK);
+        goto bad;
+    }
+    ep->recv_seq++;
+    r->seq = info.seq;
+    if (r->short_head) {
+        /* Its one frame is the buffer, and nothing else is on the way: no
+         * table to read, no frame to receive. */
         r->frames = r->frames_inline;
         r->frames[0] = (gser_frame_t){.data = r->rhead, .size = r->rhead_len, .memory = GSER_MEMORY_HOST,
                                       .release = head_release, .release_arg = r->rhead};
@@ -315,15 +320,6 @@ static void head_parse(gser_ucx_request_t *r)
         gux_req_complete(r, GSER_OK);
         return;
     }
-    if ((st = gux_head_parse_fixed(r->rhead, r->rhead_len, w->max_frames, &info)))
-        goto bad;
-    if (info.seq != (ep->recv_seq & GUX_SEQ_MASK)) {
-        st = gux_fail(GSER_ERR_FORMAT, "receive: message %u arrived where message %u was due", info.seq,
-                      ep->recv_seq & GUX_SEQ_MASK);
-        goto bad;
-    }
-    ep->recv_seq++;
-    r->seq = info.seq;
     size_t n = info.nframes;
     if (n <= GUX_FRAMES_INLINE) {
         r->table = r->table_inline;

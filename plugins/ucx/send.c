@@ -67,60 +67,55 @@ gser_status_t gser_ucx_ep_send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames,
                                             : gux_fail(ep->error, "send: %s", ep->why);
         goto out;
     }
-    if (gux_short_fits(frames, nframes)) {
-        /* The frame itself goes out, past its magic: no head to plan or write. */
-        if (!(r = gux_req_new(w, GUX_REQ_SEND, ep, params, req_out != NULL))) {
-            st = GSER_ERR_NO_MEMORY;
+    /* A short head is the frame itself past its magic: no head to plan or
+     * write, and no other frame (routes stays unread). */
+    bool short_head = gux_short_fits(frames, nframes), staged = false;
+    size_t head_len = 0;
+    if (!short_head) {
+        if (nframes > sizeof routes_stack && !(routes = malloc(nframes))) {
+            st = gux_fail(GSER_ERR_NO_MEMORY, "send: out of memory");
             goto out;
         }
-        r->msg_no = ep->send_seq;
-        r->seq = ep->send_seq & GUX_SEQ_MASK;
-        r->posting = true;
-        st = post_send(r, (const unsigned char *)frames[0].data + GUX_SHORT_PREFIX_LEN,
-                       frames[0].size - GUX_SHORT_PREFIX_LEN, gux_tag(ep->peer_id, GUX_KIND_SHORT, r->seq),
-                       UCS_MEMORY_TYPE_HOST);
-        if (st)
+        gux_route_policy_t pol = {
+            .inline_max = w->inline_max,
+            .inline_budget = w->inline_budget,
+            .device_direct = (w->ctx->caps & ep->peer.caps & GSER_UCX_CAP_CUDA) != 0,
+        };
+        if ((st = gux_head_plan(frames, nframes, &pol, routes, &head_len)))
             goto out;
-        ep->send_seq++;
-        goto posted;
-    }
-    if (nframes > sizeof routes_stack && !(routes = malloc(nframes))) {
-        st = gux_fail(GSER_ERR_NO_MEMORY, "send: out of memory");
-        goto out;
-    }
-    gux_route_policy_t pol = {
-        .inline_max = w->inline_max,
-        .inline_budget = w->inline_budget,
-        .device_direct = (w->ctx->caps & ep->peer.caps & GSER_UCX_CAP_CUDA) != 0,
-    };
-    size_t head_len;
-    if ((st = gux_head_plan(frames, nframes, &pol, routes, &head_len)))
-        goto out;
-    bool staged = false;
-    for (size_t i = 0; i < nframes; i++)
-        staged |= routes[i] == GUX_ROUTE_STAGED;
-    if (staged && !w->have_device) {
-        st = gux_fail(GSER_ERR_NO_DEVICE, "send: device frames need the worker's gser_ctx with a device backend "
-                                          "(this UCX cannot read device memory)");
-        goto out;
+        for (size_t i = 0; i < nframes; i++)
+            staged |= routes[i] == GUX_ROUTE_STAGED;
+        if (staged && !w->have_device) {
+            st = gux_fail(GSER_ERR_NO_DEVICE, "send: device frames need the worker's gser_ctx with a device backend "
+                                              "(this UCX cannot read device memory)");
+            goto out;
+        }
     }
 
     if (!(r = gux_req_new(w, GUX_REQ_SEND, ep, params, req_out != NULL))) {
         st = GSER_ERR_NO_MEMORY;
         goto out;
     }
-    r->head = head_len <= GUX_HEAD_INLINE ? r->head_inline : malloc(head_len);
-    if (!r->head) {
-        st = gux_fail(GSER_ERR_NO_MEMORY, "send: out of memory for a %zu-byte head", head_len);
-        goto out;
-    }
-    r->head_len = head_len;
     r->msg_no = ep->send_seq;
     r->seq = ep->send_seq & GUX_SEQ_MASK;
-    gux_head_write(frames, nframes, routes, r->seq, staged ? (uint32_t)w->chunk : 0, r->head, head_len);
+    const void *head;
+    if (short_head) {
+        head = (const unsigned char *)frames[0].data + GUX_SHORT_PREFIX_LEN;
+        head_len = frames[0].size - GUX_SHORT_PREFIX_LEN;
+    } else {
+        r->head = head_len <= GUX_HEAD_INLINE ? r->head_inline : malloc(head_len);
+        if (!r->head) {
+            st = gux_fail(GSER_ERR_NO_MEMORY, "send: out of memory for a %zu-byte head", head_len);
+            goto out;
+        }
+        r->head_len = head_len;
+        gux_head_write(frames, nframes, routes, r->seq, staged ? (uint32_t)w->chunk : 0, r->head, head_len);
+        head = r->head;
+    }
 
     r->posting = true;
-    st = post_send(r, r->head, head_len, gux_tag(ep->peer_id, GUX_KIND_HEAD, r->seq), UCS_MEMORY_TYPE_HOST);
+    st = post_send(r, head, head_len, gux_tag(ep->peer_id, short_head ? GUX_KIND_SHORT : GUX_KIND_HEAD, r->seq),
+                   UCS_MEMORY_TYPE_HOST);
     if (st) /* nothing went out: the endpoint is as it was */
         goto out;
     ep->send_seq++;
@@ -155,7 +150,6 @@ gser_status_t gser_ucx_ep_send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames,
             }
         }
     }
-posted:
     r->posting = false;
     if (st) {
         /* The head went out but not the whole message: the stream is torn. */
