@@ -16,6 +16,11 @@
  *                       sent, received and sent back as received: the
  *                       transport's own part of the row above (no target:
  *                       it shows where the time goes)
+ *   ucx_<tl>_lat_8B_floor   the same message between two programs that use
+ *                       msgpack-c and plain UCX and nothing else (probe,
+ *                       receive, unpack; pack, send), vs ucx_perftest: the
+ *                       least that any msgpack codec over UCX adds (no target)
+ *   ucx_<tl>_lat_8B_vs_floor  ucx_<tl>_lat_8B against that floor (no target)
  *   ucx_shm_cpu_8B, ucx_shm_cpu_8B_frames   the two round trips above with
  *                       both ends in this process, one thread driving both
  *                       (ns per round trip), vs the same between two plain
@@ -52,6 +57,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <msgpack.h>
 #include <ucp/api/ucp.h>
 
 #include <gser/device.h>
@@ -386,6 +392,199 @@ static double memcpy_gbs(void *dst, const void *src, size_t size, int reps)
     return v[reps / 2];
 }
 
+/* ---- the floor: msgpack-c over plain UCX ------------------------------------------------------ */
+
+/* The least any program does that sends msgpack messages over UCX tag
+ * messages without knowing their sizes in advance: msgpack-c packs the
+ * message into an sbuffer and UCX sends it; the receiver probes, receives
+ * into a buffer of the size found, and unpacks it (msgpack_unpack_next). No
+ * framing, no checks, no ordering, no error paths. The echo packs what it
+ * unpacked (msgpack_pack_object), as gser's echo serializes what it
+ * deserialized. gser's latency rows are measured against it as well as
+ * against ucx_perftest, which has no codec at all. */
+typedef struct floor_ucx {
+    ucp_context_h ctx;
+    ucp_worker_h w;
+    ucp_ep_h ep;
+} floor_ucx_t;
+
+static bool floor_open(floor_ucx_t *f)
+{
+    memset(f, 0, sizeof *f);
+    ucp_config_t *cfg;
+    if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK)
+        return false;
+    ucp_config_modify(cfg, "KEEPALIVE_INTERVAL", "inf"); /* as gser's context has it */
+    ucp_params_t pp = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_TAG};
+    ucs_status_t st = ucp_init(&pp, cfg, &f->ctx);
+    ucp_config_release(cfg);
+    if (st != UCS_OK)
+        return false;
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE, .thread_mode = UCS_THREAD_MODE_SINGLE};
+    return ucp_worker_create(f->ctx, &wp, &f->w) == UCS_OK;
+}
+
+static bool floor_connect(floor_ucx_t *f, const void *addr)
+{
+    ucp_ep_params_t ep_p = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+                            .address = addr, .err_mode = UCP_ERR_HANDLING_MODE_PEER};
+    return ucp_ep_create(f->w, &ep_p, &f->ep) == UCS_OK;
+}
+
+static bool floor_wait(floor_ucx_t *f, void *req)
+{
+    if (UCS_PTR_IS_ERR(req))
+        return false;
+    if (!req)
+        return true;
+    ucs_status_t st;
+    while ((st = ucp_request_check_status(req)) == UCS_INPROGRESS)
+        ucp_worker_progress(f->w);
+    ucp_request_free(req);
+    return st == UCS_OK;
+}
+
+static void floor_close(floor_ucx_t *f)
+{
+    if (f->ep) {
+        ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
+        floor_wait(f, ucp_ep_close_nbx(f->ep, &cp));
+    }
+    if (f->w)
+        ucp_worker_destroy(f->w);
+    if (f->ctx)
+        ucp_cleanup(f->ctx);
+}
+
+/* Probe, then receive the whole message into a malloc'ed buffer: *len bytes. */
+static void *floor_recv_raw(floor_ucx_t *f, size_t *len)
+{
+    ucp_tag_recv_info_t info;
+    ucp_tag_message_h msg;
+    while (!(msg = ucp_tag_probe_nb(f->w, 1, ~(uint64_t)0, 1, &info)))
+        ucp_worker_progress(f->w);
+    void *buf = malloc(info.length ? info.length : 1);
+    ucp_request_param_t rp = {0};
+    if (!buf || !floor_wait(f, ucp_tag_msg_recv_nbx(f->w, buf, info.length, msg, &rp))) {
+        free(buf);
+        return NULL;
+    }
+    *len = info.length;
+    return buf;
+}
+
+static bool floor_send_raw(floor_ucx_t *f, const void *data, size_t len)
+{
+    ucp_request_param_t sp = {0};
+    return floor_wait(f, ucp_tag_send_nbx(f->ep, data, len, 1, &sp));
+}
+
+/* Receive one message and unpack it into up. */
+static bool floor_recv(floor_ucx_t *f, msgpack_unpacked *up)
+{
+    size_t len, off = 0;
+    char *buf = floor_recv_raw(f, &len);
+    bool ok = buf && msgpack_unpack_next(up, buf, len, &off) == MSGPACK_UNPACK_SUCCESS;
+    free(buf);
+    return ok;
+}
+
+/* Pack obj (or, if NULL, the latency rows' message) and send it. */
+static bool floor_send(floor_ucx_t *f, const msgpack_object *obj)
+{
+    static const unsigned char payload[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    if (obj) {
+        msgpack_pack_object(&pk, *obj);
+    } else {
+        msgpack_pack_map(&pk, 2);
+        msgpack_pack_str_with_body(&pk, "op", 2);
+        msgpack_pack_str_with_body(&pk, "data", 4);
+        msgpack_pack_str_with_body(&pk, "x", 1);
+        msgpack_pack_bin_with_body(&pk, payload, sizeof payload);
+    }
+    bool ok = floor_send_raw(f, sb.data, sb.size);
+    msgpack_sbuffer_destroy(&sb);
+    return ok;
+}
+
+/* The floor's serving child: its address in hex on stdout, the parent's
+ * address as the first message, then n messages echoed. */
+static int floor_serve(long n)
+{
+    floor_ucx_t f;
+    ucp_address_t *addr;
+    size_t alen;
+    if (!floor_open(&f) || ucp_worker_get_address(f.w, &addr, &alen) != UCS_OK)
+        return 1;
+    printf("addr ");
+    for (size_t i = 0; i < alen; i++)
+        printf("%02x", ((const unsigned char *)addr)[i]);
+    printf("\n");
+    fflush(stdout);
+    ucp_worker_release_address(f.w, addr);
+    size_t plen;
+    void *peer = floor_recv_raw(&f, &plen);
+    bool ok = peer && floor_connect(&f, peer);
+    free(peer);
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    for (long i = 0; ok && i < n; i++)
+        ok = floor_recv(&f, &up) && floor_send(&f, &up.data);
+    msgpack_unpacked_destroy(&up);
+    floor_close(&f);
+    return ok ? 0 : 1;
+}
+
+/* Half the median round trip of the floor's ping-pong; NAN if it fails. */
+static double floor_latency_us(long n, long warmup)
+{
+    char count[32];
+    snprintf(count, sizeof count, "%ld", n + warmup);
+    char *argv[] = {(char *)g_self, "--floor-serve", count, NULL};
+    proc_t child = spawn(argv, false);
+    floor_ucx_t f;
+    ucp_address_t *addr = NULL;
+    size_t alen = 0;
+    char line[4096];
+    unsigned char peer[2048];
+    size_t plen = 0;
+    bool ok = floor_open(&f) && ucp_worker_get_address(f.w, &addr, &alen) == UCS_OK && fgets(line, sizeof line, child.out) &&
+              strncmp(line, "addr ", 5) == 0;
+    for (const char *p = line + 5; ok && p[0] && p[0] != '\n' && plen < sizeof peer; p += 2) {
+        unsigned v;
+        ok = sscanf(p, "%2x", &v) == 1;
+        peer[plen++] = (unsigned char)v;
+    }
+    ok = ok && floor_connect(&f, peer) && floor_send_raw(&f, addr, alen);
+    if (addr)
+        ucp_worker_release_address(f.w, addr);
+    double *rtt = malloc(sizeof(double) * (size_t)n);
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    for (long i = 0; ok && i < n + warmup; i++) {
+        double t0 = bench_now_us();
+        ok = floor_send(&f, NULL) && floor_recv(&f, &up);
+        if (i >= warmup)
+            rtt[i - warmup] = bench_now_us() - t0;
+    }
+    msgpack_unpacked_destroy(&up);
+    floor_close(&f);
+    ok = reap(&child) == 0 && ok;
+    double med = NAN;
+    if (ok) {
+        qsort(rtt, (size_t)n, sizeof *rtt, bench_cmp_double);
+        med = rtt[n / 2] / 2;
+    } else {
+        fprintf(stderr, "the msgpack-c over UCX floor failed\n");
+    }
+    free(rtt);
+    return med;
+}
+
 /* ---- gser's side ----------------------------------------------------------------------------- */
 
 typedef struct conn {
@@ -701,7 +900,7 @@ static double run_transport(const char *tl, bool quick, bool json, const char *o
     char name[64], anchor[96];
     double host_bw_64m = 0;
     int rounds = quick ? 1 : ROUNDS;
-    double pv[ROUNDS], gv[ROUNDS], fv[ROUNDS], unused;
+    double pv[ROUNDS], gv[ROUNDS], fv[ROUNDS], flv[ROUNDS], unused;
     bool have_pf = true;
 
     conn_t c;
@@ -713,6 +912,7 @@ static double run_transport(const char *tl, bool quick, bool json, const char *o
         have_pf &= perftest("tag_lat", 8, lat_n, lat_n / 10, &pv[k], &unused, &unused);
         gv[k] = gser_latency_us(&c, lat_n, lat_n / 10, false);
         fv[k] = gser_latency_us(&c, lat_n, lat_n / 10, true);
+        flv[k] = floor_latency_us(lat_n, lat_n / 10);
     }
     if (!only || strcmp(only, "lat") == 0) {
         double pf = have_pf ? median(pv, rounds) : NAN;
@@ -725,7 +925,16 @@ static double run_transport(const char *tl, bool quick, bool json, const char *o
         bench_result_t f = {name, median(fv, rounds), "us", anchor, pf, NULL,
                             "the row above without serialize and deserialize: the transport's part"};
         bench_print(&f, json);
-
+        double fl = median(flv, rounds);
+        snprintf(name, sizeof name, "ucx_%s_lat_8B_floor", tl);
+        bench_result_t fr = {name, fl, "us", anchor, pf, NULL,
+                             "msgpack-c over plain UCX (probe, receive, unpack; pack, send): the least any codec adds"};
+        bench_print(&fr, json);
+        snprintf(name, sizeof name, "ucx_%s_lat_8B_vs_floor", tl);
+        snprintf(anchor, sizeof anchor, "msgpack-c over plain UCX, %s", tl);
+        bench_result_t vf = {name, median(gv, rounds), "us", anchor, fl, NULL,
+                             "gser's whole message against the floor, same message"};
+        bench_print(&vf, json);
     }
     /* The same two round trips with both ends in this process, driven by one
      * thread: what each costs in CPU work, without the transfers between
@@ -833,6 +1042,8 @@ int main(int argc, char **argv)
     g_self = argv[0];
     if (argc == 3 && strcmp(argv[1], "--serve") == 0)
         return serve(strcmp(argv[2], "-") == 0 ? NULL : argv[2]);
+    if (argc == 3 && strcmp(argv[1], "--floor-serve") == 0)
+        return floor_serve(atol(argv[2]));
     signal(SIGPIPE, SIG_IGN);
     bool json = false, quick = false;
     const char *transport = "all", *device = NULL, *only = NULL;
