@@ -17,9 +17,9 @@
  *                       transport's own part of the row above (no target:
  *                       it shows where the time goes)
  *   ucx_<tl>_lat_8B_floor   the same message between two programs that use
- *                       msgpack-c and plain UCX and nothing else (probe,
- *                       receive, unpack; pack, send), vs ucx_perftest: the
- *                       least that any msgpack codec over UCX adds (no target)
+ *                       msgpack-c and plain UCX and nothing else, written for
+ *                       speed (probe, receive, unpack; pack, send; buffers
+ *                       reused), vs ucx_perftest (no target)
  *   ucx_<tl>_lat_8B_vs_floor  ucx_<tl>_lat_8B against that floor (no target)
  *   ucx_shm_cpu_8B, ucx_shm_cpu_8B_frames   the two round trips above with
  *                       both ends in this process, one thread driving both
@@ -394,23 +394,32 @@ static double memcpy_gbs(void *dst, const void *src, size_t size, int reps)
 
 /* ---- the floor: msgpack-c over plain UCX ------------------------------------------------------ */
 
-/* The least any program does that sends msgpack messages over UCX tag
- * messages without knowing their sizes in advance: msgpack-c packs the
- * message into an sbuffer and UCX sends it; the receiver probes, receives
- * into a buffer of the size found, and unpacks it (msgpack_unpack_next). No
- * framing, no checks, no ordering, no error paths. The echo packs what it
- * unpacked (msgpack_pack_object), as gser's echo serializes what it
- * deserialized. gser's latency rows are measured against it as well as
- * against ucx_perftest, which has no codec at all. */
+/* What a program does that sends msgpack messages over UCX tag messages,
+ * written for speed and for messages of any size, with nothing else: msgpack-c
+ * packs into one reused sbuffer and UCX sends it; the receiver probes (sizes
+ * are not known in advance), receives into one reused buffer, and unpacks
+ * into one reused zone (msgpack_unpack: strings and binaries point into the
+ * buffer). No framing, no checks, no ordering, no error paths, no objects
+ * that outlive the next message. The echo packs what it unpacked
+ * (msgpack_pack_object), as gser's echo serializes what it deserialized.
+ * gser's latency rows are measured against it as well as against
+ * ucx_perftest, which has no codec at all. */
 typedef struct floor_ucx {
     ucp_context_h ctx;
     ucp_worker_h w;
     ucp_ep_h ep;
+    msgpack_sbuffer sb;
+    msgpack_zone zone;
+    char *rbuf;
+    size_t rcap;
 } floor_ucx_t;
 
 static bool floor_open(floor_ucx_t *f)
 {
     memset(f, 0, sizeof *f);
+    msgpack_sbuffer_init(&f->sb);
+    if (!msgpack_zone_init(&f->zone, 2048))
+        return false;
     ucp_config_t *cfg;
     if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK)
         return false;
@@ -454,23 +463,28 @@ static void floor_close(floor_ucx_t *f)
         ucp_worker_destroy(f->w);
     if (f->ctx)
         ucp_cleanup(f->ctx);
+    msgpack_zone_destroy(&f->zone);
+    msgpack_sbuffer_destroy(&f->sb);
+    free(f->rbuf);
 }
 
-/* Probe, then receive the whole message into a malloc'ed buffer: *len bytes. */
-static void *floor_recv_raw(floor_ucx_t *f, size_t *len)
+/* Probe, then receive the whole message into f->rbuf (grown as needed). */
+static bool floor_recv_raw(floor_ucx_t *f, size_t *len)
 {
     ucp_tag_recv_info_t info;
     ucp_tag_message_h msg;
     while (!(msg = ucp_tag_probe_nb(f->w, 1, ~(uint64_t)0, 1, &info)))
         ucp_worker_progress(f->w);
-    void *buf = malloc(info.length ? info.length : 1);
-    ucp_request_param_t rp = {0};
-    if (!buf || !floor_wait(f, ucp_tag_msg_recv_nbx(f->w, buf, info.length, msg, &rp))) {
-        free(buf);
-        return NULL;
+    if (info.length > f->rcap) {
+        char *b = realloc(f->rbuf, info.length);
+        if (!b)
+            return false;
+        f->rbuf = b;
+        f->rcap = info.length;
     }
+    ucp_request_param_t rp = {0};
     *len = info.length;
-    return buf;
+    return floor_wait(f, ucp_tag_msg_recv_nbx(f->w, f->rbuf, info.length, msg, &rp));
 }
 
 static bool floor_send_raw(floor_ucx_t *f, const void *data, size_t len)
@@ -479,24 +493,23 @@ static bool floor_send_raw(floor_ucx_t *f, const void *data, size_t len)
     return floor_wait(f, ucp_tag_send_nbx(f->ep, data, len, 1, &sp));
 }
 
-/* Receive one message and unpack it into up. */
-static bool floor_recv(floor_ucx_t *f, msgpack_unpacked *up)
+/* Receive one message and unpack it: *obj lives until the next receive. */
+static bool floor_recv(floor_ucx_t *f, msgpack_object *obj)
 {
     size_t len, off = 0;
-    char *buf = floor_recv_raw(f, &len);
-    bool ok = buf && msgpack_unpack_next(up, buf, len, &off) == MSGPACK_UNPACK_SUCCESS;
-    free(buf);
-    return ok;
+    if (!floor_recv_raw(f, &len))
+        return false;
+    msgpack_zone_clear(&f->zone);
+    return msgpack_unpack(f->rbuf, len, &off, &f->zone, obj) == MSGPACK_UNPACK_SUCCESS;
 }
 
 /* Pack obj (or, if NULL, the latency rows' message) and send it. */
 static bool floor_send(floor_ucx_t *f, const msgpack_object *obj)
 {
     static const unsigned char payload[8] = {1, 2, 3, 4, 5, 6, 7, 8};
-    msgpack_sbuffer sb;
-    msgpack_sbuffer_init(&sb);
+    msgpack_sbuffer_clear(&f->sb);
     msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_packer_init(&pk, &f->sb, msgpack_sbuffer_write);
     if (obj) {
         msgpack_pack_object(&pk, *obj);
     } else {
@@ -506,9 +519,7 @@ static bool floor_send(floor_ucx_t *f, const msgpack_object *obj)
         msgpack_pack_str_with_body(&pk, "x", 1);
         msgpack_pack_bin_with_body(&pk, payload, sizeof payload);
     }
-    bool ok = floor_send_raw(f, sb.data, sb.size);
-    msgpack_sbuffer_destroy(&sb);
-    return ok;
+    return floor_send_raw(f, f->sb.data, f->sb.size);
 }
 
 /* The floor's serving child: its address in hex on stdout, the parent's
@@ -517,7 +528,7 @@ static int floor_serve(long n)
 {
     floor_ucx_t f;
     ucp_address_t *addr;
-    size_t alen;
+    size_t alen, plen;
     if (!floor_open(&f) || ucp_worker_get_address(f.w, &addr, &alen) != UCS_OK)
         return 1;
     printf("addr ");
@@ -526,15 +537,10 @@ static int floor_serve(long n)
     printf("\n");
     fflush(stdout);
     ucp_worker_release_address(f.w, addr);
-    size_t plen;
-    void *peer = floor_recv_raw(&f, &plen);
-    bool ok = peer && floor_connect(&f, peer);
-    free(peer);
-    msgpack_unpacked up;
-    msgpack_unpacked_init(&up);
+    bool ok = floor_recv_raw(&f, &plen) && floor_connect(&f, f.rbuf);
+    msgpack_object obj;
     for (long i = 0; ok && i < n; i++)
-        ok = floor_recv(&f, &up) && floor_send(&f, &up.data);
-    msgpack_unpacked_destroy(&up);
+        ok = floor_recv(&f, &obj) && floor_send(&f, &obj);
     floor_close(&f);
     return ok ? 0 : 1;
 }
@@ -563,15 +569,13 @@ static double floor_latency_us(long n, long warmup)
     if (addr)
         ucp_worker_release_address(f.w, addr);
     double *rtt = malloc(sizeof(double) * (size_t)n);
-    msgpack_unpacked up;
-    msgpack_unpacked_init(&up);
+    msgpack_object obj;
     for (long i = 0; ok && i < n + warmup; i++) {
         double t0 = bench_now_us();
-        ok = floor_send(&f, NULL) && floor_recv(&f, &up);
+        ok = floor_send(&f, NULL) && floor_recv(&f, &obj);
         if (i >= warmup)
             rtt[i - warmup] = bench_now_us() - t0;
     }
-    msgpack_unpacked_destroy(&up);
     floor_close(&f);
     ok = reap(&child) == 0 && ok;
     double med = NAN;
@@ -928,7 +932,7 @@ static double run_transport(const char *tl, bool quick, bool json, const char *o
         double fl = median(flv, rounds);
         snprintf(name, sizeof name, "ucx_%s_lat_8B_floor", tl);
         bench_result_t fr = {name, fl, "us", anchor, pf, NULL,
-                             "msgpack-c over plain UCX (probe, receive, unpack; pack, send): the least any codec adds"};
+                             "msgpack-c over plain UCX, buffers reused (probe, receive, unpack; pack, send)"};
         bench_print(&fr, json);
         snprintf(name, sizeof name, "ucx_%s_lat_8B_vs_floor", tl);
         snprintf(anchor, sizeof anchor, "msgpack-c over plain UCX, %s", tl);
