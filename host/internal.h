@@ -244,9 +244,12 @@ static inline gser_value_t *msg_value(gser_msg_t *msg, gser_kind_t kind)
     return v;
 }
 
-static inline void copy_cstr(char *d, const char *s, size_t len)
+/* Copy len bytes: most strings and small bodies of a message are short, so
+ * up to 16 bytes take two overlapping moves (or three byte moves), no call. */
+static inline void copy_short(void *dst, const void *src, size_t len)
 {
-    /* most strings of a message are short: two overlapping moves, no call */
+    unsigned char *d = (unsigned char *)dst;
+    const unsigned char *s = (const unsigned char *)src;
     if (len >= 8 && len <= 16) {
         uint64_t a, b;
         memcpy(&a, s, 8);
@@ -259,9 +262,19 @@ static inline void copy_cstr(char *d, const char *s, size_t len)
         memcpy(&b, s + len - 4, 4);
         memcpy(d, &a, 4);
         memcpy(d + len - 4, &b, 4);
+    } else if (len && len < 4) {
+        unsigned char a = s[0], m = s[len / 2], z = s[len - 1];
+        d[0] = a;
+        d[len / 2] = m;
+        d[len - 1] = z;
     } else if (len) {
         memcpy(d, s, len);
     }
+}
+
+static inline void copy_cstr(char *d, const char *s, size_t len)
+{
+    copy_short(d, s, len);
     d[len] = '\0';
 }
 

@@ -29,6 +29,8 @@ void packer_init(packer_t *p, gser_context_t *ctx, size_t pack_max, void *stream
 
 void packer_free(packer_t *p)
 {
+    if (!p->groups && !p->copies && !p->waits)
+        return; /* host messages: nothing was planned */
     free(p->groups);
     free(p->copies);
     free(p->waits);
