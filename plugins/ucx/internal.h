@@ -407,8 +407,18 @@ struct gser_ucx_request {
 
 /* ---- worker internals (worker.c) ------------------------------------------------- */
 
-GUX_INTERNAL void gux_lock(gser_ucx_worker_t *w);
-GUX_INTERNAL void gux_unlock(gser_ucx_worker_t *w);
+/* The worker's lock, taken only by a worker made for many threads: inline,
+ * since every call takes it and most workers have one thread. */
+static inline void gux_lock(gser_ucx_worker_t *w)
+{
+    if (w->mt)
+        pthread_mutex_lock(&w->lock);
+}
+static inline void gux_unlock(gser_ucx_worker_t *w)
+{
+    if (w->mt)
+        pthread_mutex_unlock(&w->lock);
+}
 /* One round: UCX progress, then the queued work. Lock held. */
 GUX_INTERNAL unsigned gux_progress(gser_ucx_worker_t *w);
 /* Progress until done(arg) or the timeout (-1: none). GSER_OK or GSER_ERR_TIMEOUT. Lock held. */

@@ -203,18 +203,6 @@ uint32_t gser_ucx_context_get_caps(const gser_ucx_context_t *ctx)
 
 /* ---- worker -------------------------------------------------------------------- */
 
-void gux_lock(gser_ucx_worker_t *w)
-{
-    if (w->mt)
-        pthread_mutex_lock(&w->lock);
-}
-
-void gux_unlock(gser_ucx_worker_t *w)
-{
-    if (w->mt)
-        pthread_mutex_unlock(&w->lock);
-}
-
 /* How far the receive cache may grow by default: an eighth of physical
  * memory (256 MiB when that cannot be told). */
 static size_t default_cache_max(void)
@@ -609,22 +597,29 @@ unsigned gux_progress(gser_ucx_worker_t *w)
      * sent before, which UCX's progress below still takes in. */
     if (w->ctl_now || (++w->ctl_rounds >= GUX_CTL_EVERY && ctl_due(w)))
         n += gux_ctl_progress(w);
+    /* The queues are looked at here before any call: most rounds find
+     * them empty. */
     if (w->ucp) {
         n += ucp_worker_progress(w->ucp);
         w->rounds++;
-        gux_ready_process(w);
-        n += gux_recvs_match(w);
+        if (!gux_list_empty(&w->ready))
+            gux_ready_process(w);
+        if (!gux_list_empty(&w->recvs))
+            n += gux_recvs_match(w);
         if (w->staging)
             n += gux_staging_progress(w);
     }
-    gux_ready_process(w);
+    if (!gux_list_empty(&w->ready))
+        gux_ready_process(w);
     /* After the data that arrived before a failure has been matched. */
-    if (w->eps_dirty)
+    if (w->eps_dirty) {
         gux_eps_process(w);
-    gux_ready_process(w);
+        gux_ready_process(w);
+    }
     n += w->events;
     w->events = 0;
-    gux_completions_run(w);
+    if (!gux_list_empty(&w->done))
+        gux_completions_run(w);
     return n;
 }
 
