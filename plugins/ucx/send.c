@@ -69,9 +69,30 @@ gser_status_t gser_ucx_ep_send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames,
     }
     /* A short head is the frame itself past its magic: no head to plan or
      * write, and no other frame (routes stays unread). */
-    bool short_head = gux_short_fits(frames, nframes), staged = false;
+    bool short_head = gux_short_fits(frames, nframes), staged = false, sent = false;
     size_t head_len = 0;
-    if (!short_head) {
+    if (short_head) {
+        /* Out first, the request after: UCX sends a short message at once or
+         * not at all (a full queue), and the peer waits for nothing else. */
+        ucp_request_param_t ip = {.op_attr_mask = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL};
+        ucs_status_ptr_t sp = ucp_tag_send_nbx(ep->ucp, (const unsigned char *)frames[0].data + GUX_SHORT_PREFIX_LEN,
+                                               frames[0].size - GUX_SHORT_PREFIX_LEN,
+                                               gux_tag(ep->peer_id, GUX_KIND_SHORT, ep->send_seq & GUX_SEQ_MASK), &ip);
+        ucs_status_t us;
+        if (UCS_PTR_IS_PTR(sp)) { /* not expected with the flag: finished here, not left running */
+            while ((us = ucp_request_check_status(sp)) == UCS_INPROGRESS)
+                ucp_worker_progress(w->ucp);
+            ucp_request_free(sp);
+        } else {
+            us = UCS_PTR_STATUS(sp);
+        }
+        if (us == UCS_OK) {
+            sent = true;
+        } else if (us != UCS_ERR_NO_RESOURCE) {
+            st = GUX_CALL("send: ucp_tag_send_nbx", us);
+            goto out;
+        }
+    } else {
         if (nframes > sizeof routes_stack && !(routes = malloc(nframes))) {
             st = gux_fail(GSER_ERR_NO_MEMORY, "send: out of memory");
             goto out;
@@ -94,6 +115,10 @@ gser_status_t gser_ucx_ep_send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames,
 
     if (!(r = gux_req_new(w, GUX_REQ_SEND, ep, params, req_out != NULL))) {
         st = GSER_ERR_NO_MEMORY;
+        if (sent) { /* out, but not reported as sent: the stream is torn */
+            ep->send_seq++;
+            gux_ep_fail(ep, st);
+        }
         goto out;
     }
     r->msg_no = ep->send_seq;
@@ -114,10 +139,12 @@ gser_status_t gser_ucx_ep_send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames,
     }
 
     r->posting = true;
-    st = post_send(r, head, head_len, gux_tag(ep->peer_id, short_head ? GUX_KIND_SHORT : GUX_KIND_HEAD, r->seq),
-                   UCS_MEMORY_TYPE_HOST);
-    if (st) /* nothing went out: the endpoint is as it was */
-        goto out;
+    if (!sent) {
+        st = post_send(r, head, head_len, gux_tag(ep->peer_id, short_head ? GUX_KIND_SHORT : GUX_KIND_HEAD, r->seq),
+                       UCS_MEMORY_TYPE_HOST);
+        if (st) /* nothing went out: the endpoint is as it was */
+            goto out;
+    }
     ep->send_seq++;
     uint64_t ftag = gux_tag(ep->peer_id, GUX_KIND_FRAME, r->seq);
     for (size_t i = 1; i < nframes && !st; i++) {

@@ -191,6 +191,47 @@ TEST_F(ShortHead, ShortAndFullHeadsInterleaveInOrder)
     }
 }
 
+TEST_F(ShortHead, ManyInFlightBeforeThePeerLooksArriveInOrder)
+{
+    // More short heads than UCX's shared-memory queue holds (64 slots), sent
+    // before the receiver looks: the first go out at once, the later ones
+    // cannot and take the path that posts and waits. The full heads in
+    // between keep their places.
+    const unsigned n = 600;
+    auto full = [](unsigned i) { return i % 50 == 7; };
+    std::vector<std::unique_ptr<TestMsg>> msgs;
+    std::vector<FramesPtr> frames;
+    std::vector<ReqPtr> sends;
+    unsigned waiting = 0;
+    for (unsigned i = 0; i < n; i++) {
+        msgs.push_back(std::make_unique<TestMsg>(ctx_.get(), full(i) ? std::vector<size_t>{100000} : std::vector<size_t>{}, i));
+        frames.push_back(serialize(ctx_.get(), msgs.back()->msg.get()));
+        ASSERT_EQ(gser_frames_get_count(frames.back().get()), full(i) ? 2u : 1u);
+        gser_ucx_request_t *sr = nullptr;
+        UCX_OK(gser_ucx_ep_send_nb(pair_.cep.get(), gser_frames_get_array(frames.back().get()),
+                                   gser_frames_get_count(frames.back().get()), nullptr, &sr));
+        sends.emplace_back(sr);
+        waiting += gser_ucx_request_query(sr) == GSER_INPROGRESS;
+    }
+    for (unsigned i = 0; i < n; i++) {
+        gser_ucx_request_t *rr = nullptr;
+        UCX_OK(gser_ucx_ep_recv_nb(pair_.sep.get(), nullptr, &rr));
+        ReqPtr r(rr);
+        UCX_OK(drive({pair_.client.get(), pair_.server.get()}, rr));
+        gser_msg_t *gm = nullptr;
+        UCX_OK(gser_ucx_request_deserialize(rr, ctx_.get(), nullptr, &gm));
+        MsgPtr got(gm);
+        ASSERT_TRUE(same_msg(got.get(), full(i) ? std::vector<size_t>{100000} : std::vector<size_t>{}, i))
+            << "message " << i;
+    }
+    for (auto &sr : sends)
+        UCX_OK(drive({pair_.client.get(), pair_.server.get()}, sr.get()));
+    const char *tls = std::getenv("UCX_TLS");
+    if (tls && std::string(tls).find("posix") != std::string::npos) {
+        EXPECT_GT(waiting, 0u) << "every send went out at once: the waiting path was not taken";
+    }
+}
+
 TEST_F(ShortHead, AHandWrittenShortHeadIsReceived)
 {
     // What a second implementation following docs/ucx.md would send.
