@@ -387,6 +387,7 @@ struct gser_ucx_request {
     /* receive */
     bool short_head;      /* the head is of the short form (GUX_KIND_SHORT) */
     unsigned char *rhead; /* received head: frame 0 and inlined frames point into it */
+    bool rhead_pooled;    /* rhead is a buffer of GUX_HEAD_POOLED bytes (recv.c) */
     size_t rhead_len;
     gux_head_frame_t *table;
     uint32_t chunk; /* staging chunk of the message */

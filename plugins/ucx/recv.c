@@ -1,6 +1,7 @@
 /* Receiving a message: probe for the next head from an endpoint (or any),
  * receive it, check it against the limits, allocate the frames per memory
  * kind, and receive the frames that did not travel inline. */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,6 +14,37 @@ static void head_release(void *data, void *arg)
 {
     (void)data;
     free(arg);
+}
+
+/* Heads of up to GUX_HEAD_POOLED bytes (a small message's, whole) get a
+ * buffer of exactly that size, and the process keeps one such buffer when
+ * released: a stream of small messages then receives without a malloc and a
+ * free each, in whichever thread the messages end. */
+#define GUX_HEAD_POOLED 256
+static _Atomic(unsigned char *) spare_head;
+
+static unsigned char *head_alloc(size_t size, bool *pooled)
+{
+    *pooled = size <= GUX_HEAD_POOLED;
+    if (!*pooled)
+        return malloc(size);
+    unsigned char *b = atomic_exchange_explicit(&spare_head, NULL, memory_order_acquire);
+    return b ? b : malloc(GUX_HEAD_POOLED);
+}
+
+static void head_free(unsigned char *b, bool pooled)
+{
+    unsigned char *none = NULL;
+    if (b && pooled &&
+        atomic_compare_exchange_strong_explicit(&spare_head, &none, b, memory_order_release, memory_order_relaxed))
+        return;
+    free(b);
+}
+
+static void head_release_pooled(void *data, void *arg)
+{
+    (void)data;
+    head_free(arg, true);
 }
 
 gser_status_t gux_frame_alloc(gser_ucx_worker_t *w, size_t size, gser_memory_t *memory, int32_t device,
@@ -41,7 +73,7 @@ void gux_recv_release(gser_ucx_request_t *r)
         r->frames = NULL;
     }
     if (r->rhead) {
-        free(r->rhead);
+        head_free(r->rhead, r->rhead_pooled);
         r->rhead = NULL;
     }
     if (r->table && r->table != r->table_inline)
@@ -181,7 +213,7 @@ static void head_start(gser_ucx_request_t *r, ucp_tag_message_h msg, const ucp_t
      * queue, into a small buffer (UCX truncates it, never moving the rest),
      * before the endpoint is closed. */
     size_t cap = bad ? GUX_HEAD_FIXED : len;
-    r->rhead = malloc(skip + cap);
+    r->rhead = head_alloc(skip + cap, &r->rhead_pooled);
     if (!r->rhead) {
         bad = GSER_ERR_NO_MEMORY;
         cap = 0;
@@ -314,7 +346,8 @@ static void head_parse(gser_ucx_request_t *r)
          * table to read, no frame to receive. */
         r->frames = r->frames_inline;
         r->frames[0] = (gser_frame_t){.data = r->rhead, .size = r->rhead_len, .memory = GSER_MEMORY_HOST,
-                                      .release = head_release, .release_arg = r->rhead};
+                                      .release = r->rhead_pooled ? head_release_pooled : head_release,
+                                      .release_arg = r->rhead};
         r->nframes = 1;
         r->stage = GUX_RECV_FRAMES;
         gux_req_complete(r, GSER_OK);
@@ -349,7 +382,7 @@ static void head_parse(gser_ucx_request_t *r)
         r->frames[i] = (gser_frame_t){.data = r->rhead + t->offset, .size = (size_t)t->size,
                                       .memory = GSER_MEMORY_HOST};
     }
-    r->frames[0].release = head_release;
+    r->frames[0].release = r->rhead_pooled ? head_release_pooled : head_release;
     r->frames[0].release_arg = r->rhead;
 
     size_t host_bytes = 0;
