@@ -139,6 +139,7 @@ gser_status_t gser_ucx_ep_send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames,
     }
 
     r->posting = true;
+    st = GSER_OK;
     if (!sent) {
         st = post_send(r, head, head_len, gux_tag(ep->peer_id, short_head ? GUX_KIND_SHORT : GUX_KIND_HEAD, r->seq),
                        UCS_MEMORY_TYPE_HOST);
