@@ -232,6 +232,44 @@ TEST_F(ShortHead, ManyInFlightBeforeThePeerLooksArriveInOrder)
     }
 }
 
+TEST_F(ShortHead, ASmallHeadsBufferServesAgainOnlyOnceReleased)
+{
+    // Receive one small message and take its frames (the caller owns the
+    // head buffer); frame 0's address.
+    auto take_one = [&](gser_ucx_recv_t *got) -> const void * {
+        MsgPtr m = small_msg(ctx_.get());
+        EXPECT_EQ(gser_ucx_ep_send_msg(pair_.cep.get(), ctx_.get(), m.get(), nullptr, kWaitMs), GSER_OK);
+        gser_ucx_request_t *rr = nullptr;
+        EXPECT_EQ(gser_ucx_ep_recv_nb(pair_.sep.get(), nullptr, &rr), GSER_OK);
+        ReqPtr r(rr);
+        EXPECT_EQ(drive({pair_.client.get(), pair_.server.get()}, rr), GSER_OK);
+        EXPECT_EQ(gser_ucx_request_take(rr, got), GSER_OK) << gser_ucx_get_last_error();
+        return got->nframes ? got->frames[0].data : nullptr;
+    };
+    gser_ucx_recv_t a = GSER_UCX_RECV_INIT, b = GSER_UCX_RECV_INIT, c = GSER_UCX_RECV_INIT;
+    const void *pa = take_one(&a);
+    const void *pb = take_one(&b);
+    EXPECT_NE(pa, pb) << "two heads held at once share a buffer";
+    size_t size = a.frames[0].size;
+    gser_ucx_recv_finish(&a, false); // its buffer is kept for the next head
+    void *other = std::malloc(size); // what free() gave back would be this
+    const void *pc = take_one(&c);
+    EXPECT_EQ(pc, pa) << "a released small head's buffer was not used again";
+    EXPECT_NE(pc, pb);
+    EXPECT_NE(other, pc); // (uses other: a malloc never read may be left out)
+    std::free(other);
+    // Both still intact: each is its own sender's header.
+    MsgPtr m = small_msg(ctx_.get());
+    auto frames = serialize(ctx_.get(), m.get());
+    const gser_frame_t &h = gser_frames_get_array(frames.get())[0];
+    for (gser_ucx_recv_t *g : {&b, &c}) {
+        ASSERT_EQ(g->frames[0].size, h.size);
+        EXPECT_EQ(std::memcmp(g->frames[0].data, h.data, h.size), 0);
+    }
+    gser_ucx_recv_finish(&b, false);
+    gser_ucx_recv_finish(&c, false);
+}
+
 TEST_F(ShortHead, AHandWrittenShortHeadIsReceived)
 {
     // What a second implementation following docs/ucx.md would send.
