@@ -299,6 +299,9 @@ struct gser_ucx_ep {
     char why[256];       /* ... in words, for whatever ends with it */
     gser_ucx_peer_info_t peer;
     uint32_t send_seq;
+    /* A short head found UCX's queue to the peer full: the next ones are
+     * posted, not tried at once, until a posted send completes. */
+    bool short_queued;
     uint32_t recv_seq;
     gux_list_t reqs;  /* requests in flight on it (req.elink) */
     gux_list_t wlink; /* in worker->eps */

@@ -137,8 +137,11 @@ void gux_req_part_done(gser_ucx_request_t *r, ucs_status_t st)
 
 void gux_send_cb(void *ucx_req, ucs_status_t st, void *user_data)
 {
+    gser_ucx_request_t *r = user_data;
     ucp_request_free(ucx_req);
-    gux_req_part_done(user_data, st);
+    if (r->ep) /* UCX's queue to the peer moved: short heads may go at once again */
+        r->ep->short_queued = false;
+    gux_req_part_done(r, st);
 }
 
 void gux_recv_cb(void *ucx_req, ucs_status_t st, const ucp_tag_recv_info_t *info, void *user_data)

@@ -20,6 +20,23 @@ static gser_status_t post_send(gser_ucx_request_t *r, const void *buf, size_t le
     return gux_req_track(r, ucp_tag_send_nbx(r->ep->ucp, buf, len, tag, &p), "send: ucp_tag_send_nbx", false);
 }
 
+/* Send a short head at once, or not at all (UCS_ERR_NO_RESOURCE: UCX's
+ * queue to the peer is full). */
+static ucs_status_t short_send_now(gser_ucx_ep_t *ep, const gser_frame_t *f)
+{
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL};
+    ucs_status_ptr_t sp =
+        ucp_tag_send_nbx(ep->ucp, (const unsigned char *)f->data + GUX_SHORT_PREFIX_LEN, f->size - GUX_SHORT_PREFIX_LEN,
+                         gux_tag(ep->peer_id, GUX_KIND_SHORT, ep->send_seq & GUX_SEQ_MASK), &p);
+    if (!UCS_PTR_IS_PTR(sp))
+        return UCS_PTR_STATUS(sp);
+    ucs_status_t st; /* not expected with the flag: finished here, not left running */
+    while ((st = ucp_request_check_status(sp)) == UCS_INPROGRESS)
+        ucp_worker_progress(ep->worker->ucp);
+    ucp_request_free(sp);
+    return st;
+}
+
 void gux_send_ready(gser_ucx_request_t *r)
 {
     if (r->status != GSER_INPROGRESS) {
@@ -73,22 +90,15 @@ gser_status_t gser_ucx_ep_send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames,
     size_t head_len = 0;
     if (short_head) {
         /* Out first, the request after: UCX sends a short message at once or
-         * not at all (a full queue), and the peer waits for nothing else. */
-        ucp_request_param_t ip = {.op_attr_mask = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL};
-        ucs_status_ptr_t sp = ucp_tag_send_nbx(ep->ucp, (const unsigned char *)frames[0].data + GUX_SHORT_PREFIX_LEN,
-                                               frames[0].size - GUX_SHORT_PREFIX_LEN,
-                                               gux_tag(ep->peer_id, GUX_KIND_SHORT, ep->send_seq & GUX_SEQ_MASK), &ip);
-        ucs_status_t us;
-        if (UCS_PTR_IS_PTR(sp)) { /* not expected with the flag: finished here, not left running */
-            while ((us = ucp_request_check_status(sp)) == UCS_INPROGRESS)
-                ucp_worker_progress(w->ucp);
-            ucp_request_free(sp);
-        } else {
-            us = UCS_PTR_STATUS(sp);
-        }
+         * not at all (a full queue), and the peer waits for nothing else. In
+         * a stream that fills the queue, the next ones are posted without
+         * the try until a posted send completes. */
+        ucs_status_t us = ep->short_queued ? UCS_ERR_NO_RESOURCE : short_send_now(ep, &frames[0]);
         if (us == UCS_OK) {
             sent = true;
-        } else if (us != UCS_ERR_NO_RESOURCE) {
+        } else if (us == UCS_ERR_NO_RESOURCE) {
+            ep->short_queued = true;
+        } else {
             st = GUX_CALL("send: ucp_tag_send_nbx", us);
             goto out;
         }
@@ -145,6 +155,8 @@ gser_status_t gser_ucx_ep_send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames,
                        UCS_MEMORY_TYPE_HOST);
         if (st) /* nothing went out: the endpoint is as it was */
             goto out;
+        if (short_head && r->outstanding == 0)
+            ep->short_queued = false; /* it went at once: the queue has room again */
     }
     ep->send_seq++;
     uint64_t ftag = gux_tag(ep->peer_id, GUX_KIND_FRAME, r->seq);

@@ -230,6 +230,10 @@ TEST_F(ShortHead, ManyInFlightBeforeThePeerLooksArriveInOrder)
     if (tls && std::string(tls).find("posix") != std::string::npos) {
         EXPECT_GT(waiting, 0u) << "every send went out at once: the waiting path was not taken";
     }
+    // The stream drained: the next short head is tried at once again.
+    MsgPtr got = send_recv(pair_, ctx_.get(), msgs[0]->msg.get());
+    ASSERT_TRUE(got && same_msg(got.get(), {}, 0));
+    EXPECT_FALSE(pair_.cep.get()->short_queued);
 }
 
 TEST_F(ShortHead, ASmallHeadsBufferServesAgainOnlyOnceReleased)
