@@ -37,15 +37,8 @@ bool is_small_msg(gser_msg_t *m)
            gser_value_get_bytes(v, &b, &n) == GSER_OK && n == 8 && ((const unsigned char *)b)[7] == 8;
 }
 
-class ShortHead : public ::testing::Test {
+class ShortHead : public PairTest {
   protected:
-    void SetUp() override
-    {
-        ctx_ = make_ctx();
-        pair_.open();
-    }
-    void TearDown() override { pair_.close(); }
-
     // The next message on UCX's queue of the server's worker (not taken off
     // it): its tag and length. Waits until one is there.
     ::testing::AssertionResult peek(ucp_tag_recv_info_t *info)
@@ -92,9 +85,6 @@ class ShortHead : public ::testing::Test {
         EXPECT_TRUE(drive_until({pair_.client.get(), pair_.server.get()},
                                 [&] { return gser_ucx_ep_get_status(pair_.cep.get()) != GSER_OK; }));
     }
-
-    CtxPtr ctx_;
-    Pair pair_;
 };
 
 TEST_F(ShortHead, AOneFrameMessageIsItsHeaderWithoutTheMagic)

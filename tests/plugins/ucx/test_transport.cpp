@@ -12,22 +12,12 @@
 
 namespace {
 
-class Transport : public ::testing::Test {
+class Transport : public PairTest {
   protected:
-    void SetUp() override
-    {
-        ctx_ = make_ctx();
-        pair_.open();
-    }
-    void TearDown() override { pair_.close(); }
-
     gser_context_t *ctx() { return ctx_.get(); }
 
     // Send msg from the client and receive it on the server.
     MsgPtr round_trip(const gser_msg_t *msg) { return send_recv(pair_, ctx(), msg); }
-
-    CtxPtr ctx_;
-    Pair pair_;
 };
 
 TEST_F(Transport, HandshakeReportsVersionsAndCaps)

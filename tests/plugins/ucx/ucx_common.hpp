@@ -246,6 +246,20 @@ inline MsgPtr send_recv(Pair &p, gser_context_t *ctx, const gser_msg_t *msg)
     return MsgPtr(m);
 }
 
+// A test with a gser context and a connected pair in this process.
+class PairTest : public ::testing::Test {
+  protected:
+    void SetUp() override
+    {
+        ctx_ = make_ctx();
+        pair_.open();
+    }
+    void TearDown() override { pair_.close(); }
+
+    CtxPtr ctx_;
+    Pair pair_;
+};
+
 // A message: a map with a name and n buffers of the given sizes, filled with
 // a pattern derived from seed. Frames are made by gser_serialize.
 struct TestMsg {
