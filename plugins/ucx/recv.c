@@ -47,6 +47,12 @@ static void head_release_pooled(void *data, void *arg)
     head_free(arg, true);
 }
 
+/* What frame 0 releases r's head buffer with. */
+static gser_release_fn head_release_of(const gser_ucx_request_t *r)
+{
+    return r->rhead_pooled ? head_release_pooled : head_release;
+}
+
 gser_status_t gux_frame_alloc(gser_ucx_worker_t *w, size_t size, gser_memory_t *memory, int32_t device,
                               gser_frame_t *out)
 {
@@ -346,8 +352,7 @@ static void head_parse(gser_ucx_request_t *r)
          * table to read, no frame to receive. */
         r->frames = r->frames_inline;
         r->frames[0] = (gser_frame_t){.data = r->rhead, .size = r->rhead_len, .memory = GSER_MEMORY_HOST,
-                                      .release = r->rhead_pooled ? head_release_pooled : head_release,
-                                      .release_arg = r->rhead};
+                                      .release = head_release_of(r), .release_arg = r->rhead};
         r->nframes = 1;
         r->stage = GUX_RECV_FRAMES;
         gux_req_complete(r, GSER_OK);
@@ -382,7 +387,7 @@ static void head_parse(gser_ucx_request_t *r)
         r->frames[i] = (gser_frame_t){.data = r->rhead + t->offset, .size = (size_t)t->size,
                                       .memory = GSER_MEMORY_HOST};
     }
-    r->frames[0].release = r->rhead_pooled ? head_release_pooled : head_release;
+    r->frames[0].release = head_release_of(r);
     r->frames[0].release_arg = r->rhead;
 
     size_t host_bytes = 0;

@@ -22,12 +22,11 @@ static gser_status_t post_send(gser_ucx_request_t *r, const void *buf, size_t le
 
 /* Send a short head at once, or not at all (UCS_ERR_NO_RESOURCE: UCX's
  * queue to the peer is full). */
-static ucs_status_t short_send_now(gser_ucx_ep_t *ep, const gser_frame_t *f)
+static ucs_status_t short_send_now(gser_ucx_ep_t *ep, const void *head, size_t len)
 {
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL};
     ucs_status_ptr_t sp =
-        ucp_tag_send_nbx(ep->ucp, (const unsigned char *)f->data + GUX_SHORT_PREFIX_LEN, f->size - GUX_SHORT_PREFIX_LEN,
-                         gux_tag(ep->peer_id, GUX_KIND_SHORT, ep->send_seq & GUX_SEQ_MASK), &p);
+        ucp_tag_send_nbx(ep->ucp, head, len, gux_tag(ep->peer_id, GUX_KIND_SHORT, ep->send_seq & GUX_SEQ_MASK), &p);
     if (!UCS_PTR_IS_PTR(sp))
         return UCS_PTR_STATUS(sp);
     ucs_status_t st; /* not expected with the flag: finished here, not left running */
@@ -87,13 +86,16 @@ gser_status_t gser_ucx_ep_send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames,
     /* A short head is the frame itself past its magic: no head to plan or
      * write, and no other frame (routes stays unread). */
     bool short_head = gux_short_fits(frames, nframes), staged = false, sent = false;
+    const void *head = NULL;
     size_t head_len = 0;
     if (short_head) {
+        head = (const unsigned char *)frames[0].data + GUX_SHORT_PREFIX_LEN;
+        head_len = frames[0].size - GUX_SHORT_PREFIX_LEN;
         /* Out first, the request after: UCX sends a short message at once or
          * not at all (a full queue), and the peer waits for nothing else. In
          * a stream that fills the queue, the next ones are posted without
          * the try until a posted send completes. */
-        ucs_status_t us = ep->short_queued ? UCS_ERR_NO_RESOURCE : short_send_now(ep, &frames[0]);
+        ucs_status_t us = ep->short_queued ? UCS_ERR_NO_RESOURCE : short_send_now(ep, head, head_len);
         if (us == UCS_OK) {
             sent = true;
         } else if (us == UCS_ERR_NO_RESOURCE) {
@@ -133,11 +135,7 @@ gser_status_t gser_ucx_ep_send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames,
     }
     r->msg_no = ep->send_seq;
     r->seq = ep->send_seq & GUX_SEQ_MASK;
-    const void *head;
-    if (short_head) {
-        head = (const unsigned char *)frames[0].data + GUX_SHORT_PREFIX_LEN;
-        head_len = frames[0].size - GUX_SHORT_PREFIX_LEN;
-    } else {
+    if (!short_head) {
         r->head = head_len <= GUX_HEAD_INLINE ? r->head_inline : malloc(head_len);
         if (!r->head) {
             st = gux_fail(GSER_ERR_NO_MEMORY, "send: out of memory for a %zu-byte head", head_len);
