@@ -9,10 +9,15 @@
  *
  * See docs/wire-format.md.
  */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, madvise */
 #include <errno.h>
-#include <sys/stat.h>
+#include <limits.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -96,9 +101,7 @@ gser_status_t gser_flat_write(const gser_frame_t *frames, size_t nframes, void *
     return GSER_OK;
 }
 
-typedef gser_status_t (*sink_fn)(void *sink, const void *p, size_t n);
-
-static gser_status_t flat_emit(const gser_frame_t *frames, size_t nframes, sink_fn put, void *sink)
+static gser_status_t flat_emit(const gser_frame_t *frames, size_t nframes, gser_flat_sink_fn put, void *sink)
 {
     size_t total;
     gser_status_t st = gser_flat_size(frames, nframes, &total);
@@ -112,8 +115,9 @@ static gser_status_t flat_emit(const gser_frame_t *frames, size_t nframes, sink_
     write_prefix(prefix, frames, nframes);
     st = put(sink, prefix, plen);
     for (size_t i = 0; st == GSER_OK && i < nframes; i++) {
-        st = put(sink, frames[i].data, frames[i].size);
-        if (st == GSER_OK)
+        if (frames[i].size)
+            st = put(sink, frames[i].data, frames[i].size);
+        if (st == GSER_OK && pad8(frames[i].size))
             st = put(sink, zeros, pad8(frames[i].size));
     }
     if (prefix != stackbuf)
@@ -121,21 +125,74 @@ static gser_status_t flat_emit(const gser_frame_t *frames, size_t nframes, sink_
     return st;
 }
 
-static gser_status_t fd_put(void *sink, const void *p, size_t n)
+/* Write all of iov[0..n), retrying short writes (a writev moves at most
+ * about 2 GiB, and a pipe or socket takes what fits). */
+static gser_status_t writev_all(int fd, struct iovec *iov, int n)
 {
-    int fd = *(int *)sink;
-    const char *c = p;
-    while (n) {
-        ssize_t w = write(fd, c, n);
+    while (n > 0) {
+        ssize_t w = writev(fd, iov, n);
         if (w < 0) {
             if (errno == EINTR)
                 continue;
             return GSER_ERR_IO;
         }
-        c += w;
-        n -= (size_t)w;
+        size_t left = (size_t)w;
+        while (n > 0 && left >= iov->iov_len) {
+            left -= iov->iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {
+            iov->iov_base = (char *)iov->iov_base + left;
+            iov->iov_len -= left;
+        }
     }
     return GSER_OK;
+}
+
+/* Batches of iovecs: the frames go from their own memory to the kernel, a
+ * few system calls for the whole message, never through a copy of it. */
+#define FLAT_IOV 1024
+
+gser_status_t gser_flat_write_fd(const gser_frame_t *frames, size_t nframes, int fd)
+{
+    if (fd < 0)
+        return GSER_ERR_INVALID_ARG;
+    size_t total;
+    gser_status_t st = gser_flat_size(frames, nframes, &total);
+    if (st)
+        return st;
+    size_t plen = FLAT_PREFIX + 8 * nframes;
+    unsigned char stackbuf[FLAT_PREFIX + 8 * 16];
+    unsigned char *prefix = plen <= sizeof stackbuf ? stackbuf : malloc(plen);
+    struct iovec *iov = malloc(FLAT_IOV * sizeof *iov);
+    if (!prefix || !iov) {
+        if (prefix != stackbuf)
+            free(prefix);
+        free(iov);
+        return GSER_ERR_NO_MEMORY;
+    }
+    write_prefix(prefix, frames, nframes);
+    int n = 0;
+    iov[n++] = (struct iovec){.iov_base = prefix, .iov_len = plen};
+    for (size_t i = 0; st == GSER_OK && i < nframes; i++) {
+        if (n > FLAT_IOV - 2) {
+            st = writev_all(fd, iov, n);
+            n = 0;
+        }
+        if (frames[i].size)
+            iov[n++] = (struct iovec){.iov_base = (void *)frames[i].data, .iov_len = frames[i].size};
+        if (pad8(frames[i].size))
+            iov[n++] = (struct iovec){.iov_base = (void *)zeros, .iov_len = pad8(frames[i].size)};
+    }
+    if (st == GSER_OK)
+        st = writev_all(fd, iov, n);
+    int saved = errno; /* what the write said, for the caller */
+    if (prefix != stackbuf)
+        free(prefix);
+    free(iov);
+    errno = saved;
+    return st;
 }
 
 static gser_status_t file_put(void *sink, const void *p, size_t n)
@@ -143,18 +200,18 @@ static gser_status_t file_put(void *sink, const void *p, size_t n)
     return n == 0 || fwrite(p, 1, n, (FILE *)sink) == n ? GSER_OK : GSER_ERR_IO;
 }
 
-gser_status_t gser_flat_write_fd(const gser_frame_t *frames, size_t nframes, int fd)
-{
-    if (fd < 0)
-        return GSER_ERR_INVALID_ARG;
-    return flat_emit(frames, nframes, fd_put, &fd);
-}
-
 gser_status_t gser_flat_write_file(const gser_frame_t *frames, size_t nframes, FILE *f)
 {
     if (!f)
         return GSER_ERR_INVALID_ARG;
     return flat_emit(frames, nframes, file_put, f);
+}
+
+gser_status_t gser_flat_write_sink(const gser_frame_t *frames, size_t nframes, gser_flat_sink_fn sink, void *arg)
+{
+    if (!sink)
+        return GSER_ERR_INVALID_ARG;
+    return flat_emit(frames, nframes, sink, arg);
 }
 
 /* How far the first len bytes of a flattened message check out, in the
@@ -261,10 +318,87 @@ gser_status_t gser_deserialize_flat(gser_context_t *ctx, const void *buf, size_t
     return GSER_OK;
 }
 
+/* Public front of flat_scan, for readers of streams. */
+gser_status_t gser_flat_get_need(gser_context_t *ctx, const void *buf, size_t len,
+                                 const gser_deserialize_options_t *opts, uint64_t *need_out)
+{
+    static const char *what = "gser_flat_get_need";
+    if (!ctx || !need_out || (!buf && len))
+        return ctx ? error_set(ctx, GSER_ERR_INVALID_ARG, "%s: NULL buffer or output", what) : GSER_ERR_INVALID_ARG;
+    gser_limits_t lim = GSER_LIMITS_INIT;
+    gser_deserialize_options_t o = GSER_DESERIALIZE_OPTIONS_INIT;
+    gser_status_t st = dopts_read(ctx, what, opts, &o, &lim);
+    if (st)
+        return st;
+    uint64_t need = 8; /* the magic first, as gser_deserialize_fd reads it */
+    if (len && (st = flat_scan(ctx, what, buf, len, &lim, &need)))
+        return st;
+    *need_out = need;
+    return GSER_OK;
+}
+
+/* Large inputs are read into anonymous mappings that fault in huge pages
+ * where the kernel allows it: a fresh multi-GiB buffer faulted 4 KiB at a
+ * time costs several times the read itself. */
+#define FLAT_MAP_MIN ((size_t)1 << 20)
+
+static size_t page_size(void)
+{
+    long p = sysconf(_SC_PAGESIZE);
+    return p > 0 ? (size_t)p : 4096;
+}
+
+/* Release of a mapping: data may start inside its first page, arg is the
+ * length from the page start. */
+static void unmap_buf(void *data, void *arg)
+{
+    uintptr_t base = (uintptr_t)data & ~(uintptr_t)(page_size() - 1);
+    munmap((void *)base, (size_t)(uintptr_t)arg);
+}
+
+static void *map_anon(size_t n)
+{
+    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, n, MADV_HUGEPAGE); /* a hint: refused where THP is off */
+#endif
+    return p;
+}
+
 static void free_buf(void *data, void *arg)
 {
     (void)arg;
     free(data);
+}
+
+/* Map the avail bytes of a regular file from offset at and deserialize them
+ * in place: nothing is read until a value is used. A private mapping: the
+ * values are writable, the file never changes. 1 done (st set), 0 when the
+ * file cannot be mapped (read it instead). */
+static int deserialize_mapped(gser_context_t *ctx, int fd, off_t at, uint64_t avail,
+                              const gser_deserialize_options_t *opts, gser_msg_t **msg_out, gser_status_t *st)
+{
+    static const unsigned char empty[1];
+    if (avail == 0) {
+        *st = gser_deserialize_flat(ctx, empty, 0, NULL, NULL, opts, msg_out);
+        return 1;
+    }
+    size_t delta = (size_t)at & (page_size() - 1);
+    if (avail > SIZE_MAX - delta)
+        return 0;
+    size_t maplen = (size_t)avail + delta;
+    void *map = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, at - (off_t)delta);
+    if (map == MAP_FAILED)
+        return 0;
+    *st = gser_deserialize_flat(ctx, (unsigned char *)map + delta, (size_t)avail, unmap_buf, (void *)(uintptr_t)maplen,
+                                opts, msg_out);
+    if (*st)
+        munmap(map, maplen);
+    else
+        (void)lseek(fd, at + (off_t)avail, SEEK_SET); /* past the message, as a read leaves it */
+    return 1;
 }
 
 /* Read until *len reaches want or the input ends, growing *buf as bytes
@@ -313,8 +447,11 @@ gser_status_t gser_deserialize_fd(gser_context_t *ctx, int fd, const gser_deseri
     uint64_t avail = UINT64_MAX;
     if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && (at = lseek(fd, 0, SEEK_CUR)) >= 0)
         avail = sb.st_size > at ? (uint64_t)(sb.st_size - at) : 0;
+    if ((o.flags & GSER_DESERIALIZE_MMAP) && avail != UINT64_MAX &&
+        deserialize_mapped(ctx, fd, at, avail, opts, msg_out, &st))
+        return st;
     unsigned char *buf = NULL;
-    size_t cap = 0, len = 0;
+    size_t cap = 0, len = 0, maplen = 0; /* maplen: buf is a mapping of that length */
     uint64_t need = 8, seen = 0; /* the magic first */
     for (;;) {
         if (need > avail && len >= FLAT_PREFIX) {
@@ -326,6 +463,24 @@ gser_status_t gser_deserialize_fd(gser_context_t *ctx, int fd, const gser_deseri
             st = error_set(ctx, GSER_ERR_NO_MEMORY, "%s: a message of %llu bytes cannot be held here", what,
                            (unsigned long long)need);
             break;
+        }
+        /* A file that holds the whole message: its final buffer at once, and
+         * the frames read straight into it. */
+        if (avail != UINT64_MAX && need > cap && need >= FLAT_MAP_MIN) {
+            unsigned char *nb = map_anon((size_t)need);
+            if (!nb) {
+                st = error_set(ctx, GSER_ERR_NO_MEMORY, "%s: out of memory for %llu bytes", what,
+                               (unsigned long long)need);
+                break;
+            }
+            if (len)
+                memcpy(nb, buf, len);
+            if (maplen) /* a size table of a million frames came first */
+                munmap(buf, maplen);
+            else
+                free(buf);
+            buf = nb;
+            cap = maplen = (size_t)need;
         }
         if ((st = read_upto(ctx, what, fd, &buf, &cap, &len, (size_t)(need < avail ? need : avail))))
             break;
@@ -343,8 +498,13 @@ gser_status_t gser_deserialize_fd(gser_context_t *ctx, int fd, const gser_deseri
         st = error_set(ctx, GSER_ERR_FORMAT, "%s: %llu trailing bytes in the file after the message (%zu bytes)", what,
                        (unsigned long long)(avail - len), len);
     if (st == GSER_OK)
-        st = gser_deserialize_flat(ctx, buf, len, free_buf, NULL, opts, msg_out);
-    if (st)
-        free(buf);
+        st = maplen ? gser_deserialize_flat(ctx, buf, len, unmap_buf, (void *)(uintptr_t)maplen, opts, msg_out)
+                    : gser_deserialize_flat(ctx, buf, len, free_buf, NULL, opts, msg_out);
+    if (st) {
+        if (maplen)
+            munmap(buf, maplen);
+        else
+            free(buf);
+    }
     return st;
 }

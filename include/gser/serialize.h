@@ -116,6 +116,14 @@ enum {
      *  frames (the "host" family, a file) back on the device: one copy per
      *  frame, then views (or a scatter with GSER_DESERIALIZE_SCATTER). */
     GSER_DESERIALIZE_RESTORE_DEVICE = 1u << 3,
+    /** gser_deserialize_fd on a regular file: map the file instead of reading
+     *  it. The message owns the mapping (private, copy-on-write: values may be
+     *  written, the file never changes) and nothing is read until a value is
+     *  used, so loading costs the same for any size. The file must not shrink
+     *  while the message lives (reading a page past its end raises SIGBUS).
+     *  Pipes, sockets and files that cannot be mapped are read as without it;
+     *  other calls ignore it. */
+    GSER_DESERIALIZE_MMAP = 1u << 4,
 };
 
 /** Deserialize options: start from GSER_DESERIALIZE_OPTIONS_INIT, then set what you need. */
@@ -165,11 +173,38 @@ GSER_API gser_status_t gser_flat_size(const gser_frame_t *frames, size_t nframes
 GSER_API gser_status_t gser_flat_write(const gser_frame_t *frames, size_t nframes, void *dst, size_t cap,
                                        size_t *written);
 
-/** Flatten frames to a file descriptor (all of it, retrying short writes). */
+/** Flatten frames to a file descriptor (a file, pipe or socket; no seeking):
+ *  the prefix and the frames go from their own memory with writev, a few
+ *  calls for the whole message, retrying short writes; nothing is copied
+ *  into one buffer first. GSER_ERR_IO leaves errno as the write set it
+ *  (ENOSPC for a full disk, EAGAIN for a non-blocking descriptor that is
+ *  full). */
 GSER_API gser_status_t gser_flat_write_fd(const gser_frame_t *frames, size_t nframes, int fd);
 
 /** Flatten frames to a stdio stream. */
 GSER_API gser_status_t gser_flat_write_file(const gser_frame_t *frames, size_t nframes, FILE *f);
+
+/** Where gser_flat_write_sink puts the flattened bytes, piece by piece:
+ *  anything but GSER_OK stops the writing and is returned. */
+typedef gser_status_t (*gser_flat_sink_fn)(void *arg, const void *data, size_t size);
+
+/** Flatten frames through sink, in order: the prefix and size table, then
+ *  each frame (from its own memory) and its padding; pieces of 0 bytes are
+ *  left out. For writers that are neither descriptors nor stdio streams. */
+GSER_API gser_status_t gser_flat_write_sink(const gser_frame_t *frames, size_t nframes, gser_flat_sink_fn sink,
+                                            void *arg);
+
+/**
+ * How many bytes the flattened message that starts with the len bytes at
+ * buf needs, as far as they tell: 8 (the magic) for no bytes, then the
+ * 16-byte prefix, then the prefix and the size table, then the whole
+ * message. What is there is checked as gser_deserialize_flat checks it (the
+ * same errors: magic, version, flags, the limits of opts or the context), so
+ * a reader of a stream reads exactly *need_out bytes and asks again, until
+ * the answer stops changing. opts may be NULL.
+ */
+GSER_API gser_status_t gser_flat_get_need(gser_context_t *ctx, const void *buf, size_t len,
+                                          const gser_deserialize_options_t *opts, uint64_t *need_out);
 
 /**
  * Deserialize a flattened message in buf. Zero-copy: the message borrows buf
@@ -189,7 +224,11 @@ GSER_API gser_status_t gser_deserialize_flat(gser_context_t *ctx, const void *bu
  * exactly one message (another may follow), in memory that grows with what
  * arrives; a regular file must hold exactly one message from the current
  * offset (GSER_ERR_TRUNCATED for a table that declares more, before it is
- * read; GSER_ERR_FORMAT for bytes after it).
+ * read; GSER_ERR_FORMAT for bytes after it). From a regular file the frames
+ * are read straight into one buffer of the message's size (huge pages where
+ * the kernel allows), or, with GSER_DESERIALIZE_MMAP, not read at all: the
+ * file is mapped. Either way the errors are those of gser_deserialize_flat
+ * on the same bytes, and the offset ends past the message.
  */
 GSER_API gser_status_t gser_deserialize_fd(gser_context_t *ctx, int fd, const gser_deserialize_options_t *opts,
                                            gser_msg_t **msg_out);

@@ -328,3 +328,266 @@ TEST(FlatFd, StreamsCarryMessagesBackToBackAndFilesHoldExactlyOne)
     EXPECT_NE(std::string(gser_context_get_last_error(ctx.get())).find("trailing bytes in the file"), std::string::npos)
         << gser_context_get_last_error(ctx.get());
 }
+
+// ---- writing with writev, reading into the final buffer or a mapping -------
+
+namespace {
+
+// n buffer frames of sizes 1, 2, ..., n (odd sizes: padding between them).
+MsgPtr many_frames(gser_context_t *ctx, size_t n, std::vector<std::vector<unsigned char>> &keep)
+{
+    gser_msg_t *m = nullptr;
+    EXPECT_EQ(gser_msg_create(ctx, &m), GSER_OK);
+    gser_value_t *root, *v;
+    gser_msg_new_list(m, &root);
+    keep.resize(n);
+    for (size_t i = 0; i < n; i++) {
+        keep[i].resize(300 + i);
+        for (size_t j = 0; j < keep[i].size(); j++)
+            keep[i][j] = (unsigned char)(i * 7 + j);
+        gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
+        d.data = keep[i].data();
+        d.nbytes = keep[i].size();
+        EXPECT_EQ(gser_msg_new_buffer(m, &d, &v), GSER_OK);
+        EXPECT_EQ(gser_list_append(root, v), GSER_OK);
+    }
+    gser_msg_set_root(m, root);
+    return MsgPtr(m);
+}
+
+// A message of one buffer of n bytes (a frame of its own).
+MsgPtr big_buffer(gser_context_t *ctx, std::vector<unsigned char> &bytes)
+{
+    for (size_t j = 0; j < bytes.size(); j++)
+        bytes[j] = (unsigned char)(j * 13 + 5);
+    gser_msg_t *m = nullptr;
+    EXPECT_EQ(gser_msg_create(ctx, &m), GSER_OK);
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
+    d.data = bytes.data();
+    d.nbytes = bytes.size();
+    gser_value_t *v;
+    EXPECT_EQ(gser_msg_new_buffer(m, &d, &v), GSER_OK);
+    gser_msg_set_root(m, v);
+    return MsgPtr(m);
+}
+
+gser_status_t read_fd_flags(gser_context_t *ctx, int fd, unsigned flags, MsgPtr *out = nullptr)
+{
+    gser_deserialize_options_t o = GSER_DESERIALIZE_OPTIONS_INIT;
+    o.flags = flags;
+    gser_msg_t *m = nullptr;
+    gser_status_t st = gser_deserialize_fd(ctx, fd, &o, &m);
+    if (out)
+        out->reset(m);
+    else
+        gser_msg_destroy(m);
+    return st;
+}
+
+gser_status_t read_flat(gser_context_t *ctx, const std::string &bytes)
+{
+    gser_msg_t *m = nullptr;
+    gser_status_t st = gser_deserialize_flat(ctx, bytes.data(), bytes.size(), nullptr, nullptr, nullptr, &m);
+    gser_msg_destroy(m);
+    return st;
+}
+
+gser_status_t read_pipe(gser_context_t *ctx, const std::string &bytes)
+{
+    int p[2];
+    EXPECT_EQ(pipe(p), 0);
+    std::thread writer([&bytes, fd = p[1]] {
+        for (size_t off = 0; off < bytes.size();) {
+            ssize_t w = write(fd, bytes.data() + off, bytes.size() - off);
+            if (w <= 0)
+                break;
+            off += (size_t)w;
+        }
+        close(fd);
+    });
+    gser_status_t st = read_fd(ctx, p[0]);
+    close(p[0]); // a reader that stops early makes the writer's next write fail
+    writer.join();
+    return st;
+}
+
+const void *buffer_data(gser_msg_t *m)
+{
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
+    EXPECT_EQ(gser_value_get_buffer(gser_msg_get_root(m), &d), GSER_OK);
+    return d.data;
+}
+
+} // namespace
+
+TEST(FlatFd, WritevCarriesMoreFramesThanOneCallTakes)
+{
+    // 1500 frames with padding: more iovecs than one writev takes, through a
+    // pipe whose reader is slower than the writer (short writes).
+    auto ctx = make_ctx();
+    std::vector<std::vector<unsigned char>> keep;
+    auto m = many_frames(ctx.get(), 1500, keep);
+    auto frames = serialize(ctx.get(), m.get());
+    ASSERT_EQ(gser_frames_get_count(frames.get()), 1501u);
+    int p[2];
+    ASSERT_EQ(pipe(p), 0);
+    gser_status_t wst = GSER_ERR_STATE;
+    std::thread writer([&, fd = p[1]] {
+        wst = gser_flat_write_fd(gser_frames_get_array(frames.get()), 1501, fd);
+        close(fd);
+    });
+    MsgPtr back;
+    ASSERT_EQ(read_fd(ctx.get(), p[0], &back), GSER_OK) << gser_context_get_last_error(ctx.get());
+    writer.join();
+    close(p[0]);
+    EXPECT_EQ(wst, GSER_OK);
+    EXPECT_TRUE(gser_value_equal(gser_msg_get_root(m.get()), gser_msg_get_root(back.get())));
+
+    // The same bytes as the in-memory form, through every writer.
+    auto flat = flatten(frames.get());
+    TmpFile f("");
+    ASSERT_EQ(gser_flat_write_fd(gser_frames_get_array(frames.get()), 1501, f.fd), GSER_OK);
+    std::vector<unsigned char> got(flat.size() + 1);
+    ASSERT_EQ(pread(f.fd, got.data(), got.size(), 0), (ssize_t)flat.size());
+    got.resize(flat.size());
+    EXPECT_EQ(got, flat);
+    std::vector<unsigned char> pieces;
+    size_t calls = 0;
+    auto sink = [](void *arg, const void *data, size_t size) -> gser_status_t {
+        auto *st = static_cast<std::pair<std::vector<unsigned char> *, size_t *> *>(arg);
+        EXPECT_GT(size, 0u) << "no empty pieces";
+        st->first->insert(st->first->end(), (const unsigned char *)data, (const unsigned char *)data + size);
+        (*st->second)++;
+        return GSER_OK;
+    };
+    std::pair<std::vector<unsigned char> *, size_t *> arg(&pieces, &calls);
+    ASSERT_EQ(gser_flat_write_sink(gser_frames_get_array(frames.get()), 1501, sink, &arg), GSER_OK);
+    EXPECT_EQ(pieces, flat);
+    EXPECT_GT(calls, 1501u) << "frame by frame, from the frames' own memory";
+    auto fail = [](void *, const void *, size_t) -> gser_status_t { return GSER_ERR_IO; };
+    EXPECT_EQ(gser_flat_write_sink(gser_frames_get_array(frames.get()), 1501, fail, nullptr), GSER_ERR_IO);
+    EXPECT_EQ(gser_flat_write_sink(gser_frames_get_array(frames.get()), 1501, nullptr, nullptr), GSER_ERR_INVALID_ARG);
+}
+
+TEST(FlatFd, AFullDiskIsAnIoErrorWithErrnoSet)
+{
+    int fd = open("/dev/full", O_WRONLY);
+    if (fd < 0)
+        GTEST_SKIP() << "no /dev/full";
+    auto ctx = make_ctx();
+    std::vector<double> vals(1000, 2.0);
+    auto m = sample(ctx.get(), vals);
+    auto frames = serialize(ctx.get(), m.get());
+    errno = 0;
+    EXPECT_EQ(gser_flat_write_fd(gser_frames_get_array(frames.get()), gser_frames_get_count(frames.get()), fd),
+              GSER_ERR_IO);
+    EXPECT_EQ(errno, ENOSPC);
+    close(fd);
+}
+
+TEST(FlatFd, MappedFilesAreViewedNotRead)
+{
+    auto ctx = make_ctx();
+    std::vector<unsigned char> bytes((size_t)3 << 20); // past the size read into a mapping
+    auto m = big_buffer(ctx.get(), bytes);
+    auto frames = serialize(ctx.get(), m.get());
+    std::string flat = flat_string(frames.get());
+    // The message starts at an offset that is not a page boundary.
+    std::string junk(4096 + 8, 'j');
+    TmpFile f(junk + flat);
+    for (unsigned flags : {0u, (unsigned)GSER_DESERIALIZE_MMAP}) {
+        SCOPED_TRACE(flags);
+        ASSERT_EQ(lseek(f.fd, (off_t)junk.size(), SEEK_SET), (off_t)junk.size());
+        MsgPtr back;
+        ASSERT_EQ(read_fd_flags(ctx.get(), f.fd, flags, &back), GSER_OK) << gser_context_get_last_error(ctx.get());
+        EXPECT_EQ(f.offset(), (off_t)(junk.size() + flat.size())) << "the offset ends past the message";
+        EXPECT_TRUE(gser_value_equal(gser_msg_get_root(m.get()), gser_msg_get_root(back.get())));
+        // The frame's first byte, changed in the file: a mapping sees it, a
+        // message that was read does not.
+        auto *p = static_cast<const unsigned char *>(buffer_data(back.get()));
+        size_t at = (size_t)(p - static_cast<const unsigned char *>(gser_msg_get_frames(back.get(), nullptr)[0].data)) +
+                    junk.size() + 16 + 8 * 2; // frame 0 starts after the prefix and a table of 2
+        unsigned char x = (unsigned char)(p[0] ^ 0xff);
+        ASSERT_EQ(pwrite(f.fd, &x, 1, (off_t)at), 1);
+        EXPECT_EQ(p[0] == x, flags == GSER_DESERIALIZE_MMAP);
+        x ^= 0xff;
+        ASSERT_EQ(pwrite(f.fd, &x, 1, (off_t)at), 1);
+        // The values are writable: a mapping is private (the file stays).
+        const_cast<unsigned char *>(p)[1] ^= 0x55;
+        unsigned char in_file = 0;
+        ASSERT_EQ(pread(f.fd, &in_file, 1, (off_t)at + 1), 1);
+        EXPECT_EQ(in_file, bytes[1]);
+        EXPECT_NE(p[1], bytes[1]);
+    }
+    // A pipe with the flag is read as without it.
+    EXPECT_EQ(read_pipe(ctx.get(), flat), GSER_OK);
+}
+
+TEST(FlatFd, FilesPipesAndMappingsFailAsTheInMemoryDecoder)
+{
+    auto ctx = make_ctx();
+    std::vector<double> vals(700);
+    for (size_t i = 0; i < vals.size(); i++)
+        vals[i] = (double)i;
+    auto m = sample(ctx.get(), vals);
+    auto frames = serialize(ctx.get(), m.get());
+    const std::string good = flat_string(frames.get());
+    std::vector<std::string> cases;
+    for (size_t n = 0; n < good.size(); n += (n < 64 ? 1 : 37))
+        cases.push_back(good.substr(0, n)); // truncated
+    cases.push_back(good + std::string(8, '\0')); // oversized
+    cases.push_back(good + "x");
+    for (size_t i = 0; i < good.size(); i += 11) { // corrupted
+        std::string bad = good;
+        bad[i] = (char)(bad[i] ^ 0x5a);
+        cases.push_back(bad);
+    }
+    std::string huge = good;
+    size_t nfr = gser_frames_get_count(frames.get());
+    huge[16 + 8 * (nfr - 1) + 7] = 0x7f; // the last frame declares about 2^63 bytes
+    cases.push_back(huge);
+    size_t failures = 0;
+    for (size_t c = 0; c < cases.size(); c++) {
+        SCOPED_TRACE(c);
+        const std::string &bytes = cases[c];
+        gser_status_t want = read_flat(ctx.get(), bytes);
+        failures += want != GSER_OK;
+        TmpFile f(bytes);
+        EXPECT_EQ(read_fd(ctx.get(), f.fd), want) << gser_context_get_last_error(ctx.get());
+        lseek(f.fd, 0, SEEK_SET);
+        EXPECT_EQ(read_fd_flags(ctx.get(), f.fd, GSER_DESERIALIZE_MMAP), want) << gser_context_get_last_error(ctx.get());
+        // A stream has no end to compare with: the bytes after a message are the next one's.
+        if (bytes.size() <= good.size()) {
+            EXPECT_EQ(read_pipe(ctx.get(), bytes), want) << gser_context_get_last_error(ctx.get());
+        }
+    }
+    EXPECT_GT(failures, cases.size() / 2 - 10); // the truncations, and many corruptions
+}
+
+TEST(FlatFd, GetNeedWalksThePrefixTheTableAndTheMessage)
+{
+    auto ctx = make_ctx();
+    std::vector<double> vals(64, 1.0);
+    auto m = sample(ctx.get(), vals);
+    auto frames = serialize(ctx.get(), m.get());
+    const std::string flat = flat_string(frames.get());
+    size_t n = gser_frames_get_count(frames.get());
+    uint64_t need = 0;
+    ASSERT_EQ(gser_flat_get_need(ctx.get(), nullptr, 0, nullptr, &need), GSER_OK);
+    EXPECT_EQ(need, 8u);
+    ASSERT_EQ(gser_flat_get_need(ctx.get(), flat.data(), 8, nullptr, &need), GSER_OK);
+    EXPECT_EQ(need, 16u);
+    ASSERT_EQ(gser_flat_get_need(ctx.get(), flat.data(), 16, nullptr, &need), GSER_OK);
+    EXPECT_EQ(need, 16 + 8 * n);
+    ASSERT_EQ(gser_flat_get_need(ctx.get(), flat.data(), 16 + 8 * n, nullptr, &need), GSER_OK);
+    EXPECT_EQ(need, flat.size());
+    ASSERT_EQ(gser_flat_get_need(ctx.get(), flat.data(), flat.size(), nullptr, &need), GSER_OK);
+    EXPECT_EQ(need, flat.size());
+    EXPECT_EQ(gser_flat_get_need(ctx.get(), "\x89GSEX", 5, nullptr, &need), GSER_ERR_BAD_MAGIC);
+    gser_limits_t lim = GSER_LIMITS_INIT;
+    lim.max_bytes = 100;
+    gser_deserialize_options_t o = GSER_DESERIALIZE_OPTIONS_INIT;
+    o.limits = &lim;
+    EXPECT_EQ(gser_flat_get_need(ctx.get(), flat.data(), 16 + 8 * n, &o, &need), GSER_ERR_LIMIT_BYTES);
+    EXPECT_EQ(need, flat.size()) << "unchanged on failure";
+}
