@@ -2,8 +2,10 @@
 
     header, frames = gser.dumps(obj)          # header: bytes, frames: list
     obj = gser.loads(header, frames)
-    b = gser.to_bytes(obj)                    # one flattened bytes object
+    b = gser.to_bytes(obj)                    # one flattened gser.FlatBytes (bytes-like)
     obj = gser.from_bytes(b)                  # device=True: device buffers back on the device
+    gser.dump(obj, file)                      # the same bytes to a path, fd or file object
+    obj = gser.load(file, mmap=True)          # arrays view the mapped file
 
 Types, exactly (subclasses are refused, so that what comes back is of the
 same type): None, bool, int (int64, or up to 2**64-1; larger raises
@@ -51,6 +53,7 @@ from gser._gser import (  # noqa: F401
     Declined,
     DeviceArray,
     DeviceFrame,
+    FlatBytes,
     GserError,
     __version__,
     dumps,
@@ -62,6 +65,7 @@ from gser._gser import (  # noqa: F401
     to_bytes,
     unregister_type,
 )
+from gser._flatio import dump, load  # noqa: F401
 
 __all__ = [
     "DEPTH_MAX",
@@ -73,10 +77,13 @@ __all__ = [
     "Declined",
     "DeviceArray",
     "DeviceFrame",
+    "FlatBytes",
     "GserError",
     "__version__",
+    "dump",
     "dumps",
     "from_bytes",
+    "load",
     "loads",
     "register_lazy",
     "register_type",

@@ -198,6 +198,12 @@ PgOwner *pg_serialize(PyObject *obj, PyObject *families)
     return serialize(obj, families, &eo, false);
 }
 
+PgOwner *pg_serialize_flat(PyObject *obj, PyObject *families)
+{
+    pg_encode_options_t eo = {0};
+    return serialize(obj, families, &eo, true);
+}
+
 PyDoc_STRVAR(dumps_doc,
 "dumps(obj, families=('device', 'host'), *, strict=False) -> (header, frames)\n\n"
 "Serialize obj into a header (bytes: gser's msgpack header) and a list of\n"
@@ -282,9 +288,11 @@ static PyObject *py_dumps(PyObject *self, PyObject *args, PyObject *kw)
 }
 
 PyDoc_STRVAR(to_bytes_doc,
-"to_bytes(obj, families=('host',)) -> bytes\n\n"
-"Serialize obj into gser's flattened form: one bytes object holding the\n"
-"header and every frame. It holds host memory only: the \"host\" family is\n"
+"to_bytes(obj, families=('host',)) -> gser.FlatBytes\n\n"
+"Serialize obj into gser's flattened form: one immutable bytes-like object\n"
+"(gser.FlatBytes: the buffer protocol, len, indexing, slicing, ==, bytes())\n"
+"holding the header and every frame, copied once into memory allocated for\n"
+"it (huge pages where the kernel allows). It holds host memory only: the \"host\" family is\n"
 "always used (\"device\" is left out of families, \"host\" added when\n"
 "missing), so device buffers and device Arrow tables are staged into host\n"
 "frames; from_bytes(b, device=True) puts them back on the device.");
@@ -296,8 +304,7 @@ static PyObject *py_to_bytes(PyObject *self, PyObject *args, PyObject *kw)
     PyObject *obj, *families = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:to_bytes", kwlist, &obj, &families))
         return NULL;
-    pg_encode_options_t eo = {0};
-    PgOwner *owner = serialize(obj, families, &eo, true);
+    PgOwner *owner = pg_serialize_flat(obj, families);
     if (!owner)
         return NULL;
     size_t n = gser_frames_get_count(owner->frames);
@@ -305,12 +312,10 @@ static PyObject *py_to_bytes(PyObject *self, PyObject *args, PyObject *kw)
     size_t size, written = 0;
     gser_status_t st = gser_flat_size(fr, n, &size);
     PyObject *out = NULL;
+    char *dst;
     if (st) {
         pg_raise(st, false, "gser_flat_size");
-    } else if (size > (size_t)PY_SSIZE_T_MAX) {
-        PyErr_NoMemory();
-    } else if ((out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size))) {
-        char *dst = PyBytes_AS_STRING(out);
+    } else if ((out = pg_flat_bytes_new(size, &dst))) {
         Py_BEGIN_ALLOW_THREADS
         st = gser_flat_write(fr, n, dst, size, &written);
         Py_END_ALLOW_THREADS
@@ -510,7 +515,8 @@ done:
 
 PyDoc_STRVAR(from_bytes_doc,
 "from_bytes(b, *, device=False) -> obj\n\n"
-"Rebuild an object from gser's flattened form (any bytes-like object).\n"
+"Rebuild an object from gser's flattened form (any bytes-like object:\n"
+"bytes, gser.FlatBytes, a mmap, ...).\n"
 "Arrays in the result view b without copying (writable only if b is); device\n"
 "buffers of the sender come back as host numpy arrays, or with device=True\n"
 "(GSER_DESERIALIZE_RESTORE_DEVICE) as gser.DeviceArray, copied to the device;\n"
@@ -618,7 +624,7 @@ PyMODINIT_FUNC PyInit__gser(void)
     PyObject *m = PyModule_Create(&module_def);
     if (!m)
         return NULL;
-    if (PyModule_AddFunctions(m, pg_registry_methods) < 0) {
+    if (PyModule_AddFunctions(m, pg_registry_methods) < 0 || pg_flatio_add(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

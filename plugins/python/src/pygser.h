@@ -328,6 +328,9 @@ const char *pg_dtype_format(gser_dtype_t dtype);
  * str): an owner holding the message and its frames, whose device work is
  * done. NULL with an exception set. */
 PgOwner *pg_serialize(PyObject *obj, PyObject *families);
+/* The same for the flattened form (to_bytes, dump): "device" left out of
+ * families, "host" always there, so every frame is host memory. */
+PgOwner *pg_serialize_flat(PyObject *obj, PyObject *families);
 /* Raise for status st with message text (a new reference, taken; NULL: an
  * exception is set already): MemoryError for GSER_ERR_NO_MEMORY, GserError
  * otherwise. Returns NULL. */
@@ -339,5 +342,17 @@ PyObject *pg_decode_msg(PgOwner *owner, bool readonly);
 /* Add the gser::ucx types (_UcxContext, _UcxWorker, ...) to the module
  * (ucx.c; only when built with gser::ucx, GSER_PY_HAVE_UCX). */
 int pg_ucx_add(PyObject *m);
+
+/* ---- the flattened form (flatio.c) ---------------------------------------------------- */
+
+/* gser.FlatBytes: immutable bytes in memory of its own (huge pages from
+ * 1 MiB up), what to_bytes returns. */
+extern PyTypeObject PgFlatBytes_Type;
+/* A new FlatBytes of size bytes, left for the caller to write once through
+ * *data before it is handed out. NULL with an exception set. */
+PyObject *pg_flat_bytes_new(size_t size, char **data);
+/* Add FlatBytes and the primitives of gser.dump / gser.load (_dump_fd,
+ * _dump_write, _load_fd, _flat_need) to the module. */
+int pg_flatio_add(PyObject *m);
 
 #endif /* GSER_PY_PYGSER_H */

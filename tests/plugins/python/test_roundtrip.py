@@ -24,7 +24,7 @@ def roundtrip(obj, **kw):
 
 def flat_roundtrip(obj):
     b = gser.to_bytes(obj)
-    assert isinstance(b, bytes)
+    assert isinstance(b, gser.FlatBytes)
     return gser.from_bytes(b)
 
 

@@ -1,0 +1,358 @@
+/* The flattened form for Python: gser.FlatBytes, what to_bytes returns, and
+ * the primitives gser.dump and gser.load (gser/_flatio.py) are made of.
+ *
+ * FlatBytes memory is written once, right after it is allocated: a large
+ * one is an anonymous mapping advised for huge pages, since a fresh bytes
+ * object of a GiB faults in 4 KiB at a time and costs several times the copy
+ * that fills it. */
+#include "pygser.h" /* first: Python.h sets the feature macros */
+
+#include <errno.h>
+#include <string.h>
+#include <sys/mman.h>
+
+/* Below this, PyMem_Malloc: a mapping costs two system calls. */
+#define PG_FLAT_MAP_MIN ((size_t)1 << 20)
+
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    Py_ssize_t len;
+    size_t maplen; /* data is a mapping of maplen bytes; 0: PyMem_Malloc'd (or the empty string) */
+} PgFlatBytes;
+
+static char flat_empty[1];
+
+static void flat_bytes_dealloc(PgFlatBytes *self)
+{
+    if (self->maplen)
+        munmap(self->data, self->maplen);
+    else if (self->data != flat_empty)
+        PyMem_Free(self->data);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+PyObject *pg_flat_bytes_new(size_t size, char **data)
+{
+    if (size > (size_t)PY_SSIZE_T_MAX)
+        return PyErr_NoMemory();
+    PgFlatBytes *self = PyObject_New(PgFlatBytes, &PgFlatBytes_Type);
+    if (!self)
+        return NULL;
+    self->len = (Py_ssize_t)size;
+    self->maplen = 0;
+    self->data = flat_empty;
+    if (size >= PG_FLAT_MAP_MIN) {
+        void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p != MAP_FAILED) {
+#ifdef MADV_HUGEPAGE
+            (void)madvise(p, size, MADV_HUGEPAGE); /* a hint: refused where THP is off */
+#endif
+            self->data = p;
+            self->maplen = size;
+        }
+    }
+    if (size && !self->maplen && !(self->data = PyMem_Malloc(size))) {
+        self->data = flat_empty;
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    *data = self->data;
+    return (PyObject *)self;
+}
+
+static PyObject *flat_bytes_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    (void)type;
+    static char *kwlist[] = {"data", NULL};
+    Py_buffer view;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*:FlatBytes", kwlist, &view))
+        return NULL;
+    char *dst;
+    PyObject *out = pg_flat_bytes_new((size_t)view.len, &dst);
+    if (out && view.len) {
+        Py_BEGIN_ALLOW_THREADS
+        memcpy(dst, view.buf, (size_t)view.len);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&view);
+    return out;
+}
+
+static int flat_bytes_getbuffer(PgFlatBytes *self, Py_buffer *view, int flags)
+{
+    return PyBuffer_FillInfo(view, (PyObject *)self, self->data, self->len, 1, flags);
+}
+
+static PyBufferProcs flat_bytes_as_buffer = {
+    .bf_getbuffer = (getbufferproc)flat_bytes_getbuffer,
+};
+
+static Py_ssize_t flat_bytes_length(PgFlatBytes *self)
+{
+    return self->len;
+}
+
+/* Indexing and slicing as bytes does: an int, or a new bytes object. */
+static PyObject *flat_bytes_subscript(PgFlatBytes *self, PyObject *key)
+{
+    PyObject *mv = PyMemoryView_FromObject((PyObject *)self);
+    if (!mv)
+        return NULL;
+    PyObject *r = PyObject_GetItem(mv, key);
+    if (r && PyMemoryView_Check(r))
+        Py_SETREF(r, PyBytes_FromObject(r));
+    Py_DECREF(mv);
+    return r;
+}
+
+static PyMappingMethods flat_bytes_as_mapping = {
+    .mp_length = (lenfunc)flat_bytes_length,
+    .mp_subscript = (binaryfunc)flat_bytes_subscript,
+};
+
+static PyObject *flat_bytes_bytes(PgFlatBytes *self, PyObject *unused);
+
+/* b + other: a new bytes, as bytes + other is. */
+static PyObject *flat_bytes_concat(PgFlatBytes *self, PyObject *other)
+{
+    PyObject *b = flat_bytes_bytes(self, NULL);
+    if (!b)
+        return NULL;
+    PyObject *r = PyNumber_Add(b, other);
+    Py_DECREF(b);
+    return r;
+}
+
+static PySequenceMethods flat_bytes_as_sequence = {
+    .sq_length = (lenfunc)flat_bytes_length,
+    .sq_concat = (binaryfunc)flat_bytes_concat,
+};
+
+/* Equal to any bytes-like object with the same bytes, as bytes is. */
+static PyObject *flat_bytes_richcompare(PgFlatBytes *self, PyObject *other, int op)
+{
+    if ((op != Py_EQ && op != Py_NE) || !PyObject_CheckBuffer(other))
+        Py_RETURN_NOTIMPLEMENTED;
+    Py_buffer view;
+    if (PyObject_GetBuffer(other, &view, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    bool eq = view.len == self->len && (self->len == 0 || memcmp(view.buf, self->data, (size_t)self->len) == 0);
+    PyBuffer_Release(&view);
+    return PyBool_FromLong(eq == (op == Py_EQ));
+}
+
+static PyObject *flat_bytes_bytes(PgFlatBytes *self, PyObject *unused)
+{
+    (void)unused;
+    return PyBytes_FromStringAndSize(self->data, self->len);
+}
+
+static PyObject *flat_bytes_reduce(PgFlatBytes *self, PyObject *unused)
+{
+    (void)unused;
+    return Py_BuildValue("(O(N))", Py_TYPE(self), flat_bytes_bytes(self, NULL));
+}
+
+static PyObject *flat_bytes_repr(PgFlatBytes *self)
+{
+    return PyUnicode_FromFormat("<gser.FlatBytes of %zd bytes>", self->len);
+}
+
+static PyMethodDef flat_bytes_methods[] = {
+    {"__bytes__", (PyCFunction)flat_bytes_bytes, METH_NOARGS, "A bytes copy."},
+    {"__reduce__", (PyCFunction)flat_bytes_reduce, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+PyDoc_STRVAR(flat_bytes_doc,
+"FlatBytes(data)\n\n"
+"Immutable bytes: what gser.to_bytes returns. Read it wherever bytes is read\n"
+"through the buffer protocol (memoryview, numpy.frombuffer, file.write,\n"
+"socket.send, gser.from_bytes, which views it without copying); len(),\n"
+"indexing (an int), slicing and + (a bytes copy), == with any bytes-like\n"
+"object and bytes(b) (a copy) work as for bytes; it is not hashable and pickles as\n"
+"itself. Its memory is allocated for it alone (an anonymous mapping advised\n"
+"for huge pages from 1 MiB up) and written once. FlatBytes(data) copies any\n"
+"bytes-like object into one.");
+
+PyTypeObject PgFlatBytes_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gser.FlatBytes",
+    .tp_doc = flat_bytes_doc,
+    .tp_basicsize = sizeof(PgFlatBytes),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = flat_bytes_new,
+    .tp_dealloc = (destructor)flat_bytes_dealloc,
+    .tp_repr = (reprfunc)flat_bytes_repr,
+    .tp_hash = PyObject_HashNotImplemented,
+    .tp_richcompare = (richcmpfunc)flat_bytes_richcompare,
+    .tp_as_buffer = &flat_bytes_as_buffer,
+    .tp_as_mapping = &flat_bytes_as_mapping,
+    .tp_as_sequence = &flat_bytes_as_sequence,
+    .tp_methods = flat_bytes_methods,
+};
+
+/* ---- dump: to a descriptor, or through a write method ---------------------------------- */
+
+static PyObject *py_dump_fd(PyObject *self, PyObject *args, PyObject *kw)
+{
+    (void)self;
+    static char *kwlist[] = {"obj", "fd", "families", NULL};
+    PyObject *obj, *families = NULL;
+    int fd;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi|O:_dump_fd", kwlist, &obj, &fd, &families))
+        return NULL;
+    PgOwner *owner = pg_serialize_flat(obj, families);
+    if (!owner)
+        return NULL;
+    size_t n = gser_frames_get_count(owner->frames);
+    const gser_frame_t *fr = gser_frames_get_array(owner->frames);
+    size_t size = 0;
+    gser_status_t st = gser_flat_size(fr, n, &size);
+    if (st == GSER_OK) {
+        Py_BEGIN_ALLOW_THREADS
+        st = gser_flat_write_fd(fr, n, fd);
+        Py_END_ALLOW_THREADS /* keeps errno */
+    }
+    Py_DECREF(owner);
+    if (st == GSER_ERR_IO)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    if (st)
+        return pg_raise(st, false, "gser_flat_write_fd");
+    return PyLong_FromSize_t(size);
+}
+
+/* Pieces go to write() as memoryviews over gser's memory, released after
+ * each call: a writer that keeps one gets a released view, never a dangling
+ * pointer. */
+static gser_status_t write_piece(void *arg, const void *data, size_t size)
+{
+    PyObject *write = arg;
+    const char *p = data;
+    while (size) {
+        PyObject *mv = PyMemoryView_FromMemory((char *)p, (Py_ssize_t)size, PyBUF_READ);
+        if (!mv)
+            return GSER_ERR_IO;
+        PyObject *r = PyObject_CallOneArg(write, mv);
+        PyObject *rel = PyObject_CallMethod(mv, "release", NULL);
+        Py_DECREF(mv);
+        if (!rel) { /* the writer kept an export of it */
+            Py_XDECREF(r);
+            return GSER_ERR_IO;
+        }
+        Py_DECREF(rel);
+        if (!r)
+            return GSER_ERR_IO;
+        size_t done = size; /* None: all of it (socket.sendall) */
+        if (r != Py_None) {
+            Py_ssize_t w = PyLong_AsSsize_t(r);
+            if (w < 0 || (size_t)w > size) {
+                Py_DECREF(r);
+                if (!PyErr_Occurred())
+                    PyErr_Format(PyExc_OSError, "gser.dump: write() returned %zd for %zu bytes", w, size);
+                return GSER_ERR_IO;
+            }
+            if (w == 0) {
+                Py_DECREF(r);
+                PyErr_SetString(PyExc_BlockingIOError, "gser.dump: write() wrote nothing (a non-blocking file?)");
+                return GSER_ERR_IO;
+            }
+            done = (size_t)w;
+        }
+        Py_DECREF(r);
+        p += done;
+        size -= done;
+    }
+    return GSER_OK;
+}
+
+static PyObject *py_dump_write(PyObject *self, PyObject *args, PyObject *kw)
+{
+    (void)self;
+    static char *kwlist[] = {"obj", "write", "families", NULL};
+    PyObject *obj, *write, *families = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O:_dump_write", kwlist, &obj, &write, &families))
+        return NULL;
+    PgOwner *owner = pg_serialize_flat(obj, families);
+    if (!owner)
+        return NULL;
+    size_t n = gser_frames_get_count(owner->frames);
+    const gser_frame_t *fr = gser_frames_get_array(owner->frames);
+    size_t size = 0;
+    gser_status_t st = gser_flat_size(fr, n, &size);
+    if (st == GSER_OK)
+        st = gser_flat_write_sink(fr, n, write_piece, write);
+    Py_DECREF(owner);
+    if (st == GSER_ERR_IO && PyErr_Occurred())
+        return NULL;
+    if (st)
+        return pg_raise(st, false, "gser_flat_write_sink");
+    return PyLong_FromSize_t(size);
+}
+
+/* ---- load: from a descriptor, or a stream read piece by piece --------------------------- */
+
+static PyObject *py_load_fd(PyObject *self, PyObject *args, PyObject *kw)
+{
+    (void)self;
+    static char *kwlist[] = {"fd", "mmap", "device", NULL};
+    int fd, map = 0, device = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "i|pp:_load_fd", kwlist, &fd, &map, &device))
+        return NULL;
+    PgOwner *owner = pg_owner_new();
+    if (!owner)
+        return NULL;
+    gser_deserialize_options_t opts = GSER_DESERIALIZE_OPTIONS_INIT;
+    opts.flags = (map ? GSER_DESERIALIZE_MMAP : 0) | (device ? GSER_DESERIALIZE_RESTORE_DEVICE : 0);
+    gser_status_t st;
+    gser_msg_t *msg = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    st = gser_deserialize_fd(pg_ctx, fd, &opts, &msg);
+    Py_END_ALLOW_THREADS
+    PyObject *out = NULL;
+    if (st) {
+        pg_raise(st, true, "gser_deserialize_fd");
+    } else {
+        owner->msg = msg;
+        out = pg_decode_msg(owner, false); /* gser's own buffer, or a private mapping */
+    }
+    Py_DECREF(owner);
+    return out;
+}
+
+static PyObject *py_flat_need(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    uint64_t need = 0;
+    gser_status_t st = gser_flat_get_need(pg_ctx, view.len ? view.buf : flat_empty, (size_t)view.len, NULL, &need);
+    PyBuffer_Release(&view);
+    if (st)
+        return pg_raise(st, true, "gser_flat_get_need");
+    return PyLong_FromUnsignedLongLong(need);
+}
+
+static PyMethodDef flatio_methods[] = {
+    {"_dump_fd", (PyCFunction)(void (*)(void))py_dump_fd, METH_VARARGS | METH_KEYWORDS,
+     "_dump_fd(obj, fd, families=None) -> int: the flattened form of obj written to fd (writev); its size."},
+    {"_dump_write", (PyCFunction)(void (*)(void))py_dump_write, METH_VARARGS | METH_KEYWORDS,
+     "_dump_write(obj, write, families=None) -> int: the flattened form of obj passed to write() piece by piece."},
+    {"_load_fd", (PyCFunction)(void (*)(void))py_load_fd, METH_VARARGS | METH_KEYWORDS,
+     "_load_fd(fd, mmap=False, device=False) -> obj: one flattened message read (or mapped) from fd."},
+    {"_flat_need", (PyCFunction)py_flat_need, METH_O,
+     "_flat_need(b) -> int: the bytes the flattened message starting with b needs, as far as b tells."},
+    {NULL, NULL, 0, NULL},
+};
+
+int pg_flatio_add(PyObject *m)
+{
+    if (PyType_Ready(&PgFlatBytes_Type) < 0 || PyModule_AddFunctions(m, flatio_methods) < 0 ||
+        PyModule_AddObjectRef(m, "FlatBytes", (PyObject *)&PgFlatBytes_Type) < 0)
+        return -1;
+    return 0;
+}
