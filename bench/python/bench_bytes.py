@@ -1,0 +1,148 @@
+#!/usr/bin/python3
+"""gser's flattened form at memory and file speed, against numpy doing the
+same with the same bytes, measured in the same run.
+
+    PYTHONPATH=<build>/plugins/python /usr/bin/python3 bench/python/bench_bytes.py [--json]
+    (or: ninja -C <build> bench-python-bytes)
+
+Rows (value and anchor in ms; medians of --reps runs, alternating gser and
+the anchor after a warm-up of each):
+  to_bytes_256mib  gser.to_bytes(a), a 256 MiB float64 array      vs numpy.copy(a)        ratio <= 1.5
+  to_bytes_1gib    the same for 1 GiB                            vs numpy.copy(a)        ratio <= 1.5
+  dump_1gib        gser.dump(a, path)                            vs numpy.save(path, a)  ratio <= 1.3
+  load_mmap_1gib   gser.load(path, mmap=True)                    vs numpy.load(path, mmap_mode="c")
+                   target on the value: <= 1 ms whatever the size
+  load_1gib        gser.load(path)                               vs numpy.load(path)     ratio <= 1.3
+Files go to --dir (default: the temporary directory), both on the same
+filesystem, written and read through the page cache (no fsync: neither
+numpy nor gser asks for one). Needs about 4 GiB of memory and 2 GiB of disk.
+
+--json prints one object per line: name, value, unit, anchor, anchor_value,
+ratio (value / anchor_value), target, and target_on ("ratio", or "value"
+where the target is a time).
+"""
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+MIB = 1 << 20
+
+
+def meets(x, target):
+    op, v = (target[:2], target[2:]) if target[1] == "=" else (target[:1], target[1:])
+    v = float(v)
+    return {"<=": x <= v, "<": x < v, ">=": x >= v, ">": x > v}[op]
+
+
+class Report:
+    def __init__(self, as_json):
+        self.json = as_json
+        self.missed = 0
+        if not as_json:
+            print(f"{'case':<16} {'gser ms':>10} {'anchor ms':>10} {'ratio':>8}  target")
+
+    def add(self, name, value, anchor, anchor_value, target, target_on="ratio"):
+        ratio = value / anchor_value
+        ok = meets(ratio if target_on == "ratio" else value, target)
+        self.missed += not ok
+        if self.json:
+            print(json.dumps({"name": name, "value": round(value, 6), "unit": "ms", "anchor": anchor,
+                              "anchor_value": round(anchor_value, 6), "ratio": round(ratio, 6),
+                              "target": target, "target_on": target_on}))
+        else:
+            t = target if target_on == "ratio" else f"{target} ms"
+            print(f"{name:<16} {value:>10.3f} {anchor_value:>10.3f} {ratio:>8.4f}  {t:<8} {'ok' if ok else 'MISSED'}")
+        sys.stdout.flush()
+
+
+def once_ms(fn):
+    gc.collect()
+    t0 = time.perf_counter()
+    out = fn()
+    t = (time.perf_counter() - t0) * 1e3
+    del out  # results are freed outside the timing, as each run's are
+    return t
+
+
+def alternating_ms(fn, anchor, reps):
+    """Medians of reps runs of fn and of anchor, alternating, after one of each."""
+    once_ms(fn)
+    once_ms(anchor)
+    a, b = [], []
+    for _ in range(reps):
+        a.append(once_ms(fn))
+        b.append(once_ms(anchor))
+    return statistics.median(a), statistics.median(b)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", action="store_true", help="one JSON object per line")
+    ap.add_argument("--reps", type=int, default=5, help="repetitions of each case (default 5)")
+    ap.add_argument("--dir", default=tempfile.gettempdir(), help="where the files go")
+    ap.add_argument("--only", nargs="*", help="only these rows")
+    args = ap.parse_args()
+
+    import numpy as np
+
+    import gser
+
+    rep = Report(args.json)
+
+    def want(name):
+        return not args.only or name in args.only
+
+    for name, mib in (("to_bytes_256mib", 256), ("to_bytes_1gib", 1024)):
+        if not want(name):
+            continue
+        a = np.arange(mib * MIB // 8, dtype=np.float64)
+        g, n = alternating_ms(lambda: gser.to_bytes(a), lambda: np.copy(a), args.reps)
+        rep.add(name, g, f"numpy.copy of the same {mib} MiB (ms)", n, "<= 1.5")
+        del a
+
+    a = np.arange(1024 * MIB // 8, dtype=np.float64)
+    work = tempfile.mkdtemp(prefix="gser-bench-bytes-", dir=args.dir)
+    gpath, npath = os.path.join(work, "a.gser"), os.path.join(work, "a.npy")
+    try:
+        def gdump():
+            gser.dump(a, gpath)
+
+        def ndump():
+            np.save(npath, a)
+
+        if want("dump_1gib"):
+            g, n = alternating_ms(gdump, ndump, args.reps)
+            rep.add("dump_1gib", g, "numpy.save of the same 1 GiB, same filesystem (ms)", n, "<= 1.3")
+        else:
+            gdump()
+            ndump()
+        del a
+        gc.collect()
+        if want("load_mmap_1gib"):
+            g, n = alternating_ms(lambda: gser.load(gpath, mmap=True), lambda: np.load(npath, mmap_mode="c"),
+                                  max(args.reps, 9))
+            rep.add("load_mmap_1gib", g, "numpy.load(mmap_mode='c') of the same 1 GiB (ms)", n, "<= 1.0",
+                    target_on="value")
+        if want("load_1gib"):
+            g, n = alternating_ms(lambda: gser.load(gpath), lambda: np.load(npath), args.reps)
+            rep.add("load_1gib", g, "numpy.load of the same 1 GiB (ms)", n, "<= 1.3")
+    finally:
+        for p in (gpath, npath):
+            if os.path.exists(p):
+                os.unlink(p)
+        os.rmdir(work)
+
+    if not args.json:
+        print(f"# {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
+              f"gser {gser.__version__}, numpy {np.__version__}, files in {args.dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
