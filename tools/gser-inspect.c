@@ -286,7 +286,8 @@ int main(int argc, char **argv)
         return 2;
     }
     gser_deserialize_options_t dopts = GSER_DESERIALIZE_OPTIONS_INIT;
-    dopts.flags = GSER_DESERIALIZE_KEEP_SERIALIZED | GSER_DESERIALIZE_ALLOW_UNKNOWN;
+    /* A file is mapped: only the pages printed are read, whatever its size. */
+    dopts.flags = GSER_DESERIALIZE_KEEP_SERIALIZED | GSER_DESERIALIZE_ALLOW_UNKNOWN | GSER_DESERIALIZE_MMAP;
     gser_msg_t *msg;
     gser_status_t st = gser_deserialize_fd(ctx, fd, &dopts, &msg);
     if (fd != STDIN_FILENO)
