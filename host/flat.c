@@ -485,6 +485,10 @@ gser_status_t gser_deserialize_fd(gser_context_t *ctx, int fd, const gser_deseri
         if ((st = read_upto(ctx, what, fd, &buf, &cap, &len, (size_t)(need < avail ? need : avail))))
             break;
         seen = need;
+        if (len == 0) { /* an empty file or stream: nothing to scan */
+            st = flat_short(ctx, what, buf, 0, seen);
+            break;
+        }
         if ((st = flat_scan(ctx, what, buf, len, &lim, &need)))
             break;
         if (len < seen) {
