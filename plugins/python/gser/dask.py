@@ -355,3 +355,6 @@ if _gser.HAVE_UCX:
     from gser import comm as _comm  # noqa: E402
 
     _comm.register_backend()
+
+# The spill store for workers' data= (gser/spill.py).
+from gser.spill import SpillStore  # noqa: E402,F401

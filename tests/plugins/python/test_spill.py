@@ -1,0 +1,149 @@
+"""gser.dask.SpillStore: keys through the device, host and disk tiers and
+back, Dask's path for what gser declines, a full disk, files removed, and a
+worker whose data spills. Sizes are small: the GiB cases belong in benchmarks."""
+
+import errno
+import gc
+import os
+
+import pytest
+
+import gser
+
+np = pytest.importorskip("numpy")
+pytest.importorskip("distributed")
+pd = pytest.importorskip("pandas")
+
+import gser.dask  # noqa: E402
+from gser.dask import SpillStore  # noqa: E402
+
+EMULATED = gser.DEVICE_BACKEND == "emulated"
+KB = 1024
+
+
+def arr(i, n=100_000):
+    return np.arange(n, dtype=np.float64) + i  # 800 kB
+
+
+def files(store):
+    return sorted(os.listdir(store.directory))
+
+
+def test_host_keys_spill_to_disk_and_come_back_mapped(tmp_path):
+    store = SpillStore(memory_limit=2_000 * KB, local_directory=tmp_path)
+    for i in range(6):
+        store[f"x{i}"] = arr(i)
+    t = store.tiers
+    assert t["host"] == ["x4", "x5"] and t["disk"] == ["x0", "x1", "x2", "x3"] and not t["device"]
+    assert len(files(store)) == 4 and store.nbytes["host"] <= 2_000 * KB
+    assert store.spilled_total == (4 * 800_000, sum(os.path.getsize(os.path.join(store.directory, f))
+                                                    for f in files(store)))
+    assert len(store) == 6 and set(store) == {f"x{i}" for i in range(6)} and "x0" in store
+    x0 = store["x0"]  # from disk: mapped, its file gone, and an older key goes down
+    assert np.array_equal(x0, arr(0)) and x0.flags.writeable
+    assert store.tiers["host"] == ["x5", "x0"] and "x4" in store.tiers["disk"]
+    assert len(files(store)) == 4 and store.counts["disk_to_host"] == 1
+    with open("/proc/self/maps") as m:
+        assert any(store.directory in line for line in m), "x0 views its mapped file"
+    for i in range(6):
+        assert np.array_equal(store[f"x{i}"], arr(i))
+    del store["x3"]
+    assert "x3" not in store and len(store) == 5
+    with pytest.raises(KeyError):
+        store["x3"]
+    store["x1"] = "replaced"
+    assert store["x1"] == "replaced" and len(store) == 5
+    d = store.directory
+    store.close()
+    assert not os.path.exists(d) and len(store) == 0
+
+
+def test_what_gser_declines_spills_with_dasks_path(tmp_path):
+    store = SpillStore(memory_limit=1, local_directory=tmp_path)
+    df = pd.DataFrame({"a": np.arange(1000), "b": np.arange(1000) / 7, "c": [f"s{i}" for i in range(1000)]})
+    store["df"] = df
+    store["set"] = {1, 2, 3}
+    store["arr"] = arr(1)
+    assert store.tiers["disk"] == ["df", "set", "arr"] and not store.tiers["host"][:-1]
+    assert {v[2] for v in store._disk.values()} >= {"dask", "gser"}
+    pd.testing.assert_frame_equal(store["df"], df)
+    assert store["set"] == {1, 2, 3}
+    assert np.array_equal(store["arr"], arr(1))
+
+
+def test_a_full_disk_loses_no_key(tmp_path, monkeypatch, caplog):
+    store = SpillStore(memory_limit=1_000 * KB, local_directory=tmp_path)
+    real = gser.dump
+    monkeypatch.setattr(gser, "dump", lambda obj, path: real(obj, "/dev/full"))  # ENOSPC from writev
+    for i in range(3):
+        store[f"x{i}"] = arr(i)
+    assert store.tiers["host"] == ["x0", "x1", "x2"] and not store.tiers["disk"]
+    assert store.evict() == -1 and store.counts["disk_errors"] >= 2
+    assert "could not spill 'x0'" in caplog.text and not files(store)
+    for i in range(3):
+        assert np.array_equal(store[f"x{i}"], arr(i))
+    monkeypatch.setattr(gser, "dump", real)
+    assert store.evict() == 800_000 and len(store.tiers["disk"]) == 1
+
+
+@pytest.mark.skipif(not EMULATED, reason="device arrays here are host memory: needs GSER_DEVICE=emulated")
+def test_device_keys_go_to_host_packed_then_to_disk(tmp_path):
+    from test_device import Dev, check_device
+
+    store = SpillStore(device_memory_limit=1_000 * KB, memory_limit=1_500 * KB, local_directory=tmp_path)
+    srcs = [np.arange(100_000, dtype=np.float32).reshape(100, 1000) + i for i in range(5)]  # 400 kB each
+    for i, a in enumerate(srcs):
+        store[f"d{i}"] = Dev(a)
+    t = store.tiers
+    assert t["device"] == ["d3", "d4"] and t["host"] == ["d0", "d1", "d2"] and not t["disk"]
+    assert all(type(store._host[k][0]) is gser.FlatBytes for k in t["host"])
+    store["h"] = arr(0)  # host memory overflows: the oldest host keys go to disk
+    assert store.tiers["disk"] == ["d0", "d1"] and store.tiers["host"] == ["d2", "h"]
+    for i, a in enumerate(srcs):
+        check_device(store[f"d{i}"], a)  # back on the (emulated) device
+    assert store.counts["host_to_device"] >= 1 and store.counts["disk_to_host"] >= 1
+    assert np.array_equal(store["h"], arr(0))
+
+
+def test_files_go_with_the_store(tmp_path):
+    store = SpillStore(memory_limit=1, local_directory=tmp_path)
+    store["a"] = arr(0)
+    d = store.directory
+    assert os.listdir(d)
+    del store
+    gc.collect()
+    assert not os.path.exists(d)
+
+
+def test_a_worker_spills_and_computes_the_same(tmp_path):
+    """One worker whose data is a SpillStore far smaller than what it
+    persists: 24 numpy chunks of 800 kB and 12 pandas partitions against
+    4 MB of host memory, reduced to the results of an unlimited run."""
+    import dask.array as da
+    import dask.dataframe as dd
+    from distributed import Client, LocalCluster
+
+    x = da.arange(24 * 100_000, chunks=100_000, dtype=np.float64)
+    pdf = pd.DataFrame({"k": np.arange(120_000) % 7, "v": np.arange(120_000, dtype=np.float64)})
+    df = dd.from_pandas(pdf, npartitions=12)
+    want = (float((x * 2).sum().compute(scheduler="sync")),
+            df.groupby("k").v.sum().compute(scheduler="sync"))
+    data = (SpillStore, {"memory_limit": 4_000 * KB, "local_directory": str(tmp_path)})
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp://",
+                      dashboard_address=None, data=data) as cluster, Client(cluster) as client:
+        xs, dfs = client.persist([x * 2, df])
+        store = next(iter(cluster.workers.values())).data
+        assert type(store) is SpillStore
+        got_x = float(xs.sum().compute())
+        got_df = dfs.groupby("k").v.sum().compute()
+        assert store.counts["host_to_disk"] > 10, store.counts
+        assert got_x == want[0]
+        pd.testing.assert_series_equal(got_df, want[1])
+        spilled = client.run(lambda dask_worker: dask_worker.data.spilled_total)
+        assert list(spilled.values())[0][0] > 0
+        directory = store.directory
+        assert os.listdir(directory)
+    # Dask's worker does not close its data: the files go with the store.
+    del store, cluster, client
+    gc.collect()
+    assert not os.path.exists(directory)
