@@ -28,8 +28,11 @@ and reading it unspills it whole); device objects are recognised by
 __cuda_array_interface__ only (a dataframe of device columns is a host object
 here unless gser carries it); sizes are nbytes where the object has it, else
 dask.sizeof. The files are removed when a key is deleted and all of them by
-close() (or when the store is garbage-collected): nothing on disk outlives
-the store. A full disk (OSError while spilling) leaves the key where it was,
+close(), when the store is garbage-collected or at interpreter exit: nothing
+on disk outlives the store. The files go under local_directory, else the
+worker's own directory (worker_local_directory, which Dask passes to data=
+(SpillStore, {...}) and removes when the worker closes), else the system's
+temporary directory. A full disk (OSError while spilling) leaves the key where it was,
 logs an error naming it, and evict() returns -1, as Dask's SpillBuffer does:
 no key is lost. The store implements Dask's manual-eviction protocol (fast,
 evict()) and spilled_total, so the worker's memory monitor can spill from it
@@ -43,6 +46,7 @@ import os
 import shutil
 import tempfile
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import MutableMapping
 
@@ -97,6 +101,10 @@ class SpillStore(MutableMapping):
         base = local_directory or worker_local_directory or tempfile.gettempdir()
         os.makedirs(base, exist_ok=True)
         self.directory = tempfile.mkdtemp(prefix="gser-spill-", dir=base)
+        # Removed when the store is collected or the interpreter exits,
+        # whichever comes first (Dask's worker never closes its data; in a
+        # worker's own directory, the worker removes it when it closes).
+        self._finalizer = weakref.finalize(self, shutil.rmtree, self.directory, True)
         self._lock = threading.RLock()
         self._device = OrderedDict()  # key -> (obj, nbytes)
         self._host = OrderedDict()    # key -> (obj or FlatBytes, nbytes, form or None)
@@ -165,12 +173,7 @@ class SpillStore(MutableMapping):
             self._host.clear()
             self._disk.clear()
             self._device_bytes = self._host_bytes = 0
-            shutil.rmtree(self.directory, ignore_errors=True)
-
-    def __del__(self):
-        d = getattr(self, "directory", None)
-        if d:
-            shutil.rmtree(d, ignore_errors=True)
+            self._finalizer()
 
     # ---- what Dask's worker asks -----------------------------------------------------------------
 
