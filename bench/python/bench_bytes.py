@@ -13,10 +13,20 @@ the anchor after a warm-up of each):
   load_mmap_1gib   gser.load(path, mmap=True)                    vs numpy.load(path, mmap_mode="c")
                    target on the value: <= 1 ms whatever the size
   load_1gib        gser.load(path)                               vs numpy.load(path)     ratio <= 1.3
+  spill_numpy_2gib 64 numpy chunks of 32 MiB put into gser.dask.SpillStore(memory_limit=512 MiB),
+                   then each read back and a byte of each page read
+                                                                 vs the same through Dask's default
+                   spill (distributed.spill.SpillBuffer, zict, target 512 MiB)         ratio <= 0.7
+  spill_pandas_1gib the same with 32 pandas partitions of 32 MiB (4 float columns, 1 int)  ratio <= 0.7
+  device_to_host_200  gser.to_bytes of a list of 200 device buffers of 256 KiB (one packed copy)
+                   vs numpy.copy of 50 MiB: only with a device backend (GSER_DEVICE=emulated here,
+                   where "device" memory is host memory)                               ratio <= 1.5
 Files go to --dir (default: the temporary directory), both on the same
-filesystem, written and read through the page cache (no fsync: neither
+filesystem (a disk: a tmpfs would hold the spilled GiBs in memory),
+written and read through the page cache (no fsync: neither
 numpy nor gser asks for one); before each dump both files are removed and
-the system synced, untimed, so that neither pays for the other's writeback. Needs about 4 GiB of memory and 2 GiB of disk.
+the system synced, untimed, so that neither pays for the other's writeback. Needs about
+4 GiB of memory and 4 GiB of disk.
 
 --json prints one object per line: name, value, unit, anchor, anchor_value,
 ratio (value / anchor_value), target, and target_on ("ratio", or "value"
@@ -27,6 +37,7 @@ import argparse
 import gc
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -83,6 +94,90 @@ def alternating_ms(fn, anchor, reps, setup=None):
         a.append(once_ms(fn, setup))
         b.append(once_ms(anchor, setup))
     return statistics.median(a), statistics.median(b)
+
+
+def spill_cycle(make_store, chunks):
+    """Put every chunk in a fresh store, then read every key back and touch
+    each page of it (a value viewing a mapped file costs nothing until used).
+    The store is returned, to be dropped (and its files removed) untimed."""
+    store = make_store()
+    total = 0.0
+    for i, c in enumerate(chunks):
+        store[f"k{i}"] = c
+    for i in range(len(chunks)):
+        v = store[f"k{i}"]
+        a = v.to_numpy() if hasattr(v, "to_numpy") else v
+        total += float(a.reshape(-1)[::512].sum())
+    return store, total
+
+
+def spill_rows(rep, args, want):
+    import numpy as np
+    import pandas as pd
+    from distributed.spill import SpillBuffer
+
+    from gser.dask import SpillStore
+
+    limit = 512 * MIB
+    work = tempfile.mkdtemp(prefix="gser-bench-spill-", dir=args.dir)
+    serial = [0]
+
+    def gstore():
+        return SpillStore(memory_limit=limit, local_directory=work)
+
+    def dstore():
+        serial[0] += 1
+        return SpillBuffer(os.path.join(work, f"dask-{serial[0]}"), target=limit)
+
+    try:
+        rows = []
+        if want("spill_numpy_2gib"):
+            rows.append(("spill_numpy_2gib", "numpy chunks",
+                         [np.arange(4 * MIB, dtype=np.float64) + i for i in range(64)]))
+        if want("spill_pandas_1gib"):
+            n = 32 * MIB // 40
+            rows.append(("spill_pandas_1gib", "pandas partitions",
+                         [pd.DataFrame({"a": np.arange(n, dtype=np.float64) + i, "b": np.ones(n), "c": np.zeros(n),
+                                        "d": np.full(n, 0.5), "i": np.arange(n)}) for i in range(32)]))
+        def clean():
+            # Neither store's files may linger into the other's run (Dask's
+            # SpillBuffer leaves its directory behind): removed, then synced.
+            gc.collect()
+            for d in os.listdir(work):
+                shutil.rmtree(os.path.join(work, d), ignore_errors=True)
+            os.sync()
+
+        for name, what, chunks in rows:
+            g, d = alternating_ms(lambda: spill_cycle(gstore, chunks), lambda: spill_cycle(dstore, chunks),
+                                  max(3, args.reps // 3), setup=clean)
+            rep.add(name, g, f"the same {what} through Dask's SpillBuffer, same limit and filesystem (ms)", d,
+                    "<= 0.7")
+            del chunks
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+class _Dev:
+    """Host memory presented as device memory (__cuda_array_interface__): what
+    the emulated backend copies as a device would."""
+
+    def __init__(self, a):
+        self.a = a
+        self.__cuda_array_interface__ = {"shape": a.shape, "typestr": a.dtype.str,
+                                         "data": (a.ctypes.data, False), "strides": None, "version": 3}
+
+
+def device_row(rep, args):
+    import numpy as np
+
+    import gser
+
+    bufs = [np.arange(32 * 1024, dtype=np.float64) + i for i in range(200)]  # 256 KiB each
+    obj = [_Dev(b) for b in bufs]
+    flat = np.concatenate(bufs)
+    g, n = alternating_ms(lambda: gser.to_bytes(obj), lambda: np.copy(flat), args.reps)
+    rep.add("device_to_host_200", g, f"numpy.copy of the same 50 MiB, contiguous ({gser.DEVICE_BACKEND}) (ms)", n,
+            "<= 1.5")
 
 
 def main():
@@ -149,6 +244,11 @@ def main():
             if os.path.exists(p):
                 os.unlink(p)
         os.rmdir(work)
+
+    if want("spill_numpy_2gib") or want("spill_pandas_1gib"):
+        spill_rows(rep, args, want)
+    if want("device_to_host_200") and gser.DEVICE_BACKEND != "none":
+        device_row(rep, args)
 
     if not args.json:
         print(f"# {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
