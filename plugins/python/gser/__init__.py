@@ -53,12 +53,15 @@ from gser._gser import (  # noqa: F401
     DeviceFrame,
     GserError,
     __version__,
+    device_allocation,
+    device_copy,
     dumps,
     from_bytes,
     loads,
     register_lazy,
     register_type,
     registered,
+    set_device_allocator,
     to_bytes,
     unregister_type,
 )
@@ -75,12 +78,15 @@ __all__ = [
     "DeviceFrame",
     "GserError",
     "__version__",
+    "device_allocation",
+    "device_copy",
     "dumps",
     "from_bytes",
     "loads",
     "register_lazy",
     "register_type",
     "registered",
+    "set_device_allocator",
     "to_bytes",
     "unregister_type",
 ]
@@ -99,7 +105,8 @@ __all__ = [
 
 
 def _contiguous(x, make):
-    return x if x.flags.c_contiguous else make(x)
+    # Fortran order travels with its strides, as Dask's cuda family keeps it.
+    return x if x.flags.c_contiguous or x.flags.f_contiguous else make(x)
 
 
 def _register_cupy():

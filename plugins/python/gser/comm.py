@@ -19,6 +19,19 @@ Dask's own comms read. Its handshake says that it carries device frames as
 device memory (gser.dask.HANDSHAKE_DEVICE_KEY), so the family keeps device
 buffers on the device towards its peers.
 
+Received frames are what Dask's own comms deliver: host frames as writable
+memoryviews, device frames as the object Dask's ucx:// allocates for them,
+rmm.DeviceBuffer(size=n) when RMM is importable (honouring
+distributed.rmm.pool-size as Dask does), else a Numba device array, or what
+the function named by distributed.comm.gser.device-allocator returns
+("package.module.function", called with a size, returning an object with
+__cuda_array_interface__). That function becomes gser's device allocator in
+the process (gser.set_device_allocator), so the received bytes land in its
+allocations: a large device frame is received straight into its own
+allocation; frames under gser's pack size (1 MiB) travel packed in one
+transfer and are copied once on the device into their own allocations.
+Without RMM, Numba or the key, device frames stay gser.DeviceArray.
+
 Faults, as Dask expects of a comm: a peer that dies or closes ends pending
 and later reads and writes with CommClosedError; a read or write that is
 canceled (a timeout) aborts the comm, since its message stream would be torn.
@@ -43,12 +56,14 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import importlib
 import logging
+import os
 import socket
 import weakref
 
 import dask
-from dask.utils import parse_timedelta
+from dask.utils import parse_bytes, parse_timedelta
 from distributed.comm.addressing import parse_host_port, unparse_host_port
 from distributed.comm.core import Comm, CommClosedError, Connector, Listener
 from distributed.comm.registry import Backend, backends
@@ -99,6 +114,78 @@ def _context() -> gser.ucx.Context:
                                     secret=_config("secret"), net_devices=_config("net-devices"))
 
 
+# ---- received device frames: the allocation Dask's ucx:// gives them -------------------------
+
+_alloc_state: dict = {"pid": None, "fn": None}
+
+
+def _import_function(name: str):
+    module, _, attr = name.rpartition(".")
+    if not module:
+        raise ValueError(f"distributed.comm.gser.device-allocator: {name!r} is not a dotted function name")
+    fn = getattr(importlib.import_module(module), attr)
+    if not callable(fn):
+        raise TypeError(f"distributed.comm.gser.device-allocator: {name!r} is not callable")
+    return fn
+
+
+def _choose_device_allocator():
+    """The function received device frames are allocated with, chosen as
+    Dask's ucx:// chooses it (distributed.comm.ucx.init_once), after the
+    user's own (distributed.comm.gser.device-allocator); None: gser's."""
+    name = _config("device-allocator")
+    if name:
+        return _import_function(name) if isinstance(name, str) else name
+    pool_size = dask.config.get("distributed.rmm.pool-size", None)
+    try:
+        import rmm
+    except ImportError:
+        pass
+    else:
+        def rmm_device_buffer(n):
+            return rmm.DeviceBuffer(size=n)
+
+        if pool_size is not None:
+            rmm.reinitialize(pool_allocator=True, managed_memory=False, initial_pool_size=parse_bytes(pool_size))
+        return rmm_device_buffer
+    if pool_size is not None:
+        logger.warning("Initial RMM pool size defined, but RMM is not available. "
+                       "Please consider installing RMM or removing the pool size option.")
+    try:
+        import numba.cuda
+    except ImportError:
+        return None
+
+    def numba_device_array(n):
+        a = numba.cuda.device_array((n,), dtype="u1")
+        weakref.finalize(a, numba.cuda.current_context)
+        return a
+
+    return numba_device_array
+
+
+def _device_allocator():
+    """Set up, once per process, where received device frames live."""
+    if _alloc_state["pid"] != os.getpid():
+        fn = _choose_device_allocator() if gser.DEVICE_BACKEND != "none" else None
+        if fn is not None:
+            gser.set_device_allocator(fn)
+        _alloc_state.update(pid=os.getpid(), fn=fn)
+    return _alloc_state["fn"]
+
+
+def _received(frame, alloc):
+    """A received device frame as the allocator's object: the allocation gser
+    received it into, or (a frame that shared a packed transfer) a new
+    allocation it is copied into on the device."""
+    hit = gser.device_allocation(frame.ptr)
+    if hit is not None and hit[1] == frame.nbytes:
+        return hit[0]
+    out = alloc(frame.nbytes)
+    gser.device_copy(out, frame)
+    return out
+
+
 def _register_family():
     """Every process that uses the scheme can read what the gser family wrote
     (gser.dask.register: the family's entry point for anything that wants it)."""
@@ -113,6 +200,7 @@ def _worker() -> gser.ucx.Worker:
     for old in [lp for lp in _workers if lp.is_closed()]:
         _workers.pop(old).close()  # comms left open when their loop ended
     _register_family()
+    _device_allocator()
     w = _workers.get(loop)
     if w is None or w.closed or w.failed is not None:
         # A failed worker (its receive queue blocked) stays with what still
@@ -283,6 +371,9 @@ class GserComm(Comm):
         except BaseException:
             self.abort()
             raise
+        alloc = _alloc_state["fn"]
+        if alloc is not None:
+            frames = [_received(f, alloc) if type(f) is gser.DeviceArray else f for f in frames]
         try:
             return await from_frames(
                 frames,
