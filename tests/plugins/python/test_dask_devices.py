@@ -203,3 +203,98 @@ def test_raising_deserializer_on_a_worker_ends_the_transfer(clusters, standins):
         client.cancel([moved, fut])
         assert client.submit(sum, [1, 2], pure=False).result(timeout=TIMEOUT) == 3, kind  # still works
         assert sorted(client.scheduler_info()["workers"]) == [a, b], kind  # no worker died
+
+
+# ---- where gser:// puts received device frames (in this process) -------------------------------
+
+
+@pytest.fixture
+def fresh_allocator(monkeypatch):
+    """gser.comm chooses its allocator again (as in a new process) and forgets it after."""
+    import gser.comm
+
+    monkeypatch.setitem(gser.comm._alloc_state, "pid", None)
+    yield gser.comm
+    gser.comm._alloc_state.update(pid=None, fn=None)
+    gser.set_device_allocator(None)
+
+
+def test_rmm_allocates_and_honours_the_pool_size(standins, fresh_allocator):
+    import dask
+
+    rmm = standins.rmm
+    with dask.config.set({"distributed.rmm.pool-size": "3 MiB"}):
+        fn = fresh_allocator._device_allocator()
+    assert type(fn(10)) is rmm.DeviceBuffer
+    assert rmm._reinitialized == {"pool_allocator": True, "managed_memory": False, "initial_pool_size": 3 << 20}
+
+
+def test_the_config_key_names_the_allocator(standins, fresh_allocator):
+    import dask
+
+    with dask.config.set({"distributed.comm.gser.device-allocator": "daskprobe.counting_allocator"}):
+        fn = fresh_allocator._device_allocator()
+    assert fn is standins.probe.counting_allocator
+    before = standins.probe.allocations
+    out = gser.from_bytes(gser.to_bytes([standins.cupy.asarray(np.arange(10.0))]), device=True)[0]
+    assert standins.probe.allocations > before  # gser's own device allocations go through it too
+    assert np.array_equal(standins.cupy.asarray(out).get(), np.arange(10.0))
+
+
+async def _through_a_comm(obj):
+    from distributed.comm import connect, listen
+    from distributed.protocol import to_serialize
+
+    got = asyncio.Queue()
+
+    async def handle(comm):
+        await got.put(await comm.read())
+        await comm.close()
+
+    lst = listen("gser://127.0.0.1:0", handle)
+    await lst.start()
+    comm = await connect(lst.contact_address)
+    await comm.write({"x": to_serialize(obj)})
+    msg = await asyncio.wait_for(got.get(), TIMEOUT)
+    await comm.close()
+    lst.stop()
+    return msg["x"]
+
+
+@pytest.mark.skipif(not gser.HAVE_UCX, reason="gser::ucx not built")
+def test_numba_device_arrays_without_rmm(standins, fresh_allocator):
+    """Without RMM, received device frames are Numba device arrays, as on ucx://."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(sys.modules, "rmm", None)  # import rmm fails
+        fn = fresh_allocator._device_allocator()
+    assert type(fn(4)) is standins.numba.cuda.devicearray.DeviceNDArray
+    out = asyncio.run(_through_a_comm(standins.probe.Probe(b"xyz" * 100)))
+    assert out.seen == ["numba.cuda.cudadrv.devicearray.DeviceNDArray", "builtins.memoryview"]
+
+
+def test_family_headers_keep_device_frames_out_of_memoryview(standins):
+    """serialize_and_split (Dask's message path) on the family's headers, for
+    one object and a whole collection: device frames pass as they are."""
+    import gser.dask
+    from distributed.protocol.serialize import merge_and_deserialize, serialize_and_split
+
+    cupy = standins.cupy
+    ctx = {"recipient": {"gser": 1, "gser-device": True}}
+    a = cupy.asarray(np.arange(300_000, dtype=np.float32))
+    was = gser.dask.registered(), dict(gser.dask._state)
+    gser.dask.register()
+    try:
+        for obj in (a, [a, cupy.asarray(np.arange(5))]):
+            header, frames = serialize_and_split(obj, serializers=("gser",), context=ctx, size=1 << 16)
+            assert header["serializer"] == "gser"
+            assert len(header["compression"]) == len(frames)
+            dev = [f for f in frames if type(f) is gser.DeviceFrame]
+            assert dev and all(c is False for f, c in zip(frames, header["compression"]) if f in dev)
+            out = merge_and_deserialize(header, frames, deserializers=("gser",))
+            first = out if type(out) is cupy.ndarray else out[0]
+            assert type(first) is cupy.ndarray and np.array_equal(first.get(), a.get())
+    finally:
+        if not was[0]:
+            gser.dask.unregister()
+        else:
+            gser.dask.register(collections=was[1]["collections"], default=was[1]["default"])
