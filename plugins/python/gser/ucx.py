@@ -21,7 +21,10 @@ zero-copy, device frames straight to UCX when both sides' UCX can read CUDA
 memory and through pinned staging buffers otherwise. send_frames() sends a
 list of frames (bytes-like objects, and device arrays) as such a message,
 recv_frames() gives them back: memoryviews over the received host frames
-(writable, not copied) and gser.DeviceArray for device frames.
+(writable, not copied) and gser.DeviceArray for device frames, whose memory
+comes from gser.set_device_allocator's function when one is set (a large
+device frame is received straight into one allocation of its own:
+gser.device_allocation(frame.ptr) gives it).
 
 The loop watches the worker's event file descriptor (loop.add_reader); when
 it is readable the worker is progressed until it can be armed again, so an
