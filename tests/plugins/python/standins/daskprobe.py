@@ -47,7 +47,13 @@ def _cuda_ser_probe(x):
 def _cuda_de_probe(header, frames):
     dev, host = frames
     payload = bytes(np.asarray(dev.copy_to_host()).tobytes()) if hasattr(dev, "copy_to_host") else None
-    return Probe(payload, [f"{type(f).__module__}.{type(f).__qualname__}" for f in frames])
+    return Probe(payload, [_kind(f) for f in frames])
+
+
+def _kind(f):
+    """A frame's type, and for a memoryview whether it is writable."""
+    name = f"{type(f).__module__}.{type(f).__qualname__}"
+    return name + ("" if f.readonly else ":writable") if type(f) is memoryview else name
 
 
 @dask_serialize.register(Probe)
@@ -58,7 +64,7 @@ def _dask_ser_probe(x):
 
 @dask_deserialize.register(Probe)
 def _dask_de_probe(header, frames):
-    return Probe(bytes(frames[1]), [f"{type(f).__module__}.{type(f).__qualname__}" for f in frames])
+    return Probe(bytes(frames[1]), [_kind(f) for f in frames])
 
 
 def seen(x):
