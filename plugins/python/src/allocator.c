@@ -14,6 +14,7 @@
  */
 #include "pygser.h" /* first: Python.h sets the feature macros */
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,6 +24,11 @@ static PyObject *g_fn;     /* the user's function, or NULL */
 static PyObject *g_allocs; /* dict: ptr -> list of (object, size), objects gser still uses */
 /* The address given for an empty allocation whose object has no pointer. */
 static char g_empty[1];
+/* Read without the GIL: with no function set and no Python allocation alive,
+ * the backend's allocator serves a thread that does not hold the GIL
+ * without taking it. */
+static atomic_bool g_have_fn;
+static atomic_long g_live;
 
 /* The pointer and byte size of an object's __cuda_array_interface__. */
 static int cai_extent(PyObject *obj, unsigned long long *ptr, unsigned long long *nbytes)
@@ -84,8 +90,8 @@ static gser_status_t py_alloc(PyObject *fn, size_t size, void **ptr)
         else
             Py_CLEAR(list);
     }
-    if (list)
-        rc = PyList_Append(list, entry);
+    if (list && (rc = PyList_Append(list, entry)) == 0)
+        atomic_fetch_add(&g_live, 1);
     Py_XDECREF(entry);
     Py_XDECREF(key);
     Py_DECREF(obj);
@@ -105,6 +111,8 @@ fail_noobj:
 static gser_status_t trampoline_alloc(void *user, size_t size, void *stream, void **ptr)
 {
     (void)user;
+    if (!atomic_load(&g_have_fn) || !Py_IsInitialized())
+        return gser_device_alloc(g_backend, size, stream, ptr);
     PyGILState_STATE g = PyGILState_Ensure();
     PyObject *fn = g_fn ? Py_NewRef(g_fn) : NULL;
     if (fn) {
@@ -123,6 +131,10 @@ static gser_status_t trampoline_alloc(void *user, size_t size, void *stream, voi
 static void trampoline_free(void *user, void *ptr, size_t size, void *stream)
 {
     (void)user;
+    if (atomic_load(&g_live) == 0 || !Py_IsInitialized()) {
+        gser_device_free(g_backend, ptr, size, stream);
+        return;
+    }
     PyGILState_STATE g = PyGILState_Ensure();
     PyObject *et, *ev, *etb;
     PyErr_Fetch(&et, &ev, &etb);
@@ -133,6 +145,7 @@ static void trampoline_free(void *user, void *ptr, size_t size, void *stream)
         if (list && PyList_GET_SIZE(list)) {
             Py_ssize_t last = PyList_GET_SIZE(list) - 1;
             entry = Py_NewRef(PyList_GET_ITEM(list, last));
+            atomic_fetch_sub(&g_live, 1);
             if (PyList_SetSlice(list, last, last + 1, NULL) < 0 || (last == 0 && PyDict_DelItem(g_allocs, key) < 0))
                 PyErr_WriteUnraisable(NULL);
         }
@@ -196,6 +209,7 @@ static PyObject *py_set_device_allocator(PyObject *self, PyObject *fn)
     }
     PyObject *old = g_fn ? g_fn : Py_NewRef(Py_None);
     g_fn = fn == Py_None ? NULL : Py_NewRef(fn);
+    atomic_store(&g_have_fn, g_fn != NULL);
     return old;
 }
 
