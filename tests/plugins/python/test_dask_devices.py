@@ -301,3 +301,26 @@ def test_family_headers_keep_device_frames_out_of_memoryview(standins):
             gser.dask.unregister()
         else:
             gser.dask.register(collections=was[1]["collections"], default=was[1]["default"])
+
+
+@pytest.mark.skipif(not gser.HAVE_UCX, reason="gser::ucx not built")
+def test_large_device_frames_are_received_into_their_allocation(standins, fresh_allocator):
+    """A device frame above the pack size is received straight into the
+    rmm.DeviceBuffer the deserializer gets: one allocation, no device copy;
+    small ones (packed on the way) get one allocation each."""
+    rmm = standins.rmm
+    fresh_allocator._device_allocator()
+    payload = np.arange(1 << 20, dtype=np.uint16).tobytes()  # 2 MiB
+    src = rmm.DeviceBuffer.to_device(payload)
+    before = rmm.allocations
+    out = asyncio.run(_through_a_comm(src))
+    assert type(out) is rmm.DeviceBuffer and out.tobytes() == payload
+    assert rmm.allocations - before == 1
+    small = [rmm.DeviceBuffer.to_device(bytes([i]) * (i + 1)) for i in range(3)]
+    before = rmm.allocations
+    outs = asyncio.run(_through_a_comm(small))
+    assert [type(o) for o in outs] == [rmm.DeviceBuffer] * 3
+    assert [o.tobytes() for o in outs] == [s.tobytes() for s in small]
+    # the sender's packed frame and the receiver's (gser's device memory
+    # comes from the allocator on both sides), then one each
+    assert rmm.allocations - before == 2 + 3
