@@ -122,6 +122,11 @@ static gser_status_t trampoline_alloc(void *user, size_t size, void *stream, voi
         Py_DECREF(fn);
         PyErr_Restore(et, ev, etb);
         PyGILState_Release(g);
+        /* Python libraries (RMM, Numba) allocate on CUDA's legacy default
+         * stream: the memory is ready for gser's streams once that stream
+         * is, as Dask's ucx:// synchronizes it before receiving. */
+        if (!st && pg_ctx && strcmp(gser_context_get_device_backend(pg_ctx), "cuda") == 0)
+            (void)gser_stream_wait(pg_ctx, (void *)(uintptr_t)1 /* cudaStreamLegacy; a failure shows later */);
         return st;
     }
     PyGILState_Release(g);
