@@ -324,3 +324,17 @@ def test_large_device_frames_are_received_into_their_allocation(standins, fresh_
     # the sender's packed frame and the receiver's (gser's device memory
     # comes from the allocator on both sides), then one each
     assert rmm.allocations - before == 2 + 3
+
+
+def test_raising_deserializer_on_the_client_fails_the_gather(clusters, standins):
+    """The deserializer raises in the client (gather): the gather raises, as
+    on tcp, and the client keeps working (a hang fails the test by its timeout)."""
+    from daskprobe import Boom
+
+    for kind, client in clusters.items():
+        fut = client.scatter(Boom(None), workers=sorted(client.scheduler_info()["workers"])[:1])
+        with pytest.raises(Exception) as info:
+            fut.result(timeout=TIMEOUT)
+        assert not isinstance(info.value, (TimeoutError, asyncio.TimeoutError)), (kind, info.value)
+        client.cancel([fut])
+        assert client.submit(sum, [1, 2], pure=False).result(timeout=TIMEOUT) == 3, kind
