@@ -25,8 +25,9 @@ rmm.DeviceBuffer(size=n) when RMM is importable (honouring
 distributed.rmm.pool-size as Dask does), else a Numba device array, or what
 the function named by distributed.comm.gser.device-allocator returns
 ("package.module.function", called with a size, returning an object with
-__cuda_array_interface__). That function becomes gser's device allocator in
-the process (gser.set_device_allocator), so the received bytes land in its
+__cuda_array_interface__), or one the process gave gser.set_device_allocator
+before. That function is gser's device allocator in the process
+(gser.set_device_allocator), so the received bytes land in its
 allocations: a large device frame is received straight into its own
 allocation; frames under gser's pack size (1 MiB) travel packed in one
 transfer and are copied once on the device into their own allocations.
@@ -165,11 +166,17 @@ def _choose_device_allocator():
 
 
 def _device_allocator():
-    """Set up, once per process, where received device frames live."""
+    """Set up, once per process, where received device frames live: the
+    config key's function, else one already given to
+    gser.set_device_allocator, else RMM's or Numba's."""
     if _alloc_state["pid"] != os.getpid():
-        fn = _choose_device_allocator() if gser.DEVICE_BACKEND != "none" else None
-        if fn is not None:
-            gser.set_device_allocator(fn)
+        fn = None
+        if gser.DEVICE_BACKEND != "none":
+            current = gser.set_device_allocator(None)
+            gser.set_device_allocator(current)
+            fn = current if current is not None and not _config("device-allocator") else _choose_device_allocator()
+            if fn is not None and fn is not current:
+                gser.set_device_allocator(fn)
         _alloc_state.update(pid=os.getpid(), fn=fn)
     return _alloc_state["fn"]
 

@@ -232,6 +232,15 @@ def test_rmm_allocates_and_honours_the_pool_size(standins, fresh_allocator):
     assert rmm._reinitialized == {"pool_allocator": True, "managed_memory": False, "initial_pool_size": 3 << 20}
 
 
+def test_an_allocator_set_before_comes_before_rmm(standins, fresh_allocator):
+    def mine(n):
+        return standins.cupy.empty((n,), "u1")
+
+    gser.set_device_allocator(mine)
+    assert fresh_allocator._device_allocator() is mine
+    assert gser.set_device_allocator(mine) is mine  # still set
+
+
 def test_the_config_key_names_the_allocator(standins, fresh_allocator):
     import dask
 
