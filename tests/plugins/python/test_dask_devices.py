@@ -212,14 +212,15 @@ def test_raising_deserializer_on_a_worker_ends_the_transfer(clusters, standins):
 
 
 @pytest.fixture
-def fresh_allocator(monkeypatch):
+def fresh_allocator():
     """gser.comm chooses its allocator again (as in a new process) and forgets it after."""
     import gser.comm
 
-    monkeypatch.setitem(gser.comm._alloc_state, "pid", None)
+    saved = dict(gser.comm._alloc_state), gser.set_device_allocator(None)
+    gser.comm._alloc_state["pid"] = None
     yield gser.comm
-    gser.comm._alloc_state.update(pid=None, fn=None)
-    gser.set_device_allocator(None)
+    gser.comm._alloc_state.update(saved[0])
+    gser.set_device_allocator(saved[1])
 
 
 def test_rmm_allocates_and_honours_the_pool_size(standins, fresh_allocator):
