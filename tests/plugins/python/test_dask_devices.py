@@ -45,7 +45,17 @@ def standins():
     import numba.cuda
     import rmm
 
+    # This process's gser:// comms choose their allocator again, now that RMM is there.
+    comm = None
+    if gser.HAVE_UCX:
+        import gser.comm as comm
+
+        saved = dict(comm._alloc_state), gser.set_device_allocator(None)
+        comm._alloc_state["pid"] = None
     yield type("S", (), dict(cupy=cupy, rmm=rmm, numba=numba, cudf=cudf, probe=daskprobe))
+    if comm is not None:
+        comm._alloc_state.update(saved[0])
+        gser.set_device_allocator(saved[1])
     mp.undo()
     for name in [n for n in sys.modules if n.split(".")[0] in _STANDIN_TOPS]:
         del sys.modules[name]
@@ -54,7 +64,6 @@ def standins():
         gser.unregister_type(key)
     gser.register_lazy("cupy", gser._register_cupy)
     gser.register_lazy("numba", gser._register_numba)
-    gser.set_device_allocator(None)
 
 
 def _cluster(protocol, **client_options):
