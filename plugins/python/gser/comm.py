@@ -57,14 +57,12 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import importlib
 import logging
-import os
 import socket
 import weakref
 
 import dask
-from dask.utils import parse_bytes, parse_timedelta
+from dask.utils import parse_timedelta
 from distributed.comm.addressing import parse_host_port, unparse_host_port
 from distributed.comm.core import Comm, CommClosedError, Connector, Listener
 from distributed.comm.registry import Backend, backends
@@ -72,6 +70,7 @@ from distributed.comm.utils import ensure_concrete_host, from_frames, to_frames
 from distributed.utils import ensure_ip, get_ip, get_ipv6, nbytes
 
 import gser.ucx
+from gser import _alloc
 from gser._gser import GserError
 
 logger = logging.getLogger(__name__)
@@ -115,82 +114,11 @@ def _context() -> gser.ucx.Context:
                                     secret=_config("secret"), net_devices=_config("net-devices"))
 
 
-# ---- received device frames: the allocation Dask's ucx:// gives them -------------------------
-
-_alloc_state: dict = {"pid": None, "fn": None}
-
-
-def _import_function(name: str):
-    module, _, attr = name.rpartition(".")
-    if not module:
-        raise ValueError(f"distributed.comm.gser.device-allocator: {name!r} is not a dotted function name")
-    fn = getattr(importlib.import_module(module), attr)
-    if not callable(fn):
-        raise TypeError(f"distributed.comm.gser.device-allocator: {name!r} is not callable")
-    return fn
-
-
-def _choose_device_allocator():
-    """The function received device frames are allocated with, chosen as
-    Dask's ucx:// chooses it (distributed.comm.ucx.init_once), after the
-    user's own (distributed.comm.gser.device-allocator); None: gser's."""
-    name = _config("device-allocator")
-    if name:
-        return _import_function(name) if isinstance(name, str) else name
-    pool_size = dask.config.get("distributed.rmm.pool-size", None)
-    try:
-        import rmm
-    except ImportError:
-        pass
-    else:
-        def rmm_device_buffer(n):
-            return rmm.DeviceBuffer(size=n)
-
-        if pool_size is not None:
-            rmm.reinitialize(pool_allocator=True, managed_memory=False, initial_pool_size=parse_bytes(pool_size))
-        return rmm_device_buffer
-    if pool_size is not None:
-        logger.warning("Initial RMM pool size defined, but RMM is not available. "
-                       "Please consider installing RMM or removing the pool size option.")
-    try:
-        import numba.cuda
-    except ImportError:
-        return None
-
-    def numba_device_array(n):
-        a = numba.cuda.device_array((n,), dtype="u1")
-        weakref.finalize(a, numba.cuda.current_context)
-        return a
-
-    return numba_device_array
-
-
-def _device_allocator():
-    """Set up, once per process, where received device frames live: the
-    config key's function, else one already given to
-    gser.set_device_allocator, else RMM's or Numba's."""
-    if _alloc_state["pid"] != os.getpid():
-        fn = None
-        if gser.DEVICE_BACKEND != "none":
-            current = gser.set_device_allocator(None)
-            gser.set_device_allocator(current)
-            fn = current if current is not None and not _config("device-allocator") else _choose_device_allocator()
-            if fn is not None and fn is not current:
-                gser.set_device_allocator(fn)
-        _alloc_state.update(pid=os.getpid(), fn=fn)
-    return _alloc_state["fn"]
-
-
-def _received(frame, alloc):
-    """A received device frame as the allocator's object: the allocation gser
-    received it into, or (a frame that shared a packed transfer) a new
-    allocation it is copied into on the device."""
-    hit = gser.device_allocation(frame.ptr)
-    if hit is not None and hit[1] == frame.nbytes:
-        return hit[0]
-    out = alloc(frame.nbytes)
-    gser.device_copy(out, frame)
-    return out
+# Received device frames: the allocation Dask's ucx:// gives them (gser._alloc).
+_alloc_state = _alloc.state
+_choose_device_allocator = _alloc.choose
+_device_allocator = _alloc.setup
+_received = _alloc.received
 
 
 def _register_family():

@@ -39,7 +39,7 @@ import importlib
 import logging
 import time
 
-from gser import _gser
+from gser import _alloc, _gser
 from gser._gser import Declined, GserError
 
 logger = logging.getLogger(__name__)
@@ -167,6 +167,8 @@ def loads(header, frames):
     if not frames:
         raise ValueError("gser.dask: no frames (the first frame is gser's header)")
     _stats["loads"] += 1
+    if _RESTORE_DEVICE:
+        _alloc.setup()  # device buffers restored here live where Dask's ucx:// puts them (RMM, ...)
     return _gser.loads(frames[0], frames[1:], copy_readonly=True, device=_RESTORE_DEVICE)
 
 
