@@ -357,3 +357,21 @@ def test_raising_deserializer_on_the_client_fails_the_gather(clusters, standins)
         assert not isinstance(info.value, (TimeoutError, asyncio.TimeoutError)), (kind, info.value)
         client.cancel([fut])
         assert client.submit(sum, [1, 2], pure=False).result(timeout=TIMEOUT) == 3, kind
+
+
+def test_family_restores_device_buffers_into_rmm(standins, fresh_allocator):
+    """On a comm without device frames (tcp://), the family stages device
+    buffers into host frames; the receiver restores them into the memory
+    Dask's ucx:// would give them (an rmm.DeviceBuffer here)."""
+    import gser.dask
+
+    cupy, rmm = standins.cupy, standins.rmm
+    a = cupy.asarray(np.arange(300_000, dtype=np.float32))  # a buffer of its own
+    header, frames = gser.dask.dumps(a, context={"recipient": {"gser": 1}})  # a tcp peer: host frames
+    assert not any(type(f) is gser.DeviceFrame for f in frames)
+    before = rmm.allocations
+    out = gser.dask.loads(header, frames)
+    assert type(out) is cupy.ndarray and np.array_equal(out.get(), a.get())
+    assert rmm.allocations > before
+    hit = gser.device_allocation(out.data.ptr)
+    assert hit is not None and type(hit[0]) is rmm.DeviceBuffer
