@@ -56,12 +56,15 @@ from gser._gser import (  # noqa: F401
     FlatBytes,
     GserError,
     __version__,
+    device_allocation,
+    device_copy,
     dumps,
     from_bytes,
     loads,
     register_lazy,
     register_type,
     registered,
+    set_device_allocator,
     to_bytes,
     unregister_type,
 )
@@ -80,6 +83,8 @@ __all__ = [
     "FlatBytes",
     "GserError",
     "__version__",
+    "device_allocation",
+    "device_copy",
     "dump",
     "dumps",
     "from_bytes",
@@ -88,6 +93,7 @@ __all__ = [
     "register_lazy",
     "register_type",
     "registered",
+    "set_device_allocator",
     "to_bytes",
     "unregister_type",
 ]
@@ -106,7 +112,8 @@ __all__ = [
 
 
 def _contiguous(x, make):
-    return x if x.flags.c_contiguous else make(x)
+    # Fortran order travels with its strides, as Dask's cuda family keeps it.
+    return x if x.flags.c_contiguous or x.flags.f_contiguous else make(x)
 
 
 def _register_cupy():

@@ -19,6 +19,20 @@ Dask's own comms read. Its handshake says that it carries device frames as
 device memory (gser.dask.HANDSHAKE_DEVICE_KEY), so the family keeps device
 buffers on the device towards its peers.
 
+Received frames are what Dask's own comms deliver: host frames as writable
+memoryviews, device frames as the object Dask's ucx:// allocates for them,
+rmm.DeviceBuffer(size=n) when RMM is importable (honouring
+distributed.rmm.pool-size as Dask does), else a Numba device array, or what
+the function named by distributed.comm.gser.device-allocator returns
+("package.module.function", called with a size, returning an object with
+__cuda_array_interface__), or one the process gave gser.set_device_allocator
+before. That function is gser's device allocator in the process
+(gser.set_device_allocator), so the received bytes land in its
+allocations: a large device frame is received straight into its own
+allocation; frames under gser's pack size (1 MiB) travel packed in one
+transfer and are copied once on the device into their own allocations.
+Without RMM, Numba or the key, device frames stay gser.DeviceArray.
+
 Faults, as Dask expects of a comm: a peer that dies or closes ends pending
 and later reads and writes with CommClosedError; a read or write that is
 canceled (a timeout) aborts the comm, since its message stream would be torn.
@@ -56,6 +70,7 @@ from distributed.comm.utils import ensure_concrete_host, from_frames, to_frames
 from distributed.utils import ensure_ip, get_ip, get_ipv6, nbytes
 
 import gser.ucx
+from gser import _alloc
 from gser._gser import GserError
 
 logger = logging.getLogger(__name__)
@@ -99,6 +114,13 @@ def _context() -> gser.ucx.Context:
                                     secret=_config("secret"), net_devices=_config("net-devices"))
 
 
+# Received device frames: the allocation Dask's ucx:// gives them (gser._alloc).
+_alloc_state = _alloc.state
+_choose_device_allocator = _alloc.choose
+_device_allocator = _alloc.setup
+_received = _alloc.received
+
+
 def _register_family():
     """Every process that uses the scheme can read what the gser family wrote
     (gser.dask.register: the family's entry point for anything that wants it)."""
@@ -113,6 +135,7 @@ def _worker() -> gser.ucx.Worker:
     for old in [lp for lp in _workers if lp.is_closed()]:
         _workers.pop(old).close()  # comms left open when their loop ended
     _register_family()
+    _device_allocator()
     w = _workers.get(loop)
     if w is None or w.closed or w.failed is not None:
         # A failed worker (its receive queue blocked) stays with what still
@@ -283,6 +306,9 @@ class GserComm(Comm):
         except BaseException:
             self.abort()
             raise
+        alloc = _alloc_state["fn"]
+        if alloc is not None:
+            frames = [_received(f, alloc) if type(f) is gser.DeviceArray else f for f in frames]
         try:
             return await from_frames(
                 frames,

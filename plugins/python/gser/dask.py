@@ -39,7 +39,7 @@ import importlib
 import logging
 import time
 
-from gser import _gser
+from gser import _alloc, _gser
 from gser._gser import Declined, GserError
 
 logger = logging.getLogger(__name__)
@@ -138,7 +138,17 @@ def dumps(x, context=None):
         _stats["refused"] += 1
         raise NotImplementedError(f"gser cannot serialize this {type(x).__name__}: {e}") from e
     _stats["dumps"] += 1
-    return {_HEADER_KEY: _HEADER_VERSION}, [header, *frames]
+    frames = [header, *frames]
+    return {_HEADER_KEY: _HEADER_VERSION, "compression": _compression(frames)}, frames
+
+
+def _compression(frames) -> tuple:
+    """The header's "compression" entry, which Dask's serialize_and_split and
+    its compression read per frame: False (never split, compressed or wrapped
+    in memoryview) for device frames, as Dask's "cuda" family says of all of
+    its frames; None (Dask's default handling) for host frames."""
+    return tuple(False if type(f) is _gser.DeviceFrame or hasattr(f, "__cuda_array_interface__") else None
+                 for f in frames)
 
 
 def loads(header, frames):
@@ -157,6 +167,8 @@ def loads(header, frames):
     if not frames:
         raise ValueError("gser.dask: no frames (the first frame is gser's header)")
     _stats["loads"] += 1
+    if _RESTORE_DEVICE:
+        _alloc.setup()  # device buffers restored here live where Dask's ucx:// puts them (RMM, ...)
     return _gser.loads(frames[0], frames[1:], copy_readonly=True, device=_RESTORE_DEVICE)
 
 
@@ -194,7 +206,9 @@ def _serialize_wrapper(original):
                         _stats["refused"] += 1
                     else:
                         _stats["dumps"] += 1
-                        return {_HEADER_KEY: _HEADER_VERSION, "serializer": FAMILY}, [header, *frames]
+                        frames = [header, *frames]
+                        return {_HEADER_KEY: _HEADER_VERSION, "serializer": FAMILY,
+                                "compression": _compression(frames)}, frames
         return original(x, serializers, on_error, context, iterate_collection)
 
     serialize.__wrapped__ = original

@@ -21,7 +21,10 @@ zero-copy, device frames straight to UCX when both sides' UCX can read CUDA
 memory and through pinned staging buffers otherwise. send_frames() sends a
 list of frames (bytes-like objects, and device arrays) as such a message,
 recv_frames() gives them back: memoryviews over the received host frames
-(writable, not copied) and gser.DeviceArray for device frames.
+(writable, not copied) and gser.DeviceArray for device frames, whose memory
+comes from gser.set_device_allocator's function when one is set (a large
+device frame is received straight into one allocation of its own:
+gser.device_allocation(frame.ptr) gives it).
 
 The loop watches the worker's event file descriptor (loop.add_reader); when
 it is readable the worker is progressed until it can be armed again, so an
@@ -413,12 +416,28 @@ def _bytes_of(mv):
     return mv.cast("B") if mv.nbytes else memoryview(b"")
 
 
+class _DeviceBytes:
+    """A device frame as plain device memory: its __cuda_array_interface__
+    without its type, so that a frame of a type registered with gser (a
+    CuPy array from Dask's cuda family) travels as a device buffer and
+    arrives as one, not as that type."""
+
+    __slots__ = ("obj", "__cuda_array_interface__")
+
+    def __init__(self, obj):
+        self.obj = obj  # keeps the memory alive while the send holds it
+        self.__cuda_array_interface__ = obj.__cuda_array_interface__
+
+
 def _frame(f):
     """One frame for send_frames: host bytes as a flat memoryview of bytes
-    (gser's untyped bytes, not copied), device arrays as they are."""
+    (gser's untyped bytes, not copied), device arrays as device buffers."""
     if type(f) is bytes:  # the common case first: Dask's headers
         return memoryview(f)
-    if hasattr(f, "__cuda_array_interface__") or (not _has_buffer(f) and hasattr(f, "__dlpack__")):
+    if hasattr(f, "__cuda_array_interface__"):
+        t = type(f)
+        return f if t is _gser.DeviceFrame or t is _gser.DeviceArray else _DeviceBytes(f)
+    if not _has_buffer(f) and hasattr(f, "__dlpack__"):
         return f
     mv = memoryview(f)
     if mv.ndim == 1 and mv.format == "B":

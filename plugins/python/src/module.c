@@ -586,7 +586,12 @@ PyMODINIT_FUNC PyInit__gser(void)
     if (!pg_ctx) {
         /* The device backend follows GSER_DEVICE (cuda, emulated, none). */
         gser_context_t *ctx;
-        gser_status_t st = gser_context_create(NULL, &ctx);
+        const gser_allocator_t *alloc = pg_allocator_prepare();
+        if (!alloc)
+            return NULL;
+        gser_context_options_t opts = GSER_CONTEXT_OPTIONS_INIT;
+        opts.device_allocator = alloc;
+        gser_status_t st = gser_context_create(&opts, &ctx);
         if (st) {
             const char *d = gser_context_get_last_error(NULL);
             PyErr_Format(st == GSER_ERR_NO_MEMORY ? PyExc_MemoryError : PyExc_RuntimeError,
@@ -624,7 +629,8 @@ PyMODINIT_FUNC PyInit__gser(void)
     PyObject *m = PyModule_Create(&module_def);
     if (!m)
         return NULL;
-    if (PyModule_AddFunctions(m, pg_registry_methods) < 0 || pg_flatio_add(m) < 0) {
+    if (PyModule_AddFunctions(m, pg_registry_methods) < 0 || PyModule_AddFunctions(m, pg_allocator_methods) < 0 ||
+        pg_flatio_add(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

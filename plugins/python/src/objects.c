@@ -46,11 +46,19 @@ static void owner_dealloc(PgOwner *self)
     PyErr_Restore(et, ev, etb);
 }
 
+/* The exporters of the held views (self->views[i].obj) are not visited, on
+ * purpose: to the collector they are referenced from outside, so it never
+ * puts them in a garbage cycle while this owner still holds their buffers.
+ * A memoryview in such a cycle is cleared (memoryview's tp_clear) even with
+ * buffers exported: its tp_clear fails ("memoryview has 1 exported buffer"),
+ * then drops the managed buffer anyway, which releases the memory the
+ * message still reads; the owner's later PyBuffer_Release then works on
+ * freed state. The cost: a cycle that runs through an exporter back to
+ * this owner is not collected; none is made by gser (an owner is made
+ * after the exporters it views, which therefore cannot refer to it). */
 static int owner_traverse(PgOwner *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->refs);
-    for (Py_ssize_t i = 0; i < self->nviews; i++)
-        Py_VISIT(self->views[i].obj);
     for (Py_ssize_t i = 0; i < self->nfobjs; i++)
         Py_VISIT(self->fobjs[i].obj);
     return 0;

@@ -286,6 +286,12 @@ int pg_registry_lookup_type(PyTypeObject *t, PyObject **entry);
 int pg_registry_lookup_name(PyObject *name, PyObject **entry);
 extern PyMethodDef pg_registry_methods[];
 
+/* The device allocator the module's context is created with (allocator.c):
+ * the user's Python function (set_device_allocator) or the backend's own.
+ * NULL with an exception set on failure. */
+const gser_allocator_t *pg_allocator_prepare(void);
+extern PyMethodDef pg_allocator_methods[];
+
 /* ---- paths (path.c) ------------------------------------------------------------------ */
 
 /* The path of the value being converted: "$", then [i] for list items and
