@@ -135,7 +135,13 @@ def _register_pyarrow():
     register_type(pyarrow.Array, lambda a: a, pyarrow.array, name="pyarrow.Array")
 
 
+def _register_pandas():
+    from gser import _pandas
+
+    _pandas.register()
+
+
 for _top, _loader in (("cupy", _register_cupy), ("numba", _register_numba), ("torch", _register_torch),
-                      ("pyarrow", _register_pyarrow)):
+                      ("pyarrow", _register_pyarrow), ("pandas", _register_pandas)):
     register_lazy(_top, _loader)
 del _top, _loader

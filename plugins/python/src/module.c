@@ -618,7 +618,7 @@ PyMODINIT_FUNC PyInit__gser(void)
     PyObject *m = PyModule_Create(&module_def);
     if (!m)
         return NULL;
-    if (PyModule_AddFunctions(m, pg_registry_methods) < 0) {
+    if (PyModule_AddFunctions(m, pg_registry_methods) < 0 || PyModule_AddFunctions(m, pg_strcol_methods) < 0) {
         Py_DECREF(m);
         return NULL;
     }
