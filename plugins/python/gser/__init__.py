@@ -141,7 +141,18 @@ def _register_pandas():
     _pandas.register()
 
 
+def _register_dask():
+    # dask.dataframe's shuffle results (registered with pandas' types); any
+    # other object of the dask package leaves this loader pending.
+    import sys
+
+    if "dask.dataframe.backends" in sys.modules:
+        _register_pandas()
+    else:
+        register_lazy("dask", _register_dask)
+
+
 for _top, _loader in (("cupy", _register_cupy), ("numba", _register_numba), ("torch", _register_torch),
-                      ("pyarrow", _register_pyarrow), ("pandas", _register_pandas)):
+                      ("pyarrow", _register_pyarrow), ("pandas", _register_pandas), ("dask", _register_dask)):
     register_lazy(_top, _loader)
 del _top, _loader

@@ -31,6 +31,7 @@ period, interval and pyarrow-backed columns, subclasses of the pandas types.
 from __future__ import annotations
 
 import datetime
+import sys
 
 import numpy as np
 
@@ -365,9 +366,52 @@ def _dec_series(v):
     return _set_meta(pd.Series(mgr, name=name), meta)
 
 
-def register():
-    """Register pandas' DataFrame, Series and index types with gser."""
+# ---- scalars that reductions return ------------------------------------------------------
+
+
+def _enc_timestamp(ts):
+    if getattr(ts, "unit", "ns") != "ns":
+        _refuse(f"a Timestamp of unit {ts.unit}")
+    return (ts.value, _enc_tz(ts.tz))
+
+
+def _dec_timestamp(v):
     import pandas as pd
+
+    return pd.Timestamp(v[0], tz=_dec_tz(v[1]))
+
+
+def _enc_timedelta(td):
+    if getattr(td, "unit", "ns") != "ns":
+        _refuse(f"a Timedelta of unit {td.unit}")
+    return td.value
+
+
+def _dec_timedelta(v):
+    import pandas as pd
+
+    return pd.Timedelta(v)
+
+
+def register():
+    """Register pandas' DataFrame, Series and index types, and the scalars
+    reductions return (Timestamp, Timedelta, NaT, NA), with gser."""
+    import pandas as pd
+
+    # What dask.dataframe's task shuffle moves between workers: a dict of
+    # frames (a subclass, for Dask's memory accounting). Registered in Dask
+    # processes, where the receiver needs it before the frames inside.
+    if "dask" in sys.modules:
+        try:
+            from dask.dataframe.backends import ShuffleGroupResult
+        except ImportError:
+            pass
+        else:
+            _gser.register_type(ShuffleGroupResult, dict, ShuffleGroupResult, name="pandas.dask.ShuffleGroupResult")
+    _gser.register_type(pd.Timestamp, _enc_timestamp, _dec_timestamp, name="pandas.Timestamp")
+    _gser.register_type(pd.Timedelta, _enc_timedelta, _dec_timedelta, name="pandas.Timedelta")
+    _gser.register_type(type(pd.NaT), lambda x: None, lambda v: pd.NaT, name="pandas.NaT")
+    _gser.register_type(type(pd.NA), lambda x: None, lambda v: pd.NA, name="pandas.NA")
 
     _gser.register_type(pd.DataFrame, _enc_frame, _dec_frame, name="pandas.DataFrame")
     _gser.register_type(pd.Series, _enc_series, _dec_series, name="pandas.Series")
