@@ -91,11 +91,7 @@ def _enc_tz(tz):
             _refuse(f"the time zone {tz!r}")
         return ("fixed", off.days * 86400 + off.seconds, off.microseconds)
     if mod.startswith("pytz") and isinstance(getattr(tz, "zone", None), str):
-        import pytz
-
-        if pytz.timezone(tz.zone) is not tz:
-            _refuse(f"the time zone {tz!r}")
-        return ("pytz", tz.zone)
+        return ("pytz", tz.zone)  # a zone's DST variants (a Timestamp's tz) too
     if mod == "zoneinfo" and isinstance(getattr(tz, "key", None), str):
         return ("zoneinfo", tz.key)
     from pandas._libs.tslibs import timezones
@@ -163,8 +159,9 @@ def _enc_str(a, labels):
             raise
         # Labels (column names, an object index): small; any plain scalars.
         items = list(a)
+        labels = (*_SCALARS, pd.Timestamp, pd.Timedelta, type(pd.NaT))
         for x in items:
-            if type(x) not in _SCALARS and not (isinstance(x, np.generic) and x.dtype.kind != "O"):
+            if type(x) not in labels and not (isinstance(x, np.generic) and x.dtype.kind != "O"):
                 _refuse(f"an index label of type {type(x).__name__}")
         return ("obj", items)
     # As numpy arrays, the buffers travel as frames and load without a copy.
