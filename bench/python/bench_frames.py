@@ -15,6 +15,9 @@ Rows:
                  with out-of-band buffers + pickle.loads, as Dask's pickle
                  family does. Target <= 0.8.
   frame_bytes    the same with gser.dumps/loads (no Dask family), for reference.
+  scalar_msg     a scheduler-like message holding numpy scalars (float64,
+                 int64, datetime64) through the family, against pickle:
+                 small messages must stay cheap. Target <= 1.0.
   shuffle_16     a 16-partition ddf.shuffle(on="key", shuffle="tasks") of
                  such frames (--shuffle-rows rows in all, default 400,000),
                  computed and gathered on LocalCluster(protocol="gser"),
@@ -133,6 +136,28 @@ def frame_rows(rep, df, reps):
     rep.add("frame_bytes", g, anchor, p, "<= 0.8")
 
 
+def scalar_row(rep, reps):
+    import numpy as np
+
+    import gser.dask
+
+    msg = {"op": "task-finished", "key": "sum-aggregate-5e2c4f", "status": "OK", "nbytes": 8,
+           "result": np.float64(2.5), "n": np.int64(7), "t": np.datetime64("2020-01-01", "ns")}
+
+    def fam():
+        for _ in range(1000):
+            gser.dask.loads(*gser.dask.dumps(msg))
+
+    def pkl():
+        for _ in range(1000):
+            pickle.loads(pickle.dumps(msg, protocol=5))
+
+    out = gser.dask.loads(*gser.dask.dumps(msg))
+    assert out == msg and all(type(out[k]) is type(msg[k]) for k in msg)
+    g, p = alternating(fam, pkl, reps)
+    rep.add("scalar_msg", g, "pickle.dumps(protocol=5) + pickle.loads, 1,000 messages (ms)", p, "<= 1.0")
+
+
 def shuffle_ms(rows, parts, reps, protocol, gser_on):
     import dask
     import dask.dataframe as dd
@@ -190,6 +215,7 @@ def main():
 
     rep = Report(args.json)
     frame_rows(rep, make_frame(args.rows), args.reps)
+    scalar_row(rep, args.reps)
     if not args.no_cluster:
         rounds = [(shuffle_ms(args.shuffle_rows, 16, max(1, args.reps // 2), "tcp", False),
                    shuffle_ms(args.shuffle_rows, 16, max(1, args.reps // 2), "gser", True))
