@@ -218,7 +218,13 @@ def _dec_array(v):
     if tag == "cat":
         codes = _dec_array(v[1])
         dtype = pd.CategoricalDtype(_dec_index(v[2]), ordered=v[3])
+        if type(codes) is not np.ndarray or codes.dtype.kind != "i" or codes.ndim != 1 or (
+                codes.size and (codes.min() < -1 or codes.max() >= len(dtype.categories))):
+            raise ValueError("gser: a pandas categorical whose codes do not fit its categories")
         return pd.Categorical._simple_new(codes, dtype)
+    if tag in ("dt", "td") and (type(v[1]) is not np.ndarray or v[1].dtype.str != ("<M8[ns]" if tag == "dt"
+                                                                                   else "<m8[ns]")):
+        raise ValueError(f"gser: a pandas {'datetime' if tag == 'dt' else 'timedelta'} array not of nanoseconds")
     if tag == "dt":
         from pandas.core.arrays import DatetimeArray
 
@@ -230,7 +236,11 @@ def _dec_array(v):
 
         return TimedeltaArray._simple_new(v[1], freq=_dec_freq(v[2]), dtype=v[1].dtype)
     if tag == "mask":
-        cls = pd.api.types.pandas_dtype(v[1]).construct_array_type()
+        from pandas.core.arrays.masked import BaseMaskedArray
+
+        cls = getattr(pd.api.types.pandas_dtype(v[1]), "construct_array_type", lambda: None)()
+        if not (isinstance(cls, type) and issubclass(cls, BaseMaskedArray)):
+            raise ValueError(f"gser: {v[1]!r} is not a masked pandas dtype")
         return cls(v[2], v[3])
     if tag == "sa":
         from pandas.core.arrays import StringArray
@@ -292,7 +302,12 @@ def _dec_index(v):
         cls = _CLASSES.get(v[1])
         if cls is None:
             raise ValueError(f"gser: a pandas index of unknown type {v[1]!r}")
-        return cls._simple_new(_dec_array(v[2]), name=v[3])
+        values = _dec_array(v[2])
+        want = getattr(cls, "_default_dtype", None) if v[1] != "NumericIndex" else None
+        if not isinstance(values, cls._data_cls) or getattr(values, "ndim", 1) != 1 or (
+                want is not None and values.dtype != want):
+            raise ValueError(f"gser: a pandas {v[1]} of values {type(values).__name__}")
+        return cls._simple_new(values, name=v[3])
     raise ValueError(f"gser: a pandas index of unknown kind {tag!r}")
 
 

@@ -375,6 +375,18 @@ def test_unknown_pandas_tags_are_errors_not_crashes():
             _pandas._dec_index(bad)
     with pytest.raises(ValueError, match="unknown"):
         _pandas._dec_array(("zzz",))
+    bad_arrays = [
+        ("cat", ("nd", np.array([0, 5], dtype=np.int8)), ("index", "Index", ("obj", ["a"]), None), False),
+        ("cat", ("nd", np.array([0.5])), ("index", "Index", ("obj", ["a"]), None), False),
+        ("dt", np.arange(3.0), None, None),
+        ("td", np.arange(3), None),
+        ("mask", "object", np.arange(2), np.zeros(2, dtype=bool)),
+    ]
+    for bad in bad_arrays:
+        with pytest.raises(ValueError, match="gser"):
+            _pandas._dec_array(bad)
+    with pytest.raises(ValueError, match="gser"):
+        _pandas._dec_index(("index", "Int64Index", ("nd", np.arange(3.0)), None))
 
 
 # ---- property: random frames, the family against pickle ----------------------------------------
