@@ -217,7 +217,11 @@ def _dec_array(v):
         return _dec_str(v, pd.NA)
     if tag == "cat":
         codes = _dec_array(v[1])
-        dtype = pd.CategoricalDtype(_dec_index(v[2]), ordered=v[3])
+        categories = _dec_index(v[2])
+        # The sender's categories were validated there (unique, no NaN), as
+        # pandas' own unpickling assumes; re-checking costs a hash table.
+        fast = getattr(pd.CategoricalDtype, "_from_fastpath", None)
+        dtype = fast(categories, bool(v[3])) if fast else pd.CategoricalDtype(categories, ordered=v[3])
         if type(codes) is not np.ndarray or codes.dtype.kind != "i" or codes.ndim != 1 or (
                 codes.size and (codes.min() < -1 or codes.max() >= len(dtype.categories))):
             raise ValueError("gser: a pandas categorical whose codes do not fit its categories")
