@@ -14,7 +14,8 @@ dict with None/bool/int/float/str/bytes keys, bytearray and memoryview
 (large bytes travel as frames of their own), numpy arrays of any dtype but
 objects (dtype, shape, strides and writability kept, not copied; views that
 are neither C nor Fortran order nor broadcasts are copied once into C order,
-as Dask does), other buffer exporters (back as numpy arrays), objects with
+as Dask does), numpy scalars of any dtype but objects (back as the same
+scalar type), other buffer exporters (back as numpy arrays), objects with
 __cuda_array_interface__,
 serialized as device frames (gser.DeviceFrame) and loaded as gser.DeviceArray
 (__cuda_array_interface__ v3, copy_to_host()), and Arrow tables with the Arrow
@@ -33,8 +34,9 @@ Other types travel as themselves once registered: register_type(cls,
 to_gser, from_gser) sends what to_gser returns (a device array, an Arrow
 table, a numpy array, a dict...) and the receiver's from_gser rebuilds the
 object from it; register_lazy(toplevel, loader) defers the import until an
-object of that package is met. CuPy, Numba device arrays, PyTorch tensors and
-pyarrow arrays and record batches are registered that way here, lazily.
+object of that package is met. CuPy, Numba device arrays, PyTorch tensors,
+pyarrow arrays and record batches, and pandas DataFrame, Series, indexes and
+scalars (gser._pandas) are registered that way here, lazily.
 
 Errors from the core raise GserError (a ValueError) whose message names the
 failing value's path, e.g. "GSER_ERR_FORMAT: gser_deserialize: $[2].payload:
@@ -149,7 +151,24 @@ def _register_pyarrow():
     register_type(pyarrow.Array, lambda a: a, pyarrow.array, name="pyarrow.Array")
 
 
+def _register_pandas():
+    from gser import _pandas
+
+    _pandas.register()
+
+
+def _register_dask():
+    # dask.dataframe's shuffle results (registered with pandas' types); any
+    # other object of the dask package leaves this loader pending.
+    import sys
+
+    if "dask.dataframe.backends" in sys.modules:
+        _register_pandas()
+    else:
+        register_lazy("dask", _register_dask)
+
+
 for _top, _loader in (("cupy", _register_cupy), ("numba", _register_numba), ("torch", _register_torch),
-                      ("pyarrow", _register_pyarrow)):
+                      ("pyarrow", _register_pyarrow), ("pandas", _register_pandas), ("dask", _register_dask)):
     register_lazy(_top, _loader)
 del _top, _loader

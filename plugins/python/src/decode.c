@@ -621,6 +621,27 @@ static PyObject *dec_pytype(dec_t *d, gser_value_t *tree, int depth)
     return out;
 }
 
+/* ("numpy.scalar") (descr, bytes): numpy's own scalar of that dtype. */
+static PyObject *dec_npscalar(dec_t *d, gser_value_t *tree, int depth)
+{
+    const pg_type_t T = PG_T_NPSCALAR;
+    if (gser_value_get_kind(tree) != GSER_KIND_TUPLE || gser_value_get_len(tree) != 2)
+        return bad_tree(d, T, "the sub-tree is not a tuple of 2");
+    gser_value_t *dv = tree_item(d, T, tree, 0, -1);
+    gser_value_t *bv = dv ? tree_item(d, T, tree, 1, GSER_KIND_BYTES) : NULL;
+    const void *p;
+    size_t n;
+    if (!bv || gser_value_get_bytes(bv, &p, &n))
+        return bv ? bad_tree(d, T, "bad bytes") : NULL;
+    PyObject *descr = dec_value(d, dv, depth + 1);
+    if (!descr)
+        return NULL;
+    const char *why;
+    PyObject *out = pg_npscalar_decode(descr, p, n, &why);
+    Py_DECREF(descr);
+    return out || !why ? out : bad_tree(d, T, why);
+}
+
 static PyObject *dec_module_type(dec_t *d, pg_type_t t, gser_value_t *tree, int depth)
 {
     switch (t) {
@@ -629,6 +650,7 @@ static PyObject *dec_module_type(dec_t *d, pg_type_t t, gser_value_t *tree, int 
     case PG_T_BYTEARRAY: return dec_bytes_like(d, t, tree);
     case PG_T_MEMORYVIEW: return dec_memoryview(d, tree);
     case PG_T_PYTYPE: return dec_pytype(d, tree, depth);
+    case PG_T_NPSCALAR: return dec_npscalar(d, tree, depth);
     default: return bad_tree(d, t, "unknown");
     }
 }

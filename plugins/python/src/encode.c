@@ -776,8 +776,11 @@ static int enc_registered(enc_t *e, PyObject *o, PyObject *entry, int depth, gse
     if (!value)
         return -1;
     gser_value_t *tree, *name, *payload;
-    bool strict = e->strict;
+    /* The registration says how the object travels: no strict rules, and no
+     * cost estimate (its parts are few, whatever their size). */
+    bool strict = e->strict, decline = e->decline;
     e->strict = false;
+    e->decline = false;
     gser_status_t st = gser_msg_new_tuple(e->msg, &tree);
     int r = st ? fail_st(st, "gser_msg_new_tuple") : enc_str(e, PyTuple_GET_ITEM(entry, 0), &name);
     /* to_gser may hand back the object itself, or one of its type (a
@@ -785,6 +788,7 @@ static int enc_registered(enc_t *e, PyObject *o, PyObject *entry, int depth, gse
     if (r == 0)
         r = Py_TYPE(value) == Py_TYPE(o) ? enc_interfaces(e, value, &payload) : enc_value(e, value, depth + 1, &payload);
     e->strict = strict;
+    e->decline = decline;
     Py_DECREF(value);
     if (r == 0 && ((st = gser_list_append(tree, name)) || (st = gser_list_append(tree, payload))))
         r = fail_st(st, "gser_list_append");
@@ -1017,6 +1021,17 @@ static int enc_arrow(enc_t *e, PyObject *o, int method, gser_value_t **out)
     return -1;
 }
 
+/* ---- numpy scalars ("numpy.scalar", npscalar.c) ---------------------------------------- */
+
+static int enc_npscalar(enc_t *e, PyObject *o, gser_value_t **out)
+{
+    const char *why;
+    gser_value_t *tree;
+    if (pg_npscalar_encode(e->msg, o, &why, &tree) < 0)
+        return why ? not_impl(e, o, why) : -1;
+    return enc_typed(e, PG_T_NPSCALAR, tree, out);
+}
+
 /* ---- dispatch ------------------------------------------------------------------------ */
 
 static int enc_value(enc_t *e, PyObject *o, int depth, gser_value_t **out)
@@ -1037,6 +1052,8 @@ static int enc_value(enc_t *e, PyObject *o, int depth, gser_value_t **out)
         return enc_bytes_like(e, o, PG_T_MEMORYVIEW, out);
     if (is_numpy_array(o))
         return enc_numpy(e, o, depth, out);
+    if (pg_npscalar_check(o))
+        return enc_npscalar(e, o, out);
     PyObject *entry;
     int reg = pg_registry_lookup_type(t, &entry);
     if (reg) {

@@ -630,6 +630,7 @@ PyMODINIT_FUNC PyInit__gser(void)
     if (!m)
         return NULL;
     if (PyModule_AddFunctions(m, pg_registry_methods) < 0 || PyModule_AddFunctions(m, pg_allocator_methods) < 0 ||
+        PyModule_AddFunctions(m, pg_strcol_methods) < 0 ||
         pg_flatio_add(m) < 0) {
         Py_DECREF(m);
         return NULL;

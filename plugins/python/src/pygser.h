@@ -267,6 +267,7 @@ typedef enum pg_type {
     PG_T_BYTEARRAY,  /* bytearray: a buffer */
     PG_T_MEMORYVIEW, /* memoryview: a buffer (with its format and shape) */
     PG_T_PYTYPE,     /* gser.register_type: (name, what to_gser returned) */
+    PG_T_NPSCALAR,   /* numpy scalars: (dtype description, the item's bytes) */
     PG_T_COUNT
 } pg_type_t;
 
@@ -282,6 +283,19 @@ gser_status_t pg_type_new(gser_msg_t *msg, pg_type_t t, gser_value_t *tree, gser
  * or of name (a new ref to (cls, to_gser, from_gser)), running a lazy loader
  * for the top-level module first if one is registered: 1 found, 0 not, -1
  * with an exception set. */
+/* numpy scalars (npscalar.c). check: 1 if o is one (numpy.generic). encode:
+ * the "numpy.scalar" sub-tree; -1 with why set (a NotImplementedError
+ * reason, no exception) or an exception. decode: the scalar, or NULL with
+ * why set (a malformed object) or an exception. */
+int pg_npscalar_check(PyObject *o);
+int pg_npscalar_encode(gser_msg_t *msg, PyObject *o, const char **why, gser_value_t **tree_out);
+PyObject *pg_npscalar_decode(PyObject *descr, const void *p, size_t n, const char **why);
+/* str, int, and lists and tuples of them, as gser values (dtype descriptions). */
+int pg_encode_plain(gser_msg_t *msg, PyObject *o, gser_value_t **out);
+
+/* pandas column helpers (strcol.c): gser._gser._pack_str, _unpack_str. */
+extern PyMethodDef pg_strcol_methods[];
+
 int pg_registry_lookup_type(PyTypeObject *t, PyObject **entry);
 int pg_registry_lookup_name(PyObject *name, PyObject **entry);
 extern PyMethodDef pg_registry_methods[];

@@ -195,7 +195,9 @@ def test_strict_mode_takes_what_comes_back_as_itself():
     for obj in (bytearray(b"x" * 300), memoryview(b"y" * 300), b"z" * 100_000):
         out = gser.loads(*gser.dumps([1, {"k": obj}], strict=True))[1]["k"]
         assert type(out) is type(obj) and bytes(out) == bytes(obj)
-    for obj in (array.array("d", [1.0]), np.float64(1.0)):
+    x = gser.loads(*gser.dumps([1, {"k": np.float64(1.0)}], strict=True))[1]["k"]
+    assert type(x) is np.float64 and x == 1.0  # numpy scalars come back as themselves
+    for obj in (array.array("d", [1.0]),):
         with pytest.raises(NotImplementedError, match="strict"):
             gser.dumps(obj, strict=True)
         with pytest.raises(NotImplementedError, match="strict"):
@@ -207,10 +209,9 @@ def test_strict_mode_takes_what_comes_back_as_itself():
     [
         lambda: np.array([object(), 1]),
         lambda: np.zeros(2, dtype=[("a", "i4"), ("o", object)]),
-        lambda: np.float64(1.5),
-        lambda: np.int64(3),
+        lambda: np.zeros(1, dtype=[("a", "i4"), ("o", object)])[0],
     ],
-    ids=["object", "object_field", "float64_scalar", "int64_scalar"],
+    ids=["object", "object_field", "object_field_scalar"],
 )
 def test_unsupported_arrays(obj):
     with pytest.raises(NotImplementedError):

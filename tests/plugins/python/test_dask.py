@@ -74,8 +74,8 @@ def nested(depth):
 
 @pytest.mark.parametrize(
     "obj",
-    [{1, 2}, 2**70, [1, 2**70], np.float64(1.0), object(), "\ud800", nested(40)],
-    ids=["set", "bigint", "bigint_in_list", "np_scalar", "object", "surrogate", "deep"],
+    [{1, 2}, 2**70, [1, 2**70], np.zeros(1, dtype=[("o", object)])[0], object(), "\ud800", nested(40)],
+    ids=["set", "bigint", "bigint_in_list", "np_object_scalar", "object", "surrogate", "deep"],
 )
 def test_family_refuses_with_not_implemented(obj):
     with pytest.raises(NotImplementedError):

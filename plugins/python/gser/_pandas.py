@@ -1,0 +1,437 @@
+"""pandas DataFrame, Series and Index through gser, without pickle.
+
+Registered lazily (gser.register_lazy("pandas", ...)): pandas is imported
+the first time gser meets a pandas object or a "pandas.*" name.
+
+What travels (a tuple tree of plain gser values and numpy arrays):
+
+- a DataFrame as its blocks (pandas' own layout, as its pickle does): each
+  block's values and the columns they hold, the columns and the index;
+  numeric, bool and datetime64/timedelta64 blocks are numpy arrays, so they
+  travel zero-copy as frames of their own and are rebuilt as blocks over the
+  received frames;
+- str columns (object columns of str, with None / NaN / pd.NA for missing
+  values, and string[python]) as one int64 offsets buffer and one UTF-8 data
+  buffer, packed and unpacked in C (gser._gser._pack_str / _unpack_str);
+- categoricals as codes plus their categories (an Index); nullable masked
+  arrays (Int64, ..., Float64, boolean) as data plus mask; tz-aware
+  datetimes as int64 values plus the time zone's name (pytz, zoneinfo,
+  dateutil, fixed offsets) and freq;
+- indexes (RangeIndex, MultiIndex, DatetimeIndex, TimedeltaIndex,
+  CategoricalIndex, Index and pandas 1.x's Int64Index, ...) as their
+  values and names; object labels may be str, int, float, bool, None,
+  bytes or numpy scalars;
+- names, attrs (plain values) and flags.allows_duplicate_labels.
+
+Everything else raises NotImplementedError, so Dask's next family (pickle)
+takes the object: object columns holding other Python objects, sparse,
+period, interval and pyarrow-backed columns, subclasses of the pandas types.
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+
+import numpy as np
+
+from gser import _gser
+
+_VERSION = 1
+
+
+class _Refuse(NotImplementedError):
+    pass
+
+
+def _refuse(what):
+    raise _Refuse(f"gser cannot carry {what} (gser never pickles: Dask's next family takes it)")
+
+
+# ---- plain values: labels, names, attrs -------------------------------------------------
+
+_SCALARS = (type(None), bool, int, float, str, bytes)
+
+
+def _check_plain(x, what, depth=0):
+    """Raise unless x comes back as itself through gser: None, bool, int,
+    float, str, bytes, numpy scalars, and tuples, lists and str-keyed dicts
+    of those."""
+    t = type(x)
+    if t in _SCALARS:
+        return
+    if isinstance(x, np.generic) and x.dtype.kind != "O":
+        return
+    if depth < 8:
+        if t is tuple or t is list:
+            for v in x:
+                _check_plain(v, what, depth + 1)
+            return
+        if t is dict:
+            for k, v in x.items():
+                if type(k) not in _SCALARS:
+                    _refuse(f"{what} holding a dict key of type {type(k).__name__}")
+                _check_plain(v, what, depth + 1)
+            return
+    _refuse(f"{what} holding a {t.__name__}")
+
+
+# ---- time zones and frequencies ---------------------------------------------------------
+
+
+def _enc_tz(tz):
+    if tz is None:
+        return None
+    mod = type(tz).__module__
+    if tz is datetime.timezone.utc:
+        return ("utc",)
+    if type(tz) is datetime.timezone:
+        off = tz.utcoffset(None)
+        if tz != datetime.timezone(off) or tz.tzname(None) != datetime.timezone(off).tzname(None):
+            _refuse(f"the time zone {tz!r}")
+        return ("fixed", off.days * 86400 + off.seconds, off.microseconds)
+    if mod.startswith("pytz") and isinstance(getattr(tz, "zone", None), str):
+        return ("pytz", tz.zone)  # a zone's DST variants (a Timestamp's tz) too
+    if mod == "zoneinfo" and isinstance(getattr(tz, "key", None), str):
+        return ("zoneinfo", tz.key)
+    from pandas._libs.tslibs import timezones
+
+    name = timezones.get_timezone(tz)
+    if isinstance(name, str) and name.startswith("dateutil/"):
+        return ("dateutil", name)
+    _refuse(f"the time zone {tz!r}")
+
+
+def _dec_tz(t):
+    if t is None:
+        return None
+    kind = t[0]
+    if kind == "utc":
+        return datetime.timezone.utc
+    if kind == "fixed":
+        return datetime.timezone(datetime.timedelta(seconds=t[1], microseconds=t[2]))
+    if kind == "pytz":
+        import pytz
+
+        return pytz.timezone(t[1])
+    if kind == "zoneinfo":
+        import zoneinfo
+
+        return zoneinfo.ZoneInfo(t[1])
+    if kind == "dateutil":
+        from pandas._libs.tslibs import timezones
+
+        return timezones.maybe_get_tz(t[1])
+    raise ValueError(f"gser: a pandas time zone of unknown kind {kind!r}")
+
+
+def _enc_freq(freq):
+    if freq is None:
+        return None
+    from pandas.tseries.frequencies import to_offset
+
+    s = freq.freqstr
+    if to_offset(s) != freq:
+        _refuse(f"the frequency {freq!r}")
+    return s
+
+
+def _dec_freq(s):
+    if s is None:
+        return None
+    from pandas.tseries.frequencies import to_offset
+
+    return to_offset(s)
+
+
+# ---- arrays: block values, column values, index values ------------------------------------
+
+
+def _enc_str(a, labels):
+    """An object array of str (None / NaN / pd.NA) as offsets + UTF-8 data."""
+    import pandas as pd
+
+    c = np.ascontiguousarray(a)
+    try:
+        offsets, data, kinds = _gser._pack_str(c, pd.NA)
+    except NotImplementedError:
+        if not labels or a.ndim != 1:
+            raise
+        # Labels (column names, an object index): small; any plain scalars.
+        items = list(a)
+        labels = (*_SCALARS, pd.Timestamp, pd.Timedelta, type(pd.NaT))
+        for x in items:
+            if type(x) not in labels and not (isinstance(x, np.generic) and x.dtype.kind != "O"):
+                _refuse(f"an index label of type {type(x).__name__}")
+        return ("obj", items)
+    # As numpy arrays, the buffers travel as frames and load without a copy.
+    kinds = None if kinds is None else np.frombuffer(kinds, dtype=np.uint8)
+    return ("str", a.shape, np.frombuffer(offsets, dtype=np.int64), np.frombuffer(data, dtype=np.uint8), kinds)
+
+
+def _enc_array(a, labels=False):
+    import pandas as pd
+    from pandas.core.arrays import DatetimeArray, StringArray, TimedeltaArray
+    from pandas.core.arrays.masked import BaseMaskedArray
+
+    t = type(a)
+    if t is np.ndarray:
+        if a.dtype.hasobject:
+            return _enc_str(a, labels)
+        return ("nd", a)
+    if t is pd.Categorical:
+        return ("cat", _enc_array(a.codes), _enc_index(a.categories), bool(a.ordered))
+    if t is DatetimeArray:
+        return ("dt", a._ndarray, _enc_tz(a.tz), _enc_freq(a.freq))
+    if t is TimedeltaArray:
+        return ("td", a._ndarray, _enc_freq(a.freq))
+    if isinstance(a, BaseMaskedArray) and t is a.dtype.construct_array_type():
+        return ("mask", a.dtype.name, a._data, a._mask)
+    if t is StringArray and a.dtype.storage == "python":
+        return ("sa", _enc_str(a._ndarray, False))
+    _refuse(f"a pandas column of dtype {a.dtype} ({t.__name__})")
+
+
+def _dec_str(v, na):
+    if v[0] == "obj":
+        out = np.empty(len(v[1]), dtype=object)
+        for i, x in enumerate(v[1]):
+            out[i] = x
+        return out
+    _, shape, offsets, data, kinds = v
+    n = 1
+    for e in shape:
+        n *= e
+    out = np.empty(n, dtype=object)
+    _gser._unpack_str(offsets, data, kinds, out, na)
+    return out.reshape(shape)
+
+
+def _dec_array(v):
+    import pandas as pd
+
+    tag = v[0]
+    if tag == "nd":
+        return v[1]
+    if tag in ("str", "obj"):
+        return _dec_str(v, pd.NA)
+    if tag == "cat":
+        codes = _dec_array(v[1])
+        categories = _dec_index(v[2])
+        # The sender's categories were validated there (unique, no NaN), as
+        # pandas' own unpickling assumes; re-checking costs a hash table.
+        fast = getattr(pd.CategoricalDtype, "_from_fastpath", None)
+        dtype = fast(categories, bool(v[3])) if fast else pd.CategoricalDtype(categories, ordered=v[3])
+        if type(codes) is not np.ndarray or codes.dtype.kind != "i" or codes.ndim != 1 or (
+                codes.size and (codes.min() < -1 or codes.max() >= len(dtype.categories))):
+            raise ValueError("gser: a pandas categorical whose codes do not fit its categories")
+        return pd.Categorical._simple_new(codes, dtype)
+    if tag in ("dt", "td") and (type(v[1]) is not np.ndarray or v[1].dtype.str != ("<M8[ns]" if tag == "dt"
+                                                                                   else "<m8[ns]")):
+        raise ValueError(f"gser: a pandas {'datetime' if tag == 'dt' else 'timedelta'} array not of nanoseconds")
+    if tag == "dt":
+        from pandas.core.arrays import DatetimeArray
+
+        tz = _dec_tz(v[2])
+        dtype = pd.DatetimeTZDtype(tz=tz) if tz is not None else v[1].dtype
+        return DatetimeArray._simple_new(v[1], freq=_dec_freq(v[3]), dtype=dtype)
+    if tag == "td":
+        from pandas.core.arrays import TimedeltaArray
+
+        return TimedeltaArray._simple_new(v[1], freq=_dec_freq(v[2]), dtype=v[1].dtype)
+    if tag == "mask":
+        from pandas.core.arrays.masked import BaseMaskedArray
+
+        cls = getattr(pd.api.types.pandas_dtype(v[1]), "construct_array_type", lambda: None)()
+        if not (isinstance(cls, type) and issubclass(cls, BaseMaskedArray)):
+            raise ValueError(f"gser: {v[1]!r} is not a masked pandas dtype")
+        return cls(v[2], v[3])
+    if tag == "sa":
+        from pandas.core.arrays import StringArray
+
+        return StringArray._simple_new(_dec_str(v[1], pd.NA), pd.StringDtype("python"))
+    raise ValueError(f"gser: a pandas array of unknown kind {tag!r}")
+
+
+# ---- indexes --------------------------------------------------------------------------------
+
+
+def _index_classes():
+    import pandas as pd
+
+    out = {n: getattr(pd, n) for n in ("Index", "DatetimeIndex", "TimedeltaIndex", "CategoricalIndex")}
+    try:  # pandas 1.x: pd.Int64Index etc. warn, their module does not
+        from pandas.core.indexes import numeric
+    except ImportError:
+        return out
+    for n in ("Int64Index", "UInt64Index", "Float64Index", "NumericIndex"):
+        if isinstance(getattr(numeric, n, None), type):
+            out[n] = getattr(numeric, n)
+    return out
+
+
+_CLASSES = {}
+
+
+def _enc_index(idx):
+    import pandas as pd
+
+    t = type(idx)
+    _check_plain(list(idx.names) if t is pd.MultiIndex else idx.name, "an index name")
+    if t is pd.RangeIndex:
+        return ("range", idx.start, idx.stop, idx.step, idx.name)
+    if t is pd.MultiIndex:
+        return ("multi", [_enc_index(lv) for lv in idx.levels], [_enc_array(c) for c in idx.codes],
+                list(idx.names), idx.sortorder)
+    if not _CLASSES:
+        _CLASSES.update(_index_classes())
+    name = t.__name__
+    if _CLASSES.get(name) is not t:
+        _refuse(f"a pandas index of type {name}")
+    return ("index", name, _enc_array(idx._data, labels=True), idx.name)
+
+
+def _dec_index(v):
+    import pandas as pd
+
+    tag = v[0]
+    if tag == "range":
+        return pd.RangeIndex(v[1], v[2], v[3], name=v[4])
+    if tag == "multi":
+        return pd.MultiIndex(levels=[_dec_index(lv) for lv in v[1]], codes=[_dec_array(c) for c in v[2]],
+                             names=v[3], sortorder=v[4], verify_integrity=False)
+    if tag == "index":
+        if not _CLASSES:
+            _CLASSES.update(_index_classes())
+        cls = _CLASSES.get(v[1])
+        if cls is None:
+            raise ValueError(f"gser: a pandas index of unknown type {v[1]!r}")
+        values = _dec_array(v[2])
+        want = getattr(cls, "_default_dtype", None) if v[1] != "NumericIndex" else None
+        if not isinstance(values, cls._data_cls) or getattr(values, "ndim", 1) != 1 or (
+                want is not None and values.dtype != want):
+            raise ValueError(f"gser: a pandas {v[1]} of values {type(values).__name__}")
+        return cls._simple_new(values, name=v[3])
+    raise ValueError(f"gser: a pandas index of unknown kind {tag!r}")
+
+
+# ---- frames and series ----------------------------------------------------------------------
+
+
+def _meta(obj):
+    attrs = obj.attrs
+    if attrs:
+        _check_plain(attrs, "attrs")
+    return (dict(attrs) if attrs else None, bool(obj.flags.allows_duplicate_labels))
+
+
+def _set_meta(obj, meta):
+    attrs, dup = meta
+    if attrs:
+        obj.attrs = attrs
+    if not dup:
+        obj.flags.allows_duplicate_labels = False
+    return obj
+
+
+def _enc_frame(df):
+    from pandas.core.internals import BlockManager
+
+    mgr = df._mgr
+    if type(mgr) is not BlockManager:
+        _refuse(f"a DataFrame held by a {type(mgr).__name__}")
+    blocks = []
+    for b in mgr.blocks:
+        loc = b.mgr_locs.indexer
+        if type(loc) is slice:
+            loc = (loc.start, loc.stop, loc.step)
+        blocks.append((_enc_array(b.values), loc))
+    return (_VERSION, _enc_index(df.columns), _enc_index(df.index), blocks, _meta(df))
+
+
+def _dec_frame(v):
+    import pandas as pd
+    from pandas._libs.internals import BlockPlacement
+    from pandas.core.internals import BlockManager
+    from pandas.core.internals.blocks import new_block
+
+    version, columns, index, blocks, meta = v
+    if version != _VERSION:
+        raise ValueError(f"gser: a pandas DataFrame of version {version!r}, this gser reads {_VERSION}")
+    built = []
+    for values, loc in blocks:
+        loc = slice(*loc) if type(loc) is tuple else loc
+        built.append(new_block(_dec_array(values), placement=BlockPlacement(loc), ndim=2))
+    mgr = BlockManager(tuple(built), [_dec_index(columns), _dec_index(index)])
+    return _set_meta(pd.DataFrame(mgr), meta)
+
+
+def _enc_series(s):
+    _check_plain(s.name, "a Series name")
+    return (_VERSION, _enc_array(s._values), _enc_index(s.index), s.name, _meta(s))
+
+
+def _dec_series(v):
+    import pandas as pd
+    from pandas.core.internals import SingleBlockManager
+
+    version, values, index, name, meta = v
+    if version != _VERSION:
+        raise ValueError(f"gser: a pandas Series of version {version!r}, this gser reads {_VERSION}")
+    mgr = SingleBlockManager.from_array(_dec_array(values), _dec_index(index))
+    return _set_meta(pd.Series(mgr, name=name), meta)
+
+
+# ---- scalars that reductions return ------------------------------------------------------
+
+
+def _enc_timestamp(ts):
+    if getattr(ts, "unit", "ns") != "ns":
+        _refuse(f"a Timestamp of unit {ts.unit}")
+    return (ts.value, _enc_tz(ts.tz))
+
+
+def _dec_timestamp(v):
+    import pandas as pd
+
+    return pd.Timestamp(v[0], tz=_dec_tz(v[1]))
+
+
+def _enc_timedelta(td):
+    if getattr(td, "unit", "ns") != "ns":
+        _refuse(f"a Timedelta of unit {td.unit}")
+    return td.value
+
+
+def _dec_timedelta(v):
+    import pandas as pd
+
+    return pd.Timedelta(v)
+
+
+def register():
+    """Register pandas' DataFrame, Series and index types, and the scalars
+    reductions return (Timestamp, Timedelta, NaT, NA), with gser."""
+    import pandas as pd
+
+    # What dask.dataframe's task shuffle moves between workers: a dict of
+    # frames (a subclass, for Dask's memory accounting). Registered in Dask
+    # processes, where the receiver needs it before the frames inside.
+    if "dask" in sys.modules:
+        try:
+            from dask.dataframe.backends import ShuffleGroupResult
+        except ImportError:
+            pass
+        else:
+            _gser.register_type(ShuffleGroupResult, dict, ShuffleGroupResult, name="pandas.dask.ShuffleGroupResult")
+    _gser.register_type(pd.Timestamp, _enc_timestamp, _dec_timestamp, name="pandas.Timestamp")
+    _gser.register_type(pd.Timedelta, _enc_timedelta, _dec_timedelta, name="pandas.Timedelta")
+    _gser.register_type(type(pd.NaT), lambda x: None, lambda v: pd.NaT, name="pandas.NaT")
+    _gser.register_type(type(pd.NA), lambda x: None, lambda v: pd.NA, name="pandas.NA")
+
+    _gser.register_type(pd.DataFrame, _enc_frame, _dec_frame, name="pandas.DataFrame")
+    _gser.register_type(pd.Series, _enc_series, _dec_series, name="pandas.Series")
+    if not _CLASSES:
+        _CLASSES.update(_index_classes())
+    for name, cls in [("RangeIndex", pd.RangeIndex), ("MultiIndex", pd.MultiIndex), *_CLASSES.items()]:
+        _gser.register_type(cls, _enc_index, _dec_index, name=f"pandas.{name}")
