@@ -45,7 +45,8 @@ BIG = 256 << 20
 
 # ---- the server process ---------------------------------------------------------------------
 
-async def serve():
+async def serve(host="127.0.0.1"):
+    """Listen on host for every scheme; print the addresses; echo forever."""
     from distributed.comm import listen
     from distributed.comm.core import CommClosedError
 
@@ -61,7 +62,7 @@ async def serve():
         except CommClosedError:
             pass
 
-    listeners = [await listen(f"{s}://127.0.0.1:0", handle) for s in SCHEMES]
+    listeners = [await listen(f"{s}://{host}:0", handle) for s in SCHEMES]
     print(" ".join(lst.contact_address for lst in listeners), flush=True)
     await asyncio.Event().wait()
 

@@ -2,8 +2,8 @@
  * transport, both measured in the same run, between two processes on
  * 127.0.0.1.
  *
- *   gser-bench-ucx [--json] [--quick] [--transport tcp|shm|all] [--device BACKEND] [--only lat|bw]
- *                  [--perftest PATH]
+ *   gser-bench-ucx [--json] [--quick] [--transport tcp|shm|all] [--device BACKEND] [--only lat|bw|link]
+ *                  [--perftest PATH] [--peer-netns NS --address ADDR --net-device DEV]
  *
  * For each transport (tcp: UCX_TLS=tcp; shm: UCX_TLS=posix,sysv,cma,self,tcp,
  * where tcp only sets connections up), with UCX_NET_DEVICES=lo:
@@ -44,6 +44,18 @@
  * staging path to a receiver with device memory, vs the slower of the pinned
  * device-to-host copy and the host transport (64 MiB) measured in this run.
  *
+ * Between two nodes (bench/python/bench_links.py runs it so): --peer-netns NS
+ * runs the serving side (gser's, the floor's, ucx_perftest's server) in the
+ * network namespace NS (ip netns exec), listening on --address ADDR, which
+ * this side connects to; --net-device DEV is UCX_NET_DEVICES on both sides
+ * (default lo). --only link prints one row:
+ *
+ *   ucx_<tl>_link_256MiB  a stream of 256 MiB messages one way, best of 3
+ *                       rounds, vs ucx_perftest tag_bw 256 MiB (best of its
+ *                       rounds, alternating), which runs on UCX's own
+ *                       settings: the row shows what gser's defaults for
+ *                       UCX give a user who sets none
+ *
  * --quick: small counts, to check that it runs; its numbers mean nothing.
  * The child role (--serve) is internal.
  */
@@ -81,6 +93,11 @@ static gser_context_t *g_ctx;
     } while (0)
 
 static const char *g_self;
+/* Where the serving side runs and listens (--peer-netns, --address). */
+static const char *g_address = "127.0.0.1";
+static const char *g_netns;
+static const char *g_netdev = "lo";
+#define ADDRESS_ENV "GSER_BENCH_UCX_ADDRESS"
 
 /* The parent waits for ucx_perftest between its own measurements, for
  * seconds, without driving its worker: no peer timeout on either side. */
@@ -217,7 +234,8 @@ static int serve(const char *device_backend)
     gser_ucx_worker_options_t wo = {.size = sizeof(gser_ucx_worker_options_t), .gser_ctx = device_backend ? g_ctx : NULL};
     gser_ucx_worker_t *w;
     CK(gser_ucx_worker_create(uctx, &wo, &w));
-    gser_ucx_listener_options_t lo = {.size = sizeof(gser_ucx_listener_options_t), .address = "127.0.0.1"};
+    const char *addr = getenv(ADDRESS_ENV);
+    gser_ucx_listener_options_t lo = {.size = sizeof(gser_ucx_listener_options_t), .address = addr ? addr : "127.0.0.1"};
     gser_ucx_listener_t *l;
     CK(gser_ucx_listener_create(w, &lo, &l));
     printf("port %u\n", gser_ucx_listener_get_port(l));
@@ -289,6 +307,19 @@ static proc_t spawn(char *const argv[], bool quiet)
     return c;
 }
 
+/* A serving child: in the peer's namespace when there is one. */
+static proc_t spawn_peer(char *const argv[], bool quiet)
+{
+    if (!g_netns)
+        return spawn(argv, quiet);
+    char *full[16] = {(char *)"ip", (char *)"netns", (char *)"exec", (char *)g_netns};
+    size_t n = 4;
+    for (size_t i = 0; argv[i] && n < 15; i++)
+        full[n++] = argv[i];
+    full[n] = NULL;
+    return spawn(full, quiet);
+}
+
 static int reap(proc_t *c)
 {
     int status = 0;
@@ -340,12 +371,12 @@ static bool perftest_mode(const char *test, size_t size, long iters, long warmup
         /* -e: peer error handling, as gser's endpoints have it. */
         char *e = peer_errors ? (char *)"-e" : NULL;
         char *server_argv[] = {(char *)g_perftest, "-p", port, e, NULL};
-        proc_t server = spawn(server_argv, true);
+        proc_t server = spawn_peer(server_argv, true);
         proc_t client = {0};
         char line[512], last[512] = "";
         for (int tries = 0; tries < 40; tries++) {
             usleep(50000);
-            char *client_argv[] = {(char *)g_perftest, "127.0.0.1", "-p", port, "-t", (char *)test, "-s", sz,
+            char *client_argv[] = {(char *)g_perftest, (char *)g_address, "-p", port, "-t", (char *)test, "-s", sz,
                                    "-n", n, "-w", w, "-f", "-v", e, NULL};
             client = spawn(client_argv, true);
             last[0] = '\0';
@@ -551,7 +582,7 @@ static double floor_latency_us(long n, long warmup)
     char count[32];
     snprintf(count, sizeof count, "%ld", n + warmup);
     char *argv[] = {(char *)g_self, "--floor-serve", count, NULL};
-    proc_t child = spawn(argv, false);
+    proc_t child = spawn_peer(argv, false);
     floor_ucx_t f;
     ucp_address_t *addr = NULL;
     size_t alen = 0;
@@ -601,7 +632,7 @@ typedef struct conn {
 static void conn_open(conn_t *c, const char *device_backend)
 {
     char *argv[] = {(char *)g_self, "--serve", (char *)(device_backend ? device_backend : "-"), NULL};
-    c->server = spawn(argv, false);
+    c->server = spawn_peer(argv, false);
     unsigned port = 0;
     char line[128];
     if (!fgets(line, sizeof line, c->server.out) || sscanf(line, "port %u", &port) != 1) {
@@ -611,7 +642,7 @@ static void conn_open(conn_t *c, const char *device_backend)
     CK(gser_ucx_context_create(&g_ucx_opts, &c->uctx));
     gser_ucx_worker_options_t wo = {.size = sizeof(gser_ucx_worker_options_t), .gser_ctx = device_backend ? g_ctx : NULL};
     CK(gser_ucx_worker_create(c->uctx, &wo, &c->w));
-    CK(gser_ucx_ep_connect(c->w, "127.0.0.1", (uint16_t)port, WAIT_MS, &c->ep));
+    CK(gser_ucx_ep_connect(c->w, g_address, (uint16_t)port, WAIT_MS, &c->ep));
 }
 
 static void conn_close(conn_t *c)
@@ -829,7 +860,7 @@ static const char *size_name(size_t s)
 
 static void set_transport(const char *tl)
 {
-    setenv("UCX_NET_DEVICES", "lo", 1);
+    setenv("UCX_NET_DEVICES", g_netdev, 1);
     if (strcmp(tl, "tcp") == 0) {
         setenv("UCX_TLS", "tcp", 1);
         unsetenv("UCX_POSIX_ERROR_HANDLING");
@@ -896,6 +927,43 @@ static void run_one_node(conn_t *c, bool quick, bool json)
         bench_result_t m = {name, g, "GB/s", anchor, median(mv, rounds), ">= 0.8", note};
         bench_print(&m, json);
     }
+}
+
+/* Between two nodes: 256 MiB messages one way, gser on its defaults vs
+ * ucx_perftest on UCX's, best of the rounds (a shared machine only ever
+ * slows a round down). */
+static void run_link(const char *tl, bool quick, bool json)
+{
+    set_transport(tl);
+    size_t sz = quick ? (size_t)16 << 20 : (size_t)256 << 20;
+    long n = 2;
+    int rounds = quick ? 1 : 3;
+    unsigned char *buf = malloc(sz);
+    if (!buf) {
+        fprintf(stderr, "gser-bench-ucx: no memory for %zu bytes\n", sz);
+        return;
+    }
+    memset(buf, 7, sz);
+    conn_t c;
+    conn_open(&c, NULL);
+    gser_stream(&c, buf, sz, GSER_MEMORY_HOST, 1); /* warm-up: the receive cache grows to it */
+    double g = 0, p = 0, bw, unused;
+    bool have_pf = false;
+    for (int k = 0; k < rounds; k++) {
+        if (perftest("tag_bw", sz, n, 1, &unused, &bw, &unused)) {
+            have_pf = true;
+            p = bw > p ? bw : p;
+        }
+        bw = gser_stream(&c, buf, sz, GSER_MEMORY_HOST, n);
+        g = bw > g ? bw : g;
+    }
+    conn_close(&c);
+    free(buf);
+    char name[64], anchor[96];
+    snprintf(name, sizeof name, "ucx_%s_link_%s", tl, size_name(sz));
+    snprintf(anchor, sizeof anchor, "ucx_perftest tag_bw %s, %s, UCX defaults", size_name(sz), tl);
+    bench_result_t r = {name, g, "GB/s", anchor, have_pf ? p : NAN, ">= 1.1", "best of rounds, one way"};
+    bench_print(&r, json);
 }
 
 static double run_transport(const char *tl, bool quick, bool json, const char *only)
@@ -1064,14 +1132,26 @@ int main(int argc, char **argv)
             only = argv[++i];
         else if (strcmp(argv[i], "--perftest") == 0 && i + 1 < argc)
             g_perftest = argv[++i];
+        else if (strcmp(argv[i], "--peer-netns") == 0 && i + 1 < argc)
+            g_netns = argv[++i];
+        else if (strcmp(argv[i], "--address") == 0 && i + 1 < argc)
+            g_address = argv[++i];
+        else if (strcmp(argv[i], "--net-device") == 0 && i + 1 < argc)
+            g_netdev = argv[++i];
         else {
             fprintf(stderr, "usage: gser-bench-ucx [--json] [--quick] [--transport tcp|shm|all] "
-                            "[--device cuda|emulated|none] [--only lat|bw] [--perftest PATH]\n");
+                            "[--device cuda|emulated|none] [--only lat|bw|link] [--perftest PATH] "
+                            "[--peer-netns NS --address ADDR --net-device DEV]\n");
             return 2;
         }
     }
     if (!g_perftest)
         g_perftest = "ucx_perftest";
+    if (only && strcmp(only, "lat") != 0 && strcmp(only, "bw") != 0 && strcmp(only, "link") != 0) {
+        fprintf(stderr, "gser-bench-ucx: --only takes lat, bw or link\n");
+        return 2;
+    }
+    setenv(ADDRESS_ENV, g_address, 1); /* for the serving children */
     char *pt_argv[] = {(char *)g_perftest, "-h", NULL};
     proc_t probe = spawn(pt_argv, true);
     char line[256];
@@ -1101,6 +1181,10 @@ int main(int argc, char **argv)
     for (int i = 0; i < 2; i++) {
         if (strcmp(transport, "all") != 0 && strcmp(transport, tls[i]) != 0)
             continue;
+        if (only && strcmp(only, "link") == 0) {
+            run_link(tls[i], quick, json);
+            continue;
+        }
         double host_bw = run_transport(tls[i], quick, json, only);
         if (run_dev && !only)
             run_device(tls[i], backend, host_bw, quick, json);

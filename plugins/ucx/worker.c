@@ -81,6 +81,9 @@ static bool may_use_tcp(const char *tls)
     return may_use(tls, names, sizeof names / sizeof names[0]);
 }
 
+/* tcp's send and receive segment size (docs/ucx.md, section 7). */
+#define GUX_TCP_SEG_SIZE "512k"
+
 /* A UCX context with the context's settings; net_devices: UCX_NET_DEVICES
  * to use (NULL: the environment's). */
 static gser_status_t ctx_ucp_init(const gser_ucx_context_t *ctx, const char *net_devices, ucp_context_h *out)
@@ -108,6 +111,16 @@ static gser_status_t ctx_ucp_init(const gser_ucx_context_t *ctx, const char *net
      * memory. */
     if (may_use_tcp(ctx->transports) && !getenv("UCX_TCP_PUT_ENABLE") &&
         (st = config_default(cfg, "PUT_ENABLE", "n", false))) /* tcp's */
+        goto out;
+    /* tcp's copy-out segments bound its eager messages and the fragments of
+     * its active-message rendezvous: with UCX's 8 KiB a large message takes
+     * several times the send calls, and CPU, of 512 KiB (docs/ucx.md,
+     * section 7). UCX refuses a send segment larger than the receive one, so
+     * where the user set either, the other stays UCX's. */
+    if (may_use_tcp(ctx->transports) && !getenv("UCX_TCP_TX_SEG_SIZE") && !getenv("UCX_TX_SEG_SIZE") &&
+        !getenv("UCX_TCP_RX_SEG_SIZE") && !getenv("UCX_RX_SEG_SIZE") &&
+        ((st = config_default(cfg, "TX_SEG_SIZE", GUX_TCP_SEG_SIZE, false)) ||
+         (st = config_default(cfg, "RX_SEG_SIZE", GUX_TCP_SEG_SIZE, false))))
         goto out;
 
     ucp_params_t params = {

@@ -1,0 +1,332 @@
+#!/usr/bin/python3
+"""Between two nodes over tcp: gser:// against Dask's tcp:// on links of
+given rates, measured in the same run.
+
+    PYTHONPATH=<build>/plugins/python /usr/bin/python3 bench/python/bench_links.py [--json]
+        [--links 1gbit,10gbit,unshaped] [--reps 3] [--gser-bench-ucx PATH]
+    (or: ninja -C <build> bench-python-links)
+
+Needs root (ip netns, tc). Two network namespaces of its own stand for two
+nodes: a veth pair between them (10.77.0.1 and 10.77.0.2, inside the
+namespaces only), shaped on both ends with tbf to each link's rate (burst:
+5 ms at that rate), or not shaped. UCX finds tcp and nothing else between
+them, as between two nodes without RDMA. The namespaces are removed at the
+end, also when the run is interrupted (and those of earlier runs that were
+killed outright, at the start).
+
+For each link, the rows (values: best of --reps, a busy machine only ever
+slows a transfer down; every anchor measured in the same run, the schemes
+alternating):
+
+  link_<link>_256mib_vs_tcp       one 256 MiB float64 array (random bytes:
+                                  nothing to compress) one way between the
+                                  namespaces, gser:// (UCX_TLS=tcp, as between
+                                  two nodes; UCX otherwise as gser sets it up)
+                                  against Dask's
+                                  tcp:// (bench_comm.py's comm_256mib_one_way:
+                                  from write until the server's small
+                                  acknowledgement is back), GB/s.
+                                  Target: >= 1.1
+  link_<link>_256mib_vs_rate      the same against the link's rate (shaped
+                                  links only). Target: >= 0.9 (tbf counts
+                                  headers: a 1500-byte MTU leaves ~95 % of it
+                                  to payload)
+  link_<link>_256mib_vs_socket    the same against one plain TCP socket
+                                  between the same processes (sendall of 256
+                                  MiB, then a 1-byte reply): what one tcp
+                                  stream gets on this link (no target)
+  link_<link>_c_256mib_vs_perftest  gser-bench-ucx --only link across the
+                                  namespaces: a stream of 256 MiB messages
+                                  over gser::ucx against ucx_perftest tag_bw
+                                  256 MiB on UCX's own settings. Target: >= 1.1
+  link_<link>_c_256mib_vs_rate    the same against the link's rate (shaped
+                                  links only). Target: >= 0.9
+
+--json prints one object per line: name, value, unit, anchor, anchor_value,
+ratio (value / anchor_value), target (on ratio), and the runs behind the
+values. More cases for each link: add a function to CASES.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_comm  # noqa: E402
+
+HERE = os.path.abspath(__file__)
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+PY = sys.executable
+BIG = 256 << 20
+DEV = "gsl"  # the veth's name at both ends
+ADDR = ("10.77.0.1", "10.77.0.2")  # inside the namespaces only
+NS_PREFIX = "gser-links-"
+# name, tbf rate, payload bytes/s of that rate (None: not shaped)
+LINKS = {"1gbit": ("1gbit", 1e9 / 8), "10gbit": ("10gbit", 10e9 / 8), "unshaped": (None, None)}
+
+
+# ---- namespaces -----------------------------------------------------------------------------------
+
+def sh(*cmd, check=True):
+    return subprocess.run(cmd, check=check, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+class Namespaces:
+    """Two namespaces joined by a veth pair; removed on close."""
+
+    def __init__(self):
+        self.names = (f"{NS_PREFIX}{os.getpid()}-a", f"{NS_PREFIX}{os.getpid()}-b")
+        # a run killed outright leaves its namespaces: remove those whose process is gone
+        listing = subprocess.run(["ip", "netns", "list"], stdout=subprocess.PIPE, text=True).stdout
+        for line in listing.splitlines():
+            name = line.split()[0] if line.split() else ""
+            if name.startswith(NS_PREFIX):
+                pid = name[len(NS_PREFIX):].split("-")[0]
+                if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                    sh("ip", "netns", "del", name, check=False)
+        self.made = []
+        for n in self.names:
+            sh("ip", "netns", "add", n)
+            self.made.append(n)
+        a, b = self.names
+        sh("ip", "link", "add", DEV, "netns", a, "type", "veth", "peer", "name", DEV, "netns", b)
+        for n, addr in zip(self.names, ADDR):
+            sh("ip", "-n", n, "addr", "add", f"{addr}/24", "dev", DEV)
+            sh("ip", "-n", n, "link", "set", "lo", "up")
+            sh("ip", "-n", n, "link", "set", DEV, "up")
+        # UCX takes a device without carrier for absent
+        for _ in range(100):
+            if all("LOWER_UP" in subprocess.run(["ip", "-n", n, "link", "show", DEV], stdout=subprocess.PIPE,
+                                                text=True).stdout for n in self.names):
+                break
+            time.sleep(0.05)
+
+    def shape(self, rate, bytes_per_s):
+        for n in self.names:
+            sh("tc", "-n", n, "qdisc", "del", "dev", DEV, "root", check=False)
+            if rate:
+                burst = max(int(bytes_per_s * 0.005), 64 << 10)
+                sh("tc", "-n", n, "qdisc", "add", "dev", DEV, "root", "tbf", "rate", rate, "burst", str(burst),
+                   "latency", "20ms")
+
+    def exec_argv(self, side, argv):
+        return ["ip", "netns", "exec", self.names[side]] + list(argv)
+
+    def close(self):
+        for n in self.made:
+            sh("ip", "netns", "del", n, check=False)
+        self.made = []
+
+
+# ---- the two sides of the Python cases -------------------------------------------------------------
+
+async def serve_all(host):
+    """bench_comm's server (gser:// and tcp://) and a plain socket sink."""
+
+    async def sink(reader, writer):
+        try:
+            while True:
+                head = await reader.readexactly(8)
+                n = int.from_bytes(head, "little")
+                while n:
+                    n -= len(await reader.read(min(n, 4 << 20)))
+                writer.write(b"k")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    server = await asyncio.start_server(sink, host, 0)
+    print("socket", server.sockets[0].getsockname()[1], flush=True)
+    await bench_comm.serve(host)
+
+
+def socket_gbs(sock, data):
+    t0 = time.perf_counter()
+    sock.sendall(len(data).to_bytes(8, "little"))
+    sock.sendall(data)
+    assert sock.recv(1) == b"k"
+    return len(data) / (time.perf_counter() - t0) / 1e9
+
+
+async def client(host, addresses, reps):
+    """{scheme: [GB/s, ...]} for gser://, tcp:// and the plain socket, alternating."""
+    import numpy as np
+    from distributed.comm import connect
+
+    port, comm_addrs = int(addresses[0]), addresses[1:]
+    comms = {s: await connect(a) for s, a in zip(bench_comm.SCHEMES, comm_addrs)}
+    sock = socket.create_connection((host, port))
+    data = np.random.default_rng(1).random(BIG // 8)
+    runs = {s: [] for s in bench_comm.SCHEMES + ("socket",)}
+    for i in range(reps + 1):  # the first: warm-up (buffers, page faults)
+        for s in bench_comm.SCHEMES:
+            v = await bench_comm.one_way_gbs(comms[s], data)
+            if i:
+                runs[s].append(v)
+        v = socket_gbs(sock, memoryview(data).cast("B"))
+        if i:
+            runs["socket"].append(v)
+    sock.close()
+    for c in comms.values():
+        await c.close()
+    return runs
+
+
+# ---- rows -------------------------------------------------------------------------------------------
+
+def row(as_json, name, value, unit, anchor, anchor_value, target, runs=None, anchor_runs=None):
+    ratio = value / anchor_value if anchor_value else float("nan")
+    ok = ""
+    if target:
+        op, bound = target.split()
+        ok = "ok" if bench_comm.TARGET_OPS[op](ratio, float(bound)) else "MISSED"
+    if as_json:
+        d = {"name": name, "value": round(value, 6), "unit": unit, "anchor": anchor,
+             "anchor_value": round(anchor_value, 6), "ratio": round(ratio, 6), "target": target}
+        if runs is not None:
+            d["runs"] = [round(x, 6) for x in runs]
+        if anchor_runs is not None:
+            d["anchor_runs"] = [round(x, 6) for x in anchor_runs]
+        print(json.dumps(d), flush=True)
+    else:
+        print(f"{name:<34} {value:>8.3f} {unit:<4} {anchor:<40} {anchor_value:>8.3f}  {ratio:>6.3f}  "
+              f"{target or '':<6} {ok}", flush=True)
+
+
+def python_case(ns, link, rate, args):
+    """gser:// vs tcp:// vs one socket, 256 MiB one way, A -> B."""
+    # tcp alone, as between two nodes: UCX's shared memory would also join
+    # two namespaces of one machine
+    env = dict(os.environ, UCX_TLS="tcp")
+    env.pop("UCX_NET_DEVICES", None)
+    server = subprocess.Popen(ns.exec_argv(1, [PY, HERE, "--serve", ADDR[1]]), stdout=subprocess.PIPE, text=True,
+                              env=env)
+    try:
+        port, addresses = None, None
+        for line in server.stdout:  # UCX may warn on stdout
+            words = line.split()
+            if len(words) == 2 and words[0] == "socket":
+                port = words[1]
+            elif words and all("://" in w for w in words):
+                addresses = words
+                break
+        assert port and addresses and len(addresses) == len(bench_comm.SCHEMES), (port, addresses)
+        addresses = [port] + addresses
+        out = subprocess.run(ns.exec_argv(0, [PY, HERE, "--client", ADDR[1], "--reps", str(args.reps)] + addresses),
+                             stdout=subprocess.PIPE, text=True, env=env, check=True).stdout
+        runs = json.loads(out.strip().splitlines()[-1])
+    finally:
+        server.kill()
+        server.wait()
+    g = max(runs["gser"])
+    row(args.json, f"link_{link}_256mib_vs_tcp", g, "GB/s", "Dask tcp comm, same array (GB/s)", max(runs["tcp"]),
+        ">= 1.1", runs["gser"], runs["tcp"])
+    if rate:
+        row(args.json, f"link_{link}_256mib_vs_rate", g, "GB/s", f"the link's rate, {LINKS[link][0]}", rate / 1e9,
+            ">= 0.9", runs["gser"])
+    row(args.json, f"link_{link}_256mib_vs_socket", g, "GB/s", "one plain TCP socket, same bytes",
+        max(runs["socket"]), None, runs["gser"], runs["socket"])
+
+
+def c_case(ns, link, rate, args):
+    """gser-bench-ucx --only link across the namespaces."""
+    if not args.gser_bench_ucx:
+        return
+    env = dict(os.environ, UCX_TLS="tcp")
+    cmd = [args.gser_bench_ucx, "--json", "--transport", "tcp", "--only", "link", "--peer-netns", ns.names[1],
+           "--address", ADDR[1], "--net-device", DEV]
+    out = subprocess.run(ns.exec_argv(0, cmd), stdout=subprocess.PIPE, text=True, env=env).stdout
+    for line in out.splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        row(args.json, f"link_{link}_c_256mib_vs_perftest", r["value"], "GB/s", r["anchor"], r["anchor_value"],
+            ">= 1.1")
+        if rate:
+            row(args.json, f"link_{link}_c_256mib_vs_rate", r["value"], "GB/s", f"the link's rate, {LINKS[link][0]}",
+                rate / 1e9, ">= 0.9")
+
+
+CASES = [python_case, c_case]
+
+
+def default_bench_ucx():
+    for d in (os.environ.get("GSER_BUILD_DIR"), os.path.join(REPO, "build")):
+        p = d and os.path.join(d, "plugins", "ucx", "bench", "gser-bench-ucx")
+        if p and os.access(p, os.X_OK):
+            return p
+    return None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", action="store_true", help="one JSON object per line")
+    ap.add_argument("--links", default=",".join(LINKS), help=f"comma-separated, of {', '.join(LINKS)}")
+    ap.add_argument("--reps", type=int, default=3, help="transfers per scheme and link, best reported (default 3)")
+    ap.add_argument("--gser-bench-ucx", default=default_bench_ucx(),
+                    help="the C benchmark (default: <build>/plugins/ucx/bench/gser-bench-ucx); 'none': skip the C rows")
+    ap.add_argument("--serve", metavar="HOST", help=argparse.SUPPRESS)
+    ap.add_argument("--client", metavar="HOST", help=argparse.SUPPRESS)
+    ap.add_argument("addresses", nargs="*", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args.serve or args.client:
+        import logging
+        import warnings
+
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        import distributed  # noqa: F401
+
+        import gser.dask  # noqa: F401  (gser:// in this process)
+
+        for name in list(logging.root.manager.loggerDict):
+            if name.startswith("distributed"):
+                logging.getLogger(name).setLevel(logging.CRITICAL)
+        if args.serve:
+            asyncio.run(serve_all(args.serve))
+        else:
+            print(json.dumps(asyncio.run(client(args.client, args.addresses, args.reps))), flush=True)
+        return 0
+
+    links = [x for x in args.links.split(",") if x]
+    for x in links:
+        if x not in LINKS:
+            ap.error(f"--links: {x!r} is none of {', '.join(LINKS)}")
+    if args.gser_bench_ucx == "none":
+        args.gser_bench_ucx = None
+    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
+        print("bench_links.py: needs root, ip and tc (iproute2): network namespaces of its own", file=sys.stderr)
+        return 2
+
+    # SIGTERM and SIGHUP end the run through the finally below, as Ctrl-C does
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: sys.exit(143))
+    ns = Namespaces()
+    try:
+        if not args.json:
+            print(f"{'case':<34} {'value':>8} {'unit':<4} {'anchor':<40} {'anchor':>8}  {'ratio':>6}  target")
+        for link in links:
+            rate_name, rate = LINKS[link]
+            ns.shape(rate_name, rate)
+            for case in CASES:
+                case(ns, link, rate, args)
+    finally:
+        ns.close()
+    if not args.json:
+        import gser
+
+        print(f"# {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
+              f"gser {gser.__version__}, UCX_TLS={os.environ.get('UCX_TLS', '(default)')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
