@@ -841,9 +841,9 @@ gser_status_t gser_ucx_ep_close(gser_ucx_ep_t *ep)
     ep_abandon_sends(ep);
     gux_wait(w, ep_quiet, ep, GUX_CLOSE_TIMEOUT_MS);
     /* What UCX kept of the sends comes back before the endpoint goes, so
-     * that nothing of it stays with the worker (bounded: a peer stopped
-     * with its shared-memory queue full holds it until it runs again). */
-    gux_wait(w, ep_released, ep, GUX_CLOSE_TIMEOUT_MS);
+     * that nothing of it stays with the worker (bounded: a peer that does
+     * not progress, its shared-memory queue full, holds it until it runs). */
+    gux_wait(w, ep_released, ep, GUX_RELEASE_WAIT_MS);
     settle(w);
     gux_completions_run(w);
     gux_unlock(w);
@@ -862,9 +862,9 @@ void gser_ucx_ep_destroy(gser_ucx_ep_t *ep)
     ep_abandon_sends(ep);
     gux_wait(w, ep_quiet, ep, GUX_CLOSE_TIMEOUT_MS);
     /* What UCX kept of the sends comes back before the endpoint goes, so
-     * that nothing of it stays with the worker (bounded: a peer stopped
-     * with its shared-memory queue full holds it until it runs again). */
-    gux_wait(w, ep_released, ep, GUX_CLOSE_TIMEOUT_MS);
+     * that nothing of it stays with the worker (bounded: a peer that does
+     * not progress, its shared-memory queue full, holds it until it runs). */
+    gux_wait(w, ep_released, ep, GUX_RELEASE_WAIT_MS);
     settle(w);
     gux_completions_run(w);
     ep->user_owned = false;
