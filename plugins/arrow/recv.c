@@ -573,6 +573,12 @@ static size_t find_frame(const frame_ix_t *ix, size_t nix, const gser_frame_t *f
     return SIZE_MAX;
 }
 
+/* What a zero-length buffer points at, on every device type: the C Data
+ * Interface allows NULL there, but Arrow's own exporter never hands it out
+ * (older consumers dereference it), and neither does this one. Never read
+ * or written: its length is 0 wherever it appears. */
+static _Alignas(64) const unsigned char empty_region[1];
+
 static size_t align64(size_t n)
 {
     return (n + 63) & ~(size_t)63;
@@ -742,6 +748,8 @@ gser_status_t gser_arrow_take_value(gser_value_t *v, const gser_arrow_take_optio
         if (slot_region[s] != SIZE_MAX) {
             const region_t *rg = &regions[slot_region[s]];
             ptrs[s] = rg->dst + ((const unsigned char *)ptrs[s] - rg->src);
+        } else if (rx->nodes[s / 3].bufs[s % 3]) {
+            ptrs[s] = empty_region; /* a buffer the array has, with no bytes */
         }
 
     /* sync_event: an event after everything, for device arrays (a

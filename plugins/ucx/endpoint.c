@@ -139,6 +139,19 @@ static void ep_abandon_sends(gser_ucx_ep_t *ep)
     }
 }
 
+/* Whether UCX has given back every operation of the requests on ep:
+ * those it kept when it closed ep (rendezvous sends still waiting for the
+ * peer) come back only through its progress, after its close of the
+ * endpoint has gone through. */
+static bool ep_released(void *arg)
+{
+    const gser_ucx_ep_t *ep = arg;
+    for (const gux_list_t *n = ep->reqs.next; n != &ep->reqs; n = n->next)
+        if (gux_container(n, gser_ucx_request_t, elink)->outstanding)
+            return false;
+    return true;
+}
+
 static bool ep_closed(void *arg)
 {
     gser_ucx_ep_t *ep = arg;
@@ -827,6 +840,10 @@ gser_status_t gser_ucx_ep_close(gser_ucx_ep_t *ep)
     gux_wait(w, ep_closed, ep, GUX_CLOSE_TIMEOUT_MS);
     ep_abandon_sends(ep);
     gux_wait(w, ep_quiet, ep, GUX_CLOSE_TIMEOUT_MS);
+    /* What UCX kept of the sends comes back before the endpoint goes, so
+     * that nothing of it stays with the worker (bounded: a peer that does
+     * not progress, its shared-memory queue full, holds it until it runs). */
+    gux_wait(w, ep_released, ep, GUX_RELEASE_WAIT_MS);
     settle(w);
     gux_completions_run(w);
     gux_unlock(w);
@@ -844,6 +861,10 @@ void gser_ucx_ep_destroy(gser_ucx_ep_t *ep)
     gux_wait(w, ep_closed, ep, GUX_CLOSE_TIMEOUT_MS);
     ep_abandon_sends(ep);
     gux_wait(w, ep_quiet, ep, GUX_CLOSE_TIMEOUT_MS);
+    /* What UCX kept of the sends comes back before the endpoint goes, so
+     * that nothing of it stays with the worker (bounded: a peer that does
+     * not progress, its shared-memory queue full, holds it until it runs). */
+    gux_wait(w, ep_released, ep, GUX_RELEASE_WAIT_MS);
     settle(w);
     gux_completions_run(w);
     ep->user_owned = false;

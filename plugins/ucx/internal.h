@@ -47,6 +47,9 @@
 #define GUX_DEFAULT_MAX_BYTES ((uint64_t)1 << 40)
 /* How long teardown waits for UCX to finish closing before giving up. */
 #define GUX_CLOSE_TIMEOUT_MS 2000
+/* How long closing an endpoint waits for UCX to give back the sends it kept
+ * at its close (a peer that does not progress can hold them longer). */
+#define GUX_RELEASE_WAIT_MS 500
 /* How long UCX gets to notice a peer that left before its endpoint is closed anyway. */
 #define GUX_LOST_GRACE_MS 200
 /* Longest a destroy lets UCX finish tearing a connection down. */

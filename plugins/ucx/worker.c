@@ -501,11 +501,13 @@ static bool teardown_done(void *arg)
         if (ep->close_req || ep->wireup_req)
             return false;
     }
-    /* Parts of requests that already ended (sends UCX kept when it closed
-     * their endpoint) are not waited for: the worker's end takes them. */
+    /* Requests end first; then UCX gives back what it kept of them (sends
+     * it held when it closed their endpoint, completed by its progress):
+     * what it still has when its worker goes it never calls back, never
+     * returns to its pools, and warns about. */
     for (gux_list_t *n = w->all.next; n != &w->all; n = n->next) {
         gser_ucx_request_t *r = gux_container(n, gser_ucx_request_t, alink);
-        if (r->status == GSER_INPROGRESS)
+        if (r->status == GSER_INPROGRESS || (r->outstanding && r->stage != GUX_RECV_DISCARD))
             return false;
     }
     return true;

@@ -63,7 +63,7 @@ import weakref
 
 import dask
 from dask.utils import parse_timedelta
-from distributed.comm.addressing import parse_host_port, unparse_host_port
+from distributed.comm.addressing import get_address_host, parse_host_port, unparse_host_port
 from distributed.comm.core import Comm, CommClosedError, Connector, Listener
 from distributed.comm.registry import Backend, backends
 from distributed.comm.utils import ensure_concrete_host, from_frames, to_frames
@@ -404,10 +404,13 @@ class GserListener(Listener):
     comm_class = GserComm
     encrypted = False
 
-    def __init__(self, address, comm_handler, deserialize=True, allow_offload=True, **connection_args):
+    def __init__(self, address, comm_handler, deserialize=True, allow_offload=True, default_host=None,
+                 **connection_args):
         if address.startswith(PREFIX):
             address = address[len(PREFIX):]
         self.ip, self._port = parse_host_port(address, 0)
+        self.default_host = default_host
+        self._ip = None
         self.comm_handler = comm_handler
         self.deserialize = deserialize
         self.allow_offload = allow_offload
@@ -416,10 +419,30 @@ class GserListener(Listener):
         #: Connections dropped before they became comms (bad hello, dead peer).
         self.rejected = 0
 
+    def _scheduler_side(self):
+        """The local address that reaches this server's scheduler, or None.
+
+        Dask tells a tcp:// or tls:// worker's listener that address
+        (default_host) and no other scheme's; a Dask worker or nanny (the
+        server whose handle_comm this listener serves) has its scheduler's
+        address from the start, so the listener finds it there."""
+        if self.default_host:
+            return self.default_host
+        server = getattr(self.comm_handler, "__self__", None)
+        try:
+            address = server.scheduler.address
+            host = get_address_host(address)
+        except Exception:  # not a worker, or no scheduler address yet: every interface
+            return None
+        return _local_ip_for(host) if host else None
+
     async def start(self):
         self._worker = _worker()
-        # "" and 0.0.0.0: every interface (the transport's default); names resolved here.
-        self._ip = None if self.ip in ("", "0.0.0.0") else self.ip if self.ip == "::" else ensure_ip(self.ip)
+        # No host: as tcp://, the interface that reaches the scheduler (a
+        # Dask worker's), else every interface; "0.0.0.0" and "::": every
+        # interface (the transport's default); names resolved here.
+        host = self.ip or self._scheduler_side() or ""
+        self._ip = None if host in ("", "0.0.0.0") else host if host == "::" else ensure_ip(host)
         try:
             self._listener = self._worker.listen(self._handle, self._ip, self._port)
         except Exception as e:
@@ -427,7 +450,7 @@ class GserListener(Listener):
             if isinstance(e, GserError) and e.status_name == "GSER_ERR_EXISTS":
                 # As tcp:// raises it: a worker given a port range
                 # (--worker-port 9000:9100) tries the next port on EADDRINUSE.
-                where = self.prefix + unparse_host_port(self.ip or "0.0.0.0", self._port)
+                where = self.prefix + unparse_host_port(self._ip or "0.0.0.0", self._port)
                 raise OSError(errno.EADDRINUSE, f"gser: cannot listen on {where}: {e}") from e
             raise
         self._port = self._listener.port
@@ -473,9 +496,10 @@ class GserListener(Listener):
         await self.comm_handler(comm)
 
     def get_host_port(self):
+        """The address listened on, names resolved (as tcp://'s bound address)."""
         if self._listener is None and self._worker is None:
             raise ValueError("invalid operation on a gser listener that was not started")
-        return (self.ip or "0.0.0.0"), self._port
+        return (self._ip or "0.0.0.0"), self._port
 
     @property
     def listen_address(self):
@@ -484,7 +508,7 @@ class GserListener(Listener):
     @property
     def contact_address(self):
         host, port = self.get_host_port()
-        return self.prefix + unparse_host_port(ensure_concrete_host(host), port)
+        return self.prefix + unparse_host_port(ensure_concrete_host(host, default_host=self.default_host), port)
 
 
 # ---- the backend ---------------------------------------------------------------------------

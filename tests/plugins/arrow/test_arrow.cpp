@@ -349,6 +349,59 @@ TEST_P(ArrowTest, EmptyColumnsMayLeaveTheirBuffersOut)
     EXPECT_EQ(off, std::vector<uint8_t>(4, 0));
 }
 
+// Every buffer an array has (all but an absent validity bitmap) is a
+// non-NULL pointer, with no bytes behind it or not: Arrow's exporter never
+// hands out NULL for one, as older consumers dereference it. Buffer 0 is
+// the validity bitmap in every layout that has buffers.
+void expect_no_null_buffers(const ArrowArray *a, const std::string &path)
+{
+    for (int64_t b = 1; b < a->n_buffers; b++)
+        EXPECT_NE(a->buffers[b], nullptr) << path << ": buffer " << b << " (length " << a->length << ")";
+    if (a->n_buffers && a->null_count != 0) {
+        EXPECT_NE(a->buffers[0], nullptr) << path << ": the validity bitmap";
+    }
+    for (int64_t c = 0; c < a->n_children; c++)
+        expect_no_null_buffers(a->children[c], path + "[" + std::to_string(c) + "]");
+    if (a->dictionary)
+        expect_no_null_buffers(a->dictionary, path + ".dictionary");
+}
+
+TEST_P(ArrowTest, ZeroLengthBuffersAreNotNull)
+{
+    // Every type with no rows (zero-length values and data), and strings and
+    // binaries whose values are all empty (zero-length data).
+    Gen g({0, false, 21});
+    auto empty = g.make(table(supported_types()), 0);
+    finish(*empty);
+    auto strings = Gen({0, false, 22}).make(table({S("u", "s"), S("z", "b"), S("U", "ls")}), 4);
+    for (auto &c : strings->children) {
+        std::fill(c->bufs[1].begin(), c->bufs[1].end(), 0); // every value ""
+        c->bufs[2].clear();
+    }
+    finish(*strings);
+    // And a producer that gave NULL for them, as the interface allows.
+    auto nulls = Gen({0, false, 23}).make(table({S("b", "flags"), S("l", "n"), S("u", "s")}), 0);
+    for (auto &c : nulls->children)
+        for (size_t b = 0; b < c->buf_null.size(); b++)
+            c->buf_null[b] = true;
+    finish(*nulls);
+    for (Node *root : {empty.get(), strings.get(), nulls.get()})
+        for (unsigned take : {0u, (unsigned)GSER_ARROW_BORROW, (unsigned)GSER_ARROW_TO_HOST,
+                              (unsigned)GSER_ARROW_TO_DEVICE}) {
+            if (take == GSER_ARROW_TO_DEVICE && !device())
+                continue;
+            SCOPED_TRACE(testing::Message() << root->length << " rows, take flags " << take);
+            FrameCounter frames;
+            Taken t;
+            send(*root, t, &frames, nullptr, 0, take);
+            ASSERT_EQ(t.st, GSER_OK) << gser_context_get_last_error(ctx());
+            expect_no_null_buffers(&t.array.array, "$");
+            if (take == 0) { // (borrowed arrays need the message send() let go: their pointers only)
+                verify(*root, t);
+            }
+        }
+}
+
 TEST_P(ArrowTest, FiveHundredTwelveColumns)
 {
     std::vector<Spec> cols;

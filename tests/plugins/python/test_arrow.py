@@ -246,6 +246,36 @@ def test_device_table_through_the_host_family():
     assert dev.device_type == ac.ARROW_DEVICE_CUDA and ac.read(dev, device=True, move=True)[1] == expected(t)
 
 
+def _buffer_pointers(arr, path="$"):
+    """(path, buffer index, pointer) of every buffer of arr and its children."""
+    out = [(path, b, arr.buffers[b]) for b in range(arr.n_buffers)]
+    for i in range(arr.n_children):
+        out += _buffer_pointers(arr.children[i].contents, f"{path}[{i}]")
+    return out
+
+
+@pytest.mark.parametrize("device", [False, pytest.param(True, marks=needs_emulated)], ids=["cpu", "device"])
+@pytest.mark.parametrize("n", [0, 3])
+def test_empty_buffers_are_not_null(n, device):
+    """A zero-length buffer the format has is a non-NULL pointer, as Arrow's
+    own exporter gives (older consumers dereference it): with no rows, every
+    buffer but the offsets; with all strings "", the string data."""
+    t = ac.Table({"id": ("l", list(range(n))), "name": ("u", [""] * n)},
+                 methods=("device",) if device else ("array",),
+                 device_type=ac.ARROW_DEVICE_CUDA if device else ac.ARROW_DEVICE_CPU)
+    out = gser.loads(*gser.dumps(t))
+    assert out.device_type == t.device_type
+    schema, array = out.__arrow_c_device_array__()
+    arr = ac.ArrowDeviceArray.from_address(ac.get_pointer(array, ac.DEVICE_ARRAY_NAME)).array
+    ptrs = _buffer_pointers(arr)
+    assert [(path, b) for path, b, _ in ptrs] == [("$", 0), ("$[0]", 0), ("$[0]", 1), ("$[1]", 0), ("$[1]", 1),
+                                                   ("$[1]", 2)]
+    assert [p for _, b, p in ptrs if b == 0] == [None] * 3  # no nulls: no validity bitmaps, as Arrow exports
+    assert all(p for _, b, p in ptrs if b > 0), ptrs
+    if not device:
+        assert ac.read(gser.loads(*gser.dumps(t)))[1] == {"id": list(range(n)), "name": [""] * n}
+
+
 @needs_emulated
 def test_tables_and_device_arrays_in_one_message():
     import numpy as np

@@ -581,6 +581,36 @@ def test_dask_command_line_on_loopback(tmp_path):
                 p.stderr.close()
 
 
+def test_a_worker_listens_on_the_interface_that_reaches_its_scheduler():
+    """As tcp:// (Dask tells tcp:// and tls:// listeners the scheduler's side,
+    default_host, and no other scheme's): a worker given no host listens on
+    the local address that reaches its scheduler and advertises it, not
+    every interface and the default route's address; a host the user gives,
+    0.0.0.0 included, is kept; a listener of no worker listens everywhere.
+    Addresses name IPs, as tcp://'s bound address does."""
+    from distributed import Scheduler, Worker
+
+    async def main():
+        async with Scheduler(host="localhost", protocol="gser", dashboard_address=":0") as s:
+            assert s.address.startswith("gser://127.0.0.1:"), s.address
+            async with Worker(s.address, nthreads=1) as w:
+                assert w.ip == s.ip == "127.0.0.1"
+                assert w.listener.listen_address.startswith("gser://127.0.0.1:"), w.listener.listen_address
+            async with Worker(s.address, nthreads=1, host="0.0.0.0") as w:
+                assert w.listener.listen_address.startswith("gser://0.0.0.0:"), w.listener.listen_address
+        anywhere = await listen("gser://", lambda comm: None)
+        told = await listen("gser://", lambda comm: None, default_host="127.0.0.1")
+        try:
+            assert anywhere.listen_address.startswith("gser://0.0.0.0:")
+            assert told.listen_address.startswith("gser://127.0.0.1:")
+            assert told.contact_address.startswith("gser://127.0.0.1:")
+        finally:
+            anywhere.stop()
+            told.stop()
+
+    run(main())
+
+
 # ---- two "nodes": network namespaces joined by a veth pair --------------------------------------
 
 NS = ("gcm-a", "gcm-b")

@@ -406,36 +406,6 @@ TEST_F(CloseAfterSendNoParam, UnreadMessagesGoWithTheirEndpoint)
     sends.clear();
 }
 
-// What this process writes to its standard output and error while f runs.
-template <typename F> std::string output_of(F f)
-{
-    fflush(stdout);
-    fflush(stderr);
-    char path[] = "/tmp/gser-test-output-XXXXXX";
-    int fd = mkstemp(path);
-    if (fd < 0)
-        return "(mkstemp failed)";
-    unlink(path);
-    int out = dup(1), err = dup(2);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    f();
-    fflush(stdout);
-    fflush(stderr);
-    dup2(out, 1);
-    dup2(err, 2);
-    close(out);
-    close(err);
-    std::string text;
-    char buf[4096];
-    ssize_t k;
-    lseek(fd, 0, SEEK_SET);
-    while ((k = read(fd, buf, sizeof buf)) > 0)
-        text.append(buf, (size_t)k);
-    close(fd);
-    return text;
-}
-
 // A worker destroyed with unread messages on an endpoint it still has:
 // they are dropped quietly (UCX warned about each one).
 TEST_F(CloseAfterSendNoParam, UnreadMessagesGoQuietlyWithTheWorker)

@@ -327,6 +327,36 @@ inline ::testing::AssertionResult same_msg(gser_msg_t *got, const std::vector<si
     return ::testing::AssertionSuccess();
 }
 
+// What this process writes to its standard output and error while f runs.
+template <typename F> inline std::string output_of(F f)
+{
+    fflush(stdout);
+    fflush(stderr);
+    char path[] = "/tmp/gser-test-output-XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0)
+        return "(mkstemp failed)";
+    unlink(path);
+    int out = dup(1), err = dup(2);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    f();
+    fflush(stdout);
+    fflush(stderr);
+    dup2(out, 1);
+    dup2(err, 2);
+    close(out);
+    close(err);
+    std::string text;
+    char buf[4096];
+    ssize_t k;
+    lseek(fd, 0, SEEK_SET);
+    while ((k = read(fd, buf, sizeof buf)) > 0)
+        text.append(buf, (size_t)k);
+    close(fd);
+    return text;
+}
+
 // ---- child processes ------------------------------------------------------
 
 // The path of this test binary, for re-executing it as a child.
