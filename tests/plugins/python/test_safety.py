@@ -46,6 +46,18 @@ def test_bad_headers():
             gser.loads(bad, frames)
 
 
+def test_empty_input():
+    # Nothing at all, in each form the decoders take: a specific error (and,
+    # under the sanitizers, no null pointer passed on to the C library).
+    for empty in (b"", bytearray(), memoryview(b""), memoryview(bytearray(8))[8:]):
+        with pytest.raises(gser.GserError, match="GSER_ERR_BAD_MAGIC"):
+            gser.from_bytes(empty)
+        with pytest.raises(gser.GserError, match="GSER_ERR_TRUNCATED"):
+            gser.loads(empty, [])
+        with pytest.raises(gser.GserError):
+            gser.loads(empty, [empty])
+
+
 def test_header_truncated_at_every_length():
     header, frames = gser.dumps(sample())
     for n in range(len(header)):
