@@ -424,7 +424,7 @@ static PyObject *typed_memoryview(dec_t *d, const gser_buffer_desc_t *desc, bool
 static PyObject *host_array(dec_t *d, const gser_buffer_desc_t *desc, bool readonly)
 {
     if (!pg_dtype_format(desc->dtype))
-        return pg_path_raise(PyExc_NotImplementedError, GSER_OK, &d->path,
+        return pg_path_raise(pg_GserUnsupported, GSER_ERR_UNSUPPORTED, &d->path,
                              "a buffer of dtype %s, which Python's buffer protocol and numpy cannot express",
                              gser_dtype_str(desc->dtype));
     if (!numpy_ready())
@@ -497,7 +497,7 @@ static PyObject *dec_ndarray(dec_t *d, gser_value_t *tree, int depth)
     if (gser_value_get_bool(wv, &writeable) || gser_value_get_int(nv, &ndim) || host_desc(d, bv, &desc) < 0)
         return PyErr_Occurred() ? NULL : bad_tree(d, T, "bad flags");
     if (!numpy_ready())
-        return pg_path_raise(PyExc_NotImplementedError, GSER_OK, &d->path,
+        return pg_path_raise(pg_GserUnsupported, GSER_ERR_UNSUPPORTED, &d->path,
                              "a numpy array, and numpy is not installed");
     int64_t flat[1] = {(int64_t)desc.nbytes};
     int bnd = desc.ndim ? (int)desc.ndim : 1;
@@ -657,7 +657,7 @@ static PyObject *dec_object(dec_t *d, gser_value_t *v, int depth)
     PyObject *name = pg_text(type);
     if (!name)
         return NULL;
-    PyObject *r = pg_path_raise(PyExc_NotImplementedError, GSER_OK, &d->path,
+    PyObject *r = pg_path_raise(pg_GserUnsupported, GSER_ERR_UNSUPPORTED, &d->path,
                                 pg_have_arrow ? "a typed object of type \"%U\": the Python module loads its own types "
                                                 "and \"" GSER_ARROW_TYPE "\" only"
                                               : "a typed object of type \"%U\": the Python module loads its own types "

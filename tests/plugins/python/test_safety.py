@@ -33,10 +33,10 @@ def sample():
     }
 
 
-# Exceptions a malformed message may raise. GserError covers everything the
-# core rejects; NotImplementedError what it accepts but Python cannot hold
-# (a corrupted dtype that became bfloat16, a typed object of an unknown type).
-EXPECTED = (gser.GserError, NotImplementedError)
+# What a malformed message may raise: GserError, always. What the core
+# accepts but Python cannot hold (a corrupted dtype that became bfloat16, a
+# typed object of an unknown type) is its subclass GserUnsupported.
+EXPECTED = gser.GserError
 
 
 def test_bad_headers():
@@ -106,6 +106,29 @@ def test_corrupted_header_bytes():
                 gser.loads(bytes(bad), frames)
             except EXPECTED:
                 pass
+
+
+def test_every_byte_value_of_an_array_header_is_a_gser_error():
+    # Every value at every byte of a message holding an array: what fails is
+    # a GserError; the dtype byte reaches dtypes numpy cannot express.
+    header, frames = gser.dumps({"a": np.arange(4, dtype=np.float16)})  # bfloat16 is as wide
+    unsupported = []
+    for i in range(len(header)):
+        for v in range(256):
+            bad = bytearray(header)
+            bad[i] = v
+            try:
+                gser.loads(bytes(bad), frames)
+            except gser.GserError as e:
+                if isinstance(e, getattr(gser, "GserUnsupported", ())):
+                    unsupported.append(e)
+            except BaseException as e:  # noqa: B036 - anything else is the defect
+                pytest.fail(f"byte {i} = {v:#x}: {type(e).__name__}: {e}")
+    assert unsupported, "no byte value reached a dtype Python cannot hold"
+    e = unsupported[0]
+    assert isinstance(e, NotImplementedError) and isinstance(e, ValueError)
+    assert e.status_name == "GSER_ERR_UNSUPPORTED" and "$.a" in str(e), e
+    assert any("bfloat16" in str(e) for e in unsupported)
 
 
 def test_corrupted_flat_bytes():
