@@ -333,7 +333,9 @@ GSER_API gser_status_t gser_ucx_ep_connect(gser_ucx_worker_t *worker, const char
 
 /** GSER_OK when ready, GSER_INPROGRESS while the handshake runs, else why
  *  the endpoint failed (GSER_ERR_CONNECTION, GSER_ERR_WIRE_VERSION,
- *  GSER_ERR_CANCELED after gser_ucx_ep_close, ...). */
+ *  GSER_ERR_CANCELED after gser_ucx_ep_close, ...); then
+ *  gser_ucx_get_last_error() says why in words (for GSER_ERR_ACCESS: which
+ *  side lacks the shared secret, or that the secrets differ). */
 GSER_API gser_status_t gser_ucx_ep_get_status(const gser_ucx_ep_t *ep);
 
 /** What the peer announced in the handshake. */

@@ -749,7 +749,8 @@ gser_status_t gser_ucx_ep_get_status(const gser_ucx_ep_t *ep)
     case GUX_EP_READY:
         return GSER_OK;
     default:
-        return ep->error;
+        /* The reason in words too: which side lacks the secret, ... */
+        return ep->why[0] ? gux_fail(ep->error, "%s", ep->why) : ep->error;
     }
 }
 

@@ -36,7 +36,13 @@ from Dask's configuration, distributed.comm.gser.{transports, net-devices,
 peer-timeout, secret} (DASK_DISTRIBUTED__COMM__GSER__TRANSPORTS=tcp, ...).
 With a secret (that key, or the GSER_UCX_SECRET environment variable) every
 connection proves it both ways before UCX or Dask sees a byte of it; the
-secret never crosses the wire, nothing is encrypted (docs/ucx.md).
+secret never crosses the wire, nothing is encrypted (docs/ucx.md). So a
+demand for encryption (distributed.comm.require-encryption,
+Security(require_encryption=True)) or for TLS (an ssl_context) is refused
+with a RuntimeError, as tcp:// refuses plaintext; every connection argument
+is honoured or refused, never dropped. A connection refused for good (the
+secrets differ, another wire version) raises FatalCommClosedError with the
+transport's reason: Dask's connect() does not retry it.
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ import weakref
 import dask
 from dask.utils import parse_timedelta
 from distributed.comm.addressing import parse_host_port, unparse_host_port
-from distributed.comm.core import Comm, CommClosedError, Connector, Listener
+from distributed.comm.core import Comm, CommClosedError, Connector, FatalCommClosedError, Listener
 from distributed.comm.registry import Backend, backends
 from distributed.comm.utils import ensure_concrete_host, from_frames, to_frames
 from distributed.utils import ensure_ip, get_ip, get_ipv6, nbytes
@@ -325,6 +331,48 @@ def _drop_endpoint(ep):
         _release(ep.worker)
 
 
+# ---- Dask's connection arguments ------------------------------------------------------------
+
+# What a listener takes besides Dask's security arguments: the host and port
+# to fill in (as tcp:// does) and what its handshake says over its own
+# (Listener.on_connection; the scheduler's pickle protocol and compression).
+_LISTENER_ARGS = frozenset({"default_host", "default_port", "handshake_overrides"})
+
+
+def _check_connection_args(address: str, args: dict, listener: bool = False):
+    """Honour or refuse each of Dask's connection_args (Security's
+    get_connection_args / get_listen_args), never drop one: gser:// does not
+    encrypt, so a demand for encryption or TLS is refused, as tcp:// refuses
+    plaintext under require_encryption."""
+    where = repr(PREFIX + address)
+    required = args.get("require_encryption")
+    if required is None:  # not passed: Dask's configuration decides, as Security would
+        required = dask.config.get("distributed.comm.require-encryption", False)
+    if required:
+        raise RuntimeError(
+            f"encryption required by Dask configuration, refusing communication from/to {where}: gser:// does "
+            "not encrypt (its shared secret, distributed.comm.gser.secret, authenticates peers; the bytes travel "
+            "in plaintext). Use tls:// for encryption, or leave require_encryption off to use gser://")
+    if args.get("ssl_context") is not None:
+        raise RuntimeError(
+            f"a TLS Security (ssl_context) was given for {where}, and gser:// does not encrypt: refusing rather "
+            "than communicating in plaintext. Use tls:// with this Security, or a Security without TLS for "
+            "gser:// (its shared secret, distributed.comm.gser.secret, authenticates peers without encrypting)")
+    if args.get("extra_conn_args"):
+        raise TypeError(f"gser:// takes no extra_conn_args (given for {where}): {sorted(args['extra_conn_args'])!r}")
+    known = {"require_encryption", "ssl_context", "extra_conn_args"} | (_LISTENER_ARGS if listener else set())
+    unknown = sorted(set(args) - known)
+    if unknown:
+        raise TypeError(f"gser:// does not know the connection argument(s) {unknown} (given for {where}): "
+                        "refusing rather than ignoring them")
+
+
+# Refusals a retry cannot turn into a connection: Dask's connect() gives up
+# at once on FatalCommClosedError, with this message, instead of retrying
+# until its timeout and showing the reason only as the cause.
+_FATAL = frozenset({"GSER_ERR_ACCESS", "GSER_ERR_WIRE_VERSION"})
+
+
 # ---- connecting ---------------------------------------------------------------------------
 
 class GserConnector(Connector):
@@ -333,13 +381,15 @@ class GserConnector(Connector):
     encrypted = False
 
     async def connect(self, address, deserialize=True, **connection_args):
+        _check_connection_args(address, connection_args)
         host, port = parse_host_port(address)
         worker = _worker()
         try:
             ep = await worker.connect(host, port)
         except gser.ucx.ConnectionClosedError as e:
             _release(worker)
-            raise CommClosedError(f"gser: cannot connect to {PREFIX}{address}: {e}") from e
+            error = FatalCommClosedError if e.status_name in _FATAL else CommClosedError
+            raise error(f"gser: cannot connect to {PREFIX}{address}: {e}") from e
         except BaseException:
             _release(worker)
             raise
@@ -381,7 +431,10 @@ class GserListener(Listener):
     def __init__(self, address, comm_handler, deserialize=True, allow_offload=True, **connection_args):
         if address.startswith(PREFIX):
             address = address[len(PREFIX):]
-        self.ip, self._port = parse_host_port(address, 0)
+        _check_connection_args(address, connection_args, listener=True)
+        self.default_host = connection_args.get("default_host")
+        self.handshake_overrides = connection_args.get("handshake_overrides")
+        self.ip, self._port = parse_host_port(address, connection_args.get("default_port") or 0)
         self.comm_handler = comm_handler
         self.deserialize = deserialize
         self.allow_offload = allow_offload
@@ -440,7 +493,7 @@ class GserListener(Listener):
         comm = self.comm_class(ep, local, peer, self.deserialize)
         comm.allow_offload = self.allow_offload
         try:
-            await self.on_connection(comm)
+            await self.on_connection(comm, self.handshake_overrides)
         except CommClosedError:
             logger.info("gser: connection from %s closed before the Dask handshake completed", peer)
             return
@@ -458,7 +511,7 @@ class GserListener(Listener):
     @property
     def contact_address(self):
         host, port = self.get_host_port()
-        return self.prefix + unparse_host_port(ensure_concrete_host(host), port)
+        return self.prefix + unparse_host_port(ensure_concrete_host(host, default_host=self.default_host), port)
 
 
 # ---- the backend ---------------------------------------------------------------------------

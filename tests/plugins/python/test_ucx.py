@@ -334,6 +334,30 @@ def test_a_strangers_hello_of_another_version_does_not_stop_the_listener():
     run(main())
 
 
+def test_an_access_refusal_says_which_side_lacks_the_secret():
+    async def main():
+        server = gser.ucx.Worker(gser.ucx.Context(secret="s3cret"))
+        lst = server.listen(lambda ep: None, "127.0.0.1", 0)
+        plain = gser.ucx.Worker(gser.ucx.Context(secret=""))
+        plain_lst = plain.listen(lambda ep: None, "127.0.0.1", 0)
+        cases = [
+            ("other", lst.port, "refused this side's proof of the shared secret (the secrets differ)"),
+            ("", lst.port, "the server proves a shared secret and this side has none"),
+            ("s3cret", plain_lst.port, "the server does not prove the shared secret"),
+        ]
+        for secret, port, why in cases:
+            client = gser.ucx.Worker(gser.ucx.Context(secret=secret))
+            with pytest.raises(gser.ucx.ConnectionClosedError) as ei:
+                await client.connect("127.0.0.1", port, timeout=10)
+            e = ei.value
+            assert e.status_name == "GSER_ERR_ACCESS" and why in str(e) and why in e.detail, (secret, str(e))
+            client.close()
+        plain.close()
+        server.close()
+
+    run(main())
+
+
 def test_a_peer_that_stops_progressing_is_failed_after_the_peer_timeout():
     """The worker's loop is blocked (time.sleep) past the peer's timeout: the
     other side's pending receive fails instead of waiting forever."""
