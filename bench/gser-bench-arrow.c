@@ -76,7 +76,7 @@ static int receiver(int port_pipe)
         die("write", GSER_ERR_IO, strerror(errno));
     close(port_pipe);
     gser_ucx_ep_t *ep;
-    CKU(gser_ucx_listener_accept(l, TIMEOUT_MS, &ep));
+    ep = accept_peer(l, TIMEOUT_MS);
     for (;;) {
         gser_msg_t *m;
         double tr = bench_now_us();

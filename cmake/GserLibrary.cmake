@@ -17,10 +17,14 @@ function(gser_add_libraries name objlib export_name)
   add_custom_command(OUTPUT ${obj}
     COMMAND sh ${PROJECT_SOURCE_DIR}/cmake/gser-localize.sh ${CMAKE_LINKER} ${CMAKE_OBJCOPY} ${obj}
             $<TARGET_OBJECTS:${objlib}>
-    DEPENDS $<TARGET_OBJECTS:${objlib}>
+    # The target too, not only its files: Makefiles have no rule for
+    # another target's objects, so without it a parallel build from an
+    # empty folder may reach this command before they exist.
+    DEPENDS ${objlib} $<TARGET_OBJECTS:${objlib}>
     COMMAND_EXPAND_LISTS VERBATIM
     COMMENT "gser: ${name}_static: one object, internal symbols local")
   add_library(${name}_static STATIC ${obj})
+  add_dependencies(${name}_static ${objlib})
   set_target_properties(${name}_static PROPERTIES OUTPUT_NAME ${name} EXPORT_NAME ${export_name}_static
                                                   LINKER_LANGUAGE C)
 

@@ -15,6 +15,19 @@ void arena_init(arena_t *a, arena_chunk_t *first, size_t first_size)
     a->head = first;
     a->next_size = CHUNK_MIN;
     a->cleanups = NULL;
+    a->total = a->budget = 0;
+    a->over = false;
+}
+
+/* Whether n more heap bytes fit the budget; counts them when they do. */
+static bool arena_take(arena_t *a, size_t n)
+{
+    if (a->budget && (a->total > a->budget || n > a->budget - a->total)) {
+        a->over = true;
+        return false;
+    }
+    a->total += n;
+    return true;
 }
 
 void arena_run_cleanups(arena_t *a)
@@ -44,6 +57,8 @@ void *arena_alloc_slow(arena_t *a, size_t size)
     /* Large requests get a chunk of their own behind the head, so the head's
      * free space is not abandoned. */
     if (size >= a->next_size / 4) {
+        if (!arena_take(a, sizeof(arena_chunk_t) + size))
+            return NULL;
         arena_chunk_t *c = malloc(sizeof(arena_chunk_t) + size);
         if (!c)
             return NULL;
@@ -54,6 +69,8 @@ void *arena_alloc_slow(arena_t *a, size_t size)
         return c->data;
     }
     size_t csize = a->next_size;
+    if (!arena_take(a, sizeof(arena_chunk_t) + csize))
+        return NULL;
     if (a->next_size < CHUNK_MAX)
         a->next_size *= 2;
     arena_chunk_t *c = malloc(sizeof(arena_chunk_t) + csize);
@@ -104,6 +121,8 @@ gser_status_t arena_vec_grow(arena_t *a, void **ptr, size_t *cap, size_t elem_si
             return GSER_ERR_NO_MEMORY;
         if (old_bytes)
             memcpy(np, *ptr, old_bytes);
+    } else if (!arena_take(a, old_bytes > ARENA_VEC_HEAP ? new_bytes - old_bytes : new_bytes)) {
+        return GSER_ERR_NO_MEMORY;
     } else if (old_bytes <= ARENA_VEC_HEAP) {
         if (!(np = malloc(new_bytes)))
             return GSER_ERR_NO_MEMORY;

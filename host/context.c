@@ -135,6 +135,8 @@ void limits_resolve(const gser_limits_t *in, gser_limits_t *out)
         l.max_frames = GSER_DEFAULT_MAX_FRAMES;
     if (l.max_bytes == 0)
         l.max_bytes = GSER_DEFAULT_MAX_BYTES;
+    if (l.max_expansion == 0)
+        l.max_expansion = GSER_DEFAULT_MAX_EXPANSION;
     *out = l;
 }
 

@@ -910,6 +910,14 @@ gser_status_t gser_deserialize(gser_context_t *ctx, const gser_frame_t *frames, 
         return st;
     if ((st = gser_msg_create(ctx, &d.msg)))
         return st;
+    /* What the decoded message may cost: the limits' multiple of its size. */
+    uint64_t size = 0;
+    for (size_t i = 0; i < nframes; i++)
+        size += frames[i].size; /* at most max_bytes each, checked above */
+    uint64_t budget = size > (UINT64_MAX - GSER_EXPANSION_ALLOWANCE) / d.lim.max_expansion
+                          ? UINT64_MAX
+                          : size * d.lim.max_expansion + GSER_EXPANSION_ALLOWANCE;
+    d.msg->arena.budget = budget > SIZE_MAX ? 0 : (size_t)budget;
 
     if (d.trace) {
         trace_line(d.trace, "deserialize header %zu bytes, %zu data frames", frames[0].size, nframes - 1);
@@ -922,6 +930,13 @@ gser_status_t gser_deserialize(gser_context_t *ctx, const gser_frame_t *frames, 
     free(d.later);
     if (st == GSER_OK && d.ndev_vals != d.flushed) /* device buffers are rare: no call for the rest */
         st = dec_device_flush(&d);
+    if (st && d.msg->arena.over)
+        st = error_set(ctx, GSER_ERR_LIMIT_BYTES,
+                       "%s: decoding takes more than %llu bytes of memory for a message of %llu bytes "
+                       "(max_expansion %llu times its size, plus %llu)",
+                       what, (unsigned long long)budget, (unsigned long long)size,
+                       (unsigned long long)d.lim.max_expansion, (unsigned long long)GSER_EXPANSION_ALLOWANCE);
+    d.msg->arena.budget = 0; /* what the caller adds to the message is its own */
     gser_frame_t *copy = NULL;
     if (st == GSER_OK) {
         copy = msg_alloc(d.msg, nframes * sizeof *copy, alignof(gser_frame_t));

@@ -224,7 +224,7 @@ static gser_status_t flat_scan(gser_context_t *ctx, const char *what, const unsi
                                const gser_limits_t *lim, uint64_t *need)
 {
     size_t m = len < 8 ? len : 8;
-    if (memcmp(p, flat_magic, m) != 0)
+    if (m && memcmp(p, flat_magic, m) != 0) /* p may be NULL when len is 0 */
         return error_set(ctx, GSER_ERR_BAD_MAGIC, "%s: not a flattened gser message (bad magic)", what);
     *need = FLAT_PREFIX;
     if (len < FLAT_PREFIX)

@@ -50,6 +50,7 @@
 #define GSER_DEFAULT_MAX_NODES ((size_t)1 << 24)
 #define GSER_DEFAULT_MAX_FRAMES ((size_t)1 << 20)
 #define GSER_DEFAULT_MAX_BYTES ((uint64_t)1 << 40)
+#define GSER_DEFAULT_MAX_EXPANSION 64
 #define GSER_DEFAULT_PACK_MAX ((size_t)1 << 20)
 
 /* msgpack ext type codes of gser's own markers (docs/wire-format.md). */
@@ -83,6 +84,9 @@ typedef struct arena {
     arena_chunk_t *head;
     size_t next_size;
     cleanup_t *cleanups; /* run in reverse order of registration */
+    size_t total;        /* bytes taken from the heap since the first chunk */
+    size_t budget;       /* 0: none; else growth past it fails, and over is set */
+    bool over;
 } arena_t;
 
 GSER_INTERNAL void arena_init(arena_t *a, arena_chunk_t *first, size_t first_size);

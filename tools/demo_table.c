@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "demo_table.h"
 
@@ -24,6 +25,28 @@ void make_worker(gser_context_t *ctx, gser_ucx_context_t **uc, gser_ucx_worker_t
     gser_ucx_worker_options_t wo = GSER_UCX_WORKER_OPTIONS_INIT;
     wo.gser_ctx = ctx;
     CKU(gser_ucx_worker_create(*uc, &wo, w));
+}
+
+static double mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+gser_ucx_ep_t *accept_peer(gser_ucx_listener_t *l, int timeout_ms)
+{
+    double deadline = mono_ms() + timeout_ms;
+    for (;;) {
+        double left = deadline - mono_ms();
+        gser_ucx_ep_t *ep;
+        gser_status_t st = gser_ucx_listener_accept(l, left > 0 ? (int)left : 0, &ep);
+        if (st == GSER_OK)
+            return ep;
+        if (!gser_ucx_status_is_peer_error(st) || (st == GSER_ERR_TIMEOUT && mono_ms() >= deadline))
+            die("gser_ucx_listener_accept", st, gser_ucx_get_last_error());
+        fprintf(stderr, "%s: a peer failed its handshake, still listening: %s\n", who, gser_ucx_get_last_error());
+    }
 }
 
 void die(const char *what, gser_status_t st, const char *detail)

@@ -43,6 +43,13 @@ gser_context_t *make_ctx(void);
 /* A UCX transport context and one worker using ctx's device backend. */
 void make_worker(gser_context_t *ctx, gser_ucx_context_t **uc, gser_ucx_worker_t **w);
 
+/* The next peer that finished its handshake, waiting up to timeout_ms in
+ * all. A peer that fails its handshake (another version, no secret, bytes
+ * that stop halfway) is reported on stderr and the wait goes on: anyone who
+ * reaches the port can cause that. Exits on the listener's own errors and
+ * when no peer came in time. */
+gser_ucx_ep_t *accept_peer(gser_ucx_listener_t *l, int timeout_ms);
+
 /* A table of rows x cols in device memory (device) or host memory; released
  * by the arrays' and the schema's release callbacks. */
 void make_table(gser_context_t *ctx, bool device, int64_t rows, int cols, struct ArrowDeviceArray *da,

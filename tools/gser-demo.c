@@ -81,7 +81,7 @@ static int run_receiver(const opts_t *o, int port_pipe)
         fflush(stdout);
     }
     gser_ucx_ep_t *ep;
-    CKU(gser_ucx_listener_accept(l, TIMEOUT_MS, &ep));
+    ep = accept_peer(l, TIMEOUT_MS);
     int failures = 0, iters = 0;
     for (;;) {
         gser_msg_t *msg;

@@ -36,7 +36,16 @@ typedef struct gser_limits {
                              or a few); default 16,777,216 */
     size_t max_frames;  /**< data frames; default 1,048,576 */
     uint64_t max_bytes; /**< header + frame bytes; default 1 TiB */
+    /** What decoding a message may cost, relative to its size: the memory the
+     *  decoded message takes (its values, not the frames it borrows) is at
+     *  most max_expansion times the message's bytes (header + frames) plus
+     *  GSER_EXPANSION_ALLOWANCE, else GSER_ERR_LIMIT_BYTES. The Python module
+     *  holds the objects it builds to the same bound. Default 64. */
+    uint64_t max_expansion;
 } gser_limits_t;
+
+/** The fixed part of the max_expansion bound: small messages always decode. */
+#define GSER_EXPANSION_ALLOWANCE ((uint64_t)1 << 20)
 
 #define GSER_LIMITS_INIT GSER_STRUCT_INIT(gser_limits_t)
 

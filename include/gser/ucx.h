@@ -240,7 +240,8 @@ GSER_API gser_status_t gser_ucx_worker_wait(gser_ucx_worker_t *worker, int timeo
 
 /** Called when an accepted connection finished its handshake (status
  *  GSER_OK, ep is the caller's to destroy) or failed it (ep NULL, e.g.
- *  GSER_ERR_WIRE_VERSION). */
+ *  GSER_ERR_WIRE_VERSION): such a failure concerns that peer alone
+ *  (gser_ucx_status_is_peer_error), the listener goes on. */
 typedef void (*gser_ucx_accept_fn)(gser_ucx_listener_t *listener, gser_ucx_ep_t *ep, gser_status_t status,
                                    void *user_data);
 
@@ -290,15 +291,29 @@ GSER_API gser_status_t gser_ucx_listener_get_stats(const gser_ucx_listener_t *li
 
 /**
  * The next connection that finished its handshake, waiting up to timeout_ms
- * (-1: no limit; 0: only what is queued). GSER_ERR_TIMEOUT if none came. A
- * connection that sent a gser hello and then failed its handshake is
- * reported once with its status (GSER_ERR_WIRE_VERSION, GSER_ERR_ACCESS,
- * GSER_ERR_TIMEOUT, GSER_ERR_CONNECTION, GSER_ERR_FORMAT, ...); bytes that are
- * not a gser hello are dropped without a report (counted in
- * gser_ucx_listener_get_stats). The listener goes on serving others.
+ * (-1: no limit; 0: only what is queued). Its errors are of two classes;
+ * gser_ucx_status_is_peer_error tells them apart:
+ *  - one peer's, after which the listener goes on serving others (call
+ *    accept again): a connection that sent a gser hello and then failed its
+ *    handshake is reported once with its status (GSER_ERR_WIRE_VERSION,
+ *    GSER_ERR_ACCESS, GSER_ERR_TIMEOUT, GSER_ERR_CONNECTION, GSER_ERR_FORMAT,
+ *    GSER_ERR_IO, GSER_ERR_NO_MEMORY, ...). GSER_ERR_TIMEOUT is in this class
+ *    also when no connection came in time. Bytes that are not a gser hello
+ *    are dropped without a report (counted in gser_ucx_listener_get_stats).
+ *    Anyone who reaches the port can cause these: never stop on them.
+ *  - the listener's own, after which accept cannot succeed:
+ *    GSER_ERR_INVALID_ARG (a NULL argument) and GSER_ERR_STATE (the
+ *    listener's worker failed for good, gser_ucx_worker_get_status; its
+ *    message says why). A peer's failure never has these two statuses.
  */
 GSER_API gser_status_t gser_ucx_listener_accept(gser_ucx_listener_t *listener, int timeout_ms,
                                                 gser_ucx_ep_t **ep_out);
+
+/** Whether st, from gser_ucx_listener_accept or given to a
+ *  gser_ucx_accept_fn, concerns one peer (or no connection came in time):
+ *  the listener goes on serving others. False for GSER_OK and for the
+ *  listener's own errors, GSER_ERR_INVALID_ARG and GSER_ERR_STATE. */
+GSER_API bool gser_ucx_status_is_peer_error(gser_status_t st);
 
 /** Stop listening. Connections accepted but not yet taken are closed. NULL is fine. */
 GSER_API void gser_ucx_listener_destroy(gser_ucx_listener_t *listener);
@@ -318,7 +333,9 @@ GSER_API gser_status_t gser_ucx_ep_connect(gser_ucx_worker_t *worker, const char
 
 /** GSER_OK when ready, GSER_INPROGRESS while the handshake runs, else why
  *  the endpoint failed (GSER_ERR_CONNECTION, GSER_ERR_WIRE_VERSION,
- *  GSER_ERR_CANCELED after gser_ucx_ep_close, ...). */
+ *  GSER_ERR_CANCELED after gser_ucx_ep_close, ...); then
+ *  gser_ucx_get_last_error() says why in words (for GSER_ERR_ACCESS: which
+ *  side lacks the shared secret, or that the secrets differ). */
 GSER_API gser_status_t gser_ucx_ep_get_status(const gser_ucx_ep_t *ep);
 
 /** What the peer announced in the handshake. */

@@ -334,8 +334,21 @@ gser_status_t gux_ep_ucx_connect(gser_ucx_ep_t *ep, const void *addr)
 
 /* ---- listener bookkeeping ---------------------------------------------------------------- */
 
+/* A peer's failure as accept reports it: never in the listener's own class
+ * (gser_ucx_status_is_peer_error), whatever went wrong inside. */
+static gser_status_t peer_status(gser_status_t st)
+{
+    return gser_ucx_status_is_peer_error(st) ? st : GSER_ERR_CONNECTION;
+}
+
+bool gser_ucx_status_is_peer_error(gser_status_t st)
+{
+    return st != GSER_OK && st != GSER_ERR_INVALID_ARG && st != GSER_ERR_STATE;
+}
+
 static void failure_push(gser_ucx_listener_t *l, gser_status_t st)
 {
+    st = peer_status(st);
     if (l->nfailures == l->failures_cap) {
         size_t cap = l->failures_cap ? l->failures_cap * 2 : 4;
         gser_status_t *f = realloc(l->failures, cap * sizeof *f);
@@ -373,7 +386,7 @@ static bool listener_report(gser_ucx_listener_t *l, gser_ucx_ep_t *ep)
     }
     l->stats.failed++;
     if (l->cb) {
-        l->cb(l, NULL, ep->error, l->user_data);
+        l->cb(l, NULL, peer_status(ep->error), l->user_data);
         return true;
     }
     failure_push(l, ep->error);
@@ -619,7 +632,7 @@ gser_status_t gser_ucx_listener_get_stats(const gser_ucx_listener_t *l, gser_ucx
 static bool accept_ready(void *arg)
 {
     gser_ucx_listener_t *l = arg;
-    return !gux_list_empty(&l->accepted) || l->nfailures;
+    return !gux_list_empty(&l->accepted) || l->nfailures || l->worker->broken;
 }
 
 gser_status_t gser_ucx_listener_accept(gser_ucx_listener_t *l, int timeout_ms, gser_ucx_ep_t **ep_out)
@@ -637,7 +650,11 @@ gser_status_t gser_ucx_listener_accept(gser_ucx_listener_t *l, int timeout_ms, g
     if (l->nfailures) {
         st = l->failures[0];
         memmove(l->failures, l->failures + 1, --l->nfailures * sizeof *l->failures);
-        gux_fail(st, "accept: a connection failed its handshake: %s", gser_status_str(st));
+        gux_fail(st, "accept: a connection failed its handshake (the listener goes on): %s", gser_status_str(st));
+        goto out;
+    }
+    if (gux_list_empty(&l->accepted)) { /* only a failed worker ends the wait with neither */
+        st = gux_fail(GSER_ERR_STATE, "accept: the listener's worker failed for good: %s", w->broken_why);
         goto out;
     }
     gser_ucx_ep_t *ep = gux_container(l->accepted.next, gser_ucx_ep_t, alink);
@@ -745,7 +762,8 @@ gser_status_t gser_ucx_ep_get_status(const gser_ucx_ep_t *ep)
     case GUX_EP_READY:
         return GSER_OK;
     default:
-        return ep->error;
+        /* The reason in words too: which side lacks the secret, ... */
+        return ep->why[0] ? gux_fail(ep->error, "%s", ep->why) : ep->error;
     }
 }
 

@@ -1,6 +1,7 @@
 // The flattened form: layout, files, descriptors, ownership.
 #include <cstdio>
 #include <fcntl.h>
+#include <string>
 #include <thread>
 #include <unistd.h>
 
@@ -128,6 +129,31 @@ TEST(Flat, FilesAndDescriptors)
     EXPECT_EQ(gser_deserialize_fd(ctx.get(), p[0], nullptr, &back), GSER_ERR_BAD_MAGIC);
     close(p[0]);
     EXPECT_EQ(gser_deserialize_fd(ctx.get(), -1, nullptr, &back), GSER_ERR_INVALID_ARG);
+}
+
+// Empty input, in every form: a specific error, and (under the sanitizers)
+// no null pointer handed to the C library on the way.
+TEST(Flat, EmptyInputIsBadMagicEverywhere)
+{
+    auto ctx = make_ctx();
+    gser_msg_t *back = nullptr;
+    // An empty regular file (nothing is read, so no buffer exists).
+    FILE *f = tmpfile();
+    ASSERT_NE(f, nullptr);
+    EXPECT_EQ(gser_deserialize_fd(ctx.get(), fileno(f), nullptr, &back), GSER_ERR_BAD_MAGIC);
+    EXPECT_NE(std::string(gser_context_get_last_error(ctx.get())).find("empty input"), std::string::npos)
+        << gser_context_get_last_error(ctx.get());
+    fclose(f);
+    // /dev/null: a character device that ends at once.
+    int fd = open("/dev/null", O_RDONLY);
+    ASSERT_GE(fd, 0);
+    EXPECT_EQ(gser_deserialize_fd(ctx.get(), fd, nullptr, &back), GSER_ERR_BAD_MAGIC);
+    close(fd);
+    // Memory: no bytes, with and without a pointer.
+    static const unsigned char none[1] = {0};
+    EXPECT_EQ(gser_deserialize_flat(ctx.get(), nullptr, 0, nullptr, nullptr, nullptr, &back), GSER_ERR_BAD_MAGIC);
+    EXPECT_EQ(gser_deserialize_flat(ctx.get(), none, 0, nullptr, nullptr, nullptr, &back), GSER_ERR_BAD_MAGIC);
+    EXPECT_EQ(back, nullptr);
 }
 
 static void release_flat(void *data, void *arg)

@@ -209,6 +209,56 @@ TEST(Safety, LimitsAreEnforcedWithTheirOwnStatus)
     EXPECT_EQ(c, nullptr);
 }
 
+// Many buffer references to one small frame: inside every other limit, but
+// each costs the decoder far more memory than its dozen header bytes.
+// max_expansion bounds that cost relative to the message's size.
+TEST(Safety, DecodingCostIsBoundedByTheMessagesSize)
+{
+    auto ctx = make_ctx();
+    const size_t n = 100000;
+    std::string h = craft(
+        [&](msgpack_packer *pk) {
+            msgpack_pack_array(pk, n);
+            for (size_t i = 0; i < n; i++)
+                pack_buffer_ref(pk, GSER_DTYPE_UINT8, 0, 0, 1);
+        },
+        GSER_WIRE_VERSION, {1});
+    static const unsigned char one[1] = {7};
+    gser_frame_t fr[2] = {{h.data(), h.size(), GSER_MEMORY_HOST, 0, nullptr, nullptr, {}},
+                          {one, 1, GSER_MEMORY_HOST, 0, nullptr, nullptr, {}}};
+    // The default (64 times the size) holds this message: it decodes.
+    gser_msg_t *m = nullptr;
+    ASSERT_EQ(gser_deserialize(ctx.get(), fr, 2, nullptr, &m), GSER_OK) << gser_context_get_last_error(ctx.get());
+    gser_msg_destroy(m);
+    // Twice its size (plus the fixed allowance) does not.
+    gser_limits_t lim = GSER_LIMITS_INIT;
+    lim.max_expansion = 2;
+    EXPECT_EQ(expect_failure(ctx.get(), fr, 2, 0, &lim), GSER_ERR_LIMIT_BYTES);
+    std::string err = gser_context_get_last_error(ctx.get());
+    EXPECT_NE(err.find("max_expansion 2"), std::string::npos) << err;
+    EXPECT_NE(err.find("for a message of " + std::to_string(h.size() + 1) + " bytes"), std::string::npos) << err;
+    // The limit is the context's when the call gives none, and 0 means the default.
+    gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
+    o.limits = &lim;
+    gser_context_t *c2 = nullptr;
+    ASSERT_EQ(gser_context_create(&o, &c2), GSER_OK);
+    EXPECT_EQ(expect_failure(c2, fr, 2), GSER_ERR_LIMIT_BYTES);
+    gser_limits_t got = GSER_LIMITS_INIT;
+    ASSERT_EQ(gser_context_get_limits(c2, &got), GSER_OK);
+    EXPECT_EQ(got.max_expansion, 2u);
+    gser_context_destroy(c2);
+    ASSERT_EQ(gser_context_get_limits(ctx.get(), &got), GSER_OK);
+    EXPECT_EQ(got.max_expansion, 64u);
+    // A message well inside its bound decodes under the small limit too.
+    std::string small = craft([&](msgpack_packer *pk) { pack_buffer_ref(pk, GSER_DTYPE_UINT8, 0, 0, 1); },
+                              GSER_WIRE_VERSION, {1});
+    gser_frame_t sfr[2] = {{small.data(), small.size(), GSER_MEMORY_HOST, 0, nullptr, nullptr, {}}, fr[1]};
+    gser_deserialize_options_t dopt = GSER_DESERIALIZE_OPTIONS_INIT;
+    dopt.limits = &lim;
+    ASSERT_EQ(gser_deserialize(ctx.get(), sfr, 2, &dopt, &m), GSER_OK) << gser_context_get_last_error(ctx.get());
+    gser_msg_destroy(m);
+}
+
 TEST(Safety, DeepNestingAndCyclesFailAtSerialize)
 {
     auto ctx = make_ctx();

@@ -147,6 +147,18 @@ TEST(Tools, InspectRejectsBadFilesWithOneLine)
     EXPECT_NE(r.out.find("GSER_ERR_TRUNCATED"), std::string::npos) << r.out;
     EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
 
+    // An empty file, and empty standard input.
+    std::string empty = tmp_path("empty.gser");
+    fclose(fopen(empty.c_str(), "wb"));
+    r = run(std::string(GSER_INSPECT_PATH) + " " + empty);
+    EXPECT_EQ(r.status, 1);
+    EXPECT_NE(r.out.find("GSER_ERR_BAD_MAGIC"), std::string::npos) << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+    r = run(std::string(GSER_INSPECT_PATH) + " - < /dev/null");
+    EXPECT_EQ(r.status, 1);
+    EXPECT_NE(r.out.find("GSER_ERR_BAD_MAGIC"), std::string::npos) << r.out;
+    std::remove(empty.c_str());
+
     r = run(std::string(GSER_INSPECT_PATH) + " /nonexistent/file");
     EXPECT_EQ(r.status, 2);
     r = run(std::string(GSER_INSPECT_PATH));

@@ -50,7 +50,13 @@ from Dask's configuration, distributed.comm.gser.{transports, net-devices,
 peer-timeout, secret} (DASK_DISTRIBUTED__COMM__GSER__TRANSPORTS=tcp, ...).
 With a secret (that key, or the GSER_UCX_SECRET environment variable) every
 connection proves it both ways before UCX or Dask sees a byte of it; the
-secret never crosses the wire, nothing is encrypted (docs/ucx.md).
+secret never crosses the wire, nothing is encrypted (docs/ucx.md). So a
+demand for encryption (distributed.comm.require-encryption,
+Security(require_encryption=True)) or for TLS (an ssl_context) is refused
+with a RuntimeError, as tcp:// refuses plaintext; every connection argument
+is honoured or refused, never dropped. A connection refused for good (the
+secrets differ, another wire version) raises FatalCommClosedError with the
+transport's reason: Dask's connect() does not retry it.
 """
 
 from __future__ import annotations
@@ -64,7 +70,7 @@ import weakref
 import dask
 from dask.utils import parse_timedelta
 from distributed.comm.addressing import get_address_host, parse_host_port, unparse_host_port
-from distributed.comm.core import Comm, CommClosedError, Connector, Listener
+from distributed.comm.core import Comm, CommClosedError, Connector, FatalCommClosedError, Listener
 from distributed.comm.registry import Backend, backends
 from distributed.comm.utils import ensure_concrete_host, from_frames, to_frames
 from distributed.utils import ensure_ip, get_ip, get_ipv6, nbytes
@@ -351,6 +357,53 @@ def _drop_endpoint(ep):
         _release(ep.worker)
 
 
+# ---- Dask's connection arguments ------------------------------------------------------------
+
+# What a listener takes besides Dask's security arguments: the host and port
+# to fill in (as tcp:// does) and what its handshake says over its own
+# (Listener.on_connection; the scheduler's pickle protocol and compression).
+_LISTENER_ARGS = frozenset({"default_host", "default_port", "handshake_overrides"})
+
+
+def _check_connection_args(address: str, args: dict, listener: bool = False):
+    """Honour or refuse each of the connection_args Dask passes (Security's
+    get_connection_args / get_listen_args, a listener's defaults), never drop
+    one: gser:// does not encrypt, so a demand for encryption or TLS is
+    refused, as tcp:// refuses plaintext under require_encryption."""
+    where = repr(PREFIX + address)
+    required = args.get("require_encryption")
+    if required is None:  # not passed: Dask's configuration decides, as Security would
+        required = dask.config.get("distributed.comm.require-encryption", False)
+    if required:
+        raise RuntimeError(
+            f"encryption required by Dask configuration, refusing communication from/to {where}: gser:// does "
+            "not encrypt (its shared secret, distributed.comm.gser.secret, authenticates peers; the bytes travel "
+            "in plaintext). Use tls:// for encryption, or leave require_encryption off to use gser://")
+    if args.get("ssl_context") is not None:
+        raise RuntimeError(
+            f"a TLS Security (ssl_context) was given for {where}, and gser:// does not encrypt: refusing rather "
+            "than communicating in plaintext. Use tls:// with this Security, or a Security without TLS for "
+            "gser:// (its shared secret, distributed.comm.gser.secret, authenticates peers without encrypting)")
+    if args.get("extra_conn_args"):
+        raise TypeError(f"gser:// takes no extra_conn_args (given for {where}): {sorted(args['extra_conn_args'])!r}")
+    # Keys Dask itself never passes: its comm contract (check_client_server
+    # in distributed/comm/tests/test_comms.py) says a comm ignores them. Said
+    # in the log, so that none goes unnoticed.
+    unknown = sorted(set(args) - {"require_encryption", "ssl_context", "extra_conn_args"} - _LISTENER_ARGS)
+    if unknown:
+        logger.warning("gser: connection arguments %s for %s are not Dask's: ignored, as Dask's comms do", unknown,
+                       where)
+    if not listener and set(args) & _LISTENER_ARGS:
+        raise TypeError(f"gser:// takes {sorted(set(args) & _LISTENER_ARGS)} when listening only (given for "
+                        f"connecting to {where})")
+
+
+# Refusals a retry cannot turn into a connection: Dask's connect() gives up
+# at once on FatalCommClosedError, with this message, instead of retrying
+# until its timeout and showing the reason only as the cause.
+_FATAL = frozenset({"GSER_ERR_ACCESS", "GSER_ERR_WIRE_VERSION"})
+
+
 # ---- connecting ---------------------------------------------------------------------------
 
 class GserConnector(Connector):
@@ -359,13 +412,15 @@ class GserConnector(Connector):
     encrypted = False
 
     async def connect(self, address, deserialize=True, **connection_args):
+        _check_connection_args(address, connection_args)
         host, port = parse_host_port(address)
         worker = _worker()
         try:
             ep = await worker.connect(host, port)
         except gser.ucx.ConnectionClosedError as e:
             _release(worker)
-            raise CommClosedError(f"gser: cannot connect to {PREFIX}{address}: {e}") from e
+            error = FatalCommClosedError if e.status_name in _FATAL else CommClosedError
+            raise error(f"gser: cannot connect to {PREFIX}{address}: {e}") from e
         except BaseException:
             _release(worker)
             raise
@@ -408,8 +463,10 @@ class GserListener(Listener):
                  **connection_args):
         if address.startswith(PREFIX):
             address = address[len(PREFIX):]
-        self.ip, self._port = parse_host_port(address, 0)
+        _check_connection_args(address, connection_args, listener=True)
+        self.ip, self._port = parse_host_port(address, connection_args.get("default_port") or 0)
         self.default_host = default_host
+        self.handshake_overrides = connection_args.get("handshake_overrides")
         self._ip = None
         self.comm_handler = comm_handler
         self.deserialize = deserialize
@@ -489,7 +546,7 @@ class GserListener(Listener):
         comm = self.comm_class(ep, local, peer, self.deserialize)
         comm.allow_offload = self.allow_offload
         try:
-            await self.on_connection(comm)
+            await self.on_connection(comm, self.handshake_overrides)
         except CommClosedError:
             logger.info("gser: connection from %s closed before the Dask handshake completed", peer)
             return

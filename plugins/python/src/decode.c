@@ -21,7 +21,15 @@
 typedef struct dec {
     pg_decode_ctx_t *dc;
     pg_path_t path;
+    uint64_t cost, budget; /* what the objects built so far cost (estimated), and the most they may */
 } dec_t;
+
+/* The estimated cost of what one value becomes in Python: a buffer, array
+ * or typed object (a numpy array or memoryview and its share of the frame's
+ * exporter: 0.78-0.86 KB measured) or any other value (an int, a str, a
+ * container's slot). */
+#define PG_COST_BUFFER 800
+#define PG_COST_VALUE 64
 
 static PyObject *dec_value(dec_t *d, gser_value_t *v, int depth);
 
@@ -424,7 +432,7 @@ static PyObject *typed_memoryview(dec_t *d, const gser_buffer_desc_t *desc, bool
 static PyObject *host_array(dec_t *d, const gser_buffer_desc_t *desc, bool readonly)
 {
     if (!pg_dtype_format(desc->dtype))
-        return pg_path_raise(PyExc_NotImplementedError, GSER_OK, &d->path,
+        return pg_path_raise(pg_GserUnsupported, GSER_ERR_UNSUPPORTED, &d->path,
                              "a buffer of dtype %s, which Python's buffer protocol and numpy cannot express",
                              gser_dtype_str(desc->dtype));
     if (!numpy_ready())
@@ -497,7 +505,7 @@ static PyObject *dec_ndarray(dec_t *d, gser_value_t *tree, int depth)
     if (gser_value_get_bool(wv, &writeable) || gser_value_get_int(nv, &ndim) || host_desc(d, bv, &desc) < 0)
         return PyErr_Occurred() ? NULL : bad_tree(d, T, "bad flags");
     if (!numpy_ready())
-        return pg_path_raise(PyExc_NotImplementedError, GSER_OK, &d->path,
+        return pg_path_raise(pg_GserUnsupported, GSER_ERR_UNSUPPORTED, &d->path,
                              "a numpy array, and numpy is not installed");
     int64_t flat[1] = {(int64_t)desc.nbytes};
     int bnd = desc.ndim ? (int)desc.ndim : 1;
@@ -679,7 +687,7 @@ static PyObject *dec_object(dec_t *d, gser_value_t *v, int depth)
     PyObject *name = pg_text(type);
     if (!name)
         return NULL;
-    PyObject *r = pg_path_raise(PyExc_NotImplementedError, GSER_OK, &d->path,
+    PyObject *r = pg_path_raise(pg_GserUnsupported, GSER_ERR_UNSUPPORTED, &d->path,
                                 pg_have_arrow ? "a typed object of type \"%U\": the Python module loads its own types "
                                                 "and \"" GSER_ARROW_TYPE "\" only"
                                               : "a typed object of type \"%U\": the Python module loads its own types "
@@ -694,7 +702,16 @@ static PyObject *dec_object(dec_t *d, gser_value_t *v, int depth)
 static PyObject *dec_value(dec_t *d, gser_value_t *v, int depth)
 {
     gser_status_t st = GSER_OK;
-    switch (gser_value_get_kind(v)) {
+    gser_kind_t kind = gser_value_get_kind(v);
+    d->cost += kind == GSER_KIND_BUFFER || kind == GSER_KIND_OBJECT || kind == GSER_KIND_SERIALIZED ? PG_COST_BUFFER
+                                                                                                      : PG_COST_VALUE;
+    if (d->cost > d->budget)
+        return pg_path_raise(pg_GserError, GSER_ERR_LIMIT_BYTES, &d->path,
+                             "the Python objects of this message would take more than %llu bytes (estimated; "
+                             "max_expansion times the message's size, plus %llu): a message that costs this much "
+                             "more than its own bytes is refused",
+                             (unsigned long long)d->budget, (unsigned long long)GSER_EXPANSION_ALLOWANCE);
+    switch (kind) {
     case GSER_KIND_NIL: Py_RETURN_NONE;
     case GSER_KIND_BOOL: {
         bool b = false;
@@ -760,5 +777,16 @@ PyObject *pg_decode(pg_decode_ctx_t *dc, gser_value_t *root)
     dec_t d;
     d.dc = dc;
     d.path.len = 0;
+    d.cost = 0;
+    /* The same bound as the core's: max_expansion times the message's size. */
+    gser_limits_t lim = GSER_LIMITS_INIT;
+    uint64_t size = 0;
+    for (size_t i = 0; i < dc->nframes; i++)
+        size += dc->frames[i].size;
+    if (gser_context_get_limits(pg_ctx, &lim) != GSER_OK || !lim.max_expansion)
+        lim.max_expansion = 64;
+    d.budget = size > (UINT64_MAX - GSER_EXPANSION_ALLOWANCE) / lim.max_expansion
+                   ? UINT64_MAX
+                   : size * lim.max_expansion + GSER_EXPANSION_ALLOWANCE;
     return dec_value(&d, root, 1);
 }

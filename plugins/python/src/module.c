@@ -18,6 +18,7 @@
 gser_context_t *pg_ctx;
 PyObject *pg_GserError;
 PyObject *pg_Declined;
+PyObject *pg_GserUnsupported;
 
 /* ---- errors ------------------------------------------------------------------------ */
 
@@ -30,7 +31,7 @@ static PyObject *status_name(gser_status_t st)
 
 PyObject *pg_make_exc(PyObject *exc, gser_status_t st, PyObject *text)
 {
-    if (exc != pg_GserError)
+    if (exc != pg_GserError && exc != pg_GserUnsupported)
         return PyObject_CallOneArg(exc, text);
     PyObject *name = status_name(st);
     PyObject *msg = name ? PyUnicode_FromFormat("%U: %U", name, text) : NULL;
@@ -362,8 +363,14 @@ static int frame_get(PgOwner *owner, PyObject *o, Py_ssize_t index, gser_frame_t
                 r = -1;
             }
             if (r < 0) {
-                if (why)
-                    PyErr_Format(PyExc_NotImplementedError, "gser.loads: frame %zd: %s", index, why);
+                if (why) {
+                    PyObject *text = PyUnicode_FromFormat("gser.loads: frame %zd: %s", index, why);
+                    PyObject *e = text ? pg_make_exc(pg_GserUnsupported, GSER_ERR_UNSUPPORTED, text) : NULL;
+                    if (e)
+                        PyErr_SetObject(pg_GserUnsupported, e);
+                    Py_XDECREF(e);
+                    Py_XDECREF(text);
+                }
                 return -1;
             }
             /* The interface's consumer synchronizes with the producer's
@@ -616,6 +623,22 @@ PyMODINIT_FUNC PyInit__gser(void)
         if (!pg_GserError)
             return NULL;
     }
+    if (!pg_GserUnsupported) {
+        /* Both: what the decoder raises on bad input is a GserError, and
+         * code written for NotImplementedError still catches it. */
+        PyObject *bases = PyTuple_Pack(2, pg_GserError, PyExc_NotImplementedError);
+        if (!bases)
+            return NULL;
+        pg_GserUnsupported = PyErr_NewExceptionWithDoc(
+            "gser.GserUnsupported",
+            "A message (or a frame handed to loads) holds what this Python module cannot\n"
+            "give back: a dtype numpy cannot express, a typed object of a type it does not\n"
+            "load, ... A GserError (status GSER_ERR_UNSUPPORTED) and a NotImplementedError.",
+            bases, NULL);
+        Py_DECREF(bases);
+        if (!pg_GserUnsupported)
+            return NULL;
+    }
     if (!pg_Declined) {
         pg_Declined = PyErr_NewExceptionWithDoc(
             "gser.Declined",
@@ -648,6 +671,7 @@ PyMODINIT_FUNC PyInit__gser(void)
 #endif
     if (PyModule_AddObjectRef(m, "GserError", pg_GserError) < 0 ||
         PyModule_AddObjectRef(m, "Declined", pg_Declined) < 0 ||
+        PyModule_AddObjectRef(m, "GserUnsupported", pg_GserUnsupported) < 0 ||
         PyModule_AddObjectRef(m, "DeviceFrame", (PyObject *)&PgDeviceFrame_Type) < 0 ||
         PyModule_AddObjectRef(m, "DeviceArray", (PyObject *)&PgDeviceArray_Type) < 0 ||
         PyModule_AddObjectRef(m, "ArrowArray", (PyObject *)&PgArrowArray_Type) < 0 ||

@@ -35,6 +35,9 @@ extern gser_context_t *pg_ctx;
 extern PyObject *pg_GserError;
 /* gser.Declined, a subclass of NotImplementedError: gser would be slower. */
 extern PyObject *pg_Declined;
+/* gser.GserUnsupported, a subclass of GserError and NotImplementedError: a
+ * well-formed message holds what Python cannot (status GSER_ERR_UNSUPPORTED). */
+extern PyObject *pg_GserUnsupported;
 
 /* Raise the Python exception for a failed core call: MemoryError for
  * GSER_ERR_NO_MEMORY, GserError otherwise. With detail, the message is the

@@ -753,7 +753,16 @@ static PyObject *endpoint_error(PgUcxEndpoint *self, PyObject *unused)
     gser_status_t st = endpoint_status(self);
     if (st == GSER_OK || st == GSER_INPROGRESS)
         Py_RETURN_NONE;
-    PyObject *text = PyUnicode_FromFormat("endpoint %s: %s", self->ep ? "failed" : "destroyed", gser_status_str(st));
+    /* gser_ucx_ep_get_status left the endpoint's reason in the last error. */
+    const char *why = self->ep ? gser_ucx_get_last_error() : "";
+    PyObject *text;
+    if (*why) {
+        PyObject *w = pg_text(why);
+        text = w ? PyUnicode_FromFormat("endpoint failed: %U", w) : NULL;
+        Py_XDECREF(w);
+    } else {
+        text = PyUnicode_FromFormat("endpoint %s: %s", self->ep ? "failed" : "destroyed", gser_status_str(st));
+    }
     PyObject *e = text ? pg_make_exc(pg_GserError, st, text) : NULL;
     Py_XDECREF(text);
     return e;

@@ -6,7 +6,9 @@ network namespaces."""
 
 import asyncio
 import gc
+import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -295,6 +297,145 @@ def test_connection_refused_within_the_connect_timeout():
         with pytest.raises(OSError, match="Timed out trying to connect"):
             await connect(address, timeout=2)
         assert time.monotonic() - start < 2 + 3  # the timeout, plus slack for a loaded machine
+
+    run(main())
+
+
+def test_a_refused_secret_fails_at_once_with_the_c_message():
+    """A peer that holds another secret refuses this side: Dask's connect()
+    gives up at once (a retry cannot help) with the reason in the message,
+    not after its whole timeout with the reason in the cause."""
+    env = dict(os.environ, DASK_DISTRIBUTED__COMM__GSER__SECRET="the server's")
+    with Peer("serve", "127.0.0.1", env=env) as peer:
+        async def main():
+            start = time.monotonic()
+            with pytest.raises(distributed.comm.core.FatalCommClosedError) as ei:
+                await connect(peer.address, timeout=30)
+            assert time.monotonic() - start < 10, "retried instead of failing at once"
+            why = "the server proves a shared secret and this side has none"
+            assert "GSER_ERR_ACCESS" in str(ei.value) and why in str(ei.value), str(ei.value)
+
+        run(main())
+
+
+# ---- Dask's security settings -----------------------------------------------------------------
+
+ENCRYPTION = "encryption required by Dask configuration.*gser:// does not encrypt"
+
+
+def test_require_encryption_is_refused_never_plaintext():
+    from distributed.security import Security
+
+    async def main():
+        listener = await listen("gser://127.0.0.1:0", lambda comm: None)
+        address = listener.contact_address
+        try:
+            # Dask's configuration, Security(require_encryption=True), and the
+            # bare argument: refused on connecting and on listening, at once.
+            with dask.config.set({"distributed.comm.require-encryption": True}):
+                sec = Security()
+                assert sec.require_encryption
+                for args in (sec.get_connection_args("client"), {}):
+                    with pytest.raises(RuntimeError, match=ENCRYPTION):
+                        await connect(address, timeout=30, **args)
+                with pytest.raises(RuntimeError, match=ENCRYPTION):
+                    await listen("gser://127.0.0.1:0", lambda comm: None, **sec.get_listen_args("scheduler"))
+            sec = Security(require_encryption=True)
+            start = time.monotonic()
+            with pytest.raises(RuntimeError, match=ENCRYPTION):
+                await connect(address, timeout=30, **sec.get_connection_args("worker"))
+            assert time.monotonic() - start < 10
+            with pytest.raises(RuntimeError, match=ENCRYPTION):
+                await listen("gser://127.0.0.1:0", lambda comm: None, **sec.get_listen_args("worker"))
+            # What tcp:// does with the same settings.
+            with pytest.raises(RuntimeError, match="encryption required"):
+                await connect("tcp://127.0.0.1:1", timeout=30, **sec.get_connection_args("client"))
+            # require_encryption=False, said explicitly, wins over the configuration, as for tcp://.
+            with dask.config.set({"distributed.comm.require-encryption": True}):
+                comm = await connect(address, timeout=30, **Security(require_encryption=False).get_connection_args("client"))
+                await comm.close()
+        finally:
+            listener.stop()
+
+    run(main())
+
+
+def test_a_tls_security_or_ssl_context_is_refused():
+    import ssl
+
+    from distributed.security import Security
+
+    pytest.importorskip("cryptography")
+    tls = Security.temporary()  # a self-signed CA and certificate: a TLS Security
+    tls.require_encryption = False  # the TLS context alone must be enough to refuse
+    ctx = ssl.create_default_context()
+
+    async def main():
+        listener = await listen("gser://127.0.0.1:0", lambda comm: None)
+        address = listener.contact_address
+        try:
+            for args in (tls.get_connection_args("client"), {"ssl_context": ctx}):
+                assert args["ssl_context"] is not None
+                with pytest.raises(RuntimeError, match="TLS.*gser:// does not encrypt.*tls://"):
+                    await connect(address, timeout=30, **args)
+            for args in (tls.get_listen_args("scheduler"), {"ssl_context": ctx}):
+                with pytest.raises(RuntimeError, match="TLS.*gser:// does not encrypt"):
+                    await listen("gser://127.0.0.1:0", lambda comm: None, **args)
+            # Security.temporary() as it comes: refused too (it requires encryption).
+            with pytest.raises(RuntimeError, match=ENCRYPTION):
+                await connect(address, timeout=30, **Security.temporary().get_connection_args("client"))
+        finally:
+            listener.stop()
+
+    run(main())
+
+
+def test_every_connection_argument_is_honoured_or_refused(caplog):
+    from distributed.security import Security
+
+    async def main():
+        # What a Security without TLS passes: accepted.
+        listener = await listen("gser://0.0.0.0", lambda comm: None, default_host="127.0.0.1",
+                                handshake_overrides={"pickle-protocol": 4},
+                                **Security().get_listen_args("scheduler"))
+        try:
+            # default_host / default_port are honoured, as tcp:// does, and
+            # handshake_overrides (the scheduler's) go into the listener's handshake.
+            host, port = parse_host_port(listener.contact_address[len("gser://"):])
+            assert host == "127.0.0.1" and port > 0
+            comm = await connect(f"gser://127.0.0.1:{port}", timeout=30, **Security().get_connection_args("client"))
+            assert comm.remote_info["pickle-protocol"] == 4 != comm.local_info["pickle-protocol"]
+            await comm.close()
+            with pytest.raises(TypeError, match="gser:// takes no extra_conn_args"):
+                await connect(f"gser://127.0.0.1:{port}", timeout=30, extra_conn_args={"headers": {"a": "b"}})
+            with pytest.raises(TypeError, match="default_host"):
+                await connect(f"gser://127.0.0.1:{port}", timeout=30, default_host="127.0.0.1")
+            # Keys Dask never passes are ignored, as its comm contract says, and logged.
+            with caplog.at_level(logging.WARNING, logger="gser.comm"):
+                comm = await connect(f"gser://127.0.0.1:{port}", timeout=30, xxx="foo")
+                await comm.close()
+            assert "['xxx']" in caplog.text and "ignored" in caplog.text
+        finally:
+            listener.stop()
+
+    run(main())
+
+
+def test_a_scheduler_and_a_client_requiring_encryption_refuse_gser():
+    from distributed import Client, Scheduler
+    from distributed.security import Security
+
+    async def main():
+        with pytest.raises(RuntimeError) as ei:
+            async with Scheduler(protocol="gser", host="127.0.0.1", port=0, dashboard_address=":0",
+                                 security=Security(require_encryption=True)):
+                pass
+        assert re.search(ENCRYPTION, f"{ei.value}: {ei.value.__cause__}"), ei.value  # Dask wraps it
+        async with Scheduler(protocol="gser", host="127.0.0.1", port=0, dashboard_address=":0") as s:
+            with pytest.raises(RuntimeError, match=ENCRYPTION):
+                async with Client(s.address, asynchronous=True, timeout=30,
+                                  security=Security(require_encryption=True)):
+                    pass
 
     run(main())
 

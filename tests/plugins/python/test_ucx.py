@@ -308,6 +308,56 @@ def test_a_shared_secret_admits_only_peers_that_prove_it():
     run(main())
 
 
+def test_a_strangers_hello_of_another_version_does_not_stop_the_listener():
+    async def main():
+        w = gser.ucx.Worker()
+        accepted = asyncio.Queue()
+        lst = w.listen(accepted.put_nowait, "127.0.0.1", 0)
+        # The 64-byte hello of transport version 99, from a plain socket.
+        hello = b"\x89GSERUCX" + (99).to_bytes(4, "little") + bytes(52)
+        reader, writer = await asyncio.open_connection("127.0.0.1", lst.port)
+        writer.write(hello)
+        await writer.drain()
+        await asyncio.wait_for(reader.read(), 10)  # this side's hello, then the end
+        writer.close()
+        for _ in range(200):
+            if lst.failed:
+                break
+            await asyncio.sleep(0.01)
+        assert lst.failed == 1 and not lst.closed
+        ep = await w.connect("127.0.0.1", lst.port, timeout=10)
+        srv = await asyncio.wait_for(accepted.get(), 10)
+        await ep.send({"after": "a stranger"})
+        assert await srv.recv() == {"after": "a stranger"}
+        w.close()
+
+    run(main())
+
+
+def test_an_access_refusal_says_which_side_lacks_the_secret():
+    async def main():
+        server = gser.ucx.Worker(gser.ucx.Context(secret="s3cret"))
+        lst = server.listen(lambda ep: None, "127.0.0.1", 0)
+        plain = gser.ucx.Worker(gser.ucx.Context(secret=""))
+        plain_lst = plain.listen(lambda ep: None, "127.0.0.1", 0)
+        cases = [
+            ("other", lst.port, "refused this side's proof of the shared secret (the secrets differ)"),
+            ("", lst.port, "the server proves a shared secret and this side has none"),
+            ("s3cret", plain_lst.port, "the server does not prove the shared secret"),
+        ]
+        for secret, port, why in cases:
+            client = gser.ucx.Worker(gser.ucx.Context(secret=secret))
+            with pytest.raises(gser.ucx.ConnectionClosedError) as ei:
+                await client.connect("127.0.0.1", port, timeout=10)
+            e = ei.value
+            assert e.status_name == "GSER_ERR_ACCESS" and why in str(e) and why in e.detail, (secret, str(e))
+            client.close()
+        plain.close()
+        server.close()
+
+    run(main())
+
+
 def test_a_peer_that_stops_progressing_is_failed_after_the_peer_timeout():
     """The worker's loop is blocked (time.sleep) past the peer's timeout: the
     other side's pending receive fails instead of waiting forever."""

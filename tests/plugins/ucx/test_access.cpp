@@ -592,6 +592,48 @@ Outcome try_connect(gser_ucx_context_t *sctx, gser_ucx_context_t *cctx)
     return o;
 }
 
+// What accept returns after a stranger's hello says it concerns that peer,
+// and a caller that goes on while gser_ucx_status_is_peer_error holds
+// serves the next, valid client.
+TEST(AcceptErrors, APeersFailureIsTellableFromTheListenersOwn)
+{
+    EXPECT_FALSE(gser_ucx_status_is_peer_error(GSER_OK));
+    EXPECT_FALSE(gser_ucx_status_is_peer_error(GSER_ERR_INVALID_ARG));
+    EXPECT_FALSE(gser_ucx_status_is_peer_error(GSER_ERR_STATE));
+    for (gser_status_t st : {GSER_ERR_WIRE_VERSION, GSER_ERR_ACCESS, GSER_ERR_TIMEOUT, GSER_ERR_CONNECTION,
+                             GSER_ERR_FORMAT, GSER_ERR_IO, GSER_ERR_NO_MEMORY})
+        EXPECT_TRUE(gser_ucx_status_is_peer_error(st)) << gser_status_str(st);
+
+    auto ctx = make_ucx_ctx();
+    auto sw = make_worker(ctx.get()), cw = make_worker(ctx.get());
+    auto l = listen_local(sw.get());
+    gser_ucx_ep_t *ep = nullptr;
+    gser_status_t st = gser_ucx_listener_accept(l.get(), 0, &ep);
+    EXPECT_EQ(st, GSER_ERR_TIMEOUT);
+    EXPECT_TRUE(gser_ucx_status_is_peer_error(st)) << "nothing came: accept again";
+    st = gser_ucx_listener_accept(nullptr, 0, &ep);
+    EXPECT_EQ(st, GSER_ERR_INVALID_ARG);
+    EXPECT_FALSE(gser_ucx_status_is_peer_error(st));
+
+    // The 64-byte hello of transport version 99.
+    Raw r(gser_ucx_listener_get_port(l.get()));
+    ASSERT_TRUE(r.send_all(hello_bytes(99, 0)));
+    st = gser_ucx_listener_accept(l.get(), kWaitMs, &ep);
+    EXPECT_EQ(st, GSER_ERR_WIRE_VERSION) << gser_ucx_get_last_error();
+    EXPECT_TRUE(gser_ucx_status_is_peer_error(st));
+    EXPECT_EQ(ep, nullptr);
+    EXPECT_NE(std::string(gser_ucx_get_last_error()).find("the listener goes on"), std::string::npos)
+        << gser_ucx_get_last_error();
+
+    Handshake h = handshake(sw.get(), cw.get(), l.get());
+    EXPECT_EQ(h.server_st, GSER_OK) << gser_ucx_get_last_error();
+    EXPECT_EQ(h.client_st, GSER_OK);
+    gser_ucx_listener_stats_t stats = GSER_UCX_LISTENER_STATS_INIT;
+    ASSERT_EQ(gser_ucx_listener_get_stats(l.get(), &stats), GSER_OK);
+    EXPECT_EQ(stats.failed, 1u);
+    EXPECT_EQ(stats.accepted, 1u);
+}
+
 TEST(SharedSecret, AdmitsHoldersOnlyAndRefusesOthersOnBothSides)
 {
     auto alpha = secret_ctx("alpha"), alpha2 = secret_ctx("alpha"), beta = secret_ctx("beta"), none = secret_ctx("");
