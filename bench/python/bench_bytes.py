@@ -35,7 +35,6 @@ where the target is a time).
 
 import argparse
 import gc
-import json
 import os
 import shutil
 import statistics
@@ -43,34 +42,13 @@ import sys
 import tempfile
 import time
 
+from benchlib import Report  # bench/python: the script's own folder
+
 MIB = 1 << 20
 
 
-def meets(x, target):
-    op, v = (target[:2], target[2:]) if target[1] == "=" else (target[:1], target[1:])
-    v = float(v)
-    return {"<=": x <= v, "<": x < v, ">=": x >= v, ">": x > v}[op]
 
 
-class Report:
-    def __init__(self, as_json):
-        self.json = as_json
-        self.missed = 0
-        if not as_json:
-            print(f"{'case':<16} {'gser ms':>10} {'anchor ms':>10} {'ratio':>8}  target")
-
-    def add(self, name, value, anchor, anchor_value, target, target_on="ratio"):
-        ratio = value / anchor_value
-        ok = meets(ratio if target_on == "ratio" else value, target)
-        self.missed += not ok
-        if self.json:
-            print(json.dumps({"name": name, "value": round(value, 6), "unit": "ms", "anchor": anchor,
-                              "anchor_value": round(anchor_value, 6), "ratio": round(ratio, 6),
-                              "target": target, "target_on": target_on}))
-        else:
-            t = target if target_on == "ratio" else f"{target} ms"
-            print(f"{name:<16} {value:>10.3f} {anchor_value:>10.3f} {ratio:>8.4f}  {t:<8} {'ok' if ok else 'MISSED'}")
-        sys.stdout.flush()
 
 
 def once_ms(fn, setup=None):

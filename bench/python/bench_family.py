@@ -36,12 +36,13 @@ ratio (value / anchor_value), target (on ratio).
 """
 
 import argparse
-import json
 import os
 import random
 import statistics
 import sys
 import time
+
+from benchlib import Report  # bench/python: the script's own folder
 
 SLOW_S = 10.0
 
@@ -67,30 +68,8 @@ def timed_ms(fn, reps):
     return median_ms(fn, reps, warmup=0), reps
 
 
-def meets(ratio, target):
-    op, x = (target[:2], target[2:]) if target[1] == "=" else (target[:1], target[1:])
-    x = float(x)
-    return {"<=": ratio <= x, "<": ratio < x, ">=": ratio >= x, ">": ratio > x}[op]
 
 
-class Report:
-    def __init__(self, as_json):
-        self.json = as_json
-        self.missed = 0
-        if not as_json:
-            print(f"{'case':<16} {'gser ms':>10} {'Dask ms':>11} {'ratio':>8}  target")
-
-    def add(self, name, value, anchor, anchor_value, target, note=""):
-        ratio = value / anchor_value
-        ok = meets(ratio, target)
-        self.missed += not ok
-        if self.json:
-            print(json.dumps({"name": name, "value": round(value, 6), "unit": "ms", "anchor": anchor,
-                              "anchor_value": round(anchor_value, 6), "ratio": round(ratio, 6), "target": target}))
-        else:
-            print(f"{name:<16} {value:>10.3f} {anchor_value:>11.3f} {ratio:>8.4f}  {target:<7} "
-                  f"{'ok' if ok else 'MISSED'}{'  ' + note if note else ''}")
-        sys.stdout.flush()
 
 
 def kinds():
@@ -212,7 +191,7 @@ def main():
         if name.startswith("distributed"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
-    rep = Report(args.json)
+    rep = Report(args.json, anchor_title="Dask ms")
     objs = kinds()
     objs["numpy_8mb"] = np.arange(1_000_000, dtype=np.float64)
     objs["const_list_1m"] = [1.5] * 1_000_000

@@ -30,38 +30,17 @@ anchor, anchor_value, ratio (value / anchor_value), target (on ratio).
 """
 
 import argparse
-import json
 import os
 import pickle
 import statistics
 import sys
 import time
 
-
-def meets(ratio, target):
-    op, x = (target[:2], target[2:]) if target[1] == "=" else (target[:1], target[1:])
-    x = float(x)
-    return {"<=": ratio <= x, "<": ratio < x, ">=": ratio >= x, ">": ratio > x}[op]
+from benchlib import Report  # bench/python: the script's own folder
 
 
-class Report:
-    def __init__(self, as_json):
-        self.json = as_json
-        self.missed = 0
-        if not as_json:
-            print(f"{'case':<14} {'gser ms':>10} {'anchor ms':>11} {'ratio':>8}  target")
 
-    def add(self, name, value, anchor, anchor_value, target, note=""):
-        ratio = value / anchor_value
-        ok = meets(ratio, target)
-        self.missed += not ok
-        if self.json:
-            print(json.dumps({"name": name, "value": round(value, 6), "unit": "ms", "anchor": anchor,
-                              "anchor_value": round(anchor_value, 6), "ratio": round(ratio, 6), "target": target}))
-        else:
-            print(f"{name:<14} {value:>10.3f} {anchor_value:>11.3f} {ratio:>8.4f}  {target:<7} "
-                  f"{'ok' if ok else 'MISSED'}{'  ' + note if note else ''}")
-        sys.stdout.flush()
+
 
 
 def make_frame(rows, seed=1):
@@ -213,7 +192,7 @@ def main():
         if name.startswith("distributed"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
-    rep = Report(args.json)
+    rep = Report(args.json, width=14)
     frame_rows(rep, make_frame(args.rows), args.reps)
     scalar_row(rep, args.reps)
     if not args.no_cluster:
