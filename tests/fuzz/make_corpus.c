@@ -18,11 +18,13 @@
         }                                                                                                    \
     } while (0)
 
-/* Serialized with the families given (NULL: the default), device work waited for. */
-static int write_msg_with(gser_context_t *ctx, gser_msg_t *m, const char *const *families, const char *dir,
-                          const char *name)
+/* Serialized with the families given (NULL: the default) and compression,
+ * device work waited for. */
+static int write_msg_codec(gser_context_t *ctx, gser_msg_t *m, const char *const *families, int compression,
+                           const char *dir, const char *name)
 {
     gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
+    so.compression = compression;
     so.families = families;
     so.nfamilies = families ? 1 : 0;
     gser_frames_t *f;
@@ -37,6 +39,12 @@ static int write_msg_with(gser_context_t *ctx, gser_msg_t *m, const char *const 
     fclose(out);
     gser_frames_destroy(f);
     return 0;
+}
+
+static int write_msg_with(gser_context_t *ctx, gser_msg_t *m, const char *const *families, const char *dir,
+                          const char *name)
+{
+    return write_msg_codec(ctx, m, families, GSER_COMPRESSION_NONE, dir, name);
 }
 
 /* Write a then b (either may be empty) to path. */
@@ -182,6 +190,39 @@ int main(int argc, char **argv)
     if (write_msg(ctx, m, dir, "objects.gser"))
         return 1;
     gser_msg_destroy(m);
+
+    /* 3a: compressed frames, lz4 and zstd: sorted int32 keys and runs of
+     * bytes (just over the 10,000-byte minimum, so that mutations reach the
+     * compressed data), one frame of noise left uncompressed, a small inline
+     * buffer */
+    for (int c = 0; c < 2; c++) {
+        static int32_t keys[2600];
+        static unsigned char runs[10240], noise[10016];
+        uint32_t x = 12345;
+        for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+            keys[i] = (int32_t)(i / 5);
+        for (size_t i = 0; i < sizeof runs; i++)
+            runs[i] = (unsigned char)(i / 97 % 7);
+        for (size_t i = 0; i < sizeof noise; i++)
+            noise[i] = (unsigned char)((x = x * 1103515245u + 12345u) >> 24);
+        CK(gser_msg_create(ctx, &m));
+        CK(gser_msg_new_list(m, &root));
+        const void *ptrs[] = {keys, runs, noise, "tiny"};
+        size_t lens[] = {sizeof keys, sizeof runs, sizeof noise, 4};
+        for (int k = 0; k < 4; k++) {
+            gser_buffer_desc_t cd = GSER_BUFFER_DESC_INIT;
+            cd.data = ptrs[k];
+            cd.nbytes = lens[k];
+            cd.dtype = k == 0 ? GSER_DTYPE_INT32 : GSER_DTYPE_UINT8;
+            CK(gser_msg_new_buffer(m, &cd, &v));
+            CK(gser_list_append(root, v));
+        }
+        CK(gser_msg_set_root(m, root));
+        if (write_msg_codec(ctx, m, NULL, c ? GSER_COMPRESSION_ZSTD : GSER_COMPRESSION_LZ4, dir,
+                            c ? "compressed-zstd.gser" : "compressed-lz4.gser"))
+            return 1;
+        gser_msg_destroy(m);
+    }
 
     /* 3b: objects nested in objects, at the depth limit and past it, and
      * names that are terminal escapes */
