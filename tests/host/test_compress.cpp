@@ -492,3 +492,35 @@ TEST(CompressDevice, DeviceAndStagedFramesAreNeverCompressed)
 }
 
 } // namespace
+
+#ifdef GSER_INSPECT_PATH
+namespace {
+TEST_F(Compress, InspectShowsTheCodecAndBothSizes)
+{
+    auto keys = sorted_keys(kBig / 8);
+    std::string small(10, 's');
+    auto m = two_buffers(ctx(), keys.data(), kBig, small.data(), small.size());
+    auto f = serialize_with(ctx(), m.get(), GSER_COMPRESSION_LZ4);
+    ASSERT_TRUE(f);
+    size_t wire = gser_frames_get_array(f.get())[1].size;
+    std::string path = "/tmp/gser-test-" + std::to_string(getpid()) + "-compressed.gser";
+    FILE *out = fopen(path.c_str(), "wb");
+    ASSERT_TRUE(out);
+    ASSERT_EQ(gser_flat_write_file(gser_frames_get_array(f.get()), gser_frames_get_count(f.get()), out), GSER_OK);
+    fclose(out);
+    FILE *p = popen((std::string(GSER_INSPECT_PATH) + " " + path).c_str(), "r");
+    ASSERT_TRUE(p);
+    std::string text;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0)
+        text.append(buf, n);
+    EXPECT_EQ(pclose(p), 0) << text;
+    unlink(path.c_str());
+    EXPECT_NE(text.find("wire format 3"), std::string::npos) << text;
+    EXPECT_NE(text.find("frame 1: " + std::to_string(wire) + " bytes, lz4 of 1048576 bytes"), std::string::npos)
+        << text;
+    EXPECT_NE(text.find("buffer uint8 1048576 bytes host, frame 1"), std::string::npos) << text;
+}
+} // namespace
+#endif
