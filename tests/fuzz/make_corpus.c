@@ -2,6 +2,7 @@
  * between them use every marker. Run from the repository root:
  *   build-fuzz/tests/fuzz/make_corpus tests/fuzz/corpus
  * (it also writes tests/fuzz/corpus-arrow, -ucx and -ucx-hello). */
+#include <msgpack.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -38,6 +39,78 @@ static int write_msg_codec(gser_context_t *ctx, gser_msg_t *m, const char *const
     CK(gser_flat_write_file(gser_frames_get_array(f), gser_frames_get_count(f), out));
     fclose(out);
     gser_frames_destroy(f);
+    return 0;
+}
+
+
+/* The compressed frame 1 of f made hostile: its table entry's uncompressed
+ * size moved by raw_delta, its data cut by cut bytes (the sizes kept
+ * consistent), or its first bytes overwritten with garbage. */
+static int write_hostile(gser_context_t *ctx, gser_frames_t *f, long raw_delta, size_t cut, bool garbage,
+                         const char *dir, const char *name)
+{
+    const gser_frame_t *fr = gser_frames_get_array(f);
+    size_t n = gser_frames_get_count(f);
+    int codec = 0;
+    size_t raw = 0;
+    msgpack_sbuffer old, new_;
+    msgpack_sbuffer_init(&old);
+    msgpack_sbuffer_init(&new_);
+    /* the entry as the writer packs it: [size, 0, 0, codec, raw] in the shortest forms */
+    for (codec = 1; codec <= 2; codec++)
+        for (raw = fr[1].size + 1; raw < 40000; raw++) {
+            old.size = 0;
+            msgpack_packer pk;
+            msgpack_packer_init(&pk, &old, msgpack_sbuffer_write);
+            msgpack_pack_array(&pk, 5);
+            msgpack_pack_uint64(&pk, fr[1].size);
+            msgpack_pack_uint8(&pk, 0);
+            msgpack_pack_int32(&pk, 0);
+            msgpack_pack_uint8(&pk, (uint8_t)codec);
+            msgpack_pack_uint64(&pk, raw);
+            const char *h = fr[0].data;
+            for (size_t at = 0; at + old.size <= fr[0].size; at++)
+                if (memcmp(h + at, old.data, old.size) == 0) {
+                    msgpack_packer pn;
+                    msgpack_packer_init(&pn, &new_, msgpack_sbuffer_write);
+                    msgpack_sbuffer_write(&new_, h, at);
+                    msgpack_pack_array(&pn, 5);
+                    msgpack_pack_uint64(&pn, fr[1].size - cut);
+                    msgpack_pack_uint8(&pn, 0);
+                    msgpack_pack_int32(&pn, 0);
+                    msgpack_pack_uint8(&pn, (uint8_t)codec);
+                    msgpack_pack_uint64(&pn, (uint64_t)((long)raw + raw_delta));
+                    msgpack_sbuffer_write(&new_, h + at + old.size, fr[0].size - at - old.size);
+                    goto found;
+                }
+        }
+    fprintf(stderr, "%s: no compressed frame 1 in the header\n", name);
+    return 1;
+found:;
+    gser_frame_t copy[8];
+    if (n > 8)
+        return 1;
+    memcpy(copy, fr, n * sizeof *fr);
+    copy[0].data = new_.data;
+    copy[0].size = new_.size;
+    copy[1].size -= cut;
+    char *data = malloc(copy[1].size);
+    if (!data)
+        return 1;
+    memcpy(data, fr[1].data, copy[1].size);
+    if (garbage)
+        memset(data, 0xa5, copy[1].size < 64 ? copy[1].size : 64);
+    copy[1].data = data;
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *out = fopen(path, "wb");
+    if (!out)
+        return 1;
+    CK(gser_flat_write_file(copy, n, out));
+    fclose(out);
+    free(data);
+    msgpack_sbuffer_destroy(&old);
+    msgpack_sbuffer_destroy(&new_);
     return 0;
 }
 
@@ -221,6 +294,26 @@ int main(int argc, char **argv)
         if (write_msg_codec(ctx, m, NULL, c ? GSER_COMPRESSION_ZSTD : GSER_COMPRESSION_LZ4, dir,
                             c ? "compressed-zstd.gser" : "compressed-lz4.gser"))
             return 1;
+        /* and hostile: lying sizes, cut data, garbage */
+        gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
+        so.compression = c ? GSER_COMPRESSION_ZSTD : GSER_COMPRESSION_LZ4;
+        gser_frames_t *zf;
+        CK(gser_serialize(ctx, m, &so, &zf));
+        const char *tag = c ? "zstd" : "lz4";
+        char name[64];
+        static const struct {
+            const char *what;
+            long delta;
+            size_t cut;
+            bool garbage;
+        } bad[] = {{"more", 1, 0, false}, {"less", -1, 0, false}, {"bomb", 1L << 30, 0, false},
+                   {"cut", 0, 7, false}, {"garbage", 0, 0, true}};
+        for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+            snprintf(name, sizeof name, "compressed-%s-%s.gser", tag, bad[b].what);
+            if (write_hostile(ctx, zf, bad[b].delta, bad[b].cut, bad[b].garbage, dir, name))
+                return 1;
+        }
+        gser_frames_destroy(zf);
         gser_msg_destroy(m);
     }
 
