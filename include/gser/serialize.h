@@ -172,7 +172,10 @@ typedef struct gser_deserialize_options {
  * borrows the frames (values point into them) unless a frame's release hands
  * it over; keep borrowed frames valid until the message is destroyed.
  * opts may be NULL. Untrusted input is safe: it never reads out of bounds and
- * stops at the limits.
+ * stops at the limits. Compressed frames (wire version 3) are decompressed
+ * into buffers the message owns, their declared sizes checked against the
+ * limits before anything is allocated; data that does not decompress to
+ * exactly its declared size is GSER_ERR_COMPRESSED.
  */
 GSER_API gser_status_t gser_deserialize(gser_context_t *ctx, const gser_frame_t *frames, size_t nframes,
                                         const gser_deserialize_options_t *opts, gser_msg_t **msg_out);
