@@ -7,6 +7,9 @@
  * control_msg       build + serialize + deserialize of a scheduler message vs msgpack-c pack + unpack
  * control_msg_deserialize  gser_deserialize alone (and the destroy) vs msgpack_unpack of the same message
  * host_buffer_1m/1g serialize + deserialize of one host buffer vs memcpy of it (must not grow with size)
+ * compress_*_64m    serialize with compression + flatten + deserialize (decompress) of one 64 MiB
+ *                   frame, compressible (sorted int64 keys) or random, vs memcpy of the same bytes;
+ *                   auto on random data vs no compression through the same path
  *
  * --quick uses small sizes and few repetitions: it checks the benchmark runs,
  * its numbers mean nothing.
@@ -335,6 +338,110 @@ static void bench_buffer(const char *name, size_t n, int reps, bool json)
 static void bench_lists(size_t n, int reps, bool quick, bool json);
 static void bench_control(bool quick, bool json);
 
+/* ---- compressed frames ------------------------------------------------------------------ */
+
+typedef struct zflat_arg {
+    gser_msg_t *msg;
+    int compression;
+    unsigned char *buf;
+    size_t cap;
+    size_t wire; /* frame bytes as carried, from the last run */
+} zflat_arg_t;
+
+/* Serialize (compressing) + flatten into a buffer (what a link or a file
+ * carries) + deserialize (decompressing into the message's own frame). */
+static void run_zflat(void *p)
+{
+    zflat_arg_t *a = p;
+    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
+    so.compression = a->compression;
+    gser_frames_t *f;
+    gser_msg_t *back;
+    size_t w;
+    CK(gser_serialize(g_ctx, a->msg, &so, &f));
+    CK(gser_flat_write(gser_frames_get_array(f), gser_frames_get_count(f), a->buf, a->cap, &w));
+    a->wire = w;
+    gser_frames_destroy(f);
+    CK(gser_deserialize_flat(g_ctx, a->buf, w, NULL, NULL, NULL, &back));
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
+    CK(gser_value_get_buffer(gser_msg_get_root(back), &d));
+    g_sink += ((const unsigned char *)d.data)[d.nbytes / 2];
+    gser_msg_destroy(back);
+}
+
+static void bench_compress(bool quick, bool json)
+{
+    const size_t n = quick ? (size_t)1 << 20 : (size_t)64 << 20;
+    const int reps = quick ? 3 : 7;
+    int64_t *keys = malloc(n);
+    uint64_t *noise = malloc(n);
+    if (!keys || !noise)
+        abort();
+    for (size_t i = 0; i < n / 8; i++)
+        keys[i] = (int64_t)(i / 16); /* sorted keys with repeats, as a shuffle's index column */
+    uint64_t x = 88172645463325252ull;
+    for (size_t i = 0; i < n / 8; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17; /* xorshift64: incompressible */
+        noise[i] = x;
+    }
+    double t_copy = memcpy_us(n, reps);
+    zflat_arg_t a = {NULL, 0, NULL, n + n / 64 + 4096, 0};
+    a.buf = malloc(a.cap);
+    if (!a.buf)
+        abort();
+    memset(a.buf, 0, a.cap);
+    static const struct {
+        const char *name;
+        int compression;
+        bool random;
+    } rows[] = {
+        {"compress_lz4_64m", GSER_COMPRESSION_LZ4, false},
+        {"compress_zstd_64m", GSER_COMPRESSION_ZSTD, false},
+        {"compress_none_64m", GSER_COMPRESSION_NONE, false},
+        {"compress_lz4_64m_random", GSER_COMPRESSION_LZ4, true},
+        {"compress_zstd_64m_random", GSER_COMPRESSION_ZSTD, true},
+    };
+    char note[160];
+    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+        a.msg = buffer_msg(rows[r].random ? (const void *)noise : (const void *)keys, n);
+        a.compression = rows[r].compression;
+        double t = bench_median_us(run_zflat, &a, 1, reps);
+        snprintf(note, sizeof note, "%.0f MB/s; carried %zu of %zu bytes (%.3f)", n / t, a.wire, n,
+                 (double)a.wire / (double)n);
+        bench_result_t br = {rows[r].name, t, "us", "memcpy of the same bytes (us)", t_copy, NULL, note};
+        bench_print(&br, json);
+        gser_msg_destroy(a.msg);
+    }
+    /* auto must cost nothing where it does not pay: the same path without
+     * compression as the anchor, the two measured alternately so that the
+     * load of a shared machine falls on both */
+    a.msg = buffer_msg(noise, n);
+    enum { PAIRS = 15 };
+    double tn[PAIRS], ta[PAIRS];
+    int pairs = quick ? 3 : PAIRS;
+    for (int k = -1; k < pairs; k++) { /* k = -1 warms up */
+        for (int c = 0; c < 2; c++) {
+            a.compression = c ? GSER_COMPRESSION_AUTO : GSER_COMPRESSION_NONE;
+            double t0 = bench_now_us();
+            run_zflat(&a);
+            double dt = bench_now_us() - t0;
+            if (k >= 0)
+                (c ? ta : tn)[k] = dt;
+        }
+    }
+    qsort(tn, (size_t)pairs, sizeof(double), bench_cmp_double);
+    qsort(ta, (size_t)pairs, sizeof(double), bench_cmp_double);
+    double t_none = tn[pairs / 2], t_auto = ta[pairs / 2];
+    snprintf(note, sizeof note, "throughput auto / none = %.3f (target >= 0.95)", t_none / t_auto);
+    bench_result_t ba = {"compress_auto_64m_random", t_auto, "us", "no compression, same path (us)", t_none,
+                         "<= 1.053", note};
+    bench_print(&ba, json);
+    gser_msg_destroy(a.msg);
+    free(a.buf);
+    free(keys);
+    free(noise);
+}
+
 /* ---- phases, for callgrind ---------------------------------------------------------------- */
 
 __attribute__((noinline)) gser_msg_t *phase_build(void);
@@ -409,7 +516,7 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--phases") == 0 && i + 1 < argc)
             phases = atol(argv[++i]);
         else {
-            fprintf(stderr, "usage: gser-bench-host [--json] [--quick] [--only list|control|buffer] [--phases N]\n");
+            fprintf(stderr, "usage: gser-bench-host [--json] [--quick] [--only list|control|buffer|compress] [--phases N]\n");
             return 2;
         }
     }
@@ -436,6 +543,8 @@ int main(int argc, char **argv)
         bench_buffer("host_buffer_1m", (size_t)1 << 20, reps, json);
         bench_buffer("host_buffer_1g", quick ? (size_t)1 << 22 : (size_t)1 << 30, quick ? 3 : 5, json);
     }
+    if (!only || strcmp(only, "compress") == 0)
+        bench_compress(quick, json);
     gser_context_destroy(g_ctx);
     return 0;
 }

@@ -727,10 +727,108 @@ static gser_status_t header_short(dec_t *d, size_t at, size_t len)
     return error_set(d->ctx, GSER_ERR_TRUNCATED, "%s: header ends early at byte %zu of %zu", d->what, at, len);
 }
 
+static gser_status_t dec_table(dec_t *d, const unsigned char *p, size_t at, size_t len);
+
+/* A compressed frame's entry: a known codec, a host frame, and two more
+ * items charged to the node budget. */
+static gser_status_t dec_table_codec(dec_t *d, size_t i, uint64_t codec, uint64_t mem, uint64_t raw)
+{
+    if (d->nodes_left < 2)
+        return error_set(d->ctx, GSER_ERR_LIMIT_NODES, "%s: the frame table has more items than the limit", d->what);
+    d->nodes_left -= 2;
+    if (codec != CODEC_LZ4 && codec != CODEC_ZSTD)
+        return error_set(d->ctx, GSER_ERR_FORMAT, "%s: frame %zu has unknown codec %llu (1 lz4, 2 zstd)", d->what,
+                         i + 1, (unsigned long long)codec);
+    if (mem != GSER_MEMORY_HOST)
+        return error_set(d->ctx, GSER_ERR_FORMAT, "%s: frame %zu is compressed but not host memory", d->what, i + 1);
+    if (raw == 0 || raw > SIZE_MAX)
+        return error_set(d->ctx, GSER_ERR_FORMAT, "%s: frame %zu is compressed with an uncompressed size of %llu",
+                         d->what, i + 1, (unsigned long long)raw);
+    if (!d->codecs) {
+        if (!(d->codecs = msg_alloc(d->msg, d->nframes * sizeof *d->codecs, alignof(frame_codec_t))))
+            return nomem(d);
+        memset(d->codecs, 0, d->nframes * sizeof *d->codecs);
+    }
+    d->codecs[i] = (frame_codec_t){.codec = (uint8_t)codec, .raw = (size_t)raw, .size = d->wire[i].size};
+    return GSER_OK;
+}
+
+/* Decompress the compressed frames into buffers of their own, every
+ * declared size checked against the limits and the codec before anything is
+ * allocated; the root is then parsed against those. */
+static gser_status_t dec_inflate(dec_t *d, size_t header_size)
+{
+    uint64_t total = header_size;
+    for (size_t i = 0; i < d->nframes; i++) {
+        uint64_t n = d->codecs[i].codec ? d->codecs[i].raw : d->wire[i].size;
+        if (n > d->lim.max_bytes - total)
+            return error_set(d->ctx, GSER_ERR_LIMIT_BYTES,
+                             "%s: frame %zu declares %llu bytes uncompressed, more than the limit of %llu bytes "
+                             "for the message",
+                             d->what, i + 1, (unsigned long long)n, (unsigned long long)d->lim.max_bytes);
+        total += n;
+        if (!d->codecs[i].codec)
+            continue;
+        if (d->wire[i].memory != GSER_MEMORY_HOST)
+            return error_set(d->ctx, GSER_ERR_FRAME, "%s: frame %zu is compressed but was given in %s memory", d->what,
+                             i + 1, gser_memory_str(d->wire[i].memory));
+        gser_status_t st = codec_check_size(d->ctx, d->what, i + 1, d->codecs[i].codec, d->wire[i].data,
+                                            d->wire[i].size, d->codecs[i].raw);
+        if (st)
+            return st;
+    }
+    gser_frame_t *fr = msg_alloc(d->msg, d->nframes * sizeof *fr, alignof(gser_frame_t));
+    if (!fr)
+        return nomem(d);
+    for (size_t i = 0; i < d->nframes; i++)
+        fr[i] = d->wire[i];
+    d->frames = fr; /* from here on the failure path frees what has a buf */
+    for (size_t i = 0; i < d->nframes; i++) {
+        frame_codec_t *c = &d->codecs[i];
+        if (!c->codec)
+            continue;
+        void *buf = NULL;
+        if (posix_memalign(&buf, 64, c->raw))
+            return error_set(d->ctx, GSER_ERR_NO_MEMORY, "%s: out of memory for frame %zu (%zu bytes uncompressed)",
+                             d->what, i + 1, c->raw);
+        c->buf = buf;
+        gser_status_t st = codec_decompress(d->ctx, d->what, i + 1, c->codec, d->wire[i].data, d->wire[i].size, buf,
+                                            c->raw);
+        if (st)
+            return st;
+        fr[i] = (gser_frame_t){.data = buf, .size = c->raw, .memory = GSER_MEMORY_HOST, .device = d->wire[i].device,
+                               .release = codec_release};
+        if (d->trace)
+            trace_line(d->trace, "deserialize frame %zu %s %zu bytes -> %zu bytes", i + 1,
+                       c->codec == CODEC_LZ4 ? "lz4" : "zstd", d->wire[i].size, c->raw);
+    }
+    return GSER_OK;
+}
+
+/* Version 3: the frame table (after the root) says which frames are
+ * compressed, and the root's references are checked against the
+ * decompressed sizes, so the root is walked to find the table first. */
+static gser_status_t dec_prescan(dec_t *d, const unsigned char *p, size_t at, size_t len, size_t hdr_size,
+                                 size_t *table_at)
+{
+    /* Only the end of the root is wanted here: a root the walk cannot get
+     * through is parsed as in version 2, and the parse says what is wrong. */
+    size_t nodes = SIZE_MAX, used = 0, err_off = 0;
+    const char *why = "";
+    gser_status_t st = mp_check(p + at, len - at, SIZE_MAX, &nodes, &used, &err_off, &why);
+    if (st)
+        return GSER_OK;
+    if ((st = dec_table(d, p, at + used, len)))
+        return st;
+    *table_at = at + used;
+    return d->codecs ? dec_inflate(d, hdr_size) : GSER_OK;
+}
+
 /* The frame table at p[at..len): exactly one [size, memory, device] per data
  * frame given, sizes equal to theirs, and nothing after it. */
 static gser_status_t dec_table(dec_t *d, const unsigned char *p, size_t at, size_t len)
 {
+    gser_status_t st;
     uint64_t n;
     size_t k = mp_array(p + at, len - at, &n);
     if (k == SIZE_MAX)
@@ -743,29 +841,40 @@ static gser_status_t dec_table(dec_t *d, const unsigned char *p, size_t at, size
     d->nodes_left -= 1 + 4 * n;
     at += k;
     for (size_t i = 0; i < d->nframes; i++) {
-        uint64_t three, size, mem, dev;
-        bool neg, neg_size, neg_mem;
-        size_t a = mp_array(p + at, len - at, &three), b = 0, c = 0, e = 0;
-        if (a != 0 && a != SIZE_MAX && three == 3) {
+        uint64_t three, size, mem, dev, codec = 0, raw = 0;
+        bool neg, neg_size, neg_mem, neg_codec = false, neg_raw = false;
+        size_t a = mp_array(p + at, len - at, &three), b = 0, c = 0, e = 0, g = 1, h = 1;
+        /* version 3: [size, memory, device, codec, uncompressed size] for a compressed frame */
+        bool five = a != 0 && a != SIZE_MAX && three == 5 && d->version >= 3;
+        if (a != 0 && a != SIZE_MAX && (three == 3 || five)) {
             b = mp_int(p + at + a, len - at - a, &size, &neg_size);
             if (b != 0 && b != SIZE_MAX) {
                 c = mp_int(p + at + a + b, len - at - a - b, &mem, &neg_mem);
                 if (c != 0 && c != SIZE_MAX)
                     e = mp_int(p + at + a + b + c, len - at - a - b - c, &dev, &neg);
             }
+            if (five && e != 0 && e != SIZE_MAX) {
+                size_t o = at + a + b + c + e;
+                g = mp_int(p + o, len - o, &codec, &neg_codec);
+                if (g != 0 && g != SIZE_MAX)
+                    h = mp_int(p + o + g, len - o - g, &raw, &neg_raw);
+            }
         }
-        if (a == SIZE_MAX || b == SIZE_MAX || c == SIZE_MAX || e == SIZE_MAX)
+        if (a == SIZE_MAX || b == SIZE_MAX || c == SIZE_MAX || e == SIZE_MAX || g == SIZE_MAX || h == SIZE_MAX)
             return header_short(d, at, len);
         /* The memory kind is the sender's; the frame may arrive elsewhere (a
          * file, a host staging buffer), so only its form is checked. */
-        if (a == 0 || three != 3 || b == 0 || c == 0 || e == 0 || neg_size || neg_mem || mem > GSER_MEMORY_DEVICE ||
+        if (a == 0 || (three != 3 && !five) || b == 0 || c == 0 || e == 0 || g == 0 || h == 0 || neg_size ||
+            neg_mem || neg_codec || neg_raw || mem > GSER_MEMORY_DEVICE ||
             (neg ? (int64_t)dev < INT32_MIN : dev > INT32_MAX))
-            return error_set(d->ctx, GSER_ERR_FORMAT, "%s: frame table entry %zu is not [size, memory, device]",
-                             d->what, i + 1);
-        if (size != d->frames[i].size)
+            return error_set(d->ctx, GSER_ERR_FORMAT, "%s: frame table entry %zu is not [size, memory, device]%s",
+                             d->what, i + 1, d->version >= 3 ? " or [size, memory, device, codec, size]" : "");
+        if (five && (st = dec_table_codec(d, i, codec, mem, raw)))
+            return st;
+        if (size != d->wire[i].size)
             return error_set(d->ctx, GSER_ERR_FRAME, "%s: frame %zu has %zu bytes, the header says %llu", d->what,
-                             i + 1, d->frames[i].size, (unsigned long long)size);
-        at += a + b + c + e;
+                             i + 1, d->wire[i].size, (unsigned long long)size);
+        at += a + b + c + e + (five ? g + h : 0);
     }
     if (at != len)
         return error_set(d->ctx, GSER_ERR_FORMAT, "%s: header has trailing bytes at byte %zu of %zu", d->what, at,
@@ -802,12 +911,19 @@ static gser_status_t dec_header(dec_t *d, const gser_frame_t *hdr, gser_value_t 
         return error_set(d->ctx, GSER_ERR_LIMIT_NODES, "%s: the header has more items than the limit", d->what);
     d->nodes_left -= 4; /* the header array and its magic, version and table */
     at += k;
-    size_t used;
+    size_t used, table_at = 0;
+    gser_status_t st;
+    if (d->version >= 3 && (st = dec_prescan(d, p, at, len, hdr->size, &table_at)))
+        return st;
     d->defer = true;
-    gser_status_t st = mp_parse_unit(d, p + at, len - at, 1, 0, d->nframes, false, "header", at, root, &used);
+    st = mp_parse_unit(d, p + at, len - at, 1, 0, d->nframes, false, "header", at, root, &used);
     d->defer = false;
-    if (st == GSER_OK)
-        st = dec_table(d, p, at + used, len);
+    if (st == GSER_OK && table_at && at + used != table_at) /* the walk and the parse disagree: never expected */
+        st = error_set(d->ctx, GSER_ERR_FORMAT, "%s: header root ends at byte %zu, its walk at %zu", d->what,
+                       at + used, table_at);
+    else if (st == GSER_OK && !table_at && (st = dec_table(d, p, at + used, len)) == GSER_OK && d->codecs)
+        st = error_set(d->ctx, GSER_ERR_FORMAT, "%s: header has compressed frames but its root could not be walked",
+                       d->what);
     for (size_t i = 0; st == GSER_OK && i < d->nlater; i++)
         st = rebuild(d, &d->later[i]);
     return st;
@@ -882,6 +998,8 @@ static void dec_init(dec_t *d, gser_context_t *ctx, gser_msg_t *msg, const char 
     d->uploaded = NULL;
     d->dev_vals = NULL;
     d->ndev_vals = d->cap_dev_vals = d->flushed = 0;
+    d->wire = NULL;
+    d->codecs = NULL;
 }
 
 gser_status_t gser_deserialize(gser_context_t *ctx, const gser_frame_t *frames, size_t nframes,
@@ -901,7 +1019,7 @@ gser_status_t gser_deserialize(gser_context_t *ctx, const gser_frame_t *frames, 
     st = check_frames(ctx, what, frames, nframes, &d.lim);
     if (st)
         return st;
-    d.frames = frames + 1;
+    d.frames = d.wire = frames + 1;
     d.nframes = nframes - 1;
     d.nodes_left = d.lim.max_nodes;
     d.trace = ctx->trace;
@@ -944,12 +1062,20 @@ gser_status_t gser_deserialize(gser_context_t *ctx, const gser_frame_t *frames, 
             st = error_set(ctx, GSER_ERR_NO_MEMORY, "gser_deserialize: out of memory");
     }
     if (st == GSER_OK) {
-        for (size_t i = 0; i < nframes; i++) /* one or two, mostly: copied in place of a call */
-            copy[i] = frames[i];
+        copy[0] = frames[0];
+        for (size_t i = 1; i < nframes; i++) /* one or two, mostly: copied in place of a call */
+            copy[i] = d.frames[i - 1];
         d.msg->frames = copy;
         d.msg->nframes = nframes; /* from now on the message owns frames with a release */
+        d.msg->codecs = d.codecs;
+        /* a compressed frame handed over is not needed past its decompressed copy */
+        for (size_t i = 0; d.codecs && i < d.nframes; i++)
+            if (d.codecs[i].codec && d.wire[i].release)
+                d.wire[i].release((void *)d.wire[i].data, d.wire[i].release_arg);
     }
     if (st) {
+        for (size_t i = 0; d.codecs && i < d.nframes; i++)
+            free(d.codecs[i].buf);
         gser_msg_destroy(d.msg);
         return st;
     }

@@ -30,6 +30,9 @@ typedef struct dec {
     gser_value_t **dev_vals;  /* device buffers that gser copied: get the event, maybe a scatter */
     size_t ndev_vals, cap_dev_vals;
     size_t flushed;           /* dev_vals before this one are done */
+    /* compressed frames (wire version 3): frames are then the decompressed ones */
+    const gser_frame_t *wire; /* the data frames as given */
+    frame_codec_t *codecs;    /* per data frame, from the frame table; NULL when none is compressed */
 } dec_t;
 
 /* Internal kinds of values that exist only while a unit is parsed. */

@@ -14,6 +14,10 @@
 
 #include "internal.h"
 
+/* The version a message without compressed frames is written in: what
+ * readers of version 2 read. */
+#define WIRE_VERSION_PLAIN 2
+
 /* ---- output sink for msgpack-c: growable, with a sticky out-of-memory flag -- */
 
 typedef struct obuf {
@@ -736,6 +740,7 @@ gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg, const g
     f->n = 1; /* [0] is the header, filled in last */
     f->header = NULL;
     f->scratch = NULL;
+    f->codecs = NULL;
     e.out = f;
 
     obuf_t hdr;
@@ -743,18 +748,28 @@ gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg, const g
     obuf_t *pk = &hdr;
     pk_array(pk, 4);
     pk_ext_with_body(pk, "GSER", 4, GSER_EXT_MAGIC);
-    pk_uint32(pk, GSER_WIRE_VERSION);
+    pk_uint32(pk, WIRE_VERSION_PLAIN); /* made 3 below if a frame is compressed */
     st = enc_report(&e, enc_value(&e, pk, msg->root, 1, 1));
     if (st == GSER_OK)
         st = packer_finish(&e.pack, f); /* sizes of packed frames are known now */
     packer_free(&e.pack);
+    bool compressed = false;
+    if (st == GSER_OK && opts->compression)
+        st = frames_compress(f, opts->compression, opts->compression_level, &compressed);
     if (st == GSER_OK) {
+        if (compressed)
+            hdr.p[7] = GSER_WIRE_VERSION; /* the positive fixint after the 7-byte magic */
         pk_array(pk, f->n - 1);
         for (size_t i = 1; i < f->n; i++) {
-            pk_array(pk, 3);
+            const frame_codec_t *c = f->codecs && f->codecs[i].codec ? &f->codecs[i] : NULL;
+            pk_array(pk, c ? 5 : 3);
             pk_uint64(pk, f->frames[i].size);
             pk_uint8(pk, (uint8_t)f->frames[i].memory);
             pk_int32(pk, f->frames[i].device);
+            if (c) {
+                pk_uint8(pk, c->codec);
+                pk_uint64(pk, c->raw);
+            }
         }
         if (hdr.oom)
             st = error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize: out of memory for the header");
@@ -770,8 +785,13 @@ gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg, const g
     if (e.trace) {
         trace_line(e.trace, "serialize header %zu bytes, %zu data frames", hdr.len, f->n - 1);
         for (size_t i = 1; i < f->n; i++)
-            trace_line(e.trace, "serialize frame %zu %s %zu bytes", i, gser_memory_str(f->frames[i].memory),
-                       f->frames[i].size);
+            if (f->codecs && f->codecs[i].codec)
+                trace_line(e.trace, "serialize frame %zu %s %zu bytes, %s of %zu bytes", i,
+                           gser_memory_str(f->frames[i].memory), f->frames[i].size,
+                           f->codecs[i].codec == CODEC_LZ4 ? "lz4" : "zstd", f->codecs[i].raw);
+            else
+                trace_line(e.trace, "serialize frame %zu %s %zu bytes", i, gser_memory_str(f->frames[i].memory),
+                           f->frames[i].size);
     }
     *frames_out = f;
     return GSER_OK;
@@ -827,6 +847,7 @@ void gser_frames_destroy(gser_frames_t *frames)
         free(frames->header);
     if (frames->scratch)
         gser_msg_destroy(frames->scratch);
+    frames_codecs_free(frames);
     gser_frames_t *none = NULL;
     if (!GSER_REUSE || !atomic_compare_exchange_strong_explicit(&frames->ctx->spare_frames, &none, frames,
                                                                 memory_order_release, memory_order_relaxed))

@@ -224,6 +224,7 @@ struct gser_msg {
     arena_t arena;
     const gser_frame_t *frames; /* what it was deserialized from; released last */
     size_t nframes;
+    const struct frame_codec *codecs; /* per data frame when one arrived compressed, else NULL */
     void (*flat_release)(void *data, void *arg); /* owner of a flattened input */
     void *flat_arg;
     const void *flat_data;
@@ -473,11 +474,46 @@ struct gser_frames {
     void *header; /* malloc'd when the header outgrew header_inline */
     size_t header_len;
     gser_msg_t *scratch; /* values made by serializers and list conversions */
+    struct frame_codec *codecs; /* per frame when one is compressed, else NULL (host/compress.c) */
     gser_frame_t inline_frames[GSER_FRAMES_INLINE];
     char header_inline[1024];
 };
 
 GSER_INTERNAL gser_status_t frames_push(gser_frames_t *f, const gser_frame_t *fr);
+
+/* ---- frame compression (host/compress.c) ------------------------------------ */
+
+/* Wire codec of a compressed frame (the frame table's fourth field). */
+enum { CODEC_NONE = 0, CODEC_LZ4 = 1, CODEC_ZSTD = 2 };
+
+typedef struct frame_codec {
+    uint8_t codec;  /* CODEC_*; NONE for a frame left as it was */
+    size_t raw;     /* its uncompressed size */
+    size_t size;    /* its compressed size */
+    void *buf;      /* the compressed bytes (malloc'd), which the frame points at */
+} frame_codec_t;
+
+/* Compress the host data frames of f where sampling says it pays
+ * (gser_compression_t method, codec level). Sets f->codecs if one was
+ * compressed; *any says so. */
+GSER_INTERNAL gser_status_t frames_compress(gser_frames_t *f, int method, int level, bool *any);
+GSER_INTERNAL void frames_codecs_free(gser_frames_t *f);
+
+/* Decompress frame data src[0..size) with codec into dst, which holds
+ * exactly raw bytes: GSER_OK only when the data is valid and fills dst
+ * exactly. The message (set as the context's error) names frame i. */
+GSER_INTERNAL gser_status_t codec_decompress(gser_context_t *ctx, const char *what, size_t i, int codec,
+                                             const void *src, size_t size, void *dst, size_t raw);
+
+/* What raw size a codec's size bytes can decompress to at most (lz4: 255
+ * bytes per byte) or declare (zstd: the frame's content size): GSER_OK if
+ * raw is possible, else GSER_ERR_COMPRESSED naming frame i. Reads only the
+ * zstd frame header. */
+GSER_INTERNAL gser_status_t codec_check_size(gser_context_t *ctx, const char *what, size_t i, int codec,
+                                             const void *src, size_t size, uint64_t raw);
+
+/* The release of frames gser decompressed into (free). */
+GSER_INTERNAL void codec_release(void *data, void *arg);
 
 /* ---- packing device buffers (host/pack.c) ---------------------------------- */
 

@@ -35,6 +35,7 @@ const char *gser_status_str(gser_status_t status)
     case GSER_ERR_TIMEOUT: return "GSER_ERR_TIMEOUT: timed out";
     case GSER_ERR_CANCELED: return "GSER_ERR_CANCELED: canceled";
     case GSER_ERR_ACCESS: return "GSER_ERR_ACCESS: access refused";
+    case GSER_ERR_COMPRESSED: return "GSER_ERR_COMPRESSED: corrupt compressed frame";
     }
     return "GSER_ERR_?: unknown status";
 }

@@ -21,6 +21,7 @@ gser_status_t gser_msg_create(gser_context_t *ctx, gser_msg_t **msg_out)
     m->dev = NULL;
     m->frames = NULL;
     m->nframes = 0;
+    m->codecs = NULL;
     m->flat_release = NULL;
     m->flat_arg = NULL;
     m->flat_data = NULL;

@@ -56,10 +56,21 @@ static void print_quoted(const char *s, size_t n, size_t max)
 /* "frame N" for data inside a frame of the message, "inline" otherwise. The
  * frames of a flattened message lie in one buffer in order: a binary search,
  * so that a message of many buffers and frames prints in n log n. */
+static bool decompressed; /* some frames have buffers of their own: not in order */
+
 static void print_where(const void *p, size_t n)
 {
     const char *c = p;
-    size_t lo = 1, hi = nframes; /* the last frame starting at or before p is in [lo - 1, hi) */
+    for (size_t i = 1; decompressed && c && i < nframes; i++) {
+        const char *f = frames[i].data;
+        if (c >= f && c + n <= f + frames[i].size) {
+            printf("frame %zu", i);
+            if (c != f)
+                printf(" +%td", c - f);
+            return;
+        }
+    }
+    size_t lo = 1, hi = decompressed ? 1 : nframes; /* the last frame starting at or before p is in [lo - 1, hi) */
     while (c && lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
         if ((const char *)frames[mid].data <= c)
@@ -88,7 +99,7 @@ static void print_dims(const int64_t *v, uint32_t n)
     printf(n == 1 ? ",)" : ")");
 }
 
-/* The header's wire version (the decoder accepted it: 1 or 2, in any
+/* The header's wire version (the decoder accepted it: 1 to 3, in any
  * msgpack integer width, right after the 7 magic bytes). */
 static unsigned header_version(const gser_frame_t *hdr)
 {
@@ -301,12 +312,25 @@ int main(int argc, char **argv)
     frames = gser_msg_get_frames(msg, &nframes);
     printf("gser message, wire format %u: header %zu bytes, %zu data frames\n", header_version(&frames[0]),
            frames[0].size, nframes - 1);
-    size_t total = frames[0].size;
+    size_t total = frames[0].size, total_raw = frames[0].size;
     for (size_t i = 1; i < nframes; i++) {
-        printf("  frame %zu: %zu bytes\n", i, frames[i].size);
-        total += frames[i].size;
+        int codec = GSER_COMPRESSION_NONE;
+        size_t wire = frames[i].size;
+        gser_msg_get_frame_codec(msg, i, &codec, &wire);
+        if (codec != GSER_COMPRESSION_NONE) {
+            decompressed = true;
+            printf("  frame %zu: %zu bytes, %s of %zu bytes\n", i, wire,
+                   codec == GSER_COMPRESSION_LZ4 ? "lz4" : "zstd", frames[i].size);
+        } else {
+            printf("  frame %zu: %zu bytes\n", i, frames[i].size);
+        }
+        total += wire;
+        total_raw += frames[i].size;
     }
-    printf("  total: %zu bytes\n", total);
+    if (decompressed)
+        printf("  total: %zu bytes, %zu uncompressed\n", total, total_raw);
+    else
+        printf("  total: %zu bytes\n", total);
     printf("$ ");
     int rc = print_value(msg, gser_msg_get_root(msg), 0);
     if (rc != 0)

@@ -6,7 +6,7 @@
 # when not root. --update runs `apt-get update` first even if nothing is missing.
 set -euo pipefail
 
-CORE_PKGS=(build-essential cmake ninja-build pkg-config libmsgpack-dev libucx-dev)
+CORE_PKGS=(build-essential cmake ninja-build pkg-config libmsgpack-dev libucx-dev liblz4-dev libzstd-dev)
 ALL_PKGS=("${CORE_PKGS[@]}" libgtest-dev clang libclang-rt-14-dev ucx-utils
           iproute2 python3-dev python3-pytest python3-numpy python3-pandas python3-distributed python3-msgpack
           python3-hypothesis python3-cryptography)

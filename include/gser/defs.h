@@ -74,6 +74,7 @@ typedef enum gser_status {
     GSER_ERR_TIMEOUT = -27,        /**< a bounded wait ran out */
     GSER_ERR_CANCELED = -28,       /**< the operation was canceled (e.g. its endpoint closed) */
     GSER_ERR_ACCESS = -29,         /**< refused: the peer did not prove the shared secret */
+    GSER_ERR_COMPRESSED = -30,     /**< a compressed frame is corrupt or does not decompress to its declared size */
 } gser_status_t;
 
 /** A static, human-readable name for a status ("GSER_ERR_FORMAT: malformed

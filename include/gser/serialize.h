@@ -22,9 +22,11 @@
 extern "C" {
 #endif
 
-/** Version of the header format written by this build (see docs/wire-format.md).
- *  Version 2 added strides to buffers. */
-#define GSER_WIRE_VERSION 2
+/** Version of the header format this build reads and writes (see
+ *  docs/wire-format.md). Version 2 added strides to buffers, version 3
+ *  compressed frames. A message with no compressed frame is written as
+ *  version 2, byte for byte what the builds before version 3 wrote. */
+#define GSER_WIRE_VERSION 3
 /** The oldest header format version this build reads (version 1 is version 2
  *  without strides). */
 #define GSER_WIRE_VERSION_MIN 1
@@ -47,6 +49,27 @@ typedef struct gser_frame {
     uint64_t reserved[4];
 } gser_frame_t;
 
+/** Frame compression (gser_serialize_options_t.compression). Every choice
+ *  but NONE samples each eligible frame first, as Dask's maybe_compress
+ *  does: a frame is eligible when it is host memory (device frames and host
+ *  frames staged from the device are never compressed) of at least
+ *  GSER_COMPRESS_MIN_SIZE bytes; GSER_COMPRESS_NSAMPLES pieces of
+ *  GSER_COMPRESS_SAMPLE_SIZE bytes spread over it are compressed together,
+ *  then the whole frame if the sample shrank to at most
+ *  GSER_COMPRESS_THRESHOLD of its size, and the result is kept if it also
+ *  did. The wire values of the codecs are LZ4 and ZSTD. */
+typedef enum gser_compression {
+    GSER_COMPRESSION_NONE = 0, /**< no compression (the default) */
+    GSER_COMPRESSION_LZ4 = 1,  /**< LZ4 block format (liblz4); frames over 2,113,929,216 bytes stay as they are */
+    GSER_COMPRESSION_ZSTD = 2, /**< one Zstandard frame (libzstd) */
+    GSER_COMPRESSION_AUTO = 3, /**< what Dask's "auto" picks: lz4 */
+} gser_compression_t;
+
+#define GSER_COMPRESS_MIN_SIZE 10000   /**< smaller frames are not compressed (Dask's min_size) */
+#define GSER_COMPRESS_SAMPLE_SIZE 10000 /**< bytes per sample (Dask's sample_size) */
+#define GSER_COMPRESS_NSAMPLES 5        /**< samples per frame (Dask's nsamples) */
+#define GSER_COMPRESS_THRESHOLD 0.9     /**< kept when compressed size <= this times the input (Dask's 0.9) */
+
 /** Serialize options: start from GSER_SERIALIZE_OPTIONS_INIT, then set what you need. */
 typedef struct gser_serialize_options {
     size_t size; /**< sizeof(gser_serialize_options_t): GSER_SERIALIZE_OPTIONS_INIT sets it */
@@ -61,6 +84,14 @@ typedef struct gser_serialize_options {
      *  per-thread default stream. gser never synchronizes the legacy default
      *  stream or the device. */
     void *stream;
+    /** A gser_compression_t: compress host data frames where it pays.
+     *  NONE (0) writes exactly what builds without compression wrote. The
+     *  compressed frames belong to the frames object; the header records
+     *  each one's codec and uncompressed size (wire version 3). */
+    int compression;
+    /** Codec level: zstd's compression level, lz4's acceleration; 0 = the
+     *  codec's default (zstd 3, lz4 1). */
+    int compression_level;
 } gser_serialize_options_t;
 
 #define GSER_SERIALIZE_OPTIONS_INIT GSER_STRUCT_INIT(gser_serialize_options_t)
@@ -141,7 +172,10 @@ typedef struct gser_deserialize_options {
  * borrows the frames (values point into them) unless a frame's release hands
  * it over; keep borrowed frames valid until the message is destroyed.
  * opts may be NULL. Untrusted input is safe: it never reads out of bounds and
- * stops at the limits.
+ * stops at the limits. Compressed frames (wire version 3) are decompressed
+ * into buffers the message owns, their declared sizes checked against the
+ * limits before anything is allocated; data that does not decompress to
+ * exactly its declared size is GSER_ERR_COMPRESSED.
  */
 GSER_API gser_status_t gser_deserialize(gser_context_t *ctx, const gser_frame_t *frames, size_t nframes,
                                         const gser_deserialize_options_t *opts, gser_msg_t **msg_out);
@@ -154,6 +188,16 @@ GSER_API const gser_frame_t *gser_msg_get_frames(const gser_msg_t *msg, size_t *
  *  scattered buffers, whose descriptions carry the same event) are done.
  *  GSER_OK at once when there were none. */
 GSER_API gser_status_t gser_msg_wait(const gser_msg_t *msg);
+
+/**
+ * How frame i of a deserialized message arrived: *codec is
+ * GSER_COMPRESSION_LZ4 or _ZSTD for a frame that came compressed (wire
+ * version 3), GSER_COMPRESSION_NONE otherwise, and *wire_size the size it
+ * had as given. gser_msg_get_frames has the decompressed frame, which the
+ * message owns (the compressed one, if the message was handed it, is
+ * released once it is decompressed).
+ */
+GSER_API gser_status_t gser_msg_get_frame_codec(const gser_msg_t *msg, size_t i, int *codec, size_t *wire_size);
 
 /**
  * Take ownership of frame i of a deserialized message (e.g. a received packed

@@ -130,7 +130,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         volatile unsigned h = walk(msg, gser_msg_get_root(msg), 0);
         (void)h;
         gser_frames_t *f = NULL;
-        if (gser_serialize(ctx, msg, NULL, &f) == GSER_OK) {
+        /* written again plain, then compressed (the codec chosen by the input) */
+        gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
+        so.compression = i == 0 ? GSER_COMPRESSION_NONE : size & 1 ? GSER_COMPRESSION_LZ4 : GSER_COMPRESSION_ZSTD;
+        if (gser_serialize(ctx, msg, &so, &f) == GSER_OK) {
             size_t len;
             if (gser_flat_size(gser_frames_get_array(f), gser_frames_get_count(f), &len) == GSER_OK) {
                 unsigned char *buf = malloc(len);

@@ -2,6 +2,7 @@
  * between them use every marker. Run from the repository root:
  *   build-fuzz/tests/fuzz/make_corpus tests/fuzz/corpus
  * (it also writes tests/fuzz/corpus-arrow, -ucx and -ucx-hello). */
+#include <msgpack.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -18,11 +19,13 @@
         }                                                                                                    \
     } while (0)
 
-/* Serialized with the families given (NULL: the default), device work waited for. */
-static int write_msg_with(gser_context_t *ctx, gser_msg_t *m, const char *const *families, const char *dir,
-                          const char *name)
+/* Serialized with the families given (NULL: the default) and compression,
+ * device work waited for. */
+static int write_msg_codec(gser_context_t *ctx, gser_msg_t *m, const char *const *families, int compression,
+                           const char *dir, const char *name)
 {
     gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
+    so.compression = compression;
     so.families = families;
     so.nfamilies = families ? 1 : 0;
     gser_frames_t *f;
@@ -37,6 +40,84 @@ static int write_msg_with(gser_context_t *ctx, gser_msg_t *m, const char *const 
     fclose(out);
     gser_frames_destroy(f);
     return 0;
+}
+
+
+/* The compressed frame 1 of f made hostile: its table entry's uncompressed
+ * size moved by raw_delta, its data cut by cut bytes (the sizes kept
+ * consistent), or its first bytes overwritten with garbage. */
+static int write_hostile(gser_context_t *ctx, gser_frames_t *f, long raw_delta, size_t cut, bool garbage,
+                         const char *dir, const char *name)
+{
+    const gser_frame_t *fr = gser_frames_get_array(f);
+    size_t n = gser_frames_get_count(f);
+    int codec = 0;
+    size_t raw = 0;
+    msgpack_sbuffer old, new_;
+    msgpack_sbuffer_init(&old);
+    msgpack_sbuffer_init(&new_);
+    /* the entry as the writer packs it: [size, 0, 0, codec, raw] in the shortest forms */
+    for (codec = 1; codec <= 2; codec++)
+        for (raw = fr[1].size + 1; raw < 40000; raw++) {
+            old.size = 0;
+            msgpack_packer pk;
+            msgpack_packer_init(&pk, &old, msgpack_sbuffer_write);
+            msgpack_pack_array(&pk, 5);
+            msgpack_pack_uint64(&pk, fr[1].size);
+            msgpack_pack_uint8(&pk, 0);
+            msgpack_pack_int32(&pk, 0);
+            msgpack_pack_uint8(&pk, (uint8_t)codec);
+            msgpack_pack_uint64(&pk, raw);
+            const char *h = fr[0].data;
+            for (size_t at = 0; at + old.size <= fr[0].size; at++)
+                if (memcmp(h + at, old.data, old.size) == 0) {
+                    msgpack_packer pn;
+                    msgpack_packer_init(&pn, &new_, msgpack_sbuffer_write);
+                    msgpack_sbuffer_write(&new_, h, at);
+                    msgpack_pack_array(&pn, 5);
+                    msgpack_pack_uint64(&pn, fr[1].size - cut);
+                    msgpack_pack_uint8(&pn, 0);
+                    msgpack_pack_int32(&pn, 0);
+                    msgpack_pack_uint8(&pn, (uint8_t)codec);
+                    msgpack_pack_uint64(&pn, (uint64_t)((long)raw + raw_delta));
+                    msgpack_sbuffer_write(&new_, h + at + old.size, fr[0].size - at - old.size);
+                    goto found;
+                }
+        }
+    fprintf(stderr, "%s: no compressed frame 1 in the header\n", name);
+    return 1;
+found:;
+    gser_frame_t copy[8];
+    if (n > 8)
+        return 1;
+    memcpy(copy, fr, n * sizeof *fr);
+    copy[0].data = new_.data;
+    copy[0].size = new_.size;
+    copy[1].size -= cut;
+    char *data = malloc(copy[1].size);
+    if (!data)
+        return 1;
+    memcpy(data, fr[1].data, copy[1].size);
+    if (garbage)
+        memset(data, 0xa5, copy[1].size < 64 ? copy[1].size : 64);
+    copy[1].data = data;
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *out = fopen(path, "wb");
+    if (!out)
+        return 1;
+    CK(gser_flat_write_file(copy, n, out));
+    fclose(out);
+    free(data);
+    msgpack_sbuffer_destroy(&old);
+    msgpack_sbuffer_destroy(&new_);
+    return 0;
+}
+
+static int write_msg_with(gser_context_t *ctx, gser_msg_t *m, const char *const *families, const char *dir,
+                          const char *name)
+{
+    return write_msg_codec(ctx, m, families, GSER_COMPRESSION_NONE, dir, name);
 }
 
 /* Write a then b (either may be empty) to path. */
@@ -182,6 +263,59 @@ int main(int argc, char **argv)
     if (write_msg(ctx, m, dir, "objects.gser"))
         return 1;
     gser_msg_destroy(m);
+
+    /* 3a: compressed frames, lz4 and zstd: sorted int32 keys and runs of
+     * bytes (just over the 10,000-byte minimum, so that mutations reach the
+     * compressed data), one frame of noise left uncompressed, a small inline
+     * buffer */
+    for (int c = 0; c < 2; c++) {
+        static int32_t keys[2600];
+        static unsigned char runs[10240], noise[10016];
+        uint32_t x = 12345;
+        for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+            keys[i] = (int32_t)(i / 5);
+        for (size_t i = 0; i < sizeof runs; i++)
+            runs[i] = (unsigned char)(i / 97 % 7);
+        for (size_t i = 0; i < sizeof noise; i++)
+            noise[i] = (unsigned char)((x = x * 1103515245u + 12345u) >> 24);
+        CK(gser_msg_create(ctx, &m));
+        CK(gser_msg_new_list(m, &root));
+        const void *ptrs[] = {keys, runs, noise, "tiny"};
+        size_t lens[] = {sizeof keys, sizeof runs, sizeof noise, 4};
+        for (int k = 0; k < 4; k++) {
+            gser_buffer_desc_t cd = GSER_BUFFER_DESC_INIT;
+            cd.data = ptrs[k];
+            cd.nbytes = lens[k];
+            cd.dtype = k == 0 ? GSER_DTYPE_INT32 : GSER_DTYPE_UINT8;
+            CK(gser_msg_new_buffer(m, &cd, &v));
+            CK(gser_list_append(root, v));
+        }
+        CK(gser_msg_set_root(m, root));
+        if (write_msg_codec(ctx, m, NULL, c ? GSER_COMPRESSION_ZSTD : GSER_COMPRESSION_LZ4, dir,
+                            c ? "compressed-zstd.gser" : "compressed-lz4.gser"))
+            return 1;
+        /* and hostile: lying sizes, cut data, garbage */
+        gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
+        so.compression = c ? GSER_COMPRESSION_ZSTD : GSER_COMPRESSION_LZ4;
+        gser_frames_t *zf;
+        CK(gser_serialize(ctx, m, &so, &zf));
+        const char *tag = c ? "zstd" : "lz4";
+        char name[64];
+        static const struct {
+            const char *what;
+            long delta;
+            size_t cut;
+            bool garbage;
+        } bad[] = {{"more", 1, 0, false}, {"less", -1, 0, false}, {"bomb", 1L << 30, 0, false},
+                   {"cut", 0, 7, false}, {"garbage", 0, 0, true}};
+        for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+            snprintf(name, sizeof name, "compressed-%s-%s.gser", tag, bad[b].what);
+            if (write_hostile(ctx, zf, bad[b].delta, bad[b].cut, bad[b].garbage, dir, name))
+                return 1;
+        }
+        gser_frames_destroy(zf);
+        gser_msg_destroy(m);
+    }
 
     /* 3b: objects nested in objects, at the depth limit and past it, and
      * names that are terminal escapes */

@@ -307,9 +307,9 @@ TEST(Safety, CraftedHeadersAreRejectedPrecisely)
     // Not gser at all.
     EXPECT_EQ(decode_crafted(ctx.get(), std::string("\x93\x01\x02\x03", 4)), GSER_ERR_BAD_MAGIC);
     // Future wire version.
-    EXPECT_EQ(decode_crafted(ctx.get(), craft([](msgpack_packer *pk) { msgpack_pack_nil(pk); }, 3), &err),
+    EXPECT_EQ(decode_crafted(ctx.get(), craft([](msgpack_packer *pk) { msgpack_pack_nil(pk); }, 4), &err),
               GSER_ERR_WIRE_VERSION);
-    EXPECT_NE(err.find("version 3, this build reads versions 1..2"), std::string::npos) << err;
+    EXPECT_NE(err.find("version 4, this build reads versions 1..3"), std::string::npos) << err;
     EXPECT_EQ(decode_crafted(ctx.get(), craft([](msgpack_packer *pk) { msgpack_pack_nil(pk); }, 0), &err),
               GSER_ERR_WIRE_VERSION);
     // An array that claims 2^32-1 elements in a few bytes: no allocation, truncated.

@@ -200,12 +200,13 @@ PyTypeObject PgFlatBytes_Type = {
 static PyObject *py_dump_fd(PyObject *self, PyObject *args, PyObject *kw)
 {
     (void)self;
-    static char *kwlist[] = {"obj", "fd", "families", NULL};
-    PyObject *obj, *families = NULL;
-    int fd;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi|O:_dump_fd", kwlist, &obj, &fd, &families))
+    static char *kwlist[] = {"obj", "fd", "families", "compression", NULL};
+    PyObject *obj, *families = NULL, *compression = NULL;
+    int fd, codec;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi|OO:_dump_fd", kwlist, &obj, &fd, &families, &compression) ||
+        pg_compression_parse(compression, &codec) < 0)
         return NULL;
-    PgOwner *owner = pg_serialize_flat(obj, families);
+    PgOwner *owner = pg_serialize_flat(obj, families, codec);
     if (!owner)
         return NULL;
     size_t n = gser_frames_get_count(owner->frames);
@@ -272,11 +273,13 @@ static gser_status_t write_piece(void *arg, const void *data, size_t size)
 static PyObject *py_dump_write(PyObject *self, PyObject *args, PyObject *kw)
 {
     (void)self;
-    static char *kwlist[] = {"obj", "write", "families", NULL};
-    PyObject *obj, *write, *families = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O:_dump_write", kwlist, &obj, &write, &families))
+    static char *kwlist[] = {"obj", "write", "families", "compression", NULL};
+    PyObject *obj, *write, *families = NULL, *compression = NULL;
+    int codec;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OO:_dump_write", kwlist, &obj, &write, &families, &compression) ||
+        pg_compression_parse(compression, &codec) < 0)
         return NULL;
-    PgOwner *owner = pg_serialize_flat(obj, families);
+    PgOwner *owner = pg_serialize_flat(obj, families, codec);
     if (!owner)
         return NULL;
     size_t n = gser_frames_get_count(owner->frames);

@@ -353,7 +353,9 @@ const char *pg_dtype_format(gser_dtype_t dtype);
 PgOwner *pg_serialize(PyObject *obj, PyObject *families);
 /* The same for the flattened form (to_bytes, dump): "device" left out of
  * families, "host" always there, so every frame is host memory. */
-PgOwner *pg_serialize_flat(PyObject *obj, PyObject *families);
+PgOwner *pg_serialize_flat(PyObject *obj, PyObject *families, int compression);
+/* None, "lz4", "zstd", "auto" -> a gser_compression_t; -1 with ValueError. */
+int pg_compression_parse(PyObject *o, int *out);
 /* Raise for status st with message text (a new reference, taken; NULL: an
  * exception is set already): MemoryError for GSER_ERR_NO_MEMORY, GserError
  * otherwise. Returns NULL. */

@@ -83,7 +83,7 @@ def test_what_gser_writes_reads_back_through_an_independent_msgpack_decoder(name
     obj = CASES[name]
     header, frames = gser.dumps(obj)
     version, got = ref.read(header, frames)
-    assert version == gser.WIRE_VERSION
+    assert version == 2  # no compressed frame: the version-2 wire (gser.WIRE_VERSION is 3)
     assert same(plain(got), obj), (plain(got), obj)
 
 

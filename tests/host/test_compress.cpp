@@ -1,0 +1,526 @@
+// Compressed frames: writing (sampling, codecs, wire versions), reading
+// (decompression into owned frames, bounded sizes, hostile data), the
+// flattened form and descriptors, and device frames that stay as they are.
+#include <msgpack.h>
+#include <unistd.h>
+
+#include <functional>
+#include <random>
+
+#include "common.hpp"
+
+namespace {
+
+constexpr size_t kBig = 1 << 20;
+
+std::vector<int64_t> sorted_keys(size_t n)
+{
+    std::vector<int64_t> v(n);
+    for (size_t i = 0; i < n; i++)
+        v[i] = (int64_t)(i / 3);
+    return v;
+}
+
+std::vector<unsigned char> random_bytes(size_t n, unsigned seed = 7)
+{
+    std::mt19937_64 g(seed);
+    std::vector<unsigned char> v(n);
+    for (size_t i = 0; i < n; i += 8) {
+        uint64_t x = g();
+        std::memcpy(&v[i], &x, std::min<size_t>(8, n - i));
+    }
+    return v;
+}
+
+// [big buffer, small buffer]: the small one is under the minimum size.
+MsgPtr two_buffers(gser_context_t *ctx, const void *big, size_t nbig, const void *small, size_t nsmall,
+                   gser_memory_t mem = GSER_MEMORY_HOST)
+{
+    gser_msg_t *m = nullptr;
+    EXPECT_EQ(gser_msg_create(ctx, &m), GSER_OK);
+    gser_value_t *root, *v;
+    gser_msg_new_list(m, &root);
+    for (auto [p, n] : {std::pair<const void *, size_t>{big, nbig}, {small, nsmall}}) {
+        gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
+        d.data = p;
+        d.nbytes = n;
+        d.dtype = GSER_DTYPE_UINT8;
+        d.memory = mem;
+        EXPECT_EQ(gser_msg_new_buffer(m, &d, &v), GSER_OK) << gser_context_get_last_error(ctx);
+        gser_list_append(root, v);
+    }
+    gser_msg_set_root(m, root);
+    return MsgPtr(m);
+}
+
+std::string buffer_bytes(gser_msg_t *m, size_t k)
+{
+    gser_value_t *e = nullptr;
+    EXPECT_EQ(gser_list_get(gser_msg_get_root(m), k, &e), GSER_OK);
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
+    EXPECT_EQ(gser_value_get_buffer(e, &d), GSER_OK);
+    return std::string(static_cast<const char *>(d.data), d.nbytes);
+}
+
+FramesPtr serialize_with(gser_context_t *ctx, gser_msg_t *m, int compression, int level = 0)
+{
+    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
+    so.compression = compression;
+    so.compression_level = level;
+    return serialize(ctx, m, &so);
+}
+
+unsigned header_version(const gser_frames_t *f)
+{
+    return (unsigned char)header_bytes(f)[7];
+}
+
+// The header with its frame table rewritten by edit (msgpack-c unpacks it,
+// edit changes the table, msgpack-c packs it again).
+std::string retable(const std::string &hdr, const std::function<void(msgpack_object &table, msgpack_zone *)> &edit,
+                    uint64_t version = 3)
+{
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    size_t off = 0;
+    EXPECT_EQ(msgpack_unpack_next(&up, hdr.data(), hdr.size(), &off), MSGPACK_UNPACK_SUCCESS);
+    msgpack_object top = up.data;
+    top.via.array.ptr[1].via.u64 = version;
+    edit(top.via.array.ptr[3], up.zone);
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_object(&pk, top);
+    std::string out(sb.data, sb.size);
+    msgpack_sbuffer_destroy(&sb);
+    msgpack_unpacked_destroy(&up);
+    return out;
+}
+
+// Frame table entry i (0-based data frame) field k.
+msgpack_object &field(msgpack_object &table, size_t i, size_t k)
+{
+    return table.via.array.ptr[i].via.array.ptr[k];
+}
+
+struct Decoded {
+    gser_status_t st;
+    std::string err;
+    MsgPtr msg;
+};
+
+Decoded decode(gser_context_t *ctx, const std::string &hdr, const std::vector<std::string> &data,
+               const gser_limits_t *lim = nullptr, gser_memory_t mem = GSER_MEMORY_HOST)
+{
+    std::vector<gser_frame_t> fr(1 + data.size());
+    fr[0] = gser_frame_t{};
+    fr[0].data = hdr.data();
+    fr[0].size = hdr.size();
+    for (size_t i = 0; i < data.size(); i++) {
+        fr[i + 1] = gser_frame_t{};
+        fr[i + 1].data = data[i].data();
+        fr[i + 1].size = data[i].size();
+        fr[i + 1].memory = mem;
+    }
+    gser_deserialize_options_t o = GSER_DESERIALIZE_OPTIONS_INIT;
+    o.limits = lim;
+    gser_msg_t *m = nullptr;
+    gser_status_t st = gser_deserialize(ctx, fr.data(), fr.size(), &o, &m);
+    return {st, gser_context_get_last_error(ctx), MsgPtr(st == GSER_OK ? m : nullptr)};
+}
+
+class Compress : public CtxTest {};
+
+TEST_F(Compress, EachCodecRoundTripsAndShrinksCompressibleFrames)
+{
+    auto keys = sorted_keys(kBig / 8);
+    std::string small(10, 'x');
+    for (int c : {GSER_COMPRESSION_LZ4, GSER_COMPRESSION_ZSTD, GSER_COMPRESSION_AUTO}) {
+        SCOPED_TRACE(c);
+        auto m = two_buffers(ctx(), keys.data(), kBig, small.data(), small.size());
+        auto f = serialize_with(ctx(), m.get(), c, c == GSER_COMPRESSION_ZSTD ? 1 : 0);
+        ASSERT_TRUE(f);
+        // small buffers are inline; the big one is a frame of its own
+        ASSERT_EQ(gser_frames_get_count(f.get()), 2u);
+        const gser_frame_t *fr = gser_frames_get_array(f.get());
+        EXPECT_LT(fr[1].size, kBig / 2) << "sorted keys compress well";
+        EXPECT_NE(fr[1].data, (const void *)keys.data());
+        EXPECT_EQ(header_version(f.get()), 3u) << "a compressed frame needs version 3";
+        auto back = deserialize(ctx(), f.get());
+        ASSERT_TRUE(back);
+        EXPECT_EQ(buffer_bytes(back.get(), 0), std::string((const char *)keys.data(), kBig));
+        EXPECT_EQ(buffer_bytes(back.get(), 1), small);
+        size_t n = 0;
+        const gser_frame_t *got = gser_msg_get_frames(back.get(), &n);
+        ASSERT_EQ(n, 2u);
+        EXPECT_EQ(got[1].size, kBig) << "the message holds the decompressed frame";
+        EXPECT_EQ((uintptr_t)got[1].data % 64, 0u);
+        int codec = -1;
+        size_t wire = 0;
+        ASSERT_EQ(gser_msg_get_frame_codec(back.get(), 1, &codec, &wire), GSER_OK);
+        EXPECT_EQ(codec, c == GSER_COMPRESSION_ZSTD ? GSER_COMPRESSION_ZSTD : GSER_COMPRESSION_LZ4);
+        EXPECT_EQ(wire, fr[1].size);
+        ASSERT_EQ(gser_msg_get_frame_codec(back.get(), 0, &codec, &wire), GSER_OK);
+        EXPECT_EQ(codec, GSER_COMPRESSION_NONE);
+        EXPECT_EQ(gser_msg_get_frame_codec(back.get(), 2, &codec, &wire), GSER_ERR_OUT_OF_RANGE);
+    }
+}
+
+TEST_F(Compress, NoneWritesTodaysBytes)
+{
+    auto keys = sorted_keys(kBig / 8);
+    std::string small(1000, 'x');
+    auto m = two_buffers(ctx(), keys.data(), kBig, small.data(), small.size());
+    auto plain = serialize(ctx(), m.get());
+    auto none = serialize_with(ctx(), m.get(), GSER_COMPRESSION_NONE);
+    ASSERT_TRUE(plain && none);
+    EXPECT_EQ(header_bytes(plain.get()), header_bytes(none.get()));
+    EXPECT_EQ(header_version(none.get()), 2u);
+    EXPECT_EQ(gser_frames_get_array(none.get())[1].data, (const void *)keys.data()) << "still zero-copy";
+}
+
+TEST_F(Compress, AutoLeavesIncompressibleAndSmallFramesAlone)
+{
+    auto rnd = random_bytes(kBig);
+    std::string below(GSER_COMPRESS_MIN_SIZE - 1, 'a'); // compressible but under the minimum
+    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
+    so.compression = GSER_COMPRESSION_AUTO;
+    so.inline_max = 16; // both buffers in frames
+    for (int c : {GSER_COMPRESSION_AUTO, GSER_COMPRESSION_LZ4, GSER_COMPRESSION_ZSTD}) {
+        so.compression = c;
+        auto m = two_buffers(ctx(), rnd.data(), rnd.size(), below.data(), below.size());
+        auto f = serialize(ctx(), m.get(), &so);
+        ASSERT_TRUE(f);
+        ASSERT_EQ(gser_frames_get_count(f.get()), 3u);
+        const gser_frame_t *fr = gser_frames_get_array(f.get());
+        EXPECT_EQ(fr[1].data, (const void *)rnd.data()) << c;
+        EXPECT_EQ(fr[1].size, rnd.size());
+        EXPECT_EQ(fr[2].data, (const void *)below.data());
+        EXPECT_EQ(header_version(f.get()), 2u) << "nothing compressed: the version-2 wire";
+    }
+}
+
+TEST_F(Compress, AFrameThatOnlyLooksCompressibleInTheSampleIsKeptWhole)
+{
+    // compressible where the samples fall, random elsewhere: the sample says
+    // yes, the whole frame says no, and the frame is sent as it is
+    auto rnd = random_bytes(kBig);
+    size_t step = (kBig - GSER_COMPRESS_SAMPLE_SIZE) / (GSER_COMPRESS_NSAMPLES - 1);
+    for (size_t k = 0; k < GSER_COMPRESS_NSAMPLES; k++)
+        std::memset(&rnd[k * step], 0, GSER_COMPRESS_SAMPLE_SIZE);
+    std::string small(10, 's');
+    auto m = two_buffers(ctx(), rnd.data(), rnd.size(), small.data(), small.size());
+    auto f = serialize_with(ctx(), m.get(), GSER_COMPRESSION_LZ4);
+    ASSERT_TRUE(f);
+    EXPECT_EQ(gser_frames_get_array(f.get())[1].data, (const void *)rnd.data());
+    EXPECT_EQ(header_version(f.get()), 2u);
+}
+
+TEST_F(Compress, BadOptionsAreRefused)
+{
+    std::string small(10, 's');
+    auto m = two_buffers(ctx(), small.data(), small.size(), small.data(), small.size());
+    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
+    gser_frames_t *f = nullptr;
+    so.compression = 9;
+    GSER_EXPECT(ctx(), GSER_ERR_INVALID_ARG, gser_serialize(ctx(), m.get(), &so, &f));
+    so.compression = GSER_COMPRESSION_ZSTD;
+    so.compression_level = 1000;
+    GSER_EXPECT(ctx(), GSER_ERR_INVALID_ARG, gser_serialize(ctx(), m.get(), &so, &f));
+    EXPECT_EQ(f, nullptr);
+}
+
+// A compressed message's header and frames, for the hostile cases.
+struct Sample {
+    std::string hdr;
+    std::vector<std::string> data;
+    std::string raw;
+};
+
+Sample compressed_sample(gser_context_t *ctx, int codec)
+{
+    auto keys = sorted_keys(kBig / 8);
+    std::string small(10, 's');
+    auto m = two_buffers(ctx, keys.data(), kBig, small.data(), small.size());
+    auto f = serialize_with(ctx, m.get(), codec);
+    const gser_frame_t *fr = gser_frames_get_array(f.get());
+    Sample s;
+    s.hdr = header_bytes(f.get());
+    s.data.emplace_back((const char *)fr[1].data, fr[1].size);
+    s.raw.assign((const char *)keys.data(), kBig);
+    return s;
+}
+
+TEST_F(Compress, HostileCompressedFramesGetSpecificErrorsNamingTheFrame)
+{
+    for (int codec : {GSER_COMPRESSION_LZ4, GSER_COMPRESSION_ZSTD}) {
+        SCOPED_TRACE(codec);
+        Sample s = compressed_sample(ctx(), codec);
+        ASSERT_TRUE(decode(ctx(), s.hdr, s.data).msg) << "the sample itself reads";
+        const uint64_t raw = kBig, size = s.data[0].size();
+        auto with = [&](uint64_t new_size, uint64_t new_raw) {
+            return retable(s.hdr, [&](msgpack_object &t, msgpack_zone *) {
+                field(t, 0, 0).via.u64 = new_size;
+                field(t, 0, 4).via.u64 = new_raw;
+            });
+        };
+        struct Case {
+            const char *name;
+            std::string hdr;
+            std::string data;
+            gser_status_t st;
+            const char *says;
+        };
+        std::string garbage(size, '\xff');
+        std::string cut = s.data[0].substr(0, size - 16);
+        std::vector<Case> cases = {
+            {"garbage data", s.hdr, garbage, GSER_ERR_COMPRESSED, "frame 1"},
+            {"truncated data", with(cut.size(), raw), cut, GSER_ERR_COMPRESSED, "frame 1"},
+            {"declared one byte more", with(size, raw + 1), s.data[0], GSER_ERR_COMPRESSED, "frame 1"},
+            {"declared one byte less", with(size, raw - 1), s.data[0], GSER_ERR_COMPRESSED, "frame 1"},
+            {"declared half", with(size, raw / 2), s.data[0], GSER_ERR_COMPRESSED, "frame 1"},
+            // over the limit: refused before any allocation (2^50 bytes could not be allocated)
+            {"declared a petabyte", with(size, 1ull << 50), s.data[0], GSER_ERR_LIMIT_BYTES, "frame 1 declares"},
+        };
+        if (codec == GSER_COMPRESSION_LZ4)
+            cases.push_back({"more than lz4 can make", with(size, size * 255 + 1), s.data[0], GSER_ERR_COMPRESSED,
+                             "more than lz4 can produce"});
+        for (auto &c : cases) {
+            SCOPED_TRACE(c.name);
+            Decoded d = decode(ctx(), c.hdr, {c.data});
+            EXPECT_EQ(d.st, c.st) << d.err;
+            EXPECT_NE(d.err.find(c.says), std::string::npos) << d.err;
+        }
+        // a limit of the message's own size minus one: refused up front
+        gser_limits_t lim = GSER_LIMITS_INIT;
+        lim.max_bytes = s.hdr.size() + raw - 1;
+        Decoded d = decode(ctx(), s.hdr, s.data, &lim);
+        EXPECT_EQ(d.st, GSER_ERR_LIMIT_BYTES) << d.err;
+        lim.max_bytes = s.hdr.size() + raw;
+        EXPECT_EQ(decode(ctx(), s.hdr, s.data, &lim).st, GSER_OK) << "exactly at the limit";
+        // a compressed frame in device memory, as given
+        d = decode(ctx(), s.hdr, s.data, nullptr, GSER_MEMORY_DEVICE);
+        EXPECT_EQ(d.st, GSER_ERR_FRAME) << d.err;
+    }
+}
+
+TEST_F(Compress, MalformedCompressedEntriesAreFormatErrors)
+{
+    Sample s = compressed_sample(ctx(), GSER_COMPRESSION_LZ4);
+    struct Case {
+        const char *name;
+        std::string hdr;
+        gser_status_t st;
+    };
+    std::vector<Case> cases = {
+        {"unknown codec", retable(s.hdr, [](msgpack_object &t, msgpack_zone *) { field(t, 0, 3).via.u64 = 7; }),
+         GSER_ERR_FORMAT},
+        {"zero uncompressed size",
+         retable(s.hdr, [](msgpack_object &t, msgpack_zone *) { field(t, 0, 4).via.u64 = 0; }), GSER_ERR_FORMAT},
+        {"device memory", retable(s.hdr, [](msgpack_object &t, msgpack_zone *) { field(t, 0, 1).via.u64 = 1; }),
+         GSER_ERR_FORMAT},
+        {"four fields", retable(s.hdr, [](msgpack_object &t, msgpack_zone *) { t.via.array.ptr[0].via.array.size = 4; }),
+         GSER_ERR_FORMAT},
+        // read as version 2, the root's reference is past the compressed frame's end
+        {"a version-2 header", retable(s.hdr, [](msgpack_object &, msgpack_zone *) {}, 2), GSER_ERR_FRAME},
+        {"version 4", retable(s.hdr, [](msgpack_object &, msgpack_zone *) {}, 4), GSER_ERR_WIRE_VERSION},
+        {"codec as a string",
+         retable(s.hdr,
+                 [](msgpack_object &t, msgpack_zone *) {
+                     field(t, 0, 3).type = MSGPACK_OBJECT_STR;
+                     field(t, 0, 3).via.str = {3, "lz4"};
+                 }),
+         GSER_ERR_FORMAT},
+    };
+    for (auto &c : cases) {
+        SCOPED_TRACE(c.name);
+        Decoded d = decode(ctx(), c.hdr, s.data);
+        EXPECT_EQ(d.st, c.st) << d.err;
+    }
+    // every cut of the header is refused, none crashes
+    for (size_t n = 0; n < s.hdr.size(); n++)
+        EXPECT_NE(decode(ctx(), s.hdr.substr(0, n), s.data).st, GSER_OK) << n;
+}
+
+TEST_F(Compress, OlderVersionsAndPlainVersion3HeadersStillRead)
+{
+    auto keys = sorted_keys(kBig / 8);
+    std::string small(10, 's');
+    auto m = two_buffers(ctx(), keys.data(), kBig, small.data(), small.size());
+    auto f = serialize(ctx(), m.get());
+    std::string hdr = header_bytes(f.get());
+    std::string data((const char *)keys.data(), kBig);
+    std::vector<std::string> frames{data}; // the message views them: they outlive it
+    for (uint64_t v : {1u, 2u, 3u}) {
+        std::string h = retable(hdr, [](msgpack_object &, msgpack_zone *) {}, v);
+        Decoded d = decode(ctx(), h, frames);
+        ASSERT_EQ(d.st, GSER_OK) << v << ": " << d.err;
+        EXPECT_EQ(buffer_bytes(d.msg.get(), 0), data);
+        EXPECT_EQ(buffer_bytes(d.msg.get(), 1), small);
+    }
+}
+
+int g_released = 0;
+void count_release(void *, void *) { g_released++; }
+
+TEST_F(Compress, AHandedOverCompressedFrameIsReleasedOnSuccessOnly)
+{
+    Sample s = compressed_sample(ctx(), GSER_COMPRESSION_ZSTD);
+    gser_frame_t fr[2] = {};
+    fr[0].data = s.hdr.data();
+    fr[0].size = s.hdr.size();
+    fr[1].data = s.data[0].data();
+    fr[1].size = s.data[0].size();
+    fr[1].release = count_release;
+    g_released = 0;
+    std::string bad(s.data[0].size(), '\0');
+    gser_frame_t badfr[2] = {fr[0], fr[1]};
+    badfr[1].data = bad.data();
+    gser_msg_t *m = nullptr;
+    EXPECT_NE(gser_deserialize(ctx(), badfr, 2, nullptr, &m), GSER_OK);
+    EXPECT_EQ(g_released, 0) << "the caller keeps it on failure";
+    ASSERT_EQ(gser_deserialize(ctx(), fr, 2, nullptr, &m), GSER_OK) << gser_context_get_last_error(ctx());
+    EXPECT_EQ(g_released, 1) << "decompressed, so no longer needed";
+    EXPECT_EQ(buffer_bytes(m, 0), s.raw);
+    gser_msg_destroy(m);
+    EXPECT_EQ(g_released, 1);
+}
+
+TEST_F(Compress, FlattenedFormsAndDescriptorsCarryCompressedFrames)
+{
+    auto keys = sorted_keys(kBig / 8);
+    auto rnd = random_bytes(kBig);
+    gser_msg_t *m = nullptr;
+    ASSERT_EQ(gser_msg_create(ctx(), &m), GSER_OK);
+    MsgPtr mp(m);
+    gser_value_t *root, *v;
+    gser_msg_new_list(m, &root);
+    for (const void *p : {(const void *)keys.data(), (const void *)rnd.data()}) {
+        gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
+        d.data = p;
+        d.nbytes = kBig;
+        d.dtype = GSER_DTYPE_UINT8;
+        gser_msg_new_buffer(m, &d, &v);
+        gser_list_append(root, v);
+    }
+    gser_msg_set_root(m, root);
+    for (int codec : {GSER_COMPRESSION_LZ4, GSER_COMPRESSION_ZSTD}) {
+        auto f = serialize_with(ctx(), m, codec);
+        ASSERT_TRUE(f);
+        const gser_frame_t *fr = gser_frames_get_array(f.get());
+        ASSERT_LT(fr[1].size, kBig);
+        ASSERT_EQ(fr[2].size, kBig) << "the random frame stays as it is";
+        auto flat = flatten(f.get());
+        gser_msg_t *back = nullptr;
+        ASSERT_EQ(gser_deserialize_flat(ctx(), flat.data(), flat.size(), nullptr, nullptr, nullptr, &back), GSER_OK)
+            << gser_context_get_last_error(ctx());
+        EXPECT_EQ(buffer_bytes(back, 0), std::string((const char *)keys.data(), kBig));
+        EXPECT_EQ(buffer_bytes(back, 1), std::string((const char *)rnd.data(), kBig));
+        gser_msg_destroy(back);
+
+        FILE *tf = tmpfile();
+        ASSERT_TRUE(tf);
+        int fd = fileno(tf);
+        ASSERT_EQ(gser_flat_write_fd(fr, gser_frames_get_count(f.get()), fd), GSER_OK);
+        for (unsigned flags : {0u, (unsigned)GSER_DESERIALIZE_MMAP}) {
+            SCOPED_TRACE(flags);
+            ASSERT_EQ(lseek(fd, 0, SEEK_SET), 0);
+            gser_deserialize_options_t o = GSER_DESERIALIZE_OPTIONS_INIT;
+            o.flags = flags;
+            ASSERT_EQ(gser_deserialize_fd(ctx(), fd, &o, &back), GSER_OK) << gser_context_get_last_error(ctx());
+            EXPECT_EQ(buffer_bytes(back, 0), std::string((const char *)keys.data(), kBig));
+            EXPECT_EQ(buffer_bytes(back, 1), std::string((const char *)rnd.data(), kBig));
+            size_t n = 0;
+            const gser_frame_t *got = gser_msg_get_frames(back, &n);
+            ASSERT_EQ(n, 3u);
+            EXPECT_NE(got[1].release, nullptr) << "the decompressed frame is the message's own";
+            // the uncompressed frame still views what was read or mapped, as the header does
+            EXPECT_EQ(got[2].release, nullptr);
+            EXPECT_GT((const char *)got[2].data, (const char *)got[0].data);
+            EXPECT_LT((size_t)((const char *)got[2].data - (const char *)got[0].data), flat.size());
+            gser_msg_destroy(back);
+        }
+        fclose(tf);
+    }
+}
+
+TEST(CompressDevice, DeviceAndStagedFramesAreNeverCompressed)
+{
+    gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
+    o.trace = -1;
+    o.device_backend = "emulated";
+    o.pack_max = 256;
+    gser_context_t *c = nullptr;
+    ASSERT_EQ(gser_context_create(&o, &c), GSER_OK) << gser_context_get_last_error(nullptr);
+    CtxPtr ctx(c);
+    void *dev = nullptr;
+    ASSERT_EQ(gser_device_alloc(c, kBig, nullptr, &dev), GSER_OK);
+    std::string zeros(kBig, '\0');
+    ASSERT_EQ(gser_device_memcpy(c, dev, GSER_MEMORY_DEVICE, zeros.data(), GSER_MEMORY_HOST, kBig, nullptr), GSER_OK)
+        << gser_context_get_last_error(c);
+    ASSERT_EQ(gser_stream_wait(c, nullptr), GSER_OK);
+    std::string small(10, 's');
+    for (const char *family : {"device", "host"}) {
+        SCOPED_TRACE(family);
+        gser_msg_t *m = nullptr;
+        ASSERT_EQ(gser_msg_create(c, &m), GSER_OK);
+        MsgPtr mp(m);
+        gser_value_t *v;
+        gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
+        d.data = dev;
+        d.nbytes = kBig;
+        d.dtype = GSER_DTYPE_UINT8;
+        d.memory = GSER_MEMORY_DEVICE;
+        ASSERT_EQ(gser_msg_new_buffer(m, &d, &v), GSER_OK);
+        gser_msg_set_root(m, v);
+        gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
+        so.families = &family;
+        so.nfamilies = 1;
+        so.compression = GSER_COMPRESSION_AUTO;
+        auto f = serialize(c, m, &so);
+        ASSERT_TRUE(f);
+        ASSERT_EQ(gser_frames_wait(f.get()), GSER_OK);
+        ASSERT_EQ(gser_frames_get_count(f.get()), 2u);
+        EXPECT_EQ(gser_frames_get_array(f.get())[1].size, kBig) << "zeros, yet left as they are";
+        EXPECT_EQ(header_version(f.get()), 2u);
+        if (std::string(family) == "device") {
+            EXPECT_EQ(gser_frames_get_array(f.get())[1].data, dev);
+        }
+    }
+    gser_device_free(c, dev, kBig, nullptr);
+}
+
+} // namespace
+
+#ifdef GSER_INSPECT_PATH
+namespace {
+TEST_F(Compress, InspectShowsTheCodecAndBothSizes)
+{
+    auto keys = sorted_keys(kBig / 8);
+    std::string small(10, 's');
+    auto m = two_buffers(ctx(), keys.data(), kBig, small.data(), small.size());
+    auto f = serialize_with(ctx(), m.get(), GSER_COMPRESSION_LZ4);
+    ASSERT_TRUE(f);
+    size_t wire = gser_frames_get_array(f.get())[1].size;
+    std::string path = "/tmp/gser-test-" + std::to_string(getpid()) + "-compressed.gser";
+    FILE *out = fopen(path.c_str(), "wb");
+    ASSERT_TRUE(out);
+    ASSERT_EQ(gser_flat_write_file(gser_frames_get_array(f.get()), gser_frames_get_count(f.get()), out), GSER_OK);
+    fclose(out);
+    FILE *p = popen((std::string(GSER_INSPECT_PATH) + " " + path).c_str(), "r");
+    ASSERT_TRUE(p);
+    std::string text;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0)
+        text.append(buf, n);
+    EXPECT_EQ(pclose(p), 0) << text;
+    unlink(path.c_str());
+    EXPECT_NE(text.find("wire format 3"), std::string::npos) << text;
+    EXPECT_NE(text.find("frame 1: " + std::to_string(wire) + " bytes, lz4 of 1048576 bytes"), std::string::npos)
+        << text;
+    EXPECT_NE(text.find("buffer uint8 1048576 bytes host, frame 1"), std::string::npos) << text;
+}
+} // namespace
+#endif
