@@ -1,6 +1,6 @@
 /* The copy kernel's per-lane work, written once for CUDA (device/pack.cu)
  * and for the emulated backend, which runs it lane by lane on the CPU so that
- * CI exercises the same index arithmetic as the GPU.
+ * a build without a GPU exercises the same index arithmetic as the GPU.
  *
  * A piece (a part of one copy inside one tile) is copied by nl lanes, lane
  * l taking every nl-th unit: nl = 32 for a warp, 1 for a lane alone. Three

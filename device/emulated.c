@@ -1,7 +1,7 @@
 /* The emulated device backend: "device" memory is host memory, and the
- * device is a worker thread. CI has no GPU; this is how every device code
- * path of the library still runs there -- and how code that forgets to wait
- * for the device fails there, as it would on a GPU:
+ * device is a worker thread. Without a GPU, this is how every device code
+ * path of the library still runs -- and how code that forgets to wait for
+ * the device fails, as it would on a GPU:
  *
  * - Streams really queue work. Work on a stream runs, on the worker, only
  *   once someone waits for it (stream or event sync), asks about it (an
