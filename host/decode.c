@@ -241,6 +241,92 @@ static gser_status_t dec_strides(mp_unit_t *u, const gser_value_t *v, const int6
     return GSER_OK;
 }
 
+/* The shape field of a buffer marker: nil (*ndim 0) or 1..GSER_MAX_NDIM
+ * non-negative dims whose elements (es bytes each) hold at most 2^63 - 1
+ * bytes, *total. */
+static gser_status_t dec_shape(mp_unit_t *u, const gser_value_t *v, size_t es, int64_t *shape, uint32_t *ndim,
+                               uint64_t *total)
+{
+    *ndim = 0;
+    *total = es;
+    if (v->kind == GSER_KIND_NIL)
+        return GSER_OK;
+    if (v->kind != GSER_KIND_LIST)
+        return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer shape is neither nil nor an array");
+    size_t n = v->u.list->len;
+    if (n == 0 || n > GSER_MAX_NDIM)
+        return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer shape has %zu dims (1..%d allowed)", n, GSER_MAX_NDIM);
+    for (uint32_t i = 0; i < (uint32_t)n; i++) {
+        uint64_t ext;
+        if (!get_u64(v->u.list->items[i], &ext) || ext > INT64_MAX)
+            return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer shape dim %u is not a non-negative integer", i);
+        /* numpy's limit, and what a signed size can hold */
+        if (ext && *total > INT64_MAX / ext)
+            return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer shape dim %u: the elements hold more than 2^63 - 1 bytes",
+                                i);
+        *total *= ext;
+        shape[i] = (int64_t)ext;
+    }
+    *ndim = (uint32_t)n;
+    return GSER_OK;
+}
+
+/* The length of a buffer's data field checked against its shape (and, with
+ * laid_out, the span its strides cover): *span is the bytes the data holds. */
+static gser_status_t dec_buffer_len(mp_unit_t *u, const gser_value_t *data, gser_dtype_t dtype, size_t es,
+                                    uint32_t ndim, uint64_t total, bool laid_out, size_t strided_span, size_t *span)
+{
+    /* the data's length comes from the data: a bin's size or the reference's
+     * length; with strides it is the span the elements cover */
+    uint64_t len;
+    if (!data_len(data, &len))
+        return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer data is neither bin nor a [frame, offset, nbytes] reference");
+    if (len > SIZE_MAX)
+        return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer too large");
+    if (laid_out) {
+        if (len != strided_span)
+            return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer data holds %llu bytes, its shape and strides span %zu",
+                                (unsigned long long)len, strided_span);
+    } else if (ndim ? total != len : len % es != 0) {
+        return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer of %s holds %llu bytes, its shape says %llu",
+                            gser_dtype_str(dtype), (unsigned long long)len,
+                            (unsigned long long)(ndim ? total : len - len % es));
+    }
+    *span = (size_t)len;
+    return GSER_OK;
+}
+
+/* Where a buffer's span bytes at raw end up: uploaded back to the device it
+ * came from (GSER_DESERIALIZE_RESTORE_DEVICE), copied when misaligned on the
+ * host, or used where they are. *mem, *device and *copied say which. */
+static gser_status_t dec_buffer_place(dec_t *d, const void *raw, size_t span, size_t frame, uint64_t origin,
+                                      size_t es, const void **data, gser_memory_t *mem, int32_t *device, bool *copied)
+{
+    gser_status_t st;
+    *mem = frame != SIZE_MAX ? d->frames[frame].memory : GSER_MEMORY_HOST;
+    *device = frame != SIZE_MAX ? d->frames[frame].device : d->ctx->ordinal;
+    *copied = false;
+    if (span == 0 && origin == GSER_MEMORY_DEVICE) {
+        *mem = GSER_MEMORY_DEVICE; /* an empty device buffer travels inline; it is still one */
+        raw = NULL;
+    }
+    if (*mem == GSER_MEMORY_HOST && origin == GSER_MEMORY_DEVICE && (d->flags & GSER_DESERIALIZE_RESTORE_DEVICE) &&
+        span) {
+        void *dev = NULL;
+        if ((st = restore_device(d, raw, span, frame, &dev)))
+            return st;
+        *data = dev;
+        *mem = GSER_MEMORY_DEVICE;
+        *device = d->ctx->ordinal;
+        *copied = true;
+        return GSER_OK;
+    }
+    if (*mem == GSER_MEMORY_HOST)
+        return host_aligned(d, raw, span, dtype_align(es), data);
+    *data = raw;
+    return GSER_OK;
+}
+
 /* [ext(4), dtype, shape, data, origin(, strides)]: f are the fields after the ext. */
 static gser_status_t dec_buffer(mp_unit_t *u, gser_value_t *v, gser_value_t *const *f, size_t nf)
 {
@@ -251,52 +337,20 @@ static gser_status_t dec_buffer(mp_unit_t *u, gser_value_t *v, gser_value_t *con
                             "buffer marker needs [marker, dtype, shape, data, origin(, strides)] with a known dtype");
     size_t es = gser_dtype_size((gser_dtype_t)dtype);
     int64_t shape[GSER_MAX_NDIM];
-    uint32_t ndim = 0;
-    uint64_t total = es;
-    if (f[1]->kind == GSER_KIND_LIST) {
-        size_t n = f[1]->u.list->len;
-        if (n == 0 || n > GSER_MAX_NDIM)
-            return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer shape has %zu dims (1..%d allowed)", n, GSER_MAX_NDIM);
-        ndim = (uint32_t)n;
-        for (uint32_t i = 0; i < ndim; i++) {
-            uint64_t ext;
-            if (!get_u64(f[1]->u.list->items[i], &ext) || ext > INT64_MAX)
-                return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer shape dim %u is not a non-negative integer", i);
-            /* numpy's limit, and what a signed size can hold */
-            if (ext && total > INT64_MAX / ext)
-                return mp_unit_fail(u, GSER_ERR_FORMAT,
-                                    "buffer shape dim %u: the elements hold more than 2^63 - 1 bytes", i);
-            total *= ext;
-            shape[i] = (int64_t)ext;
-        }
-    } else if (f[1]->kind != GSER_KIND_NIL) {
-        return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer shape is neither nil nor an array");
-    }
+    uint32_t ndim;
+    uint64_t total;
+    gser_status_t st = dec_shape(u, f[1], es, shape, &ndim, &total);
+    if (st)
+        return st;
     int64_t stride_store[GSER_MAX_NDIM];
     const int64_t *strides = NULL;
     size_t first = 0, span = (size_t)total;
-    gser_status_t st;
     bool laid_out = nf == 5;
     if (laid_out && (st = dec_strides(u, f[4], shape, ndim, es, stride_store, &strides, &first, &span)))
         return st;
-    /* the data's length comes from the data: a bin's size or the reference's
-     * length; with strides it is the span the elements cover */
-    uint64_t len;
-    if (!data_len(f[2], &len))
-        return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer data is neither bin nor a [frame, offset, nbytes] reference");
-    if (len > SIZE_MAX)
-        return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer too large");
-    if (laid_out) {
-        if (len != span)
-            return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer data holds %llu bytes, its shape and strides span %zu",
-                                (unsigned long long)len, span);
-    } else if (ndim ? total != len : len % es != 0) {
-        return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer of %s holds %llu bytes, its shape says %llu",
-                            gser_dtype_str((gser_dtype_t)dtype), (unsigned long long)len,
-                            (unsigned long long)(ndim ? total : len - len % es));
-    }
-    size_t nbytes = laid_out ? (size_t)total : (size_t)len;
-    span = (size_t)len;
+    if ((st = dec_buffer_len(u, f[2], (gser_dtype_t)dtype, es, ndim, total, laid_out, span, &span)))
+        return st;
+    size_t nbytes = laid_out ? (size_t)total : span;
     uint64_t origin;
     if (!get_u64(f[3], &origin) || origin > GSER_MEMORY_DEVICE)
         return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer origin is not 0 (host) or 1 (device)");
@@ -305,28 +359,11 @@ static gser_status_t dec_buffer(mp_unit_t *u, gser_value_t *v, gser_value_t *con
     char where[64];
     if ((st = dec_data(u, f[2], span, &raw, &frame, where, sizeof where)))
         return st;
-    gser_memory_t mem = frame != SIZE_MAX ? d->frames[frame].memory : GSER_MEMORY_HOST;
-    int32_t device = frame != SIZE_MAX ? d->frames[frame].device : d->ctx->ordinal;
-    bool copied = false;
-    if (span == 0 && origin == GSER_MEMORY_DEVICE) {
-        mem = GSER_MEMORY_DEVICE; /* an empty device buffer travels inline; it is still one */
-        raw = NULL;
-    }
-    if (mem == GSER_MEMORY_HOST && origin == GSER_MEMORY_DEVICE && (d->flags & GSER_DESERIALIZE_RESTORE_DEVICE) &&
-        span) {
-        void *dev = NULL;
-        if ((st = restore_device(d, raw, span, frame, &dev)))
-            return st;
-        data = dev;
-        mem = GSER_MEMORY_DEVICE;
-        device = d->ctx->ordinal;
-        copied = true;
-    } else if (mem == GSER_MEMORY_HOST) {
-        if ((st = host_aligned(d, raw, span, dtype_align(es), &data)))
-            return st;
-    } else {
-        data = raw;
-    }
+    gser_memory_t mem;
+    int32_t device;
+    bool copied;
+    if ((st = dec_buffer_place(d, raw, span, frame, origin, es, &data, &mem, &device, &copied)))
+        return st;
     gser_buffer_desc_t desc = {.size = sizeof desc,
                                .data = first ? (const char *)data + first : data,
                                .nbytes = nbytes,
@@ -447,120 +484,128 @@ static gser_status_t rebuild(dec_t *d, const dec_object_t *o)
     return st;
 }
 
-/* [ext(6), type, family, version, frame base, frame count, sub-header] */
-static gser_status_t dec_object(mp_unit_t *u, gser_value_t *v, gser_value_t *const *f, size_t nf)
-{
-    dec_t *d = u->d;
+/* The fields of an object marker, as read from the wire. */
+typedef struct obj_marker {
     const char *tname, *fname;
     size_t tlen, flen;
-    uint64_t version, rel, nfr;
-    if (nf != 6 || !get_str(f[0], GSER_TYPE_NAME_MAX, &tname, &tlen) ||
-        !get_str(f[1], GSER_FAMILY_NAME_MAX, &fname, &flen) || !get_u64(f[2], &version) || version > UINT32_MAX ||
-        !get_u64(f[3], &rel) || !get_u64(f[4], &nfr) || f[5]->kind != GSER_KIND_BYTES)
+    uint64_t version, nfr;
+    size_t first;             /* its first frame among the message's */
+    const unsigned char *sub; /* its sub-header */
+    size_t sub_len;
+    size_t depth; /* the marker's own value depth */
+} obj_marker_t;
+
+/* Read the six fields after an object marker's ext into *m; its frames must
+ * be within those the unit may use. */
+static gser_status_t obj_marker_read(mp_unit_t *u, gser_value_t *const *f, size_t nf, obj_marker_t *m)
+{
+    uint64_t rel;
+    if (nf != 6 || !get_str(f[0], GSER_TYPE_NAME_MAX, &m->tname, &m->tlen) ||
+        !get_str(f[1], GSER_FAMILY_NAME_MAX, &m->fname, &m->flen) || !get_u64(f[2], &m->version) ||
+        m->version > UINT32_MAX || !get_u64(f[3], &rel) || !get_u64(f[4], &m->nfr) || f[5]->kind != GSER_KIND_BYTES)
         return mp_unit_fail(
             u, GSER_ERR_FORMAT,
             "object marker needs [marker, type, family, version, frame base, frame count, sub-header]");
-    if (rel > u->fn || nfr > u->fn - rel) /* the numbers as sent: their sum may wrap */
+    if (rel > u->fn || m->nfr > u->fn - rel) /* the numbers as sent: their sum may wrap */
         return mp_unit_fail(u, GSER_ERR_FRAME,
                             "object frame base %llu and frame count %llu are outside the %zu frames it may use",
-                            (unsigned long long)rel, (unsigned long long)nfr, u->fn);
-    size_t first = u->fbase + (size_t)rel;
-    const unsigned char *sub = (const unsigned char *)f[5]->u.s.ptr;
-    size_t sub_len = f[5]->u.s.len;
-    size_t depth = u->depth + u->open; /* the marker's own value depth */
+                            (unsigned long long)rel, (unsigned long long)m->nfr, u->fn);
+    m->first = u->fbase + (size_t)rel;
+    m->sub = (const unsigned char *)f[5]->u.s.ptr;
+    m->sub_len = f[5]->u.s.len;
+    m->depth = u->depth + u->open;
+    return GSER_OK;
+}
 
-    const gser_type_t *t = context_find_type(d->ctx, tname, tlen);
-    int fam = context_find_family(d->ctx, fname, flen);
-    bool can_rebuild = t && fam >= 0 && t->fam[fam].deserialize;
-    char qt[GSER_QUOTED_MAX], qf[GSER_QUOTED_MAX]; /* names from the wire, escaped for messages */
-    if (!(d->flags & GSER_DESERIALIZE_KEEP_SERIALIZED) && !can_rebuild &&
-        !(d->flags & GSER_DESERIALIZE_ALLOW_UNKNOWN)) {
-        quote_format(tname, tlen, qt, sizeof qt);
-        if (!t)
-            return mp_unit_fail(u, GSER_ERR_UNKNOWN_TYPE, "type %s is not registered", qt);
-        quote_format(fname, flen, qf, sizeof qf);
-        return mp_unit_fail(u, GSER_ERR_NO_SERIALIZER, "type %s has no deserializer for family %s", qt, qf);
+/* Pass-through: nothing of the object is decoded, but its sub-header must
+ * still be well-formed msgpack within the limits, and its sub-tree starts at
+ * depth + 1 (wire-format.md 4.7). A sub-header walked already with its
+ * enclosing object's is not walked again. */
+static gser_status_t obj_check_kept(mp_unit_t *u, const obj_marker_t *m)
+{
+    dec_t *d = u->d;
+    char qt[GSER_QUOTED_MAX];
+    if (m->depth + 1 > d->lim.max_depth) {
+        quote_format(m->tname, m->tlen, qt, sizeof qt);
+        return mp_unit_fail(u, GSER_ERR_LIMIT_DEPTH, "the sub-tree of type %s is deeper than the limit of %zu", qt,
+                            d->lim.max_depth);
     }
-    if ((d->flags & GSER_DESERIALIZE_KEEP_SERIALIZED) || !can_rebuild) {
-        /* Pass-through: nothing of the object is decoded, but its sub-header
-         * must still be well-formed msgpack within the limits, and its
-         * sub-tree starts at depth + 1 (wire-format.md 4.7). A sub-header
-         * walked already with its enclosing object's is not walked again. */
-        if (depth + 1 > d->lim.max_depth) {
-            quote_format(tname, tlen, qt, sizeof qt);
-            return mp_unit_fail(u, GSER_ERR_LIMIT_DEPTH, "the sub-tree of type %s is deeper than the limit of %zu",
-                                qt, d->lim.max_depth);
-        }
-        size_t used, off;
-        const char *why;
-        gser_status_t st = d->checked ? GSER_OK
-                                      : mp_check(sub, sub_len, d->lim.max_depth - depth + 1, &d->nodes_left, &used,
-                                                 &off, &why);
-        if (st == GSER_OK && !d->checked && used != sub_len) {
-            st = GSER_ERR_FORMAT;
-            off = used;
-            why = "has trailing bytes";
-        }
-        if (st) {
-            quote_format(tname, tlen, qt, sizeof qt);
-            return mp_unit_fail(u, st, "sub-header of type %s %s at byte %zu of %zu", qt, why, off, sub_len);
-        }
-        gser_serialized_t *s = msg_alloc(d->msg, sizeof *s, alignof(gser_serialized_t));
-        gser_frame_t *frs = s && nfr ? msg_alloc(d->msg, (size_t)nfr * sizeof *frs, alignof(gser_frame_t)) : NULL;
-        if (!s || (nfr && !frs))
-            return nomem(d);
-        s->type_name = msg_strdup(d->msg, tname, tlen);
-        s->family = msg_strdup(d->msg, fname, flen);
-        if (!s->type_name || !s->family)
-            return nomem(d);
-        s->version = (uint32_t)version;
-        s->header = sub;
-        s->header_len = sub_len;
-        for (size_t i = 0; i < nfr; i++) {
-            frs[i] = d->frames[first + i];
-            frs[i].release = NULL;
-            frs[i].release_arg = NULL;
-        }
-        s->frames = frs;
-        s->nframes = (size_t)nfr;
-        s->depth = depth;
-        v->kind = GSER_KIND_SERIALIZED;
-        v->u.ser = s;
-        if (d->trace) {
-            quote_format(tname, tlen, qt, sizeof qt);
-            quote_format(fname, flen, qf, sizeof qf);
-            mp_unit_trace(u, "serialized type=%s family=%s version=%u frames=%zu sub-header=%zu bytes (kept)", qt,
-                          qf, s->version, s->nframes, sub_len);
-        }
+    if (d->checked)
         return GSER_OK;
+    size_t used, off;
+    const char *why;
+    gser_status_t st =
+        mp_check(m->sub, m->sub_len, d->lim.max_depth - m->depth + 1, &d->nodes_left, &used, &off, &why);
+    if (st == GSER_OK && used != m->sub_len) {
+        st = GSER_ERR_FORMAT;
+        off = used;
+        why = "has trailing bytes";
     }
-    if (version < t->min_read_version || version > t->version) {
-        if (t->min_read_version == t->version)
-            return mp_unit_fail(u, GSER_ERR_VERSION, "type \"%s\" is version %llu in the message, version %u here",
-                                t->name, (unsigned long long)version, t->version);
-        return mp_unit_fail(u, GSER_ERR_VERSION,
-                            "type \"%s\" is version %llu in the message, versions %u..%u can be read here", t->name,
-                            (unsigned long long)version, t->min_read_version, t->version);
+    if (st) {
+        quote_format(m->tname, m->tlen, qt, sizeof qt);
+        return mp_unit_fail(u, st, "sub-header of type %s %s at byte %zu of %zu", qt, why, off, m->sub_len);
     }
-    gser_object_t *ob = msg_alloc(d->msg, sizeof *ob, alignof(gser_object_t));
-    if (!ob)
+    return GSER_OK;
+}
+
+/* Make v a serialized value that keeps the object's sub-header and frames
+ * as they came (GSER_DESERIALIZE_KEEP_SERIALIZED, or a type not known here). */
+static gser_status_t obj_keep(mp_unit_t *u, gser_value_t *v, const obj_marker_t *m)
+{
+    dec_t *d = u->d;
+    gser_status_t st = obj_check_kept(u, m);
+    if (st)
+        return st;
+    gser_serialized_t *s = msg_alloc(d->msg, sizeof *s, alignof(gser_serialized_t));
+    gser_frame_t *frs = s && m->nfr ? msg_alloc(d->msg, (size_t)m->nfr * sizeof *frs, alignof(gser_frame_t)) : NULL;
+    if (!s || (m->nfr && !frs))
         return nomem(d);
-    *ob = (gser_object_t){.type = t, .obj = NULL};
-    v->kind = GSER_KIND_OBJECT;
-    v->u.obj = ob;
-    dec_object_t o = {.v = v,
-                      .sub = sub,
-                      .sub_len = sub_len,
-                      .depth = depth,
-                      .first = first,
-                      .nframes = (size_t)nfr,
-                      .type = t,
-                      .fam = fam,
-                      .version = (uint32_t)version};
-    mp_unit_path(u, &o.path);
+    s->type_name = msg_strdup(d->msg, m->tname, m->tlen);
+    s->family = msg_strdup(d->msg, m->fname, m->flen);
+    if (!s->type_name || !s->family)
+        return nomem(d);
+    s->version = (uint32_t)m->version;
+    s->header = m->sub;
+    s->header_len = m->sub_len;
+    for (size_t i = 0; i < m->nfr; i++) {
+        frs[i] = d->frames[m->first + i];
+        frs[i].release = NULL;
+        frs[i].release_arg = NULL;
+    }
+    s->frames = frs;
+    s->nframes = (size_t)m->nfr;
+    s->depth = m->depth;
+    v->kind = GSER_KIND_SERIALIZED;
+    v->u.ser = s;
+    if (d->trace) {
+        char qt[GSER_QUOTED_MAX], qf[GSER_QUOTED_MAX];
+        quote_format(m->tname, m->tlen, qt, sizeof qt);
+        quote_format(m->fname, m->flen, qf, sizeof qf);
+        mp_unit_trace(u, "serialized type=%s family=%s version=%u frames=%zu sub-header=%zu bytes (kept)", qt, qf,
+                      s->version, s->nframes, m->sub_len);
+    }
+    return GSER_OK;
+}
+
+/* The message's version of type t must be one this build can read. */
+static gser_status_t obj_check_version(mp_unit_t *u, const gser_type_t *t, uint64_t version)
+{
+    if (version >= t->min_read_version && version <= t->version)
+        return GSER_OK;
+    if (t->min_read_version == t->version)
+        return mp_unit_fail(u, GSER_ERR_VERSION, "type \"%s\" is version %llu in the message, version %u here",
+                            t->name, (unsigned long long)version, t->version);
+    return mp_unit_fail(u, GSER_ERR_VERSION,
+                        "type \"%s\" is version %llu in the message, versions %u..%u can be read here", t->name,
+                        (unsigned long long)version, t->min_read_version, t->version);
+}
+
+/* Rebuild the object now, or, in the header's root, queue it until the
+ * frame table is checked. */
+static gser_status_t obj_rebuild_or_defer(dec_t *d, const dec_object_t *o)
+{
     if (!d->defer)
-        return rebuild(d, &o);
-    /* in the header's root: once the frame table is checked */
+        return rebuild(d, o);
     if (d->nlater == d->cap_later) {
         size_t cap = d->cap_later ? 2 * d->cap_later : 4;
         dec_object_t *nl = realloc(d->later, cap * sizeof *nl);
@@ -569,8 +614,52 @@ static gser_status_t dec_object(mp_unit_t *u, gser_value_t *v, gser_value_t *con
         d->later = nl;
         d->cap_later = cap;
     }
-    d->later[d->nlater++] = o;
+    d->later[d->nlater++] = *o;
     return GSER_OK;
+}
+
+/* [ext(6), type, family, version, base, count, sub-header]: kept as it came,
+ * or rebuilt by its type's deserializer. */
+static gser_status_t dec_object(mp_unit_t *u, gser_value_t *v, gser_value_t *const *f, size_t nf)
+{
+    dec_t *d = u->d;
+    obj_marker_t m = {0};
+    gser_status_t st = obj_marker_read(u, f, nf, &m);
+    if (st)
+        return st;
+    const gser_type_t *t = context_find_type(d->ctx, m.tname, m.tlen);
+    int fam = context_find_family(d->ctx, m.fname, m.flen);
+    bool can_rebuild = t && fam >= 0 && t->fam[fam].deserialize;
+    if (!(d->flags & GSER_DESERIALIZE_KEEP_SERIALIZED) && !can_rebuild &&
+        !(d->flags & GSER_DESERIALIZE_ALLOW_UNKNOWN)) {
+        char qt[GSER_QUOTED_MAX], qf[GSER_QUOTED_MAX]; /* names from the wire, escaped for messages */
+        quote_format(m.tname, m.tlen, qt, sizeof qt);
+        if (!t)
+            return mp_unit_fail(u, GSER_ERR_UNKNOWN_TYPE, "type %s is not registered", qt);
+        quote_format(m.fname, m.flen, qf, sizeof qf);
+        return mp_unit_fail(u, GSER_ERR_NO_SERIALIZER, "type %s has no deserializer for family %s", qt, qf);
+    }
+    if ((d->flags & GSER_DESERIALIZE_KEEP_SERIALIZED) || !can_rebuild)
+        return obj_keep(u, v, &m);
+    if ((st = obj_check_version(u, t, m.version)))
+        return st;
+    gser_object_t *ob = msg_alloc(d->msg, sizeof *ob, alignof(gser_object_t));
+    if (!ob)
+        return nomem(d);
+    *ob = (gser_object_t){.type = t, .obj = NULL};
+    v->kind = GSER_KIND_OBJECT;
+    v->u.obj = ob;
+    dec_object_t o = {.v = v,
+                      .sub = m.sub,
+                      .sub_len = m.sub_len,
+                      .depth = m.depth,
+                      .first = m.first,
+                      .nframes = (size_t)m.nfr,
+                      .type = t,
+                      .fam = fam,
+                      .version = (uint32_t)m.version};
+    mp_unit_path(u, &o.path);
+    return obj_rebuild_or_defer(d, &o);
 }
 
 gser_status_t dec_marker(mp_unit_t *u, gser_value_t *v)

@@ -22,6 +22,110 @@ static uint64_t be(const unsigned char *p, unsigned n)
     return v;
 }
 
+/* What one item's type byte and length field declare. */
+typedef struct mp_head {
+    uint64_t skip;  /* payload bytes after the header */
+    uint64_t items; /* for containers: items inside */
+    bool container, array, ext, bin;
+} mp_head_t;
+
+/* The fixed payload of a type byte that has no length field, or how many
+ * bytes its big-endian length field takes (*lenbytes), or 0xc1 as invalid. */
+static bool head_type(unsigned c, mp_head_t *h, unsigned *lenbytes)
+{
+    if (c <= 0x7f || c >= 0xe0 || c == 0xc0 || c == 0xc2 || c == 0xc3)
+        return true; /* fixint, nil, bool */
+    if (c <= 0x8f) {
+        h->container = true;
+        h->items = 2 * (uint64_t)(c & 0x0f);
+        return true;
+    }
+    if (c <= 0x9f) {
+        h->container = h->array = true;
+        h->items = c & 0x0f;
+        return true;
+    }
+    if (c <= 0xbf) {
+        h->skip = c & 0x1f;
+        return true;
+    }
+    switch (c) {
+    case 0xc4: case 0xc5: case 0xc6: h->bin = true; *lenbytes = 1u << (c - 0xc4); break;
+    case 0xd9: *lenbytes = 1; break;                                 /* str8 */
+    case 0xda: *lenbytes = 2; break;                                 /* str16 */
+    case 0xdb: *lenbytes = 4; break;                                 /* str32 */
+    case 0xc7: case 0xc8: case 0xc9:                                 /* ext8/16/32 (+type) */
+        h->ext = true;
+        *lenbytes = 1u << (c - 0xc7);
+        h->skip = 1;
+        break;
+    case 0xca: h->skip = 4; break;
+    case 0xcb: h->skip = 8; break;
+    case 0xcc: case 0xd0: h->skip = 1; break;
+    case 0xcd: case 0xd1: h->skip = 2; break;
+    case 0xce: case 0xd2: h->skip = 4; break;
+    case 0xcf: case 0xd3: h->skip = 8; break;
+    case 0xd4: h->skip = 2; break;                                   /* fixext1 */
+    case 0xd5: h->skip = 3; break;
+    case 0xd6: h->skip = 5; break;
+    case 0xd7: h->skip = 9; break;
+    case 0xd8: h->skip = 17; break;
+    case 0xdc: h->container = h->array = true; *lenbytes = 2; break; /* array16 */
+    case 0xdd: h->container = h->array = true; *lenbytes = 4; break; /* array32 */
+    case 0xde: h->container = true; *lenbytes = 2; break;            /* map16 */
+    case 0xdf: h->container = true; *lenbytes = 4; break;            /* map32 */
+    default: return false;                                           /* 0xc1: never used */
+    }
+    return true;
+}
+
+/* Read the header of the item at p[*pos] into *h and move *pos past it;
+ * its payload (h->skip bytes) must fit in p[0..len). */
+static gser_status_t head_read(const unsigned char *p, size_t len, size_t *pos, mp_head_t *h, const char **why)
+{
+    unsigned c = p[(*pos)++];
+    unsigned lenbytes = 0; /* size of a big-endian length field */
+    *h = (mp_head_t){0};
+    if (!head_type(c, h, &lenbytes)) {
+        *why = "holds an invalid byte";
+        return GSER_ERR_FORMAT;
+    }
+    if (lenbytes) {
+        if (len - *pos < lenbytes) {
+            *why = "ends early";
+            return GSER_ERR_TRUNCATED;
+        }
+        uint64_t n = be(p + *pos, lenbytes);
+        *pos += lenbytes;
+        if (h->container)
+            h->items = (c == 0xde || c == 0xdf) ? 2 * n : n;
+        else
+            h->skip += n;
+    }
+    if (h->skip > len - *pos) {
+        *why = "declares more bytes than it holds";
+        return GSER_ERR_TRUNCATED;
+    }
+    return GSER_OK;
+}
+
+/* Walk the sub-header p[0..len) of an object marker within levels_left
+ * levels; it must be one item with no trailing bytes (*err_off: where in p). */
+static gser_status_t check_sub_header(const unsigned char *p, size_t len, size_t levels_left, size_t *nodes_left,
+                                      size_t *err_off, const char **why)
+{
+    size_t sub_used, sub_off;
+    gser_status_t st = mp_check(p, len, levels_left, nodes_left, &sub_used, &sub_off, why);
+    if (st == GSER_OK && sub_used != len) {
+        sub_off = sub_used;
+        *why = "has trailing bytes";
+        st = GSER_ERR_FORMAT;
+    }
+    if (st)
+        *err_off = sub_off;
+    return st;
+}
+
 gser_status_t mp_check(const unsigned char *p, size_t len, size_t max_depth, size_t *nodes_left, size_t *used,
                        size_t *err_off, const char **why)
 {
@@ -35,8 +139,7 @@ gser_status_t mp_check(const unsigned char *p, size_t len, size_t max_depth, siz
     next[0] = 0;
     marker[0] = false;
     for (;;) {
-        size_t at = pos;
-        *err_off = at;
+        *err_off = pos;
         if (pos >= len) {
             *why = "ends early";
             return GSER_ERR_TRUNCATED;
@@ -46,106 +149,44 @@ gser_status_t mp_check(const unsigned char *p, size_t len, size_t max_depth, siz
             return GSER_ERR_LIMIT_NODES;
         }
         (*nodes_left)--;
-        unsigned c = p[pos++];
-        uint64_t skip = 0;   /* payload bytes after the header */
-        uint64_t items = 0;  /* for containers: items inside */
-        bool container = false, array = false, ext = false, bin = false;
-        unsigned lenbytes = 0; /* size of a big-endian length field */
-        if (c <= 0x7f || c >= 0xe0 || c == 0xc0 || c == 0xc2 || c == 0xc3) {
-            /* fixint, nil, bool */
-        } else if (c <= 0x8f) {
-            container = true;
-            items = 2 * (uint64_t)(c & 0x0f);
-        } else if (c <= 0x9f) {
-            container = array = true;
-            items = c & 0x0f;
-        } else if (c <= 0xbf) {
-            skip = c & 0x1f;
-        } else {
-            switch (c) {
-            case 0xc4: case 0xc5: case 0xc6: bin = true; lenbytes = 1u << (c - 0xc4); break;
-            case 0xd9: lenbytes = 1; break;                              /* str8 */
-            case 0xda: lenbytes = 2; break;                              /* str16 */
-            case 0xdb: lenbytes = 4; break;                              /* str32 */
-            case 0xc7: case 0xc8: case 0xc9:                             /* ext8/16/32 (+type) */
-                ext = true;
-                lenbytes = 1u << (c - 0xc7);
-                skip = 1;
-                break;
-            case 0xca: skip = 4; break;
-            case 0xcb: skip = 8; break;
-            case 0xcc: case 0xd0: skip = 1; break;
-            case 0xcd: case 0xd1: skip = 2; break;
-            case 0xce: case 0xd2: skip = 4; break;
-            case 0xcf: case 0xd3: skip = 8; break;
-            case 0xd4: skip = 2; break;                                  /* fixext1 */
-            case 0xd5: skip = 3; break;
-            case 0xd6: skip = 5; break;
-            case 0xd7: skip = 9; break;
-            case 0xd8: skip = 17; break;
-            case 0xdc: container = array = true; lenbytes = 2; break;    /* array16 */
-            case 0xdd: container = array = true; lenbytes = 4; break;    /* array32 */
-            case 0xde: container = true; lenbytes = 2; break;            /* map16 */
-            case 0xdf: container = true; lenbytes = 4; break;            /* map32 */
-            default: *why = "holds an invalid byte"; return GSER_ERR_FORMAT; /* 0xc1: never used */
-            }
-            if (lenbytes) {
-                if (len - pos < lenbytes) {
-                    *why = "ends early";
-                    return GSER_ERR_TRUNCATED;
-                }
-                uint64_t n = be(p + pos, lenbytes);
-                pos += lenbytes;
-                if (container)
-                    items = (c == 0xde || c == 0xdf) ? 2 * n : n;
-                else
-                    skip += n;
-            }
-        }
-        if (skip > len - pos) {
-            *why = "declares more bytes than it holds";
-            return GSER_ERR_TRUNCATED;
-        }
+        mp_head_t h;
+        gser_status_t st = head_read(p, len, &pos, &h, why);
+        if (st)
+            return st;
         /* [ext(6), type, family, version, base, count, sub-header]: the
          * sub-header is walked at the levels left below the marker. */
         size_t idx = next[depth]++;
         if (marker[depth] && idx == 0)
-            marker[depth] = ext && skip == 1 && p[pos] == GSER_EXT_OBJECT;
-        else if (marker[depth] && idx == 6 && bin) {
-            size_t sub_used, sub_off;
-            gser_status_t st;
+            marker[depth] = h.ext && h.skip == 1 && p[pos] == GSER_EXT_OBJECT;
+        else if (marker[depth] && idx == 6 && h.bin) {
+            size_t sub_off;
             if (max_depth < depth + 2) { /* its root would be deeper than the limit */
                 *why = "nests deeper than the limit (an object's sub-tree counts)";
                 return GSER_ERR_LIMIT_DEPTH;
             }
-            st = mp_check(p + pos, (size_t)skip, max_depth - depth, nodes_left, &sub_used, &sub_off, why);
-            if (st == GSER_OK && sub_used != skip) {
-                sub_off = sub_used;
-                *why = "has trailing bytes";
-                st = GSER_ERR_FORMAT;
-            }
+            st = check_sub_header(p + pos, (size_t)h.skip, max_depth - depth, nodes_left, &sub_off, why);
             if (st) {
                 *err_off = pos + sub_off;
                 return st;
             }
         }
-        pos += (size_t)skip;
+        pos += (size_t)h.skip;
         left[depth]--;
         /* msgpack-c counts empty containers against its depth too. */
-        if (container && depth + 1 > max_depth) {
+        if (h.container && depth + 1 > max_depth) {
             *why = "nests deeper than the limit";
             return GSER_ERR_LIMIT_DEPTH;
         }
-        if (container && items) {
+        if (h.container && h.items) {
             /* Every item takes at least one byte: a count the input cannot
              * hold is a lie, and msgpack-c would allocate for it. */
-            if (items > len - pos) {
+            if (h.items > len - pos) {
                 *why = "declares more items than it holds";
                 return GSER_ERR_TRUNCATED;
             }
-            left[++depth] = (size_t)items;
+            left[++depth] = (size_t)h.items;
             next[depth] = 0;
-            marker[depth] = array && items == 7;
+            marker[depth] = h.array && h.items == 7;
         }
         while (left[depth] == 0) {
             if (depth == 0) {

@@ -584,232 +584,308 @@ static size_t align64(size_t n)
     return (n + 63) & ~(size_t)63;
 }
 
-gser_status_t gser_arrow_take_value(gser_value_t *v, const gser_arrow_take_options_t *opts,
-                                    struct ArrowDeviceArray *out_array, struct ArrowSchema *out_schema)
+/* What one gser_arrow_take_value call works with, made by plan_init and
+ * freed by plan_cleanup (the keeper stays when the arrays hold it). */
+typedef struct take_plan {
+    arrow_recv_t *rx;
+    gser_context_t *ctx;
+    gser_arrow_take_options_t o;
+    const gser_frame_t *frames;
+    size_t nf;
+    size_t nslots;       /* 3 buffer slots per node */
+    const void **ptrs;   /* per slot: where its bytes end up */
+    size_t *slot_region; /* per slot: its region, or SIZE_MAX */
+    region_t *regions;
+    size_t nreg;
+    frame_ix_t *ix; /* the data frames by address */
+    size_t nix;
+    size_t *frame_region; /* per frame: its region, or SIZE_MAX */
+    keeper_t *k;
+    bool any_dev, any_host;
+    void *core_event;  /* the message's device event, if a buffer has it */
+    int64_t device_id; /* of the device buffers as received */
+    gser_memory_t target;
+    size_t copy_bytes;  /* the block every copied region goes to */
+    bool device_copies; /* some copy is queued on the stream */
+} take_plan_t;
+
+/* Allocate the plan's tables and the keeper; GSER_ERR_NO_MEMORY leaves what
+ * was made for plan_cleanup. */
+static gser_status_t plan_init(take_plan_t *p, arrow_recv_t *rx, const gser_arrow_take_options_t *o)
 {
-    const char *type;
-    void *obj;
-    if (!v || !out_array || !out_schema)
-        return GSER_ERR_INVALID_ARG;
-    if (gser_value_get_object(v, &type, &obj) != GSER_OK || strcmp(type, GSER_ARROW_TYPE) != 0 || !obj ||
-        ((arrow_recv_t *)obj)->magic != ARROW_MAGIC_RECV)
-        return GSER_ERR_TYPE_MISMATCH;
-    arrow_recv_t *rx = obj;
-    gser_arrow_take_options_t o = GSER_ARROW_TAKE_OPTIONS_INIT;
-    gser_status_t rst;
-    if (opts && (rst = gser_context_struct_read(rx->ctx, "gser_arrow_take_value", "gser_arrow_take_options_t", &o,
-                                                sizeof o, opts)))
-        return rst;
-    if ((o.flags & GSER_ARROW_TO_DEVICE) && (o.flags & GSER_ARROW_TO_HOST))
-        return GSER_ERR_INVALID_ARG;
-    if (rx->taken)
-        return GSER_ERR_STATE;
-    gser_context_t *ctx = rx->ctx;
-    size_t nf = 0;
-    const gser_frame_t *frames = gser_msg_get_frames(rx->msg, &nf);
-
-    gser_status_t st = GSER_ERR_NO_MEMORY;
-    size_t nslots = rx->n * 3;
-    const void **ptrs = calloc(nslots, sizeof *ptrs);
-    size_t *slot_region = malloc(nslots * sizeof *slot_region);
-    region_t *regions = malloc(nslots * sizeof *regions);
-    frame_ix_t *ix = malloc((nf ? nf : 1) * sizeof *ix);
-    size_t *frame_region = malloc((nf ? nf : 1) * sizeof *frame_region);
-    keeper_t *k = calloc(1, sizeof *k);
-    if (k) {
-        atomic_init(&k->refs, 1); /* ours until the end */
-        k->ctx = ctx;
-        k->stream = o.stream;
+    *p = (take_plan_t){.rx = rx, .ctx = rx->ctx, .o = *o, .nslots = rx->n * 3};
+    p->frames = gser_msg_get_frames(rx->msg, &p->nf);
+    size_t nf1 = p->nf ? p->nf : 1;
+    p->ptrs = calloc(p->nslots, sizeof *p->ptrs);
+    p->slot_region = malloc(p->nslots * sizeof *p->slot_region);
+    p->regions = malloc(p->nslots * sizeof *p->regions);
+    p->ix = malloc(nf1 * sizeof *p->ix);
+    p->frame_region = malloc(nf1 * sizeof *p->frame_region);
+    p->k = calloc(1, sizeof *p->k);
+    if (p->k) {
+        atomic_init(&p->k->refs, 1); /* ours until the end */
+        p->k->ctx = p->ctx;
+        p->k->stream = o->stream;
     }
-    struct ArrowSchema schema;
-    struct ArrowArray root;
-    bool schema_built = false, root_built = false;
-    if (!ptrs || !slot_region || !regions || !ix || !frame_region || !k)
-        goto fail;
+    if (!p->ptrs || !p->slot_region || !p->regions || !p->ix || !p->frame_region || !p->k)
+        return GSER_ERR_NO_MEMORY;
+    return GSER_OK;
+}
 
-    /* The data frames by address, to tell which one a buffer points into. */
-    size_t nix = 0;
-    for (size_t i = 1; i < nf; i++) {
-        frame_region[i] = SIZE_MAX;
-        if (frames[i].size && frames[i].data)
-            ix[nix++] = (frame_ix_t){(uintptr_t)frames[i].data, (uintptr_t)frames[i].data + frames[i].size, i};
+static void plan_cleanup(take_plan_t *p)
+{
+    if (p->k)
+        keeper_unref(p->k);
+    free(p->ptrs);
+    free(p->slot_region);
+    free(p->regions);
+    free(p->ix);
+    free(p->frame_region);
+}
+
+/* Index the data frames by address, to tell which one a buffer points into. */
+static void plan_index_frames(take_plan_t *p)
+{
+    for (size_t i = 1; i < p->nf; i++) {
+        p->frame_region[i] = SIZE_MAX;
+        if (p->frames[i].size && p->frames[i].data)
+            p->ix[p->nix++] =
+                (frame_ix_t){(uintptr_t)p->frames[i].data, (uintptr_t)p->frames[i].data + p->frames[i].size, i};
     }
-    qsort(ix, nix, sizeof *ix, cmp_frame_ix);
+    qsort(p->ix, p->nix, sizeof *p->ix, cmp_frame_ix);
+}
 
-    /* Buffers -> regions. */
-    size_t nreg = 0;
-    bool any_dev = false, any_host = false;
-    void *core_event = NULL;
-    int64_t device_id = 0;
-    for (size_t s = 0; s < nslots; s++) {
-        slot_region[s] = SIZE_MAX;
-        const gser_value_t *bv = rx->nodes[s / 3].bufs[s % 3];
+/* Group the buffers into regions: one per frame they lie in, one per loose
+ * buffer; note whether any is on the device or the host. */
+static void plan_regions(take_plan_t *p)
+{
+    for (size_t s = 0; s < p->nslots; s++) {
+        p->slot_region[s] = SIZE_MAX;
+        const gser_value_t *bv = p->rx->nodes[s / 3].bufs[s % 3];
         gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
         if (!bv || gser_value_get_buffer(bv, &d) != GSER_OK || d.nbytes == 0)
             continue;
         if (d.memory == GSER_MEMORY_DEVICE) {
-            any_dev = true;
-            device_id = d.device;
+            p->any_dev = true;
+            p->device_id = d.device;
             if (d.event)
-                core_event = d.event;
+                p->core_event = d.event;
         } else {
-            any_host = true;
+            p->any_host = true;
         }
-        size_t f = find_frame(ix, nix, frames, d.data, d.nbytes, d.memory);
-        if (f != SIZE_MAX && frame_region[f] != SIZE_MAX) {
-            slot_region[s] = frame_region[f];
+        size_t f = find_frame(p->ix, p->nix, p->frames, d.data, d.nbytes, d.memory);
+        if (f != SIZE_MAX && p->frame_region[f] != SIZE_MAX) {
+            p->slot_region[s] = p->frame_region[f];
         } else {
-            region_t *rg = &regions[nreg];
+            region_t *rg = &p->regions[p->nreg];
             if (f != SIZE_MAX)
-                *rg = (region_t){frames[f].data, frames[f].size, d.memory, f, ACT_VIEW, NULL};
+                *rg = (region_t){p->frames[f].data, p->frames[f].size, d.memory, f, ACT_VIEW, NULL};
             else
                 *rg = (region_t){d.data, d.nbytes, d.memory, SIZE_MAX, ACT_VIEW, NULL};
             if (f != SIZE_MAX)
-                frame_region[f] = nreg;
-            slot_region[s] = nreg++;
+                p->frame_region[f] = p->nreg;
+            p->slot_region[s] = p->nreg++;
         }
-        ptrs[s] = d.data; /* rebased onto the region's new place below */
+        p->ptrs[s] = d.data; /* rebased onto the region's new place by plan_copy */
     }
+}
 
-    /* Where the table goes, and what each region needs for it. */
-    gser_memory_t target;
-    if (o.flags & GSER_ARROW_TO_HOST)
-        target = GSER_MEMORY_HOST;
-    else if (o.flags & GSER_ARROW_TO_DEVICE)
-        target = GSER_MEMORY_DEVICE;
-    else if (any_dev || any_host)
-        target = any_dev ? GSER_MEMORY_DEVICE : GSER_MEMORY_HOST;
-    else /* no bytes at all: where the family and the sender put it */
-        target = !rx->host_family &&
-                         (rx->device_type == ARROW_DEVICE_CUDA || rx->device_type == ARROW_DEVICE_CUDA_MANAGED) &&
-                         gser_context_has_device(ctx)
-                     ? GSER_MEMORY_DEVICE
-                     : GSER_MEMORY_HOST;
-    if (target == GSER_MEMORY_DEVICE && !gser_context_has_device(ctx)) {
-        st = GSER_ERR_NO_DEVICE;
-        goto fail;
-    }
-    size_t copy_bytes = 0, ntake = 0;
-    bool device_copies = false;
-    for (size_t g = 0; g < nreg; g++) {
-        region_t *rg = &regions[g];
-        if (rg->mem != target)
+/* Where the table goes: the caller's choice, else where its bytes are, else
+ * (no bytes at all) where the family and the sender put it.
+ * GSER_ERR_NO_DEVICE when that is a device the context does not have. */
+static gser_status_t plan_target(take_plan_t *p)
+{
+    const arrow_recv_t *rx = p->rx;
+    if (p->o.flags & GSER_ARROW_TO_HOST)
+        p->target = GSER_MEMORY_HOST;
+    else if (p->o.flags & GSER_ARROW_TO_DEVICE)
+        p->target = GSER_MEMORY_DEVICE;
+    else if (p->any_dev || p->any_host)
+        p->target = p->any_dev ? GSER_MEMORY_DEVICE : GSER_MEMORY_HOST;
+    else
+        p->target = !rx->host_family &&
+                            (rx->device_type == ARROW_DEVICE_CUDA || rx->device_type == ARROW_DEVICE_CUDA_MANAGED) &&
+                            gser_context_has_device(p->ctx)
+                        ? GSER_MEMORY_DEVICE
+                        : GSER_MEMORY_HOST;
+    if (p->target == GSER_MEMORY_DEVICE && !gser_context_has_device(p->ctx))
+        return GSER_ERR_NO_DEVICE;
+    return GSER_OK;
+}
+
+/* Decide for each region whether the arrays view it, take its frame or copy
+ * it, and size the copies' block. */
+static gser_status_t plan_actions(take_plan_t *p)
+{
+    size_t ntake = 0;
+    for (size_t g = 0; g < p->nreg; g++) {
+        region_t *rg = &p->regions[g];
+        if (rg->mem != p->target)
             rg->act = ACT_COPY;
-        else if (o.flags & GSER_ARROW_BORROW)
+        else if (p->o.flags & GSER_ARROW_BORROW)
             rg->act = ACT_VIEW;
-        else if (rg->frame != SIZE_MAX && frames[rg->frame].release)
+        else if (rg->frame != SIZE_MAX && p->frames[rg->frame].release)
             rg->act = ACT_TAKE;
         else
             rg->act = ACT_COPY; /* the message would free it, or it is the caller's */
         if (rg->act == ACT_COPY) {
-            copy_bytes += align64(rg->size);
-            device_copies |= rg->mem == GSER_MEMORY_DEVICE || target == GSER_MEMORY_DEVICE;
+            p->copy_bytes += align64(rg->size);
+            p->device_copies |= rg->mem == GSER_MEMORY_DEVICE || p->target == GSER_MEMORY_DEVICE;
         }
         ntake += rg->act == ACT_TAKE;
     }
-    if (ntake && !(k->frames = calloc(ntake, sizeof *k->frames)))
-        goto fail;
+    if (ntake && !(p->k->frames = calloc(ntake, sizeof *p->k->frames)))
+        return GSER_ERR_NO_MEMORY;
+    return GSER_OK;
+}
 
-    /* One block for every copy, in the target memory; then the copies. */
+/* One block for every copy, in the target memory (the keeper's); then the
+ * copies, done when this returns; then every slot's pointer at its bytes'
+ * final place. */
+static gser_status_t plan_copy(take_plan_t *p)
+{
+    gser_status_t st;
+    keeper_t *k = p->k;
     unsigned char *block = NULL;
-    if (copy_bytes) {
-        if (target == GSER_MEMORY_HOST) {
-            if (!(k->host_block = aligned_alloc(64, copy_bytes)))
-                goto fail;
+    if (p->copy_bytes) {
+        if (p->target == GSER_MEMORY_HOST) {
+            if (!(k->host_block = aligned_alloc(64, p->copy_bytes)))
+                return GSER_ERR_NO_MEMORY;
             block = k->host_block;
         } else {
-            if ((st = gser_device_alloc(ctx, copy_bytes, o.stream, &k->dev_block)))
-                goto fail;
-            k->dev_size = copy_bytes;
+            if ((st = gser_device_alloc(p->ctx, p->copy_bytes, p->o.stream, &k->dev_block)))
+                return st;
+            k->dev_size = p->copy_bytes;
             block = k->dev_block;
         }
     }
     /* Copies out of device memory gser_deserialize filled (restored or
      * scattered buffers) start after its copies: its event is the message's,
      * on its stream, so wait for it here rather than guess the stream. */
-    if (copy_bytes && core_event && (st = gser_msg_wait(rx->msg)))
-        goto fail;
+    if (p->copy_bytes && p->core_event && (st = gser_msg_wait(p->rx->msg)))
+        return st;
     size_t at = 0;
-    for (size_t g = 0; g < nreg; g++) {
-        region_t *rg = &regions[g];
+    for (size_t g = 0; g < p->nreg; g++) {
+        region_t *rg = &p->regions[g];
         if (rg->act != ACT_COPY) {
             rg->dst = (unsigned char *)rg->src;
             continue;
         }
         rg->dst = block + at;
         at += align64(rg->size);
-        if ((st = gser_device_memcpy(ctx, rg->dst, target, rg->src, rg->mem, rg->size, o.stream)))
-            goto fail;
+        if ((st = gser_device_memcpy(p->ctx, rg->dst, p->target, rg->src, rg->mem, rg->size, p->o.stream)))
+            return st;
     }
     /* The message may free the sources once this returns. */
-    if (device_copies && (st = gser_stream_wait(ctx, o.stream)))
-        goto fail;
-    for (size_t s = 0; s < nslots; s++)
-        if (slot_region[s] != SIZE_MAX) {
-            const region_t *rg = &regions[slot_region[s]];
-            ptrs[s] = rg->dst + ((const unsigned char *)ptrs[s] - rg->src);
-        } else if (rx->nodes[s / 3].bufs[s % 3]) {
-            ptrs[s] = empty_region; /* a buffer the array has, with no bytes */
+    if (p->device_copies && (st = gser_stream_wait(p->ctx, p->o.stream)))
+        return st;
+    for (size_t s = 0; s < p->nslots; s++)
+        if (p->slot_region[s] != SIZE_MAX) {
+            const region_t *rg = &p->regions[p->slot_region[s]];
+            p->ptrs[s] = rg->dst + ((const unsigned char *)p->ptrs[s] - rg->src);
+        } else if (p->rx->nodes[s / 3].bufs[s % 3]) {
+            p->ptrs[s] = empty_region; /* a buffer the array has, with no bytes */
         }
+    return GSER_OK;
+}
 
-    /* sync_event: an event after everything, for device arrays (a
-     * cudaEvent_t with CUDA; the emulated backend's work is queued all the
-     * same, so its arrays get one too). */
-    void *sync_event = NULL;
-    if (target == GSER_MEMORY_DEVICE) {
-        if ((o.flags & GSER_ARROW_BORROW) && !copy_bytes && core_event) {
-            k->event_handle = core_event; /* the message's, alive as long as it is */
-        } else {
-            if ((st = gser_event_create(ctx, &k->event)) || (st = gser_event_record(k->event, o.stream)))
-                goto fail;
-            k->event_handle = gser_event_get_handle(k->event);
-        }
-        sync_event = &k->event_handle;
+/* The sync_event of device arrays: an event after everything (a cudaEvent_t
+ * with CUDA; the emulated backend's work is queued all the same, so its
+ * arrays get one too), or the message's own when the arrays borrow it. NULL
+ * for host arrays. */
+static gser_status_t plan_sync_event(take_plan_t *p, void **sync_event)
+{
+    keeper_t *k = p->k;
+    *sync_event = NULL;
+    if (p->target != GSER_MEMORY_DEVICE)
+        return GSER_OK;
+    if ((p->o.flags & GSER_ARROW_BORROW) && !p->copy_bytes && p->core_event) {
+        k->event_handle = p->core_event; /* the message's, alive as long as it is */
+    } else {
+        gser_status_t st;
+        if ((st = gser_event_create(p->ctx, &k->event)) || (st = gser_event_record(k->event, p->o.stream)))
+            return st;
+        k->event_handle = gser_event_get_handle(k->event);
     }
+    *sync_event = &k->event_handle;
+    return GSER_OK;
+}
 
+/* The keeper takes the frames the arrays keep from the message; nothing can
+ * fail any more when this runs. */
+static void plan_take_frames(take_plan_t *p)
+{
+    keeper_t *k = p->k;
+    for (size_t g = 0; g < p->nreg; g++)
+        if (p->regions[g].act == ACT_TAKE &&
+            gser_msg_take_frame(p->rx->msg, p->regions[g].frame, &k->frames[k->nframes]) == GSER_OK)
+            k->nframes++;
+}
+
+/* The received table of v, or NULL when v holds none. */
+static arrow_recv_t *recv_of(gser_value_t *v)
+{
+    const char *type;
+    void *obj;
+    if (gser_value_get_object(v, &type, &obj) != GSER_OK || strcmp(type, GSER_ARROW_TYPE) != 0 || !obj ||
+        ((arrow_recv_t *)obj)->magic != ARROW_MAGIC_RECV)
+        return NULL;
+    return obj;
+}
+
+gser_status_t gser_arrow_take_value(gser_value_t *v, const gser_arrow_take_options_t *opts,
+                                    struct ArrowDeviceArray *out_array, struct ArrowSchema *out_schema)
+{
+    if (!v || !out_array || !out_schema)
+        return GSER_ERR_INVALID_ARG;
+    arrow_recv_t *rx = recv_of(v);
+    if (!rx)
+        return GSER_ERR_TYPE_MISMATCH;
+    gser_arrow_take_options_t o = GSER_ARROW_TAKE_OPTIONS_INIT;
+    gser_status_t st;
+    if (opts && (st = gser_context_struct_read(rx->ctx, "gser_arrow_take_value", "gser_arrow_take_options_t", &o,
+                                               sizeof o, opts)))
+        return st;
+    if ((o.flags & GSER_ARROW_TO_DEVICE) && (o.flags & GSER_ARROW_TO_HOST))
+        return GSER_ERR_INVALID_ARG;
+    if (rx->taken)
+        return GSER_ERR_STATE;
+
+    take_plan_t p;
+    struct ArrowSchema schema;
+    struct ArrowArray root;
+    bool schema_built = false;
+    void *sync_event = NULL;
+    if ((st = plan_init(&p, rx, &o)))
+        goto out;
+    plan_index_frames(&p);
+    plan_regions(&p);
+    if ((st = plan_target(&p)) || (st = plan_actions(&p)) || (st = plan_copy(&p)) ||
+        (st = plan_sync_event(&p, &sync_event)))
+        goto out;
     /* Device memory copied here is the context's GPU; views keep their
      * frames' (a transport's frames are the receiving context's GPU too). */
-    if (copy_bytes && target == GSER_MEMORY_DEVICE)
-        device_id = gser_context_get_device_ordinal(ctx);
-    take_t t = {.rx = rx, .keeper = k, .ptrs = ptrs};
+    if (p.copy_bytes && p.target == GSER_MEMORY_DEVICE)
+        p.device_id = gser_context_get_device_ordinal(p.ctx);
+    take_t t = {.rx = rx, .keeper = p.k, .ptrs = p.ptrs};
     if ((st = build_schema(rx, 0, &schema)))
-        goto fail;
+        goto out;
     schema_built = true;
     if ((st = build_array(&t, 0, &root)))
-        goto fail;
-    root_built = true;
+        goto out;
 
-    /* Nothing can fail from here: take the frames the arrays keep. */
-    for (size_t g = 0; g < nreg; g++)
-        if (regions[g].act == ACT_TAKE && gser_msg_take_frame(rx->msg, regions[g].frame, &k->frames[k->nframes]) == GSER_OK)
-            k->nframes++;
+    plan_take_frames(&p);
     rx->taken = true;
     *out_schema = schema;
     *out_array = (struct ArrowDeviceArray){
         .array = root,
-        .device_id = target == GSER_MEMORY_DEVICE ? device_id : -1,
-        .device_type = target == GSER_MEMORY_DEVICE ? ARROW_DEVICE_CUDA : ARROW_DEVICE_CPU,
+        .device_id = p.target == GSER_MEMORY_DEVICE ? p.device_id : -1,
+        .device_type = p.target == GSER_MEMORY_DEVICE ? ARROW_DEVICE_CUDA : ARROW_DEVICE_CPU,
         .sync_event = sync_event,
     };
-    keeper_unref(k); /* the arrays hold it now */
-    free(ptrs);
-    free(slot_region);
-    free(regions);
-    free(ix);
-    free(frame_region);
-    return GSER_OK;
-
-fail:
-    if (schema_built)
+out:
+    if (st && schema_built)
         schema.release(&schema);
-    if (root_built)
-        root.release(&root);
-    if (k)
-        keeper_unref(k);
-    free(ptrs);
-    free(slot_region);
-    free(regions);
-    free(ix);
-    free(frame_region);
+    plan_cleanup(&p); /* on success the arrays hold their own references on the keeper */
     return st;
 }
