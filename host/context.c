@@ -1,107 +1,10 @@
-/* Contexts: options, limits, the registry of families and types, and the
- * per-thread detailed error messages. */
+/* Contexts: options, limits and the registry of families and types (the
+ * per-thread detailed error messages are in error.c). */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
-
-/* ---- errors -------------------------------------------------------------- */
-
-/* Each context keeps one message per thread that failed a call on it, found
- * by a thread number that is never reused; they live until the context is
- * destroyed, so a message never vanishes because other contexts were used. */
-#define ERR_LEN 1024
-
-struct err_slot {
-    struct err_slot *next;
-    uint64_t thread;
-    char text[ERR_LEN];
-};
-
-static _Thread_local char create_err[ERR_LEN]; /* gser_context_create's, read with a NULL context */
-static _Thread_local uint64_t this_thread;
-static atomic_uint_fast64_t next_thread = 1;
-
-static uint64_t thread_number(void)
-{
-    if (!this_thread)
-        this_thread = atomic_fetch_add(&next_thread, 1);
-    return this_thread;
-}
-
-static err_slot_t *err_slot(const gser_context_t *cctx, bool create)
-{
-    gser_context_t *ctx = (gser_context_t *)cctx; /* the slots are the context's mutable part */
-    uint64_t me = thread_number();
-    pthread_mutex_lock(&ctx->err_lock);
-    err_slot_t *s = ctx->err_slots;
-    while (s && s->thread != me)
-        s = s->next;
-    if (!s && create && (s = malloc(sizeof *s))) {
-        s->thread = me;
-        s->text[0] = '\0';
-        s->next = ctx->err_slots;
-        ctx->err_slots = s;
-    }
-    pthread_mutex_unlock(&ctx->err_lock);
-    return s;
-}
-
-gser_status_t error_setv(const gser_context_t *ctx, gser_status_t st, const char *fmt, va_list ap)
-{
-    if (!ctx)
-        return st;
-    err_slot_t *s = err_slot(ctx, true);
-    if (s)
-        vsnprintf(s->text, sizeof s->text, fmt, ap);
-    return st;
-}
-
-gser_status_t error_set(const gser_context_t *ctx, gser_status_t st, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    error_setv(ctx, st, fmt, ap);
-    va_end(ap);
-    return st;
-}
-
-gser_status_t struct_read(const gser_context_t *ctx, const char *what, const char *type, void *dst, size_t dst_size,
-                          const void *src)
-{
-    gser_status_t st = gser_struct_read(dst, dst_size, src);
-    if (st == GSER_OK)
-        return GSER_OK;
-    size_t n;
-    memcpy(&n, src, sizeof n);
-    if (st == GSER_ERR_INVALID_ARG)
-        return error_set(ctx, st, "%s: %s.size is %zu: initialise the struct with its GSER_*_INIT macro", what, type,
-                         n);
-    return error_set(ctx, st,
-                     "%s: %s.size is %zu, this library (%s) knows %zu bytes of it, and the caller set a field "
-                     "past them",
-                     what, type, n, gser_version_str(), dst_size);
-}
-
-gser_status_t gser_context_struct_read(gser_context_t *ctx, const char *what, const char *type, void *dst,
-                                       size_t dst_size, const void *src)
-{
-    if (!dst || !src || !what || !type)
-        return GSER_ERR_INVALID_ARG;
-    return struct_read(ctx, what, type, dst, dst_size, src);
-}
-
-gser_status_t gser_context_fail(gser_context_t *ctx, gser_status_t status, const char *fmt, ...)
-{
-    if (!ctx || !fmt)
-        return status;
-    va_list ap;
-    va_start(ap, fmt);
-    error_setv(ctx, status, fmt, ap);
-    va_end(ap);
-    return status;
-}
 
 gser_status_t gser_context_get_limits(const gser_context_t *ctx, gser_limits_t *out)
 {
@@ -109,14 +12,6 @@ gser_status_t gser_context_get_limits(const gser_context_t *ctx, gser_limits_t *
         return GSER_ERR_INVALID_ARG;
     gser_status_t st = gser_struct_write(out, &ctx->limits, sizeof ctx->limits);
     return st ? error_set(ctx, st, "gser_context_get_limits: out->size is 0: use GSER_LIMITS_INIT") : GSER_OK;
-}
-
-const char *gser_context_get_last_error(const gser_context_t *ctx)
-{
-    if (!ctx)
-        return create_err;
-    err_slot_t *s = err_slot(ctx, false);
-    return s ? s->text : "";
 }
 
 /* ---- create / destroy ---------------------------------------------------- */
@@ -154,28 +49,23 @@ gser_status_t gser_context_create(const gser_context_options_t *opts, gser_conte
     gser_limits_t lim = GSER_LIMITS_INIT;
     gser_status_t rst;
     if (opts && (rst = gser_struct_read(&o, sizeof o, opts))) {
-        snprintf(create_err, sizeof create_err, "gser_context_create: gser_context_options_t.size is %zu: %s",
-                 opts->size, rst == GSER_ERR_INVALID_ARG ? "initialise it with GSER_CONTEXT_OPTIONS_INIT"
-                                                         : "the caller set a field this library does not know");
-        return rst;
+        return error_set_create(rst, "gser_context_create: gser_context_options_t.size is %zu: %s", opts->size,
+                                rst == GSER_ERR_INVALID_ARG ? "initialise it with GSER_CONTEXT_OPTIONS_INIT"
+                                                            : "the caller set a field this library does not know");
     }
     if (o.limits && (rst = gser_struct_read(&lim, sizeof lim, o.limits))) {
-        snprintf(create_err, sizeof create_err, "gser_context_create: gser_limits_t.size is %zu: %s",
-                 o.limits->size, rst == GSER_ERR_INVALID_ARG ? "initialise it with GSER_LIMITS_INIT"
-                                                             : "the caller set a field this library does not know");
-        return rst;
+        return error_set_create(rst, "gser_context_create: gser_limits_t.size is %zu: %s", o.limits->size,
+                                rst == GSER_ERR_INVALID_ARG ? "initialise it with GSER_LIMITS_INIT"
+                                                            : "the caller set a field this library does not know");
     }
-    if (lim.max_depth > GSER_DEPTH_MAX) {
-        snprintf(create_err, sizeof create_err, "gser_context_create: limits.max_depth %zu is over the maximum of %d",
-                 lim.max_depth, GSER_DEPTH_MAX);
-        return GSER_ERR_INVALID_ARG;
-    }
+    if (lim.max_depth > GSER_DEPTH_MAX)
+        return error_set_create(GSER_ERR_INVALID_ARG,
+                                "gser_context_create: limits.max_depth %zu is over the maximum of %d", lim.max_depth,
+                                GSER_DEPTH_MAX);
 
     gser_context_t *ctx = calloc(1, sizeof *ctx);
-    if (!ctx) {
-        snprintf(create_err, sizeof create_err, "gser_context_create: out of memory");
-        return GSER_ERR_NO_MEMORY;
-    }
+    if (!ctx)
+        return error_set_create(GSER_ERR_NO_MEMORY, "gser_context_create: out of memory");
     pthread_mutex_init(&ctx->err_lock, NULL);
     limits_resolve(&lim, &ctx->limits);
     ctx->inline_max = o.inline_max ? o.inline_max : GSER_DEFAULT_INLINE_MAX;
@@ -191,7 +81,7 @@ gser_status_t gser_context_create(const gser_context_options_t *opts, gser_conte
     ctx->nfamilies = 2;
     gser_status_t st = ctxdev_open(ctx, &o);
     if (st != GSER_OK) {
-        snprintf(create_err, sizeof create_err, "%s", gser_context_get_last_error(ctx));
+        error_set_create(st, "%s", gser_context_get_last_error(ctx));
         gser_context_destroy(ctx);
         return st;
     }
@@ -214,10 +104,7 @@ void gser_context_destroy(gser_context_t *ctx)
     free(atomic_load(&ctx->spare_msg[1]));
     free(atomic_load(&ctx->spare_frames));
     ctxdev_close(ctx);
-    for (err_slot_t *s = ctx->err_slots, *next; s; s = next) {
-        next = s->next;
-        free(s);
-    }
+    error_slots_free(ctx);
     pthread_mutex_destroy(&ctx->err_lock);
     free(ctx);
 }

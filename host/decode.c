@@ -662,7 +662,7 @@ static gser_status_t dec_object(mp_unit_t *u, gser_value_t *v, gser_value_t *con
     return obj_rebuild_or_defer(d, &o);
 }
 
-gser_status_t dec_marker(mp_unit_t *u, gser_value_t *v)
+static gser_status_t dec_marker(mp_unit_t *u, gser_value_t *v)
 {
     gser_list_t *l = v->u.list;
     uint8_t marker = l->marker;
@@ -1079,6 +1079,7 @@ static void dec_init(dec_t *d, gser_context_t *ctx, gser_msg_t *msg, const char 
     d->trace = NULL;
     d->path.len = 0;
     d->what = what;
+    d->finish_marker = dec_marker;
     d->version = GSER_WIRE_VERSION;
     d->checked = d->defer = false;
     d->later = NULL;

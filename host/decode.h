@@ -6,6 +6,7 @@
 #include "internal.h"
 
 typedef struct dec_object dec_object_t;
+struct mp_unit;
 
 typedef struct dec {
     gser_context_t *ctx;
@@ -33,6 +34,11 @@ typedef struct dec {
     /* compressed frames (wire version 3): frames are then the decompressed ones */
     const gser_frame_t *wire; /* the data frames as given */
     frame_codec_t *codecs;    /* per data frame, from the frame table; NULL when none is compressed */
+    /* Turn the array v, whose items are the fields of a buffer, array or
+     * object marker, into the value it describes, in place (decode.c's
+     * dec_marker): called by the parser, which thus needs nothing of the
+     * decoder's file. */
+    gser_status_t (*finish_marker)(struct mp_unit *u, gser_value_t *v);
 } dec_t;
 
 /* Internal kinds of values that exist only while a unit is parsed. */
@@ -84,9 +90,5 @@ GSER_INTERNAL void mp_unit_path(const mp_unit_t *u, path_t *p);
 GSER_INTERNAL gser_status_t mp_unit_fail(mp_unit_t *u, gser_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 GSER_INTERNAL void mp_unit_trace(mp_unit_t *u, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-/* Turn the array v, whose items are the fields of a buffer, array or object
- * marker, into the value it describes, in place (decode.c). */
-GSER_INTERNAL gser_status_t dec_marker(mp_unit_t *u, gser_value_t *v);
 
 #endif /* GSER_HOST_DECODE_H */

@@ -209,23 +209,6 @@ static void enc_trace(enc_t *e, const char *fmt, ...)
     trace_line(e->trace, "serialize %s", msg);
 }
 
-gser_status_t frames_push(gser_frames_t *f, const gser_frame_t *fr)
-{
-    if (f->n == f->cap) {
-        size_t cap = f->cap * 2;
-        gser_frame_t *nf = f->frames == f->inline_frames ? malloc(cap * sizeof *nf)
-                                                         : realloc(f->frames, cap * sizeof *nf);
-        if (!nf)
-            return GSER_ERR_NO_MEMORY;
-        if (f->frames == f->inline_frames)
-            memcpy(nf, f->inline_frames, sizeof f->inline_frames);
-        f->frames = nf;
-        f->cap = cap;
-    }
-    f->frames[f->n++] = *fr;
-    return GSER_OK;
-}
-
 static gser_status_t scratch_msg(enc_t *e, gser_msg_t **out)
 {
     if (!e->out->scratch && gser_msg_create(e->ctx, &e->out->scratch) != GSER_OK)
@@ -797,16 +780,6 @@ gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg, const g
     return GSER_OK;
 }
 
-size_t gser_frames_get_count(const gser_frames_t *frames)
-{
-    return frames ? frames->n : 0;
-}
-
-const gser_frame_t *gser_frames_get_array(const gser_frames_t *frames)
-{
-    return frames ? frames->frames : NULL;
-}
-
 gser_status_t gser_frames_wait(const gser_frames_t *frames)
 {
     if (!frames)
@@ -827,11 +800,6 @@ gser_status_t gser_frames_query(const gser_frames_t *frames)
     gser_context_t *ctx = frames->ctx;
     gser_status_t st = devl_event_query(ctx->devl, frames->event);
     return st < 0 ? ctxdev_fail(ctx, st, "gser_frames_query") : st;
-}
-
-void *gser_frames_get_event(const gser_frames_t *frames)
-{
-    return frames ? frames->event : NULL;
 }
 
 void gser_frames_destroy(gser_frames_t *frames)

@@ -360,7 +360,7 @@ typedef struct err_slot err_slot_t;
 
 struct gser_context {
     pthread_mutex_t err_lock; /* guards err_slots */
-    err_slot_t *err_slots;    /* host/context.c: one detailed message per thread */
+    err_slot_t *err_slots;    /* host/error.c: one detailed message per thread */
     devl_t *devl; /* the device layer (host/device_api.c opens it); NULL: no backend */
     char devl_why[192]; /* why there is none when GSER_DEVICE named no backend, else "" */
     int ordinal;  /* the GPU the context's device memory is on */
@@ -386,6 +386,8 @@ GSER_INTERNAL int context_find_family(const gser_context_t *ctx, const char *nam
 GSER_INTERNAL void context_freeze(gser_context_t *ctx);
 GSER_INTERNAL void limits_resolve(const gser_limits_t *in, gser_limits_t *out);
 
+/* ---- errors (host/error.c, a leaf) -------------------------------------- */
+
 /* Per-thread, per-context detailed error messages. */
 GSER_INTERNAL gser_status_t error_set(const gser_context_t *ctx, gser_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -393,6 +395,12 @@ GSER_INTERNAL gser_status_t error_setv(const gser_context_t *ctx, gser_status_t 
 /* gser_struct_read, with a message naming the call and the struct type. */
 GSER_INTERNAL gser_status_t struct_read(const gser_context_t *ctx, const char *what, const char *type, void *dst,
                                         size_t dst_size, const void *src);
+/* Set this thread's message for gser_context_create, which has no context
+ * yet (read with gser_context_get_last_error(NULL)); returns st. */
+GSER_INTERNAL gser_status_t error_set_create(gser_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Free ctx's messages (gser_context_destroy). */
+GSER_INTERNAL void error_slots_free(gser_context_t *ctx);
 
 /* ---- the context's device side (host/device_api.c) ---------------------- */
 
@@ -479,6 +487,7 @@ struct gser_frames {
     char header_inline[1024];
 };
 
+/* Append fr, growing the vector past its inline room (host/frames.c). */
 GSER_INTERNAL gser_status_t frames_push(gser_frames_t *f, const gser_frame_t *fr);
 
 /* ---- frame compression (host/compress.c) ------------------------------------ */

@@ -10,7 +10,7 @@
  * gser's markers are arrays whose first item is an empty ext: a tuple turns
  * the array into a tuple; a buffer, array or object marker collects its
  * fields, which are finished into the value they describe when the last one
- * arrives (dec_marker, decode.c). The template keeps the containers being
+ * arrives (the decoder's finish_marker). The template keeps the containers being
  * filled on its stack; paths for errors and traces are read from there, only
  * when one is needed.
  */
@@ -412,7 +412,7 @@ static inline int cb_array_item(mp_unit_t *u, gser_value_t **c, gser_value_t *o)
     /* the last item: the template closes the array next */
     u->open--;
     if (l->marker == MARK_BUFFER || l->marker == MARK_ARRAY || l->marker == MARK_OBJECT) {
-        gser_status_t st = dec_marker(u, cv);
+        gser_status_t st = u->d->finish_marker(u, cv);
         if (st) {
             u->st = st;
             return MP_FAILED;

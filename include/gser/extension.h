@@ -62,6 +62,15 @@ static inline gser_status_t gser_struct_read(void *dst, size_t dst_size, const v
     return GSER_OK;
 }
 
+/**
+ * The message for a failed gser_struct_read(dst, dst_size, src) that
+ * returned status, naming the call (what) and the struct type: written to
+ * buf (at most cap bytes, NUL-terminated). For libraries that keep their
+ * own error text; the core's gser_context_struct_read writes the same.
+ */
+GSER_API void gser_struct_read_describe(gser_status_t status, const char *what, const char *type, const void *src,
+                                        size_t dst_size, char *buf, size_t cap);
+
 /** gser_struct_read that also sets ctx's last error for this thread, naming
  *  the call (what) and the struct type, when it fails. */
 GSER_API gser_status_t gser_context_struct_read(gser_context_t *ctx, const char *what, const char *type, void *dst,
