@@ -189,16 +189,9 @@ static void cu_free(devl_bstate_t *s, void *ptr, size_t size, void *stream)
     free_async(s, ptr, stream);
 }
 
-static gser_status_t cu_pinned_alloc(devl_bstate_t *s, size_t size, void **ptr)
+static gser_status_t alloc_host(void *arg, size_t csize, void **ptr)
 {
-    size_t csize = devl_pincache_class_size(size);
-    if (!csize)
-        return GSER_ERR_NO_MEMORY;
-    void *p = devl_pincache_get(&s->pins, size);
-    if (p) {
-        *ptr = p;
-        return GSER_OK;
-    }
+    devl_bstate_t *s = arg;
     ON_DEVICE(s, CUDA(cudaMallocHost(ptr, csize)));
 }
 
@@ -207,10 +200,20 @@ static gser_status_t free_host(devl_bstate_t *s, void *ptr)
     ON_DEVICE(s, CUDA(cudaFreeHost(ptr)));
 }
 
+/* Over the cache's budget: rare, and it waits for the device. */
+static void release_host(void *arg, void *ptr)
+{
+    free_host(arg, ptr);
+}
+
+static gser_status_t cu_pinned_alloc(devl_bstate_t *s, size_t size, void **ptr)
+{
+    return devl_pincache_alloc(&s->pins, size, alloc_host, s, ptr);
+}
+
 static void cu_pinned_free(devl_bstate_t *s, void *ptr, size_t size)
 {
-    if (!devl_pincache_put(&s->pins, ptr, size))
-        free_host(s, ptr); /* over the cache's budget: rare, and it waits for the device */
+    devl_pincache_free(&s->pins, ptr, size, release_host, s);
 }
 
 static gser_status_t cu_memcpy(devl_bstate_t *s, void *dst, const void *src, size_t n, devl_dir_t kind,

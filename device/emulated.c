@@ -697,23 +697,26 @@ static void emu_free(devl_bstate_t *s, void *ptr, size_t size, void *stream)
 }
 
 /* Pinned memory is host memory (never poisoned), recycled like CUDA's. */
+static gser_status_t pinned_new(void *arg, size_t csize, void **ptr)
+{
+    (void)arg;
+    return host_alloc(csize, true, ptr);
+}
+
+static void pinned_release(void *arg, void *ptr)
+{
+    (void)arg;
+    host_free(ptr);
+}
+
 static gser_status_t emu_pinned_alloc(devl_bstate_t *s, size_t size, void **ptr)
 {
-    size_t csize = devl_pincache_class_size(size);
-    if (!csize)
-        return GSER_ERR_NO_MEMORY;
-    void *p = devl_pincache_get(&s->pins, size);
-    if (p) {
-        *ptr = p;
-        return GSER_OK;
-    }
-    return host_alloc(csize, true, ptr);
+    return devl_pincache_alloc(&s->pins, size, pinned_new, NULL, ptr);
 }
 
 static void emu_pinned_free(devl_bstate_t *s, void *ptr, size_t size)
 {
-    if (!devl_pincache_put(&s->pins, ptr, size))
-        host_free(ptr);
+    devl_pincache_free(&s->pins, ptr, size, pinned_release, NULL);
 }
 
 static gser_status_t emu_memcpy(devl_bstate_t *s, void *dst, const void *src, size_t n, devl_dir_t kind,

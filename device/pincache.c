@@ -70,3 +70,22 @@ void devl_pincache_drain(devl_pincache_t *c, void (*release)(void *p, size_t siz
     pthread_mutex_destroy(&c->lock);
     *c = (devl_pincache_t){0};
 }
+
+gser_status_t devl_pincache_alloc(devl_pincache_t *c, size_t size, devl_pin_alloc_fn alloc, void *arg, void **ptr)
+{
+    size_t csize = devl_pincache_class_size(size);
+    if (!csize)
+        return GSER_ERR_NO_MEMORY;
+    void *p = devl_pincache_get(c, size);
+    if (p) {
+        *ptr = p;
+        return GSER_OK;
+    }
+    return alloc(arg, csize, ptr);
+}
+
+void devl_pincache_free(devl_pincache_t *c, void *p, size_t size, devl_pin_release_fn release, void *arg)
+{
+    if (!devl_pincache_put(c, p, size))
+        release(arg, p);
+}

@@ -101,27 +101,51 @@ gser_status_t gser_flat_write(const gser_frame_t *frames, size_t nframes, void *
     return GSER_OK;
 }
 
-static gser_status_t flat_emit(const gser_frame_t *frames, size_t nframes, gser_flat_sink_fn put, void *sink)
+/* The prefix and size table of a message being written: on the stack for
+ * up to 16 frames, else on the heap. */
+typedef struct flat_prefix {
+    unsigned char stack[FLAT_PREFIX + 8 * 16];
+    unsigned char *p;
+    size_t len;
+} flat_prefix_t;
+
+/* Check the frames (gser_flat_size's statuses) and write their prefix into
+ * pf; GSER_ERR_NO_MEMORY when it does not fit on the stack and malloc fails.
+ * On GSER_OK, prefix_free releases it. */
+static gser_status_t prefix_make(flat_prefix_t *pf, const gser_frame_t *frames, size_t nframes)
 {
     size_t total;
     gser_status_t st = gser_flat_size(frames, nframes, &total);
     if (st)
         return st;
-    size_t plen = FLAT_PREFIX + 8 * nframes;
-    unsigned char stackbuf[FLAT_PREFIX + 8 * 16];
-    unsigned char *prefix = plen <= sizeof stackbuf ? stackbuf : malloc(plen);
-    if (!prefix)
+    pf->len = FLAT_PREFIX + 8 * nframes;
+    pf->p = pf->len <= sizeof pf->stack ? pf->stack : malloc(pf->len);
+    if (!pf->p)
         return GSER_ERR_NO_MEMORY;
-    write_prefix(prefix, frames, nframes);
-    st = put(sink, prefix, plen);
+    write_prefix(pf->p, frames, nframes);
+    return GSER_OK;
+}
+
+static void prefix_free(flat_prefix_t *pf)
+{
+    if (pf->p != pf->stack)
+        free(pf->p);
+}
+
+static gser_status_t flat_emit(const gser_frame_t *frames, size_t nframes, gser_flat_sink_fn put, void *sink)
+{
+    flat_prefix_t pf;
+    gser_status_t st = prefix_make(&pf, frames, nframes);
+    if (st)
+        return st;
+    st = put(sink, pf.p, pf.len);
     for (size_t i = 0; st == GSER_OK && i < nframes; i++) {
         if (frames[i].size)
             st = put(sink, frames[i].data, frames[i].size);
         if (st == GSER_OK && pad8(frames[i].size))
             st = put(sink, zeros, pad8(frames[i].size));
     }
-    if (prefix != stackbuf)
-        free(prefix);
+    prefix_free(&pf);
     return st;
 }
 
@@ -158,23 +182,17 @@ gser_status_t gser_flat_write_fd(const gser_frame_t *frames, size_t nframes, int
 {
     if (fd < 0)
         return GSER_ERR_INVALID_ARG;
-    size_t total;
-    gser_status_t st = gser_flat_size(frames, nframes, &total);
+    flat_prefix_t pf;
+    gser_status_t st = prefix_make(&pf, frames, nframes);
     if (st)
         return st;
-    size_t plen = FLAT_PREFIX + 8 * nframes;
-    unsigned char stackbuf[FLAT_PREFIX + 8 * 16];
-    unsigned char *prefix = plen <= sizeof stackbuf ? stackbuf : malloc(plen);
     struct iovec *iov = malloc(FLAT_IOV * sizeof *iov);
-    if (!prefix || !iov) {
-        if (prefix != stackbuf)
-            free(prefix);
-        free(iov);
+    if (!iov) {
+        prefix_free(&pf);
         return GSER_ERR_NO_MEMORY;
     }
-    write_prefix(prefix, frames, nframes);
     int n = 0;
-    iov[n++] = (struct iovec){.iov_base = prefix, .iov_len = plen};
+    iov[n++] = (struct iovec){.iov_base = pf.p, .iov_len = pf.len};
     for (size_t i = 0; st == GSER_OK && i < nframes; i++) {
         if (n > FLAT_IOV - 2) {
             st = writev_all(fd, iov, n);
@@ -188,8 +206,7 @@ gser_status_t gser_flat_write_fd(const gser_frame_t *frames, size_t nframes, int
     if (st == GSER_OK)
         st = writev_all(fd, iov, n);
     int saved = errno; /* what the write said, for the caller */
-    if (prefix != stackbuf)
-        free(prefix);
+    prefix_free(&pf);
     free(iov);
     errno = saved;
     return st;

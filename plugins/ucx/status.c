@@ -32,12 +32,8 @@ gser_status_t gux_struct_read(const char *what, const char *type, void *dst, siz
     gser_status_t st = gser_struct_read(dst, dst_size, src);
     if (st == GSER_OK)
         return GSER_OK;
-    size_t n;
-    memcpy(&n, src, sizeof n);
-    if (st == GSER_ERR_INVALID_ARG)
-        return gux_fail(st, "%s: %s.size is %zu: initialise the struct with its GSER_*_INIT macro", what, type, n);
-    return gux_fail(st, "%s: %s.size is %zu, this library knows %zu bytes of it, and the caller set a field past them",
-                    what, type, n, dst_size);
+    gser_struct_read_describe(st, what, type, src, dst_size, last_error, sizeof last_error);
+    return st;
 }
 
 gser_status_t gux_status(ucs_status_t st)

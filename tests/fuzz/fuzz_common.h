@@ -75,4 +75,36 @@ static gser_status_t fuzz_register(gser_context_t *ctx)
     return st ? st : gser_type_add_family(ctx, "fuzz.blob", "host", fuzz_blob_ser, fuzz_blob_de);
 }
 
+/* A context for a fuzz target: no trace, limits that keep one input quick,
+ * fuzz.blob registered; backend NULL for the default one. Aborts if it
+ * cannot be made. */
+static inline gser_context_t *fuzz_context(const char *backend)
+{
+    gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
+    o.trace = -1;
+    o.device_backend = backend;
+    static gser_limits_t lim = GSER_LIMITS_INIT;
+    lim.max_nodes = 100000;
+    lim.max_bytes = 1 << 24;
+    o.limits = &lim;
+    gser_context_t *ctx = NULL;
+    if (gser_context_create(&o, &ctx) || fuzz_register(ctx))
+        abort();
+    return ctx;
+}
+
+/* The frames f flattened into a malloc'd buffer of *len bytes, or NULL when
+ * gser_flat_size refuses them. What gser sized it must write: aborts if not. */
+static inline unsigned char *fuzz_flatten(const gser_frames_t *f, size_t *len)
+{
+    size_t need, w = 0;
+    if (gser_flat_size(gser_frames_get_array(f), gser_frames_get_count(f), &need) != GSER_OK)
+        return NULL;
+    unsigned char *buf = malloc(need ? need : 1);
+    if (!buf || gser_flat_write(gser_frames_get_array(f), gser_frames_get_count(f), buf, need, &w) != GSER_OK)
+        abort();
+    *len = w;
+    return buf;
+}
+
 #endif

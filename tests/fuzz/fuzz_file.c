@@ -31,15 +31,7 @@ static gser_status_t from_fd(int fd, unsigned flags, gser_msg_t **out)
 static unsigned char *flat_of(gser_msg_t *msg, size_t *len)
 {
     gser_frames_t *f = NULL;
-    unsigned char *buf = NULL;
-    size_t w = 0;
-    if (gser_serialize(ctx, msg, NULL, &f) == GSER_OK &&
-        gser_flat_size(gser_frames_get_array(f), gser_frames_get_count(f), len) == GSER_OK &&
-        (buf = malloc(*len)) &&
-        gser_flat_write(gser_frames_get_array(f), gser_frames_get_count(f), buf, *len, &w) != GSER_OK) {
-        free(buf);
-        buf = NULL;
-    }
+    unsigned char *buf = gser_serialize(ctx, msg, NULL, &f) == GSER_OK ? fuzz_flatten(f, len) : NULL;
     gser_frames_destroy(f);
     return buf;
 }
@@ -61,16 +53,8 @@ static void same(gser_status_t want, gser_msg_t *ref, gser_status_t got, gser_ms
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (!ctx) {
-        gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
-        o.trace = -1;
-        static gser_limits_t lim = GSER_LIMITS_INIT;
-        lim.max_nodes = 100000;
-        lim.max_bytes = 1 << 24;
-        o.limits = &lim;
-        if (gser_context_create(&o, &ctx) || fuzz_register(ctx))
-            abort();
-    }
+    if (!ctx)
+        ctx = fuzz_context(NULL);
     gser_deserialize_options_t o = GSER_DESERIALIZE_OPTIONS_INIT;
     o.flags = FLAGS;
     gser_msg_t *ref = NULL;
