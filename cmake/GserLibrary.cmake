@@ -44,3 +44,15 @@ function(gser_configure_pc template output)
   set(GSER_PC_PREFIX "\${pcfiledir}/${GSER_PC_TO_PREFIX}")
   configure_file(${template} ${output} @ONLY)
 endfunction()
+
+# gser_install_library(<name> <pc template> <pc file>): install <name> and
+# <name>_static into the package's export set, with the pkg-config file made
+# from <pc template> (relative to the calling folder).
+function(gser_install_library name pc_template pc_file)
+  install(TARGETS ${name} ${name}_static EXPORT gserTargets
+    LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+    ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+    RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+  gser_configure_pc(${pc_template} ${PROJECT_BINARY_DIR}/${pc_file})
+  install(FILES ${PROJECT_BINARY_DIR}/${pc_file} DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+endfunction()
