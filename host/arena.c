@@ -7,7 +7,7 @@
 #define CHUNK_MIN 8192
 #define CHUNK_MAX (1u << 20)
 
-void arena_init(arena_t *a, arena_chunk_t *first, size_t first_size)
+void gser__arena_init(arena_t *a, arena_chunk_t *first, size_t first_size)
 {
     first->next = NULL;
     first->size = first_size - sizeof(arena_chunk_t);
@@ -30,14 +30,14 @@ static bool arena_take(arena_t *a, size_t n)
     return true;
 }
 
-void arena_run_cleanups(arena_t *a)
+void gser__arena_run_cleanups(arena_t *a)
 {
     for (cleanup_t *c = a->cleanups; c; c = c->next)
         c->fn(c->arg);
     a->cleanups = NULL;
 }
 
-void arena_free(arena_t *a, arena_chunk_t *first)
+void gser__arena_free(arena_t *a, arena_chunk_t *first)
 {
     arena_chunk_t *c = a->head;
     while (c) {
@@ -49,7 +49,7 @@ void arena_free(arena_t *a, arena_chunk_t *first)
     a->head = NULL;
 }
 
-void *arena_alloc_slow(arena_t *a, size_t size)
+void *gser__arena_alloc_slow(arena_t *a, size_t size)
 {
     arena_chunk_t *h = a->head;
     if (size > SIZE_MAX - sizeof(arena_chunk_t) - 16)
@@ -83,9 +83,9 @@ void *arena_alloc_slow(arena_t *a, size_t size)
     return c->data;
 }
 
-gser_status_t arena_on_release(arena_t *a, void (*fn)(void *), void *arg)
+gser_status_t gser__arena_on_release(arena_t *a, void (*fn)(void *), void *arg)
 {
-    cleanup_t *c = arena_alloc(a, sizeof *c, alignof(cleanup_t));
+    cleanup_t *c = gser__arena_alloc(a, sizeof *c, alignof(cleanup_t));
     if (!c)
         return GSER_ERR_NO_MEMORY;
     c->fn = fn;
@@ -101,7 +101,7 @@ static void free_vec(void *arg)
     *(void **)arg = NULL;
 }
 
-gser_status_t arena_vec_grow(arena_t *a, void **ptr, size_t *cap, size_t elem_size, size_t need)
+gser_status_t gser__arena_vec_grow(arena_t *a, void **ptr, size_t *cap, size_t elem_size, size_t need)
 {
     size_t ncap = *cap ? *cap : 4;
     while (ncap < need) {
@@ -117,7 +117,7 @@ gser_status_t arena_vec_grow(arena_t *a, void **ptr, size_t *cap, size_t elem_si
     size_t old_bytes = *cap * elem_size, new_bytes = ncap * elem_size;
     void *np;
     if (new_bytes <= ARENA_VEC_HEAP) {
-        if (!(np = arena_alloc(a, new_bytes, 16)))
+        if (!(np = gser__arena_alloc(a, new_bytes, 16)))
             return GSER_ERR_NO_MEMORY;
         if (old_bytes)
             memcpy(np, *ptr, old_bytes);
@@ -126,7 +126,7 @@ gser_status_t arena_vec_grow(arena_t *a, void **ptr, size_t *cap, size_t elem_si
     } else if (old_bytes <= ARENA_VEC_HEAP) {
         if (!(np = malloc(new_bytes)))
             return GSER_ERR_NO_MEMORY;
-        if (arena_on_release(a, free_vec, ptr) != GSER_OK) {
+        if (gser__arena_on_release(a, free_vec, ptr) != GSER_OK) {
             free(np);
             return GSER_ERR_NO_MEMORY;
         }

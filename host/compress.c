@@ -48,20 +48,20 @@ static bool staged(const gser_frames_t *f, const gser_frame_t *fr)
     return lo && p >= lo && p < lo + f->pinned_size;
 }
 
-gser_status_t frames_compress(gser_frames_t *f, int method, int level, bool *any)
+gser_status_t gser__frames_compress(gser_frames_t *f, int method, int level, bool *any)
 {
     gser_context_t *ctx = f->ctx;
     *any = false;
     if (method == GSER_COMPRESSION_NONE)
         return GSER_OK;
     if (method < 0 || method > GSER_COMPRESSION_AUTO)
-        return error_set(ctx, GSER_ERR_INVALID_ARG, "gser_serialize: unknown compression %d", method);
+        return gser__error_set(ctx, GSER_ERR_INVALID_ARG, "gser_serialize: unknown compression %d", method);
     int codec = method == GSER_COMPRESSION_ZSTD ? CODEC_ZSTD : CODEC_LZ4;
     if (codec == CODEC_ZSTD && (level < ZSTD_minCLevel() || level > ZSTD_maxCLevel()))
-        return error_set(ctx, GSER_ERR_INVALID_ARG, "gser_serialize: zstd level %d is outside %d..%d", level,
-                         ZSTD_minCLevel(), ZSTD_maxCLevel());
+        return gser__error_set(ctx, GSER_ERR_INVALID_ARG, "gser_serialize: zstd level %d is outside %d..%d", level,
+                               ZSTD_minCLevel(), ZSTD_maxCLevel());
     if (codec == CODEC_LZ4 && level < 0)
-        return error_set(ctx, GSER_ERR_INVALID_ARG, "gser_serialize: lz4 acceleration %d is negative", level);
+        return gser__error_set(ctx, GSER_ERR_INVALID_ARG, "gser_serialize: lz4 acceleration %d is negative", level);
     enum { SAMPLE = GSER_COMPRESS_SAMPLE_SIZE * GSER_COMPRESS_NSAMPLES };
     char *sample = NULL, *sample_out = NULL;
     gser_status_t st = GSER_OK;
@@ -71,7 +71,7 @@ gser_status_t frames_compress(gser_frames_t *f, int method, int level, bool *any
             (codec == CODEC_LZ4 && fr->size > LZ4_MAX_INPUT_SIZE))
             continue;
         if (!sample && (!(sample = malloc(SAMPLE)) || !(sample_out = malloc(codec_bound(codec, SAMPLE))))) {
-            st = error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize: out of memory for a compression sample");
+            st = gser__error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize: out of memory for a compression sample");
             break;
         }
         /* evenly spread samples (Dask's are random), the whole frame when it is small */
@@ -89,8 +89,8 @@ gser_status_t frames_compress(gser_frames_t *f, int method, int level, bool *any
         size_t cap = codec_bound(codec, fr->size);
         void *out = malloc(cap);
         if (!out) {
-            st = error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize: out of memory compressing frame %zu (%zu bytes)",
-                           i, fr->size);
+            st = gser__error_set(ctx, GSER_ERR_NO_MEMORY,
+                                 "gser_serialize: out of memory compressing frame %zu (%zu bytes)", i, fr->size);
             break;
         }
         size_t n = codec_compress(codec, level, fr->data, fr->size, out, cap);
@@ -103,7 +103,7 @@ gser_status_t frames_compress(gser_frames_t *f, int method, int level, bool *any
             out = shrunk;
         if (!f->codecs && !(f->codecs = calloc(f->n, sizeof *f->codecs))) {
             free(out);
-            st = error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize: out of memory");
+            st = gser__error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize: out of memory");
             break;
         }
         f->codecs[i] = (frame_codec_t){.codec = (uint8_t)codec, .raw = fr->size, .buf = out};
@@ -116,7 +116,7 @@ gser_status_t frames_compress(gser_frames_t *f, int method, int level, bool *any
     return st;
 }
 
-void frames_codecs_free(gser_frames_t *f)
+void gser__frames_codecs_free(gser_frames_t *f)
 {
     if (!f->codecs)
         return;
@@ -131,55 +131,56 @@ static const char *codec_name(int codec)
     return codec == CODEC_LZ4 ? "lz4" : "zstd";
 }
 
-gser_status_t codec_check_size(gser_context_t *ctx, const char *what, size_t i, int codec, const void *src,
-                               size_t size, uint64_t raw)
+gser_status_t gser__codec_check_size(gser_context_t *ctx, const char *what, size_t i, int codec, const void *src,
+                                     size_t size, uint64_t raw)
 {
     if (codec == CODEC_LZ4) {
         if (size > (size_t)LZ4_compressBound(LZ4_MAX_INPUT_SIZE) || raw > LZ4_MAX_INPUT_SIZE ||
             raw > (uint64_t)size * LZ4_MAX_RATIO)
-            return error_set(ctx, GSER_ERR_COMPRESSED,
-                             "%s: frame %zu declares %llu bytes from %zu bytes of lz4, more than lz4 can produce", what,
-                             i, (unsigned long long)raw, size);
+            return gser__error_set(ctx, GSER_ERR_COMPRESSED,
+                                   "%s: frame %zu declares %llu bytes from %zu bytes of lz4, more than lz4 can produce",
+                                   what, i, (unsigned long long)raw, size);
         return GSER_OK;
     }
     unsigned long long c = ZSTD_getFrameContentSize(src, size);
     if (c == ZSTD_CONTENTSIZE_ERROR)
-        return error_set(ctx, GSER_ERR_COMPRESSED, "%s: frame %zu is not zstd data (no valid zstd frame header)", what,
-                         i);
+        return gser__error_set(ctx, GSER_ERR_COMPRESSED, "%s: frame %zu is not zstd data (no valid zstd frame header)",
+                               what, i);
     if (c != ZSTD_CONTENTSIZE_UNKNOWN && c != raw)
-        return error_set(ctx, GSER_ERR_COMPRESSED,
-                         "%s: frame %zu declares %llu bytes uncompressed, its zstd data says %llu", what, i,
-                         (unsigned long long)raw, c);
+        return gser__error_set(ctx, GSER_ERR_COMPRESSED,
+                               "%s: frame %zu declares %llu bytes uncompressed, its zstd data says %llu", what, i,
+                               (unsigned long long)raw, c);
     return GSER_OK;
 }
 
-gser_status_t codec_decompress(gser_context_t *ctx, const char *what, size_t i, int codec, const void *src,
-                               size_t size, void *dst, size_t raw)
+gser_status_t gser__codec_decompress(gser_context_t *ctx, const char *what, size_t i, int codec, const void *src,
+                                     size_t size, void *dst, size_t raw)
 {
     size_t got;
     if (codec == CODEC_LZ4) {
-        /* both fit in int: codec_check_size came first */
+        /* both fit in int: gser__codec_check_size came first */
         int r = LZ4_decompress_safe(src, dst, (int)size, (int)raw);
         if (r < 0)
-            return error_set(ctx, GSER_ERR_COMPRESSED,
-                             "%s: frame %zu: lz4 data is corrupt or larger than the declared %zu bytes", what, i, raw);
+            return gser__error_set(ctx, GSER_ERR_COMPRESSED,
+                                   "%s: frame %zu: lz4 data is corrupt or larger than the declared %zu bytes", what, i,
+                                   raw);
         got = (size_t)r;
     } else {
         got = ZSTD_decompress(dst, raw, src, size);
         if (ZSTD_isError(got))
-            return error_set(ctx, GSER_ERR_COMPRESSED, "%s: frame %zu: zstd data %s (declared %zu bytes): %s", what,
-                             i,
-                             ZSTD_getErrorCode(got) == ZSTD_error_dstSize_tooSmall ? "is larger than declared"
-                                                                                   : "is corrupt",
-                             raw, ZSTD_getErrorName(got));
+            return gser__error_set(
+                ctx, GSER_ERR_COMPRESSED, "%s: frame %zu: zstd data %s (declared %zu bytes): %s", what, i,
+                ZSTD_getErrorCode(got) == ZSTD_error_dstSize_tooSmall ? "is larger than declared" : "is corrupt", raw,
+                ZSTD_getErrorName(got));
     }
     if (got != raw)
-        return error_set(ctx, GSER_ERR_COMPRESSED, "%s: frame %zu: %s data decompresses to %zu bytes, the header says %zu",
-                         what, i, codec_name(codec), got, raw);
+        return gser__error_set(ctx, GSER_ERR_COMPRESSED,
+                               "%s: frame %zu: %s data decompresses to %zu bytes, the header says %zu", what, i,
+                               codec_name(codec), got, raw);
     return GSER_OK;
 }
 
-void codec_release(void *data, void *arg)
+void gser__codec_release(void *data, void *arg)
 {
     (void)arg;
     free(data);

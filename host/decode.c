@@ -38,9 +38,9 @@ static gser_status_t dec_fail(dec_t *d, gser_status_t st, const char *fmt, ...)
     char msg[1024];
     va_list ap;
     va_start(ap, fmt);
-    path_vmessage(&d->path, ": ", msg, sizeof msg, fmt, ap);
+    gser__path_vmessage(&d->path, ": ", msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return error_set(d->ctx, st, "%s: %s", d->what, msg);
+    return gser__error_set(d->ctx, st, "%s: %s", d->what, msg);
 }
 
 static void dec_trace(dec_t *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -50,9 +50,9 @@ static void dec_trace(dec_t *d, const char *fmt, ...)
     char msg[768];
     va_list ap;
     va_start(ap, fmt);
-    path_vmessage(&d->path, "  ", msg, sizeof msg, fmt, ap);
+    gser__path_vmessage(&d->path, "  ", msg, sizeof msg, fmt, ap);
     va_end(ap);
-    trace_line(d->trace, "deserialize %s", msg);
+    gser__trace_line(d->trace, "deserialize %s", msg);
 }
 
 static gser_status_t nomem(dec_t *d)
@@ -126,7 +126,8 @@ static gser_status_t dec_data(mp_unit_t *u, const gser_value_t *v, size_t nbytes
     *frame = SIZE_MAX;
     if (v->kind == GSER_KIND_BYTES) {
         if (v->u.s.len != nbytes)
-            return mp_unit_fail(u, GSER_ERR_FORMAT, "inline data has %zu bytes, %zu expected", v->u.s.len, nbytes);
+            return gser__mp_unit_fail(u, GSER_ERR_FORMAT, "inline data has %zu bytes, %zu expected", v->u.s.len,
+                                      nbytes);
         *raw = v->u.s.ptr;
         snprintf(where, where_cap, "inline");
         return GSER_OK;
@@ -134,19 +135,19 @@ static gser_status_t dec_data(mp_unit_t *u, const gser_value_t *v, size_t nbytes
     uint64_t rel, off, len;
     if (!get_ints(v, 3) || !get_u64(v->u.list->items[0], &rel) || !get_u64(v->u.list->items[1], &off) ||
         !get_u64(v->u.list->items[2], &len))
-        return mp_unit_fail(u, GSER_ERR_FORMAT, "data is neither bin nor a [frame, offset, nbytes] reference");
+        return gser__mp_unit_fail(u, GSER_ERR_FORMAT, "data is neither bin nor a [frame, offset, nbytes] reference");
     if (len != nbytes)
-        return mp_unit_fail(u, GSER_ERR_FORMAT, "reference covers %llu bytes, %zu expected", (unsigned long long)len,
-                            nbytes);
+        return gser__mp_unit_fail(u, GSER_ERR_FORMAT, "reference covers %llu bytes, %zu expected",
+                                  (unsigned long long)len, nbytes);
     if (rel >= u->fn)
-        return mp_unit_fail(u, GSER_ERR_FRAME, "frame reference %llu is outside this object's %zu frames",
-                            (unsigned long long)rel, u->fn);
+        return gser__mp_unit_fail(u, GSER_ERR_FRAME, "frame reference %llu is outside this object's %zu frames",
+                                  (unsigned long long)rel, u->fn);
     const gser_frame_t *f = &d->frames[u->fbase + rel];
     if (off > f->size || len > f->size - off) /* the numbers as sent: their sum may wrap */
-        return mp_unit_fail(u, GSER_ERR_FRAME, "%llu bytes at offset %llu are outside frame %zu of %zu bytes",
-                            (unsigned long long)len, (unsigned long long)off, u->fbase + rel + 1, f->size);
+        return gser__mp_unit_fail(u, GSER_ERR_FRAME, "%llu bytes at offset %llu are outside frame %zu of %zu bytes",
+                                  (unsigned long long)len, (unsigned long long)off, u->fbase + rel + 1, f->size);
     if (len && !f->data)
-        return mp_unit_fail(u, GSER_ERR_FRAME, "frame %zu has no data", u->fbase + rel + 1);
+        return gser__mp_unit_fail(u, GSER_ERR_FRAME, "frame %zu has no data", u->fbase + rel + 1);
     *raw = (const char *)f->data + off;
     *frame = u->fbase + (size_t)rel;
     snprintf(where, where_cap, "frame %zu %s", u->fbase + rel + 1, gser_memory_str(f->memory));
@@ -157,7 +158,7 @@ static gser_status_t dec_data(mp_unit_t *u, const gser_value_t *v, size_t nbytes
 static gser_status_t host_aligned(dec_t *d, const void *raw, size_t nbytes, size_t align, const void **data)
 {
     if (nbytes && ((uintptr_t)raw & (align - 1))) {
-        void *copy = msg_alloc(d->msg, nbytes, 16);
+        void *copy = gser__msg_alloc(d->msg, nbytes, 16);
         if (!copy)
             return nomem(d);
         memcpy(copy, raw, nbytes);
@@ -172,14 +173,14 @@ static gser_status_t host_aligned(dec_t *d, const void *raw, size_t nbytes, size
 static gser_status_t restore_device(dec_t *d, const void *raw, size_t nbytes, size_t frame, void **dev)
 {
     gser_context_t *ctx = d->ctx;
-    gser_status_t st = ctxdev_need(ctx, d->what);
+    gser_status_t st = gser__ctxdev_need(ctx, d->what);
     if (st)
         return st;
     const void *src = raw;
     size_t size = nbytes, off = 0;
     if (frame != SIZE_MAX) {
         if (!d->uploaded) {
-            d->uploaded = msg_alloc(d->msg, d->nframes * sizeof *d->uploaded, alignof(void *));
+            d->uploaded = gser__msg_alloc(d->msg, d->nframes * sizeof *d->uploaded, alignof(void *));
             if (!d->uploaded)
                 return nomem(d);
             memset(d->uploaded, 0, d->nframes * sizeof *d->uploaded);
@@ -193,11 +194,11 @@ static gser_status_t restore_device(dec_t *d, const void *raw, size_t nbytes, si
         size = d->frames[frame].size;
     }
     void *p;
-    if ((st = msgdev_alloc(d->msg, d->stream, size, false, &p)))
+    if ((st = gser__msgdev_alloc(d->msg, d->stream, size, false, &p)))
         return dec_fail(d, st, "allocating %zu bytes of device memory failed", size);
     void *event;
-    if ((st = devl_memcpy(ctx->devl, p, src, size, DEVL_H2D, d->stream)) || (st = msgdev_record(d->msg, &event)))
-        return ctxdev_fail(ctx, st, "gser_deserialize: copying a frame to the device");
+    if ((st = devl_memcpy(ctx->devl, p, src, size, DEVL_H2D, d->stream)) || (st = gser__msgdev_record(d->msg, &event)))
+        return gser__ctxdev_fail(ctx, st, "gser_deserialize: copying a frame to the device");
     if (frame != SIZE_MAX)
         d->uploaded[frame] = p;
     *dev = (char *)p + off;
@@ -207,8 +208,8 @@ static gser_status_t restore_device(dec_t *d, const void *raw, size_t nbytes, si
 static gser_status_t note_dev_val(dec_t *d, gser_value_t *v)
 {
     if (d->ndev_vals == d->cap_dev_vals &&
-        arena_vec_reserve(&d->msg->arena, (void **)&d->dev_vals, &d->cap_dev_vals, sizeof *d->dev_vals,
-                          d->ndev_vals + 1))
+        gser__arena_vec_reserve(&d->msg->arena, (void **)&d->dev_vals, &d->cap_dev_vals, sizeof *d->dev_vals,
+                                d->ndev_vals + 1))
         return nomem(d);
     d->dev_vals[d->ndev_vals++] = v;
     return GSER_OK;
@@ -223,21 +224,22 @@ static gser_status_t dec_strides(mp_unit_t *u, const gser_value_t *v, const int6
                                  int64_t *store, const int64_t **strides, size_t *first, size_t *span)
 {
     if (u->d->version < 2)
-        return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer strides need wire format version 2, the header is version %u",
-                            u->d->version);
+        return gser__mp_unit_fail(u, GSER_ERR_FORMAT,
+                                  "buffer strides need wire format version 2, the header is version %u", u->d->version);
     if (ndim == 0)
-        return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer has strides but no shape");
+        return gser__mp_unit_fail(u, GSER_ERR_FORMAT, "buffer has strides but no shape");
     if (!get_ints(v, ndim))
-        return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer strides are not an array of %u integers, one per dim", ndim);
+        return gser__mp_unit_fail(u, GSER_ERR_FORMAT, "buffer strides are not an array of %u integers, one per dim",
+                                  ndim);
     for (uint32_t k = 0; k < ndim; k++)
         if (!get_i64(v->u.list->items[k], &store[k]))
-            return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer stride %u is not a 64-bit integer", k);
-    uint32_t bad = layout_span(ndim, shape, store, es, first, span);
+            return gser__mp_unit_fail(u, GSER_ERR_FORMAT, "buffer stride %u is not a 64-bit integer", k);
+    uint32_t bad = gser__layout_span(ndim, shape, store, es, first, span);
     if (bad)
-        return mp_unit_fail(u, GSER_ERR_FORMAT,
-                            "buffer strides[%u] = %lld: the elements span more than 2^63 - 1 bytes", bad - 1,
-                            (long long)store[bad - 1]);
-    *strides = layout_is_c(ndim, shape, store, es) ? NULL : store;
+        return gser__mp_unit_fail(u, GSER_ERR_FORMAT,
+                                  "buffer strides[%u] = %lld: the elements span more than 2^63 - 1 bytes", bad - 1,
+                                  (long long)store[bad - 1]);
+    *strides = gser__layout_is_c(ndim, shape, store, es) ? NULL : store;
     return GSER_OK;
 }
 
@@ -252,18 +254,18 @@ static gser_status_t dec_shape(mp_unit_t *u, const gser_value_t *v, size_t es, i
     if (v->kind == GSER_KIND_NIL)
         return GSER_OK;
     if (v->kind != GSER_KIND_LIST)
-        return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer shape is neither nil nor an array");
+        return gser__mp_unit_fail(u, GSER_ERR_FORMAT, "buffer shape is neither nil nor an array");
     size_t n = v->u.list->len;
     if (n == 0 || n > GSER_MAX_NDIM)
-        return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer shape has %zu dims (1..%d allowed)", n, GSER_MAX_NDIM);
+        return gser__mp_unit_fail(u, GSER_ERR_FORMAT, "buffer shape has %zu dims (1..%d allowed)", n, GSER_MAX_NDIM);
     for (uint32_t i = 0; i < (uint32_t)n; i++) {
         uint64_t ext;
         if (!get_u64(v->u.list->items[i], &ext) || ext > INT64_MAX)
-            return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer shape dim %u is not a non-negative integer", i);
+            return gser__mp_unit_fail(u, GSER_ERR_FORMAT, "buffer shape dim %u is not a non-negative integer", i);
         /* numpy's limit, and what a signed size can hold */
         if (ext && *total > INT64_MAX / ext)
-            return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer shape dim %u: the elements hold more than 2^63 - 1 bytes",
-                                i);
+            return gser__mp_unit_fail(u, GSER_ERR_FORMAT,
+                                      "buffer shape dim %u: the elements hold more than 2^63 - 1 bytes", i);
         *total *= ext;
         shape[i] = (int64_t)ext;
     }
@@ -280,17 +282,19 @@ static gser_status_t dec_buffer_len(mp_unit_t *u, const gser_value_t *data, gser
      * length; with strides it is the span the elements cover */
     uint64_t len;
     if (!data_len(data, &len))
-        return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer data is neither bin nor a [frame, offset, nbytes] reference");
+        return gser__mp_unit_fail(u, GSER_ERR_FORMAT,
+                                  "buffer data is neither bin nor a [frame, offset, nbytes] reference");
     if (len > SIZE_MAX)
-        return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer too large");
+        return gser__mp_unit_fail(u, GSER_ERR_FORMAT, "buffer too large");
     if (laid_out) {
         if (len != strided_span)
-            return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer data holds %llu bytes, its shape and strides span %zu",
-                                (unsigned long long)len, strided_span);
+            return gser__mp_unit_fail(u, GSER_ERR_FORMAT,
+                                      "buffer data holds %llu bytes, its shape and strides span %zu",
+                                      (unsigned long long)len, strided_span);
     } else if (ndim ? total != len : len % es != 0) {
-        return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer of %s holds %llu bytes, its shape says %llu",
-                            gser_dtype_str(dtype), (unsigned long long)len,
-                            (unsigned long long)(ndim ? total : len - len % es));
+        return gser__mp_unit_fail(u, GSER_ERR_FORMAT, "buffer of %s holds %llu bytes, its shape says %llu",
+                                  gser_dtype_str(dtype), (unsigned long long)len,
+                                  (unsigned long long)(ndim ? total : len - len % es));
     }
     *span = (size_t)len;
     return GSER_OK;
@@ -333,8 +337,9 @@ static gser_status_t dec_buffer(mp_unit_t *u, gser_value_t *v, gser_value_t *con
     dec_t *d = u->d;
     uint64_t dtype;
     if ((nf != 4 && nf != 5) || !get_u64(f[0], &dtype) || dtype >= GSER_DTYPE_COUNT)
-        return mp_unit_fail(u, GSER_ERR_FORMAT,
-                            "buffer marker needs [marker, dtype, shape, data, origin(, strides)] with a known dtype");
+        return gser__mp_unit_fail(
+            u, GSER_ERR_FORMAT,
+            "buffer marker needs [marker, dtype, shape, data, origin(, strides)] with a known dtype");
     size_t es = gser_dtype_size((gser_dtype_t)dtype);
     int64_t shape[GSER_MAX_NDIM];
     uint32_t ndim;
@@ -353,7 +358,7 @@ static gser_status_t dec_buffer(mp_unit_t *u, gser_value_t *v, gser_value_t *con
     size_t nbytes = laid_out ? (size_t)total : span;
     uint64_t origin;
     if (!get_u64(f[3], &origin) || origin > GSER_MEMORY_DEVICE)
-        return mp_unit_fail(u, GSER_ERR_FORMAT, "buffer origin is not 0 (host) or 1 (device)");
+        return gser__mp_unit_fail(u, GSER_ERR_FORMAT, "buffer origin is not 0 (host) or 1 (device)");
     const void *raw, *data = NULL;
     size_t frame;
     char where[64];
@@ -373,16 +378,17 @@ static gser_status_t dec_buffer(mp_unit_t *u, gser_value_t *v, gser_value_t *con
                                .memory = mem,
                                .device = device,
                                .strides = strides};
-    if (!buffer_value(d->msg, v, &desc, first, span))
+    if (!gser__buffer_value(d->msg, v, &desc, first, span))
         return nomem(d);
     if (mem == GSER_MEMORY_DEVICE && span && (copied || (d->flags & GSER_DESERIALIZE_SCATTER)) &&
         (st = note_dev_val(d, v)))
         return st;
     if (d->trace) {
         char layout[160];
-        layout_format(&desc, span, layout, sizeof layout);
-        mp_unit_trace(u, "buffer %s ndim=%u bytes=%zu%s %s%s%s", gser_dtype_str(desc.dtype), ndim, desc.nbytes,
-                      layout, where, origin == GSER_MEMORY_DEVICE ? " (from device)" : "", copied ? " -> device" : "");
+        gser__layout_format(&desc, span, layout, sizeof layout);
+        gser__mp_unit_trace(u, "buffer %s ndim=%u bytes=%zu%s %s%s%s", gser_dtype_str(desc.dtype), ndim, desc.nbytes,
+                            layout, where, origin == GSER_MEMORY_DEVICE ? " (from device)" : "",
+                            copied ? " -> device" : "");
     }
     return GSER_OK;
 }
@@ -393,12 +399,12 @@ static gser_status_t dec_array(mp_unit_t *u, gser_value_t *v, gser_value_t *cons
     dec_t *d = u->d;
     uint64_t container, kind, count;
     if (nf != 4 || !get_u64(f[0], &container) || container > 1 || !get_u64(f[1], &kind) ||
-        !kind_is_array_elem((gser_kind_t)kind) || !get_u64(f[2], &count))
-        return mp_unit_fail(u, GSER_ERR_FORMAT,
-                            "array marker needs [marker, 0|1, bool|int|uint|float kind, count, data]");
-    size_t es = scalar_kind_size((gser_kind_t)kind);
+        !gser__kind_is_array_elem((gser_kind_t)kind) || !get_u64(f[2], &count))
+        return gser__mp_unit_fail(u, GSER_ERR_FORMAT,
+                                  "array marker needs [marker, 0|1, bool|int|uint|float kind, count, data]");
+    size_t es = gser__scalar_kind_size((gser_kind_t)kind);
     if (count > SIZE_MAX / es)
-        return mp_unit_fail(u, GSER_ERR_FORMAT, "array of %llu elements is too large", (unsigned long long)count);
+        return gser__mp_unit_fail(u, GSER_ERR_FORMAT, "array of %llu elements is too large", (unsigned long long)count);
     size_t nbytes = (size_t)count * es;
     const void *raw, *data = NULL;
     size_t frame;
@@ -407,15 +413,15 @@ static gser_status_t dec_array(mp_unit_t *u, gser_value_t *v, gser_value_t *cons
     if (st)
         return st;
     if (frame != SIZE_MAX && d->frames[frame].memory != GSER_MEMORY_HOST)
-        return mp_unit_fail(u, GSER_ERR_FRAME, "array data is in %s memory, arrays live in host memory",
-                            gser_memory_str(d->frames[frame].memory));
+        return gser__mp_unit_fail(u, GSER_ERR_FRAME, "array data is in %s memory, arrays live in host memory",
+                                  gser_memory_str(d->frames[frame].memory));
     if ((st = host_aligned(d, raw, nbytes, es, &data)))
         return st;
     if (kind == GSER_KIND_BOOL) {
         const unsigned char *b = data;
         for (size_t i = 0; i < nbytes; i++)
             if (b[i] > 1)
-                return mp_unit_fail(u, GSER_ERR_FORMAT, "bool array element %zu is %u, not 0 or 1", i, b[i]);
+                return gser__mp_unit_fail(u, GSER_ERR_FORMAT, "bool array element %zu is %u, not 0 or 1", i, b[i]);
     }
     /* the marker's array becomes the list, backed by the data (borrowed) */
     gser_list_t *l = v->u.list;
@@ -427,8 +433,8 @@ static gser_status_t dec_array(mp_unit_t *u, gser_value_t *v, gser_value_t *cons
                        .arr = (void *)data};
     v->kind = container ? GSER_KIND_TUPLE : GSER_KIND_LIST;
     if (d->trace)
-        mp_unit_trace(u, "%s array<%s> n=%zu bytes=%zu %s", container ? "tuple" : "list",
-                      gser_kind_str((gser_kind_t)kind), (size_t)count, nbytes, where);
+        gser__mp_unit_trace(u, "%s array<%s> n=%zu bytes=%zu %s", container ? "tuple" : "list",
+                            gser_kind_str((gser_kind_t)kind), (size_t)count, nbytes, where);
     return GSER_OK;
 }
 
@@ -448,8 +454,8 @@ static gser_status_t rebuild(dec_t *d, const dec_object_t *o)
     d->defer = false;  /* the frame table is checked by now */
     const gser_type_t *t = o->type;
     gser_value_t *tree = NULL;
-    gser_status_t st =
-        mp_parse_unit(d, o->sub, o->sub_len, o->depth + 1, o->first, o->nframes, true, "sub-header", 0, &tree, NULL);
+    gser_status_t st = gser__mp_parse_unit(d, o->sub, o->sub_len, o->depth + 1, o->first, o->nframes, true,
+                                           "sub-header", 0, &tree, NULL);
     /* The deserializer must see its buffers as they will be: scattered,
      * restored, and with the event of the copies. */
     if (st == GSER_OK)
@@ -469,7 +475,7 @@ static gser_status_t rebuild(dec_t *d, const dec_object_t *o)
     if (st == GSER_OK) {
         gser_value_t *v = o->v;
         v->u.obj->obj = obj;
-        if (t->destroy && arena_on_release(&d->msg->arena, run_destroy, v)) {
+        if (t->destroy && gser__arena_on_release(&d->msg->arena, run_destroy, v)) {
             t->destroy(obj, t->user_data);
             st = nomem(d);
         } else if (t->destroy) {
@@ -503,13 +509,13 @@ static gser_status_t obj_marker_read(mp_unit_t *u, gser_value_t *const *f, size_
     if (nf != 6 || !get_str(f[0], GSER_TYPE_NAME_MAX, &m->tname, &m->tlen) ||
         !get_str(f[1], GSER_FAMILY_NAME_MAX, &m->fname, &m->flen) || !get_u64(f[2], &m->version) ||
         m->version > UINT32_MAX || !get_u64(f[3], &rel) || !get_u64(f[4], &m->nfr) || f[5]->kind != GSER_KIND_BYTES)
-        return mp_unit_fail(
+        return gser__mp_unit_fail(
             u, GSER_ERR_FORMAT,
             "object marker needs [marker, type, family, version, frame base, frame count, sub-header]");
     if (rel > u->fn || m->nfr > u->fn - rel) /* the numbers as sent: their sum may wrap */
-        return mp_unit_fail(u, GSER_ERR_FRAME,
-                            "object frame base %llu and frame count %llu are outside the %zu frames it may use",
-                            (unsigned long long)rel, (unsigned long long)m->nfr, u->fn);
+        return gser__mp_unit_fail(u, GSER_ERR_FRAME,
+                                  "object frame base %llu and frame count %llu are outside the %zu frames it may use",
+                                  (unsigned long long)rel, (unsigned long long)m->nfr, u->fn);
     m->first = u->fbase + (size_t)rel;
     m->sub = (const unsigned char *)f[5]->u.s.ptr;
     m->sub_len = f[5]->u.s.len;
@@ -526,24 +532,24 @@ static gser_status_t obj_check_kept(mp_unit_t *u, const obj_marker_t *m)
     dec_t *d = u->d;
     char qt[GSER_QUOTED_MAX];
     if (m->depth + 1 > d->lim.max_depth) {
-        quote_format(m->tname, m->tlen, qt, sizeof qt);
-        return mp_unit_fail(u, GSER_ERR_LIMIT_DEPTH, "the sub-tree of type %s is deeper than the limit of %zu", qt,
-                            d->lim.max_depth);
+        gser__quote_format(m->tname, m->tlen, qt, sizeof qt);
+        return gser__mp_unit_fail(u, GSER_ERR_LIMIT_DEPTH, "the sub-tree of type %s is deeper than the limit of %zu",
+                                  qt, d->lim.max_depth);
     }
     if (d->checked)
         return GSER_OK;
     size_t used, off;
     const char *why;
     gser_status_t st =
-        mp_check(m->sub, m->sub_len, d->lim.max_depth - m->depth + 1, &d->nodes_left, &used, &off, &why);
+        gser__mp_check(m->sub, m->sub_len, d->lim.max_depth - m->depth + 1, &d->nodes_left, &used, &off, &why);
     if (st == GSER_OK && used != m->sub_len) {
         st = GSER_ERR_FORMAT;
         off = used;
         why = "has trailing bytes";
     }
     if (st) {
-        quote_format(m->tname, m->tlen, qt, sizeof qt);
-        return mp_unit_fail(u, st, "sub-header of type %s %s at byte %zu of %zu", qt, why, off, m->sub_len);
+        gser__quote_format(m->tname, m->tlen, qt, sizeof qt);
+        return gser__mp_unit_fail(u, st, "sub-header of type %s %s at byte %zu of %zu", qt, why, off, m->sub_len);
     }
     return GSER_OK;
 }
@@ -556,12 +562,13 @@ static gser_status_t obj_keep(mp_unit_t *u, gser_value_t *v, const obj_marker_t 
     gser_status_t st = obj_check_kept(u, m);
     if (st)
         return st;
-    gser_serialized_t *s = msg_alloc(d->msg, sizeof *s, alignof(gser_serialized_t));
-    gser_frame_t *frs = s && m->nfr ? msg_alloc(d->msg, (size_t)m->nfr * sizeof *frs, alignof(gser_frame_t)) : NULL;
+    gser_serialized_t *s = gser__msg_alloc(d->msg, sizeof *s, alignof(gser_serialized_t));
+    gser_frame_t *frs =
+        s && m->nfr ? gser__msg_alloc(d->msg, (size_t)m->nfr * sizeof *frs, alignof(gser_frame_t)) : NULL;
     if (!s || (m->nfr && !frs))
         return nomem(d);
-    s->type_name = msg_strdup(d->msg, m->tname, m->tlen);
-    s->family = msg_strdup(d->msg, m->fname, m->flen);
+    s->type_name = gser__msg_strdup(d->msg, m->tname, m->tlen);
+    s->family = gser__msg_strdup(d->msg, m->fname, m->flen);
     if (!s->type_name || !s->family)
         return nomem(d);
     s->version = (uint32_t)m->version;
@@ -579,10 +586,10 @@ static gser_status_t obj_keep(mp_unit_t *u, gser_value_t *v, const obj_marker_t 
     v->u.ser = s;
     if (d->trace) {
         char qt[GSER_QUOTED_MAX], qf[GSER_QUOTED_MAX];
-        quote_format(m->tname, m->tlen, qt, sizeof qt);
-        quote_format(m->fname, m->flen, qf, sizeof qf);
-        mp_unit_trace(u, "serialized type=%s family=%s version=%u frames=%zu sub-header=%zu bytes (kept)", qt, qf,
-                      s->version, s->nframes, m->sub_len);
+        gser__quote_format(m->tname, m->tlen, qt, sizeof qt);
+        gser__quote_format(m->fname, m->flen, qf, sizeof qf);
+        gser__mp_unit_trace(u, "serialized type=%s family=%s version=%u frames=%zu sub-header=%zu bytes (kept)", qt, qf,
+                            s->version, s->nframes, m->sub_len);
     }
     return GSER_OK;
 }
@@ -593,11 +600,11 @@ static gser_status_t obj_check_version(mp_unit_t *u, const gser_type_t *t, uint6
     if (version >= t->min_read_version && version <= t->version)
         return GSER_OK;
     if (t->min_read_version == t->version)
-        return mp_unit_fail(u, GSER_ERR_VERSION, "type \"%s\" is version %llu in the message, version %u here",
-                            t->name, (unsigned long long)version, t->version);
-    return mp_unit_fail(u, GSER_ERR_VERSION,
-                        "type \"%s\" is version %llu in the message, versions %u..%u can be read here", t->name,
-                        (unsigned long long)version, t->min_read_version, t->version);
+        return gser__mp_unit_fail(u, GSER_ERR_VERSION, "type \"%s\" is version %llu in the message, version %u here",
+                                  t->name, (unsigned long long)version, t->version);
+    return gser__mp_unit_fail(u, GSER_ERR_VERSION,
+                              "type \"%s\" is version %llu in the message, versions %u..%u can be read here", t->name,
+                              (unsigned long long)version, t->min_read_version, t->version);
 }
 
 /* Rebuild the object now, or, in the header's root, queue it until the
@@ -627,23 +634,23 @@ static gser_status_t dec_object(mp_unit_t *u, gser_value_t *v, gser_value_t *con
     gser_status_t st = obj_marker_read(u, f, nf, &m);
     if (st)
         return st;
-    const gser_type_t *t = context_find_type(d->ctx, m.tname, m.tlen);
-    int fam = context_find_family(d->ctx, m.fname, m.flen);
+    const gser_type_t *t = gser__context_find_type(d->ctx, m.tname, m.tlen);
+    int fam = gser__context_find_family(d->ctx, m.fname, m.flen);
     bool can_rebuild = t && fam >= 0 && t->fam[fam].deserialize;
     if (!(d->flags & GSER_DESERIALIZE_KEEP_SERIALIZED) && !can_rebuild &&
         !(d->flags & GSER_DESERIALIZE_ALLOW_UNKNOWN)) {
         char qt[GSER_QUOTED_MAX], qf[GSER_QUOTED_MAX]; /* names from the wire, escaped for messages */
-        quote_format(m.tname, m.tlen, qt, sizeof qt);
+        gser__quote_format(m.tname, m.tlen, qt, sizeof qt);
         if (!t)
-            return mp_unit_fail(u, GSER_ERR_UNKNOWN_TYPE, "type %s is not registered", qt);
-        quote_format(m.fname, m.flen, qf, sizeof qf);
-        return mp_unit_fail(u, GSER_ERR_NO_SERIALIZER, "type %s has no deserializer for family %s", qt, qf);
+            return gser__mp_unit_fail(u, GSER_ERR_UNKNOWN_TYPE, "type %s is not registered", qt);
+        gser__quote_format(m.fname, m.flen, qf, sizeof qf);
+        return gser__mp_unit_fail(u, GSER_ERR_NO_SERIALIZER, "type %s has no deserializer for family %s", qt, qf);
     }
     if ((d->flags & GSER_DESERIALIZE_KEEP_SERIALIZED) || !can_rebuild)
         return obj_keep(u, v, &m);
     if ((st = obj_check_version(u, t, m.version)))
         return st;
-    gser_object_t *ob = msg_alloc(d->msg, sizeof *ob, alignof(gser_object_t));
+    gser_object_t *ob = gser__msg_alloc(d->msg, sizeof *ob, alignof(gser_object_t));
     if (!ob)
         return nomem(d);
     *ob = (gser_object_t){.type = t, .obj = NULL};
@@ -658,7 +665,7 @@ static gser_status_t dec_object(mp_unit_t *u, gser_value_t *v, gser_value_t *con
                       .type = t,
                       .fam = fam,
                       .version = (uint32_t)m.version};
-    mp_unit_path(u, &o.path);
+    gser__mp_unit_path(u, &o.path);
     return obj_rebuild_or_defer(d, &o);
 }
 
@@ -734,24 +741,25 @@ static gser_status_t dec_device_flush(dec_t *d)
     if (d->flags & GSER_DESERIALIZE_SCATTER) {
         devl_batch_t *b;
         devl_arrays_t a;
-        if ((st = msgdev_batch(d->msg, d->stream, n, &b, &a)))
-            return ctxdev_fail(ctx, st, "gser_deserialize: planning the scatter kernel");
+        if ((st = gser__msgdev_batch(d->msg, d->stream, n, &b, &a)))
+            return gser__ctxdev_fail(ctx, st, "gser_deserialize: planning the scatter kernel");
         for (size_t i = 0; i < n; i++) {
             const gser_buffer_t *buf = vals[i]->u.buf; /* its span is what is copied */
-            if ((st = msgdev_alloc(d->msg, d->stream, buf->span, false, &a.dst[i])))
-                return error_set(ctx, st, "%s: allocating %zu bytes of device memory for a scattered buffer failed",
-                                 d->what, buf->span);
+            if ((st = gser__msgdev_alloc(d->msg, d->stream, buf->span, false, &a.dst[i])))
+                return gser__error_set(ctx, st,
+                                       "%s: allocating %zu bytes of device memory for a scattered buffer failed",
+                                       d->what, buf->span);
             a.src[i] = (const char *)buf->desc.data - buf->first;
             a.size[i] = buf->span;
         }
         if ((st = devl_batch_run(ctx->devl, b, NULL, d->stream)))
-            return ctxdev_fail(ctx, st, "gser_deserialize: the scatter kernel");
+            return gser__ctxdev_fail(ctx, st, "gser_deserialize: the scatter kernel");
         for (size_t i = 0; i < n; i++)
             vals[i]->u.buf->desc.data = (char *)a.dst[i] + vals[i]->u.buf->first;
     }
     void *event;
-    if ((st = msgdev_record(d->msg, &event)))
-        return ctxdev_fail(ctx, st, "gser_deserialize: recording the message's event");
+    if ((st = gser__msgdev_record(d->msg, &event)))
+        return gser__ctxdev_fail(ctx, st, "gser_deserialize: recording the message's event");
     for (size_t i = 0; i < n; i++)
         vals[i]->u.buf->desc.event = event;
     d->flushed = d->ndev_vals;
@@ -813,7 +821,7 @@ static size_t mp_array(const unsigned char *p, size_t len, uint64_t *n)
 
 static gser_status_t header_short(dec_t *d, size_t at, size_t len)
 {
-    return error_set(d->ctx, GSER_ERR_TRUNCATED, "%s: header ends early at byte %zu of %zu", d->what, at, len);
+    return gser__error_set(d->ctx, GSER_ERR_TRUNCATED, "%s: header ends early at byte %zu of %zu", d->what, at, len);
 }
 
 static gser_status_t dec_table(dec_t *d, const unsigned char *p, size_t at, size_t len);
@@ -823,18 +831,20 @@ static gser_status_t dec_table(dec_t *d, const unsigned char *p, size_t at, size
 static gser_status_t dec_table_codec(dec_t *d, size_t i, uint64_t codec, uint64_t mem, uint64_t raw)
 {
     if (d->nodes_left < 2)
-        return error_set(d->ctx, GSER_ERR_LIMIT_NODES, "%s: the frame table has more items than the limit", d->what);
+        return gser__error_set(d->ctx, GSER_ERR_LIMIT_NODES, "%s: the frame table has more items than the limit",
+                               d->what);
     d->nodes_left -= 2;
     if (codec != CODEC_LZ4 && codec != CODEC_ZSTD)
-        return error_set(d->ctx, GSER_ERR_FORMAT, "%s: frame %zu has unknown codec %llu (1 lz4, 2 zstd)", d->what,
-                         i + 1, (unsigned long long)codec);
+        return gser__error_set(d->ctx, GSER_ERR_FORMAT, "%s: frame %zu has unknown codec %llu (1 lz4, 2 zstd)", d->what,
+                               i + 1, (unsigned long long)codec);
     if (mem != GSER_MEMORY_HOST)
-        return error_set(d->ctx, GSER_ERR_FORMAT, "%s: frame %zu is compressed but not host memory", d->what, i + 1);
+        return gser__error_set(d->ctx, GSER_ERR_FORMAT, "%s: frame %zu is compressed but not host memory", d->what,
+                               i + 1);
     if (raw == 0 || raw > SIZE_MAX)
-        return error_set(d->ctx, GSER_ERR_FORMAT, "%s: frame %zu is compressed with an uncompressed size of %llu",
-                         d->what, i + 1, (unsigned long long)raw);
+        return gser__error_set(d->ctx, GSER_ERR_FORMAT, "%s: frame %zu is compressed with an uncompressed size of %llu",
+                               d->what, i + 1, (unsigned long long)raw);
     if (!d->codecs) {
-        if (!(d->codecs = msg_alloc(d->msg, d->nframes * sizeof *d->codecs, alignof(frame_codec_t))))
+        if (!(d->codecs = gser__msg_alloc(d->msg, d->nframes * sizeof *d->codecs, alignof(frame_codec_t))))
             return nomem(d);
         memset(d->codecs, 0, d->nframes * sizeof *d->codecs);
     }
@@ -851,22 +861,22 @@ static gser_status_t dec_inflate(dec_t *d, size_t header_size)
     for (size_t i = 0; i < d->nframes; i++) {
         uint64_t n = d->codecs[i].codec ? d->codecs[i].raw : d->wire[i].size;
         if (n > d->lim.max_bytes - total)
-            return error_set(d->ctx, GSER_ERR_LIMIT_BYTES,
-                             "%s: frame %zu declares %llu bytes uncompressed, more than the limit of %llu bytes "
-                             "for the message",
-                             d->what, i + 1, (unsigned long long)n, (unsigned long long)d->lim.max_bytes);
+            return gser__error_set(d->ctx, GSER_ERR_LIMIT_BYTES,
+                                   "%s: frame %zu declares %llu bytes uncompressed, more than the limit of %llu bytes "
+                                   "for the message",
+                                   d->what, i + 1, (unsigned long long)n, (unsigned long long)d->lim.max_bytes);
         total += n;
         if (!d->codecs[i].codec)
             continue;
         if (d->wire[i].memory != GSER_MEMORY_HOST)
-            return error_set(d->ctx, GSER_ERR_FRAME, "%s: frame %zu is compressed but was given in %s memory", d->what,
-                             i + 1, gser_memory_str(d->wire[i].memory));
-        gser_status_t st = codec_check_size(d->ctx, d->what, i + 1, d->codecs[i].codec, d->wire[i].data,
-                                            d->wire[i].size, d->codecs[i].raw);
+            return gser__error_set(d->ctx, GSER_ERR_FRAME, "%s: frame %zu is compressed but was given in %s memory",
+                                   d->what, i + 1, gser_memory_str(d->wire[i].memory));
+        gser_status_t st = gser__codec_check_size(d->ctx, d->what, i + 1, d->codecs[i].codec, d->wire[i].data,
+                                                  d->wire[i].size, d->codecs[i].raw);
         if (st)
             return st;
     }
-    gser_frame_t *fr = msg_alloc(d->msg, d->nframes * sizeof *fr, alignof(gser_frame_t));
+    gser_frame_t *fr = gser__msg_alloc(d->msg, d->nframes * sizeof *fr, alignof(gser_frame_t));
     if (!fr)
         return nomem(d);
     for (size_t i = 0; i < d->nframes; i++)
@@ -878,18 +888,21 @@ static gser_status_t dec_inflate(dec_t *d, size_t header_size)
             continue;
         void *buf = NULL;
         if (posix_memalign(&buf, 64, c->raw))
-            return error_set(d->ctx, GSER_ERR_NO_MEMORY, "%s: out of memory for frame %zu (%zu bytes uncompressed)",
-                             d->what, i + 1, c->raw);
+            return gser__error_set(d->ctx, GSER_ERR_NO_MEMORY,
+                                   "%s: out of memory for frame %zu (%zu bytes uncompressed)", d->what, i + 1, c->raw);
         c->buf = buf;
-        gser_status_t st = codec_decompress(d->ctx, d->what, i + 1, c->codec, d->wire[i].data, d->wire[i].size, buf,
-                                            c->raw);
+        gser_status_t st =
+            gser__codec_decompress(d->ctx, d->what, i + 1, c->codec, d->wire[i].data, d->wire[i].size, buf, c->raw);
         if (st)
             return st;
-        fr[i] = (gser_frame_t){.data = buf, .size = c->raw, .memory = GSER_MEMORY_HOST, .device = d->wire[i].device,
-                               .release = codec_release};
+        fr[i] = (gser_frame_t){.data = buf,
+                               .size = c->raw,
+                               .memory = GSER_MEMORY_HOST,
+                               .device = d->wire[i].device,
+                               .release = gser__codec_release};
         if (d->trace)
-            trace_line(d->trace, "deserialize frame %zu %s %zu bytes -> %zu bytes", i + 1,
-                       c->codec == CODEC_LZ4 ? "lz4" : "zstd", d->wire[i].size, c->raw);
+            gser__trace_line(d->trace, "deserialize frame %zu %s %zu bytes -> %zu bytes", i + 1,
+                             c->codec == CODEC_LZ4 ? "lz4" : "zstd", d->wire[i].size, c->raw);
     }
     return GSER_OK;
 }
@@ -904,7 +917,7 @@ static gser_status_t dec_prescan(dec_t *d, const unsigned char *p, size_t at, si
      * through is parsed as in version 2, and the parse says what is wrong. */
     size_t nodes = SIZE_MAX, used = 0, err_off = 0;
     const char *why = "";
-    gser_status_t st = mp_check(p + at, len - at, SIZE_MAX, &nodes, &used, &err_off, &why);
+    gser_status_t st = gser__mp_check(p + at, len - at, SIZE_MAX, &nodes, &used, &err_off, &why);
     if (st)
         return GSER_OK;
     if ((st = dec_table(d, p, at + used, len)))
@@ -923,10 +936,11 @@ static gser_status_t dec_table(dec_t *d, const unsigned char *p, size_t at, size
     if (k == SIZE_MAX)
         return header_short(d, at, len);
     if (k == 0 || n != d->nframes)
-        return error_set(d->ctx, GSER_ERR_FRAME, "%s: header lists %llu data frames, %zu were given", d->what,
-                         k ? (unsigned long long)n : 0ull, d->nframes);
+        return gser__error_set(d->ctx, GSER_ERR_FRAME, "%s: header lists %llu data frames, %zu were given", d->what,
+                               k ? (unsigned long long)n : 0ull, d->nframes);
     if (1 + 4 * n > d->nodes_left)
-        return error_set(d->ctx, GSER_ERR_LIMIT_NODES, "%s: the frame table has more items than the limit", d->what);
+        return gser__error_set(d->ctx, GSER_ERR_LIMIT_NODES, "%s: the frame table has more items than the limit",
+                               d->what);
     d->nodes_left -= 1 + 4 * n;
     at += k;
     for (size_t i = 0; i < d->nframes; i++) {
@@ -956,18 +970,18 @@ static gser_status_t dec_table(dec_t *d, const unsigned char *p, size_t at, size
         if (a == 0 || (three != 3 && !five) || b == 0 || c == 0 || e == 0 || g == 0 || h == 0 || neg_size ||
             neg_mem || neg_codec || neg_raw || mem > GSER_MEMORY_DEVICE ||
             (neg ? (int64_t)dev < INT32_MIN : dev > INT32_MAX))
-            return error_set(d->ctx, GSER_ERR_FORMAT, "%s: frame table entry %zu is not [size, memory, device]%s",
-                             d->what, i + 1, d->version >= 3 ? " or [size, memory, device, codec, size]" : "");
+            return gser__error_set(d->ctx, GSER_ERR_FORMAT, "%s: frame table entry %zu is not [size, memory, device]%s",
+                                   d->what, i + 1, d->version >= 3 ? " or [size, memory, device, codec, size]" : "");
         if (five && (st = dec_table_codec(d, i, codec, mem, raw)))
             return st;
         if (size != d->wire[i].size)
-            return error_set(d->ctx, GSER_ERR_FRAME, "%s: frame %zu has %zu bytes, the header says %llu", d->what,
-                             i + 1, d->wire[i].size, (unsigned long long)size);
+            return gser__error_set(d->ctx, GSER_ERR_FRAME, "%s: frame %zu has %zu bytes, the header says %llu", d->what,
+                                   i + 1, d->wire[i].size, (unsigned long long)size);
         at += a + b + c + e + (five ? g + h : 0);
     }
     if (at != len)
-        return error_set(d->ctx, GSER_ERR_FORMAT, "%s: header has trailing bytes at byte %zu of %zu", d->what, at,
-                         len);
+        return gser__error_set(d->ctx, GSER_ERR_FORMAT, "%s: header has trailing bytes at byte %zu of %zu", d->what, at,
+                               len);
     return GSER_OK;
 }
 
@@ -979,9 +993,11 @@ static gser_status_t dec_header(dec_t *d, const gser_frame_t *hdr, gser_value_t 
     size_t len = hdr->size;
     /* A constant length lets the compiler compare in place of a call. */
     if (len >= sizeof magic ? memcmp(p, magic, sizeof magic) != 0 : memcmp(p, magic, len) != 0)
-        return error_set(d->ctx, GSER_ERR_BAD_MAGIC, "%s: frame 0 is not a gser header (no \"GSER\" magic)", d->what);
+        return gser__error_set(d->ctx, GSER_ERR_BAD_MAGIC, "%s: frame 0 is not a gser header (no \"GSER\" magic)",
+                               d->what);
     if (len < sizeof magic)
-        return error_set(d->ctx, GSER_ERR_TRUNCATED, "%s: header of %zu bytes ends inside the magic", d->what, len);
+        return gser__error_set(d->ctx, GSER_ERR_TRUNCATED, "%s: header of %zu bytes ends inside the magic", d->what,
+                               len);
     uint64_t version = 0;
     bool neg = false;
     size_t at = sizeof magic, k;
@@ -992,12 +1008,12 @@ static gser_status_t dec_header(dec_t *d, const gser_frame_t *hdr, gser_value_t 
     if (k == SIZE_MAX)
         return header_short(d, at, len);
     if (k == 0 || neg || version < GSER_WIRE_VERSION_MIN || version > GSER_WIRE_VERSION)
-        return error_set(d->ctx, GSER_ERR_WIRE_VERSION,
-                         "%s: header is wire format version %llu, this build reads versions %d..%d", d->what,
-                         k ? (unsigned long long)version : 0ull, GSER_WIRE_VERSION_MIN, GSER_WIRE_VERSION);
+        return gser__error_set(d->ctx, GSER_ERR_WIRE_VERSION,
+                               "%s: header is wire format version %llu, this build reads versions %d..%d", d->what,
+                               k ? (unsigned long long)version : 0ull, GSER_WIRE_VERSION_MIN, GSER_WIRE_VERSION);
     d->version = (uint32_t)version;
     if (d->nodes_left < 4)
-        return error_set(d->ctx, GSER_ERR_LIMIT_NODES, "%s: the header has more items than the limit", d->what);
+        return gser__error_set(d->ctx, GSER_ERR_LIMIT_NODES, "%s: the header has more items than the limit", d->what);
     d->nodes_left -= 4; /* the header array and its magic, version and table */
     at += k;
     size_t used, table_at = 0;
@@ -1005,14 +1021,14 @@ static gser_status_t dec_header(dec_t *d, const gser_frame_t *hdr, gser_value_t 
     if (d->version >= 3 && (st = dec_prescan(d, p, at, len, hdr->size, &table_at)))
         return st;
     d->defer = true;
-    st = mp_parse_unit(d, p + at, len - at, 1, 0, d->nframes, false, "header", at, root, &used);
+    st = gser__mp_parse_unit(d, p + at, len - at, 1, 0, d->nframes, false, "header", at, root, &used);
     d->defer = false;
     if (st == GSER_OK && table_at && at + used != table_at) /* the walk and the parse disagree: never expected */
-        st = error_set(d->ctx, GSER_ERR_FORMAT, "%s: header root ends at byte %zu, its walk at %zu", d->what,
-                       at + used, table_at);
+        st = gser__error_set(d->ctx, GSER_ERR_FORMAT, "%s: header root ends at byte %zu, its walk at %zu", d->what,
+                             at + used, table_at);
     else if (st == GSER_OK && !table_at && (st = dec_table(d, p, at + used, len)) == GSER_OK && d->codecs)
-        st = error_set(d->ctx, GSER_ERR_FORMAT, "%s: header has compressed frames but its root could not be walked",
-                       d->what);
+        st = gser__error_set(d->ctx, GSER_ERR_FORMAT,
+                             "%s: header has compressed frames but its root could not be walked", d->what);
     for (size_t i = 0; st == GSER_OK && i < d->nlater; i++)
         st = rebuild(d, &d->later[i]);
     return st;
@@ -1022,48 +1038,49 @@ static gser_status_t check_frames(gser_context_t *ctx, const char *what, const g
                                   const gser_limits_t *lim)
 {
     if (!frames || nframes == 0)
-        return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: no frames (frame 0 is the header)", what);
+        return gser__error_set(ctx, GSER_ERR_INVALID_ARG, "%s: no frames (frame 0 is the header)", what);
     if (nframes - 1 > lim->max_frames)
-        return error_set(ctx, GSER_ERR_LIMIT_FRAMES, "%s: %zu data frames, the limit is %zu", what, nframes - 1,
-                         lim->max_frames);
+        return gser__error_set(ctx, GSER_ERR_LIMIT_FRAMES, "%s: %zu data frames, the limit is %zu", what, nframes - 1,
+                               lim->max_frames);
     uint64_t total = 0;
     for (size_t i = 0; i < nframes; i++) {
         if (frames[i].size && !frames[i].data)
-            return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: frame %zu has %zu bytes but no data", what, i,
-                             frames[i].size);
+            return gser__error_set(ctx, GSER_ERR_INVALID_ARG, "%s: frame %zu has %zu bytes but no data", what, i,
+                                   frames[i].size);
         if (frames[i].memory != GSER_MEMORY_HOST && frames[i].memory != GSER_MEMORY_DEVICE)
-            return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: frame %zu has unknown memory kind %d", what, i,
-                             (int)frames[i].memory);
+            return gser__error_set(ctx, GSER_ERR_INVALID_ARG, "%s: frame %zu has unknown memory kind %d", what, i,
+                                   (int)frames[i].memory);
         for (size_t r = 0; r < sizeof frames[i].reserved / sizeof frames[i].reserved[0]; r++)
             if (frames[i].reserved[r])
-                return error_set(ctx, GSER_ERR_INVALID_ARG,
-                                 "%s: frame %zu sets reserved[%zu], which must be zero in this version", what, i, r);
+                return gser__error_set(ctx, GSER_ERR_INVALID_ARG,
+                                       "%s: frame %zu sets reserved[%zu], which must be zero in this version", what, i,
+                                       r);
         if (frames[i].size > lim->max_bytes - total)
-            return error_set(ctx, GSER_ERR_LIMIT_BYTES, "%s: frames hold more than the limit of %llu bytes", what,
-                             (unsigned long long)lim->max_bytes);
+            return gser__error_set(ctx, GSER_ERR_LIMIT_BYTES, "%s: frames hold more than the limit of %llu bytes", what,
+                                   (unsigned long long)lim->max_bytes);
         total += frames[i].size;
     }
     if (frames[0].memory != GSER_MEMORY_HOST)
-        return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: the header (frame 0) must be in host memory", what);
+        return gser__error_set(ctx, GSER_ERR_INVALID_ARG, "%s: the header (frame 0) must be in host memory", what);
     return GSER_OK;
 }
 
-gser_status_t dopts_read(const gser_context_t *ctx, const char *what, const gser_deserialize_options_t *opts,
-                         gser_deserialize_options_t *o, gser_limits_t *lim)
+gser_status_t gser__dopts_read(const gser_context_t *ctx, const char *what, const gser_deserialize_options_t *opts,
+                               gser_deserialize_options_t *o, gser_limits_t *lim)
 {
     gser_status_t st;
     memset(o, 0, sizeof *o);
     o->size = sizeof *o;
-    if (opts && (st = struct_read(ctx, what, "gser_deserialize_options_t", o, sizeof *o, opts)))
+    if (opts && (st = gser__struct_read(ctx, what, "gser_deserialize_options_t", o, sizeof *o, opts)))
         return st;
     if (!o->limits) {
         *lim = ctx->limits;
         return GSER_OK;
     }
     gser_limits_t l = GSER_LIMITS_INIT;
-    if ((st = struct_read(ctx, what, "gser_limits_t", &l, sizeof l, o->limits)))
+    if ((st = gser__struct_read(ctx, what, "gser_limits_t", &l, sizeof l, o->limits)))
         return st;
-    limits_resolve(&l, lim);
+    gser__limits_resolve(&l, lim);
     return GSER_OK;
 }
 
@@ -1097,12 +1114,12 @@ gser_status_t gser_deserialize(gser_context_t *ctx, const gser_frame_t *frames, 
 {
     static const char what[] = "gser_deserialize";
     if (!ctx || !msg_out)
-        return ctx ? error_set(ctx, GSER_ERR_INVALID_ARG, "gser_deserialize: NULL output") : GSER_ERR_INVALID_ARG;
-    context_freeze(ctx);
+        return ctx ? gser__error_set(ctx, GSER_ERR_INVALID_ARG, "gser_deserialize: NULL output") : GSER_ERR_INVALID_ARG;
+    gser__context_freeze(ctx);
     dec_t d;
     dec_init(&d, ctx, NULL, what);
     gser_deserialize_options_t o = GSER_DESERIALIZE_OPTIONS_INIT;
-    gser_status_t st = dopts_read(ctx, what, opts, &o, &d.lim);
+    gser_status_t st = gser__dopts_read(ctx, what, opts, &o, &d.lim);
     if (st)
         return st;
     d.flags = o.flags;
@@ -1114,7 +1131,7 @@ gser_status_t gser_deserialize(gser_context_t *ctx, const gser_frame_t *frames, 
     d.nodes_left = d.lim.max_nodes;
     d.trace = ctx->trace;
     d.stream = o.stream;
-    if ((d.flags & (GSER_DESERIALIZE_SCATTER | GSER_DESERIALIZE_RESTORE_DEVICE)) && (st = ctxdev_need(ctx, what)))
+    if ((d.flags & (GSER_DESERIALIZE_SCATTER | GSER_DESERIALIZE_RESTORE_DEVICE)) && (st = gser__ctxdev_need(ctx, what)))
         return st;
     if ((st = gser_msg_create(ctx, &d.msg)))
         return st;
@@ -1128,10 +1145,10 @@ gser_status_t gser_deserialize(gser_context_t *ctx, const gser_frame_t *frames, 
     d.msg->arena.budget = budget > SIZE_MAX ? 0 : (size_t)budget;
 
     if (d.trace) {
-        trace_line(d.trace, "deserialize header %zu bytes, %zu data frames", frames[0].size, nframes - 1);
+        gser__trace_line(d.trace, "deserialize header %zu bytes, %zu data frames", frames[0].size, nframes - 1);
         for (size_t i = 1; i < nframes; i++)
-            trace_line(d.trace, "deserialize frame %zu %s %zu bytes", i, gser_memory_str(frames[i].memory),
-                       frames[i].size);
+            gser__trace_line(d.trace, "deserialize frame %zu %s %zu bytes", i, gser_memory_str(frames[i].memory),
+                             frames[i].size);
     }
     gser_value_t *root = NULL;
     st = dec_header(&d, &frames[0], &root);
@@ -1139,17 +1156,17 @@ gser_status_t gser_deserialize(gser_context_t *ctx, const gser_frame_t *frames, 
     if (st == GSER_OK && d.ndev_vals != d.flushed) /* device buffers are rare: no call for the rest */
         st = dec_device_flush(&d);
     if (st && d.msg->arena.over)
-        st = error_set(ctx, GSER_ERR_LIMIT_BYTES,
-                       "%s: decoding takes more than %llu bytes of memory for a message of %llu bytes "
-                       "(max_expansion %llu times its size, plus %llu)",
-                       what, (unsigned long long)budget, (unsigned long long)size,
-                       (unsigned long long)d.lim.max_expansion, (unsigned long long)GSER_EXPANSION_ALLOWANCE);
+        st = gser__error_set(ctx, GSER_ERR_LIMIT_BYTES,
+                             "%s: decoding takes more than %llu bytes of memory for a message of %llu bytes "
+                             "(max_expansion %llu times its size, plus %llu)",
+                             what, (unsigned long long)budget, (unsigned long long)size,
+                             (unsigned long long)d.lim.max_expansion, (unsigned long long)GSER_EXPANSION_ALLOWANCE);
     d.msg->arena.budget = 0; /* what the caller adds to the message is its own */
     gser_frame_t *copy = NULL;
     if (st == GSER_OK) {
-        copy = msg_alloc(d.msg, nframes * sizeof *copy, alignof(gser_frame_t));
+        copy = gser__msg_alloc(d.msg, nframes * sizeof *copy, alignof(gser_frame_t));
         if (!copy)
-            st = error_set(ctx, GSER_ERR_NO_MEMORY, "gser_deserialize: out of memory");
+            st = gser__error_set(ctx, GSER_ERR_NO_MEMORY, "gser_deserialize: out of memory");
     }
     if (st == GSER_OK) {
         copy[0] = frames[0];
@@ -1191,8 +1208,8 @@ gser_status_t gser_value_decode_serialized(gser_msg_t *msg, const gser_value_t *
     d.checked = true; /* its nested sub-headers were walked when it was kept */
     /* a kept sub-header was valid where it came from: it is read as this
      * build's version; its tree starts below the object's depth there */
-    return mp_parse_unit(&d, s->header, s->header_len, s->depth + 1, 0, s->nframes, true, "sub-header", 0, tree,
-                         NULL);
+    return gser__mp_parse_unit(&d, s->header, s->header_len, s->depth + 1, 0, s->nframes, true, "sub-header", 0, tree,
+                               NULL);
 }
 
 gser_status_t gser_msg_wait(const gser_msg_t *msg)
@@ -1203,7 +1220,7 @@ gser_status_t gser_msg_wait(const gser_msg_t *msg)
         return GSER_OK;
     gser_context_t *ctx = msg->ctx;
     gser_status_t st = devl_event_sync(ctx->devl, msg->dev->event);
-    return st ? ctxdev_fail(ctx, st, "gser_msg_wait") : GSER_OK;
+    return st ? gser__ctxdev_fail(ctx, st, "gser_msg_wait") : GSER_OK;
 }
 
 gser_status_t gser_msg_take_frame(gser_msg_t *msg, size_t i, gser_frame_t *frame)
@@ -1214,7 +1231,7 @@ gser_status_t gser_msg_take_frame(gser_msg_t *msg, size_t i, gser_frame_t *frame
         return GSER_ERR_OUT_OF_RANGE;
     gser_frame_t *f = (gser_frame_t *)&msg->frames[i]; /* the message's own copy */
     if (!f->release)
-        return error_set(msg->ctx, GSER_ERR_STATE, "gser_msg_take_frame: the message does not own frame %zu", i);
+        return gser__error_set(msg->ctx, GSER_ERR_STATE, "gser_msg_take_frame: the message does not own frame %zu", i);
     *frame = *f;
     f->release = NULL;
     f->release_arg = NULL;

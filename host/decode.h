@@ -78,17 +78,17 @@ typedef struct mp_unit {
  * whole, the object must be all of p[0..len); else *used is its length.
  * unit names it in messages ("header", "sub-header"), off is where p is in
  * what the messages count bytes of. */
-GSER_INTERNAL gser_status_t mp_parse_unit(dec_t *d, const unsigned char *p, size_t len, size_t depth, size_t fbase,
-                                          size_t fn, bool whole, const char *unit, size_t off, gser_value_t **out,
-                                          size_t *used);
+GSER_INTERNAL gser_status_t gser__mp_parse_unit(dec_t *d, const unsigned char *p, size_t len, size_t depth,
+                                                size_t fbase, size_t fn, bool whole, const char *unit, size_t off,
+                                                gser_value_t **out, size_t *used);
 
 /* The path of the item being parsed now: the unit's path, then each open
  * container's current slot. */
-GSER_INTERNAL void mp_unit_path(const mp_unit_t *u, path_t *p);
+GSER_INTERNAL void gser__mp_unit_path(const mp_unit_t *u, path_t *p);
 
 /* Fail the unit: st with "<what>: <path>: <fmt...>" as the context's error. */
-GSER_INTERNAL gser_status_t mp_unit_fail(mp_unit_t *u, gser_status_t st, const char *fmt, ...)
+GSER_INTERNAL gser_status_t gser__mp_unit_fail(mp_unit_t *u, gser_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-GSER_INTERNAL void mp_unit_trace(mp_unit_t *u, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+GSER_INTERNAL void gser__mp_unit_trace(mp_unit_t *u, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif /* GSER_HOST_DECODE_H */

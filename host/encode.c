@@ -75,7 +75,7 @@ static inline int obuf_write(obuf_t *b, const void *buf, size_t len)
     if (len > b->cap - b->len)
         return obuf_grow_write(b, buf, len);
     if (len) /* an empty body may come with a NULL pointer */
-        copy_short(b->p + b->len, buf, len);
+        gser__copy_short(b->p + b->len, buf, len);
     b->len += len;
     return 0;
 }
@@ -162,7 +162,7 @@ static gser_status_t enc_fail(enc_t *e, gser_status_t st, const char *fmt, ...)
     va_list ap;
     va_start(ap, fmt);
     if (e->trace) /* the path is there already */
-        path_vmessage(&e->path, ": ", e->err, sizeof e->err, fmt, ap);
+        gser__path_vmessage(&e->path, ": ", e->err, sizeof e->err, fmt, ap);
     else
         vsnprintf(e->err, sizeof e->err, fmt, ap);
     va_end(ap);
@@ -186,15 +186,15 @@ static gser_status_t enc_report(enc_t *e, gser_status_t st)
     if (!e->failed)
         return st;
     if (e->trace)
-        return error_set(e->ctx, st, "%s", e->err);
+        return gser__error_set(e->ctx, st, "%s", e->err);
     for (size_t i = 0, j = e->path.len; i + 1 < j; i++, j--) { /* gathered innermost first */
         path_seg_t t = e->path.seg[i];
         e->path.seg[i] = e->path.seg[j - 1];
         e->path.seg[j - 1] = t;
     }
     char path[256];
-    path_format(&e->path, path, sizeof path);
-    return error_set(e->ctx, st, "%s: %s", path, e->err);
+    gser__path_format(&e->path, path, sizeof path);
+    return gser__error_set(e->ctx, st, "%s: %s", path, e->err);
 }
 
 static void enc_trace(enc_t *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -204,9 +204,9 @@ static void enc_trace(enc_t *e, const char *fmt, ...)
     char msg[768];
     va_list ap;
     va_start(ap, fmt);
-    path_vmessage(&e->path, "  ", msg, sizeof msg, fmt, ap);
+    gser__path_vmessage(&e->path, "  ", msg, sizeof msg, fmt, ap);
     va_end(ap);
-    trace_line(e->trace, "serialize %s", msg);
+    gser__trace_line(e->trace, "serialize %s", msg);
 }
 
 static gser_status_t scratch_msg(enc_t *e, gser_msg_t **out)
@@ -238,14 +238,15 @@ static gser_status_t enc_data(enc_t *e, obuf_t *pk, const void *data, size_t nby
     }
     size_t idx, off = 0;
     if (mem == GSER_MEMORY_DEVICE && (e->to_host || nbytes < e->pack.pack_max)) {
-        if (packer_add(&e->pack, e->out, &e->group, e->to_host, data, nbytes, &idx, &off))
+        if (gser__packer_add(&e->pack, e->out, &e->group, e->to_host, data, nbytes, &idx, &off))
             return enc_fail(e, GSER_ERR_NO_MEMORY, "out of memory planning the packed frame");
         if (e->trace)
             snprintf(where, where_cap, "frame %zu %s packed +%zu", idx, e->to_host ? "host" : "device", off);
     } else {
-        gser_frame_t fr = {.data = data, .size = nbytes, .memory = mem, .device = mem == GSER_MEMORY_DEVICE ? device : 0};
+        gser_frame_t fr = {
+            .data = data, .size = nbytes, .memory = mem, .device = mem == GSER_MEMORY_DEVICE ? device : 0};
         idx = e->out->n;
-        if (frames_push(e->out, &fr))
+        if (gser__frames_push(e->out, &fr))
             return enc_fail(e, GSER_ERR_NO_MEMORY, "out of memory for the frame table");
         if (e->trace)
             snprintf(where, where_cap, "frame %zu %s", idx, gser_memory_str(mem));
@@ -300,7 +301,7 @@ static const char *const kind_c_type[] = {
 static gser_status_t enc_array(enc_t *e, obuf_t *pk, bool tuple, gser_kind_t kind, const void *data,
                                size_t count, size_t base)
 {
-    size_t nbytes = count * scalar_kind_size(kind);
+    size_t nbytes = count * gser__scalar_kind_size(kind);
     char where[64];
     pack_marker(pk, GSER_EXT_ARRAY, 4);
     pk_uint8(pk, tuple ? 1 : 0);
@@ -319,15 +320,15 @@ static gser_status_t list_try_pack(enc_t *e, const gser_list_t *l, gser_kind_t *
 {
     *data = NULL;
     gser_kind_t k = (gser_kind_t)l->items[0]->kind;
-    if (!kind_is_array_elem(k))
+    if (!gser__kind_is_array_elem(k))
         return GSER_OK;
     for (size_t i = 1; i < l->len; i++)
         if (l->items[i]->kind != k)
             return GSER_OK;
-    size_t es = scalar_kind_size(k);
+    size_t es = gser__scalar_kind_size(k);
     gser_msg_t *scratch;
     unsigned char *p;
-    if (scratch_msg(e, &scratch) || !(p = msg_alloc(scratch, l->len * es, 16)))
+    if (scratch_msg(e, &scratch) || !(p = gser__msg_alloc(scratch, l->len * es, 16)))
         return enc_fail(e, GSER_ERR_NO_MEMORY, "out of memory converting a list to an array");
     for (size_t i = 0; i < l->len; i++) {
         if (k == GSER_KIND_BOOL)
@@ -349,7 +350,7 @@ static void trace_unboxed(enc_t *e, const gser_list_t *l, size_t i)
     else
         memcpy(&tmp.u, (const char *)l->arr + 8 * i, 8);
     char s[80];
-    scalar_format(&tmp, s, sizeof s);
+    gser__scalar_format(&tmp, s, sizeof s);
     e->path.seg[e->path.len++] = (path_seg_t){.key = NULL, .index = i};
     enc_trace(e, "%s %s", gser_kind_str(l->arr_kind), s);
     e->path.len--;
@@ -378,7 +379,7 @@ static gser_status_t enc_list(enc_t *e, obuf_t *pk, const gser_value_t *v, size_
     if (depth + 1 > e->max_depth && l->len)
         return enc_fail(e, GSER_ERR_LIMIT_DEPTH, "nesting deeper than %zu levels (is there a cycle?)", e->max_depth);
     if (l->mode == LIST_ARRAY) {
-        size_t es = scalar_kind_size(l->arr_kind);
+        size_t es = gser__scalar_kind_size(l->arr_kind);
         for (size_t i = 0; i < l->len; i++) {
             enc_scalar_bits(pk, l->arr_kind, (const char *)l->arr + i * es);
             if (e->trace)
@@ -437,7 +438,7 @@ static gser_status_t enc_buffer(enc_t *e, obuf_t *pk, const gser_value_t *v, siz
             return enc_fail(e, GSER_ERR_NO_SERIALIZER,
                             "a device buffer needs the family \"device\" or \"host\"; families are [%s]", fams);
         }
-        if (packer_wait_for(&e->pack, d->stream, d->event))
+        if (gser__packer_wait_for(&e->pack, d->stream, d->event))
             return enc_fail(e, GSER_ERR_NO_MEMORY, "out of memory");
     }
     /* [marker, dtype, shape, data, origin] and, for any layout but C order,
@@ -461,7 +462,7 @@ static gser_status_t enc_buffer(enc_t *e, obuf_t *pk, const gser_value_t *v, siz
     }
     if (st == GSER_OK && e->trace) {
         char layout[160];
-        layout_format(d, b->span, layout, sizeof layout);
+        gser__layout_format(d, b->span, layout, sizeof layout);
         enc_trace(e, "buffer %s ndim=%u bytes=%zu%s %s%s", gser_dtype_str(d->dtype), d->ndim, d->nbytes, layout,
                   where, d->memory == GSER_MEMORY_DEVICE ? " (from device)" : "");
     }
@@ -553,14 +554,14 @@ static gser_status_t enc_serialized(enc_t *e, obuf_t *pk, const gser_value_t *v,
         gser_frame_t fr = s->frames[i];
         fr.release = NULL;
         fr.release_arg = NULL;
-        if (frames_push(e->out, &fr))
+        if (gser__frames_push(e->out, &fr))
             return enc_fail(e, GSER_ERR_NO_MEMORY, "out of memory for the frame table");
     }
     pack_object(pk, s->type_name, s->family, s->version, first - base, s->nframes, s->header, s->header_len);
     if (e->trace) {
         char qt[GSER_QUOTED_MAX], qf[GSER_QUOTED_MAX]; /* the names came from a peer */
-        quote_format(s->type_name, strlen(s->type_name), qt, sizeof qt);
-        quote_format(s->family, strlen(s->family), qf, sizeof qf);
+        gser__quote_format(s->type_name, strlen(s->type_name), qt, sizeof qt);
+        gser__quote_format(s->family, strlen(s->family), qf, sizeof qf);
         enc_trace(e, "serialized type=%s family=%s version=%u frames=%zu sub-header=%zu bytes (forwarded)", qt, qf,
                   s->version, s->nframes, s->header_len);
     }
@@ -603,7 +604,7 @@ static gser_status_t enc_value(enc_t *e, obuf_t *pk, const gser_value_t *v, size
         return enc_fail(e, GSER_ERR_INVALID_ARG, "value of unknown kind %d", v->kind);
     if (e->trace) {
         char s[80];
-        scalar_format(v, s, sizeof s);
+        gser__scalar_format(v, s, sizeof s);
         enc_trace(e, "%s %s", gser_kind_str((gser_kind_t)v->kind), s);
     }
     return GSER_OK;
@@ -659,14 +660,14 @@ static gser_status_t resolve_families(enc_t *e, const gser_serialize_options_t *
         return GSER_OK;
     }
     if (o->nfamilies == 0 || o->nfamilies > GSER_MAX_FAMILIES)
-        return error_set(e->ctx, GSER_ERR_INVALID_ARG, "gser_serialize: %zu families given (1..%d allowed)",
-                         o->nfamilies, GSER_MAX_FAMILIES);
+        return gser__error_set(e->ctx, GSER_ERR_INVALID_ARG, "gser_serialize: %zu families given (1..%d allowed)",
+                               o->nfamilies, GSER_MAX_FAMILIES);
     for (size_t i = 0; i < o->nfamilies; i++) {
         const char *name = o->families[i];
-        int f = name ? context_find_family(e->ctx, name, strlen(name)) : -1;
+        int f = name ? gser__context_find_family(e->ctx, name, strlen(name)) : -1;
         if (f < 0)
-            return error_set(e->ctx, GSER_ERR_UNKNOWN_FAMILY, "gser_serialize: family \"%s\" is not registered",
-                             name ? name : "(null)");
+            return gser__error_set(e->ctx, GSER_ERR_UNKNOWN_FAMILY, "gser_serialize: family \"%s\" is not registered",
+                                   name ? name : "(null)");
         e->fam[i] = f;
     }
     e->nfam = o->nfamilies;
@@ -685,12 +686,13 @@ gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg, const g
                              gser_frames_t **frames_out)
 {
     if (!ctx || !msg || !frames_out)
-        return ctx ? error_set(ctx, GSER_ERR_INVALID_ARG, "gser_serialize: NULL message or output") : GSER_ERR_INVALID_ARG;
-    context_freeze(ctx);
+        return ctx ? gser__error_set(ctx, GSER_ERR_INVALID_ARG, "gser_serialize: NULL message or output")
+                   : GSER_ERR_INVALID_ARG;
+    gser__context_freeze(ctx);
 
     gser_serialize_options_t o_ = GSER_SERIALIZE_OPTIONS_INIT;
     gser_status_t st;
-    if (opts && (st = struct_read(ctx, "gser_serialize", "gser_serialize_options_t", &o_, sizeof o_, opts)))
+    if (opts && (st = gser__struct_read(ctx, "gser_serialize", "gser_serialize_options_t", &o_, sizeof o_, opts)))
         return st;
     opts = &o_;
     enc_t e;
@@ -707,12 +709,12 @@ gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg, const g
     e.buffer_family = first_buffer_family(&e);
     e.to_host = e.buffer_family == GSER_FAMILY_HOST;
     e.group = -1;
-    packer_init(&e.pack, ctx, opts->pack_max ? opts->pack_max : ctx->pack_max, opts->stream);
+    gser__packer_init(&e.pack, ctx, opts->pack_max ? opts->pack_max : ctx->pack_max, opts->stream);
 
     gser_frames_t *f = GSER_REUSE ? atomic_exchange_explicit(&ctx->spare_frames, NULL, memory_order_acquire) : NULL;
     if (!f && !(f = malloc(sizeof *f))) {
-        packer_free(&e.pack);
-        return error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize: out of memory");
+        gser__packer_free(&e.pack);
+        return gser__error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize: out of memory");
     }
     f->ctx = ctx;
     f->event = f->stream = f->dev_mem = f->pinned = NULL;
@@ -734,11 +736,11 @@ gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg, const g
     pk_uint32(pk, WIRE_VERSION_PLAIN); /* made 3 below if a frame is compressed */
     st = enc_report(&e, enc_value(&e, pk, msg->root, 1, 1));
     if (st == GSER_OK)
-        st = packer_finish(&e.pack, f); /* sizes of packed frames are known now */
-    packer_free(&e.pack);
+        st = gser__packer_finish(&e.pack, f); /* sizes of packed frames are known now */
+    gser__packer_free(&e.pack);
     bool compressed = false;
     if (st == GSER_OK && opts->compression)
-        st = frames_compress(f, opts->compression, opts->compression_level, &compressed);
+        st = gser__frames_compress(f, opts->compression, opts->compression_level, &compressed);
     if (st == GSER_OK) {
         if (compressed)
             hdr.p[7] = GSER_WIRE_VERSION; /* the positive fixint after the 7-byte magic */
@@ -755,7 +757,7 @@ gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg, const g
             }
         }
         if (hdr.oom)
-            st = error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize: out of memory for the header");
+            st = gser__error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize: out of memory for the header");
     }
     if (st) {
         obuf_free(&hdr);
@@ -766,15 +768,15 @@ gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg, const g
     f->header_len = hdr.len;
     f->frames[0] = (gser_frame_t){.data = hdr.p, .size = hdr.len, .memory = GSER_MEMORY_HOST};
     if (e.trace) {
-        trace_line(e.trace, "serialize header %zu bytes, %zu data frames", hdr.len, f->n - 1);
+        gser__trace_line(e.trace, "serialize header %zu bytes, %zu data frames", hdr.len, f->n - 1);
         for (size_t i = 1; i < f->n; i++)
             if (f->codecs && f->codecs[i].codec)
-                trace_line(e.trace, "serialize frame %zu %s %zu bytes, %s of %zu bytes", i,
-                           gser_memory_str(f->frames[i].memory), f->frames[i].size,
-                           f->codecs[i].codec == CODEC_LZ4 ? "lz4" : "zstd", f->codecs[i].raw);
+                gser__trace_line(e.trace, "serialize frame %zu %s %zu bytes, %s of %zu bytes", i,
+                                 gser_memory_str(f->frames[i].memory), f->frames[i].size,
+                                 f->codecs[i].codec == CODEC_LZ4 ? "lz4" : "zstd", f->codecs[i].raw);
             else
-                trace_line(e.trace, "serialize frame %zu %s %zu bytes", i, gser_memory_str(f->frames[i].memory),
-                           f->frames[i].size);
+                gser__trace_line(e.trace, "serialize frame %zu %s %zu bytes", i, gser_memory_str(f->frames[i].memory),
+                                 f->frames[i].size);
     }
     *frames_out = f;
     return GSER_OK;
@@ -788,7 +790,7 @@ gser_status_t gser_frames_wait(const gser_frames_t *frames)
         return GSER_OK;
     gser_context_t *ctx = frames->ctx;
     gser_status_t st = devl_event_sync(ctx->devl, frames->event);
-    return st ? ctxdev_fail(ctx, st, "gser_frames_wait") : GSER_OK;
+    return st ? gser__ctxdev_fail(ctx, st, "gser_frames_wait") : GSER_OK;
 }
 
 gser_status_t gser_frames_query(const gser_frames_t *frames)
@@ -799,7 +801,7 @@ gser_status_t gser_frames_query(const gser_frames_t *frames)
         return GSER_OK;
     gser_context_t *ctx = frames->ctx;
     gser_status_t st = devl_event_query(ctx->devl, frames->event);
-    return st < 0 ? ctxdev_fail(ctx, st, "gser_frames_query") : st;
+    return st < 0 ? gser__ctxdev_fail(ctx, st, "gser_frames_query") : st;
 }
 
 void gser_frames_destroy(gser_frames_t *frames)
@@ -808,14 +810,14 @@ void gser_frames_destroy(gser_frames_t *frames)
         return;
     /* The tests keep the calls off the path of small host messages. */
     if (frames->ctx->devl)
-        packer_release(frames);
+        gser__packer_release(frames);
     if (frames->frames != frames->inline_frames)
         free(frames->frames);
     if (frames->header)
         free(frames->header);
     if (frames->scratch)
         gser_msg_destroy(frames->scratch);
-    frames_codecs_free(frames);
+    gser__frames_codecs_free(frames);
     gser_frames_t *none = NULL;
     if (!GSER_REUSE || !atomic_compare_exchange_strong_explicit(&frames->ctx->spare_frames, &none, frames,
                                                                 memory_order_release, memory_order_relaxed))

@@ -46,7 +46,7 @@ static err_slot_t *err_slot(const gser_context_t *cctx, bool create)
     return s;
 }
 
-void error_slots_free(gser_context_t *ctx)
+void gser__error_slots_free(gser_context_t *ctx)
 {
     for (err_slot_t *s = ctx->err_slots, *next; s; s = next) {
         next = s->next;
@@ -55,7 +55,7 @@ void error_slots_free(gser_context_t *ctx)
     ctx->err_slots = NULL;
 }
 
-gser_status_t error_setv(const gser_context_t *ctx, gser_status_t st, const char *fmt, va_list ap)
+gser_status_t gser__error_setv(const gser_context_t *ctx, gser_status_t st, const char *fmt, va_list ap)
 {
     if (!ctx)
         return st;
@@ -65,16 +65,16 @@ gser_status_t error_setv(const gser_context_t *ctx, gser_status_t st, const char
     return st;
 }
 
-gser_status_t error_set(const gser_context_t *ctx, gser_status_t st, const char *fmt, ...)
+gser_status_t gser__error_set(const gser_context_t *ctx, gser_status_t st, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    error_setv(ctx, st, fmt, ap);
+    gser__error_setv(ctx, st, fmt, ap);
     va_end(ap);
     return st;
 }
 
-gser_status_t error_set_create(gser_status_t st, const char *fmt, ...)
+gser_status_t gser__error_set_create(gser_status_t st, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -102,15 +102,15 @@ void gser_struct_read_describe(gser_status_t status, const char *what, const cha
                  what, type, n, gser_version_str(), dst_size);
 }
 
-gser_status_t struct_read(const gser_context_t *ctx, const char *what, const char *type, void *dst, size_t dst_size,
-                          const void *src)
+gser_status_t gser__struct_read(const gser_context_t *ctx, const char *what, const char *type, void *dst,
+                                size_t dst_size, const void *src)
 {
     gser_status_t st = gser_struct_read(dst, dst_size, src);
     if (st == GSER_OK)
         return GSER_OK;
     char text[ERR_LEN];
     gser_struct_read_describe(st, what, type, src, dst_size, text, sizeof text);
-    return error_set(ctx, st, "%s", text);
+    return gser__error_set(ctx, st, "%s", text);
 }
 
 gser_status_t gser_context_struct_read(gser_context_t *ctx, const char *what, const char *type, void *dst,
@@ -118,7 +118,7 @@ gser_status_t gser_context_struct_read(gser_context_t *ctx, const char *what, co
 {
     if (!dst || !src || !what || !type)
         return GSER_ERR_INVALID_ARG;
-    return struct_read(ctx, what, type, dst, dst_size, src);
+    return gser__struct_read(ctx, what, type, dst, dst_size, src);
 }
 
 gser_status_t gser_context_fail(gser_context_t *ctx, gser_status_t status, const char *fmt, ...)
@@ -127,7 +127,7 @@ gser_status_t gser_context_fail(gser_context_t *ctx, gser_status_t status, const
         return status;
     va_list ap;
     va_start(ap, fmt);
-    error_setv(ctx, status, fmt, ap);
+    gser__error_setv(ctx, status, fmt, ap);
     va_end(ap);
     return status;
 }

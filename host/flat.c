@@ -242,21 +242,22 @@ static gser_status_t flat_scan(gser_context_t *ctx, const char *what, const unsi
 {
     size_t m = len < 8 ? len : 8;
     if (m && memcmp(p, flat_magic, m) != 0) /* p may be NULL when len is 0 */
-        return error_set(ctx, GSER_ERR_BAD_MAGIC, "%s: not a flattened gser message (bad magic)", what);
+        return gser__error_set(ctx, GSER_ERR_BAD_MAGIC, "%s: not a flattened gser message (bad magic)", what);
     *need = FLAT_PREFIX;
     if (len < FLAT_PREFIX)
         return GSER_OK;
     uint64_t version = get_le(p + 8, 2), flags = get_le(p + 10, 2), n = get_le(p + 12, 4);
     if (version != FLAT_VERSION)
-        return error_set(ctx, GSER_ERR_WIRE_VERSION, "%s: flattened format version %llu, this build reads %d", what,
-                         (unsigned long long)version, FLAT_VERSION);
+        return gser__error_set(ctx, GSER_ERR_WIRE_VERSION, "%s: flattened format version %llu, this build reads %d",
+                               what, (unsigned long long)version, FLAT_VERSION);
     if (flags != 0)
-        return error_set(ctx, GSER_ERR_FORMAT, "%s: unknown flags 0x%llx at byte 10", what, (unsigned long long)flags);
+        return gser__error_set(ctx, GSER_ERR_FORMAT, "%s: unknown flags 0x%llx at byte 10", what,
+                               (unsigned long long)flags);
     if (n == 0)
-        return error_set(ctx, GSER_ERR_FORMAT, "%s: zero frames (the header is frame 0)", what);
+        return gser__error_set(ctx, GSER_ERR_FORMAT, "%s: zero frames (the header is frame 0)", what);
     if (n - 1 > lim->max_frames)
-        return error_set(ctx, GSER_ERR_LIMIT_FRAMES, "%s: %llu data frames, the limit is %zu", what,
-                         (unsigned long long)(n - 1), lim->max_frames);
+        return gser__error_set(ctx, GSER_ERR_LIMIT_FRAMES, "%s: %llu data frames, the limit is %zu", what,
+                               (unsigned long long)(n - 1), lim->max_frames);
     *need = FLAT_PREFIX + 8 * n;
     if (len < *need)
         return GSER_OK;
@@ -265,9 +266,9 @@ static gser_status_t flat_scan(gser_context_t *ctx, const char *what, const unsi
         uint64_t sz = get_le(p + FLAT_PREFIX + 8 * i, 8);
         /* checked before any frame is read: the sizes as declared */
         if (sz > lim->max_bytes - bytes || sz > UINT64_MAX - 8 - total)
-            return error_set(ctx, GSER_ERR_LIMIT_BYTES,
-                             "%s: frame %zu declares %llu bytes, past the limit of %llu bytes for a message", what, i,
-                             (unsigned long long)sz, (unsigned long long)lim->max_bytes);
+            return gser__error_set(ctx, GSER_ERR_LIMIT_BYTES,
+                                   "%s: frame %zu declares %llu bytes, past the limit of %llu bytes for a message",
+                                   what, i, (unsigned long long)sz, (unsigned long long)lim->max_bytes);
         bytes += sz;
         total += sz + pad8((size_t)sz);
     }
@@ -280,16 +281,16 @@ static gser_status_t flat_short(gser_context_t *ctx, const char *what, const uns
                                 uint64_t need)
 {
     if (len == 0)
-        return error_set(ctx, GSER_ERR_BAD_MAGIC, "%s: empty input, not a flattened gser message", what);
+        return gser__error_set(ctx, GSER_ERR_BAD_MAGIC, "%s: empty input, not a flattened gser message", what);
     if (len < FLAT_PREFIX)
-        return error_set(ctx, GSER_ERR_TRUNCATED, "%s: %zu bytes end inside the %d-byte prefix", what, len,
-                         FLAT_PREFIX);
+        return gser__error_set(ctx, GSER_ERR_TRUNCATED, "%s: %zu bytes end inside the %d-byte prefix", what, len,
+                               FLAT_PREFIX);
     uint64_t n = get_le(p + 12, 4);
     if (len < FLAT_PREFIX + 8 * n)
-        return error_set(ctx, GSER_ERR_TRUNCATED, "%s: the size table of %llu frames does not fit in %zu bytes", what,
-                         (unsigned long long)n, len);
-    return error_set(ctx, GSER_ERR_TRUNCATED, "%s: the input ends after %zu bytes, its size table says %llu", what,
-                     len, (unsigned long long)need);
+        return gser__error_set(ctx, GSER_ERR_TRUNCATED, "%s: the size table of %llu frames does not fit in %zu bytes",
+                               what, (unsigned long long)n, len);
+    return gser__error_set(ctx, GSER_ERR_TRUNCATED, "%s: the input ends after %zu bytes, its size table says %llu",
+                           what, len, (unsigned long long)need);
 }
 
 gser_status_t gser_deserialize_flat(gser_context_t *ctx, const void *buf, size_t len,
@@ -298,11 +299,12 @@ gser_status_t gser_deserialize_flat(gser_context_t *ctx, const void *buf, size_t
 {
     static const char *what = "gser_deserialize_flat";
     if (!ctx || !msg_out || (!buf && len))
-        return ctx ? error_set(ctx, GSER_ERR_INVALID_ARG, "%s: NULL buffer or output", what) : GSER_ERR_INVALID_ARG;
+        return ctx ? gser__error_set(ctx, GSER_ERR_INVALID_ARG, "%s: NULL buffer or output", what)
+                   : GSER_ERR_INVALID_ARG;
     const unsigned char *p = buf;
     gser_limits_t lim = GSER_LIMITS_INIT;
     gser_deserialize_options_t o = GSER_DESERIALIZE_OPTIONS_INIT;
-    gser_status_t st = dopts_read(ctx, what, opts, &o, &lim);
+    gser_status_t st = gser__dopts_read(ctx, what, opts, &o, &lim);
     if (st)
         return st;
     uint64_t need;
@@ -311,12 +313,12 @@ gser_status_t gser_deserialize_flat(gser_context_t *ctx, const void *buf, size_t
     if (need > len)
         return flat_short(ctx, what, p, len, need);
     if (need < len)
-        return error_set(ctx, GSER_ERR_FORMAT, "%s: %zu trailing bytes after the last frame (at byte %llu)", what,
-                         len - (size_t)need, (unsigned long long)need);
+        return gser__error_set(ctx, GSER_ERR_FORMAT, "%s: %zu trailing bytes after the last frame (at byte %llu)", what,
+                               len - (size_t)need, (unsigned long long)need);
     size_t n = (size_t)get_le(p + 12, 4);
     gser_frame_t *frames = malloc(n * sizeof *frames);
     if (!frames)
-        return error_set(ctx, GSER_ERR_NO_MEMORY, "%s: out of memory", what);
+        return gser__error_set(ctx, GSER_ERR_NO_MEMORY, "%s: out of memory", what);
     size_t off = FLAT_PREFIX + 8 * n;
     for (size_t i = 0; i < n; i++) {
         size_t sz = (size_t)get_le(p + FLAT_PREFIX + 8 * i, 8);
@@ -341,10 +343,11 @@ gser_status_t gser_flat_get_need(gser_context_t *ctx, const void *buf, size_t le
 {
     static const char *what = "gser_flat_get_need";
     if (!ctx || !need_out || (!buf && len))
-        return ctx ? error_set(ctx, GSER_ERR_INVALID_ARG, "%s: NULL buffer or output", what) : GSER_ERR_INVALID_ARG;
+        return ctx ? gser__error_set(ctx, GSER_ERR_INVALID_ARG, "%s: NULL buffer or output", what)
+                   : GSER_ERR_INVALID_ARG;
     gser_limits_t lim = GSER_LIMITS_INIT;
     gser_deserialize_options_t o = GSER_DESERIALIZE_OPTIONS_INIT;
-    gser_status_t st = dopts_read(ctx, what, opts, &o, &lim);
+    gser_status_t st = gser__dopts_read(ctx, what, opts, &o, &lim);
     if (st)
         return st;
     uint64_t need = 8; /* the magic first, as gser_deserialize_fd reads it */
@@ -429,7 +432,7 @@ static gser_status_t read_upto(gser_context_t *ctx, const char *what, int fd, un
             size_t ncap = want - *cap < grow ? want : *cap + grow;
             unsigned char *nb = realloc(*buf, ncap);
             if (!nb)
-                return error_set(ctx, GSER_ERR_NO_MEMORY, "%s: out of memory after %zu bytes", what, *len);
+                return gser__error_set(ctx, GSER_ERR_NO_MEMORY, "%s: out of memory after %zu bytes", what, *len);
             *buf = nb;
             *cap = ncap;
         }
@@ -437,7 +440,8 @@ static gser_status_t read_upto(gser_context_t *ctx, const char *what, int fd, un
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0)
-            return error_set(ctx, GSER_ERR_IO, "%s: read failed after %zu bytes: %s", what, *len, strerror(errno));
+            return gser__error_set(ctx, GSER_ERR_IO, "%s: read failed after %zu bytes: %s", what, *len,
+                                   strerror(errno));
         if (r == 0)
             break;
         *len += (size_t)r;
@@ -450,11 +454,11 @@ gser_status_t gser_deserialize_fd(gser_context_t *ctx, int fd, const gser_deseri
 {
     static const char *what = "gser_deserialize_fd";
     if (!ctx || fd < 0 || !msg_out)
-        return ctx ? error_set(ctx, GSER_ERR_INVALID_ARG, "%s: bad descriptor or NULL output", what)
+        return ctx ? gser__error_set(ctx, GSER_ERR_INVALID_ARG, "%s: bad descriptor or NULL output", what)
                    : GSER_ERR_INVALID_ARG;
     gser_limits_t lim = GSER_LIMITS_INIT;
     gser_deserialize_options_t o = GSER_DESERIALIZE_OPTIONS_INIT;
-    gser_status_t st = dopts_read(ctx, what, opts, &o, &lim);
+    gser_status_t st = gser__dopts_read(ctx, what, opts, &o, &lim);
     if (st)
         return st;
     /* A regular file says how much it holds: a table that promises more is
@@ -472,13 +476,14 @@ gser_status_t gser_deserialize_fd(gser_context_t *ctx, int fd, const gser_deseri
     uint64_t need = 8, seen = 0; /* the magic first */
     for (;;) {
         if (need > avail && len >= FLAT_PREFIX) {
-            st = error_set(ctx, GSER_ERR_TRUNCATED, "%s: the message needs %llu bytes, the file holds %llu from here",
-                           what, (unsigned long long)need, (unsigned long long)avail);
+            st = gser__error_set(ctx, GSER_ERR_TRUNCATED,
+                                 "%s: the message needs %llu bytes, the file holds %llu from here", what,
+                                 (unsigned long long)need, (unsigned long long)avail);
             break;
         }
         if (need > SIZE_MAX) {
-            st = error_set(ctx, GSER_ERR_NO_MEMORY, "%s: a message of %llu bytes cannot be held here", what,
-                           (unsigned long long)need);
+            st = gser__error_set(ctx, GSER_ERR_NO_MEMORY, "%s: a message of %llu bytes cannot be held here", what,
+                                 (unsigned long long)need);
             break;
         }
         /* A file that holds the whole message: its final buffer at once, and
@@ -486,8 +491,8 @@ gser_status_t gser_deserialize_fd(gser_context_t *ctx, int fd, const gser_deseri
         if (avail != UINT64_MAX && need > cap && need >= FLAT_MAP_MIN) {
             unsigned char *nb = map_anon((size_t)need);
             if (!nb) {
-                st = error_set(ctx, GSER_ERR_NO_MEMORY, "%s: out of memory for %llu bytes", what,
-                               (unsigned long long)need);
+                st = gser__error_set(ctx, GSER_ERR_NO_MEMORY, "%s: out of memory for %llu bytes", what,
+                                     (unsigned long long)need);
                 break;
             }
             if (len)
@@ -516,8 +521,8 @@ gser_status_t gser_deserialize_fd(gser_context_t *ctx, int fd, const gser_deseri
             break; /* the whole message, and not a byte more */
     }
     if (st == GSER_OK && avail != UINT64_MAX && avail > len)
-        st = error_set(ctx, GSER_ERR_FORMAT, "%s: %llu trailing bytes in the file after the message (%zu bytes)", what,
-                       (unsigned long long)(avail - len), len);
+        st = gser__error_set(ctx, GSER_ERR_FORMAT, "%s: %llu trailing bytes in the file after the message (%zu bytes)",
+                             what, (unsigned long long)(avail - len), len);
     if (st == GSER_OK)
         st = maplen ? gser_deserialize_flat(ctx, buf, len, unmap_buf, (void *)(uintptr_t)maplen, opts, msg_out)
                     : gser_deserialize_flat(ctx, buf, len, free_buf, NULL, opts, msg_out);

@@ -5,7 +5,7 @@
 
 #include "internal.h"
 
-gser_status_t frames_push(gser_frames_t *f, const gser_frame_t *fr)
+gser_status_t gser__frames_push(gser_frames_t *f, const gser_frame_t *fr)
 {
     if (f->n == f->cap) {
         size_t cap = f->cap * 2;

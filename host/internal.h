@@ -89,18 +89,18 @@ typedef struct arena {
     bool over;
 } arena_t;
 
-GSER_INTERNAL void arena_init(arena_t *a, arena_chunk_t *first, size_t first_size);
+GSER_INTERNAL void gser__arena_init(arena_t *a, arena_chunk_t *first, size_t first_size);
 /* Run the release callbacks (newest first), then free the chunks: two steps
  * so that a message can release its frames between them. */
-GSER_INTERNAL void arena_run_cleanups(arena_t *a);
-GSER_INTERNAL void arena_free(arena_t *a, arena_chunk_t *first);
-GSER_INTERNAL void *arena_alloc_slow(arena_t *a, size_t size);
+GSER_INTERNAL void gser__arena_run_cleanups(arena_t *a);
+GSER_INTERNAL void gser__arena_free(arena_t *a, arena_chunk_t *first);
+GSER_INTERNAL void *gser__arena_alloc_slow(arena_t *a, size_t size);
 
 /* Vectors of more bytes than this live on the heap instead of the arena. */
 #define ARENA_VEC_HEAP 4096
 
 /* align is a power of two, at most 16. */
-static inline void *arena_alloc(arena_t *a, size_t size, size_t align)
+static inline void *gser__arena_alloc(arena_t *a, size_t size, size_t align)
 {
     arena_chunk_t *h = a->head;
     size_t at = (h->used + align - 1) & ~(align - 1);
@@ -108,16 +108,16 @@ static inline void *arena_alloc(arena_t *a, size_t size, size_t align)
         h->used = at + size;
         return h->data + at;
     }
-    return arena_alloc_slow(a, size); /* fresh chunks are 16-aligned */
+    return gser__arena_alloc_slow(a, size); /* fresh chunks are 16-aligned */
 }
 /* Register fn(arg) to run when the arena is released. */
-GSER_INTERNAL gser_status_t arena_on_release(arena_t *a, void (*fn)(void *), void *arg);
+GSER_INTERNAL gser_status_t gser__arena_on_release(arena_t *a, void (*fn)(void *), void *arg);
 /* Grow a heap vector *ptr of *cap elements to hold at least need; the vector
  * is freed when the arena is released (registered on first growth). */
-GSER_INTERNAL gser_status_t arena_vec_grow(arena_t *a, void **ptr, size_t *cap, size_t elem_size, size_t need);
-static inline gser_status_t arena_vec_reserve(arena_t *a, void **ptr, size_t *cap, size_t elem_size, size_t need)
+GSER_INTERNAL gser_status_t gser__arena_vec_grow(arena_t *a, void **ptr, size_t *cap, size_t elem_size, size_t need);
+static inline gser_status_t gser__arena_vec_reserve(arena_t *a, void **ptr, size_t *cap, size_t elem_size, size_t need)
 {
-    return need <= *cap ? GSER_OK : arena_vec_grow(a, ptr, cap, elem_size, need);
+    return need <= *cap ? GSER_OK : gser__arena_vec_grow(a, ptr, cap, elem_size, need);
 }
 
 /* ---- values ------------------------------------------------------------ */
@@ -233,14 +233,14 @@ struct gser_msg {
 };
 
 /* Inline: building and decoding a message is mostly these. */
-static inline void *msg_alloc(gser_msg_t *msg, size_t size, size_t align)
+static inline void *gser__msg_alloc(gser_msg_t *msg, size_t size, size_t align)
 {
-    return arena_alloc(&msg->arena, size, align);
+    return gser__arena_alloc(&msg->arena, size, align);
 }
 
-static inline gser_value_t *msg_value(gser_msg_t *msg, gser_kind_t kind)
+static inline gser_value_t *gser__msg_value(gser_msg_t *msg, gser_kind_t kind)
 {
-    gser_value_t *v = (gser_value_t *)arena_alloc(&msg->arena, sizeof *v, alignof(gser_value_t));
+    gser_value_t *v = (gser_value_t *)gser__arena_alloc(&msg->arena, sizeof *v, alignof(gser_value_t));
     if (v) {
         v->kind = (uint8_t)kind;
         v->flags = 0;
@@ -251,7 +251,7 @@ static inline gser_value_t *msg_value(gser_msg_t *msg, gser_kind_t kind)
 
 /* Copy len bytes: most strings and small bodies of a message are short, so
  * up to 16 bytes take two overlapping moves (or three byte moves), no call. */
-static inline void copy_short(void *dst, const void *src, size_t len)
+static inline void gser__copy_short(void *dst, const void *src, size_t len)
 {
     unsigned char *d = (unsigned char *)dst;
     const unsigned char *s = (const unsigned char *)src;
@@ -277,36 +277,36 @@ static inline void copy_short(void *dst, const void *src, size_t len)
     }
 }
 
-static inline void copy_cstr(char *d, const char *s, size_t len)
+static inline void gser__copy_cstr(char *d, const char *s, size_t len)
 {
-    copy_short(d, s, len);
+    gser__copy_short(d, s, len);
     d[len] = '\0';
 }
 
 /* A NUL-terminated copy of s[0..len). */
-static inline char *msg_strdup(gser_msg_t *msg, const char *s, size_t len)
+static inline char *gser__msg_strdup(gser_msg_t *msg, const char *s, size_t len)
 {
     if (len == SIZE_MAX)
         return NULL;
-    char *d = (char *)arena_alloc(&msg->arena, len + 1, 1);
+    char *d = (char *)gser__arena_alloc(&msg->arena, len + 1, 1);
     if (d)
-        copy_cstr(d, s, len);
+        gser__copy_cstr(d, s, len);
     return d;
 }
 
 /* A str value with its NUL-terminated copy of s[0..len) right behind it:
  * one allocation, as strings are most of a control message. */
-static inline gser_value_t *msg_str_value(gser_msg_t *msg, const char *s, size_t len)
+static inline gser_value_t *gser__msg_str_value(gser_msg_t *msg, const char *s, size_t len)
 {
     if (len > SIZE_MAX - sizeof(gser_value_t) - 1)
         return NULL;
-    gser_value_t *v = (gser_value_t *)arena_alloc(&msg->arena, sizeof *v + len + 1, alignof(gser_value_t));
+    gser_value_t *v = (gser_value_t *)gser__arena_alloc(&msg->arena, sizeof *v + len + 1, alignof(gser_value_t));
     if (v) {
         v->kind = GSER_KIND_STR;
         v->flags = 0;
         v->msg = msg;
         char *d = (char *)(v + 1);
-        copy_cstr(d, s, len);
+        gser__copy_cstr(d, s, len);
         v->u.s.ptr = d;
         v->u.s.len = len;
     }
@@ -316,28 +316,28 @@ static inline gser_value_t *msg_str_value(gser_msg_t *msg, const char *s, size_t
  * in them, for ndim extents (each >= 0) and byte strides of es-byte
  * elements; no elements span nothing. 0 when fine, else 1 + the dimension at
  * which the span passes INT64_MAX. */
-GSER_INTERNAL uint32_t layout_span(uint32_t ndim, const int64_t *shape, const int64_t *strides, size_t es,
-                                   size_t *first, size_t *span);
+GSER_INTERNAL uint32_t gser__layout_span(uint32_t ndim, const int64_t *shape, const int64_t *strides, size_t es,
+                                         size_t *first, size_t *span);
 /* Whether strides lay the shape out in C order (extents of 1 have any
  * stride; an array without elements has every layout). The product of the
  * shape times es must fit in 64 bits. */
-GSER_INTERNAL bool layout_is_c(uint32_t ndim, const int64_t *shape, const int64_t *strides, size_t es);
+GSER_INTERNAL bool gser__layout_is_c(uint32_t ndim, const int64_t *shape, const int64_t *strides, size_t es);
 /* A buffer value for a checked description (strides NULL when C order) whose
  * elements span span bytes from data - first; shape and strides are copied,
  * flags and release ignored. The value is into, made a buffer, or new. */
-GSER_INTERNAL gser_value_t *buffer_value(gser_msg_t *msg, gser_value_t *into, const gser_buffer_desc_t *desc,
-                                         size_t first, size_t span);
-GSER_INTERNAL gser_status_t value_list_new(gser_msg_t *msg, gser_kind_t kind, gser_value_t **out);
+GSER_INTERNAL gser_value_t *gser__buffer_value(gser_msg_t *msg, gser_value_t *into, const gser_buffer_desc_t *desc,
+                                               size_t first, size_t span);
+GSER_INTERNAL gser_status_t gser__value_list_new(gser_msg_t *msg, gser_kind_t kind, gser_value_t **out);
 /* Room for this many items (pairs) is allocated with a new list (map):
  * most messages' containers never grow. */
 #define GSER_LIST_INLINE 4
 #define GSER_MAP_INLINE 8
 /* An array-backed list over data (borrowed, never copied). */
-GSER_INTERNAL gser_status_t value_array_wrap(gser_msg_t *msg, bool tuple, gser_kind_t elem_kind, const void *data,
-                                             size_t count, gser_value_t **out);
-GSER_INTERNAL size_t scalar_kind_size(gser_kind_t k);
-GSER_INTERNAL bool kind_is_scalar(gser_kind_t k);
-GSER_INTERNAL bool kind_is_array_elem(gser_kind_t k);
+GSER_INTERNAL gser_status_t gser__value_array_wrap(gser_msg_t *msg, bool tuple, gser_kind_t elem_kind, const void *data,
+                                                   size_t count, gser_value_t **out);
+GSER_INTERNAL size_t gser__scalar_kind_size(gser_kind_t k);
+GSER_INTERNAL bool gser__kind_is_scalar(gser_kind_t k);
+GSER_INTERNAL bool gser__kind_is_array_elem(gser_kind_t k);
 
 /* ---- context ------------------------------------------------------------ */
 
@@ -381,43 +381,43 @@ struct gser_context {
 
 enum { GSER_FAMILY_DEVICE = 0, GSER_FAMILY_HOST = 1 };
 
-GSER_INTERNAL const gser_type_t *context_find_type(const gser_context_t *ctx, const char *name, size_t len);
-GSER_INTERNAL int context_find_family(const gser_context_t *ctx, const char *name, size_t len);
-GSER_INTERNAL void context_freeze(gser_context_t *ctx);
-GSER_INTERNAL void limits_resolve(const gser_limits_t *in, gser_limits_t *out);
+GSER_INTERNAL const gser_type_t *gser__context_find_type(const gser_context_t *ctx, const char *name, size_t len);
+GSER_INTERNAL int gser__context_find_family(const gser_context_t *ctx, const char *name, size_t len);
+GSER_INTERNAL void gser__context_freeze(gser_context_t *ctx);
+GSER_INTERNAL void gser__limits_resolve(const gser_limits_t *in, gser_limits_t *out);
 
 /* ---- errors (host/error.c, a leaf) -------------------------------------- */
 
 /* Per-thread, per-context detailed error messages. */
-GSER_INTERNAL gser_status_t error_set(const gser_context_t *ctx, gser_status_t st, const char *fmt, ...)
+GSER_INTERNAL gser_status_t gser__error_set(const gser_context_t *ctx, gser_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-GSER_INTERNAL gser_status_t error_setv(const gser_context_t *ctx, gser_status_t st, const char *fmt, va_list ap);
+GSER_INTERNAL gser_status_t gser__error_setv(const gser_context_t *ctx, gser_status_t st, const char *fmt, va_list ap);
 /* gser_struct_read, with a message naming the call and the struct type. */
-GSER_INTERNAL gser_status_t struct_read(const gser_context_t *ctx, const char *what, const char *type, void *dst,
-                                        size_t dst_size, const void *src);
+GSER_INTERNAL gser_status_t gser__struct_read(const gser_context_t *ctx, const char *what, const char *type, void *dst,
+                                              size_t dst_size, const void *src);
 /* Set this thread's message for gser_context_create, which has no context
  * yet (read with gser_context_get_last_error(NULL)); returns st. */
-GSER_INTERNAL gser_status_t error_set_create(gser_status_t st, const char *fmt, ...)
+GSER_INTERNAL gser_status_t gser__error_set_create(gser_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* Free ctx's messages (gser_context_destroy). */
-GSER_INTERNAL void error_slots_free(gser_context_t *ctx);
+GSER_INTERNAL void gser__error_slots_free(gser_context_t *ctx);
 
 /* ---- the context's device side (host/device_api.c) ---------------------- */
 
-GSER_INTERNAL gser_status_t ctxdev_open(gser_context_t *ctx, const gser_context_options_t *o);
-GSER_INTERNAL void ctxdev_close(gser_context_t *ctx);
+GSER_INTERNAL gser_status_t gser__ctxdev_open(gser_context_t *ctx, const gser_context_options_t *o);
+GSER_INTERNAL void gser__ctxdev_close(gser_context_t *ctx);
 /* GSER_ERR_NO_DEVICE with a message naming what, when ctx has no backend. */
-GSER_INTERNAL gser_status_t ctxdev_need(gser_context_t *ctx, const char *what);
+GSER_INTERNAL gser_status_t gser__ctxdev_need(gser_context_t *ctx, const char *what);
 /* Record a device-layer failure (with the backend's own error text). */
-GSER_INTERNAL gser_status_t ctxdev_fail(gser_context_t *ctx, gser_status_t st, const char *what);
-GSER_INTERNAL gser_status_t ctxdev_copy(gser_context_t *ctx, void *dst, gser_memory_t dst_memory, const void *src,
-                                        gser_memory_t src_memory, size_t n, void *stream);
+GSER_INTERNAL gser_status_t gser__ctxdev_fail(gser_context_t *ctx, gser_status_t st, const char *what);
+GSER_INTERNAL gser_status_t gser__ctxdev_copy(gser_context_t *ctx, void *dst, gser_memory_t dst_memory, const void *src,
+                                              gser_memory_t src_memory, size_t n, void *stream);
 
 /* Read a caller's deserialize options (defaults for NULL) and the limits they
  * name (the context's when none). */
-GSER_INTERNAL gser_status_t dopts_read(const gser_context_t *ctx, const char *what,
-                                       const gser_deserialize_options_t *opts, gser_deserialize_options_t *o,
-                                       gser_limits_t *lim);
+GSER_INTERNAL gser_status_t gser__dopts_read(const gser_context_t *ctx, const char *what,
+                                             const gser_deserialize_options_t *opts, gser_deserialize_options_t *o,
+                                             gser_limits_t *lim);
 
 /* ---- paths -------------------------------------------------------------- */
 
@@ -434,21 +434,21 @@ typedef struct path {
 } path_t;
 
 /* Write "$.a[3]..." into buf (always NUL-terminated, truncated with "..."). */
-GSER_INTERNAL void path_format(const path_t *p, char *buf, size_t cap);
+GSER_INTERNAL void gser__path_format(const path_t *p, char *buf, size_t cap);
 /* Write "<path><sep><fmt...>" into buf (always NUL-terminated): errors use
  * ": ", traces two spaces. */
-GSER_INTERNAL void path_vmessage(const path_t *p, const char *sep, char *buf, size_t cap, const char *fmt,
-                                 va_list ap);
+GSER_INTERNAL void gser__path_vmessage(const path_t *p, const char *sep, char *buf, size_t cap, const char *fmt,
+                                       va_list ap);
 /* Write n extents or strides as "(a, b)" ("(a,)" for one), truncated to cap. */
-GSER_INTERNAL void dims_format(const int64_t *v, uint32_t n, char *buf, size_t cap);
+GSER_INTERNAL void gser__dims_format(const int64_t *v, uint32_t n, char *buf, size_t cap);
 /* For traces: " strides=(a, b) span=N" for a strided buffer, "" otherwise. */
-GSER_INTERNAL void layout_format(const gser_buffer_desc_t *d, size_t span, char *buf, size_t cap);
+GSER_INTERNAL void gser__layout_format(const gser_buffer_desc_t *d, size_t span, char *buf, size_t cap);
 /* A name from the wire, quoted and escaped like a str value (no terminal
  * escapes reach a log), cut after 64 bytes: fits GSER_QUOTED_MAX. */
 #define GSER_QUOTED_MAX (4 * 64 + 8)
-GSER_INTERNAL void quote_format(const char *s, size_t n, char *buf, size_t cap);
+GSER_INTERNAL void gser__quote_format(const char *s, size_t n, char *buf, size_t cap);
 /* Write a short rendering of a scalar value (for paths and traces). */
-GSER_INTERNAL void scalar_format(const gser_value_t *v, char *buf, size_t cap);
+GSER_INTERNAL void gser__scalar_format(const gser_value_t *v, char *buf, size_t cap);
 
 /* ---- msgpack bounds check ----------------------------------------------- */
 
@@ -459,8 +459,8 @@ GSER_INTERNAL void scalar_format(const gser_value_t *v, char *buf, size_t cap);
  * the same way with the levels left at the marker (at least 2: a root and
  * its markers' fields). *used is the object's size. On error *err_off is the
  * failing offset and *why says what is wrong. */
-GSER_INTERNAL gser_status_t mp_check(const unsigned char *p, size_t len, size_t max_depth, size_t *nodes_left,
-                                     size_t *used, size_t *err_off, const char **why);
+GSER_INTERNAL gser_status_t gser__mp_check(const unsigned char *p, size_t len, size_t max_depth, size_t *nodes_left,
+                                           size_t *used, size_t *err_off, const char **why);
 
 /* ---- frames -------------------------------------------------------------- */
 
@@ -488,7 +488,7 @@ struct gser_frames {
 };
 
 /* Append fr, growing the vector past its inline room (host/frames.c). */
-GSER_INTERNAL gser_status_t frames_push(gser_frames_t *f, const gser_frame_t *fr);
+GSER_INTERNAL gser_status_t gser__frames_push(gser_frames_t *f, const gser_frame_t *fr);
 
 /* ---- frame compression (host/compress.c) ------------------------------------ */
 
@@ -505,31 +505,31 @@ typedef struct frame_codec {
 /* Compress the host data frames of f where sampling says it pays
  * (gser_compression_t method, codec level). Sets f->codecs if one was
  * compressed; *any says so. */
-GSER_INTERNAL gser_status_t frames_compress(gser_frames_t *f, int method, int level, bool *any);
-GSER_INTERNAL void frames_codecs_free(gser_frames_t *f);
+GSER_INTERNAL gser_status_t gser__frames_compress(gser_frames_t *f, int method, int level, bool *any);
+GSER_INTERNAL void gser__frames_codecs_free(gser_frames_t *f);
 
 /* Decompress frame data src[0..size) with codec into dst, which holds
  * exactly raw bytes: GSER_OK only when the data is valid and fills dst
  * exactly. The message (set as the context's error) names frame i. */
-GSER_INTERNAL gser_status_t codec_decompress(gser_context_t *ctx, const char *what, size_t i, int codec,
-                                             const void *src, size_t size, void *dst, size_t raw);
+GSER_INTERNAL gser_status_t gser__codec_decompress(gser_context_t *ctx, const char *what, size_t i, int codec,
+                                                   const void *src, size_t size, void *dst, size_t raw);
 
 /* What raw size a codec's size bytes can decompress to at most (lz4: 255
  * bytes per byte) or declare (zstd: the frame's content size): GSER_OK if
  * raw is possible, else GSER_ERR_COMPRESSED naming frame i. Reads only the
  * zstd frame header. */
-GSER_INTERNAL gser_status_t codec_check_size(gser_context_t *ctx, const char *what, size_t i, int codec,
-                                             const void *src, size_t size, uint64_t raw);
+GSER_INTERNAL gser_status_t gser__codec_check_size(gser_context_t *ctx, const char *what, size_t i, int codec,
+                                                   const void *src, size_t size, uint64_t raw);
 
 /* The release of frames gser decompressed into (free). */
-GSER_INTERNAL void codec_release(void *data, void *arg);
+GSER_INTERNAL void gser__codec_release(void *data, void *arg);
 
 /* ---- packing device buffers (host/pack.c) ---------------------------------- */
 
 typedef struct pack_group {
     size_t frame; /* index in the frames */
     size_t bytes;
-    size_t start; /* in the one allocation, set by packer_finish */
+    size_t start; /* in the one allocation, set by gser__packer_finish */
     bool to_host; /* the host family's: ends up in pinned host memory */
 } pack_group_t;
 
@@ -559,32 +559,32 @@ typedef struct packer {
     size_t nwaits, cap_waits;
 } packer_t;
 
-GSER_INTERNAL void packer_init(packer_t *p, gser_context_t *ctx, size_t pack_max, void *stream);
-GSER_INTERNAL void packer_free(packer_t *p);
+GSER_INTERNAL void gser__packer_init(packer_t *p, gser_context_t *ctx, size_t pack_max, void *stream);
+GSER_INTERNAL void gser__packer_free(packer_t *p);
 /* Order the packing after a buffer's producer (either may be NULL). */
-GSER_INTERNAL gser_status_t packer_wait_for(packer_t *p, void *stream, void *event);
+GSER_INTERNAL gser_status_t gser__packer_wait_for(packer_t *p, void *stream, void *event);
 /* Give a buffer a place in the packed frame of the scope *group (-1: none yet,
  * one is reserved in f, in host memory when to_host); sets the frame index
  * and offset. */
-GSER_INTERNAL gser_status_t packer_add(packer_t *p, gser_frames_t *f, int *group, bool to_host, const void *src,
-                                       size_t size, size_t *frame, size_t *offset);
+GSER_INTERNAL gser_status_t gser__packer_add(packer_t *p, gser_frames_t *f, int *group, bool to_host, const void *src,
+                                             size_t size, size_t *frame, size_t *offset);
 /* Allocate, plan, launch, record the event; f owns what it allocates. */
-GSER_INTERNAL gser_status_t packer_finish(packer_t *p, gser_frames_t *f);
-GSER_INTERNAL void packer_release(gser_frames_t *f);
+GSER_INTERNAL gser_status_t gser__packer_finish(packer_t *p, gser_frames_t *f);
+GSER_INTERNAL void gser__packer_release(gser_frames_t *f);
 
 /* ---- device memory owned by a message (host/msgdev.c) ------------------------ */
 
-GSER_INTERNAL gser_status_t msgdev_alloc(gser_msg_t *m, void *stream, size_t size, bool pinned, void **ptr);
+GSER_INTERNAL gser_status_t gser__msgdev_alloc(gser_msg_t *m, void *stream, size_t size, bool pinned, void **ptr);
 /* A scatter batch of n copies that the message keeps (and releases after
  * its event); the caller fills the arrays and runs it on stream. */
-GSER_INTERNAL gser_status_t msgdev_batch(gser_msg_t *m, void *stream, size_t n, devl_batch_t **batch,
-                                         devl_arrays_t *arrays);
+GSER_INTERNAL gser_status_t gser__msgdev_batch(gser_msg_t *m, void *stream, size_t n, devl_batch_t **batch,
+                                               devl_arrays_t *arrays);
 /* Record the message's event after its device work; sets the backend handle. */
-GSER_INTERNAL gser_status_t msgdev_record(gser_msg_t *m, void **event);
-GSER_INTERNAL void msgdev_release(gser_msg_t *m);
+GSER_INTERNAL gser_status_t gser__msgdev_record(gser_msg_t *m, void **event);
+GSER_INTERNAL void gser__msgdev_release(gser_msg_t *m);
 
 /* ---- trace ------------------------------------------------------------- */
 
-GSER_INTERNAL void trace_line(FILE *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+GSER_INTERNAL void gser__trace_line(FILE *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif /* GSER_HOST_INTERNAL_H */

@@ -115,7 +115,7 @@ static gser_status_t check_sub_header(const unsigned char *p, size_t len, size_t
                                       size_t *err_off, const char **why)
 {
     size_t sub_used, sub_off;
-    gser_status_t st = mp_check(p, len, levels_left, nodes_left, &sub_used, &sub_off, why);
+    gser_status_t st = gser__mp_check(p, len, levels_left, nodes_left, &sub_used, &sub_off, why);
     if (st == GSER_OK && sub_used != len) {
         sub_off = sub_used;
         *why = "has trailing bytes";
@@ -126,8 +126,8 @@ static gser_status_t check_sub_header(const unsigned char *p, size_t len, size_t
     return st;
 }
 
-gser_status_t mp_check(const unsigned char *p, size_t len, size_t max_depth, size_t *nodes_left, size_t *used,
-                       size_t *err_off, const char **why)
+gser_status_t gser__mp_check(const unsigned char *p, size_t len, size_t max_depth, size_t *nodes_left, size_t *used,
+                             size_t *err_off, const char **why)
 {
     size_t left[MP_UNPACK_DEPTH + 1];
     size_t next[MP_UNPACK_DEPTH + 1];  /* index of the next item of each open container */

@@ -89,7 +89,7 @@ static inline mp_stack_t *open_at(const mp_unit_t *u, size_t level)
 
 /* ---- paths, errors, traces ---------------------------------------------------------- */
 
-void mp_unit_path(const mp_unit_t *u, path_t *p)
+void gser__mp_unit_path(const mp_unit_t *u, path_t *p)
 {
     *p = u->d->path;
     for (size_t i = 0; i < u->open && p->len < GSER_PATH_MAX; i++) {
@@ -103,23 +103,23 @@ void mp_unit_path(const mp_unit_t *u, path_t *p)
     }
 }
 
-gser_status_t mp_unit_fail(mp_unit_t *u, gser_status_t st, const char *fmt, ...)
+gser_status_t gser__mp_unit_fail(mp_unit_t *u, gser_status_t st, const char *fmt, ...)
 {
     path_t p;
-    mp_unit_path(u, &p);
+    gser__mp_unit_path(u, &p);
     char msg[1024];
     va_list ap;
     va_start(ap, fmt);
-    path_vmessage(&p, ": ", msg, sizeof msg, fmt, ap);
+    gser__path_vmessage(&p, ": ", msg, sizeof msg, fmt, ap);
     va_end(ap);
     u->st = st;
-    return error_set(u->d->ctx, st, "%s: %s", u->d->what, msg);
+    return gser__error_set(u->d->ctx, st, "%s: %s", u->d->what, msg);
 }
 
 static void trace_flush(mp_unit_t *u)
 {
     if (u->pending[0]) {
-        trace_line(u->d->trace, "deserialize %s", u->pending);
+        gser__trace_line(u->d->trace, "deserialize %s", u->pending);
         u->pending[0] = '\0';
     }
 }
@@ -127,11 +127,11 @@ static void trace_flush(mp_unit_t *u)
 static void trace_vformat(mp_unit_t *u, char *buf, size_t cap, const char *fmt, va_list ap)
 {
     path_t p;
-    mp_unit_path(u, &p);
-    path_vmessage(&p, "  ", buf, cap, fmt, ap);
+    gser__mp_unit_path(u, &p);
+    gser__path_vmessage(&p, "  ", buf, cap, fmt, ap);
 }
 
-void mp_unit_trace(mp_unit_t *u, const char *fmt, ...)
+void gser__mp_unit_trace(mp_unit_t *u, const char *fmt, ...)
 {
     char msg[768];
     va_list ap;
@@ -139,7 +139,7 @@ void mp_unit_trace(mp_unit_t *u, const char *fmt, ...)
     trace_vformat(u, msg, sizeof msg, fmt, ap);
     va_end(ap);
     trace_flush(u);
-    trace_line(u->d->trace, "deserialize %s", msg);
+    gser__trace_line(u->d->trace, "deserialize %s", msg);
 }
 
 /* A list's line waits for its first item: the array may be a marker, or a
@@ -149,8 +149,8 @@ static void trace_list(mp_unit_t *u, unsigned int n)
     trace_flush(u);
     path_t p;
     char path[256];
-    mp_unit_path(u, &p);
-    path_format(&p, path, sizeof path);
+    gser__mp_unit_path(u, &p);
+    gser__path_format(&p, path, sizeof path);
     int at = snprintf(u->pending, sizeof u->pending, "%s  ", path);
     u->pending_kind = at > 0 && (size_t)at < sizeof u->pending - 32 ? (size_t)at : 0;
     snprintf(u->pending + u->pending_kind, sizeof u->pending - u->pending_kind, "list n=%u", n);
@@ -168,15 +168,15 @@ static void trace_value(mp_unit_t *u, const gser_value_t *v)
             return;
     }
     char s[80];
-    scalar_format(v, s, sizeof s);
-    mp_unit_trace(u, "%s %s", gser_kind_str((gser_kind_t)v->kind), s);
+    gser__scalar_format(v, s, sizeof s);
+    gser__mp_unit_trace(u, "%s %s", gser_kind_str((gser_kind_t)v->kind), s);
 }
 
 /* ---- the callbacks --------------------------------------------------------------------- */
 
 static int nomem(mp_unit_t *u)
 {
-    mp_unit_fail(u, GSER_ERR_NO_MEMORY, "out of memory");
+    gser__mp_unit_fail(u, GSER_ERR_NO_MEMORY, "out of memory");
     return MP_FAILED;
 }
 
@@ -199,7 +199,7 @@ static inline gser_value_t *cb_root(mp_unit_t *u)
 static inline int cb_uint64(mp_unit_t *u, uint64_t d, gser_value_t **o)
 {
     /* a msgpack integer above INT64_MAX is a uint (wire-format.md 4.1) */
-    gser_value_t *v = msg_value(u->msg, d <= (uint64_t)INT64_MAX ? GSER_KIND_INT : GSER_KIND_UINT);
+    gser_value_t *v = gser__msg_value(u->msg, d <= (uint64_t)INT64_MAX ? GSER_KIND_INT : GSER_KIND_UINT);
     if (v)
         v->u.u = d;
     return push(u, v, o);
@@ -207,7 +207,7 @@ static inline int cb_uint64(mp_unit_t *u, uint64_t d, gser_value_t **o)
 
 static inline int cb_int64(mp_unit_t *u, int64_t d, gser_value_t **o)
 {
-    gser_value_t *v = msg_value(u->msg, GSER_KIND_INT);
+    gser_value_t *v = gser__msg_value(u->msg, GSER_KIND_INT);
     if (v)
         v->u.i = d;
     return push(u, v, o);
@@ -228,7 +228,7 @@ GSER_MP_NARROW(int32, int32_t)
 
 static inline int cb_double(mp_unit_t *u, double d, gser_value_t **o)
 {
-    gser_value_t *v = msg_value(u->msg, GSER_KIND_FLOAT);
+    gser_value_t *v = gser__msg_value(u->msg, GSER_KIND_FLOAT);
     if (v)
         v->u.f = d;
     return push(u, v, o);
@@ -246,7 +246,7 @@ static inline int cb_nil(mp_unit_t *u, gser_value_t **o)
 
 static inline int cb_bool(mp_unit_t *u, bool b, gser_value_t **o)
 {
-    gser_value_t *v = msg_value(u->msg, GSER_KIND_BOOL);
+    gser_value_t *v = gser__msg_value(u->msg, GSER_KIND_BOOL);
     if (v)
         v->u.b = b;
     return push(u, v, o);
@@ -265,13 +265,13 @@ static inline int cb_false(mp_unit_t *u, gser_value_t **o)
 static inline int cb_str(mp_unit_t *u, const char *b, const char *p, unsigned int l, gser_value_t **o)
 {
     (void)b;
-    return push(u, msg_str_value(u->msg, p, l), o);
+    return push(u, gser__msg_str_value(u->msg, p, l), o);
 }
 
 static inline int cb_bin(mp_unit_t *u, const char *b, const char *p, unsigned int l, gser_value_t **o)
 {
     (void)b;
-    gser_value_t *v = msg_value(u->msg, GSER_KIND_BYTES);
+    gser_value_t *v = gser__msg_value(u->msg, GSER_KIND_BYTES);
     if (v) {
         v->u.s.ptr = p;
         v->u.s.len = l;
@@ -292,10 +292,10 @@ static inline int cb_ext(mp_unit_t *u, const char *b, const char *p, unsigned in
         return 0;
     }
     if (type != GSER_EXT_UINT || l != 9) {
-        mp_unit_fail(u, GSER_ERR_FORMAT, "ext type %d of %u bytes where a value was expected", type, l - 1);
+        gser__mp_unit_fail(u, GSER_ERR_FORMAT, "ext type %d of %u bytes where a value was expected", type, l - 1);
         return MP_FAILED;
     }
-    gser_value_t *v = msg_value(u->msg, GSER_KIND_UINT);
+    gser_value_t *v = gser__msg_value(u->msg, GSER_KIND_UINT);
     if (v) {
         memcpy(&v->u.u, p + 1, 8); /* little-endian host: checked in internal.h */
         v->flags = VF_EXT_UINT;
@@ -307,13 +307,13 @@ static inline int cb_ext(mp_unit_t *u, const char *b, const char *p, unsigned in
 static inline int charge(mp_unit_t *u, uint64_t n)
 {
     if (n > u->bytes_left) {
-        mp_unit_fail(u, GSER_ERR_TRUNCATED, "%s declares more items than it holds (%llu items, %zu bytes left)",
-                     u->unit, (unsigned long long)n, u->bytes_left);
+        gser__mp_unit_fail(u, GSER_ERR_TRUNCATED, "%s declares more items than it holds (%llu items, %zu bytes left)",
+                           u->unit, (unsigned long long)n, u->bytes_left);
         return MP_FAILED;
     }
     if (n > u->d->nodes_left) {
-        mp_unit_fail(u, GSER_ERR_LIMIT_NODES, "%s has more items than the limit of %zu", u->unit,
-                     u->d->lim.max_nodes);
+        gser__mp_unit_fail(u, GSER_ERR_LIMIT_NODES, "%s has more items than the limit of %zu", u->unit,
+                           u->d->lim.max_nodes);
         return MP_FAILED;
     }
     u->d->nodes_left -= n;
@@ -323,7 +323,7 @@ static inline int charge(mp_unit_t *u, uint64_t n)
 
 static int too_deep(mp_unit_t *u)
 {
-    mp_unit_fail(u, GSER_ERR_LIMIT_DEPTH, "%s nests deeper than the limit of %zu", u->unit, u->d->lim.max_depth);
+    gser__mp_unit_fail(u, GSER_ERR_LIMIT_DEPTH, "%s nests deeper than the limit of %zu", u->unit, u->d->lim.max_depth);
     return MP_FAILED;
 }
 
@@ -336,7 +336,7 @@ static inline int container_ok(mp_unit_t *u, unsigned int n, bool map, uint8_t *
     if (u->open) {
         const mp_stack_t *s = open_at(u, u->open - 1);
         if (s->ct == MSGPACK_CT_MAP_KEY) {
-            mp_unit_fail(u, GSER_ERR_FORMAT, "map key %zu is not a scalar", s->obj->u.map->len);
+            gser__mp_unit_fail(u, GSER_ERR_FORMAT, "map key %zu is not a scalar", s->obj->u.map->len);
             return MP_FAILED;
         }
         uint8_t pm = s->obj->kind == GSER_KIND_MAP ? MARK_NONE : s->obj->u.list->marker;
@@ -345,7 +345,7 @@ static inline int container_ok(mp_unit_t *u, unsigned int n, bool map, uint8_t *
         if (pm != MARK_NONE) {
             /* a marker's shape, strides or reference: an array of integers */
             if (pm == MARK_FIELD || map) {
-                mp_unit_fail(u, GSER_ERR_FORMAT, "a marker field holds a %s", map ? "map" : "nested array");
+                gser__mp_unit_fail(u, GSER_ERR_FORMAT, "a marker field holds a %s", map ? "map" : "nested array");
                 return MP_FAILED;
             }
             *mark = MARK_FIELD;
@@ -366,8 +366,8 @@ static inline int cb_array(mp_unit_t *u, unsigned int n, gser_value_t **o)
     if (charge(u, n) || container_ok(u, n, false, &mark))
         return MP_FAILED;
     /* the value, its list and exactly n item slots: one allocation */
-    gser_value_t *v = msg_alloc(u->msg, sizeof *v + sizeof(gser_list_t) + (size_t)n * sizeof(gser_value_t *),
-                                alignof(gser_value_t));
+    gser_value_t *v = gser__msg_alloc(u->msg, sizeof *v + sizeof(gser_list_t) + (size_t)n * sizeof(gser_value_t *),
+                                      alignof(gser_value_t));
     if (!v)
         return nomem(u);
     gser_list_t *l = (gser_list_t *)(v + 1);
@@ -387,7 +387,7 @@ static inline int cb_array_item(mp_unit_t *u, gser_value_t **c, gser_value_t *o)
     if (__builtin_expect(o->kind == MP_KIND_EXT, 0)) {
         int type = (int)o->u.i;
         if (l->len || cv->kind == GSER_KIND_TUPLE || l->marker == MARK_FIELD) {
-            mp_unit_fail(u, GSER_ERR_FORMAT, "ext type %d of 0 bytes where a value was expected", type);
+            gser__mp_unit_fail(u, GSER_ERR_FORMAT, "ext type %d of 0 bytes where a value was expected", type);
             return MP_FAILED;
         }
         if (type == GSER_EXT_TUPLE) {
@@ -399,7 +399,7 @@ static inline int cb_array_item(mp_unit_t *u, gser_value_t **c, gser_value_t *o)
             l->marker = (uint8_t)type; /* the fields follow; the marker traces itself */
             u->pending[0] = '\0';
         } else {
-            mp_unit_fail(u, GSER_ERR_FORMAT, "unknown marker ext type %d", type);
+            gser__mp_unit_fail(u, GSER_ERR_FORMAT, "unknown marker ext type %d", type);
             return MP_FAILED;
         }
     } else {
@@ -426,15 +426,15 @@ static inline int cb_map(mp_unit_t *u, unsigned int n, gser_value_t **o)
     uint8_t mark;
     if (charge(u, 2 * (uint64_t)n) || container_ok(u, n, true, &mark))
         return MP_FAILED;
-    gser_value_t *v = msg_alloc(u->msg, sizeof *v + sizeof(gser_map_t) + (size_t)n * sizeof(gser_pair_t),
-                                alignof(gser_value_t));
+    gser_value_t *v = gser__msg_alloc(u->msg, sizeof *v + sizeof(gser_map_t) + (size_t)n * sizeof(gser_pair_t),
+                                      alignof(gser_value_t));
     if (!v)
         return nomem(u);
     gser_map_t *m = (gser_map_t *)(v + 1);
     *v = (gser_value_t){.kind = GSER_KIND_MAP, .msg = u->msg, .u.map = m};
     *m = (gser_map_t){.len = 0, .cap = n, .pairs = (gser_pair_t *)(m + 1)};
     if (__builtin_expect(u->trace, 0))
-        mp_unit_trace(u, "map n=%u", n);
+        gser__mp_unit_trace(u, "map n=%u", n);
     *o = v;
     u->open += n != 0;
     return 0;
@@ -444,11 +444,11 @@ static inline int cb_map_item(mp_unit_t *u, gser_value_t **c, gser_value_t *k, g
 {
     gser_map_t *m = (*c)->u.map;
     if (__builtin_expect(k->kind > GSER_KIND_BYTES, 0)) { /* an ext: containers were refused as they began */
-        mp_unit_fail(u, GSER_ERR_FORMAT, "map key %zu is not a scalar", m->len);
+        gser__mp_unit_fail(u, GSER_ERR_FORMAT, "map key %zu is not a scalar", m->len);
         return MP_FAILED;
     }
     if (__builtin_expect(v->kind == MP_KIND_EXT, 0)) {
-        mp_unit_fail(u, GSER_ERR_FORMAT, "ext type %d of 0 bytes where a value was expected", (int)v->u.i);
+        gser__mp_unit_fail(u, GSER_ERR_FORMAT, "ext type %d of 0 bytes where a value was expected", (int)v->u.i);
         return MP_FAILED;
     }
     m->pairs[m->len].key = k;
@@ -461,8 +461,8 @@ static inline int cb_map_item(mp_unit_t *u, gser_value_t **c, gser_value_t *k, g
 
 /* ---- entry point ---------------------------------------------------------------------------- */
 
-gser_status_t mp_parse_unit(dec_t *d, const unsigned char *p, size_t len, size_t depth, size_t fbase, size_t fn,
-                            bool whole, const char *unit, size_t off0, gser_value_t **out, size_t *used)
+gser_status_t gser__mp_parse_unit(dec_t *d, const unsigned char *p, size_t len, size_t depth, size_t fbase, size_t fn,
+                                  bool whole, const char *unit, size_t off0, gser_value_t **out, size_t *used)
 {
     mp_ctx_t ctx;
     mp_unit_t *u = &ctx.user;
@@ -479,11 +479,12 @@ gser_status_t mp_parse_unit(dec_t *d, const unsigned char *p, size_t len, size_t
     u->trace = d->trace != NULL;
     u->pending[0] = '\0';
     if (len == 0)
-        return mp_unit_fail(u, GSER_ERR_TRUNCATED, "%s is empty at byte %zu", unit, off0);
+        return gser__mp_unit_fail(u, GSER_ERR_TRUNCATED, "%s is empty at byte %zu", unit, off0);
     if (depth > d->lim.max_depth)
-        return mp_unit_fail(u, GSER_ERR_LIMIT_DEPTH, "%s nests deeper than the limit of %zu", unit, d->lim.max_depth);
+        return gser__mp_unit_fail(u, GSER_ERR_LIMIT_DEPTH, "%s nests deeper than the limit of %zu", unit,
+                                  d->lim.max_depth);
     if (d->nodes_left == 0)
-        return mp_unit_fail(u, GSER_ERR_LIMIT_NODES, "%s has more items than the limit", unit);
+        return gser__mp_unit_fail(u, GSER_ERR_LIMIT_NODES, "%s has more items than the limit", unit);
     d->nodes_left--; /* the unit's own object */
     u->bytes_left = len - 1;
     size_t off = 0;
@@ -491,11 +492,11 @@ gser_status_t mp_parse_unit(dec_t *d, const unsigned char *p, size_t len, size_t
     if (u->trace)
         trace_flush(u);
     if (r == 1 && whole && off != len)
-        return mp_unit_fail(u, GSER_ERR_FORMAT, "%s has trailing bytes at byte %zu of %zu", unit, off0 + off,
-                            off0 + len);
+        return gser__mp_unit_fail(u, GSER_ERR_FORMAT, "%s has trailing bytes at byte %zu of %zu", unit, off0 + off,
+                                  off0 + len);
     if (r == 1 && ctx.stack[0].obj->kind == MP_KIND_EXT)
-        return mp_unit_fail(u, GSER_ERR_FORMAT, "ext type %d of 0 bytes where a value was expected",
-                            (int)ctx.stack[0].obj->u.i);
+        return gser__mp_unit_fail(u, GSER_ERR_FORMAT, "ext type %d of 0 bytes where a value was expected",
+                                  (int)ctx.stack[0].obj->u.i);
     if (r == 1) {
         *out = ctx.stack[0].obj;
         if (used)
@@ -506,10 +507,11 @@ gser_status_t mp_parse_unit(dec_t *d, const unsigned char *p, size_t len, size_t
         return u->st;
     /* the template's own refusals: where the unit stops */
     if (r == 0)
-        return mp_unit_fail(u, GSER_ERR_TRUNCATED, "%s ends early at byte %zu of %zu", unit, off0 + off, off0 + len);
+        return gser__mp_unit_fail(u, GSER_ERR_TRUNCATED, "%s ends early at byte %zu of %zu", unit, off0 + off,
+                                  off0 + len);
     if (r == MSGPACK_UNPACK_NOMEM_ERROR)
-        return mp_unit_fail(u, GSER_ERR_LIMIT_DEPTH, "%s nests deeper than the limit at byte %zu of %zu", unit,
-                            off0 + off, off0 + len);
-    return mp_unit_fail(u, GSER_ERR_FORMAT, "%s holds an invalid byte at byte %zu of %zu", unit, off0 + off,
-                        off0 + len);
+        return gser__mp_unit_fail(u, GSER_ERR_LIMIT_DEPTH, "%s nests deeper than the limit at byte %zu of %zu", unit,
+                                  off0 + off, off0 + len);
+    return gser__mp_unit_fail(u, GSER_ERR_FORMAT, "%s holds an invalid byte at byte %zu of %zu", unit, off0 + off,
+                              off0 + len);
 }

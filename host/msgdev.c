@@ -8,7 +8,7 @@
 static gser_status_t msgdev_get(gser_msg_t *m, void *stream, msg_device_t **out)
 {
     if (!m->dev) {
-        msg_device_t *md = msg_alloc(m, sizeof *md, alignof(msg_device_t));
+        msg_device_t *md = gser__msg_alloc(m, sizeof *md, alignof(msg_device_t));
         if (!md)
             return GSER_ERR_NO_MEMORY;
         memset(md, 0, sizeof *md);
@@ -19,12 +19,12 @@ static gser_status_t msgdev_get(gser_msg_t *m, void *stream, msg_device_t **out)
     return GSER_OK;
 }
 
-gser_status_t msgdev_alloc(gser_msg_t *m, void *stream, size_t size, bool pinned, void **ptr)
+gser_status_t gser__msgdev_alloc(gser_msg_t *m, void *stream, size_t size, bool pinned, void **ptr)
 {
     devl_t *dl = m->ctx->devl;
     msg_device_t *md;
     if (msgdev_get(m, stream, &md) ||
-        arena_vec_reserve(&m->arena, (void **)&md->res, &md->cap, sizeof *md->res, md->nres + 1))
+        gser__arena_vec_reserve(&m->arena, (void **)&md->res, &md->cap, sizeof *md->res, md->nres + 1))
         return GSER_ERR_NO_MEMORY;
     void *p = NULL;
     gser_status_t st = pinned ? devl_pinned_alloc(dl, size, &p) : devl_alloc(dl, size, stream, &p);
@@ -35,11 +35,11 @@ gser_status_t msgdev_alloc(gser_msg_t *m, void *stream, size_t size, bool pinned
     return GSER_OK;
 }
 
-gser_status_t msgdev_batch(gser_msg_t *m, void *stream, size_t n, devl_batch_t **batch, devl_arrays_t *arrays)
+gser_status_t gser__msgdev_batch(gser_msg_t *m, void *stream, size_t n, devl_batch_t **batch, devl_arrays_t *arrays)
 {
     msg_device_t *md;
-    if (msgdev_get(m, stream, &md) || arena_vec_reserve(&m->arena, (void **)&md->batches, &md->cap_batches,
-                                                        sizeof *md->batches, md->nbatches + 1))
+    if (msgdev_get(m, stream, &md) || gser__arena_vec_reserve(&m->arena, (void **)&md->batches, &md->cap_batches,
+                                                              sizeof *md->batches, md->nbatches + 1))
         return GSER_ERR_NO_MEMORY;
     gser_status_t st = devl_batch_create(m->ctx->devl, n, true, batch, arrays);
     if (st == GSER_OK)
@@ -47,7 +47,7 @@ gser_status_t msgdev_batch(gser_msg_t *m, void *stream, size_t n, devl_batch_t *
     return st;
 }
 
-gser_status_t msgdev_record(gser_msg_t *m, void **event)
+gser_status_t gser__msgdev_record(gser_msg_t *m, void **event)
 {
     devl_t *dl = m->ctx->devl;
     msg_device_t *md = m->dev;
@@ -60,7 +60,7 @@ gser_status_t msgdev_record(gser_msg_t *m, void **event)
     return GSER_OK;
 }
 
-void msgdev_release(gser_msg_t *m)
+void gser__msgdev_release(gser_msg_t *m)
 {
     msg_device_t *md = m->dev;
     devl_t *dl = m->ctx->devl;

@@ -19,7 +19,7 @@ static size_t align_up(size_t n, size_t a)
     return (n + a - 1) & ~(a - 1);
 }
 
-void packer_init(packer_t *p, gser_context_t *ctx, size_t pack_max, void *stream)
+void gser__packer_init(packer_t *p, gser_context_t *ctx, size_t pack_max, void *stream)
 {
     memset(p, 0, sizeof *p);
     p->ctx = ctx;
@@ -27,7 +27,7 @@ void packer_init(packer_t *p, gser_context_t *ctx, size_t pack_max, void *stream
     p->stream = stream;
 }
 
-void packer_free(packer_t *p)
+void gser__packer_free(packer_t *p)
 {
     if (!p->groups && !p->copies && !p->waits)
         return; /* host messages: nothing was planned */
@@ -52,7 +52,7 @@ static gser_status_t grow(void **v, size_t *cap, size_t n, size_t es)
     return GSER_OK;
 }
 
-gser_status_t packer_wait_for(packer_t *p, void *stream, void *event)
+gser_status_t gser__packer_wait_for(packer_t *p, void *stream, void *event)
 {
     if (!stream && !event)
         return GSER_OK;
@@ -68,8 +68,8 @@ gser_status_t packer_wait_for(packer_t *p, void *stream, void *event)
     return GSER_OK;
 }
 
-gser_status_t packer_add(packer_t *p, gser_frames_t *f, int *group, bool to_host, const void *src, size_t size,
-                         size_t *frame, size_t *offset)
+gser_status_t gser__packer_add(packer_t *p, gser_frames_t *f, int *group, bool to_host, const void *src, size_t size,
+                               size_t *frame, size_t *offset)
 {
     if (*group < 0) {
         if (grow((void **)&p->groups, &p->cap_groups, p->ngroups, sizeof *p->groups))
@@ -77,7 +77,7 @@ gser_status_t packer_add(packer_t *p, gser_frames_t *f, int *group, bool to_host
         gser_frame_t placeholder = {.memory = to_host ? GSER_MEMORY_HOST : GSER_MEMORY_DEVICE,
                                     .device = to_host ? 0 : p->ctx->ordinal};
         size_t idx = f->n;
-        if (frames_push(f, &placeholder))
+        if (gser__frames_push(f, &placeholder))
             return GSER_ERR_NO_MEMORY;
         p->groups[p->ngroups] = (pack_group_t){.frame = idx, .bytes = 0, .to_host = to_host};
         p->any_host |= to_host;
@@ -117,7 +117,7 @@ static gser_status_t wait_producers(packer_t *p)
             }
         }
         if (st)
-            return ctxdev_fail(ctx, st, "gser_serialize: waiting for a buffer's stream or event");
+            return gser__ctxdev_fail(ctx, st, "gser_serialize: waiting for a buffer's stream or event");
     }
     return GSER_OK;
 }
@@ -150,11 +150,11 @@ static gser_status_t gather(packer_t *p, gser_frames_t *f, void *dev)
     devl_arrays_t a;
     gser_status_t st = devl_batch_create(ctx->devl, p->ncopies, false, &f->batch, &a);
     if (st)
-        return ctxdev_fail(ctx, st, "gser_serialize: planning the pack kernel");
+        return gser__ctxdev_fail(ctx, st, "gser_serialize: planning the pack kernel");
     /* Copies per group, then each group's first slot in allocation order. */
     size_t *first = calloc(p->ngroups + 1, sizeof *first);
     if (!first)
-        return error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize: out of memory");
+        return gser__error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize: out of memory");
     for (size_t i = 0; i < p->ncopies; i++)
         first[p->copies[i].group]++;
     size_t at = 0;
@@ -172,7 +172,7 @@ static gser_status_t gather(packer_t *p, gser_frames_t *f, void *dev)
     }
     free(first);
     if ((st = devl_batch_run(ctx->devl, f->batch, dev, p->stream)))
-        return ctxdev_fail(ctx, st, "gser_serialize: the pack kernel");
+        return gser__ctxdev_fail(ctx, st, "gser_serialize: the pack kernel");
     return GSER_OK;
 }
 
@@ -188,8 +188,8 @@ static gser_status_t pack(packer_t *p, gser_frames_t *f, bool *queued)
     layout(p, &total, &host_start);
     void *dev = NULL;
     if ((st = devl_alloc(dl, total, p->stream, &dev)))
-        return error_set(ctx, st, "gser_serialize: allocating %zu bytes of device memory for packed frames failed",
-                         total);
+        return gser__error_set(ctx, st,
+                               "gser_serialize: allocating %zu bytes of device memory for packed frames failed", total);
     f->dev_mem = dev;
     f->dev_size = total;
     if ((st = gather(p, f, dev)))
@@ -199,12 +199,12 @@ static gser_status_t pack(packer_t *p, gser_frames_t *f, bool *queued)
         /* The host family: one device-to-host copy of everything it packed. */
         size_t host_size = total - host_start;
         if ((st = devl_pinned_alloc(dl, host_size, &pinned)))
-            return error_set(ctx, st, "gser_serialize: allocating %zu bytes of pinned memory for host frames failed",
-                             host_size);
+            return gser__error_set(
+                ctx, st, "gser_serialize: allocating %zu bytes of pinned memory for host frames failed", host_size);
         f->pinned = pinned;
         f->pinned_size = host_size;
         if ((st = devl_memcpy(dl, pinned, (char *)dev + host_start, host_size, DEVL_D2H, p->stream)))
-            return ctxdev_fail(ctx, st, "gser_serialize: copying packed frames to the host");
+            return gser__ctxdev_fail(ctx, st, "gser_serialize: copying packed frames to the host");
     }
     for (size_t g = 0; g < p->ngroups; g++) {
         gser_frame_t *fr = &f->frames[p->groups[g].frame];
@@ -215,18 +215,18 @@ static gser_status_t pack(packer_t *p, gser_frames_t *f, bool *queued)
     return GSER_OK;
 }
 
-gser_status_t packer_finish(packer_t *p, gser_frames_t *f)
+gser_status_t gser__packer_finish(packer_t *p, gser_frames_t *f)
 {
     if (!p->device_work)
         return GSER_OK;
     gser_context_t *ctx = p->ctx;
-    gser_status_t st = ctxdev_need(ctx, "gser_serialize");
+    gser_status_t st = gser__ctxdev_need(ctx, "gser_serialize");
     if (st)
         return st;
     devl_t *dl = ctx->devl;
     f->stream = p->stream;
     if ((st = devl_event_create(dl, &f->event)))
-        return ctxdev_fail(ctx, st, "gser_serialize: creating the frames' event");
+        return gser__ctxdev_fail(ctx, st, "gser_serialize: creating the frames' event");
     bool queued = false;
     st = pack(p, f, &queued);
     /* The event marks the end of whatever was queued, also when a later step
@@ -236,13 +236,13 @@ gser_status_t packer_finish(packer_t *p, gser_frames_t *f)
     if (rst != GSER_OK) {
         devl_stream_sync(dl, p->stream);
         if (st == GSER_OK)
-            st = ctxdev_fail(ctx, rst, "gser_serialize: recording the frames' event");
+            st = gser__ctxdev_fail(ctx, rst, "gser_serialize: recording the frames' event");
     }
     return st;
 }
 
 /* Called by gser_frames_destroy: wait for the device work, then free. */
-void packer_release(gser_frames_t *f)
+void gser__packer_release(gser_frames_t *f)
 {
     devl_t *dl = f->ctx->devl;
     if (!dl)

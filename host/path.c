@@ -73,7 +73,7 @@ static void scalar_put(sbuf_t *b, const gser_value_t *v)
     }
 }
 
-void scalar_format(const gser_value_t *v, char *buf, size_t cap)
+void gser__scalar_format(const gser_value_t *v, char *buf, size_t cap)
 {
     sbuf_t b = {buf, cap, 0};
     if (cap)
@@ -81,7 +81,7 @@ void scalar_format(const gser_value_t *v, char *buf, size_t cap)
     scalar_put(&b, v);
 }
 
-void quote_format(const char *s, size_t n, char *buf, size_t cap)
+void gser__quote_format(const char *s, size_t n, char *buf, size_t cap)
 {
     sbuf_t b = {buf, cap, 0};
     if (cap == 0)
@@ -90,7 +90,7 @@ void quote_format(const char *s, size_t n, char *buf, size_t cap)
     put_quoted(&b, s, n, 64);
 }
 
-void dims_format(const int64_t *v, uint32_t n, char *buf, size_t cap)
+void gser__dims_format(const int64_t *v, uint32_t n, char *buf, size_t cap)
 {
     sbuf_t b = {buf, cap, 0};
     if (cap == 0)
@@ -104,7 +104,7 @@ void dims_format(const int64_t *v, uint32_t n, char *buf, size_t cap)
     puts_(&b, n == 1 ? ",)" : ")");
 }
 
-void layout_format(const gser_buffer_desc_t *d, size_t span, char *buf, size_t cap)
+void gser__layout_format(const gser_buffer_desc_t *d, size_t span, char *buf, size_t cap)
 {
     sbuf_t b = {buf, cap, 0};
     if (cap == 0)
@@ -113,14 +113,14 @@ void layout_format(const gser_buffer_desc_t *d, size_t span, char *buf, size_t c
     if (!d->strides)
         return;
     char tmp[128];
-    dims_format(d->strides, d->ndim, tmp, sizeof tmp);
+    gser__dims_format(d->strides, d->ndim, tmp, sizeof tmp);
     puts_(&b, " strides=");
     puts_(&b, tmp);
     snprintf(tmp, sizeof tmp, " span=%zu", span);
     puts_(&b, tmp);
 }
 
-void path_format(const path_t *p, char *buf, size_t cap)
+void gser__path_format(const path_t *p, char *buf, size_t cap)
 {
     sbuf_t b = {buf, cap, 0};
     if (cap == 0)
@@ -146,7 +146,7 @@ void path_format(const path_t *p, char *buf, size_t cap)
         memcpy(buf + cap - 4, "...", 4);
 }
 
-void trace_line(FILE *f, const char *fmt, ...)
+void gser__trace_line(FILE *f, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -158,10 +158,10 @@ void trace_line(FILE *f, const char *fmt, ...)
     va_end(ap);
 }
 
-void path_vmessage(const path_t *p, const char *sep, char *buf, size_t cap, const char *fmt, va_list ap)
+void gser__path_vmessage(const path_t *p, const char *sep, char *buf, size_t cap, const char *fmt, va_list ap)
 {
     char path[256];
-    path_format(p, path, sizeof path);
+    gser__path_format(p, path, sizeof path);
     int n = snprintf(buf, cap, "%s%s", path, sep);
     if (n >= 0 && (size_t)n < cap)
         vsnprintf(buf + n, cap - (size_t)n, fmt, ap);

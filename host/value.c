@@ -16,7 +16,7 @@ gser_status_t gser_msg_create(gser_context_t *ctx, gser_msg_t **msg_out)
         if (atomic_load_explicit(&ctx->spare_msg[i], memory_order_relaxed))
             m = atomic_exchange_explicit(&ctx->spare_msg[i], NULL, memory_order_acquire);
     if (!m && !(m = malloc(sizeof *m)))
-        return error_set(ctx, GSER_ERR_NO_MEMORY, "gser_msg_create: out of memory");
+        return gser__error_set(ctx, GSER_ERR_NO_MEMORY, "gser_msg_create: out of memory");
     m->ctx = ctx;
     m->dev = NULL;
     m->frames = NULL;
@@ -27,7 +27,7 @@ gser_status_t gser_msg_create(gser_context_t *ctx, gser_msg_t **msg_out)
     m->flat_data = NULL;
     m->nil = (gser_value_t){.kind = GSER_KIND_NIL, .msg = m};
     m->root = &m->nil;
-    arena_init(&m->arena, (arena_chunk_t *)m->first_chunk, sizeof m->first_chunk);
+    gser__arena_init(&m->arena, (arena_chunk_t *)m->first_chunk, sizeof m->first_chunk);
     *msg_out = m;
     return GSER_OK;
 }
@@ -42,16 +42,16 @@ void gser_msg_destroy(gser_msg_t *msg)
     /* The tests keep the calls off the path of small host messages, which
      * have no cleanups, no device memory and one chunk. */
     if (msg->arena.cleanups)
-        arena_run_cleanups(&msg->arena);
+        gser__arena_run_cleanups(&msg->arena);
     if (msg->dev)
-        msgdev_release(msg);
+        gser__msgdev_release(msg);
     for (size_t i = msg->nframes; i-- > 0;)
         if (msg->frames[i].release)
             msg->frames[i].release((void *)msg->frames[i].data, msg->frames[i].release_arg);
     if (msg->flat_release)
         msg->flat_release((void *)msg->flat_data, msg->flat_arg);
     if (msg->arena.head != (arena_chunk_t *)msg->first_chunk || msg->arena.head->next)
-        arena_free(&msg->arena, (arena_chunk_t *)msg->first_chunk);
+        gser__arena_free(&msg->arena, (arena_chunk_t *)msg->first_chunk);
     else
         msg->arena.head = NULL;
     for (int i = 0; GSER_REUSE && i < 2; i++) {
@@ -83,22 +83,22 @@ gser_context_t *gser_msg_get_context(const gser_msg_t *msg)
 
 static gser_status_t nomem(gser_msg_t *msg, const char *fn)
 {
-    return error_set(msg->ctx, GSER_ERR_NO_MEMORY, "%s: out of memory", fn);
+    return gser__error_set(msg->ctx, GSER_ERR_NO_MEMORY, "%s: out of memory", fn);
 }
 
 /* ---- scalar constructors -------------------------------------------------- */
 
-#define NEW_SCALAR(fn, KIND, field, T)                                                                       \
-    gser_status_t fn(gser_msg_t *msg, T x, gser_value_t **out)                                               \
-    {                                                                                                        \
-        if (!msg || !out)                                                                                    \
-            return GSER_ERR_INVALID_ARG;                                                                     \
-        gser_value_t *v = msg_value(msg, KIND);                                                              \
-        if (!v)                                                                                              \
-            return nomem(msg, #fn);                                                                          \
-        v->u.field = x;                                                                                      \
-        *out = v;                                                                                            \
-        return GSER_OK;                                                                                      \
+#define NEW_SCALAR(fn, KIND, field, T)                                                                                 \
+    gser_status_t fn(gser_msg_t *msg, T x, gser_value_t **out)                                                         \
+    {                                                                                                                  \
+        if (!msg || !out)                                                                                              \
+            return GSER_ERR_INVALID_ARG;                                                                               \
+        gser_value_t *v = gser__msg_value(msg, KIND);                                                                  \
+        if (!v)                                                                                                        \
+            return nomem(msg, #fn);                                                                                    \
+        v->u.field = x;                                                                                                \
+        *out = v;                                                                                                      \
+        return GSER_OK;                                                                                                \
     }
 
 NEW_SCALAR(gser_msg_new_bool, GSER_KIND_BOOL, b, bool)
@@ -118,7 +118,7 @@ gser_status_t gser_msg_new_str(gser_msg_t *msg, const char *s, size_t len, gser_
 {
     if (!msg || !out || (!s && len))
         return GSER_ERR_INVALID_ARG;
-    gser_value_t *v = msg_str_value(msg, s, len);
+    gser_value_t *v = gser__msg_str_value(msg, s, len);
     if (!v)
         return nomem(msg, "gser_msg_new_str");
     *out = v;
@@ -136,7 +136,7 @@ gser_status_t gser_msg_new_bytes(gser_msg_t *msg, const void *data, size_t len, 
 {
     if (!msg || !out || (!data && len))
         return GSER_ERR_INVALID_ARG;
-    gser_value_t *v = msg_value(msg, GSER_KIND_BYTES);
+    gser_value_t *v = gser__msg_value(msg, GSER_KIND_BYTES);
     if (!v)
         return nomem(msg, "gser_msg_new_bytes");
     v->u.s.ptr = data;
@@ -147,7 +147,7 @@ gser_status_t gser_msg_new_bytes(gser_msg_t *msg, const void *data, size_t len, 
 
 /* ---- lists ------------------------------------------------------------------ */
 
-size_t scalar_kind_size(gser_kind_t k)
+size_t gser__scalar_kind_size(gser_kind_t k)
 {
     switch (k) {
     case GSER_KIND_BOOL: return 1;
@@ -158,21 +158,21 @@ size_t scalar_kind_size(gser_kind_t k)
     }
 }
 
-bool kind_is_array_elem(gser_kind_t k)
+bool gser__kind_is_array_elem(gser_kind_t k)
 {
-    return scalar_kind_size(k) != 0;
+    return gser__scalar_kind_size(k) != 0;
 }
 
-bool kind_is_scalar(gser_kind_t k)
+bool gser__kind_is_scalar(gser_kind_t k)
 {
     return k <= GSER_KIND_BYTES;
 }
 
-gser_status_t value_list_new(gser_msg_t *msg, gser_kind_t kind, gser_value_t **out)
+gser_status_t gser__value_list_new(gser_msg_t *msg, gser_kind_t kind, gser_value_t **out)
 {
     /* the value, the list and its first item slots: one allocation */
-    gser_value_t *v = msg_alloc(msg, sizeof *v + sizeof(gser_list_t) + GSER_LIST_INLINE * sizeof(gser_value_t *),
-                                alignof(gser_value_t));
+    gser_value_t *v = gser__msg_alloc(msg, sizeof *v + sizeof(gser_list_t) + GSER_LIST_INLINE * sizeof(gser_value_t *),
+                                      alignof(gser_value_t));
     if (!v)
         return GSER_ERR_NO_MEMORY;
     gser_list_t *l = (gser_list_t *)(v + 1);
@@ -186,21 +186,21 @@ gser_status_t gser_msg_new_list(gser_msg_t *msg, gser_value_t **out)
 {
     if (!msg || !out)
         return GSER_ERR_INVALID_ARG;
-    return value_list_new(msg, GSER_KIND_LIST, out) ? nomem(msg, "gser_msg_new_list") : GSER_OK;
+    return gser__value_list_new(msg, GSER_KIND_LIST, out) ? nomem(msg, "gser_msg_new_list") : GSER_OK;
 }
 
 gser_status_t gser_msg_new_tuple(gser_msg_t *msg, gser_value_t **out)
 {
     if (!msg || !out)
         return GSER_ERR_INVALID_ARG;
-    return value_list_new(msg, GSER_KIND_TUPLE, out) ? nomem(msg, "gser_msg_new_tuple") : GSER_OK;
+    return gser__value_list_new(msg, GSER_KIND_TUPLE, out) ? nomem(msg, "gser_msg_new_tuple") : GSER_OK;
 }
 
-gser_status_t value_array_wrap(gser_msg_t *msg, bool tuple, gser_kind_t elem_kind, const void *data, size_t count,
-                               gser_value_t **out)
+gser_status_t gser__value_array_wrap(gser_msg_t *msg, bool tuple, gser_kind_t elem_kind, const void *data, size_t count,
+                                     gser_value_t **out)
 {
     gser_value_t *v;
-    if (value_list_new(msg, tuple ? GSER_KIND_TUPLE : GSER_KIND_LIST, &v))
+    if (gser__value_list_new(msg, tuple ? GSER_KIND_TUPLE : GSER_KIND_LIST, &v))
         return GSER_ERR_NO_MEMORY;
     gser_list_t *l = v->u.list;
     l->mode = LIST_ARRAY;
@@ -218,32 +218,32 @@ gser_status_t gser_msg_new_array(gser_msg_t *msg, gser_kind_t elem_kind, const v
 {
     if (!msg || !out)
         return GSER_ERR_INVALID_ARG;
-    if (!kind_is_array_elem(elem_kind))
-        return error_set(msg->ctx, GSER_ERR_INVALID_ARG,
-                         "gser_msg_new_array: element kind %s is not bool, int, uint or float",
-                         gser_kind_str(elem_kind));
-    size_t es = scalar_kind_size(elem_kind);
+    if (!gser__kind_is_array_elem(elem_kind))
+        return gser__error_set(msg->ctx, GSER_ERR_INVALID_ARG,
+                               "gser_msg_new_array: element kind %s is not bool, int, uint or float",
+                               gser_kind_str(elem_kind));
+    size_t es = gser__scalar_kind_size(elem_kind);
     if (count && !data)
-        return error_set(msg->ctx, GSER_ERR_INVALID_ARG, "gser_msg_new_array: data is NULL");
+        return gser__error_set(msg->ctx, GSER_ERR_INVALID_ARG, "gser_msg_new_array: data is NULL");
     if (count > SIZE_MAX / es)
-        return error_set(msg->ctx, GSER_ERR_INVALID_ARG, "gser_msg_new_array: count too large");
+        return gser__error_set(msg->ctx, GSER_ERR_INVALID_ARG, "gser_msg_new_array: count too large");
     if (elem_kind == GSER_KIND_BOOL) {
         const unsigned char *b = data;
         for (size_t i = 0; i < count; i++)
             if (b[i] > 1)
-                return error_set(msg->ctx, GSER_ERR_INVALID_ARG,
-                                 "gser_msg_new_array: bool element %zu is %u, not 0 or 1", i, b[i]);
+                return gser__error_set(msg->ctx, GSER_ERR_INVALID_ARG,
+                                       "gser_msg_new_array: bool element %zu is %u, not 0 or 1", i, b[i]);
     }
     const void *src = data;
     if ((flags & GSER_ARRAY_COPY) && count) {
-        void *copy = msg_alloc(msg, count * es, 16);
+        void *copy = gser__msg_alloc(msg, count * es, 16);
         if (!copy)
             return nomem(msg, "gser_msg_new_array");
         memcpy(copy, data, count * es);
         src = copy;
     }
     gser_value_t *v;
-    if (value_array_wrap(msg, flags & GSER_ARRAY_TUPLE, elem_kind, src, count, &v))
+    if (gser__value_array_wrap(msg, flags & GSER_ARRAY_TUPLE, elem_kind, src, count, &v))
         return nomem(msg, "gser_msg_new_array");
     *out = v;
     return GSER_OK;
@@ -257,7 +257,7 @@ static bool is_list(const gser_value_t *v)
 /* Box element i of an array-backed list into a new value. */
 static gser_value_t *box_elem(gser_msg_t *msg, const gser_list_t *l, size_t i)
 {
-    gser_value_t *v = msg_value(msg, l->arr_kind);
+    gser_value_t *v = gser__msg_value(msg, l->arr_kind);
     if (!v)
         return NULL;
     switch (l->arr_kind) {
@@ -272,7 +272,7 @@ static gser_value_t *box_elem(gser_msg_t *msg, const gser_list_t *l, size_t i)
 /* Turn an array-backed list into a list of value pointers (a mixed append). */
 static gser_status_t list_box(gser_msg_t *msg, gser_list_t *l)
 {
-    if (arena_vec_reserve(&msg->arena, (void **)&l->items, &l->items_cap, sizeof(gser_value_t *), l->len + 1))
+    if (gser__arena_vec_reserve(&msg->arena, (void **)&l->items, &l->items_cap, sizeof(gser_value_t *), l->len + 1))
         return GSER_ERR_NO_MEMORY;
     for (size_t i = 0; i < l->len; i++) {
         gser_value_t *v = l->cache && l->cache[i] ? l->cache[i] : box_elem(msg, l, i);
@@ -293,7 +293,7 @@ static gser_status_t list_arr_reserve(gser_msg_t *msg, gser_list_t *l, size_t es
         const void *old = l->arr;
         l->arr = NULL;
         l->arr_cap = 0;
-        if (arena_vec_reserve(&msg->arena, &l->arr, &l->arr_cap, es, l->len + 1)) {
+        if (gser__arena_vec_reserve(&msg->arena, &l->arr, &l->arr_cap, es, l->len + 1)) {
             l->arr = (void *)old;
             return GSER_ERR_NO_MEMORY;
         }
@@ -302,7 +302,7 @@ static gser_status_t list_arr_reserve(gser_msg_t *msg, gser_list_t *l, size_t es
         l->arr_borrowed = false;
         return GSER_OK;
     }
-    return arena_vec_reserve(&msg->arena, &l->arr, &l->arr_cap, es, l->len + 1);
+    return gser__arena_vec_reserve(&msg->arena, &l->arr, &l->arr_cap, es, l->len + 1);
 }
 
 /* Append a scalar without boxing when the list is (or can become) an array of its kind. */
@@ -315,7 +315,7 @@ static gser_status_t list_push_scalar(gser_value_t *list, gser_kind_t kind, cons
         l->arr_kind = kind;
     }
     if (l->mode == LIST_ARRAY && l->arr_kind == kind) {
-        size_t es = scalar_kind_size(kind);
+        size_t es = gser__scalar_kind_size(kind);
         if (list_arr_reserve(msg, l, es))
             return nomem(msg, "gser_list_append");
         memcpy((char *)l->arr + l->len * es, bits, es);
@@ -323,10 +323,10 @@ static gser_status_t list_push_scalar(gser_value_t *list, gser_kind_t kind, cons
         l->cache = NULL;
         return GSER_OK;
     }
-    gser_value_t *v = msg_value(msg, kind);
+    gser_value_t *v = gser__msg_value(msg, kind);
     if (!v)
         return nomem(msg, "gser_list_append");
-    memcpy(&v->u, bits, scalar_kind_size(kind));
+    memcpy(&v->u, bits, gser__scalar_kind_size(kind));
     return gser_list_append(list, v);
 }
 
@@ -337,7 +337,7 @@ gser_status_t gser_list_append(gser_value_t *list, gser_value_t *value)
     gser_list_t *l = list->u.list;
     gser_msg_t *msg = list->msg;
     gser_kind_t k = value->kind;
-    if (kind_is_array_elem(k) && (l->mode == LIST_ARRAY || l->len == 0)) {
+    if (gser__kind_is_array_elem(k) && (l->mode == LIST_ARRAY || l->len == 0)) {
         if (l->mode == LIST_BOXED || l->arr_kind == k) {
             if (k == GSER_KIND_BOOL) {
                 unsigned char b = value->u.b;
@@ -348,7 +348,7 @@ gser_status_t gser_list_append(gser_value_t *list, gser_value_t *value)
     }
     if (l->mode == LIST_ARRAY && list_box(msg, l))
         return nomem(msg, "gser_list_append");
-    if (arena_vec_reserve(&msg->arena, (void **)&l->items, &l->items_cap, sizeof(gser_value_t *), l->len + 1))
+    if (gser__arena_vec_reserve(&msg->arena, (void **)&l->items, &l->items_cap, sizeof(gser_value_t *), l->len + 1))
         return nomem(msg, "gser_list_append");
     l->items[l->len++] = value;
     return GSER_OK;
@@ -401,7 +401,7 @@ gser_status_t gser_list_append_cstr(gser_value_t *list, const char *s)
 {
     if (!is_list(list) || !s)
         return GSER_ERR_INVALID_ARG;
-    gser_value_t *v = msg_str_value(list->msg, s, strlen(s));
+    gser_value_t *v = gser__msg_str_value(list->msg, s, strlen(s));
     if (!v)
         return nomem(list->msg, "gser_list_append_cstr");
     gser_list_t *l = list->u.list;
@@ -425,7 +425,7 @@ gser_status_t gser_list_get(gser_value_t *list, size_t i, gser_value_t **out)
     }
     gser_msg_t *msg = list->msg;
     if (!l->cache) {
-        l->cache = msg_alloc(msg, l->len * sizeof(gser_value_t *), alignof(gser_value_t *));
+        l->cache = gser__msg_alloc(msg, l->len * sizeof(gser_value_t *), alignof(gser_value_t *));
         if (!l->cache)
             return nomem(msg, "gser_list_get");
         memset(l->cache, 0, l->len * sizeof(gser_value_t *));
@@ -456,8 +456,8 @@ gser_status_t gser_msg_new_map(gser_msg_t *msg, gser_value_t **out)
     if (!msg || !out)
         return GSER_ERR_INVALID_ARG;
     /* the value, the map and its first pairs: one allocation */
-    gser_value_t *v = msg_alloc(msg, sizeof *v + sizeof(gser_map_t) + GSER_MAP_INLINE * sizeof(gser_pair_t),
-                                alignof(gser_value_t));
+    gser_value_t *v = gser__msg_alloc(msg, sizeof *v + sizeof(gser_map_t) + GSER_MAP_INLINE * sizeof(gser_pair_t),
+                                      alignof(gser_value_t));
     if (!v)
         return nomem(msg, "gser_msg_new_map");
     gser_map_t *m = (gser_map_t *)(v + 1);
@@ -471,7 +471,7 @@ gser_status_t gser_msg_new_map(gser_msg_t *msg, gser_value_t **out)
 static inline gser_status_t map_append(gser_value_t *map, gser_value_t *key, gser_value_t *value)
 {
     gser_map_t *m = map->u.map;
-    if (arena_vec_reserve(&map->msg->arena, (void **)&m->pairs, &m->cap, sizeof(gser_pair_t), m->len + 1))
+    if (gser__arena_vec_reserve(&map->msg->arena, (void **)&m->pairs, &m->cap, sizeof(gser_pair_t), m->len + 1))
         return nomem(map->msg, "gser_map_put");
     m->pairs[m->len].key = key;
     m->pairs[m->len].value = value;
@@ -483,9 +483,9 @@ gser_status_t gser_map_put(gser_value_t *map, gser_value_t *key, gser_value_t *v
 {
     if (!map || map->kind != GSER_KIND_MAP || !key || !value)
         return GSER_ERR_INVALID_ARG;
-    if (!kind_is_scalar(key->kind))
-        return error_set(map->msg->ctx, GSER_ERR_INVALID_ARG, "gser_map_put: a map key must be a scalar, not a %s",
-                         gser_kind_str(key->kind));
+    if (!gser__kind_is_scalar(key->kind))
+        return gser__error_set(map->msg->ctx, GSER_ERR_INVALID_ARG,
+                               "gser_map_put: a map key must be a scalar, not a %s", gser_kind_str(key->kind));
     return map_append(map, key, value);
 }
 
@@ -493,7 +493,7 @@ gser_status_t gser_map_put_cstr(gser_value_t *map, const char *key, gser_value_t
 {
     if (!map || map->kind != GSER_KIND_MAP || !key || !value)
         return GSER_ERR_INVALID_ARG;
-    gser_value_t *k = msg_str_value(map->msg, key, strlen(key));
+    gser_value_t *k = gser__msg_str_value(map->msg, key, strlen(key));
     return k ? map_append(map, k, value) : nomem(map->msg, "gser_map_put_cstr");
 }
 
@@ -501,7 +501,7 @@ gser_status_t gser_map_put_borrowed(gser_value_t *map, const char *key, size_t l
 {
     if (!map || map->kind != GSER_KIND_MAP || !key || !value || key[len] != '\0')
         return GSER_ERR_INVALID_ARG;
-    gser_value_t *k = msg_value(map->msg, GSER_KIND_STR);
+    gser_value_t *k = gser__msg_value(map->msg, GSER_KIND_STR);
     if (!k)
         return nomem(map->msg, "gser_map_put_borrowed");
     k->u.s.ptr = key; /* not copied: the caller keeps it, as the call says */
@@ -566,8 +566,8 @@ static void run_owned_release(void *arg)
     r->fn(r->data, r->arg);
 }
 
-uint32_t layout_span(uint32_t ndim, const int64_t *shape, const int64_t *strides, size_t es, size_t *first,
-                     size_t *span)
+uint32_t gser__layout_span(uint32_t ndim, const int64_t *shape, const int64_t *strides, size_t es, size_t *first,
+                           size_t *span)
 {
     for (uint32_t k = 0; k < ndim; k++) {
         if (shape[k] == 0) {
@@ -591,7 +591,7 @@ uint32_t layout_span(uint32_t ndim, const int64_t *shape, const int64_t *strides
     return 0;
 }
 
-bool layout_is_c(uint32_t ndim, const int64_t *shape, const int64_t *strides, size_t es)
+bool gser__layout_is_c(uint32_t ndim, const int64_t *shape, const int64_t *strides, size_t es)
 {
     uint64_t want = es;
     bool c = true;
@@ -616,13 +616,13 @@ static void c_strides(uint32_t ndim, const int64_t *shape, size_t es, int64_t *o
     }
 }
 
-gser_value_t *buffer_value(gser_msg_t *msg, gser_value_t *into, const gser_buffer_desc_t *desc, size_t first,
-                           size_t span)
+gser_value_t *gser__buffer_value(gser_msg_t *msg, gser_value_t *into, const gser_buffer_desc_t *desc, size_t first,
+                                 size_t span)
 {
-    gser_value_t *v = into ? into : msg_value(msg, GSER_KIND_BUFFER);
-    gser_buffer_t *b = v ? msg_alloc(msg, sizeof *b, alignof(gser_buffer_t)) : NULL;
+    gser_value_t *v = into ? into : gser__msg_value(msg, GSER_KIND_BUFFER);
+    gser_buffer_t *b = v ? gser__msg_alloc(msg, sizeof *b, alignof(gser_buffer_t)) : NULL;
     size_t dims = (size_t)desc->ndim * (desc->strides ? 2 : 1);
-    int64_t *store = b && dims ? msg_alloc(msg, dims * sizeof(int64_t), 8) : NULL;
+    int64_t *store = b && dims ? gser__msg_alloc(msg, dims * sizeof(int64_t), 8) : NULL;
     if (!b || (dims && !store))
         return NULL;
     b->desc = *desc;
@@ -652,36 +652,36 @@ static gser_status_t buffer_check(gser_context_t *ctx, const char *what, gser_bu
 {
     size_t es = gser_dtype_size(d->dtype);
     if (es == 0)
-        return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: unknown dtype %d", what, (int)d->dtype);
+        return gser__error_set(ctx, GSER_ERR_INVALID_ARG, "%s: unknown dtype %d", what, (int)d->dtype);
     if (d->ndim > GSER_MAX_NDIM || (d->ndim && !d->shape))
-        return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: ndim %u needs a shape of at most %d dims", what, d->ndim,
-                         GSER_MAX_NDIM);
+        return gser__error_set(ctx, GSER_ERR_INVALID_ARG, "%s: ndim %u needs a shape of at most %d dims", what, d->ndim,
+                               GSER_MAX_NDIM);
     if (d->strides && !d->ndim)
-        return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: strides need a shape (ndim is 0)", what);
+        return gser__error_set(ctx, GSER_ERR_INVALID_ARG, "%s: strides need a shape (ndim is 0)", what);
     if (d->ndim) {
         uint64_t total = es;
         for (uint32_t k = 0; k < d->ndim; k++) {
             if (d->shape[k] < 0 || (d->shape[k] && total > UINT64_MAX / (uint64_t)d->shape[k]))
-                return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: bad extent %lld in dim %u", what,
-                                 (long long)d->shape[k], k);
+                return gser__error_set(ctx, GSER_ERR_INVALID_ARG, "%s: bad extent %lld in dim %u", what,
+                                       (long long)d->shape[k], k);
             total *= (uint64_t)d->shape[k];
         }
         if (total != d->nbytes)
-            return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: shape holds %llu bytes of %s but nbytes is %zu", what,
-                             (unsigned long long)total, gser_dtype_str(d->dtype), d->nbytes);
+            return gser__error_set(ctx, GSER_ERR_INVALID_ARG, "%s: shape holds %llu bytes of %s but nbytes is %zu",
+                                   what, (unsigned long long)total, gser_dtype_str(d->dtype), d->nbytes);
     } else if (d->nbytes % es) {
-        return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: nbytes %zu is not a multiple of %s", what, d->nbytes,
-                         gser_dtype_str(d->dtype));
+        return gser__error_set(ctx, GSER_ERR_INVALID_ARG, "%s: nbytes %zu is not a multiple of %s", what, d->nbytes,
+                               gser_dtype_str(d->dtype));
     }
     *first = 0;
     *span = d->nbytes;
     if (d->strides) {
-        uint32_t bad = layout_span(d->ndim, d->shape, d->strides, es, first, span);
+        uint32_t bad = gser__layout_span(d->ndim, d->shape, d->strides, es, first, span);
         if (bad)
-            return error_set(ctx, GSER_ERR_INVALID_ARG,
-                             "%s: with strides[%u] = %lld the elements span more than 2^63 - 1 bytes", what, bad - 1,
-                             (long long)d->strides[bad - 1]);
-        if (layout_is_c(d->ndim, d->shape, d->strides, es)) {
+            return gser__error_set(ctx, GSER_ERR_INVALID_ARG,
+                                   "%s: with strides[%u] = %lld the elements span more than 2^63 - 1 bytes", what,
+                                   bad - 1, (long long)d->strides[bad - 1]);
+        if (gser__layout_is_c(d->ndim, d->shape, d->strides, es)) {
             d->strides = NULL;
             *first = 0;
             *span = d->nbytes;
@@ -698,28 +698,28 @@ gser_status_t gser_msg_new_buffer(gser_msg_t *msg, const gser_buffer_desc_t *use
     gser_context_t *ctx = msg->ctx;
     gser_buffer_desc_t d_ = GSER_BUFFER_DESC_INIT;
     const gser_buffer_desc_t *desc = &d_;
-    gser_status_t rst = struct_read(ctx, what, "gser_buffer_desc_t", &d_, sizeof d_, user_desc);
+    gser_status_t rst = gser__struct_read(ctx, what, "gser_buffer_desc_t", &d_, sizeof d_, user_desc);
     if (rst)
         return rst;
     size_t first, span;
     if ((rst = buffer_check(ctx, what, &d_, &first, &span)))
         return rst;
     if (desc->nbytes && !desc->data)
-        return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: data is NULL", what);
+        return gser__error_set(ctx, GSER_ERR_INVALID_ARG, "%s: data is NULL", what);
     if (desc->memory != GSER_MEMORY_HOST && desc->memory != GSER_MEMORY_DEVICE)
-        return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: unknown memory kind %d", what, (int)desc->memory);
+        return gser__error_set(ctx, GSER_ERR_INVALID_ARG, "%s: unknown memory kind %d", what, (int)desc->memory);
     bool copy = desc->flags & GSER_BUFFER_COPY;
     if (copy && desc->memory != GSER_MEMORY_HOST)
-        return error_set(ctx, GSER_ERR_UNSUPPORTED, "%s: GSER_BUFFER_COPY needs host memory", what);
+        return gser__error_set(ctx, GSER_ERR_UNSUPPORTED, "%s: GSER_BUFFER_COPY needs host memory", what);
     if (copy && desc->release)
-        return error_set(ctx, GSER_ERR_INVALID_ARG, "%s: both GSER_BUFFER_COPY and release set", what);
+        return gser__error_set(ctx, GSER_ERR_INVALID_ARG, "%s: both GSER_BUFFER_COPY and release set", what);
 
-    gser_value_t *v = buffer_value(msg, NULL, desc, first, span);
+    gser_value_t *v = gser__buffer_value(msg, NULL, desc, first, span);
     if (!v)
         return nomem(msg, what);
     if (copy && span) {
         /* the span, not nbytes: a broadcast array is copied as its base */
-        char *d = msg_alloc(msg, span, 16);
+        char *d = gser__msg_alloc(msg, span, 16);
         if (!d)
             return nomem(msg, what);
         memcpy(d, (const char *)desc->data - first, span);
@@ -728,13 +728,13 @@ gser_status_t gser_msg_new_buffer(gser_msg_t *msg, const gser_buffer_desc_t *use
     if (desc->release) {
         /* Registered last, once nothing else can fail: the message owns data
          * only when the call succeeds. */
-        owned_release_t *r = msg_alloc(msg, sizeof *r, alignof(owned_release_t));
+        owned_release_t *r = gser__msg_alloc(msg, sizeof *r, alignof(owned_release_t));
         if (!r)
             return nomem(msg, what);
         r->fn = desc->release;
         r->data = (void *)desc->data;
         r->arg = desc->release_arg;
-        if (arena_on_release(&msg->arena, run_owned_release, r))
+        if (gser__arena_on_release(&msg->arena, run_owned_release, r))
             return nomem(msg, what);
     }
     *out = v;
@@ -769,7 +769,7 @@ gser_status_t gser_buffer_get_span(const gser_buffer_desc_t *desc, int64_t *offs
     for (uint32_t k = 0; k < d.ndim; k++)
         if (d.shape[k] < 0)
             return GSER_ERR_INVALID_ARG;
-    if (d.strides && layout_span(d.ndim, d.shape, d.strides, es, &first, &n))
+    if (d.strides && gser__layout_span(d.ndim, d.shape, d.strides, es, &first, &n))
         return GSER_ERR_INVALID_ARG;
     *offset = -(int64_t)first;
     *span = n;
@@ -780,12 +780,12 @@ gser_status_t gser_msg_new_object(gser_msg_t *msg, const char *type_name, void *
 {
     if (!msg || !type_name || !out)
         return GSER_ERR_INVALID_ARG;
-    const gser_type_t *t = context_find_type(msg->ctx, type_name, strlen(type_name));
+    const gser_type_t *t = gser__context_find_type(msg->ctx, type_name, strlen(type_name));
     if (!t)
-        return error_set(msg->ctx, GSER_ERR_NOT_FOUND, "gser_msg_new_object: type \"%s\" is not registered",
-                         type_name);
-    gser_value_t *v = msg_value(msg, GSER_KIND_OBJECT);
-    gser_object_t *o = v ? msg_alloc(msg, sizeof *o, alignof(gser_object_t)) : NULL;
+        return gser__error_set(msg->ctx, GSER_ERR_NOT_FOUND, "gser_msg_new_object: type \"%s\" is not registered",
+                               type_name);
+    gser_value_t *v = gser__msg_value(msg, GSER_KIND_OBJECT);
+    gser_object_t *o = v ? gser__msg_alloc(msg, sizeof *o, alignof(gser_object_t)) : NULL;
     if (!o)
         return nomem(msg, "gser_msg_new_object");
     o->type = t;
@@ -1013,7 +1013,7 @@ bool gser_value_equal(const gser_value_t *a, const gser_value_t *b)
             return false;
         if (la->mode == LIST_ARRAY && lb->mode == LIST_ARRAY && la->arr_kind == lb->arr_kind &&
             la->arr_kind != GSER_KIND_FLOAT)
-            return la->len == 0 || memcmp(la->arr, lb->arr, la->len * scalar_kind_size(la->arr_kind)) == 0;
+            return la->len == 0 || memcmp(la->arr, lb->arr, la->len * gser__scalar_kind_size(la->arr_kind)) == 0;
         for (size_t i = 0; i < la->len; i++) {
             gser_value_t ta, tb;
             const gser_value_t *ea, *eb;
