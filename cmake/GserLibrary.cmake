@@ -7,7 +7,14 @@
 # one relocatable object (ld -r) in which every hidden symbol is made local
 # (cmake/gser-localize.sh): an application linking libgser.a sees only the
 # public gser_* API, and cannot collide with, or bind to, gser's internals.
-# <name>_testing keeps them global for the tests that call them.
+# The core's internal names carry the private prefix gser__, but a prefix
+# does not make this step unneeded: without it the archive also gives the
+# application's link the device layer's devl_* names, the C++-mangled host
+# stubs nvcc makes for each __global__ kernel (_Z..._kernel...), and the
+# plugins' gux_* and arrow_* names; a program defining devl_pincache_get
+# then fails to link against the plain archive and links against this one.
+# <name>_testing, the same objects archived without the step, keeps them
+# global for the white-box tests that call them.
 function(gser_add_libraries name objlib export_name)
   add_library(${name} SHARED $<TARGET_OBJECTS:${objlib}>)
   set_target_properties(${name} PROPERTIES VERSION ${PROJECT_VERSION} SOVERSION ${GSER_SOVERSION}

@@ -1,6 +1,6 @@
 /* The per-thread detailed error messages of contexts, and the text for a
- * versioned struct that could not be read. A leaf: every other file of the
- * core reports through it, and it calls none of them. */
+ * versioned struct that could not be read. The other files of the core
+ * report through it, and it calls none of them (status.c's names only). */
 #include <stdlib.h>
 #include <string.h>
 

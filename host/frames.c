@@ -1,5 +1,6 @@
 /* The frames vector of a serialized message: growth and the accessors that
- * only read it. A leaf: encode.c and pack.c both add frames through it. */
+ * only read it. Calls no other file of the core: encode.c and pack.c both
+ * add frames through it. */
 #include <stdlib.h>
 #include <string.h>
 
