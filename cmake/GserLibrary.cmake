@@ -41,6 +41,21 @@ function(gser_add_libraries name objlib export_name)
     target_include_directories(${t} PUBLIC
       $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include> $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
   endforeach()
+  add_library(gser::${export_name} ALIAS ${name})
+  add_library(gser::${export_name}_static ALIAS ${name}_static)
+endfunction()
+
+# gser_add_plugin_libraries(<name> <object library> <export name>):
+# gser_add_libraries for a plugin, each of whose libraries links the core's
+# of the same kind. Installed, the shared one finds libgser beside it (a
+# program that uses only the plugin's calls may not list libgser itself once
+# linked --as-needed).
+function(gser_add_plugin_libraries name objlib export_name)
+  gser_add_libraries(${name} ${objlib} ${export_name})
+  set_target_properties(${name} PROPERTIES INSTALL_RPATH "$ORIGIN")
+  target_link_libraries(${name} PUBLIC gser)
+  target_link_libraries(${name}_static PUBLIC gser_static)
+  target_link_libraries(${name}_testing PUBLIC gser_testing)
 endfunction()
 
 # gser_configure_pc(<template> <output>): a pkg-config file whose prefix is
