@@ -105,7 +105,7 @@ DEVL_INTERNAL gser_status_t devl_gather_resident(devl_t *dl, const void *const *
 DEVL_INTERNAL gser_status_t devl_stream_create(devl_t *dl, void **stream);
 DEVL_INTERNAL void devl_stream_destroy(devl_t *dl, void *stream);
 
-/* The Arrow column ops (see gser/extension.h); arguments already checked. */
+/* The Arrow column ops (see gser/arrow.h); arguments already checked. */
 DEVL_INTERNAL gser_status_t devl_rebase_offsets(devl_t *dl, void *dst, const void *src, size_t count, unsigned width,
                                                 void *stream);
 DEVL_INTERNAL gser_status_t devl_copy_bits(devl_t *dl, void *dst, const void *src, uint64_t src_bit, uint64_t nbits,

@@ -1,4 +1,4 @@
-/* The public device API (gser/device.h, the Arrow ops of gser/extension.h),
+/* The public device API (gser/device.h, the Arrow ops of gser/arrow.h),
  * on the core's side: arguments are checked here, the work goes through the
  * device layer (device/device.h), and its failures become the context's
  * message. */
@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gser/arrow.h"
 #include "internal.h"
 
 struct gser_event {

@@ -246,6 +246,66 @@ typedef struct gser_arrow_take_options {
 GSER_API gser_status_t gser_arrow_take_value(gser_value_t *v, const gser_arrow_take_options_t *opts,
                                              struct ArrowDeviceArray *out_array, struct ArrowSchema *out_schema);
 
+/* ---- device ops on Arrow columns (implemented by gser itself) -------------- */
+/* For producers and receivers of device tables (gser::arrow uses them) that
+ * must not copy a column to the host to rebase, slice or check it. */
+
+/**
+ * Rebase an offsets buffer so that it starts at 0: dst[i] = src[i] - src[0]
+ * for count offsets of width 4 (int32) or 8 (int64) bytes, queued on stream.
+ * src[0] is read on the device (no host round trip). Both buffers are device
+ * memory, aligned to width, and must not overlap. count 0 does nothing.
+ *
+ * @return GSER_OK when queued;
+ *         GSER_ERR_INVALID_ARG for a width other than 4 or 8, NULL, misaligned
+ *         or overlapping buffers;
+ *         GSER_ERR_NO_DEVICE when ctx has no device backend;
+ *         GSER_ERR_DEVICE when the device failed (the context's last error
+ *         has the backend's message).
+ */
+GSER_API gser_status_t gser_device_rebase_offsets(gser_context_t *ctx, void *dst, const void *src, size_t count,
+                                                  size_t width, void *stream);
+
+/**
+ * Copy the bit range [src_bit_offset, src_bit_offset + nbits) of the bitmap
+ * src (least significant bit first, as Arrow orders them) to bits
+ * [0, nbits) of dst, queued on stream: (nbits + 7) / 8 bytes of dst are
+ * written, the bits past nbits in the last one as 0. No byte of src outside
+ * the range is read. Both are device memory and must not overlap.
+ *
+ * @return GSER_OK when queued (also for nbits 0, which does nothing);
+ *         GSER_ERR_INVALID_ARG for NULL or overlapping buffers, or a bit range
+ *         past 2^64;
+ *         GSER_ERR_NO_DEVICE when ctx has no device backend;
+ *         GSER_ERR_DEVICE when the device failed.
+ */
+GSER_API gser_status_t gser_device_copy_bits(gser_context_t *ctx, void *dst, const void *src,
+                                             uint64_t src_bit_offset, uint64_t nbits, void *stream);
+
+/** What gser_device_check_offsets found wrong (bits of its verdict). */
+enum {
+    GSER_OFFSETS_FIRST = 1u << 0,    /**< the first offset is not 0 */
+    GSER_OFFSETS_DECREASE = 1u << 1, /**< some offset is less than the one before */
+    GSER_OFFSETS_LAST = 1u << 2,     /**< the last offset is not end */
+};
+
+/**
+ * Check an Arrow offsets buffer in device memory without copying it to the
+ * host: count signed offsets of width 4 or 8 bytes must start at 0, never
+ * decrease, and end at end (the size of what they index). One pass on the
+ * device, ordered on stream; the call waits for the verdict: 0 when valid,
+ * else GSER_OFFSETS_* bits. For receivers that must not trust a peer's
+ * device buffers (plugins/arrow). count 0 is valid.
+ *
+ * @return GSER_OK with *verdict set (0: valid);
+ *         GSER_ERR_INVALID_ARG for a width other than 4 or 8, or NULL or
+ *         misaligned offsets;
+ *         GSER_ERR_NO_DEVICE when ctx has no device backend;
+ *         GSER_ERR_DEVICE when the device failed.
+ */
+GSER_API gser_status_t gser_device_check_offsets(gser_context_t *ctx, const void *offsets, size_t count, size_t width,
+                                                 uint64_t end, void *stream, uint32_t *verdict);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,5 +1,7 @@
-/* gser — the extension API: hooks for libraries built on gser (its own
- * plugins among them) and for tests. Not included by gser/gser.h.
+/* gser — the extension API: what libraries built on gser (its own plugins
+ * among them) need to report errors and read versioned structs the way the
+ * core does. Not included by gser/gser.h. (The device ops on Arrow columns
+ * are in gser/arrow.h; test hooks in gser/testing.h, which is not installed.)
  *
  * In the spirit of zstd's ZSTD_STATIC_LINKING_ONLY: what is here is exported
  * and documented, but it is not part of the API an application needs, and it
@@ -94,65 +96,6 @@ static inline gser_status_t gser_struct_write(void *dst, const void *src, size_t
            (n < src_size ? n : src_size) - sizeof n);
     return GSER_OK;
 }
-
-/* ---- small device ops on Arrow columns (plugins/arrow) ---------------------- */
-
-/**
- * Rebase an offsets buffer so that it starts at 0: dst[i] = src[i] - src[0]
- * for count offsets of width 4 (int32) or 8 (int64) bytes, queued on stream.
- * src[0] is read on the device (no host round trip). Both buffers are device
- * memory, aligned to width, and must not overlap. count 0 does nothing.
- */
-GSER_API gser_status_t gser_device_rebase_offsets(gser_context_t *ctx, void *dst, const void *src, size_t count,
-                                                  size_t width, void *stream);
-
-/**
- * Copy the bit range [src_bit_offset, src_bit_offset + nbits) of the bitmap
- * src (least significant bit first, as Arrow orders them) to bits
- * [0, nbits) of dst, queued on stream: (nbits + 7) / 8 bytes of dst are
- * written, the bits past nbits in the last one as 0. No byte of src outside
- * the range is read. Both are device memory and must not overlap.
- */
-GSER_API gser_status_t gser_device_copy_bits(gser_context_t *ctx, void *dst, const void *src,
-                                             uint64_t src_bit_offset, uint64_t nbits, void *stream);
-
-/** What gser_device_check_offsets found wrong (bits of its verdict). */
-enum {
-    GSER_OFFSETS_FIRST = 1u << 0,    /**< the first offset is not 0 */
-    GSER_OFFSETS_DECREASE = 1u << 1, /**< some offset is less than the one before */
-    GSER_OFFSETS_LAST = 1u << 2,     /**< the last offset is not end */
-};
-
-/**
- * Check an Arrow offsets buffer in device memory without copying it to the
- * host: count signed offsets of width 4 or 8 bytes must start at 0, never
- * decrease, and end at end (the size of what they index). One pass on the
- * device, ordered on stream; the call waits for the verdict: 0 when valid,
- * else GSER_OFFSETS_* bits. For receivers that must not trust a peer's
- * device buffers (plugins/arrow). count 0 is valid.
- */
-GSER_API gser_status_t gser_device_check_offsets(gser_context_t *ctx, const void *offsets, size_t count, size_t width,
-                                                 uint64_t end, void *stream, uint32_t *verdict);
-
-/* ---- test hooks of gser::ucx (plugins/ucx) ----------------------------------- */
-
-typedef struct gser_ucx_worker gser_ucx_worker_t;
-
-/** For tests of version negotiation: the transport wire version the worker
- *  announces in the handshakes it starts from now on (0 = GSER_UCX_WIRE_VERSION).
- *  Implemented by gser::ucx. */
-GSER_API gser_status_t gser_ucx_worker_set_announce_version(gser_ucx_worker_t *worker, uint32_t version);
-
-/** For tests of the receive-queue check: with on, the message a check sends
- *  never arrives, as in a blocked queue. Implemented by gser::ucx. */
-GSER_API gser_status_t gser_ucx_worker_set_check_fault(gser_ucx_worker_t *worker, int on);
-
-typedef struct gser_ucx_listener gser_ucx_listener_t;
-
-/** For tests and fuzzers of the handshake: handle a connected stream socket
- *  (any family, e.g. one end of a socketpair) as if the listener had
- *  accepted it. Takes fd. Implemented by gser::ucx. */
-GSER_API gser_status_t gser_ucx_listener_adopt(gser_ucx_listener_t *listener, int fd);
 
 #ifdef __cplusplus
 }

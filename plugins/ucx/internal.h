@@ -19,6 +19,7 @@
 #include "error.h"
 #include "gser/device.h"
 #include "gser/extension.h"
+#include "gser/testing.h"
 #include "gser/ucx.h"
 #include "wire.h"
 

@@ -7,6 +7,8 @@
 
 #include "host/common.hpp"
 
+#include <gser/arrow.h>
+
 namespace {
 
 class DeviceOpsTest : public ::testing::TestWithParam<const char *> {

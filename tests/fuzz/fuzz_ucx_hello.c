@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <gser/extension.h>
+#include <gser/testing.h>
 #include <gser/ucx.h>
 
 #include "plugins/ucx/wire.h"

@@ -12,6 +12,7 @@
 
 #include <gser/extension.h>
 #include <gser/gser.h>
+#include <gser/testing.h>
 
 #define GSER_EXPECT(ctx, expected, expr)                                                                    \
     do {                                                                                                    \

@@ -22,6 +22,7 @@
 
 #include <gser/extension.h>
 #include <gser/gser.h>
+#include <gser/testing.h> /* in-tree build: the test hooks the Python tests call */
 
 /* ---- module state (module.c) ---------------------------------------------- */
 
