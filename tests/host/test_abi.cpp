@@ -217,6 +217,39 @@ TEST_F(Abi, StructsNotInitialisedWithTheirMacroAreRefusedByName)
     EXPECT_EQ(lim.max_depth, 0u) << "nothing written";
 }
 
+// Libraries with error text of their own (gser::ucx) word a versioned struct
+// that cannot be read the way the core does.
+TEST(StructReadDescribe, NamesTheCallTheStructAndWhatIsWrong)
+{
+    struct mine {
+        size_t size;
+        int a;
+    } dst;
+    char buf[256];
+    mine zeroed{};
+    EXPECT_EQ(gser_struct_read(&dst, sizeof dst, &zeroed), GSER_ERR_INVALID_ARG);
+    gser_struct_read_describe(GSER_ERR_INVALID_ARG, "lib_call", "lib_opts_t", &zeroed, sizeof dst, buf, sizeof buf);
+    EXPECT_STREQ(buf, "lib_call: lib_opts_t.size is 0: initialise the struct with its GSER_*_INIT macro");
+
+    struct newer {
+        size_t size;
+        int a;
+        int pad;
+        uint64_t b;
+    } n{sizeof(newer), 1, 0, 2};
+    EXPECT_EQ(gser_struct_read(&dst, sizeof dst, &n), GSER_ERR_UNSUPPORTED);
+    gser_struct_read_describe(GSER_ERR_UNSUPPORTED, "lib_call", "lib_opts_t", &n, sizeof dst, buf, sizeof buf);
+    std::string text = buf;
+    EXPECT_EQ(text.rfind("lib_call: lib_opts_t.size is " + std::to_string(sizeof(newer)), 0), 0u) << text;
+    EXPECT_NE(text.find("knows " + std::to_string(sizeof(mine)) + " bytes"), std::string::npos) << text;
+    EXPECT_NE(text.find(gser_version_str()), std::string::npos) << text;
+
+    char small[8];
+    memset(small, 'x', sizeof small);
+    gser_struct_read_describe(GSER_ERR_UNSUPPORTED, "lib_call", "lib_opts_t", &n, sizeof dst, small, sizeof small);
+    EXPECT_STREQ(small, "lib_cal"); // cut to the buffer, and terminated
+}
+
 TEST_F(Abi, FramesRefuseReservedFieldsSetByANewerCaller)
 {
     auto m = new_msg();
