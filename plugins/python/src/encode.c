@@ -5,7 +5,7 @@
  * list, tuple, dict with scalar keys; then buffer-protocol objects (host
  * buffers with dtype and shape, borrowed zero-copy when C-contiguous, copied
  * to C order otherwise), Arrow PyCapsule producers ("arrow.array" values,
- * arrow.c), __cuda_array_interface__ objects (device buffers, borrowed) and
+ * arrow_capsule.c), __cuda_array_interface__ objects (device buffers, borrowed) and
  * DLPack tensors (host or device buffers, borrowed; dlpack.c).
  * Anything else raises NotImplementedError: gser never pickles. Lists and tuples append their int, float and bool items unboxed
  * (gser_list_append_int/float/bool), so that one of a single kind stays a

@@ -9,7 +9,7 @@
  * everything that points into its memory keeps alive (objects.c). Device
  * buffers come back as gser.DeviceArray (objects.c); Arrow tables, through
  * the Arrow PyCapsule interface and the type "arrow.array" of gser::arrow,
- * as gser.ArrowArray (arrow.c).
+ * as gser.ArrowArray (arrow_capsule.c).
  */
 #ifndef GSER_PY_PYGSER_H
 #define GSER_PY_PYGSER_H
@@ -340,7 +340,7 @@ void pg_decode_ctx_clear(pg_decode_ctx_t *dc);
 
 PyObject *pg_decode(pg_decode_ctx_t *dc, gser_value_t *root);
 
-/* ---- Arrow (arrow.c) ------------------------------------------------------------------ */
+/* ---- Arrow (arrow_capsule.c) ---------------------------------------------------------- */
 
 /* Whether the module was built with gser::arrow ("arrow.array"). */
 extern const bool pg_have_arrow;
@@ -502,7 +502,7 @@ PyObject *pg_decode_msg(PgOwner *owner, bool readonly);
  * with an exception set. */
 PyObject *pg_load_finish(PgOwner *owner, gser_status_t st, gser_msg_t *msg, bool readonly, const char *what);
 
-/* ---- the UCX bindings (ucx.c) --------------------------------------------------------- */
+/* ---- the UCX bindings (ucx_binding.c) ------------------------------------------------- */
 
 /* Add the gser::ucx types (_UcxContext, _UcxWorker, ...) to the module
  * (only when built with gser::ucx, GSER_PY_HAVE_UCX). */
