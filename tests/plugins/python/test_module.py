@@ -6,6 +6,7 @@ back, and a module instance nobody refers to must be collected."""
 import gc
 import importlib.util
 import sys
+import types
 import weakref
 
 import pytest
@@ -55,22 +56,13 @@ def test_an_unused_instance_is_collected():
     assert gone() is None and flat_type() is None
 
 
-class Dev:
-    """Host memory presented as a device array (the emulated backend reads it)."""
-
-    def __init__(self, a):
-        self.host = np.ascontiguousarray(a)
-
-    @property
-    def __cuda_array_interface__(self):
-        return {"shape": self.host.shape, "typestr": self.host.dtype.str, "data": (self.host.ctypes.data, False),
-                "strides": None, "version": 3}
-
-
 def device_roundtrip():
     if gser.DEVICE_BACKEND != "emulated":
         pytest.skip("needs GSER_DEVICE=emulated")
-    h, f = gser.dumps(Dev(np.arange(10)))  # a DeviceFrame
+    host = np.arange(10)  # presented as device memory: the emulated backend reads it
+    dev = types.SimpleNamespace(__cuda_array_interface__={
+        "shape": host.shape, "typestr": host.dtype.str, "data": (host.ctypes.data, False), "version": 3})
+    h, f = gser.dumps(dev)  # a DeviceFrame
     return gser.loads(h, f)  # a DeviceArray
 
 
