@@ -73,7 +73,8 @@ static PyObject *fail_st(dec_t *d, gser_status_t st, const char *what)
 /* A malformed sub-tree of one of the module's types. */
 static PyObject *bad_tree(dec_t *d, pg_type_t t, const char *what)
 {
-    return pg_path_raise(d->s, d->s->GserError, GSER_ERR_FORMAT, &d->path, "a \"%s\" object: %s", pg_type_names[t], what);
+    return pg_path_raise(d->s, d->s->GserError, GSER_ERR_FORMAT, &d->path, "a \"%s\" object: %s", pg_type_names[t],
+                         what);
 }
 
 /* ---- frames and their exporters ------------------------------------------------------- */
@@ -407,8 +408,8 @@ static PyObject *np_view(dec_t *d, PyObject *dtype, int nd, const int64_t *shape
             strides = zeros;
     PyObject *shp = shape_tuple(nd, shape);
     PyObject *str = shp && strides ? shape_tuple(nd, strides) : shp ? Py_NewRef(Py_None) : NULL;
-    PyObject *arr = str ? PyObject_CallFunction(d->s->np.ndarray, "OOOnO", shp, dtype, exp, (Py_ssize_t)(off + (p - lo)), str)
-                        : NULL;
+    Py_ssize_t at = (Py_ssize_t)(off + (p - lo));
+    PyObject *arr = str ? PyObject_CallFunction(d->s->np.ndarray, "OOOnO", shp, dtype, exp, at, str) : NULL;
     Py_XDECREF(shp);
     Py_XDECREF(str);
     bool frame_ro = f ? f->readonly : d->dc->any_readonly;
@@ -536,8 +537,8 @@ static PyObject *dec_ndarray(dec_t *d, gser_value_t *tree, int depth)
             return bad_tree(d, T, "ndim does not match the buffer");
         if (!pg_dtype_format(desc.dtype) || desc.dtype == GSER_DTYPE_BYTES)
             return bad_tree(d, T, "a buffer without a numpy dtype");
-        return np_view(d, d->s->np.dtypes[desc.dtype], (int)ndim, bshape, ndim ? desc.strides : NULL, desc.data, lo, span,
-                       !writeable);
+        return np_view(d, d->s->np.dtypes[desc.dtype], (int)ndim, bshape, ndim ? desc.strides : NULL, desc.data, lo,
+                       span, !writeable);
     }
     /* A dtype gser has no name for: the description is data (str, lists and
      * tuples), and numpy.lib.format.descr_to_dtype, which numpy.load uses for
@@ -558,8 +559,8 @@ static PyObject *dec_ndarray(dec_t *d, gser_value_t *tree, int depth)
     PyObject *dt = PyObject_CallOneArg(d->s->np.descr_to_dtype, descr);
     Py_DECREF(descr);
     if (!dt)
-        return pg_path_raise(d->s, d->s->GserError, GSER_ERR_FORMAT, &d->path, "a \"%s\" object: a bad dtype description",
-                             pg_type_names[T]);
+        return pg_path_raise(d->s, d->s->GserError, GSER_ERR_FORMAT, &d->path,
+                             "a \"%s\" object: a bad dtype description", pg_type_names[T]);
     PyObject *hasobj = PyObject_GetAttrString(dt, "hasobject");
     PyObject *isz = hasobj ? PyObject_GetAttrString(dt, "itemsize") : NULL;
     Py_ssize_t itemsize = isz ? PyLong_AsSsize_t(isz) : -1;
@@ -570,8 +571,8 @@ static PyObject *dec_ndarray(dec_t *d, gser_value_t *tree, int depth)
     if (objects < 0 || itemsize < 0)
         ;
     else if (objects) /* never: bytes read as object pointers would be anything */
-        pg_path_raise(d->s, d->s->GserError, GSER_ERR_FORMAT, &d->path, "a \"%s\" object with Python objects in its dtype",
-                      pg_type_names[T]);
+        pg_path_raise(d->s, d->s->GserError, GSER_ERR_FORMAT, &d->path,
+                      "a \"%s\" object with Python objects in its dtype", pg_type_names[T]);
     else if (itemsize == 0 || (uint64_t)itemsize != (uint64_t)bshape[bnd - 1] * width)
         bad_tree(d, T, "the dtype's item size does not match the buffer");
     else
@@ -694,7 +695,8 @@ static PyObject *dec_object(dec_t *d, gser_value_t *v, int depth)
         if (pg_have_arrow && strcmp(type, GSER_ARROW_TYPE) == 0) {
             PyObject *a = pg_arrow_take(d->s, v, &st);
             if (!a && st)
-                return pg_path_raise(d->s, d->s->GserError, st, &d->path, "gser_arrow_take_value: %s", gser_status_str(st));
+                return pg_path_raise(d->s, d->s->GserError, st, &d->path, "gser_arrow_take_value: %s",
+                                     gser_status_str(st));
             return a;
         }
     }

@@ -1015,13 +1015,15 @@ static PyObject *request_result(PgUcxRequest *self, PyObject *args, PyObject *kw
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|$p:result", kwlist, &device))
         return NULL;
     if (self->status == GSER_INPROGRESS)
-        return pg_raise_text(ucx_state(self), GSER_ERR_STATE, PyUnicode_FromString("_UcxRequest.result: the request is still running"));
+        return pg_raise_text(ucx_state(self), GSER_ERR_STATE,
+                             PyUnicode_FromString("_UcxRequest.result: the request is still running"));
     if (self->status != GSER_OK)
         return request_raise(self);
     if (!self->recv)
         Py_RETURN_NONE;
     if (self->taken)
-        return pg_raise_text(ucx_state(self), GSER_ERR_STATE, PyUnicode_FromString("_UcxRequest.result: the message was taken already"));
+        return pg_raise_text(ucx_state(self), GSER_ERR_STATE,
+                             PyUnicode_FromString("_UcxRequest.result: the message was taken already"));
     self->taken = true;
     PgOwner *owner = pg_owner_new(ucx_state(self));
     if (!owner)
