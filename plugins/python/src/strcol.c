@@ -193,6 +193,29 @@ static PyObject *bad(const pg_state_t *s, const char *fmt, Py_ssize_t i)
     return text ? pg_raise_text(s, GSER_ERR_FORMAT, text) : NULL;
 }
 
+/* Item i of a str column: kind k, its n bytes at p. A new reference, or NULL
+ * with GserError (malformed) or another exception set. */
+static PyObject *unpack_item(const pg_state_t *s, int k, const char *p, int64_t n, PyObject *na, Py_ssize_t i)
+{
+    if (k == K_STR) {
+        PyObject *x = PyUnicode_DecodeUTF8(p, (Py_ssize_t)n, "strict");
+        if (!x) {
+            PyErr_Clear();
+            bad(s, "item %zd of a str column is not valid UTF-8", i);
+        }
+        return x;
+    }
+    if (n != 0)
+        return bad(s, "item %zd of a str column is missing but has bytes", i);
+    if (k == K_NONE)
+        return Py_NewRef(Py_None);
+    if (k == K_NAN)
+        return PyFloat_FromDouble(Py_NAN);
+    if (k == K_NA)
+        return Py_NewRef(na);
+    return bad(s, "item %zd of a str column has an unknown kind", i);
+}
+
 static PyObject *py_unpack_str(PyObject *self, PyObject *args)
 {
     const pg_state_t *s = pg_state_of_module(self);
@@ -240,30 +263,9 @@ static PyObject *py_unpack_str(PyObject *self, PyObject *args)
             bad(s, "item %zd of a str column: its offsets are decreasing or past the data", i);
             goto done;
         }
-        int k = have_kinds ? kb[i] : K_STR;
-        PyObject *x;
-        if (k == K_STR) {
-            x = PyUnicode_DecodeUTF8(db + lo, (Py_ssize_t)(hi - lo), "strict");
-            if (!x) {
-                PyErr_Clear();
-                bad(s, "item %zd of a str column is not valid UTF-8", i);
-                goto done;
-            }
-        } else if (hi != lo) {
-            bad(s, "item %zd of a str column is missing but has bytes", i);
+        PyObject *x = unpack_item(s, have_kinds ? kb[i] : K_STR, db + lo, hi - lo, na, i);
+        if (!x)
             goto done;
-        } else if (k == K_NONE) {
-            x = Py_NewRef(Py_None);
-        } else if (k == K_NAN) {
-            x = PyFloat_FromDouble(Py_NAN);
-            if (!x)
-                goto done;
-        } else if (k == K_NA) {
-            x = Py_NewRef(na);
-        } else {
-            bad(s, "item %zd of a str column has an unknown kind", i);
-            goto done;
-        }
         /* numpy filled the fresh array with None: replace it. */
         PyObject *old = items[i];
         items[i] = x;
