@@ -408,8 +408,8 @@ static int exceptions_add(PyObject *m, pg_state_t *s)
 static int module_exec(PyObject *m)
 {
     pg_state_t *s = pg_state_of_module(m);
-    if (context_init() < 0 || exceptions_add(m, s) < 0 || pg_objects_add(m, s) < 0 || pg_arrow_add(m, s) < 0 ||
-        pg_flatio_add(m, s) < 0 || PyModule_AddFunctions(m, pg_registry_methods) < 0 ||
+    if (context_init() < 0 || exceptions_add(m, s) < 0 || pg_owner_add(m, s) < 0 || pg_objects_add(m, s) < 0 ||
+        pg_arrow_add(m, s) < 0 || pg_flatio_add(m, s) < 0 || PyModule_AddFunctions(m, pg_registry_methods) < 0 ||
         PyModule_AddFunctions(m, pg_allocator_methods) < 0 || PyModule_AddFunctions(m, pg_strcol_methods) < 0)
         return -1;
 #ifdef GSER_PY_HAVE_UCX
@@ -457,7 +457,7 @@ static PyModuleDef_Slot module_slots[] = {
     {0, NULL},
 };
 
-struct PyModuleDef pg_module_def = {
+static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,
     .m_name = "gser._gser",
     .m_doc = "gser's C core for Python: dumps/loads, to_bytes/from_bytes, device arrays, Arrow tables.",
@@ -471,5 +471,5 @@ struct PyModuleDef pg_module_def = {
 
 PyMODINIT_FUNC PyInit__gser(void)
 {
-    return PyModuleDef_Init(&pg_module_def);
+    return PyModuleDef_Init(&module_def);
 }

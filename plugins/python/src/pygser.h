@@ -95,12 +95,10 @@ typedef struct pg_state {
     PyObject *np_dtype_to_descr; /* numpy.lib.format.dtype_to_descr, for typed arrays (encode.c) */
 } pg_state_t;
 
-extern struct PyModuleDef pg_module_def;
-
 /* The state of module m (an instance of gser._gser). */
 pg_state_t *pg_state_of_module(PyObject *m);
-/* The state of the module instance that made type t (or its nearest base
- * made by gser._gser). NULL with TypeError set for a type that is not ours. */
+/* The state of the module instance that made type t, one of the module's
+ * (final) types. NULL with TypeError set for a type that is not ours. */
 pg_state_t *pg_state_of_type(PyTypeObject *t);
 /* Make a heap type of module m from spec and store it in *slot (a reference
  * the state keeps); attr: the module attribute it is published as, or NULL.
@@ -153,7 +151,7 @@ PyObject *pg_text(const char *s);
 /* 1 if o has the attribute, 0 if not, -1 with an exception set. */
 int pg_has_attr(PyObject *o, const char *name);
 
-/* ---- owners and exporters (objects.c) ---------------------------------------- */
+/* ---- owners (owner.c) and the objects over their memory (objects.c) --------------- */
 
 /* Something to run when an owner dies, after its message and frames. */
 typedef struct pg_cleanup {
@@ -190,10 +188,12 @@ typedef struct pg_frame_obj {
     bool readonly;
 } pg_frame_obj_t;
 
-/* Add the types _Owner, _Frame, DeviceFrame and DeviceArray to module m. */
+/* Add the type _Owner to module m (owner.c). */
+int pg_owner_add(PyObject *m, pg_state_t *s);
+/* Add the types _Frame, DeviceFrame and DeviceArray to module m (objects.c). */
 int pg_objects_add(PyObject *m, pg_state_t *s);
 
-/* Every heap type holds its module; the module's state holds the types. */
+/* A new owner, of module state s, holding nothing yet. */
 PgOwner *pg_owner_new(pg_state_t *s);
 /* Take over a Py_buffer (it is released when the owner dies). On failure the
  * view is released and -1 returned with an exception set. */

@@ -1,7 +1,6 @@
 /* The module's per-instance state and how code reaches it (see pygser.h).
  *
- * A leaf: it knows the module's definition (pg_module_def, by address, to
- * recognise its own types) and nothing else of the module.
+ * A leaf: it knows nothing of the module's other files.
  */
 #include "pygser.h" /* first: Python.h sets the feature macros */
 
@@ -14,27 +13,11 @@ pg_state_t *pg_state_of_module(PyObject *m)
 
 pg_state_t *pg_state_of_type(PyTypeObject *t)
 {
-#if PY_VERSION_HEX >= 0x030B0000
-    PyObject *m = PyType_GetModuleByDef(t, &pg_module_def);
-#else
-    /* What PyType_GetModuleByDef (3.11) does: the first heap type in the
-     * MRO that a module of this definition made. */
-    PyObject *m = NULL;
-    PyObject *mro = t->tp_mro;
-    for (Py_ssize_t i = 0; mro && !m && i < PyTuple_GET_SIZE(mro); i++) {
-        PyTypeObject *b = (PyTypeObject *)PyTuple_GET_ITEM(mro, i);
-        if (!(b->tp_flags & Py_TPFLAGS_HEAPTYPE))
-            continue;
-        PyObject *bm = PyType_GetModule(b);
-        if (bm && PyModule_GetDef(bm) == &pg_module_def)
-            m = bm;
-        else
-            PyErr_Clear();
-    }
-    if (!m)
-        PyErr_Format(PyExc_TypeError, "PyType_GetModuleByDef: no superclass of '%s' has the given module",
-                     t->tp_name);
-#endif
+    /* The module's types are final (no Py_TPFLAGS_BASETYPE): an object's
+     * type is the one its module made, whose module PyType_GetModule gives
+     * (3.9+; PyType_GetModuleByDef, 3.11+, would also search base classes,
+     * which no type here has). */
+    PyObject *m = PyType_GetModule(t);
     return m ? pg_state_of_module(m) : NULL;
 }
 
