@@ -11,6 +11,11 @@
  * and drops it when done, as it would free the memory. Memory allocated
  * before the function was set (or changed) is given back to where it came
  * from. The calls may come from any thread, with or without the GIL.
+ *
+ * Its state is the process's, as the context it serves is (pygser.h,
+ * pg_ctx): the core calls the trampolines with no module at hand, so what
+ * they need lives here, set by set_device_allocator and read under the GIL
+ * (or, for the two atomics, without it).
  */
 #include "pygser.h" /* first: Python.h sets the feature macros */
 
@@ -249,7 +254,6 @@ PyDoc_STRVAR(device_copy_doc,
 
 static PyObject *py_device_copy(PyObject *self, PyObject *args)
 {
-    (void)self;
     PyObject *dst, *src;
     if (!PyArg_ParseTuple(args, "OO:device_copy", &dst, &src))
         return NULL;
@@ -270,7 +274,7 @@ static PyObject *py_device_copy(PyObject *self, PyObject *args)
         st = gser_stream_wait(pg_ctx, NULL);
     Py_END_ALLOW_THREADS
     if (st)
-        return pg_raise(st, true, "gser.device_copy");
+        return pg_raise(pg_state_of_module(self), st, true, "gser.device_copy");
     Py_RETURN_NONE;
 }
 

@@ -20,6 +20,7 @@
 
 typedef struct dec {
     pg_decode_ctx_t *dc;
+    pg_state_t *s; /* the owner's */
     pg_path_t path;
     uint64_t cost, budget; /* what the objects built so far cost (estimated), and the most they may */
 } dec_t;
@@ -33,53 +34,47 @@ typedef struct dec {
 
 static PyObject *dec_value(dec_t *d, gser_value_t *v, int depth);
 
-/* ---- numpy, imported on first use ------------------------------------------------------ */
+/* ---- numpy, imported into the state on first use (pg_numpy_t) ------------------------- */
 
-static struct {
-    bool tried;
-    PyObject *ndarray; /* numpy.ndarray; NULL when numpy is not installed */
-    PyObject *require; /* numpy.require */
-    PyObject *descr_to_dtype;
-    PyObject *dtypes[GSER_DTYPE_COUNT]; /* numpy.dtype of each gser dtype (NULL: none) */
-} np;
-
-static bool numpy_ready(void)
+static bool numpy_ready(pg_state_t *s)
 {
-    if (np.tried)
-        return np.ndarray != NULL;
-    np.tried = true;
+    pg_numpy_t *np = &s->np;
+    if (np->tried)
+        return np->ndarray != NULL;
+    np->tried = true;
     PyObject *mod = PyImport_ImportModule("numpy");
     PyObject *fmt = mod ? PyImport_ImportModule("numpy.lib.format") : NULL;
     PyObject *dtype = mod ? PyObject_GetAttrString(mod, "dtype") : NULL;
-    bool ok = fmt && dtype && (np.require = PyObject_GetAttrString(mod, "require")) &&
-              (np.descr_to_dtype = PyObject_GetAttrString(fmt, "descr_to_dtype"));
+    bool ok = fmt && dtype && (np->require = PyObject_GetAttrString(mod, "require")) &&
+              (np->descr_to_dtype = PyObject_GetAttrString(fmt, "descr_to_dtype"));
     for (int t = GSER_DTYPE_BOOL; ok && t < GSER_DTYPE_COUNT; t++)
-        if (t != GSER_DTYPE_BFLOAT16 && !(np.dtypes[t] = PyObject_CallFunction(dtype, "s", pg_dtype_typestr(t))))
+        if (t != GSER_DTYPE_BFLOAT16 && !(np->dtypes[t] = PyObject_CallFunction(dtype, "s", pg_dtype_typestr(t))))
             ok = false;
     if (ok)
-        ok = (np.ndarray = PyObject_GetAttrString(mod, "ndarray")) != NULL;
+        ok = (np->ndarray = PyObject_GetAttrString(mod, "ndarray")) != NULL;
     if (!ok) {
         PyErr_Clear();
-        Py_CLEAR(np.require);
-        Py_CLEAR(np.descr_to_dtype);
+        Py_CLEAR(np->require);
+        Py_CLEAR(np->descr_to_dtype);
         for (int t = 0; t < GSER_DTYPE_COUNT; t++)
-            Py_CLEAR(np.dtypes[t]);
+            Py_CLEAR(np->dtypes[t]);
     }
     Py_XDECREF(dtype);
     Py_XDECREF(fmt);
     Py_XDECREF(mod);
-    return np.ndarray != NULL;
+    return np->ndarray != NULL;
 }
 
-static PyObject *fail_st(gser_status_t st, const char *what)
+static PyObject *fail_st(dec_t *d, gser_status_t st, const char *what)
 {
-    return pg_raise(st, false, what);
+    return pg_raise(d->s, st, false, what);
 }
 
 /* A malformed sub-tree of one of the module's types. */
 static PyObject *bad_tree(dec_t *d, pg_type_t t, const char *what)
 {
-    return pg_path_raise(pg_GserError, GSER_ERR_FORMAT, &d->path, "a \"%s\" object: %s", pg_type_names[t], what);
+    return pg_path_raise(d->s, d->s->GserError, GSER_ERR_FORMAT, &d->path, "a \"%s\" object: %s", pg_type_names[t],
+                         what);
 }
 
 /* ---- frames and their exporters ------------------------------------------------------- */
@@ -97,6 +92,17 @@ int pg_decode_ctx_init(pg_decode_ctx_t *dc, PgOwner *owner, size_t nframes)
     return 0;
 }
 
+void pg_decode_ctx_set_frame(pg_decode_ctx_t *dc, size_t i, const gser_frame_t *fr, bool readonly, PyObject *src)
+{
+    pg_frame_ref_t *ref = &dc->frames[i];
+    ref->data = fr->data;
+    ref->size = fr->size;
+    ref->host = fr->memory == GSER_MEMORY_HOST;
+    ref->readonly = readonly;
+    ref->src = src;
+    dc->any_readonly |= readonly;
+}
+
 void pg_decode_ctx_clear(pg_decode_ctx_t *dc)
 {
     for (size_t i = 0; dc->frames && i < dc->nframes; i++) {
@@ -110,11 +116,15 @@ void pg_decode_ctx_clear(pg_decode_ctx_t *dc)
     dc->by_addr = NULL;
 }
 
-static const pg_frame_ref_t *sort_frames;
+/* A host frame's address and index, sorted by address. */
+typedef struct frame_at {
+    const char *data;
+    size_t index;
+} frame_at_t;
 
-static int by_addr_cmp(const void *a, const void *b)
+static int frame_at_cmp(const void *a, const void *b)
 {
-    const char *x = sort_frames[*(const size_t *)a].data, *y = sort_frames[*(const size_t *)b].data;
+    const char *x = ((const frame_at_t *)a)->data, *y = ((const frame_at_t *)b)->data;
     return x < y ? -1 : x > y;
 }
 
@@ -123,16 +133,22 @@ static int index_frames(pg_decode_ctx_t *dc)
 {
     if (dc->by_addr || !dc->nframes)
         return 0;
-    dc->by_addr = PyMem_Malloc(dc->nframes * sizeof *dc->by_addr);
+    frame_at_t *at = PyMem_Malloc(dc->nframes * sizeof *at);
+    dc->by_addr = at ? PyMem_Malloc(dc->nframes * sizeof *dc->by_addr) : NULL;
     if (!dc->by_addr) {
+        PyMem_Free(at);
         PyErr_NoMemory();
         return -1;
     }
+    size_t n = 0;
     for (size_t i = 0; i < dc->nframes; i++)
         if (dc->frames[i].host && dc->frames[i].data)
-            dc->by_addr[dc->nby_addr++] = i;
-    sort_frames = dc->frames; /* the GIL is held: nobody else sorts now */
-    qsort(dc->by_addr, dc->nby_addr, sizeof *dc->by_addr, by_addr_cmp);
+            at[n++] = (frame_at_t){dc->frames[i].data, i};
+    qsort(at, n, sizeof *at, frame_at_cmp);
+    for (size_t i = 0; i < n; i++)
+        dc->by_addr[i] = at[i].index;
+    dc->nby_addr = n;
+    PyMem_Free(at);
     return 0;
 }
 
@@ -268,7 +284,7 @@ static PyObject *dec_list(dec_t *d, gser_value_t *v, int depth)
         d->path.seg[slot].index = (Py_ssize_t)i;
         gser_value_t *item;
         gser_status_t st = gser_list_get(v, i, &item);
-        PyObject *x = st ? fail_st(st, "gser_list_get") : dec_value(d, item, depth + 1);
+        PyObject *x = st ? fail_st(d, st, "gser_list_get") : dec_value(d, item, depth + 1);
         if (!x) {
             Py_DECREF(seq);
             return NULL;
@@ -291,7 +307,7 @@ static PyObject *dec_map(dec_t *d, gser_value_t *v, int depth)
         gser_status_t st = gser_map_get_at(v, i, &k, &val);
         if (st) {
             Py_DECREF(dict);
-            return fail_st(st, "gser_map_get_at");
+            return fail_st(d, st, "gser_map_get_at");
         }
         d->path.seg[slot].key = NULL;
         d->path.seg[slot].index = (Py_ssize_t)i;
@@ -334,11 +350,11 @@ static int host_desc(dec_t *d, const gser_value_t *v, gser_buffer_desc_t *desc)
     *desc = (gser_buffer_desc_t)GSER_BUFFER_DESC_INIT;
     gser_status_t st = gser_value_get_buffer(v, desc);
     if (st) {
-        fail_st(st, "gser_value_get_buffer");
+        fail_st(d, st, "gser_value_get_buffer");
         return -1;
     }
     if (desc->memory != GSER_MEMORY_HOST) {
-        pg_path_raise(pg_GserError, GSER_ERR_FORMAT, &d->path, "a buffer in unknown memory kind %d",
+        pg_path_raise(d->s, d->s->GserError, GSER_ERR_FORMAT, &d->path, "a buffer in unknown memory kind %d",
                       (int)desc->memory);
         return -1;
     }
@@ -351,7 +367,7 @@ static int host_desc(dec_t *d, const gser_value_t *v, gser_buffer_desc_t *desc)
     else if (desc->ndim && pg_extents_total(desc->shape, (int)desc->ndim, gser_dtype_size(desc->dtype), &total, &why) == 0)
         why = NULL;
     if (why) {
-        pg_path_raise(pg_GserError, GSER_ERR_UNSUPPORTED, &d->path, "a buffer Python cannot hold: %s", why);
+        pg_path_raise(d->s, d->s->GserError, GSER_ERR_UNSUPPORTED, &d->path, "a buffer Python cannot hold: %s", why);
         return -1;
     }
     return 0;
@@ -392,14 +408,14 @@ static PyObject *np_view(dec_t *d, PyObject *dtype, int nd, const int64_t *shape
             strides = zeros;
     PyObject *shp = shape_tuple(nd, shape);
     PyObject *str = shp && strides ? shape_tuple(nd, strides) : shp ? Py_NewRef(Py_None) : NULL;
-    PyObject *arr = str ? PyObject_CallFunction(np.ndarray, "OOOnO", shp, dtype, exp, (Py_ssize_t)(off + (p - lo)), str)
-                        : NULL;
+    Py_ssize_t at = (Py_ssize_t)(off + (p - lo));
+    PyObject *arr = str ? PyObject_CallFunction(d->s->np.ndarray, "OOOnO", shp, dtype, exp, at, str) : NULL;
     Py_XDECREF(shp);
     Py_XDECREF(str);
     bool frame_ro = f ? f->readonly : d->dc->any_readonly;
     Py_DECREF(exp);
     if (arr && !readonly && frame_ro && d->dc->copy_readonly) {
-        PyObject *w = PyObject_CallFunction(np.require, "OOs", arr, Py_None, "W");
+        PyObject *w = PyObject_CallFunction(d->s->np.require, "OOs", arr, Py_None, "W");
         Py_SETREF(arr, w);
     }
     return arr;
@@ -432,17 +448,17 @@ static PyObject *typed_memoryview(dec_t *d, const gser_buffer_desc_t *desc, bool
 static PyObject *host_array(dec_t *d, const gser_buffer_desc_t *desc, bool readonly)
 {
     if (!pg_dtype_format(desc->dtype))
-        return pg_path_raise(pg_GserUnsupported, GSER_ERR_UNSUPPORTED, &d->path,
+        return pg_path_raise(d->s, d->s->GserUnsupported, GSER_ERR_UNSUPPORTED, &d->path,
                              "a buffer of dtype %s, which Python's buffer protocol and numpy cannot express",
                              gser_dtype_str(desc->dtype));
-    if (!numpy_ready())
+    if (!numpy_ready(d->s))
         return typed_memoryview(d, desc, readonly);
     size_t es = gser_dtype_size(desc->dtype);
     int64_t flat[1] = {(int64_t)(desc->nbytes / es)};
     const char *lo;
     size_t span;
     desc_span(desc, &lo, &span);
-    return np_view(d, np.dtypes[desc->dtype == GSER_DTYPE_BYTES ? GSER_DTYPE_UINT8 : desc->dtype],
+    return np_view(d, d->s->np.dtypes[desc->dtype == GSER_DTYPE_BYTES ? GSER_DTYPE_UINT8 : desc->dtype],
                    desc->ndim ? (int)desc->ndim : 1, desc->ndim ? desc->shape : flat, desc->strides, desc->data, lo,
                    span, readonly);
 }
@@ -452,14 +468,14 @@ static PyObject *dec_buffer(dec_t *d, const gser_value_t *v)
     gser_buffer_desc_t desc = GSER_BUFFER_DESC_INIT;
     gser_status_t st = gser_value_get_buffer(v, &desc);
     if (st)
-        return fail_st(st, "gser_value_get_buffer");
+        return fail_st(d, st, "gser_value_get_buffer");
     /* loads waited for the device copies gser made (desc.event) already. */
     if (desc.memory == GSER_MEMORY_DEVICE) {
         const char *why;
         uint64_t total;
         if (desc.ndim > PG_MAX_NDIM ||
             (desc.ndim && pg_extents_total(desc.shape, (int)desc.ndim, gser_dtype_size(desc.dtype), &total, &why)))
-            return pg_path_raise(pg_GserError, GSER_ERR_UNSUPPORTED, &d->path,
+            return pg_path_raise(d->s, d->s->GserError, GSER_ERR_UNSUPPORTED, &d->path,
                                  "a device buffer Python cannot describe: %s",
                                  desc.ndim > PG_MAX_NDIM ? "more dimensions than numpy arrays have" : why);
         return pg_device_array_new(d->dc->owner, &desc);
@@ -504,8 +520,8 @@ static PyObject *dec_ndarray(dec_t *d, gser_value_t *tree, int depth)
     gser_buffer_desc_t desc;
     if (gser_value_get_bool(wv, &writeable) || gser_value_get_int(nv, &ndim) || host_desc(d, bv, &desc) < 0)
         return PyErr_Occurred() ? NULL : bad_tree(d, T, "bad flags");
-    if (!numpy_ready())
-        return pg_path_raise(pg_GserUnsupported, GSER_ERR_UNSUPPORTED, &d->path,
+    if (!numpy_ready(d->s))
+        return pg_path_raise(d->s, d->s->GserUnsupported, GSER_ERR_UNSUPPORTED, &d->path,
                              "a numpy array, and numpy is not installed");
     int64_t flat[1] = {(int64_t)desc.nbytes};
     int bnd = desc.ndim ? (int)desc.ndim : 1;
@@ -521,8 +537,8 @@ static PyObject *dec_ndarray(dec_t *d, gser_value_t *tree, int depth)
             return bad_tree(d, T, "ndim does not match the buffer");
         if (!pg_dtype_format(desc.dtype) || desc.dtype == GSER_DTYPE_BYTES)
             return bad_tree(d, T, "a buffer without a numpy dtype");
-        return np_view(d, np.dtypes[desc.dtype], (int)ndim, bshape, ndim ? desc.strides : NULL, desc.data, lo, span,
-                       !writeable);
+        return np_view(d, d->s->np.dtypes[desc.dtype], (int)ndim, bshape, ndim ? desc.strides : NULL, desc.data, lo,
+                       span, !writeable);
     }
     /* A dtype gser has no name for: the description is data (str, lists and
      * tuples), and numpy.lib.format.descr_to_dtype, which numpy.load uses for
@@ -540,11 +556,11 @@ static PyObject *dec_ndarray(dec_t *d, gser_value_t *tree, int depth)
     d->path.len--;
     if (!descr)
         return NULL;
-    PyObject *dt = PyObject_CallOneArg(np.descr_to_dtype, descr);
+    PyObject *dt = PyObject_CallOneArg(d->s->np.descr_to_dtype, descr);
     Py_DECREF(descr);
     if (!dt)
-        return pg_path_raise(pg_GserError, GSER_ERR_FORMAT, &d->path, "a \"%s\" object: a bad dtype description",
-                             pg_type_names[T]);
+        return pg_path_raise(d->s, d->s->GserError, GSER_ERR_FORMAT, &d->path,
+                             "a \"%s\" object: a bad dtype description", pg_type_names[T]);
     PyObject *hasobj = PyObject_GetAttrString(dt, "hasobject");
     PyObject *isz = hasobj ? PyObject_GetAttrString(dt, "itemsize") : NULL;
     Py_ssize_t itemsize = isz ? PyLong_AsSsize_t(isz) : -1;
@@ -555,8 +571,8 @@ static PyObject *dec_ndarray(dec_t *d, gser_value_t *tree, int depth)
     if (objects < 0 || itemsize < 0)
         ;
     else if (objects) /* never: bytes read as object pointers would be anything */
-        pg_path_raise(pg_GserError, GSER_ERR_FORMAT, &d->path, "a \"%s\" object with Python objects in its dtype",
-                      pg_type_names[T]);
+        pg_path_raise(d->s, d->s->GserError, GSER_ERR_FORMAT, &d->path,
+                      "a \"%s\" object with Python objects in its dtype", pg_type_names[T]);
     else if (itemsize == 0 || (uint64_t)itemsize != (uint64_t)bshape[bnd - 1] * width)
         bad_tree(d, T, "the dtype's item size does not match the buffer");
     else
@@ -613,9 +629,9 @@ static PyObject *dec_pytype(dec_t *d, gser_value_t *tree, int depth)
     if (!name)
         return NULL;
     PyObject *entry = NULL, *out = NULL;
-    int found = pg_registry_lookup_name(name, &entry);
+    int found = pg_registry_lookup_name(d->s, name, &entry);
     if (found == 0)
-        pg_path_raise(pg_GserError, GSER_ERR_UNKNOWN_TYPE, &d->path,
+        pg_path_raise(d->s, d->s->GserError, GSER_ERR_UNKNOWN_TYPE, &d->path,
                       "Python type %R was registered with gser.register_type by the sender, not here: import the "
                       "library that registers it, or call gser.register_type(cls, to_gser, from_gser, name=%R)",
                       name, name);
@@ -645,7 +661,7 @@ static PyObject *dec_npscalar(dec_t *d, gser_value_t *tree, int depth)
     if (!descr)
         return NULL;
     const char *why;
-    PyObject *out = pg_npscalar_decode(descr, p, n, &why);
+    PyObject *out = pg_npscalar_decode(d->s, descr, p, n, &why);
     Py_DECREF(descr);
     return out || !why ? out : bad_tree(d, T, why);
 }
@@ -677,9 +693,10 @@ static PyObject *dec_object(dec_t *d, gser_value_t *v, int depth)
         if (t >= 0)
             return dec_module_type(d, (pg_type_t)t, obj, depth);
         if (pg_have_arrow && strcmp(type, GSER_ARROW_TYPE) == 0) {
-            PyObject *a = pg_arrow_take(v, &st);
+            PyObject *a = pg_arrow_take(d->s, v, &st);
             if (!a && st)
-                return pg_path_raise(pg_GserError, st, &d->path, "gser_arrow_take_value: %s", gser_status_str(st));
+                return pg_path_raise(d->s, d->s->GserError, st, &d->path, "gser_arrow_take_value: %s",
+                                     gser_status_str(st));
             return a;
         }
     }
@@ -687,7 +704,7 @@ static PyObject *dec_object(dec_t *d, gser_value_t *v, int depth)
     PyObject *name = pg_text(type);
     if (!name)
         return NULL;
-    PyObject *r = pg_path_raise(pg_GserUnsupported, GSER_ERR_UNSUPPORTED, &d->path,
+    PyObject *r = pg_path_raise(d->s, d->s->GserUnsupported, GSER_ERR_UNSUPPORTED, &d->path,
                                 pg_have_arrow ? "a typed object of type \"%U\": the Python module loads its own types "
                                                 "and \"" GSER_ARROW_TYPE "\" only"
                                               : "a typed object of type \"%U\": the Python module loads its own types "
@@ -706,7 +723,7 @@ static PyObject *dec_value(dec_t *d, gser_value_t *v, int depth)
     d->cost += kind == GSER_KIND_BUFFER || kind == GSER_KIND_OBJECT || kind == GSER_KIND_SERIALIZED ? PG_COST_BUFFER
                                                                                                       : PG_COST_VALUE;
     if (d->cost > d->budget)
-        return pg_path_raise(pg_GserError, GSER_ERR_LIMIT_BYTES, &d->path,
+        return pg_path_raise(d->s, d->s->GserError, GSER_ERR_LIMIT_BYTES, &d->path,
                              "the Python objects of this message would take more than %llu bytes (estimated; "
                              "max_expansion times the message's size, plus %llu): a message that costs this much "
                              "more than its own bytes is refused",
@@ -747,7 +764,7 @@ static PyObject *dec_value(dec_t *d, gser_value_t *v, int depth)
             return PyErr_NoMemory();
         PyObject *u = PyUnicode_DecodeUTF8(s, (Py_ssize_t)len, NULL);
         if (!u)
-            return pg_path_raise(pg_GserError, GSER_ERR_FORMAT, &d->path, "a str that is not valid UTF-8");
+            return pg_path_raise(d->s, d->s->GserError, GSER_ERR_FORMAT, &d->path, "a str that is not valid UTF-8");
         return u;
     }
     case GSER_KIND_BYTES: {
@@ -767,8 +784,8 @@ static PyObject *dec_value(dec_t *d, gser_value_t *v, int depth)
     case GSER_KIND_SERIALIZED: return dec_object(d, v, depth);
     }
     if (st)
-        return fail_st(st, "gser_value_get_*");
-    return pg_path_raise(pg_GserError, GSER_ERR_FORMAT, &d->path, "a value of unknown kind %d",
+        return fail_st(d, st, "gser_value_get_*");
+    return pg_path_raise(d->s, d->s->GserError, GSER_ERR_FORMAT, &d->path, "a value of unknown kind %d",
                          (int)gser_value_get_kind(v));
 }
 
@@ -776,6 +793,7 @@ PyObject *pg_decode(pg_decode_ctx_t *dc, gser_value_t *root)
 {
     dec_t d;
     d.dc = dc;
+    d.s = dc->owner->state;
     d.path.len = 0;
     d.cost = 0;
     /* The same bound as the core's: max_expansion times the message's size. */

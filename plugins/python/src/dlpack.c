@@ -98,6 +98,46 @@ static int dlpack_device(PyObject *obj, int *type, int *id, const char **why)
     return r;
 }
 
+/* Call obj.__dlpack__ and take the tensor out of its capsule: the owner runs
+ * its deleter when the message dies. NULL with *why set (the producer broke
+ * the protocol) or an exception. */
+static DLManagedTensor *dlpack_take(PgOwner *owner, PyObject *obj, bool device, const char **why)
+{
+    /* CUDA: ordered after the producer's work on the per-thread default
+     * stream (DLPack's 2), the one gser_serialize uses by default. CPU
+     * producers take no stream. */
+    PyObject *cap = NULL, *meth = PyObject_GetAttrString(obj, "__dlpack__");
+    if (!meth)
+        return NULL;
+    if (device) { /* stream is keyword-only in the array API */
+        PyObject *args = PyTuple_New(0), *kw = Py_BuildValue("{s:i}", "stream", 2);
+        if (args && kw)
+            cap = PyObject_Call(meth, args, kw);
+        Py_XDECREF(args);
+        Py_XDECREF(kw);
+    } else {
+        cap = PyObject_CallNoArgs(meth);
+    }
+    Py_DECREF(meth);
+    if (!cap)
+        return NULL;
+    DLManagedTensor *mt = PyCapsule_IsValid(cap, CAP_NEW) ? PyCapsule_GetPointer(cap, CAP_NEW) : NULL;
+    if (!mt) {
+        PyErr_Clear();
+        Py_DECREF(cap);
+        *why = "__dlpack__() did not return an unused \"dltensor\" capsule";
+        return NULL;
+    }
+    /* Ours from here on: renamed, so the capsule's destructor leaves it to
+     * us, and released (deleter) when the message dies or on error. */
+    if (PyCapsule_SetName(cap, CAP_USED) < 0) {
+        Py_DECREF(cap);
+        return NULL;
+    }
+    Py_DECREF(cap);
+    return pg_owner_on_destroy(owner, run_deleter, mt) < 0 ? NULL : mt;
+}
+
 int pg_dlpack_encode(PgOwner *owner, PyObject *obj, gser_buffer_desc_t *desc, int64_t *shape, int64_t *strides,
                      const char **why)
 {
@@ -110,39 +150,8 @@ int pg_dlpack_encode(PgOwner *owner, PyObject *obj, gser_buffer_desc_t *desc, in
         *why = "a DLPack device type other than CPU, CUDA, CUDA host or CUDA managed";
         return -1;
     }
-    /* CUDA: ordered after the producer's work on the per-thread default
-     * stream (DLPack's 2), the one gser_serialize uses by default. CPU
-     * producers take no stream. */
-    PyObject *cap = NULL, *meth = PyObject_GetAttrString(obj, "__dlpack__");
-    if (!meth)
-        return -1;
-    if (device) { /* stream is keyword-only in the array API */
-        PyObject *args = PyTuple_New(0), *kw = Py_BuildValue("{s:i}", "stream", 2);
-        if (args && kw)
-            cap = PyObject_Call(meth, args, kw);
-        Py_XDECREF(args);
-        Py_XDECREF(kw);
-    } else {
-        cap = PyObject_CallNoArgs(meth);
-    }
-    Py_DECREF(meth);
-    if (!cap)
-        return -1;
-    DLManagedTensor *mt = PyCapsule_IsValid(cap, CAP_NEW) ? PyCapsule_GetPointer(cap, CAP_NEW) : NULL;
-    if (!mt) {
-        PyErr_Clear();
-        Py_DECREF(cap);
-        *why = "__dlpack__() did not return an unused \"dltensor\" capsule";
-        return -1;
-    }
-    /* Ours from here on: renamed, so the capsule's destructor leaves it to
-     * us, and released (deleter) when the message dies or on error. */
-    if (PyCapsule_SetName(cap, CAP_USED) < 0) {
-        Py_DECREF(cap);
-        return -1;
-    }
-    Py_DECREF(cap);
-    if (pg_owner_on_destroy(owner, run_deleter, mt) < 0)
+    DLManagedTensor *mt = dlpack_take(owner, obj, device, why);
+    if (!mt)
         return -1;
     const DLTensor *t = &mt->dl_tensor;
     gser_dtype_t dtype = dtype_of(t->dtype);

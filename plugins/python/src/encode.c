@@ -5,7 +5,7 @@
  * list, tuple, dict with scalar keys; then buffer-protocol objects (host
  * buffers with dtype and shape, borrowed zero-copy when C-contiguous, copied
  * to C order otherwise), Arrow PyCapsule producers ("arrow.array" values,
- * arrow.c), __cuda_array_interface__ objects (device buffers, borrowed) and
+ * arrow_capsule.c), __cuda_array_interface__ objects (device buffers, borrowed) and
  * DLPack tensors (host or device buffers, borrowed; dlpack.c).
  * Anything else raises NotImplementedError: gser never pickles. Lists and tuples append their int, float and bool items unboxed
  * (gser_list_append_int/float/bool), so that one of a single kind stays a
@@ -18,6 +18,7 @@
 
 typedef struct enc {
     PgOwner *owner;
+    pg_state_t *s; /* the owner's */
     gser_msg_t *msg;
     bool strict;
     /* Give up (gser.Declined) as soon as gser is estimated to cost more than
@@ -52,7 +53,7 @@ static int charge(enc_t *e, int depth, int64_t ns)
     e->budget -= ns;
     if (e->budget >= 0)
         return 0;
-    PyErr_SetString(pg_Declined, "gser would be slower than pickle for this object (many small items)");
+    PyErr_SetString(e->s->Declined, "gser would be slower than pickle for this object (many small items)");
     return -1;
 }
 
@@ -60,15 +61,15 @@ static int enc_value(enc_t *e, PyObject *o, int depth, gser_value_t **out);
 static int enc_interfaces(enc_t *e, PyObject *o, gser_value_t **out);
 
 /* A failed builder call: out of memory, in practice. */
-static int fail_st(gser_status_t st, const char *what)
+static int fail_st(enc_t *e, gser_status_t st, const char *what)
 {
-    pg_raise(st, false, what);
+    pg_raise(e->s, st, false, what);
     return -1;
 }
 
 static int not_impl(enc_t *e, PyObject *o, const char *why)
 {
-    pg_path_raise(PyExc_NotImplementedError, GSER_OK, &e->path, "gser cannot serialize an object of type %s%s",
+    pg_path_raise(e->s, PyExc_NotImplementedError, GSER_OK, &e->path, "gser cannot serialize an object of type %s%s",
                   Py_TYPE(o)->tp_name, why);
     return -1;
 }
@@ -96,7 +97,7 @@ static int enc_int(enc_t *e, PyObject *o, gser_kind_t *kind, int64_t *i, uint64_
         }
         PyErr_Clear();
     }
-    pg_path_raise(PyExc_OverflowError, GSER_OK, &e->path,
+    pg_path_raise(e->s, PyExc_OverflowError, GSER_OK, &e->path,
                   "int %s does not fit in 64 bits (gser ints are int64, or uint64 up to 2**64-1)",
                   overflow > 0 ? "above 2**64-1" : "below -2**63");
     return -1;
@@ -107,11 +108,11 @@ static int enc_str(enc_t *e, PyObject *o, gser_value_t **out)
     Py_ssize_t len;
     const char *s = PyUnicode_AsUTF8AndSize(o, &len);
     if (!s) {
-        pg_path_raise(pg_GserError, GSER_ERR_INVALID_ARG, &e->path, "str cannot be encoded as UTF-8");
+        pg_path_raise(e->s, e->s->GserError, GSER_ERR_INVALID_ARG, &e->path, "str cannot be encoded as UTF-8");
         return -1;
     }
     gser_status_t st = gser_msg_new_str(e->msg, s, (size_t)len, out);
-    return st ? fail_st(st, "gser_msg_new_str") : 0;
+    return st ? fail_st(e, st, "gser_msg_new_str") : 0;
 }
 
 static int enc_large_bytes(enc_t *e, PyObject *o, gser_value_t **out);
@@ -124,7 +125,7 @@ static int enc_bytes(enc_t *e, PyObject *o, gser_value_t **out)
     if (pg_owner_hold_ref(e->owner, o) < 0)
         return -1;
     gser_status_t st = gser_msg_new_bytes(e->msg, PyBytes_AS_STRING(o), (size_t)PyBytes_GET_SIZE(o), out);
-    return st ? fail_st(st, "gser_msg_new_bytes") : 0;
+    return st ? fail_st(e, st, "gser_msg_new_bytes") : 0;
 }
 
 /* Scalars that may be dict keys; 1 if o was one, 0 if not, -1 on error. */
@@ -151,7 +152,7 @@ static int enc_scalar(enc_t *e, PyObject *o, gser_value_t **out)
         return enc_bytes(e, o, out) < 0 ? -1 : 1;
     else
         return 0;
-    return st ? fail_st(st, "gser_msg_new_*") : 1;
+    return st ? fail_st(e, st, "gser_msg_new_*") : 1;
 }
 
 /* ---- containers --------------------------------------------------------------- */
@@ -159,7 +160,7 @@ static int enc_scalar(enc_t *e, PyObject *o, gser_value_t **out)
 static int check_depth(enc_t *e, int depth)
 {
     if (depth + 1 > GSER_DEPTH_MAX) {
-        pg_path_raise(pg_GserError, GSER_ERR_LIMIT_DEPTH, &e->path,
+        pg_path_raise(e->s, e->s->GserError, GSER_ERR_LIMIT_DEPTH, &e->path,
                       "nesting deeper than %d levels (is there a cycle?)", GSER_DEPTH_MAX);
         return -1;
     }
@@ -198,7 +199,7 @@ static int enc_append(enc_t *e, gser_value_t *list, PyObject *item, int depth)
             return -1;
         st = gser_list_append(list, v);
     }
-    return st ? fail_st(st, "gser_list_append") : 0;
+    return st ? fail_st(e, st, "gser_list_append") : 0;
 }
 
 /* Lists shorter than this go through the appends (the core sends them as
@@ -266,7 +267,7 @@ static int enc_seq_array(enc_t *e, PyObject *o, bool tuple, gser_value_t **out, 
         return -1;
     gser_status_t st = gser_msg_new_array(e->msg, kind, buf, (size_t)n, tuple ? GSER_ARRAY_TUPLE : 0, out);
     *kind_out = kind;
-    return st ? fail_st(st, "gser_msg_new_array") : 1;
+    return st ? fail_st(e, st, "gser_msg_new_array") : 1;
 nomem:
     PyErr_NoMemory();
     return -1;
@@ -288,7 +289,7 @@ static int enc_seq(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_t **
     gser_value_t *list;
     gser_status_t st = tuple ? gser_msg_new_tuple(e->msg, &list) : gser_msg_new_list(e->msg, &list);
     if (st)
-        return fail_st(st, "gser_msg_new_list");
+        return fail_st(e, st, "gser_msg_new_list");
     Py_ssize_t n = tuple ? PyTuple_GET_SIZE(o) : PyList_GET_SIZE(o);
     if (n && check_depth(e, depth) < 0)
         return -1;
@@ -312,7 +313,7 @@ static int enc_dict(enc_t *e, PyObject *o, int depth, gser_value_t **out)
     gser_value_t *map;
     gser_status_t st = gser_msg_new_map(e->msg, &map);
     if (st)
-        return fail_st(st, "gser_msg_new_map");
+        return fail_st(e, st, "gser_msg_new_map");
     if (charge(e, depth, PG_COST_DICT) < 0)
         return -1;
     if (PyDict_GET_SIZE(o) && check_depth(e, depth) < 0)
@@ -342,7 +343,7 @@ static int enc_dict(enc_t *e, PyObject *o, int depth, gser_value_t **out)
         int sc = enc_scalar(e, key, &k);
         if (sc == 0) {
             e->path.seg[slot].key = NULL; /* the key itself cannot be shown as a path */
-            pg_path_raise(PyExc_NotImplementedError, GSER_OK, &e->path,
+            pg_path_raise(e->s, PyExc_NotImplementedError, GSER_OK, &e->path,
                           "dict key of type %s: gser map keys are None, bool, int, float, str or bytes",
                           Py_TYPE(key)->tp_name);
             r = -1;
@@ -351,7 +352,7 @@ static int enc_dict(enc_t *e, PyObject *o, int depth, gser_value_t **out)
         } else if (enc_value(e, value, depth + 1, &v) < 0) {
             r = -1;
         } else if ((st = gser_map_put(map, k, v)) != GSER_OK) {
-            r = fail_st(st, "gser_map_put");
+            r = fail_st(e, st, "gser_map_put");
         }
         Py_DECREF(key);
         Py_DECREF(value);
@@ -364,38 +365,6 @@ static int enc_dict(enc_t *e, PyObject *o, int depth, gser_value_t **out)
 }
 
 /* ---- buffers ------------------------------------------------------------------- */
-
-static const char *const dtype_formats[GSER_DTYPE_COUNT] = {
-    [GSER_DTYPE_BYTES] = "B",      [GSER_DTYPE_BOOL] = "?",      [GSER_DTYPE_INT8] = "b",
-    [GSER_DTYPE_INT16] = "h",      [GSER_DTYPE_INT32] = "i",     [GSER_DTYPE_INT64] = "q",
-    [GSER_DTYPE_UINT8] = "B",      [GSER_DTYPE_UINT16] = "H",    [GSER_DTYPE_UINT32] = "I",
-    [GSER_DTYPE_UINT64] = "Q",     [GSER_DTYPE_FLOAT16] = "e",   [GSER_DTYPE_BFLOAT16] = NULL,
-    [GSER_DTYPE_FLOAT32] = "f",    [GSER_DTYPE_FLOAT64] = "d",   [GSER_DTYPE_COMPLEX64] = "Zf",
-    [GSER_DTYPE_COMPLEX128] = "Zd",
-};
-
-const char *pg_dtype_format(gser_dtype_t dtype)
-{
-    if ((unsigned)dtype >= GSER_DTYPE_COUNT)
-        return NULL;
-    /* numpy calls a C long "int64" where long has 64 bits: use its letter. */
-    if (sizeof(long) == 8 && dtype == GSER_DTYPE_INT64)
-        return "l";
-    if (sizeof(long) == 8 && dtype == GSER_DTYPE_UINT64)
-        return "L";
-    return dtype_formats[dtype];
-}
-
-static gser_dtype_t int_dtype(Py_ssize_t size, bool is_signed)
-{
-    switch (size) {
-    case 1: return is_signed ? GSER_DTYPE_INT8 : GSER_DTYPE_UINT8;
-    case 2: return is_signed ? GSER_DTYPE_INT16 : GSER_DTYPE_UINT16;
-    case 4: return is_signed ? GSER_DTYPE_INT32 : GSER_DTYPE_UINT32;
-    case 8: return is_signed ? GSER_DTYPE_INT64 : GSER_DTYPE_UINT64;
-    default: return GSER_DTYPE_COUNT;
-    }
-}
 
 /* A PEP 3118 format of one element -> a dtype; GSER_DTYPE_COUNT if gser has
  * none. Unsigned bytes are typed (uint8) only for numpy arrays: other
@@ -429,8 +398,8 @@ static gser_dtype_t format_dtype(const char *fmt, Py_ssize_t itemsize, bool nump
         if (itemsize == 1)
             return numpy ? GSER_DTYPE_UINT8 : GSER_DTYPE_BYTES;
         return GSER_DTYPE_COUNT;
-    case 'b': case 'h': case 'i': case 'l': case 'q': case 'n': return int_dtype(itemsize, true);
-    case 'H': case 'I': case 'L': case 'Q': case 'N': return int_dtype(itemsize, false);
+    case 'b': case 'h': case 'i': case 'l': case 'q': case 'n': return pg_int_dtype(itemsize, true);
+    case 'H': case 'I': case 'L': case 'Q': case 'N': return pg_int_dtype(itemsize, false);
     case 'e': return itemsize == 2 ? GSER_DTYPE_FLOAT16 : GSER_DTYPE_COUNT;
     case 'f': return itemsize == 4 ? GSER_DTYPE_FLOAT32 : GSER_DTYPE_COUNT;
     case 'd': return itemsize == 8 ? GSER_DTYPE_FLOAT64 : GSER_DTYPE_COUNT;
@@ -461,6 +430,24 @@ static bool dense_layout(int nd, const int64_t *shape, const int64_t *strides, i
         expect *= shape[d] ? shape[d] : 1;
     }
     return true;
+}
+
+/* Zero-copy: the message borrows the exporter's memory (desc, but for its
+ * data), and the owner holds the view (and so the exporter) until it dies. */
+static int enc_host_borrow(enc_t *e, Py_buffer *view, gser_buffer_desc_t *desc, PyObject *frame_as,
+                           gser_value_t **out)
+{
+    desc->data = view->buf;
+    bool readonly = view->readonly;
+    if (pg_owner_hold_view(e->owner, view) < 0)
+        return -1;
+    gser_status_t st = gser_msg_new_buffer(e->msg, desc, out);
+    int64_t offset;
+    size_t span;
+    if (st == GSER_OK && gser_buffer_get_span(desc, &offset, &span) == GSER_OK && span >= PG_INLINE_MAX &&
+        pg_owner_frame_obj(e->owner, (const char *)desc->data + offset, span, frame_as, readonly) < 0)
+        return -1;
+    return st ? fail_st(e, st, "gser_msg_new_buffer") : 0;
 }
 
 /* A host buffer value over view, which the owner takes over, laid out as
@@ -507,20 +494,8 @@ static int enc_host_view(enc_t *e, Py_buffer *view, gser_dtype_t dtype, int nd, 
         *gathered = !c_order && !keep && !broadcast;
     gser_status_t st;
     if (c_order || keep) {
-        /* Zero-copy: the message borrows the exporter's memory, and the
-         * owner holds the view (and so the exporter) until it dies. */
-        desc.data = view->buf;
         desc.strides = c_order ? NULL : strides;
-        bool readonly = view->readonly;
-        if (pg_owner_hold_view(e->owner, view) < 0)
-            return -1;
-        st = gser_msg_new_buffer(e->msg, &desc, out);
-        int64_t offset;
-        size_t span;
-        if (st == GSER_OK && gser_buffer_get_span(&desc, &offset, &span) == GSER_OK && span >= PG_INLINE_MAX &&
-            pg_owner_frame_obj(e->owner, (const char *)desc.data + offset, span, frame_as, readonly) < 0)
-            return -1;
-        return st ? fail_st(st, "gser_msg_new_buffer") : 0;
+        return enc_host_borrow(e, view, &desc, frame_as, out);
     }
     /* One copy into C order: of the block only for a broadcast, which keeps
      * its zero strides. */
@@ -558,7 +533,7 @@ static int enc_host_view(enc_t *e, Py_buffer *view, gser_dtype_t dtype, int nd, 
     st = gser_msg_new_buffer(e->msg, &desc, out);
     if (st) {
         free(copy);
-        return fail_st(st, "gser_msg_new_buffer");
+        return fail_st(e, st, "gser_msg_new_buffer");
     }
     if ((size_t)total >= PG_INLINE_MAX && pg_owner_frame_obj(e->owner, copy, (size_t)total, NULL, false) < 0)
         return -1; /* gser's own copy: a writable frame */
@@ -569,7 +544,7 @@ static int enc_host_view(enc_t *e, Py_buffer *view, gser_dtype_t dtype, int nd, 
 static int enc_typed(enc_t *e, pg_type_t t, gser_value_t *tree, gser_value_t **out)
 {
     gser_status_t st = pg_type_new(e->msg, t, tree, out);
-    return st ? fail_st(st, "gser_msg_new_object") : 0;
+    return st ? fail_st(e, st, "gser_msg_new_object") : 0;
 }
 
 /* bytes of at least PG_BYTES_FRAME_MIN: "python.bytes", a buffer that is a
@@ -612,8 +587,54 @@ static int enc_bytes_like(enc_t *e, PyObject *o, pg_type_t t, gser_value_t **out
     return enc_typed(e, t, buf, out);
 }
 
-/* numpy.lib.format.dtype_to_descr, imported on first use. */
-static PyObject *np_dtype_to_descr;
+/* An array of a dtype gser has no name for, as its description and bytes:
+ * *descr the dtype's numpy.lib.format description (a new reference), *view
+ * the items' bytes as unsigned ints of gcd(itemsize, 8) bytes (as Dask views
+ * them, so that gser keeps them aligned: x[..., None].view(uN), one more
+ * extent) and *dtype that uint. 0, or -1 with an exception set and nothing
+ * held. */
+static int ndarray_described(enc_t *e, PyObject *o, Py_buffer *view, PyObject **descr, gser_dtype_t *dtype)
+{
+    PyObject *dt = PyObject_GetAttrString(o, "dtype");
+    PyObject *hasobj = dt ? PyObject_GetAttrString(dt, "hasobject") : NULL;
+    PyObject *isz = hasobj ? PyObject_GetAttrString(dt, "itemsize") : NULL;
+    int objects = hasobj ? PyObject_IsTrue(hasobj) : -1;
+    Py_ssize_t itemsize = isz ? PyLong_AsSsize_t(isz) : -1;
+    Py_XDECREF(hasobj);
+    Py_XDECREF(isz);
+    if (objects || itemsize <= 0) {
+        Py_XDECREF(dt);
+        if (PyErr_Occurred())
+            return -1;
+        return not_impl(e, o, objects ? " with Python objects in its dtype (gser never pickles)"
+                                      : " with an empty dtype");
+    }
+    if (!e->s->np_dtype_to_descr) { /* imported on first use */
+        PyObject *fmt = PyImport_ImportModule("numpy.lib.format");
+        e->s->np_dtype_to_descr = fmt ? PyObject_GetAttrString(fmt, "dtype_to_descr") : NULL;
+        Py_XDECREF(fmt);
+    }
+    PyObject *d = e->s->np_dtype_to_descr ? PyObject_CallOneArg(e->s->np_dtype_to_descr, dt) : NULL;
+    Py_DECREF(dt);
+    int width = (int)(itemsize % 8 == 0 ? 8 : itemsize % 4 == 0 ? 4 : itemsize % 2 == 0 ? 2 : 1);
+    static const char *const uints[] = {[1] = "u1", [2] = "u2", [4] = "u4", [8] = "u8"};
+    static const gser_dtype_t udtypes[] = {[1] = GSER_DTYPE_UINT8, [2] = GSER_DTYPE_UINT16,
+                                           [4] = GSER_DTYPE_UINT32, [8] = GSER_DTYPE_UINT64};
+    PyObject *idx = d ? Py_BuildValue("(OO)", Py_Ellipsis, Py_None) : NULL;
+    PyObject *x1 = idx ? PyObject_GetItem(o, idx) : NULL;
+    PyObject *bytes_of = x1 ? PyObject_CallMethod(x1, "view", "s", uints[width]) : NULL;
+    Py_XDECREF(idx);
+    Py_XDECREF(x1);
+    if (!bytes_of || PyObject_GetBuffer(bytes_of, view, PyBUF_RECORDS_RO) < 0) {
+        Py_XDECREF(d);
+        Py_XDECREF(bytes_of);
+        return -1;
+    }
+    Py_DECREF(bytes_of);
+    *descr = d;
+    *dtype = udtypes[width];
+    return 0;
+}
 
 /* ("numpy.ndarray") (buffer, descr, writeable, ndim) of an array that a
  * plain buffer cannot say all of: read-only, 0-d, or of a dtype gser has no
@@ -623,7 +644,7 @@ static PyObject *np_dtype_to_descr;
 static int enc_ndarray_typed(enc_t *e, PyObject *o, int depth, gser_value_t **out)
 {
     Py_buffer view;
-    PyObject *descr = Py_None, *bytes_of = NULL;
+    PyObject *descr = Py_None;
     bool big = false;
     gser_dtype_t dtype = GSER_DTYPE_COUNT;
     PyObject *nd_obj = PyObject_GetAttrString(o, "ndim");
@@ -646,46 +667,8 @@ static int enc_ndarray_typed(enc_t *e, PyObject *o, int depth, gser_value_t **ou
     }
     int inner = 0;
     if (big || dtype == GSER_DTYPE_COUNT) {
-        PyObject *dt = PyObject_GetAttrString(o, "dtype");
-        PyObject *hasobj = dt ? PyObject_GetAttrString(dt, "hasobject") : NULL;
-        PyObject *isz = hasobj ? PyObject_GetAttrString(dt, "itemsize") : NULL;
-        int objects = hasobj ? PyObject_IsTrue(hasobj) : -1;
-        Py_ssize_t itemsize = isz ? PyLong_AsSsize_t(isz) : -1;
-        Py_XDECREF(hasobj);
-        Py_XDECREF(isz);
-        if (objects || itemsize <= 0) {
-            Py_XDECREF(dt);
-            if (PyErr_Occurred())
-                return -1;
-            return not_impl(e, o, objects ? " with Python objects in its dtype (gser never pickles)"
-                                          : " with an empty dtype");
-        }
-        if (!np_dtype_to_descr) {
-            PyObject *fmt = PyImport_ImportModule("numpy.lib.format");
-            np_dtype_to_descr = fmt ? PyObject_GetAttrString(fmt, "dtype_to_descr") : NULL;
-            Py_XDECREF(fmt);
-        }
-        descr = np_dtype_to_descr ? PyObject_CallOneArg(np_dtype_to_descr, dt) : NULL;
-        Py_DECREF(dt);
-        /* The items' bytes, as unsigned ints of gcd(itemsize, 8) bytes (as Dask
-         * views them), so that gser keeps them aligned: x[..., None].view(uN),
-         * one more extent. */
-        int width = (int)(itemsize % 8 == 0 ? 8 : itemsize % 4 == 0 ? 4 : itemsize % 2 == 0 ? 2 : 1);
-        static const char *const uints[] = {[1] = "u1", [2] = "u2", [4] = "u4", [8] = "u8"};
-        static const gser_dtype_t udtypes[] = {[1] = GSER_DTYPE_UINT8, [2] = GSER_DTYPE_UINT16,
-                                               [4] = GSER_DTYPE_UINT32, [8] = GSER_DTYPE_UINT64};
-        PyObject *idx = descr ? Py_BuildValue("(OO)", Py_Ellipsis, Py_None) : NULL;
-        PyObject *x1 = idx ? PyObject_GetItem(o, idx) : NULL;
-        bytes_of = x1 ? PyObject_CallMethod(x1, "view", "s", uints[width]) : NULL;
-        dtype = udtypes[width];
-        Py_XDECREF(idx);
-        Py_XDECREF(x1);
-        if (!bytes_of || PyObject_GetBuffer(bytes_of, &view, PyBUF_RECORDS_RO) < 0) {
-            Py_XDECREF(descr);
-            Py_XDECREF(bytes_of);
+        if (ndarray_described(e, o, &view, &descr, &dtype) < 0)
             return -1;
-        }
-        Py_DECREF(bytes_of);
         inner = 1;
     } else {
         Py_INCREF(descr);
@@ -693,7 +676,7 @@ static int enc_ndarray_typed(enc_t *e, PyObject *o, int depth, gser_value_t **ou
     bool writeable = !view.readonly, gathered = false;
     gser_value_t *tree, *buf, *dv = NULL;
     gser_status_t st = gser_msg_new_tuple(e->msg, &tree);
-    int r = st ? fail_st(st, "gser_msg_new_tuple") : 0;
+    int r = st ? fail_st(e, st, "gser_msg_new_tuple") : 0;
     if (r == 0 && view.ndim > GSER_MAX_NDIM) {
         PyBuffer_Release(&view);
         r = not_impl(e, o, ": more dimensions than gser buffers have");
@@ -709,7 +692,7 @@ static int enc_ndarray_typed(enc_t *e, PyObject *o, int depth, gser_value_t **ou
     Py_DECREF(descr);
     if (r == 0 && ((st = gser_list_append(tree, buf)) || (st = gser_list_append(tree, dv)) ||
                    (st = gser_list_append_bool(tree, writeable)) || (st = gser_list_append_int(tree, ndim))))
-        r = fail_st(st, "gser_list_append");
+        r = fail_st(e, st, "gser_list_append");
     return r < 0 ? -1 : enc_typed(e, PG_T_NDARRAY, tree, out);
 }
 
@@ -738,7 +721,7 @@ static int enc_buffer(enc_t *e, PyObject *o, gser_value_t **out)
         return not_impl(e, o, " in strict mode (buffers must be numpy.ndarray, so that they come back as one)");
     Py_buffer view;
     if (PyObject_GetBuffer(o, &view, PyBUF_RECORDS_RO) < 0) {
-        pg_path_raise(PyExc_NotImplementedError, GSER_OK, &e->path,
+        pg_path_raise(e->s, PyExc_NotImplementedError, GSER_OK, &e->path,
                       "gser cannot serialize an object of type %s: it exports no plain buffer", Py_TYPE(o)->tp_name);
         return -1;
     }
@@ -754,7 +737,7 @@ static int enc_buffer(enc_t *e, PyObject *o, gser_value_t **out)
     else if (view.ndim > GSER_MAX_NDIM)
         why = "more dimensions than gser buffers have";
     if (why) {
-        pg_path_raise(PyExc_NotImplementedError, GSER_OK, &e->path,
+        pg_path_raise(e->s, PyExc_NotImplementedError, GSER_OK, &e->path,
                       "gser cannot serialize a buffer of type %s with format '%s': %s", Py_TYPE(o)->tp_name,
                       view.format ? view.format : "B", why);
         PyBuffer_Release(&view);
@@ -782,7 +765,7 @@ static int enc_registered(enc_t *e, PyObject *o, PyObject *entry, int depth, gse
     e->strict = false;
     e->decline = false;
     gser_status_t st = gser_msg_new_tuple(e->msg, &tree);
-    int r = st ? fail_st(st, "gser_msg_new_tuple") : enc_str(e, PyTuple_GET_ITEM(entry, 0), &name);
+    int r = st ? fail_st(e, st, "gser_msg_new_tuple") : enc_str(e, PyTuple_GET_ITEM(entry, 0), &name);
     /* to_gser may hand back the object itself, or one of its type (a
      * contiguous copy): that one goes by its interfaces, not the registry. */
     if (r == 0)
@@ -791,179 +774,21 @@ static int enc_registered(enc_t *e, PyObject *o, PyObject *entry, int depth, gse
     e->decline = decline;
     Py_DECREF(value);
     if (r == 0 && ((st = gser_list_append(tree, name)) || (st = gser_list_append(tree, payload))))
-        r = fail_st(st, "gser_list_append");
+        r = fail_st(e, st, "gser_list_append");
     return r < 0 ? -1 : enc_typed(e, PG_T_PYTYPE, tree, out);
 }
 
 /* ---- __cuda_array_interface__ ------------------------------------------------------ */
 
-/* "<f4", "|u1", "|b1", ... -> a dtype; GSER_DTYPE_COUNT if none fits. */
-static gser_dtype_t typestr_dtype(const char *ts, bool *big)
-{
-    *big = false;
-    if (!ts || !strchr("<>|=", ts[0]) || !ts[0] || !ts[1])
-        return GSER_DTYPE_COUNT;
-    char kind = ts[1];
-    char *end;
-    long size = strtol(ts + 2, &end, 10);
-    if (end == ts + 2 || *end != '\0' || size <= 0 || size > 16)
-        return GSER_DTYPE_COUNT;
-    *big = ts[0] == '>' && size > 1;
-    switch (kind) {
-    case 'b': return size == 1 ? GSER_DTYPE_BOOL : GSER_DTYPE_COUNT;
-    case 'i': return int_dtype(size, true);
-    case 'u': return int_dtype(size, false);
-    case 'f':
-        return size == 2 ? GSER_DTYPE_FLOAT16 : size == 4 ? GSER_DTYPE_FLOAT32 : size == 8 ? GSER_DTYPE_FLOAT64
-                                                                                        : GSER_DTYPE_COUNT;
-    case 'c': return size == 8 ? GSER_DTYPE_COMPLEX64 : size == 16 ? GSER_DTYPE_COMPLEX128 : GSER_DTYPE_COUNT;
-    default: return GSER_DTYPE_COUNT;
-    }
-}
-
-int pg_extents_total(const int64_t *shape, int nd, size_t elem_size, uint64_t *total, const char **why)
-{
-    /* numpy (and any strided consumer) multiplies the extents it is given
-     * even when one is 0: (0, 2**63-1) holds no bytes, and still no array
-     * can have that shape. So the product of the non-zero extents must fit too. */
-    uint64_t n = elem_size, fit = elem_size;
-    for (int d = 0; d < nd; d++) {
-        if (shape[d] < 0) {
-            *why = "a bad extent in the shape";
-            return -1;
-        }
-        uint64_t x = (uint64_t)shape[d];
-        if (x && fit > UINT64_MAX / x) {
-            *why = "too large for Python (the product of the extents overflows)";
-            return -1;
-        }
-        n *= x;
-        fit *= x ? x : 1;
-    }
-    if (fit > (uint64_t)PY_SSIZE_T_MAX) {
-        *why = "too large for Python";
-        return -1;
-    }
-    *total = n;
-    return 0;
-}
-
-bool pg_c_contiguous(const int64_t *shape, const int64_t *strides, int nd, int64_t unit)
-{
-    int64_t expect = unit;
-    for (int d = nd; d-- > 0;) {
-        if (shape[d] > 1 && strides[d] != expect)
-            return false; /* extents of 1 (and arrays of no elements) may have any stride */
-        expect *= shape[d] ? shape[d] : 1;
-    }
-    return true;
-}
-
-int pg_cai_read(PyObject *cai, void **ptr, size_t *nbytes, gser_dtype_t *dtype, uint32_t *ndim, int64_t *shape,
-                int64_t *strides, bool *strided, void **stream, const char **why)
-{
-    *why = NULL;
-    *stream = NULL;
-    *strided = false;
-    if (!PyDict_Check(cai)) {
-        *why = "__cuda_array_interface__ is not a dict";
-        return -1;
-    }
-    PyObject *shp = PyDict_GetItemString(cai, "shape");
-    PyObject *ts = PyDict_GetItemString(cai, "typestr");
-    PyObject *data = PyDict_GetItemString(cai, "data");
-    PyObject *mask = PyDict_GetItemString(cai, "mask");
-    if (!shp || !PyTuple_Check(shp) || !ts || !PyUnicode_Check(ts) || !data || !PyTuple_Check(data) ||
-        PyTuple_GET_SIZE(data) < 1) {
-        *why = "__cuda_array_interface__ lacks a shape tuple, a typestr or a data tuple";
-        return -1;
-    }
-    if (mask && mask != Py_None) {
-        *why = "masked device arrays are not supported";
-        return -1;
-    }
-    bool big;
-    *dtype = typestr_dtype(PyUnicode_AsUTF8(ts), &big);
-    if (PyErr_Occurred())
-        return -1;
-    if (big || *dtype == GSER_DTYPE_COUNT) {
-        *why = big ? "big-endian device arrays are not supported" : "a typestr gser has no dtype for";
-        return -1;
-    }
-    Py_ssize_t nd = PyTuple_GET_SIZE(shp);
-    if (nd == 0 || nd > GSER_MAX_NDIM) {
-        *why = nd ? "more dimensions than gser buffers have" : "zero-dimensional device arrays are not supported";
-        return -1;
-    }
-    for (Py_ssize_t d = 0; d < nd; d++) {
-        long long ext = PyLong_AsLongLong(PyTuple_GET_ITEM(shp, d));
-        if (ext == -1 && PyErr_Occurred())
-            return -1;
-        shape[d] = ext;
-    }
-    size_t es = gser_dtype_size(*dtype);
-    uint64_t total;
-    if (pg_extents_total(shape, (int)nd, es, &total, why) < 0)
-        return -1;
-    PyObject *st = PyDict_GetItemString(cai, "strides");
-    if (st && st != Py_None) {
-        if (!PyTuple_Check(st) || PyTuple_GET_SIZE(st) != nd) {
-            *why = "strides do not match the shape";
-            return -1;
-        }
-        for (Py_ssize_t d = 0; d < nd; d++) {
-            long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(st, d));
-            if (v == -1 && PyErr_Occurred())
-                return -1;
-            strides[d] = v;
-        }
-        /* Any layout travels (the core sends the span); C order needs no strides. */
-        *strided = total && !pg_c_contiguous(shape, strides, (int)nd, (int64_t)es);
-    }
-    void *p = PyLong_AsVoidPtr(PyTuple_GET_ITEM(data, 0));
-    if (!p && PyErr_Occurred())
-        return -1;
-    if (!p && total) {
-        *why = "a NULL data pointer";
-        return -1;
-    }
-    /* Version 3: the stream the data is produced on (1: legacy default,
-     * 2: per-thread default, as CUDA's own handles; 0 is forbidden). */
-    PyObject *stream_obj = PyDict_GetItemString(cai, "stream");
-    if (stream_obj && stream_obj != Py_None) {
-        if (!PyLong_Check(stream_obj)) {
-            *why = "the stream is not an int";
-            return -1;
-        }
-        void *sp = PyLong_AsVoidPtr(stream_obj);
-        if (!sp && PyErr_Occurred())
-            return -1;
-        if (!sp) {
-            *why = "stream 0, which the CUDA Array Interface forbids (ambiguous)";
-            return -1;
-        }
-        *stream = sp;
-    }
-    *ptr = p;
-    *nbytes = (size_t)total;
-    *ndim = (uint32_t)nd;
-    return 0;
-}
-
 static int enc_cai(enc_t *e, PyObject *o, PyObject *cai, gser_value_t **out)
 {
     if (e->strict)
         return not_impl(e, o, " in strict mode (device arrays come back as gser.DeviceArray, not as their own type)");
-    void *ptr, *stream;
-    size_t nbytes;
-    gser_dtype_t dtype;
-    uint32_t ndim;
-    int64_t shape[GSER_MAX_NDIM], strides[GSER_MAX_NDIM];
-    bool strided;
+    pg_cai_t ci;
     const char *why;
-    if (pg_cai_read(cai, &ptr, &nbytes, &dtype, &ndim, shape, strides, &strided, &stream, &why) < 0) {
+    if (pg_cai_read(cai, &ci, &why) < 0) {
         if (why)
-            pg_path_raise(PyExc_NotImplementedError, GSER_OK, &e->path,
+            pg_path_raise(e->s, PyExc_NotImplementedError, GSER_OK, &e->path,
                           "gser cannot serialize a device array of type %s: %s", Py_TYPE(o)->tp_name, why);
         return -1;
     }
@@ -971,17 +796,17 @@ static int enc_cai(enc_t *e, PyObject *o, PyObject *cai, gser_value_t **out)
     if (pg_owner_hold_ref(e->owner, o) < 0)
         return -1;
     gser_buffer_desc_t desc = GSER_BUFFER_DESC_INIT;
-    desc.data = ptr;
-    desc.nbytes = nbytes;
-    desc.dtype = dtype;
-    desc.ndim = ndim;
-    desc.shape = shape;
-    desc.strides = strided ? strides : NULL;
+    desc.data = ci.ptr;
+    desc.nbytes = ci.nbytes;
+    desc.dtype = ci.dtype;
+    desc.ndim = ci.ndim;
+    desc.shape = ci.shape;
+    desc.strides = ci.strided ? ci.strides : NULL;
     desc.memory = GSER_MEMORY_DEVICE;
     desc.device = 0; /* the interface does not say; the pointer does, to CUDA */
-    desc.stream = stream; /* gser's reads are ordered after the producer's work */
+    desc.stream = ci.stream; /* gser's reads are ordered after the producer's work */
     gser_status_t st = gser_msg_new_buffer(e->msg, &desc, out);
-    return st ? fail_st(st, "gser_msg_new_buffer") : 0;
+    return st ? fail_st(e, st, "gser_msg_new_buffer") : 0;
 }
 
 /* ---- DLPack ------------------------------------------------------------------------------ */
@@ -995,12 +820,12 @@ static int enc_dlpack(enc_t *e, PyObject *o, gser_value_t **out)
     const char *why;
     if (pg_dlpack_encode(e->owner, o, &desc, shape, strides, &why) < 0) {
         if (why)
-            pg_path_raise(PyExc_NotImplementedError, GSER_OK, &e->path,
+            pg_path_raise(e->s, PyExc_NotImplementedError, GSER_OK, &e->path,
                           "gser cannot serialize a DLPack tensor of type %s: %s", Py_TYPE(o)->tp_name, why);
         return -1;
     }
     gser_status_t st = gser_msg_new_buffer(e->msg, &desc, out);
-    return st ? fail_st(st, "gser_msg_new_buffer") : 0;
+    return st ? fail_st(e, st, "gser_msg_new_buffer") : 0;
 }
 
 /* ---- the Arrow PyCapsule interface ---------------------------------------------------- */
@@ -1016,7 +841,7 @@ static int enc_arrow(enc_t *e, PyObject *o, int method, gser_value_t **out)
         return 0;
     /* The producer's own exceptions go through as they are. */
     if (why)
-        pg_path_raise(PyExc_ValueError, GSER_OK, &e->path, "an Arrow table of type %s: %s", Py_TYPE(o)->tp_name,
+        pg_path_raise(e->s, PyExc_ValueError, GSER_OK, &e->path, "an Arrow table of type %s: %s", Py_TYPE(o)->tp_name,
                       why);
     return -1;
 }
@@ -1027,7 +852,7 @@ static int enc_npscalar(enc_t *e, PyObject *o, gser_value_t **out)
 {
     const char *why;
     gser_value_t *tree;
-    if (pg_npscalar_encode(e->msg, o, &why, &tree) < 0)
+    if (pg_npscalar_encode(e->s, e->msg, o, &why, &tree) < 0)
         return why ? not_impl(e, o, why) : -1;
     return enc_typed(e, PG_T_NPSCALAR, tree, out);
 }
@@ -1052,10 +877,10 @@ static int enc_value(enc_t *e, PyObject *o, int depth, gser_value_t **out)
         return enc_bytes_like(e, o, PG_T_MEMORYVIEW, out);
     if (is_numpy_array(o))
         return enc_numpy(e, o, depth, out);
-    if (pg_npscalar_check(o))
+    if (pg_npscalar_check(e->s, o))
         return enc_npscalar(e, o, out);
     PyObject *entry;
-    int reg = pg_registry_lookup_type(t, &entry);
+    int reg = pg_registry_lookup_type(e->s, t, &entry);
     if (reg) {
         int r = reg < 0 ? -1 : enc_registered(e, o, entry, depth, out);
         Py_XDECREF(entry);
@@ -1092,10 +917,13 @@ static int enc_interfaces(enc_t *e, PyObject *o, gser_value_t **out)
 int pg_encode(PgOwner *owner, PyObject *obj, const pg_encode_options_t *opts)
 {
     gser_status_t st = gser_msg_create(pg_ctx, &owner->msg);
-    if (st)
-        return fail_st(st, "gser_msg_create");
+    if (st) {
+        pg_raise(owner->state, st, false, "gser_msg_create");
+        return -1;
+    }
     enc_t e;
     e.owner = owner;
+    e.s = owner->state;
     e.msg = owner->msg;
     e.strict = opts && opts->strict;
     e.decline = opts && opts->decline;
@@ -1114,5 +942,5 @@ int pg_encode(PgOwner *owner, PyObject *obj, const pg_encode_options_t *opts)
     if (enc_value(&e, obj, 1, &root) < 0)
         return -1;
     st = gser_msg_set_root(owner->msg, root);
-    return st ? fail_st(st, "gser_msg_set_root") : 0;
+    return st ? fail_st(&e, st, "gser_msg_set_root") : 0;
 }

@@ -29,14 +29,16 @@ static void flat_bytes_dealloc(PgFlatBytes *self)
         munmap(self->data, self->maplen);
     else if (self->data != flat_empty)
         PyMem_Free(self->data);
-    Py_TYPE(self)->tp_free((PyObject *)self);
+    PyTypeObject *tp = Py_TYPE(self);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
 }
 
-PyObject *pg_flat_bytes_new(size_t size, char **data)
+PyObject *pg_flat_bytes_new(pg_state_t *s, size_t size, char **data)
 {
     if (size > (size_t)PY_SSIZE_T_MAX)
         return PyErr_NoMemory();
-    PgFlatBytes *self = PyObject_New(PgFlatBytes, &PgFlatBytes_Type);
+    PgFlatBytes *self = PyObject_New(PgFlatBytes, s->FlatBytes);
     if (!self)
         return NULL;
     self->len = (Py_ssize_t)size;
@@ -63,13 +65,15 @@ PyObject *pg_flat_bytes_new(size_t size, char **data)
 
 static PyObject *flat_bytes_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
-    (void)type;
+    pg_state_t *s = pg_state_of_type(type);
+    if (!s)
+        return NULL;
     static char *kwlist[] = {"data", NULL};
     Py_buffer view;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "y*:FlatBytes", kwlist, &view))
         return NULL;
     char *dst;
-    PyObject *out = pg_flat_bytes_new((size_t)view.len, &dst);
+    PyObject *out = pg_flat_bytes_new(s, (size_t)view.len, &dst);
     if (out && view.len) {
         Py_BEGIN_ALLOW_THREADS
         memcpy(dst, view.buf, (size_t)view.len);
@@ -83,10 +87,6 @@ static int flat_bytes_getbuffer(PgFlatBytes *self, Py_buffer *view, int flags)
 {
     return PyBuffer_FillInfo(view, (PyObject *)self, self->data, self->len, 1, flags);
 }
-
-static PyBufferProcs flat_bytes_as_buffer = {
-    .bf_getbuffer = (getbufferproc)flat_bytes_getbuffer,
-};
 
 static Py_ssize_t flat_bytes_length(PgFlatBytes *self)
 {
@@ -106,11 +106,6 @@ static PyObject *flat_bytes_subscript(PgFlatBytes *self, PyObject *key)
     return r;
 }
 
-static PyMappingMethods flat_bytes_as_mapping = {
-    .mp_length = (lenfunc)flat_bytes_length,
-    .mp_subscript = (binaryfunc)flat_bytes_subscript,
-};
-
 static PyObject *flat_bytes_bytes(PgFlatBytes *self, PyObject *unused);
 
 /* b + other: a new bytes, as bytes + other is. */
@@ -123,11 +118,6 @@ static PyObject *flat_bytes_concat(PgFlatBytes *self, PyObject *other)
     Py_DECREF(b);
     return r;
 }
-
-static PySequenceMethods flat_bytes_as_sequence = {
-    .sq_length = (lenfunc)flat_bytes_length,
-    .sq_concat = (binaryfunc)flat_bytes_concat,
-};
 
 /* Equal to any bytes-like object with the same bytes, as bytes is. */
 static PyObject *flat_bytes_richcompare(PgFlatBytes *self, PyObject *other, int op)
@@ -178,52 +168,52 @@ PyDoc_STRVAR(flat_bytes_doc,
 "for huge pages from 1 MiB up) and written once. FlatBytes(data) copies any\n"
 "bytes-like object into one.");
 
-PyTypeObject PgFlatBytes_Type = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "gser.FlatBytes",
-    .tp_doc = flat_bytes_doc,
-    .tp_basicsize = sizeof(PgFlatBytes),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_new = flat_bytes_new,
-    .tp_dealloc = (destructor)flat_bytes_dealloc,
-    .tp_repr = (reprfunc)flat_bytes_repr,
-    .tp_hash = PyObject_HashNotImplemented,
-    .tp_richcompare = (richcmpfunc)flat_bytes_richcompare,
-    .tp_as_buffer = &flat_bytes_as_buffer,
-    .tp_as_mapping = &flat_bytes_as_mapping,
-    .tp_as_sequence = &flat_bytes_as_sequence,
-    .tp_methods = flat_bytes_methods,
+static PyType_Slot flat_bytes_slots[] = {
+    {Py_tp_doc, (void *)flat_bytes_doc},
+    {Py_tp_new, (void *)flat_bytes_new},
+    {Py_tp_dealloc, (void *)flat_bytes_dealloc},
+    {Py_tp_repr, (void *)flat_bytes_repr},
+    {Py_tp_hash, (void *)PyObject_HashNotImplemented},
+    {Py_tp_richcompare, (void *)flat_bytes_richcompare},
+    {Py_bf_getbuffer, (void *)flat_bytes_getbuffer},
+    {Py_mp_length, (void *)flat_bytes_length},
+    {Py_mp_subscript, (void *)flat_bytes_subscript},
+    {Py_sq_length, (void *)flat_bytes_length},
+    {Py_sq_concat, (void *)flat_bytes_concat},
+    {Py_tp_methods, flat_bytes_methods},
+    {0, NULL},
+};
+
+/* Not a GC type: it holds no Python objects. */
+static PyType_Spec flat_bytes_spec = {
+    .name = "gser.FlatBytes",
+    .basicsize = sizeof(PgFlatBytes),
+    .flags = PG_TPFLAGS,
+    .slots = flat_bytes_slots,
 };
 
 /* ---- dump: to a descriptor, or through a write method ---------------------------------- */
 
 static PyObject *py_dump_fd(PyObject *self, PyObject *args, PyObject *kw)
 {
-    (void)self;
+    pg_state_t *s = pg_state_of_module(self);
     static char *kwlist[] = {"obj", "fd", "families", "compression", NULL};
     PyObject *obj, *families = NULL, *compression = NULL;
-    int fd, codec;
+    int fd;
+    pg_flat_t fl;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi|OO:_dump_fd", kwlist, &obj, &fd, &families, &compression) ||
-        pg_compression_parse(compression, &codec) < 0)
+        pg_flat_prepare(s, obj, families, compression, &fl) < 0)
         return NULL;
-    PgOwner *owner = pg_serialize_flat(obj, families, codec);
-    if (!owner)
-        return NULL;
-    size_t n = gser_frames_get_count(owner->frames);
-    const gser_frame_t *fr = gser_frames_get_array(owner->frames);
-    size_t size = 0;
-    gser_status_t st = gser_flat_size(fr, n, &size);
-    if (st == GSER_OK) {
-        Py_BEGIN_ALLOW_THREADS
-        st = gser_flat_write_fd(fr, n, fd);
-        Py_END_ALLOW_THREADS /* keeps errno */
-    }
-    Py_DECREF(owner);
+    gser_status_t st;
+    Py_BEGIN_ALLOW_THREADS
+    st = gser_flat_write_fd(fl.fr, fl.n, fd);
+    Py_END_ALLOW_THREADS /* keeps errno */
+    Py_DECREF(fl.owner);
     if (st == GSER_ERR_IO)
         return PyErr_SetFromErrno(PyExc_OSError);
     if (st)
-        return pg_raise(st, false, "gser_flat_write_fd");
-    return PyLong_FromSize_t(size);
+        return pg_raise(s, st, false, "gser_flat_write_fd");
+    return PyLong_FromSize_t(fl.size);
 }
 
 /* Pieces go to write() as memoryviews over gser's memory, released after
@@ -272,40 +262,32 @@ static gser_status_t write_piece(void *arg, const void *data, size_t size)
 
 static PyObject *py_dump_write(PyObject *self, PyObject *args, PyObject *kw)
 {
-    (void)self;
+    pg_state_t *s = pg_state_of_module(self);
     static char *kwlist[] = {"obj", "write", "families", "compression", NULL};
     PyObject *obj, *write, *families = NULL, *compression = NULL;
-    int codec;
+    pg_flat_t fl;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OO:_dump_write", kwlist, &obj, &write, &families, &compression) ||
-        pg_compression_parse(compression, &codec) < 0)
+        pg_flat_prepare(s, obj, families, compression, &fl) < 0)
         return NULL;
-    PgOwner *owner = pg_serialize_flat(obj, families, codec);
-    if (!owner)
-        return NULL;
-    size_t n = gser_frames_get_count(owner->frames);
-    const gser_frame_t *fr = gser_frames_get_array(owner->frames);
-    size_t size = 0;
-    gser_status_t st = gser_flat_size(fr, n, &size);
-    if (st == GSER_OK)
-        st = gser_flat_write_sink(fr, n, write_piece, write);
-    Py_DECREF(owner);
+    gser_status_t st = gser_flat_write_sink(fl.fr, fl.n, write_piece, write);
+    Py_DECREF(fl.owner);
     if (st == GSER_ERR_IO && PyErr_Occurred())
         return NULL;
     if (st)
-        return pg_raise(st, false, "gser_flat_write_sink");
-    return PyLong_FromSize_t(size);
+        return pg_raise(s, st, false, "gser_flat_write_sink");
+    return PyLong_FromSize_t(fl.size);
 }
 
 /* ---- load: from a descriptor, or a stream read piece by piece --------------------------- */
 
 static PyObject *py_load_fd(PyObject *self, PyObject *args, PyObject *kw)
 {
-    (void)self;
+    pg_state_t *s = pg_state_of_module(self);
     static char *kwlist[] = {"fd", "mmap", "device", NULL};
     int fd, map = 0, device = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "i|pp:_load_fd", kwlist, &fd, &map, &device))
         return NULL;
-    PgOwner *owner = pg_owner_new();
+    PgOwner *owner = pg_owner_new(s);
     if (!owner)
         return NULL;
     gser_deserialize_options_t opts = GSER_DESERIALIZE_OPTIONS_INIT;
@@ -315,20 +297,14 @@ static PyObject *py_load_fd(PyObject *self, PyObject *args, PyObject *kw)
     Py_BEGIN_ALLOW_THREADS
     st = gser_deserialize_fd(pg_ctx, fd, &opts, &msg);
     Py_END_ALLOW_THREADS
-    PyObject *out = NULL;
-    if (st) {
-        pg_raise(st, true, "gser_deserialize_fd");
-    } else {
-        owner->msg = msg;
-        out = pg_decode_msg(owner, false); /* gser's own buffer, or a private mapping */
-    }
+    /* gser's own buffer, or a private mapping: writable */
+    PyObject *out = pg_load_finish(owner, st, msg, false, "gser_deserialize_fd");
     Py_DECREF(owner);
     return out;
 }
 
 static PyObject *py_flat_need(PyObject *self, PyObject *arg)
 {
-    (void)self;
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
         return NULL;
@@ -336,7 +312,7 @@ static PyObject *py_flat_need(PyObject *self, PyObject *arg)
     gser_status_t st = gser_flat_get_need(pg_ctx, view.len ? view.buf : flat_empty, (size_t)view.len, NULL, &need);
     PyBuffer_Release(&view);
     if (st)
-        return pg_raise(st, true, "gser_flat_get_need");
+        return pg_raise(pg_state_of_module(self), st, true, "gser_flat_get_need");
     return PyLong_FromUnsignedLongLong(need);
 }
 
@@ -352,10 +328,9 @@ static PyMethodDef flatio_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-int pg_flatio_add(PyObject *m)
+int pg_flatio_add(PyObject *m, pg_state_t *s)
 {
-    if (PyType_Ready(&PgFlatBytes_Type) < 0 || PyModule_AddFunctions(m, flatio_methods) < 0 ||
-        PyModule_AddObjectRef(m, "FlatBytes", (PyObject *)&PgFlatBytes_Type) < 0)
+    if (pg_type_add(m, &flat_bytes_spec, &s->FlatBytes, "FlatBytes") < 0 || PyModule_AddFunctions(m, flatio_methods) < 0)
         return -1;
     return 0;
 }

@@ -15,42 +15,34 @@
  * structured dtypes could make them grow from the wire. */
 #define NPS_CACHE_MAX 256
 
-static struct {
-    bool tried;
-    PyObject *generic;        /* numpy.generic; NULL when numpy is absent */
-    PyObject *scalar;         /* numpy.core.multiarray.scalar */
-    PyObject *dtype_to_descr; /* numpy.lib.format */
-    PyObject *descr_to_dtype;
-    PyObject *descr_of;       /* dtype -> descr */
-    PyObject *dtype_of;       /* descr (str) -> dtype */
-} nps;
-
-static bool nps_ready(void)
+/* numpy, imported into the state on first use (pg_nps_t). */
+static bool nps_ready(pg_state_t *s)
 {
-    if (nps.tried)
-        return nps.generic != NULL;
-    nps.tried = true;
+    pg_nps_t *nps = &s->nps;
+    if (nps->tried)
+        return nps->generic != NULL;
+    nps->tried = true;
     PyObject *mod = PyImport_ImportModule("numpy");
     PyObject *fmt = mod ? PyImport_ImportModule("numpy.lib.format") : NULL;
     PyObject *ma = fmt ? PyImport_ImportModule("numpy.core.multiarray") : NULL;
-    bool ok = ma && (nps.scalar = PyObject_GetAttrString(ma, "scalar")) &&
-              (nps.dtype_to_descr = PyObject_GetAttrString(fmt, "dtype_to_descr")) &&
-              (nps.descr_to_dtype = PyObject_GetAttrString(fmt, "descr_to_dtype")) &&
-              (nps.descr_of = PyDict_New()) && (nps.dtype_of = PyDict_New()) &&
-              (nps.generic = PyObject_GetAttrString(mod, "generic"));
+    bool ok = ma && (nps->scalar = PyObject_GetAttrString(ma, "scalar")) &&
+              (nps->dtype_to_descr = PyObject_GetAttrString(fmt, "dtype_to_descr")) &&
+              (nps->descr_to_dtype = PyObject_GetAttrString(fmt, "descr_to_dtype")) &&
+              (nps->descr_of = PyDict_New()) && (nps->dtype_of = PyDict_New()) &&
+              (nps->generic = PyObject_GetAttrString(mod, "generic"));
     if (!ok) {
         PyErr_Clear();
-        Py_CLEAR(nps.scalar);
-        Py_CLEAR(nps.dtype_to_descr);
-        Py_CLEAR(nps.descr_to_dtype);
-        Py_CLEAR(nps.descr_of);
-        Py_CLEAR(nps.dtype_of);
-        Py_CLEAR(nps.generic);
+        Py_CLEAR(nps->scalar);
+        Py_CLEAR(nps->dtype_to_descr);
+        Py_CLEAR(nps->descr_to_dtype);
+        Py_CLEAR(nps->descr_of);
+        Py_CLEAR(nps->dtype_of);
+        Py_CLEAR(nps->generic);
     }
     Py_XDECREF(ma);
     Py_XDECREF(fmt);
     Py_XDECREF(mod);
-    return nps.generic != NULL;
+    return nps->generic != NULL;
 }
 
 static int cache_put(PyObject *cache, PyObject *key, PyObject *value)
@@ -60,38 +52,46 @@ static int cache_put(PyObject *cache, PyObject *key, PyObject *value)
     return PyDict_SetItem(cache, key, value);
 }
 
-int pg_npscalar_check(PyObject *o)
+/* Whether numpy dtype dt holds Python objects: 1, 0, or -1 with an exception set. */
+static int dtype_has_objects(PyObject *dt)
+{
+    PyObject *hasobj = PyObject_GetAttrString(dt, "hasobject");
+    int objects = hasobj ? PyObject_IsTrue(hasobj) : -1;
+    Py_XDECREF(hasobj);
+    return objects;
+}
+
+int pg_npscalar_check(pg_state_t *s, PyObject *o)
 {
     /* numpy's scalar types are all named "numpy.<name>"; the isinstance check
      * only runs for those. */
     if (strncmp(Py_TYPE(o)->tp_name, "numpy.", 6) != 0)
         return 0;
-    if (!nps_ready())
+    if (!nps_ready(s))
         return 0;
-    return PyObject_TypeCheck(o, (PyTypeObject *)nps.generic);
+    return PyObject_TypeCheck(o, (PyTypeObject *)s->nps.generic);
 }
 
-int pg_npscalar_encode(gser_msg_t *msg, PyObject *o, const char **why, gser_value_t **tree_out)
+int pg_npscalar_encode(pg_state_t *s, gser_msg_t *msg, PyObject *o, const char **why, gser_value_t **tree_out)
 {
+    pg_nps_t *nps = &s->nps;
     *why = NULL;
     PyObject *dt = PyObject_GetAttrString(o, "dtype");
     if (!dt)
         return -1;
-    PyObject *descr = PyDict_GetItemWithError(nps.descr_of, dt);
+    PyObject *descr = PyDict_GetItemWithError(nps->descr_of, dt);
     if (descr) {
         Py_INCREF(descr);
     } else if (!PyErr_Occurred()) {
-        PyObject *hasobj = PyObject_GetAttrString(dt, "hasobject");
-        int objects = hasobj ? PyObject_IsTrue(hasobj) : -1;
-        Py_XDECREF(hasobj);
+        int objects = dtype_has_objects(dt);
         if (objects) {
             Py_DECREF(dt);
             if (objects > 0)
                 *why = " with Python objects in its dtype (gser never pickles)";
             return -1;
         }
-        descr = PyObject_CallOneArg(nps.dtype_to_descr, dt);
-        if (descr && cache_put(nps.descr_of, dt, descr) < 0)
+        descr = PyObject_CallOneArg(nps->dtype_to_descr, dt);
+        if (descr && cache_put(nps->descr_of, dt, descr) < 0)
             Py_CLEAR(descr);
     }
     Py_DECREF(dt);
@@ -129,13 +129,13 @@ int pg_npscalar_encode(gser_msg_t *msg, PyObject *o, const char **why, gser_valu
         PyBuffer_Release(&view);
     int r = 0;
     if (!st) {
-        r = pg_encode_plain(msg, descr, &dv);
+        r = pg_encode_plain(s, msg, descr, &dv);
         if (r == 0 && ((st = gser_list_append(tree, dv)) || (st = gser_list_append(tree, bv))))
             r = -1;
     }
     Py_DECREF(descr);
     if (st) {
-        pg_raise(st, false, "numpy scalar");
+        pg_raise(s, st, false, "numpy scalar");
         return -1;
     }
     if (r < 0)
@@ -145,15 +145,15 @@ int pg_npscalar_encode(gser_msg_t *msg, PyObject *o, const char **why, gser_valu
 }
 
 /* str, int, lists and tuples of those: a dtype description. */
-int pg_encode_plain(gser_msg_t *msg, PyObject *o, gser_value_t **out)
+int pg_encode_plain(pg_state_t *s, gser_msg_t *msg, PyObject *o, gser_value_t **out)
 {
     gser_status_t st;
     if (PyUnicode_CheckExact(o)) {
         Py_ssize_t len;
-        const char *s = PyUnicode_AsUTF8AndSize(o, &len);
-        if (!s)
+        const char *u = PyUnicode_AsUTF8AndSize(o, &len);
+        if (!u)
             return -1;
-        st = gser_msg_new_str(msg, s, (size_t)len, out);
+        st = gser_msg_new_str(msg, u, (size_t)len, out);
     } else if (PyLong_CheckExact(o)) {
         long long v = PyLong_AsLongLong(o);
         if (v == -1 && PyErr_Occurred())
@@ -166,7 +166,7 @@ int pg_encode_plain(gser_msg_t *msg, PyObject *o, gser_value_t **out)
         Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
         for (Py_ssize_t i = 0; !st && i < n; i++) {
             gser_value_t *item;
-            if (pg_encode_plain(msg, PySequence_Fast_GET_ITEM(o, i), &item) < 0)
+            if (pg_encode_plain(s, msg, PySequence_Fast_GET_ITEM(o, i), &item) < 0)
                 return -1;
             st = gser_list_append(seq, item);
         }
@@ -177,42 +177,41 @@ int pg_encode_plain(gser_msg_t *msg, PyObject *o, gser_value_t **out)
         return -1;
     }
     if (st) {
-        pg_raise(st, false, "numpy dtype description");
+        pg_raise(s, st, false, "numpy dtype description");
         return -1;
     }
     return 0;
 }
 
-PyObject *pg_npscalar_decode(PyObject *descr, const void *p, size_t n, const char **why)
+PyObject *pg_npscalar_decode(pg_state_t *s, PyObject *descr, const void *p, size_t n, const char **why)
 {
+    pg_nps_t *nps = &s->nps;
     *why = NULL;
-    if (!nps_ready()) {
+    if (!nps_ready(s)) {
         PyErr_SetString(PyExc_NotImplementedError, "a numpy scalar, and numpy is not installed");
         return NULL;
     }
-    PyObject *dt = PyUnicode_CheckExact(descr) ? PyDict_GetItemWithError(nps.dtype_of, descr) : NULL;
+    PyObject *dt = PyUnicode_CheckExact(descr) ? PyDict_GetItemWithError(nps->dtype_of, descr) : NULL;
     if (dt) {
         Py_INCREF(dt);
     } else {
         if (PyErr_Occurred())
             return NULL;
         /* numpy.load's reader of descriptions: no code runs from the data. */
-        dt = PyObject_CallOneArg(nps.descr_to_dtype, descr);
+        dt = PyObject_CallOneArg(nps->descr_to_dtype, descr);
         if (!dt) {
             PyErr_Clear();
             *why = "a bad dtype description";
             return NULL;
         }
-        PyObject *hasobj = PyObject_GetAttrString(dt, "hasobject");
-        int objects = hasobj ? PyObject_IsTrue(hasobj) : -1;
-        Py_XDECREF(hasobj);
+        int objects = dtype_has_objects(dt);
         if (objects) {
             Py_DECREF(dt);
             if (objects > 0)
                 *why = "Python objects in its dtype";
             return NULL;
         }
-        if (PyUnicode_CheckExact(descr) && cache_put(nps.dtype_of, descr, dt) < 0) {
+        if (PyUnicode_CheckExact(descr) && cache_put(nps->dtype_of, descr, dt) < 0) {
             Py_DECREF(dt);
             return NULL;
         }
@@ -227,7 +226,7 @@ PyObject *pg_npscalar_decode(PyObject *descr, const void *p, size_t n, const cha
         *why = "the dtype's item size does not match the bytes";
     } else {
         PyObject *b = PyBytes_FromStringAndSize(n ? p : "", (Py_ssize_t)n);
-        out = b ? PyObject_CallFunctionObjArgs(nps.scalar, dt, b, NULL) : NULL;
+        out = b ? PyObject_CallFunctionObjArgs(nps->scalar, dt, b, NULL) : NULL;
         Py_XDECREF(b);
     }
     Py_DECREF(dt);

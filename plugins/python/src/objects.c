@@ -1,4 +1,4 @@
-/* Owners of messages, and the objects that view their memory.
+/* The objects that view a message's memory (its owner is in owner.c).
  *
  * Lifetime chain: numpy array -> memoryview -> PgFrame -> PgOwner -> gser
  * message + the Python buffers it borrows; gser.DeviceFrame and
@@ -11,151 +11,6 @@
 #include <string.h>
 
 #include <structmember.h>
-
-/* ---- PgOwner ------------------------------------------------------------------- */
-
-static void owner_dealloc(PgOwner *self)
-{
-    PyObject_GC_UnTrack(self);
-    /* Cleanups may run Python code (an Arrow producer's release callback),
-     * and the owner may die while an exception is being raised. */
-    PyObject *et, *ev, *etb;
-    PyErr_Fetch(&et, &ev, &etb);
-    /* The frames borrow the message, the message borrows the views. */
-    gser_frames_destroy(self->frames);
-    self->frames = NULL;
-    gser_msg_destroy(self->msg);
-    self->msg = NULL;
-    for (Py_ssize_t i = self->nviews; i-- > 0;)
-        PyBuffer_Release(&self->views[i]);
-    PyMem_Free(self->views);
-    self->views = NULL;
-    self->nviews = 0;
-    for (Py_ssize_t i = 0; i < self->ncleanups; i++)
-        self->cleanups[i].fn(self->cleanups[i].p);
-    PyMem_Free(self->cleanups);
-    self->cleanups = NULL;
-    self->ncleanups = 0;
-    for (Py_ssize_t i = 0; i < self->nfobjs; i++)
-        Py_XDECREF(self->fobjs[i].obj);
-    PyMem_Free(self->fobjs);
-    self->fobjs = NULL;
-    self->nfobjs = 0;
-    Py_CLEAR(self->refs);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-    PyErr_Restore(et, ev, etb);
-}
-
-/* The exporters of the held views (self->views[i].obj) are not visited, on
- * purpose: to the collector they are referenced from outside, so it never
- * puts them in a garbage cycle while this owner still holds their buffers.
- * A memoryview in such a cycle is cleared (memoryview's tp_clear) even with
- * buffers exported: its tp_clear fails ("memoryview has 1 exported buffer"),
- * then drops the managed buffer anyway, which releases the memory the
- * message still reads; the owner's later PyBuffer_Release then works on
- * freed state. The cost: a cycle that runs through an exporter back to
- * this owner is not collected; none is made by gser (an owner is made
- * after the exporters it views, which therefore cannot refer to it). */
-static int owner_traverse(PgOwner *self, visitproc visit, void *arg)
-{
-    Py_VISIT(self->refs);
-    for (Py_ssize_t i = 0; i < self->nfobjs; i++)
-        Py_VISIT(self->fobjs[i].obj);
-    return 0;
-}
-
-PyTypeObject PgOwner_Type = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "gser._gser._Owner",
-    .tp_doc = "Keeps a gser message and the memory it views alive (internal).",
-    .tp_basicsize = sizeof(PgOwner),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_dealloc = (destructor)owner_dealloc,
-    .tp_traverse = (traverseproc)owner_traverse,
-};
-
-PgOwner *pg_owner_new(void)
-{
-    PgOwner *o = PyObject_GC_New(PgOwner, &PgOwner_Type);
-    if (!o)
-        return NULL;
-    o->msg = NULL;
-    o->frames = NULL;
-    o->views = NULL;
-    o->nviews = 0;
-    o->capviews = 0;
-    o->refs = NULL;
-    o->cleanups = NULL;
-    o->ncleanups = 0;
-    o->capcleanups = 0;
-    o->fobjs = NULL;
-    o->nfobjs = 0;
-    o->capfobjs = 0;
-    PyObject_GC_Track(o);
-    return o;
-}
-
-int pg_owner_hold_view(PgOwner *o, Py_buffer *view)
-{
-    if (o->nviews == o->capviews) {
-        Py_ssize_t cap = o->capviews ? o->capviews * 2 : 4;
-        Py_buffer *nv = PyMem_Realloc(o->views, (size_t)cap * sizeof *nv);
-        if (!nv) {
-            PyBuffer_Release(view);
-            PyErr_NoMemory();
-            return -1;
-        }
-        o->views = nv;
-        o->capviews = cap;
-    }
-    o->views[o->nviews++] = *view;
-    return 0;
-}
-
-int pg_owner_hold_ref(PgOwner *o, PyObject *obj)
-{
-    if (!o->refs && !(o->refs = PyList_New(0)))
-        return -1;
-    return PyList_Append(o->refs, obj);
-}
-
-int pg_owner_on_destroy(PgOwner *o, void (*fn)(void *p), void *p)
-{
-    if (o->ncleanups == o->capcleanups) {
-        Py_ssize_t cap = o->capcleanups ? o->capcleanups * 2 : 4;
-        pg_cleanup_t *nc = PyMem_Realloc(o->cleanups, (size_t)cap * sizeof *nc);
-        if (!nc) {
-            fn(p);
-            PyErr_NoMemory();
-            return -1;
-        }
-        o->cleanups = nc;
-        o->capcleanups = cap;
-    }
-    o->cleanups[o->ncleanups++] = (pg_cleanup_t){fn, p};
-    return 0;
-}
-
-int pg_owner_frame_obj(PgOwner *o, const void *ptr, size_t len, PyObject *obj, bool readonly)
-{
-    if (o->nfobjs == o->capfobjs) {
-        Py_ssize_t cap = o->capfobjs ? o->capfobjs * 2 : 4;
-        pg_frame_obj_t *nf = PyMem_Realloc(o->fobjs, (size_t)cap * sizeof *nf);
-        if (!nf) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        o->fobjs = nf;
-        o->capfobjs = cap;
-    }
-    o->fobjs[o->nfobjs++] = (pg_frame_obj_t){ptr, len, Py_XNewRef(obj), readonly};
-    return 0;
-}
-
-int pg_owner_hold_alloc(PgOwner *o, void *p)
-{
-    return pg_owner_on_destroy(o, free, p);
-}
 
 /* ---- PgFrame: a buffer exporter ------------------------------------------------------ */
 
@@ -218,28 +73,31 @@ static void frame_dealloc(PgFrame *self)
 {
     PyObject_GC_UnTrack(self);
     Py_CLEAR(self->owner);
-    Py_TYPE(self)->tp_free((PyObject *)self);
+    PyTypeObject *tp = Py_TYPE(self);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
 }
 
 static int frame_traverse(PgFrame *self, visitproc visit, void *arg)
 {
+    Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->owner);
     return 0;
 }
 
-static PyBufferProcs frame_as_buffer = {
-    .bf_getbuffer = (getbufferproc)frame_getbuffer,
+static PyType_Slot frame_slots[] = {
+    {Py_tp_doc, "Memory of a gser message, exported through the buffer protocol (internal)."},
+    {Py_tp_dealloc, (void *)frame_dealloc},
+    {Py_tp_traverse, (void *)frame_traverse},
+    {Py_bf_getbuffer, (void *)frame_getbuffer},
+    {0, NULL},
 };
 
-PyTypeObject PgFrame_Type = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "gser._gser._Frame",
-    .tp_doc = "Memory of a gser message, exported through the buffer protocol (internal).",
-    .tp_basicsize = sizeof(PgFrame),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_dealloc = (destructor)frame_dealloc,
-    .tp_traverse = (traverseproc)frame_traverse,
-    .tp_as_buffer = &frame_as_buffer,
+static PyType_Spec frame_spec = {
+    .name = "gser._gser._Frame",
+    .basicsize = sizeof(PgFrame),
+    .flags = PG_TPFLAGS | Py_TPFLAGS_HAVE_GC,
+    .slots = frame_slots,
 };
 
 PyObject *pg_frame_new(PgOwner *owner, const void *ptr, Py_ssize_t len, bool readonly, const char *format,
@@ -255,7 +113,7 @@ PyObject *pg_frame_new_strided(PgOwner *owner, const void *ptr, Py_ssize_t len, 
         PyErr_Format(PyExc_ValueError, "gser: %d dimensions (at most %d)", ndim, PG_MAX_NDIM);
         return NULL;
     }
-    PgFrame *f = PyObject_GC_New(PgFrame, &PgFrame_Type);
+    PgFrame *f = PyObject_GC_New(PgFrame, owner->state->Frame);
     if (!f)
         return NULL;
     f->owner = (PgOwner *)Py_NewRef((PyObject *)owner);
@@ -278,7 +136,7 @@ PyObject *pg_frame_new_strided(PgOwner *owner, const void *ptr, Py_ssize_t len, 
         if (shape[d] < 0 || stride > (size_t)PY_SSIZE_T_MAX / ext) {
             PyObject_GC_Track(f);
             Py_DECREF(f);
-            PyErr_SetString(pg_GserError, "gser: a buffer shape Python cannot hold");
+            PyErr_SetString(owner->state->GserError, "gser: a buffer shape Python cannot hold");
             return NULL;
         }
         stride *= ext;
@@ -289,8 +147,8 @@ PyObject *pg_frame_new_strided(PgOwner *owner, const void *ptr, Py_ssize_t len, 
     return (PyObject *)f;
 }
 
-static PyObject *device_copy_to_host(unsigned long long ptr, Py_ssize_t nbytes, PyObject *shape, const char *typestr,
-                                     const char *what);
+static PyObject *device_copy_to_host(pg_state_t *s, unsigned long long ptr, Py_ssize_t nbytes, PyObject *shape,
+                                     const char *typestr, const char *what);
 
 /* ---- PgDeviceFrame ---------------------------------------------------------------------- */
 
@@ -306,11 +164,14 @@ static void dframe_dealloc(PgDeviceFrame *self)
 {
     PyObject_GC_UnTrack(self);
     Py_CLEAR(self->owner);
-    Py_TYPE(self)->tp_free((PyObject *)self);
+    PyTypeObject *tp = Py_TYPE(self);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
 }
 
 static int dframe_traverse(PgDeviceFrame *self, visitproc visit, void *arg)
 {
+    Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->owner);
     return 0;
 }
@@ -357,7 +218,7 @@ static PyObject *dframe_copy_to_host(PgDeviceFrame *self, PyObject *unused)
     PyObject *shape = Py_BuildValue("(n)", self->nbytes);
     if (!shape)
         return NULL;
-    PyObject *out = device_copy_to_host(self->ptr, self->nbytes, shape, "|u1", "gser.DeviceFrame.copy_to_host");
+    PyObject *out = device_copy_to_host(self->owner->state, self->ptr, self->nbytes, shape, "|u1", "gser.DeviceFrame.copy_to_host");
     Py_DECREF(shape);
     return out;
 }
@@ -367,31 +228,31 @@ static PyMethodDef dframe_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static PySequenceMethods dframe_as_sequence = {
-    .sq_length = (lenfunc)dframe_len,
+static PyType_Slot dframe_slots[] = {
+    {Py_tp_doc, "A frame in device memory produced by gser.dumps: exposes __cuda_array_interface__\n"
+                "(one-dimensional bytes) and keeps the serialized message alive."},
+    {Py_tp_dealloc, (void *)dframe_dealloc},
+    {Py_tp_traverse, (void *)dframe_traverse},
+    {Py_tp_repr, (void *)dframe_repr},
+    {Py_tp_getset, dframe_getset},
+    {Py_tp_members, dframe_members},
+    {Py_tp_methods, dframe_methods},
+    {Py_sq_length, (void *)dframe_len},
+    {0, NULL},
 };
 
-PyTypeObject PgDeviceFrame_Type = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "gser.DeviceFrame",
-    .tp_doc = "A frame in device memory produced by gser.dumps: exposes __cuda_array_interface__\n"
-              "(one-dimensional bytes) and keeps the serialized message alive.",
-    .tp_basicsize = sizeof(PgDeviceFrame),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_dealloc = (destructor)dframe_dealloc,
-    .tp_traverse = (traverseproc)dframe_traverse,
-    .tp_repr = (reprfunc)dframe_repr,
-    .tp_getset = dframe_getset,
-    .tp_members = dframe_members,
-    .tp_methods = dframe_methods,
-    .tp_as_sequence = &dframe_as_sequence,
+static PyType_Spec dframe_spec = {
+    .name = "gser.DeviceFrame",
+    .basicsize = sizeof(PgDeviceFrame),
+    .flags = PG_TPFLAGS | Py_TPFLAGS_HAVE_GC,
+    .slots = dframe_slots,
 };
 
 PyObject *pg_device_frame_new(PgOwner *owner, const void *ptr, size_t len, int32_t device)
 {
     if (len > PY_SSIZE_T_MAX)
         return PyErr_NoMemory();
-    PgDeviceFrame *f = PyObject_GC_New(PgDeviceFrame, &PgDeviceFrame_Type);
+    PgDeviceFrame *f = PyObject_GC_New(PgDeviceFrame, owner->state->DeviceFrame);
     if (!f)
         return NULL;
     f->owner = (PgOwner *)Py_NewRef((PyObject *)owner);
@@ -403,20 +264,6 @@ PyObject *pg_device_frame_new(PgOwner *owner, const void *ptr, size_t len, int32
 }
 
 /* ---- PgDeviceArray ---------------------------------------------------------------------- */
-
-static const char *const dtype_typestrs[GSER_DTYPE_COUNT] = {
-    [GSER_DTYPE_BYTES] = "|u1",    [GSER_DTYPE_BOOL] = "|b1",     [GSER_DTYPE_INT8] = "|i1",
-    [GSER_DTYPE_INT16] = "<i2",    [GSER_DTYPE_INT32] = "<i4",    [GSER_DTYPE_INT64] = "<i8",
-    [GSER_DTYPE_UINT8] = "|u1",    [GSER_DTYPE_UINT16] = "<u2",   [GSER_DTYPE_UINT32] = "<u4",
-    [GSER_DTYPE_UINT64] = "<u8",   [GSER_DTYPE_FLOAT16] = "<f2",  [GSER_DTYPE_BFLOAT16] = "|V2",
-    [GSER_DTYPE_FLOAT32] = "<f4",  [GSER_DTYPE_FLOAT64] = "<f8",  [GSER_DTYPE_COMPLEX64] = "<c8",
-    [GSER_DTYPE_COMPLEX128] = "<c16",
-};
-
-const char *pg_dtype_typestr(gser_dtype_t dtype)
-{
-    return (unsigned)dtype < GSER_DTYPE_COUNT ? dtype_typestrs[dtype] : "|u1";
-}
 
 typedef struct {
     PyObject_HEAD
@@ -437,11 +284,14 @@ static void darray_dealloc(PgDeviceArray *self)
 {
     PyObject_GC_UnTrack(self);
     Py_CLEAR(self->owner);
-    Py_TYPE(self)->tp_free((PyObject *)self);
+    PyTypeObject *tp = Py_TYPE(self);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
 }
 
 static int darray_traverse(PgDeviceArray *self, visitproc visit, void *arg)
 {
+    Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->owner);
     return 0;
 }
@@ -520,8 +370,8 @@ static PyObject *darray_cai(PgDeviceArray *self, void *closure)
 /* A new host array of shape and typestr (a bytearray when numpy is not
  * installed) holding the nbytes of device memory at ptr, copied with
  * gser_device_memcpy: host code never reads device memory itself. */
-static PyObject *device_copy_to_host(unsigned long long ptr, Py_ssize_t nbytes, PyObject *shape, const char *typestr,
-                                     const char *what)
+static PyObject *device_copy_to_host(pg_state_t *s, unsigned long long ptr, Py_ssize_t nbytes, PyObject *shape,
+                                     const char *typestr, const char *what)
 {
     PyObject *out;
     PyObject *np = PyImport_ImportModule("numpy");
@@ -555,7 +405,7 @@ static PyObject *device_copy_to_host(unsigned long long ptr, Py_ssize_t nbytes, 
     PyBuffer_Release(&view);
     if (st) {
         Py_DECREF(out);
-        return pg_raise(st, true, what);
+        return pg_raise(s, st, true, what);
     }
     return out;
 }
@@ -572,14 +422,14 @@ static PyObject *darray_copy_to_host(PgDeviceArray *self, PyObject *unused)
     if (!shape)
         return NULL;
     if (!self->strided) {
-        PyObject *out = device_copy_to_host(self->ptr, self->nbytes, shape, pg_dtype_typestr(self->dtype),
+        PyObject *out = device_copy_to_host(self->owner->state, self->ptr, self->nbytes, shape, pg_dtype_typestr(self->dtype),
                                             "gser.DeviceArray.copy_to_host");
         Py_DECREF(shape);
         return out;
     }
     /* The span's bytes, then a host array with the same strides over them. */
     PyObject *span = Py_BuildValue("(n)", self->span);
-    PyObject *bytes = span ? device_copy_to_host(self->ptr + (unsigned long long)self->span_offset, self->span, span,
+    PyObject *bytes = span ? device_copy_to_host(self->owner->state, self->ptr + (unsigned long long)self->span_offset, self->span, span,
                                                  "|u1", "gser.DeviceArray.copy_to_host")
                            : NULL;
     PyObject *strides = bytes ? darray_strides(self, NULL) : NULL;
@@ -675,26 +525,26 @@ static PyMethodDef darray_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static PySequenceMethods darray_as_sequence = {
-    .sq_length = (lenfunc)darray_len,
+static PyType_Slot darray_slots[] = {
+    {Py_tp_doc, "An array in device memory returned by gser.loads / gser.from_bytes: exposes\n"
+                "__cuda_array_interface__ (v3, with dtype and shape; CuPy, Numba and PyTorch read it\n"
+                "without copying) and DLPack (__dlpack__, __dlpack_device__), keeps the loaded message and its frames alive, and copies to the\n"
+                "host with copy_to_host(). Its data is ready: loads waited for gser's device copies."},
+    {Py_tp_dealloc, (void *)darray_dealloc},
+    {Py_tp_traverse, (void *)darray_traverse},
+    {Py_tp_repr, (void *)darray_repr},
+    {Py_tp_getset, darray_getset},
+    {Py_tp_members, darray_members},
+    {Py_tp_methods, darray_methods},
+    {Py_sq_length, (void *)darray_len},
+    {0, NULL},
 };
 
-PyTypeObject PgDeviceArray_Type = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "gser.DeviceArray",
-    .tp_doc = "An array in device memory returned by gser.loads / gser.from_bytes: exposes\n"
-              "__cuda_array_interface__ (v3, with dtype and shape; CuPy, Numba and PyTorch read it\n"
-              "without copying) and DLPack (__dlpack__, __dlpack_device__), keeps the loaded message and its frames alive, and copies to the\n"
-              "host with copy_to_host(). Its data is ready: loads waited for gser's device copies.",
-    .tp_basicsize = sizeof(PgDeviceArray),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_dealloc = (destructor)darray_dealloc,
-    .tp_traverse = (traverseproc)darray_traverse,
-    .tp_repr = (reprfunc)darray_repr,
-    .tp_getset = darray_getset,
-    .tp_members = darray_members,
-    .tp_methods = darray_methods,
-    .tp_as_sequence = &darray_as_sequence,
+static PyType_Spec darray_spec = {
+    .name = "gser.DeviceArray",
+    .basicsize = sizeof(PgDeviceArray),
+    .flags = PG_TPFLAGS | Py_TPFLAGS_HAVE_GC,
+    .slots = darray_slots,
 };
 
 PyObject *pg_device_array_new(PgOwner *owner, const gser_buffer_desc_t *desc)
@@ -704,7 +554,7 @@ PyObject *pg_device_array_new(PgOwner *owner, const gser_buffer_desc_t *desc)
         PyErr_SetString(PyExc_ValueError, "gser: a device buffer too large for Python");
         return NULL;
     }
-    PgDeviceArray *a = PyObject_GC_New(PgDeviceArray, &PgDeviceArray_Type);
+    PgDeviceArray *a = PyObject_GC_New(PgDeviceArray, owner->state->DeviceArray);
     if (!a)
         return NULL;
     a->owner = (PgOwner *)Py_NewRef((PyObject *)owner);
@@ -730,4 +580,13 @@ PyObject *pg_device_array_new(PgOwner *owner, const gser_buffer_desc_t *desc)
     a->span = (Py_ssize_t)span;
     PyObject_GC_Track(a);
     return (PyObject *)a;
+}
+
+int pg_objects_add(PyObject *m, pg_state_t *s)
+{
+    if (pg_type_add(m, &frame_spec, &s->Frame, NULL) < 0 ||
+        pg_type_add(m, &dframe_spec, &s->DeviceFrame, "DeviceFrame") < 0 ||
+        pg_type_add(m, &darray_spec, &s->DeviceArray, "DeviceArray") < 0)
+        return -1;
+    return 0;
 }

@@ -66,7 +66,8 @@ fail:
     return NULL;
 }
 
-PyObject *pg_path_raise(PyObject *exc, gser_status_t st, const pg_path_t *p, const char *fmt, ...)
+PyObject *pg_path_raise(const pg_state_t *s, PyObject *exc, gser_status_t st, const pg_path_t *p, const char *fmt,
+                        ...)
 {
     PyObject *cause = NULL, *tb = NULL, *ctype = NULL;
     if (PyErr_Occurred()) {
@@ -83,7 +84,7 @@ PyObject *pg_path_raise(PyObject *exc, gser_status_t st, const pg_path_t *p, con
     if (path) {
         PyObject *text = PyUnicode_FromFormat("%U: %U", path, msg);
         if (text) {
-            PyObject *e = pg_make_exc(exc, st, text);
+            PyObject *e = pg_make_exc(s, exc, st, text);
             Py_DECREF(text);
             if (e) {
                 if (cause)

@@ -9,7 +9,7 @@
  * everything that points into its memory keeps alive (objects.c). Device
  * buffers come back as gser.DeviceArray (objects.c); Arrow tables, through
  * the Arrow PyCapsule interface and the type "arrow.array" of gser::arrow,
- * as gser.ArrowArray (arrow.c).
+ * as gser.ArrowArray (arrow_capsule.c).
  */
 #ifndef GSER_PY_PYGSER_H
 #define GSER_PY_PYGSER_H
@@ -24,38 +24,135 @@
 #include <gser/gser.h>
 #include <gser/testing.h> /* in-tree build: the test hooks the Python tests call */
 
-/* ---- module state (module.c) ---------------------------------------------- */
+/* Public API of 3.10 that 3.9 lacks, written with 3.9's (as pythoncapi-compat does). */
+#if PY_VERSION_HEX < 0x030A0000
+static inline PyObject *Py_NewRef(PyObject *o)
+{
+    Py_INCREF(o);
+    return o;
+}
+static inline PyObject *Py_XNewRef(PyObject *o)
+{
+    Py_XINCREF(o);
+    return o;
+}
+static inline int PyModule_AddObjectRef(PyObject *m, const char *name, PyObject *value)
+{
+    Py_XINCREF(value);
+    int r = PyModule_AddObject(m, name, value);
+    if (r < 0)
+        Py_XDECREF(value);
+    return r;
+}
+#define Py_NewRef(o) Py_NewRef((PyObject *)(o))
+#define Py_XNewRef(o) Py_XNewRef((PyObject *)(o))
+#endif
 
-/* The context every call uses. Created at import, never destroyed: messages
- * and Arrow arrays taken from them may outlive the module object at
- * interpreter exit. Its device backend follows GSER_DEVICE (cuda, emulated,
- * none; default: cuda when a GPU is present). "arrow.array" is registered in
- * it when the module is built with gser::arrow. */
+/* ---- module state (state.c) -------------------------------------------------- */
+
+/* What one instance of the module holds (PEP 489 multi-phase initialisation:
+ * module.c's exec slot fills it in). Module functions reach it through the
+ * module they are called with, methods through their type's module
+ * (pg_state_of_type), and the encoder, decoder and every object made for a
+ * message through the message's owner (PgOwner.state: the owner's type holds
+ * the module, which holds the state, for as long as the owner lives). */
+/* numpy for the decoder. */
+typedef struct pg_numpy {
+    bool tried;
+    PyObject *ndarray; /* numpy.ndarray; NULL when numpy is not installed */
+    PyObject *require; /* numpy.require */
+    PyObject *descr_to_dtype;
+    PyObject *dtypes[GSER_DTYPE_COUNT]; /* numpy.dtype of each gser dtype (NULL: none) */
+} pg_numpy_t;
+
+/* numpy for numpy scalars (and the dtype descriptions of typed arrays). */
+typedef struct pg_nps {
+    bool tried;
+    PyObject *generic;        /* numpy.generic; NULL when numpy is absent */
+    PyObject *scalar;         /* numpy.core.multiarray.scalar */
+    PyObject *dtype_to_descr; /* numpy.lib.format */
+    PyObject *descr_to_dtype;
+    PyObject *descr_of;       /* cache: dtype -> descr */
+    PyObject *dtype_of;       /* cache: descr (str) -> dtype */
+} pg_nps_t;
+
+typedef struct pg_state {
+    /* gser.GserError, a subclass of ValueError. */
+    PyObject *GserError;
+    /* gser.Declined, a subclass of NotImplementedError: gser would be slower. */
+    PyObject *Declined;
+    /* gser.GserUnsupported, a subclass of GserError and NotImplementedError: a
+     * well-formed message holds what Python cannot (status GSER_ERR_UNSUPPORTED). */
+    PyObject *GserUnsupported;
+    /* The module's types (heap types of this instance). */
+    PyTypeObject *Owner, *Frame, *DeviceFrame, *DeviceArray, *ArrowArray, *FlatBytes;
+    PyTypeObject *UcxContext, *UcxWorker, *UcxListener, *UcxEndpoint, *UcxRequest;
+    /* gser.register_type's registry (pytypes.c): dicts, NULL until first used. */
+    PyObject *reg_by_type, *reg_by_name, *reg_lazy;
+    /* numpy, imported on first use: what the decoder (decode.c) and the
+     * numpy-scalar type (npscalar.c) use. */
+    pg_numpy_t np;
+    pg_nps_t nps;
+    PyObject *np_dtype_to_descr; /* numpy.lib.format.dtype_to_descr, for typed arrays (encode.c) */
+} pg_state_t;
+
+/* The state of module m (an instance of gser._gser). */
+pg_state_t *pg_state_of_module(PyObject *m);
+/* The state of the module instance that made type t, one of the module's
+ * (final) types. NULL with TypeError set for a type that is not ours. */
+pg_state_t *pg_state_of_type(PyTypeObject *t);
+/* Make a heap type of module m from spec and store it in *slot (a reference
+ * the state keeps); attr: the module attribute it is published as, or NULL.
+ * A spec without Py_tp_new cannot be instantiated from Python. */
+int pg_type_add(PyObject *m, PyType_Spec *spec, PyTypeObject **slot, const char *attr);
+/* The module's m_traverse and m_clear: every reference the state holds. */
+int pg_state_traverse(pg_state_t *s, visitproc visit, void *arg);
+void pg_state_clear(pg_state_t *s);
+
+/* Flags of every type of the module: immutable and, where a spec has no
+ * Py_tp_new, not instantiable (as static types were); 3.9 has neither flag
+ * (pg_type_add clears tp_new there). */
+#ifdef Py_TPFLAGS_IMMUTABLETYPE
+#define PG_TPFLAGS (Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE)
+#else
+#define PG_TPFLAGS Py_TPFLAGS_DEFAULT
+#endif
+
+/* The process's gser context, which every call uses: created when the first
+ * module instance is executed, never destroyed (messages and Arrow arrays
+ * taken from them may outlive the module at interpreter exit, and device
+ * memory the context allocated may still be in use), and never changed after
+ * it is set: a C resource of the process, not state of a module instance.
+ * Its device backend follows GSER_DEVICE (cuda, emulated, none; default: cuda
+ * when a GPU is present). "arrow.array" is registered in it when the module
+ * is built with gser::arrow. */
 extern gser_context_t *pg_ctx;
-/* gser.GserError, a subclass of ValueError. */
-extern PyObject *pg_GserError;
-/* gser.Declined, a subclass of NotImplementedError: gser would be slower. */
-extern PyObject *pg_Declined;
-/* gser.GserUnsupported, a subclass of GserError and NotImplementedError: a
- * well-formed message holds what Python cannot (status GSER_ERR_UNSUPPORTED). */
-extern PyObject *pg_GserUnsupported;
+
+/* ---- errors (errors.c) ---------------------------------------------------------- */
 
 /* Raise the Python exception for a failed core call: MemoryError for
  * GSER_ERR_NO_MEMORY, GserError otherwise. With detail, the message is the
  * context's detailed error (it names the failing value's path); without, it
  * is what, followed by the status's description. Returns NULL. */
-PyObject *pg_raise(gser_status_t st, bool detail, const char *what);
-/* A new instance of exc with message text; for GserError the text is
- * prefixed with the status name and the instance gets the attributes
- * status, status_name and detail. NULL with an exception set on failure. */
-PyObject *pg_make_exc(PyObject *exc, gser_status_t st, PyObject *text);
+PyObject *pg_raise(const pg_state_t *s, gser_status_t st, bool detail, const char *what);
+/* Raise for status st with message text (a new reference, taken; NULL: an
+ * exception is set already): MemoryError for GSER_ERR_NO_MEMORY, GserError
+ * otherwise. Returns NULL. */
+PyObject *pg_raise_text(const pg_state_t *s, gser_status_t st, PyObject *text);
+/* A new instance of exc with message text; for GserError and its subclass
+ * GserUnsupported the text is prefixed with the status name and the
+ * instance gets the attributes status, status_name and detail. NULL with an
+ * exception set on failure. */
+PyObject *pg_make_exc(const pg_state_t *s, PyObject *exc, gser_status_t st, PyObject *text);
 /* A str of bytes that came from the wire or the core (a type name, an Arrow
  * format string, an error message naming one): UTF-8, with whatever is not
  * written as backslash escapes, so that a hostile name cannot turn an error
  * into a UnicodeDecodeError. NULL (exception set) only without memory. */
 PyObject *pg_text(const char *s);
+/* 1 if o has the attribute, 0 if not, -1 with an exception set. */
+int pg_has_attr(PyObject *o, const char *name);
 
-/* ---- owners and exporters (objects.c) ---------------------------------------- */
+/* ---- owners (owner.c) and the objects over their memory (objects.c) --------------- */
 
 /* Something to run when an owner dies, after its message and frames. */
 typedef struct pg_cleanup {
@@ -67,6 +164,7 @@ typedef struct pg_cleanup {
  * buffers the message borrows, and the objects it must keep alive. */
 typedef struct {
     PyObject_HEAD
+    pg_state_t *state;  /* of the module that made the owner's type */
     gser_msg_t *msg;
     gser_frames_t *frames;
     Py_buffer *views;   /* held until the owner dies */
@@ -91,12 +189,13 @@ typedef struct pg_frame_obj {
     bool readonly;
 } pg_frame_obj_t;
 
-extern PyTypeObject PgOwner_Type;
-extern PyTypeObject PgFrame_Type;
-extern PyTypeObject PgDeviceFrame_Type;
-extern PyTypeObject PgDeviceArray_Type;
+/* Add the type _Owner to module m (owner.c). */
+int pg_owner_add(PyObject *m, pg_state_t *s);
+/* Add the types _Frame, DeviceFrame and DeviceArray to module m (objects.c). */
+int pg_objects_add(PyObject *m, pg_state_t *s);
 
-PgOwner *pg_owner_new(void);
+/* A new owner, of module state s, holding nothing yet. */
+PgOwner *pg_owner_new(pg_state_t *s);
 /* Take over a Py_buffer (it is released when the owner dies). On failure the
  * view is released and -1 returned with an exception set. */
 int pg_owner_hold_view(PgOwner *o, Py_buffer *view);
@@ -144,10 +243,6 @@ PyObject *pg_device_frame_new(PgOwner *owner, const void *ptr, size_t len, int32
  * done): __cuda_array_interface__ with dtype and shape, copy_to_host(). */
 PyObject *pg_device_array_new(PgOwner *owner, const gser_buffer_desc_t *desc);
 
-/* The __cuda_array_interface__ typestr of a dtype ("<f4", "|u1" for bytes,
- * "|V2" for bfloat16, which numpy has no type for). */
-const char *pg_dtype_typestr(gser_dtype_t dtype);
-
 /* ---- Python -> gser (encode.c) ------------------------------------------------ */
 
 /* Where the Dask family encodes: an object on its own (Dask would pickle
@@ -168,16 +263,27 @@ typedef struct pg_encode_options {
 /* Build the tree of obj as the root of owner->msg (created here). */
 int pg_encode(PgOwner *owner, PyObject *obj, const pg_encode_options_t *opts);
 
-/* Read a __cuda_array_interface__ dict: pointer (element 0), length of the
- * items, dtype, shape, byte strides (*strided false for C order; shape and
- * strides have room for GSER_MAX_NDIM) and the stream that produces the data
- * (a cudaStream_t: the interface's 1 and 2 are CUDA's legacy and per-thread
- * default stream handles; NULL when the dict has no stream, or None: no
- * synchronization needed). Masked arrays, and stream 0 (which the interface
- * forbids), are refused. Returns 0, or -1 with *why set and no exception,
- * or -1 with an exception set and *why NULL. */
-int pg_cai_read(PyObject *cai, void **ptr, size_t *nbytes, gser_dtype_t *dtype, uint32_t *ndim, int64_t *shape,
-                int64_t *strides, bool *strided, void **stream, const char **why);
+/* ---- __cuda_array_interface__ (cai.c) -------------------------------------------------- */
+
+/* What a __cuda_array_interface__ dict says. */
+typedef struct pg_cai {
+    void *ptr;                       /* element 0 */
+    size_t nbytes;                   /* the items' bytes */
+    gser_dtype_t dtype;
+    uint32_t ndim;
+    int64_t shape[GSER_MAX_NDIM];
+    int64_t strides[GSER_MAX_NDIM];  /* bytes; meaningful when strided */
+    bool strided;                    /* false: C order */
+    /* The stream that produces the data (a cudaStream_t: the interface's 1
+     * and 2 are CUDA's legacy and per-thread default stream handles); NULL
+     * when the dict has no stream, or None: no synchronization needed. */
+    void *stream;
+} pg_cai_t;
+
+/* Read a __cuda_array_interface__ dict into *out. Masked arrays, and stream
+ * 0 (which the interface forbids), are refused. Returns 0, or -1 with *why
+ * set and no exception, or -1 with an exception set and *why NULL. */
+int pg_cai_read(PyObject *cai, pg_cai_t *out, const char **why);
 
 /* ---- DLPack (dlpack.c) ------------------------------------------------------------ */
 
@@ -226,17 +332,21 @@ typedef struct pg_decode_ctx {
 
 /* Allocate room for nframes frames (zeroed); the caller fills them in. */
 int pg_decode_ctx_init(pg_decode_ctx_t *dc, PgOwner *owner, size_t nframes);
+/* Frame i is fr, read-only or not, given as the object src (NULL: none of
+ * its own; borrowed, the owner holds it). */
+void pg_decode_ctx_set_frame(pg_decode_ctx_t *dc, size_t i, const gser_frame_t *fr, bool readonly, PyObject *src);
 /* Drop what the decoder made (exporters, the index); the arrays it returned
  * keep what they need. */
 void pg_decode_ctx_clear(pg_decode_ctx_t *dc);
 
 PyObject *pg_decode(pg_decode_ctx_t *dc, gser_value_t *root);
 
-/* ---- Arrow (arrow.c) ------------------------------------------------------------------ */
+/* ---- Arrow (arrow_capsule.c) ---------------------------------------------------------- */
 
 /* Whether the module was built with gser::arrow ("arrow.array"). */
 extern const bool pg_have_arrow;
-extern PyTypeObject PgArrowArray_Type;
+/* Add the type ArrowArray to module m. */
+int pg_arrow_add(PyObject *m, pg_state_t *s);
 
 /* Register "arrow.array" in ctx (a no-op without gser::arrow). */
 gser_status_t pg_arrow_register(gser_context_t *ctx);
@@ -259,7 +369,7 @@ int pg_arrow_encode(PgOwner *owner, PyObject *obj, int method, gser_value_t **ou
  * out of the frames, which Python lends, once). On failure NULL, with an
  * exception set and *st_out GSER_OK, or with no exception and *st_out the
  * status of gser_arrow_take_value. */
-PyObject *pg_arrow_take(gser_value_t *v, gser_status_t *st_out);
+PyObject *pg_arrow_take(pg_state_t *s, gser_value_t *v, gser_status_t *st_out);
 
 /* ---- the module's gser types and the registry (pytypes.c) ------------------------------- */
 
@@ -287,26 +397,33 @@ gser_status_t pg_type_new(gser_msg_t *msg, pg_type_t t, gser_value_t *tree, gser
  * or of name (a new ref to (cls, to_gser, from_gser)), running a lazy loader
  * for the top-level module first if one is registered: 1 found, 0 not, -1
  * with an exception set. */
-/* numpy scalars (npscalar.c). check: 1 if o is one (numpy.generic). encode:
- * the "numpy.scalar" sub-tree; -1 with why set (a NotImplementedError
- * reason, no exception) or an exception. decode: the scalar, or NULL with
- * why set (a malformed object) or an exception. */
-int pg_npscalar_check(PyObject *o);
-int pg_npscalar_encode(gser_msg_t *msg, PyObject *o, const char **why, gser_value_t **tree_out);
-PyObject *pg_npscalar_decode(PyObject *descr, const void *p, size_t n, const char **why);
-/* str, int, and lists and tuples of them, as gser values (dtype descriptions). */
-int pg_encode_plain(gser_msg_t *msg, PyObject *o, gser_value_t **out);
-
-/* pandas column helpers (strcol.c): gser._gser._pack_str, _unpack_str. */
-extern PyMethodDef pg_strcol_methods[];
-
-int pg_registry_lookup_type(PyTypeObject *t, PyObject **entry);
-int pg_registry_lookup_name(PyObject *name, PyObject **entry);
+int pg_registry_lookup_type(pg_state_t *s, PyTypeObject *t, PyObject **entry);
+int pg_registry_lookup_name(pg_state_t *s, PyObject *name, PyObject **entry);
+/* register_type, unregister_type, register_lazy, registered. */
 extern PyMethodDef pg_registry_methods[];
 
-/* The device allocator the module's context is created with (allocator.c):
- * the user's Python function (set_device_allocator) or the backend's own.
- * NULL with an exception set on failure. */
+/* ---- numpy scalars (npscalar.c) ------------------------------------------------------ */
+
+/* check: 1 if o is one (numpy.generic). encode: the "numpy.scalar"
+ * sub-tree; -1 with why set (a NotImplementedError reason, no exception) or
+ * an exception. decode: the scalar, or NULL with why set (a malformed
+ * object) or an exception. */
+int pg_npscalar_check(pg_state_t *s, PyObject *o);
+int pg_npscalar_encode(pg_state_t *s, gser_msg_t *msg, PyObject *o, const char **why, gser_value_t **tree_out);
+PyObject *pg_npscalar_decode(pg_state_t *s, PyObject *descr, const void *p, size_t n, const char **why);
+/* str, int, and lists and tuples of them, as gser values (dtype descriptions). */
+int pg_encode_plain(pg_state_t *s, gser_msg_t *msg, PyObject *o, gser_value_t **out);
+
+/* ---- pandas columns (strcol.c) ----------------------------------------------------------- */
+
+/* gser._gser._pack_str, _unpack_str. */
+extern PyMethodDef pg_strcol_methods[];
+
+/* ---- the device allocator (allocator.c) ------------------------------------------------ */
+
+/* The device allocator the process's context is created with: the user's
+ * Python function (set_device_allocator) or the backend's own. NULL with an
+ * exception set on failure. */
 const gser_allocator_t *pg_allocator_prepare(void);
 extern PyMethodDef pg_allocator_methods[];
 
@@ -326,9 +443,10 @@ typedef struct pg_path {
 PyObject *pg_path_str(const pg_path_t *p);
 /* Raise exc with "<path>: <message>" (st is the status when exc is
  * GserError); returns NULL. An exception set already becomes the cause. */
-PyObject *pg_path_raise(PyObject *exc, gser_status_t st, const pg_path_t *p, const char *fmt, ...);
+PyObject *pg_path_raise(const pg_state_t *s, PyObject *exc, gser_status_t st, const pg_path_t *p, const char *fmt,
+                        ...);
 
-/* ---- shapes (encode.c) ------------------------------------------------------------------ */
+/* ---- shapes and dtypes (dtypes.c) ---------------------------------------------------------- */
 
 /* The bytes of a C-order array of nd extents (checked: none negative, and
  * the product of the non-zero ones, times elem_size, within Py_ssize_t, as
@@ -337,48 +455,69 @@ int pg_extents_total(const int64_t *shape, int nd, size_t elem_size, uint64_t *t
 /* Whether strides, counted in units of unit (1: elements, or the element
  * size: bytes), lay shape out in C order. */
 bool pg_c_contiguous(const int64_t *shape, const int64_t *strides, int nd, int64_t unit);
-/* 1 if o has the attribute, 0 if not, -1 with an exception set (arrow.c). */
-int pg_has_attr(PyObject *o, const char *name);
-
-/* ---- dtypes (encode.c) ------------------------------------------------------------------ */
-
 /* The buffer-protocol format character(s) of a dtype for this machine; NULL
  * for a dtype Python has no format for (bfloat16). */
 const char *pg_dtype_format(gser_dtype_t dtype);
+/* The __cuda_array_interface__ typestr of a dtype ("<f4", "|u1" for bytes,
+ * "|V2" for bfloat16, which numpy has no type for). */
+const char *pg_dtype_typestr(gser_dtype_t dtype);
+/* The dtype of an array interface typestr ("<f4", "|u1", "|b1", ...);
+ * GSER_DTYPE_COUNT if none fits. *big: the typestr says big-endian. */
+gser_dtype_t pg_typestr_dtype(const char *ts, bool *big);
+/* The integer dtype of size bytes; GSER_DTYPE_COUNT for another size. */
+gser_dtype_t pg_int_dtype(Py_ssize_t size, bool is_signed);
 
-/* ---- shared by the module and the UCX bindings (module.c, ucx.c) ------------------- */
+/* ---- serializing and deserializing whole messages (serial.c) ----------------------- */
 
-/* Serialize obj as dumps does (families: None, a str or a sequence of
- * str): an owner holding the message and its frames, whose device work is
- * done. NULL with an exception set. */
-PgOwner *pg_serialize(PyObject *obj, PyObject *families);
-/* The same for the flattened form (to_bytes, dump): "device" left out of
- * families, "host" always there, so every frame is host memory. */
-PgOwner *pg_serialize_flat(PyObject *obj, PyObject *families, int compression);
+/* Serialize obj (families: None, a str or a sequence of str; compression a
+ * gser_compression_t): an owner holding the message and its frames, whose
+ * device work is done. flat: for the flattened form, "device" left out of
+ * families and "host" always there, so every frame is host memory. NULL
+ * with an exception set. */
+PgOwner *pg_serialize(pg_state_t *s, PyObject *obj, PyObject *families, const pg_encode_options_t *eo, bool flat,
+                      int compression);
 /* None, "lz4", "zstd", "auto" -> a gser_compression_t; -1 with ValueError. */
 int pg_compression_parse(PyObject *o, int *out);
-/* Raise for status st with message text (a new reference, taken; NULL: an
- * exception is set already): MemoryError for GSER_ERR_NO_MEMORY, GserError
- * otherwise. Returns NULL. */
-PyObject *pg_raise_text(gser_status_t st, PyObject *text);
+
+/* A message serialized in the flattened form, ready to be written. */
+typedef struct pg_flat {
+    PgOwner *owner;          /* holds the message and frames (a reference) */
+    const gser_frame_t *fr;  /* its frames */
+    size_t n;
+    size_t size;             /* the flattened form's bytes */
+} pg_flat_t;
+/* Serialize obj for the flattened form (compression: None or a codec name,
+ * as pg_compression_parse reads it) and size it. 0, or -1 with an
+ * exception set and nothing held. */
+int pg_flat_prepare(pg_state_t *s, PyObject *obj, PyObject *families, PyObject *compression, pg_flat_t *out);
+
+/* Wait for the device copies gser made while deserializing msg. 0, or -1
+ * with an exception set. */
+int pg_msg_wait(pg_state_t *s, gser_msg_t *msg);
 /* The objects of owner->msg, a deserialized message whose frames belong
  * to no Python object (readonly: whether their memory may not be written),
  * once the device copies it carries are done. NULL with an exception set. */
 PyObject *pg_decode_msg(PgOwner *owner, bool readonly);
+/* The end of a load into owner: st the status of the deserializing call
+ * what (msg its message); the objects as pg_decode_msg gives them, or NULL
+ * with an exception set. */
+PyObject *pg_load_finish(PgOwner *owner, gser_status_t st, gser_msg_t *msg, bool readonly, const char *what);
+
+/* ---- the UCX bindings (ucx_binding.c) ------------------------------------------------- */
+
 /* Add the gser::ucx types (_UcxContext, _UcxWorker, ...) to the module
- * (ucx.c; only when built with gser::ucx, GSER_PY_HAVE_UCX). */
-int pg_ucx_add(PyObject *m);
+ * (only when built with gser::ucx, GSER_PY_HAVE_UCX). */
+int pg_ucx_add(PyObject *m, pg_state_t *s);
 
 /* ---- the flattened form (flatio.c) ---------------------------------------------------- */
 
-/* gser.FlatBytes: immutable bytes in memory of its own (huge pages from
- * 1 MiB up), what to_bytes returns. */
-extern PyTypeObject PgFlatBytes_Type;
-/* A new FlatBytes of size bytes, left for the caller to write once through
- * *data before it is handed out. NULL with an exception set. */
-PyObject *pg_flat_bytes_new(size_t size, char **data);
+/* A new gser.FlatBytes (immutable bytes in memory of its own, huge pages
+ * from 1 MiB up: what to_bytes returns) of size bytes, left for the caller
+ * to write once through *data before it is handed out. NULL with an
+ * exception set. */
+PyObject *pg_flat_bytes_new(pg_state_t *s, size_t size, char **data);
 /* Add FlatBytes and the primitives of gser.dump / gser.load (_dump_fd,
  * _dump_write, _load_fd, _flat_need) to the module. */
-int pg_flatio_add(PyObject *m);
+int pg_flatio_add(PyObject *m, pg_state_t *s);
 
 #endif /* GSER_PY_PYGSER_H */

@@ -72,32 +72,31 @@ gser_status_t pg_type_new(gser_msg_t *msg, pg_type_t t, gser_value_t *tree, gser
 
 /* ---- the registry of Python types ------------------------------------------------------ */
 
-/* type -> (name, to_gser, from_gser); name -> (cls, to_gser, from_gser);
- * top-level module name -> loader (called once, then forgotten). Changed
- * only with the GIL held. */
-static PyObject *by_type, *by_name, *lazy;
-
-static int registry_init(void)
+/* The registry lives in the module state: reg_by_type, type -> (name,
+ * to_gser, from_gser); reg_by_name, name -> (cls, to_gser, from_gser);
+ * reg_lazy, top-level module name -> loader (called once, then forgotten).
+ * Changed only with the GIL held. */
+static int registry_init(pg_state_t *s)
 {
-    if (!by_type && !(by_type = PyDict_New()))
+    if (!s->reg_by_type && !(s->reg_by_type = PyDict_New()))
         return -1;
-    if (!by_name && !(by_name = PyDict_New()))
+    if (!s->reg_by_name && !(s->reg_by_name = PyDict_New()))
         return -1;
-    if (!lazy && !(lazy = PyDict_New()))
+    if (!s->reg_lazy && !(s->reg_lazy = PyDict_New()))
         return -1;
     return 0;
 }
 
 /* Run the loader registered for module name top (if any), once. 1 if one ran. */
-static int run_lazy(PyObject *top)
+static int run_lazy(pg_state_t *s, PyObject *top)
 {
-    if (!lazy || !PyDict_GET_SIZE(lazy))
+    if (!s->reg_lazy || !PyDict_GET_SIZE(s->reg_lazy))
         return 0;
-    PyObject *loader = PyDict_GetItemWithError(lazy, top);
+    PyObject *loader = PyDict_GetItemWithError(s->reg_lazy, top);
     if (!loader)
         return PyErr_Occurred() ? -1 : 0;
     Py_INCREF(loader);
-    int r = PyDict_DelItem(lazy, top);
+    int r = PyDict_DelItem(s->reg_lazy, top);
     PyObject *res = r < 0 ? NULL : PyObject_CallNoArgs(loader);
     Py_DECREF(loader);
     if (!res)
@@ -117,18 +116,18 @@ static PyObject *top_name(PyObject *dotted)
     return dot < 0 ? Py_NewRef(dotted) : PyUnicode_Substring(dotted, 0, dot);
 }
 
-int pg_registry_lookup_type(PyTypeObject *t, PyObject **entry)
+int pg_registry_lookup_type(pg_state_t *s, PyTypeObject *t, PyObject **entry)
 {
     *entry = NULL;
-    if (!by_type)
+    if (!s->reg_by_type)
         return 0;
     for (int attempt = 0; attempt < 2; attempt++) {
-        PyObject *e = PyDict_GET_SIZE(by_type) ? PyDict_GetItemWithError(by_type, (PyObject *)t) : NULL;
+        PyObject *e = PyDict_GET_SIZE(s->reg_by_type) ? PyDict_GetItemWithError(s->reg_by_type, (PyObject *)t) : NULL;
         if (e) {
             *entry = Py_NewRef(e);
             return 1;
         }
-        if (PyErr_Occurred() || attempt || !PyDict_GET_SIZE(lazy))
+        if (PyErr_Occurred() || attempt || !PyDict_GET_SIZE(s->reg_lazy))
             return PyErr_Occurred() ? -1 : 0;
         PyObject *mod = PyObject_GetAttrString((PyObject *)t, "__module__");
         if (!mod) {
@@ -141,7 +140,7 @@ int pg_registry_lookup_type(PyTypeObject *t, PyObject **entry)
             PyErr_Clear();
             return 0;
         }
-        int ran = run_lazy(top);
+        int ran = run_lazy(s, top);
         Py_DECREF(top);
         if (ran <= 0)
             return ran;
@@ -149,13 +148,13 @@ int pg_registry_lookup_type(PyTypeObject *t, PyObject **entry)
     return 0;
 }
 
-int pg_registry_lookup_name(PyObject *name, PyObject **entry)
+int pg_registry_lookup_name(pg_state_t *s, PyObject *name, PyObject **entry)
 {
     *entry = NULL;
-    if (!by_name)
+    if (!s->reg_by_name)
         return 0;
     for (int attempt = 0; attempt < 2; attempt++) {
-        PyObject *e = PyDict_GetItemWithError(by_name, name);
+        PyObject *e = PyDict_GetItemWithError(s->reg_by_name, name);
         if (e) {
             *entry = Py_NewRef(e);
             return 1;
@@ -165,7 +164,7 @@ int pg_registry_lookup_name(PyObject *name, PyObject **entry)
         PyObject *top = top_name(name);
         if (!top)
             return PyErr_Occurred() ? -1 : 0;
-        int ran = run_lazy(top);
+        int ran = run_lazy(s, top);
         Py_DECREF(top);
         if (ran <= 0)
             return ran;
@@ -188,7 +187,7 @@ PyDoc_STRVAR(register_type_doc,
 
 static PyObject *py_register_type(PyObject *self, PyObject *args, PyObject *kw)
 {
-    (void)self;
+    pg_state_t *s = pg_state_of_module(self);
     static char *kwlist[] = {"cls", "to_gser", "from_gser", "name", NULL};
     PyObject *cls, *to, *from, *name = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|$O:register_type", kwlist, &cls, &to, &from, &name))
@@ -197,7 +196,7 @@ static PyObject *py_register_type(PyObject *self, PyObject *args, PyObject *kw)
         return PyErr_Format(PyExc_TypeError, "register_type: cls must be a type, not %s", Py_TYPE(cls)->tp_name);
     if (!PyCallable_Check(to) || !PyCallable_Check(from))
         return PyErr_Format(PyExc_TypeError, "register_type: to_gser and from_gser must be callable");
-    if (registry_init() < 0)
+    if (registry_init(s) < 0)
         return NULL;
     PyObject *n;
     if (name == Py_None) {
@@ -214,15 +213,15 @@ static PyObject *py_register_type(PyObject *self, PyObject *args, PyObject *kw)
     if (!n)
         return NULL;
     /* Forget what cls or name was registered as before. */
-    PyObject *old = PyDict_GetItemWithError(by_type, cls);
-    int r = old ? PyDict_DelItem(by_name, PyTuple_GET_ITEM(old, 0)) : PyErr_Occurred() ? -1 : 0;
+    PyObject *old = PyDict_GetItemWithError(s->reg_by_type, cls);
+    int r = old ? PyDict_DelItem(s->reg_by_name, PyTuple_GET_ITEM(old, 0)) : PyErr_Occurred() ? -1 : 0;
     if (r == 0) {
-        old = PyDict_GetItemWithError(by_name, n);
-        r = old ? PyDict_DelItem(by_type, PyTuple_GET_ITEM(old, 0)) : PyErr_Occurred() ? -1 : 0;
+        old = PyDict_GetItemWithError(s->reg_by_name, n);
+        r = old ? PyDict_DelItem(s->reg_by_type, PyTuple_GET_ITEM(old, 0)) : PyErr_Occurred() ? -1 : 0;
     }
     PyObject *te = r == 0 ? PyTuple_Pack(3, n, to, from) : NULL;
     PyObject *ne = te ? PyTuple_Pack(3, cls, to, from) : NULL;
-    if (!ne || PyDict_SetItem(by_type, cls, te) < 0 || PyDict_SetItem(by_name, n, ne) < 0) {
+    if (!ne || PyDict_SetItem(s->reg_by_type, cls, te) < 0 || PyDict_SetItem(s->reg_by_name, n, ne) < 0) {
         Py_XDECREF(te);
         Py_XDECREF(ne);
         Py_DECREF(n);
@@ -240,10 +239,10 @@ PyDoc_STRVAR(unregister_type_doc,
 
 static PyObject *py_unregister_type(PyObject *self, PyObject *key)
 {
-    (void)self;
-    if (registry_init() < 0)
+    pg_state_t *s = pg_state_of_module(self);
+    if (registry_init(s) < 0)
         return NULL;
-    PyObject *e = PyDict_GetItemWithError(PyUnicode_Check(key) ? by_name : by_type, key);
+    PyObject *e = PyDict_GetItemWithError(PyUnicode_Check(key) ? s->reg_by_name : s->reg_by_type, key);
     if (!e) {
         if (PyErr_Occurred())
             return NULL;
@@ -252,7 +251,7 @@ static PyObject *py_unregister_type(PyObject *self, PyObject *key)
     Py_INCREF(e);
     PyObject *cls = PyUnicode_Check(key) ? PyTuple_GET_ITEM(e, 0) : key;
     PyObject *name = PyUnicode_Check(key) ? key : PyTuple_GET_ITEM(e, 0);
-    int r = PyDict_DelItem(by_type, cls) < 0 || PyDict_DelItem(by_name, name) < 0 ? -1 : 0;
+    int r = PyDict_DelItem(s->reg_by_type, cls) < 0 || PyDict_DelItem(s->reg_by_name, name) < 0 ? -1 : 0;
     Py_DECREF(e);
     if (r < 0)
         return NULL;
@@ -268,24 +267,24 @@ PyDoc_STRVAR(register_lazy_doc,
 
 static PyObject *py_register_lazy(PyObject *self, PyObject *args)
 {
-    (void)self;
+    pg_state_t *s = pg_state_of_module(self);
     PyObject *top, *loader;
     if (!PyArg_ParseTuple(args, "UO:register_lazy", &top, &loader))
         return NULL;
     if (!PyCallable_Check(loader))
         return PyErr_Format(PyExc_TypeError, "register_lazy: loader must be callable");
-    if (registry_init() < 0 || PyDict_SetItem(lazy, top, loader) < 0)
+    if (registry_init(s) < 0 || PyDict_SetItem(s->reg_lazy, top, loader) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
 
 static PyObject *py_registered(PyObject *self, PyObject *unused)
 {
-    (void)self;
+    pg_state_t *s = pg_state_of_module(self);
     (void)unused;
-    if (registry_init() < 0)
+    if (registry_init(s) < 0)
         return NULL;
-    return Py_BuildValue("{s:N,s:N}", "types", PyDict_Copy(by_name), "lazy", PyDict_Copy(lazy));
+    return Py_BuildValue("{s:N,s:N}", "types", PyDict_Copy(s->reg_by_name), "lazy", PyDict_Copy(s->reg_lazy));
 }
 
 PyMethodDef pg_registry_methods[] = {

@@ -187,15 +187,38 @@ fail:
     return NULL;
 }
 
-static PyObject *bad(const char *fmt, Py_ssize_t i)
+static PyObject *bad(const pg_state_t *s, const char *fmt, Py_ssize_t i)
 {
     PyObject *text = PyUnicode_FromFormat(fmt, i);
-    return text ? pg_raise_text(GSER_ERR_FORMAT, text) : NULL;
+    return text ? pg_raise_text(s, GSER_ERR_FORMAT, text) : NULL;
+}
+
+/* Item i of a str column: kind k, its n bytes at p. A new reference, or NULL
+ * with GserError (malformed) or another exception set. */
+static PyObject *unpack_item(const pg_state_t *s, int k, const char *p, int64_t n, PyObject *na, Py_ssize_t i)
+{
+    if (k == K_STR) {
+        PyObject *x = PyUnicode_DecodeUTF8(p, (Py_ssize_t)n, "strict");
+        if (!x) {
+            PyErr_Clear();
+            bad(s, "item %zd of a str column is not valid UTF-8", i);
+        }
+        return x;
+    }
+    if (n != 0)
+        return bad(s, "item %zd of a str column is missing but has bytes", i);
+    if (k == K_NONE)
+        return Py_NewRef(Py_None);
+    if (k == K_NAN)
+        return PyFloat_FromDouble(Py_NAN);
+    if (k == K_NA)
+        return Py_NewRef(na);
+    return bad(s, "item %zd of a str column has an unknown kind", i);
 }
 
 static PyObject *py_unpack_str(PyObject *self, PyObject *args)
 {
-    (void)self;
+    const pg_state_t *s = pg_state_of_module(self);
     PyObject *offo, *datao, *kindso, *out, *na;
     if (!PyArg_ParseTuple(args, "OOOOO:_unpack_str", &offo, &datao, &kindso, &out, &na))
         return NULL;
@@ -218,11 +241,11 @@ static PyObject *py_unpack_str(PyObject *self, PyObject *args)
     }
     PyObject *r = NULL;
     if (off.len != (n + 1) * 8) {
-        bad("a str column of %zd items whose offsets do not have n + 1 int64 entries", n);
+        bad(s, "a str column of %zd items whose offsets do not have n + 1 int64 entries", n);
         goto done;
     }
     if (have_kinds && kinds.len != n) {
-        bad("a str column of %zd items whose kinds do not have n entries", n);
+        bad(s, "a str column of %zd items whose kinds do not have n entries", n);
         goto done;
     }
     const char *ob = off.buf, *db = data.buf;
@@ -230,40 +253,19 @@ static PyObject *py_unpack_str(PyObject *self, PyObject *args)
     int64_t lo;
     memcpy(&lo, ob, 8);
     if (lo != 0) {
-        bad("a str column whose first offset is not 0 (%zd)", 0);
+        bad(s, "a str column whose first offset is not 0 (%zd)", 0);
         goto done;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t hi;
         memcpy(&hi, ob + 8 * (i + 1), 8);
         if (hi < lo || hi > (int64_t)data.len) {
-            bad("item %zd of a str column: its offsets are decreasing or past the data", i);
+            bad(s, "item %zd of a str column: its offsets are decreasing or past the data", i);
             goto done;
         }
-        int k = have_kinds ? kb[i] : K_STR;
-        PyObject *x;
-        if (k == K_STR) {
-            x = PyUnicode_DecodeUTF8(db + lo, (Py_ssize_t)(hi - lo), "strict");
-            if (!x) {
-                PyErr_Clear();
-                bad("item %zd of a str column is not valid UTF-8", i);
-                goto done;
-            }
-        } else if (hi != lo) {
-            bad("item %zd of a str column is missing but has bytes", i);
+        PyObject *x = unpack_item(s, have_kinds ? kb[i] : K_STR, db + lo, hi - lo, na, i);
+        if (!x)
             goto done;
-        } else if (k == K_NONE) {
-            x = Py_NewRef(Py_None);
-        } else if (k == K_NAN) {
-            x = PyFloat_FromDouble(Py_NAN);
-            if (!x)
-                goto done;
-        } else if (k == K_NA) {
-            x = Py_NewRef(na);
-        } else {
-            bad("item %zd of a str column has an unknown kind", i);
-            goto done;
-        }
         /* numpy filled the fresh array with None: replace it. */
         PyObject *old = items[i];
         items[i] = x;

@@ -26,17 +26,17 @@
 
 /* Raise for a failed gser_ucx call: the transport's detailed message (or
  * what + the status). Returns NULL. */
-static PyObject *ucx_raise(gser_status_t st, const char *what)
+static PyObject *ucx_raise(const pg_state_t *s, gser_status_t st, const char *what)
 {
     const char *d = gser_ucx_get_last_error();
-    return pg_raise_text(st, *d ? pg_text(d) : PyUnicode_FromFormat("%s: %s", what, gser_status_str(st)));
+    return pg_raise_text(s, st, *d ? pg_text(d) : PyUnicode_FromFormat("%s: %s", what, gser_status_str(st)));
 }
 
 /* A call on an object closed (or destroyed) here: GSER_ERR_CANCELED, as
  * the transport reports operations on an endpoint closed from this side. */
-static PyObject *closed_error(const char *what)
+static PyObject *closed_error(const pg_state_t *s, const char *what)
 {
-    return pg_raise_text(GSER_ERR_CANCELED, PyUnicode_FromFormat("%s: it was closed here", what));
+    return pg_raise_text(s, GSER_ERR_CANCELED, PyUnicode_FromFormat("%s: it was closed here", what));
 }
 
 /* ---- objects ----------------------------------------------------------------------- */
@@ -109,8 +109,11 @@ struct PgUcxRequest {
     bool taken;
 };
 
-static PyTypeObject PgUcxContext_Type, PgUcxWorker_Type, PgUcxListener_Type, PgUcxEndpoint_Type,
-    PgUcxRequest_Type;
+/* The module state of one of the module's objects (its type's module). */
+static pg_state_t *ucx_state(const void *obj)
+{
+    return pg_state_of_type(Py_TYPE((PyObject *)obj));
+}
 
 #define CHILD_OBJ(c, type) ((type *)(void *)((char *)(c)-offsetof(type, link)))
 
@@ -150,7 +153,7 @@ static PyObject *context_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     gser_ucx_context_t *ctx;
     gser_status_t st = gser_ucx_context_create(&o, &ctx);
     if (st)
-        return ucx_raise(st, "gser_ucx_context_create");
+        return ucx_raise(pg_state_of_type(type), st, "gser_ucx_context_create");
     PgUcxContext *self = (PgUcxContext *)type->tp_alloc(type, 0);
     if (!self) {
         gser_ucx_context_destroy(ctx);
@@ -163,7 +166,9 @@ static PyObject *context_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 static void context_dealloc(PgUcxContext *self)
 {
     gser_ucx_context_destroy(self->ctx);
-    Py_TYPE(self)->tp_free((PyObject *)self);
+    PyTypeObject *tp = Py_TYPE(self);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
 }
 
 static PyObject *context_caps(PgUcxContext *self, void *closure)
@@ -177,16 +182,20 @@ static PyGetSetDef context_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-static PyTypeObject PgUcxContext_Type = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "gser._gser._UcxContext",
-    .tp_doc = "_UcxContext(*, transports=None, peer_timeout_ms=0, secret=None, net_devices=None): a gser::ucx\n"
-              "transport context (gser_ucx_context_create). transports as UCX_TLS lists them.",
-    .tp_basicsize = sizeof(PgUcxContext),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_new = context_new,
-    .tp_dealloc = (destructor)context_dealloc,
-    .tp_getset = context_getset,
+static PyType_Slot context_slots[] = {
+    {Py_tp_doc, "_UcxContext(*, transports=None, peer_timeout_ms=0, secret=None, net_devices=None): a gser::ucx\n"
+                "transport context (gser_ucx_context_create). transports as UCX_TLS lists them."},
+    {Py_tp_new, (void *)context_new},
+    {Py_tp_dealloc, (void *)context_dealloc},
+    {Py_tp_getset, context_getset},
+    {0, NULL},
+};
+
+static PyType_Spec context_spec = {
+    .name = "gser._gser._UcxContext",
+    .basicsize = sizeof(PgUcxContext),
+    .flags = PG_TPFLAGS,
+    .slots = context_slots,
 };
 
 /* ---- completions ------------------------------------------------------------------ */
@@ -281,8 +290,11 @@ static PyObject *take_events(PgUcxWorker *w)
         else
             Py_DECREF(r);
     }
-    if (out && k < n) /* endpoints dropped */
-        _PyTuple_Resize(&out, k);
+    if (out && k < n) { /* endpoints dropped: the filled part (the rest is NULL) */
+        PyObject *t = PyTuple_GetSlice(out, 0, k);
+        Py_DECREF(out);
+        out = t;
+    }
     return out;
 }
 
@@ -296,7 +308,8 @@ static PyObject *worker_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     gser_ucx_worker_options_t o = GSER_UCX_WORKER_OPTIONS_INIT;
     gser_limits_t lim = GSER_LIMITS_INIT;
     unsigned long long max_bytes = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|$nnnInnnK:_UcxWorker", kwlist, &PgUcxContext_Type, &context,
+    pg_state_t *s = pg_state_of_type(type);
+    if (!s || !PyArg_ParseTupleAndKeywords(args, kw, "O!|$nnnInnnK:_UcxWorker", kwlist, s->UcxContext, &context,
                                      &o.inline_max, &o.inline_budget, &o.staging_chunk, &o.staging_depth,
                                      &o.recv_cache_bytes, &o.recv_cache_max_bytes, &lim.max_frames, &max_bytes))
         return NULL;
@@ -313,7 +326,7 @@ static PyObject *worker_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     if (st == GSER_OK)
         st = gser_ucx_worker_get_efd(self->w, &self->efd);
     if (st) {
-        ucx_raise(st, "gser_ucx_worker_create");
+        ucx_raise(s, st, "gser_ucx_worker_create");
         Py_DECREF(self);
         return NULL;
     }
@@ -350,6 +363,7 @@ static void worker_close_c(PgUcxWorker *self)
 
 static int worker_traverse(PgUcxWorker *self, visitproc visit, void *arg)
 {
+    Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->context);
     for (PgUcxRequest *r = self->done_head; r; r = r->next_done)
         Py_VISIT(r);
@@ -386,14 +400,16 @@ static void worker_dealloc(PgUcxWorker *self)
     worker_close_c(self);
     worker_drop_done(self);
     Py_CLEAR(self->context);
-    Py_TYPE(self)->tp_free((PyObject *)self);
+    PyTypeObject *tp = Py_TYPE(self);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
 }
 
 static PyObject *worker_fileno(PgUcxWorker *self, PyObject *unused)
 {
     (void)unused;
     if (!self->w)
-        return closed_error("_UcxWorker.fileno");
+        return closed_error(ucx_state(self), "_UcxWorker.fileno");
     return PyLong_FromLong(self->efd);
 }
 
@@ -401,7 +417,7 @@ static PyObject *worker_status(PgUcxWorker *self, PyObject *unused)
 {
     (void)unused;
     if (!self->w)
-        return closed_error("_UcxWorker.status");
+        return closed_error(ucx_state(self), "_UcxWorker.status");
     gser_status_t st = gser_ucx_worker_get_status(self->w);
     if (st == GSER_OK || st == GSER_INPROGRESS)
         return Py_BuildValue("(iO)", (int)st, Py_None);
@@ -412,17 +428,17 @@ static PyObject *worker_check_queue(PgUcxWorker *self, PyObject *unused)
 {
     (void)unused;
     if (!self->w)
-        return closed_error("_UcxWorker.check_queue");
+        return closed_error(ucx_state(self), "_UcxWorker.check_queue");
     gser_status_t st = gser_ucx_worker_check_queue(self->w);
     if (st)
-        return ucx_raise(st, "gser_ucx_worker_check_queue");
+        return ucx_raise(ucx_state(self), st, "gser_ucx_worker_check_queue");
     Py_RETURN_NONE;
 }
 
 static PyObject *worker_set_check_fault(PgUcxWorker *self, PyObject *arg)
 {
     if (!self->w)
-        return closed_error("_UcxWorker._set_check_fault");
+        return closed_error(ucx_state(self), "_UcxWorker._set_check_fault");
     int on = PyObject_IsTrue(arg);
     if (on < 0)
         return NULL;
@@ -434,20 +450,20 @@ static PyObject *worker_arm(PgUcxWorker *self, PyObject *unused)
 {
     (void)unused;
     if (!self->w)
-        return closed_error("_UcxWorker.arm");
+        return closed_error(ucx_state(self), "_UcxWorker.arm");
     gser_status_t st = gser_ucx_worker_arm(self->w);
     if (st == GSER_OK)
         Py_RETURN_TRUE;
     if (st == GSER_INPROGRESS)
         Py_RETURN_FALSE;
-    return ucx_raise(st, "gser_ucx_worker_arm");
+    return ucx_raise(ucx_state(self), st, "gser_ucx_worker_arm");
 }
 
 static PyObject *worker_progress(PgUcxWorker *self, PyObject *unused)
 {
     (void)unused;
     if (!self->w)
-        return closed_error("_UcxWorker.progress");
+        return closed_error(ucx_state(self), "_UcxWorker.progress");
     self->handled = gser_ucx_worker_progress(self->w);
     return take_events(self);
 }
@@ -467,8 +483,8 @@ static PyObject *worker_listen(PgUcxWorker *self, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|zH:listen", kwlist, &address, &port))
         return NULL;
     if (!self->w)
-        return closed_error("_UcxWorker.listen");
-    PgUcxListener *l = PyObject_GC_New(PgUcxListener, &PgUcxListener_Type);
+        return closed_error(ucx_state(self), "_UcxWorker.listen");
+    PgUcxListener *l = PyObject_GC_New(PgUcxListener, ucx_state(self)->UcxListener);
     if (!l)
         return NULL;
     l->link.prev = l->link.next = NULL;
@@ -481,7 +497,7 @@ static PyObject *worker_listen(PgUcxWorker *self, PyObject *args, PyObject *kw)
     PyObject_GC_Track(l);
     if (!self->w) { /* a finalizer closed the worker */
         Py_DECREF(l);
-        return closed_error("_UcxWorker.listen");
+        return closed_error(ucx_state(self), "_UcxWorker.listen");
     }
     gser_ucx_listener_options_t o = GSER_UCX_LISTENER_OPTIONS_INIT;
     o.address = address;
@@ -491,7 +507,7 @@ static PyObject *worker_listen(PgUcxWorker *self, PyObject *args, PyObject *kw)
     gser_status_t st = gser_ucx_listener_create(self->w, &o, &l->l);
     if (st) {
         Py_DECREF(l);
-        return ucx_raise(st, "gser_ucx_listener_create");
+        return ucx_raise(ucx_state(self), st, "gser_ucx_listener_create");
     }
     l->port = gser_ucx_listener_get_port(l->l);
     child_link(self, &l->link, true);
@@ -505,11 +521,11 @@ static PyObject *worker_connect(PgUcxWorker *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "sH:connect", &host, &port))
         return NULL;
     if (!self->w)
-        return closed_error("_UcxWorker.connect");
+        return closed_error(ucx_state(self), "_UcxWorker.connect");
     gser_ucx_ep_t *ep;
     gser_status_t st = gser_ucx_ep_connect_nb(self->w, host, port, &ep);
     if (st)
-        return ucx_raise(st, "gser_ucx_ep_connect_nb");
+        return ucx_raise(ucx_state(self), st, "gser_ucx_ep_connect_nb");
     PgUcxEndpoint *e = endpoint_wrap(self, ep, Py_None);
     if (!e && self->w)
         gser_ucx_ep_destroy(ep);
@@ -520,11 +536,11 @@ static PyObject *worker_cache_stats(PgUcxWorker *self, PyObject *unused)
 {
     (void)unused;
     if (!self->w)
-        return closed_error("_UcxWorker.cache_stats");
+        return closed_error(ucx_state(self), "_UcxWorker.cache_stats");
     gser_ucx_cache_stats_t s = GSER_UCX_CACHE_STATS_INIT;
     gser_status_t st = gser_ucx_worker_get_cache_stats(self->w, &s);
     if (st)
-        return ucx_raise(st, "gser_ucx_worker_get_cache_stats");
+        return ucx_raise(ucx_state(self), st, "gser_ucx_worker_get_cache_stats");
     return Py_BuildValue("{s:n,s:n,s:K,s:K}", "cached_bytes", (Py_ssize_t)s.cached_bytes, "limit_bytes",
                          (Py_ssize_t)s.limit_bytes, "hits", (unsigned long long)s.hits, "misses",
                          (unsigned long long)s.misses);
@@ -573,22 +589,26 @@ static PyMemberDef worker_members[] = {
     {NULL, 0, 0, 0, NULL},
 };
 
-static PyTypeObject PgUcxWorker_Type = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "gser._gser._UcxWorker",
-    .tp_doc = "_UcxWorker(context, *, inline_max=0, inline_budget=0, staging_chunk=0,\n"
-              "staging_depth=0, recv_cache_bytes=0, recv_cache_max_bytes=0, max_frames=0,\n"
-              "max_bytes=0): a gser::ucx worker whose device frames use the module's device\n"
-              "backend. 0 means the transport's default for every option.",
-    .tp_basicsize = sizeof(PgUcxWorker),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_new = worker_new,
-    .tp_dealloc = (destructor)worker_dealloc,
-    .tp_traverse = (traverseproc)worker_traverse,
-    .tp_clear = (inquiry)worker_clear,
-    .tp_methods = worker_methods,
-    .tp_members = worker_members,
-    .tp_getset = worker_getset,
+static PyType_Slot worker_slots[] = {
+    {Py_tp_doc, "_UcxWorker(context, *, inline_max=0, inline_budget=0, staging_chunk=0,\n"
+                "staging_depth=0, recv_cache_bytes=0, recv_cache_max_bytes=0, max_frames=0,\n"
+                "max_bytes=0): a gser::ucx worker whose device frames use the module's device\n"
+                "backend. 0 means the transport's default for every option."},
+    {Py_tp_new, (void *)worker_new},
+    {Py_tp_dealloc, (void *)worker_dealloc},
+    {Py_tp_traverse, (void *)worker_traverse},
+    {Py_tp_clear, (void *)worker_clear},
+    {Py_tp_methods, worker_methods},
+    {Py_tp_members, worker_members},
+    {Py_tp_getset, worker_getset},
+    {0, NULL},
+};
+
+static PyType_Spec worker_spec = {
+    .name = "gser._gser._UcxWorker",
+    .basicsize = sizeof(PgUcxWorker),
+    .flags = PG_TPFLAGS | Py_TPFLAGS_HAVE_GC,
+    .slots = worker_slots,
 };
 
 /* ---- _UcxListener ------------------------------------------------------------------------------ */
@@ -604,6 +624,7 @@ static void listener_close_c(PgUcxListener *self)
 
 static int listener_traverse(PgUcxListener *self, visitproc visit, void *arg)
 {
+    Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->worker);
     Py_VISIT(self->user);
     return 0;
@@ -621,7 +642,9 @@ static void listener_dealloc(PgUcxListener *self)
     listener_close_c(self);
     Py_CLEAR(self->user);
     Py_CLEAR(self->worker);
-    Py_TYPE(self)->tp_free((PyObject *)self);
+    PyTypeObject *tp = Py_TYPE(self);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
 }
 
 static PyObject *listener_close(PgUcxListener *self, PyObject *unused)
@@ -658,18 +681,22 @@ static PyMemberDef listener_members[] = {
     {NULL, 0, 0, 0, NULL},
 };
 
-static PyTypeObject PgUcxListener_Type = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "gser._gser._UcxListener",
-    .tp_doc = "A gser::ucx listener (from _UcxWorker.listen).",
-    .tp_basicsize = sizeof(PgUcxListener),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_dealloc = (destructor)listener_dealloc,
-    .tp_traverse = (traverseproc)listener_traverse,
-    .tp_clear = (inquiry)listener_clear,
-    .tp_methods = listener_methods,
-    .tp_members = listener_members,
-    .tp_getset = listener_getset,
+static PyType_Slot listener_slots[] = {
+    {Py_tp_doc, "A gser::ucx listener (from _UcxWorker.listen)."},
+    {Py_tp_dealloc, (void *)listener_dealloc},
+    {Py_tp_traverse, (void *)listener_traverse},
+    {Py_tp_clear, (void *)listener_clear},
+    {Py_tp_methods, listener_methods},
+    {Py_tp_members, listener_members},
+    {Py_tp_getset, listener_getset},
+    {0, NULL},
+};
+
+static PyType_Spec listener_spec = {
+    .name = "gser._gser._UcxListener",
+    .basicsize = sizeof(PgUcxListener),
+    .flags = PG_TPFLAGS | Py_TPFLAGS_HAVE_GC,
+    .slots = listener_slots,
 };
 
 /* ---- _UcxEndpoint ----------------------------------------------------------------------------- */
@@ -678,7 +705,7 @@ static PyTypeObject PgUcxListener_Type = {
  * closed the worker, ep went with it: the object is a destroyed endpoint. */
 static PgUcxEndpoint *endpoint_wrap(PgUcxWorker *w, gser_ucx_ep_t *ep, PyObject *listener)
 {
-    PgUcxEndpoint *e = PyObject_GC_New(PgUcxEndpoint, &PgUcxEndpoint_Type);
+    PgUcxEndpoint *e = PyObject_GC_New(PgUcxEndpoint, ucx_state(w)->UcxEndpoint);
     if (!e)
         return NULL;
     e->worker = (PgUcxWorker *)Py_NewRef((PyObject *)w);
@@ -704,6 +731,7 @@ static void endpoint_destroy_c(PgUcxEndpoint *self)
 
 static int endpoint_traverse(PgUcxEndpoint *self, visitproc visit, void *arg)
 {
+    Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->worker);
     Py_VISIT(self->listener);
     Py_VISIT(self->user);
@@ -723,7 +751,9 @@ static void endpoint_dealloc(PgUcxEndpoint *self)
     Py_CLEAR(self->user);
     Py_CLEAR(self->listener);
     Py_CLEAR(self->worker);
-    Py_TYPE(self)->tp_free((PyObject *)self);
+    PyTypeObject *tp = Py_TYPE(self);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
 }
 
 static gser_status_t endpoint_status(const PgUcxEndpoint *self)
@@ -763,7 +793,7 @@ static PyObject *endpoint_error(PgUcxEndpoint *self, PyObject *unused)
     } else {
         text = PyUnicode_FromFormat("endpoint %s: %s", self->ep ? "failed" : "destroyed", gser_status_str(st));
     }
-    PyObject *e = text ? pg_make_exc(pg_GserError, st, text) : NULL;
+    PyObject *e = text ? pg_make_exc(ucx_state(self), ucx_state(self)->GserError, st, text) : NULL;
     Py_XDECREF(text);
     return e;
 }
@@ -772,11 +802,11 @@ static PyObject *endpoint_peer_info(PgUcxEndpoint *self, PyObject *unused)
 {
     (void)unused;
     if (!self->ep)
-        return closed_error("_UcxEndpoint.peer_info");
+        return closed_error(ucx_state(self), "_UcxEndpoint.peer_info");
     gser_ucx_peer_info_t info = GSER_UCX_PEER_INFO_INIT;
     gser_status_t st = gser_ucx_ep_get_peer_info(self->ep, &info);
     if (st)
-        return ucx_raise(st, "gser_ucx_ep_get_peer_info");
+        return ucx_raise(ucx_state(self), st, "gser_ucx_ep_get_peer_info");
     return Py_BuildValue("{s:k,s:k,s:k,s:s,s:H,s:s,s:H}", "wire_version", (unsigned long)info.wire_version,
                          "gser_wire_version", (unsigned long)info.gser_wire_version, "caps", (unsigned long)info.caps,
                          "local_host", info.local_host, "local_port", info.local_port, "peer_host", info.peer_host,
@@ -785,7 +815,7 @@ static PyObject *endpoint_peer_info(PgUcxEndpoint *self, PyObject *unused)
 
 static PgUcxRequest *request_new(PgUcxEndpoint *ep, PyObject *user, bool recv)
 {
-    PgUcxRequest *r = PyObject_GC_New(PgUcxRequest, &PgUcxRequest_Type);
+    PgUcxRequest *r = PyObject_GC_New(PgUcxRequest, ucx_state(ep)->UcxRequest);
     if (!r)
         return NULL;
     r->next_done = NULL;
@@ -808,11 +838,12 @@ static PyObject *endpoint_send(PgUcxEndpoint *self, PyObject *args, PyObject *kw
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$O:send", kwlist, &obj, &families, &user))
         return NULL;
     if (!self->ep)
-        return closed_error("_UcxEndpoint.send");
+        return closed_error(ucx_state(self), "_UcxEndpoint.send");
     PgUcxRequest *r = request_new(self, user, false);
     if (!r)
         return NULL;
-    PgOwner *owner = pg_serialize(obj, families);
+    pg_encode_options_t eo = {0};
+    PgOwner *owner = pg_serialize(ucx_state(self), obj, families, &eo, false, GSER_COMPRESSION_NONE);
     if (!owner) {
         Py_DECREF(r);
         return NULL;
@@ -820,7 +851,7 @@ static PyObject *endpoint_send(PgUcxEndpoint *self, PyObject *args, PyObject *kw
     if (!self->ep) { /* Python code run meanwhile (the encoder, a finalizer) destroyed it */
         Py_DECREF(owner);
         Py_DECREF(r);
-        return closed_error("_UcxEndpoint.send");
+        return closed_error(ucx_state(self), "_UcxEndpoint.send");
     }
     gser_ucx_op_params_t p = GSER_UCX_OP_PARAMS_INIT;
     p.cb = request_done_cb;
@@ -830,7 +861,7 @@ static PyObject *endpoint_send(PgUcxEndpoint *self, PyObject *args, PyObject *kw
     if (st) {
         Py_DECREF(owner);
         Py_DECREF(r);
-        return ucx_raise(st, "gser_ucx_ep_send_nb");
+        return ucx_raise(ucx_state(self), st, "gser_ucx_ep_send_nb");
     }
     r->owner = owner;       /* the bytes stay valid until the send completes */
     Py_INCREF((PyObject *)r); /* the in-flight reference, handed on by the callback */
@@ -844,13 +875,13 @@ static PyObject *endpoint_recv(PgUcxEndpoint *self, PyObject *args, PyObject *kw
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|$O:recv", kwlist, &user))
         return NULL;
     if (!self->ep)
-        return closed_error("_UcxEndpoint.recv");
+        return closed_error(ucx_state(self), "_UcxEndpoint.recv");
     PgUcxRequest *r = request_new(self, user, true);
     if (!r)
         return NULL;
     if (!self->ep) { /* a finalizer run by the allocation destroyed it */
         Py_DECREF(r);
-        return closed_error("_UcxEndpoint.recv");
+        return closed_error(ucx_state(self), "_UcxEndpoint.recv");
     }
     gser_ucx_op_params_t p = GSER_UCX_OP_PARAMS_INIT;
     p.cb = request_done_cb;
@@ -858,7 +889,7 @@ static PyObject *endpoint_recv(PgUcxEndpoint *self, PyObject *args, PyObject *kw
     gser_status_t st = gser_ucx_ep_recv_nb(self->ep, &p, &r->req);
     if (st) {
         Py_DECREF(r);
-        return ucx_raise(st, "gser_ucx_ep_recv_nb");
+        return ucx_raise(ucx_state(self), st, "gser_ucx_ep_recv_nb");
     }
     Py_INCREF((PyObject *)r);
     return (PyObject *)r;
@@ -870,7 +901,7 @@ static PyObject *endpoint_close(PgUcxEndpoint *self, PyObject *unused)
     if (self->ep) {
         gser_status_t st = gser_ucx_ep_close(self->ep);
         if (st)
-            return ucx_raise(st, "gser_ucx_ep_close");
+            return ucx_raise(ucx_state(self), st, "gser_ucx_ep_close");
     }
     Py_RETURN_NONE;
 }
@@ -916,24 +947,29 @@ static PyMemberDef endpoint_members[] = {
     {NULL, 0, 0, 0, NULL},
 };
 
-static PyTypeObject PgUcxEndpoint_Type = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "gser._gser._UcxEndpoint",
-    .tp_doc = "A gser::ucx endpoint (from _UcxWorker.connect or accepted by a listener).",
-    .tp_basicsize = sizeof(PgUcxEndpoint),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_dealloc = (destructor)endpoint_dealloc,
-    .tp_traverse = (traverseproc)endpoint_traverse,
-    .tp_clear = (inquiry)endpoint_clear,
-    .tp_methods = endpoint_methods,
-    .tp_members = endpoint_members,
-    .tp_getset = endpoint_getset,
+static PyType_Slot endpoint_slots[] = {
+    {Py_tp_doc, "A gser::ucx endpoint (from _UcxWorker.connect or accepted by a listener)."},
+    {Py_tp_dealloc, (void *)endpoint_dealloc},
+    {Py_tp_traverse, (void *)endpoint_traverse},
+    {Py_tp_clear, (void *)endpoint_clear},
+    {Py_tp_methods, endpoint_methods},
+    {Py_tp_members, endpoint_members},
+    {Py_tp_getset, endpoint_getset},
+    {0, NULL},
+};
+
+static PyType_Spec endpoint_spec = {
+    .name = "gser._gser._UcxEndpoint",
+    .basicsize = sizeof(PgUcxEndpoint),
+    .flags = PG_TPFLAGS | Py_TPFLAGS_HAVE_GC,
+    .slots = endpoint_slots,
 };
 
 /* ---- _UcxRequest -------------------------------------------------------------------------------- */
 
 static int request_traverse(PgUcxRequest *self, visitproc visit, void *arg)
 {
+    Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->worker);
     Py_VISIT(self->owner);
     Py_VISIT(self->user);
@@ -956,14 +992,16 @@ static void request_dealloc(PgUcxRequest *self)
     Py_CLEAR(self->owner);
     Py_CLEAR(self->user);
     Py_CLEAR(self->worker);
-    Py_TYPE(self)->tp_free((PyObject *)self);
+    PyTypeObject *tp = Py_TYPE(self);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
 }
 
 /* Raise the exception of a request that failed, as GserError. */
 static PyObject *request_raise(PgUcxRequest *self)
 {
     const char *what = self->recv ? "receive" : "send";
-    return pg_raise_text(self->status,
+    return pg_raise_text(ucx_state(self), self->status,
                          self->detail ? pg_text(self->detail)
                          : self->status == GSER_ERR_CANCELED
                              ? PyUnicode_FromFormat("%s: canceled (the endpoint was closed or destroyed here)", what)
@@ -977,15 +1015,17 @@ static PyObject *request_result(PgUcxRequest *self, PyObject *args, PyObject *kw
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|$p:result", kwlist, &device))
         return NULL;
     if (self->status == GSER_INPROGRESS)
-        return pg_raise_text(GSER_ERR_STATE, PyUnicode_FromString("_UcxRequest.result: the request is still running"));
+        return pg_raise_text(ucx_state(self), GSER_ERR_STATE,
+                             PyUnicode_FromString("_UcxRequest.result: the request is still running"));
     if (self->status != GSER_OK)
         return request_raise(self);
     if (!self->recv)
         Py_RETURN_NONE;
     if (self->taken)
-        return pg_raise_text(GSER_ERR_STATE, PyUnicode_FromString("_UcxRequest.result: the message was taken already"));
+        return pg_raise_text(ucx_state(self), GSER_ERR_STATE,
+                             PyUnicode_FromString("_UcxRequest.result: the message was taken already"));
     self->taken = true;
-    PgOwner *owner = pg_owner_new();
+    PgOwner *owner = pg_owner_new(ucx_state(self));
     if (!owner)
         return NULL;
     gser_deserialize_options_t o = GSER_DESERIALIZE_OPTIONS_INIT;
@@ -993,7 +1033,7 @@ static PyObject *request_result(PgUcxRequest *self, PyObject *args, PyObject *kw
     /* A malformed or over-limit message closes its endpoint. */
     gser_status_t st = gser_ucx_request_deserialize(self->req, pg_ctx, &o, &owner->msg);
     /* Received frames are ours: arrays over them are writable. */
-    PyObject *out = st ? ucx_raise(st, "gser_ucx_request_deserialize") : pg_decode_msg(owner, false);
+    PyObject *out = st ? ucx_raise(ucx_state(self), st, "gser_ucx_request_deserialize") : pg_decode_msg(owner, false);
     Py_DECREF(owner);
     return out;
 }
@@ -1004,7 +1044,7 @@ static PyObject *request_cancel(PgUcxRequest *self, PyObject *unused)
     if (self->req && self->status == GSER_INPROGRESS) {
         gser_status_t st = gser_ucx_request_cancel(self->req);
         if (st)
-            return ucx_raise(st, "gser_ucx_request_cancel");
+            return ucx_raise(ucx_state(self), st, "gser_ucx_request_cancel");
     }
     Py_RETURN_NONE;
 }
@@ -1036,33 +1076,34 @@ static PyMemberDef request_members[] = {
     {NULL, 0, 0, 0, NULL},
 };
 
-static PyTypeObject PgUcxRequest_Type = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "gser._gser._UcxRequest",
-    .tp_doc = "A send or receive in flight (from _UcxEndpoint.send / recv).",
-    .tp_basicsize = sizeof(PgUcxRequest),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_dealloc = (destructor)request_dealloc,
-    .tp_traverse = (traverseproc)request_traverse,
-    .tp_clear = (inquiry)request_clear,
-    .tp_methods = request_methods,
-    .tp_members = request_members,
-    .tp_getset = request_getset,
+static PyType_Slot request_slots[] = {
+    {Py_tp_doc, "A send or receive in flight (from _UcxEndpoint.send / recv)."},
+    {Py_tp_dealloc, (void *)request_dealloc},
+    {Py_tp_traverse, (void *)request_traverse},
+    {Py_tp_clear, (void *)request_clear},
+    {Py_tp_methods, request_methods},
+    {Py_tp_members, request_members},
+    {Py_tp_getset, request_getset},
+    {0, NULL},
+};
+
+static PyType_Spec request_spec = {
+    .name = "gser._gser._UcxRequest",
+    .basicsize = sizeof(PgUcxRequest),
+    .flags = PG_TPFLAGS | Py_TPFLAGS_HAVE_GC,
+    .slots = request_slots,
 };
 
 /* ---- module ----------------------------------------------------------------------------------- */
 
-int pg_ucx_add(PyObject *m)
+int pg_ucx_add(PyObject *m, pg_state_t *s)
 {
-    PyTypeObject *types[] = {&PgUcxContext_Type, &PgUcxWorker_Type, &PgUcxListener_Type, &PgUcxEndpoint_Type,
-                             &PgUcxRequest_Type};
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
-        if (PyType_Ready(types[i]) < 0)
-            return -1;
-        const char *name = strrchr(types[i]->tp_name, '.') + 1;
-        if (PyModule_AddObjectRef(m, name, (PyObject *)types[i]) < 0)
-            return -1;
-    }
+    if (pg_type_add(m, &context_spec, &s->UcxContext, "_UcxContext") < 0 ||
+        pg_type_add(m, &worker_spec, &s->UcxWorker, "_UcxWorker") < 0 ||
+        pg_type_add(m, &listener_spec, &s->UcxListener, "_UcxListener") < 0 ||
+        pg_type_add(m, &endpoint_spec, &s->UcxEndpoint, "_UcxEndpoint") < 0 ||
+        pg_type_add(m, &request_spec, &s->UcxRequest, "_UcxRequest") < 0)
+        return -1;
     if (PyModule_AddIntConstant(m, "UCX_WIRE_VERSION", GSER_UCX_WIRE_VERSION) < 0 ||
         PyModule_AddObject(m, "UCX_PEER_TIMEOUT_NONE", PyLong_FromUnsignedLong(GSER_UCX_PEER_TIMEOUT_NONE)) < 0 ||
         PyModule_AddIntConstant(m, "UCX_CAP_CUDA", GSER_UCX_CAP_CUDA) < 0)

@@ -44,19 +44,6 @@ gser_status_t pg_arrow_register(gser_context_t *ctx)
 
 /* ---- dumps: importing a producer's table --------------------------------------------- */
 
-int pg_has_attr(PyObject *o, const char *name)
-{
-    PyObject *a = PyObject_GetAttrString(o, name);
-    if (a) {
-        Py_DECREF(a);
-        return 1;
-    }
-    if (!PyErr_ExceptionMatches(PyExc_AttributeError))
-        return -1;
-    PyErr_Clear();
-    return 0;
-}
-
 int pg_arrow_probe(PyObject *obj)
 {
     int r = pg_has_attr(obj, "__arrow_c_device_array__");
@@ -143,7 +130,7 @@ int pg_arrow_encode(PgOwner *owner, PyObject *obj, int method, gser_value_t **ou
     (void)out;
 #endif
     if (st) {
-        pg_raise(st, false, "gser_arrow_new_value");
+        pg_raise(owner->state, st, false, "gser_arrow_new_value");
         return -1;
     }
     return 0;
@@ -299,7 +286,9 @@ static void aa_dealloc(PgArrowArray *self)
     }
     if (self->schema.release)
         self->schema.release(&self->schema);
-    Py_TYPE(self)->tp_free((PyObject *)self);
+    PyTypeObject *tp = Py_TYPE(self);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
 }
 
 static int handed_over(PgArrowArray *self)
@@ -457,26 +446,36 @@ static PyMemberDef aa_members[] = {
     {NULL, 0, 0, 0, NULL},
 };
 
-PyTypeObject PgArrowArray_Type = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "gser.ArrowArray",
-    .tp_doc = "An Arrow table (array) returned by gser.loads / gser.from_bytes. It owns the table\n"
-              "(nothing of the message) and hands it over once through the Arrow PyCapsule\n"
-              "interface: __arrow_c_device_array__, __arrow_c_array__ (CPU tables), and\n"
-              "__arrow_c_schema__ (copies).",
-    .tp_basicsize = sizeof(PgArrowArray),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_dealloc = (destructor)aa_dealloc,
-    .tp_repr = (reprfunc)aa_repr,
-    .tp_methods = aa_methods,
-    .tp_getset = aa_getset,
-    .tp_members = aa_members,
+static PyType_Slot aa_slots[] = {
+    {Py_tp_doc, "An Arrow table (array) returned by gser.loads / gser.from_bytes. It owns the table\n"
+                "(nothing of the message) and hands it over once through the Arrow PyCapsule\n"
+                "interface: __arrow_c_device_array__, __arrow_c_array__ (CPU tables), and\n"
+                "__arrow_c_schema__ (copies)."},
+    {Py_tp_dealloc, (void *)aa_dealloc},
+    {Py_tp_repr, (void *)aa_repr},
+    {Py_tp_methods, aa_methods},
+    {Py_tp_getset, aa_getset},
+    {Py_tp_members, aa_members},
+    {0, NULL},
 };
 
-PyObject *pg_arrow_take(gser_value_t *v, gser_status_t *st_out)
+/* Not a GC type: it holds no Python objects (the table is C memory). */
+static PyType_Spec aa_spec = {
+    .name = "gser.ArrowArray",
+    .basicsize = sizeof(PgArrowArray),
+    .flags = PG_TPFLAGS,
+    .slots = aa_slots,
+};
+
+int pg_arrow_add(PyObject *m, pg_state_t *s)
+{
+    return pg_type_add(m, &aa_spec, &s->ArrowArray, "ArrowArray");
+}
+
+PyObject *pg_arrow_take(pg_state_t *s, gser_value_t *v, gser_status_t *st_out)
 {
     *st_out = GSER_OK;
-    PgArrowArray *self = PyObject_New(PgArrowArray, &PgArrowArray_Type);
+    PgArrowArray *self = PyObject_New(PgArrowArray, s->ArrowArray);
     if (!self)
         return NULL;
     memset(&self->schema, 0, sizeof self->schema);
