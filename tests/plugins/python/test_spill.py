@@ -29,7 +29,12 @@ def files(store):
     return sorted(os.listdir(store.directory))
 
 
-def test_host_keys_spill_to_disk_and_come_back_mapped(tmp_path):
+def mapped(store):
+    with open("/proc/self/maps") as m:
+        return [line for line in m if store.directory in line]
+
+
+def test_host_keys_spill_to_disk_and_come_back(tmp_path):
     store = SpillStore(memory_limit=2_000 * KB, local_directory=tmp_path)
     for i in range(6):
         store[f"x{i}"] = arr(i)
@@ -39,23 +44,43 @@ def test_host_keys_spill_to_disk_and_come_back_mapped(tmp_path):
     assert store.spilled_total == (4 * 800_000, sum(os.path.getsize(os.path.join(store.directory, f))
                                                     for f in files(store)))
     assert len(store) == 6 and set(store) == {f"x{i}" for i in range(6)} and "x0" in store
-    x0 = store["x0"]  # from disk: mapped, its file gone, and an older key goes down
+    x0 = store["x0"]  # from disk, and an older key goes down
     assert np.array_equal(x0, arr(0)) and x0.flags.writeable
     assert store.tiers["host"] == ["x5", "x0"] and "x4" in store.tiers["disk"]
-    assert len(files(store)) == 4 and store.counts["disk_to_host"] == 1
-    with open("/proc/self/maps") as m:
-        assert any(store.directory in line for line in m), "x0 views its mapped file"
+    assert store.counts["disk_to_host"] == 1 and store.counts["host_to_disk"] == 5
+    # Read into memory, not mapped: a mapping would hold the file's dirty
+    # pages, which the kernel then writes back to the disk.
+    assert not mapped(store)
+    # x0's file is kept: when x0 goes down again, nothing is written.
+    assert len(files(store)) == 5
     for i in range(6):
         assert np.array_equal(store[f"x{i}"], arr(i))
+    assert store.counts["writes_saved"] >= 3 and store.counts["host_to_disk"] == 6, store.counts
+    assert len(files(store)) == 6  # one file per key, however often it went down
     del store["x3"]
-    assert "x3" not in store and len(store) == 5
+    assert "x3" not in store and len(store) == 5 and len(files(store)) == 5
     with pytest.raises(KeyError):
         store["x3"]
-    store["x1"] = "replaced"
-    assert store["x1"] == "replaced" and len(store) == 5
+    store["x1"] = "replaced"  # its file goes with the old value
+    assert store["x1"] == "replaced" and len(store) == 5 and len(files(store)) == 4
+    store["x0"] = arr(7)  # in memory, its kept file dropped: the next spill writes the new value
+    assert len(files(store)) == 3
+    for i in (2, 4, 5):
+        store[f"x{i}"]
+    assert np.array_equal(store["x0"], arr(7))
     d = store.directory
     store.close()
     assert not os.path.exists(d) and len(store) == 0
+
+
+def test_keep_files_false_removes_a_file_when_its_key_is_read(tmp_path):
+    store = SpillStore(memory_limit=1_000 * KB, local_directory=tmp_path, keep_files=False)
+    for i in range(3):
+        store[f"x{i}"] = arr(i)
+    assert len(files(store)) == 2
+    assert np.array_equal(store["x0"], arr(0)) and store.tiers["disk"] == ["x1", "x2"]
+    assert len(files(store)) == 2 and store.counts["writes_saved"] == 0
+    assert not mapped(store)
 
 
 def test_what_gser_declines_spills_with_dasks_path(tmp_path):
@@ -74,7 +99,7 @@ def test_what_gser_declines_spills_with_dasks_path(tmp_path):
 def test_a_full_disk_loses_no_key(tmp_path, monkeypatch, caplog):
     store = SpillStore(memory_limit=1_000 * KB, local_directory=tmp_path)
     real = gser.dump
-    monkeypatch.setattr(gser, "dump", lambda obj, path: real(obj, "/dev/full"))  # ENOSPC from writev
+    monkeypatch.setattr(gser, "dump", lambda obj, path, **kw: real(obj, "/dev/full", **kw))  # ENOSPC from writev
     for i in range(3):
         store[f"x{i}"] = arr(i)
     assert store.tiers["host"] == ["x0", "x1", "x2"] and not store.tiers["disk"]
