@@ -29,9 +29,13 @@ value is unchanged (keep_files=True): when the key goes down again nothing
 is written (a device key goes straight to disk, with no device-to-host
 copy). Values are assumed not to be changed in place, as Dask assumes of task
 results; setting a key again drops its file. keep_files=False removes a file
-as soon as its key is read, as Dask's SpillBuffer does. compression=None,
-"lz4", "zstd" or "auto" is gser.dump's, for the files gser writes (off by
-default: compressing costs more than the page cache saves).
+as soon as its key is read, as Dask's SpillBuffer does. compression="auto"
+(the default) writes an object with lz4 when samples of its frames shrink to
+at most 0.3 of their size (compressing such data costs less than moving it
+through the page cache; arrays that shrink to 0.5 or not at all are written
+as they are); None never compresses; "lz4" or "zstd" compress every object
+as gser.dump does (each frame that a sample shrinks to 0.9 or less, as Dask's
+maybe_compress).
 
 What differs from dask-cuda: no proxy objects (a key is in exactly one tier,
 and reading it unspills it whole); device objects are recognised by
@@ -105,7 +109,7 @@ _DASK = "dask"        # a host object in a file of Dask's frames
 
 class SpillStore(MutableMapping):
     def __init__(self, device_memory_limit=None, memory_limit=None, local_directory=None,
-                 worker_local_directory=None, keep_files=True, compression=None):
+                 worker_local_directory=None, keep_files=True, compression="auto"):
         self.device_memory_limit = _parse_bytes(device_memory_limit)
         self.memory_limit = _parse_bytes(memory_limit)
         self.keep_files = bool(keep_files)
@@ -302,7 +306,10 @@ class SpillStore(MutableMapping):
 
     def _dump(self, obj, path) -> str:
         try:
-            gser.dump(obj, path, compression=self.compression)
+            codec = self.compression
+            if codec == "auto":
+                codec = "lz4" if _squeezes(obj) else None
+            gser.dump(obj, path, compression=codec)
             return _GSER
         except (NotImplementedError, TypeError):
             pass
@@ -332,6 +339,31 @@ class SpillStore(MutableMapping):
         finally:
             os.close(fd)
         return deserialize_bytes(mv)
+
+
+# An object is compressed when samples of its frames shrink to at most this
+# fraction with lz4: data that compresses that well costs less to compress
+# than to move through the page cache; arrays of counters (about 0.5) or of
+# random floats (1.0) are written as they are.
+_SQUEEZE = 0.3
+_SAMPLE = 10_000
+
+
+def _squeezes(obj) -> bool:
+    import numpy as np
+
+    _, frames = gser.dumps(obj, families=("host",))
+    total = squeezed = 0
+    for fr in frames:
+        mv = memoryview(fr).cast("B")
+        if len(mv) < 1 << 20:
+            continue
+        step = (len(mv) - _SAMPLE) // 4
+        sample = np.concatenate([np.frombuffer(mv[k * step:k * step + _SAMPLE], np.uint8) for k in range(5)])
+        ratio = min(1.0, len(gser.to_bytes(sample, compression="lz4")) / len(sample))
+        total += len(mv)
+        squeezed += ratio * len(mv)
+    return total > 0 and squeezed <= _SQUEEZE * total
 
 
 def _dask_frames(obj):

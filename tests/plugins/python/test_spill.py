@@ -19,6 +19,7 @@ from gser.dask import SpillStore  # noqa: E402
 
 EMULATED = gser.DEVICE_BACKEND == "emulated"
 KB = 1024
+MB = 1 << 20
 
 
 def arr(i, n=100_000):
@@ -174,3 +175,31 @@ def test_a_worker_spills_and_computes_the_same(protocol):
         assert os.listdir(directory)
         assert directory.startswith(next(iter(cluster.workers.values())).local_directory)
     assert not os.path.exists(directory), "the worker's directory goes when it closes"
+
+
+def test_compression_auto_squeezes_only_what_shrinks_a_lot(tmp_path):
+    """Files of data that lz4 shrinks to a few percent are compressed; arrays
+    that would shrink to about half (counters) or not at all are not."""
+    big = 1 << 18  # 2 MiB of float64
+    values = {"zeros": np.zeros(big), "counter": np.arange(big, dtype=np.float64),
+              "random": np.random.default_rng(0).random(big),
+              "frame": pd.DataFrame({"a": np.arange(big // 4, dtype=np.float64), "b": np.ones(big // 4),
+                                     "c": np.zeros(big // 4), "d": np.full(big // 4, 0.5)})}
+    sizes = {}
+    for compression in ("auto", None):
+        store = SpillStore(memory_limit=1, local_directory=tmp_path, compression=compression)
+        for k, v in values.items():
+            store[k] = v
+            store["pad"] = 0  # pushes k to disk
+        sizes[compression] = {k: store._disk[k][3] for k in values}
+        for k, v in values.items():
+            got = store[k]
+            if isinstance(v, pd.DataFrame):
+                pd.testing.assert_frame_equal(got, v)
+            else:
+                assert np.array_equal(got, v)
+        store.close()
+    auto, plain = sizes["auto"], sizes[None]
+    assert all(plain[k] >= 2 * MB for k in values), plain
+    assert auto["zeros"] < plain["zeros"] // 20 and auto["frame"] < plain["frame"] // 3, (auto, plain)
+    assert auto["counter"] == plain["counter"] and auto["random"] == plain["random"], (auto, plain)
