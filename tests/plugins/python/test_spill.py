@@ -203,3 +203,22 @@ def test_compression_auto_squeezes_only_what_shrinks_a_lot(tmp_path):
     assert all(plain[k] >= 2 * MB for k in values), plain
     assert auto["zeros"] < plain["zeros"] // 20 and auto["frame"] < plain["frame"] // 3, (auto, plain)
     assert auto["counter"] == plain["counter"] and auto["random"] == plain["random"], (auto, plain)
+
+
+@pytest.mark.skipif(not EMULATED, reason="device arrays here are host memory: needs GSER_DEVICE=emulated")
+def test_a_device_key_read_back_unchanged_goes_down_without_a_copy(tmp_path):
+    from test_device import Dev, check_device
+
+    store = SpillStore(device_memory_limit=500 * KB, memory_limit=1, local_directory=tmp_path)
+    a = np.arange(100_000, dtype=np.float32) + 1  # 400 kB
+    store["d"] = Dev(a)
+    store["e"] = Dev(a + 1)  # d: device -> host (one packed copy) -> disk
+    assert store.tiers["disk"] == ["d"] and store.counts["device_to_host"] == 1
+    check_device(store["d"], a)  # back on the device, e pushed down; d's file kept
+    assert store.tiers["device"] == ["d"] and store.counts["device_to_host"] == 2
+    before = dict(store.counts)
+    store["f"] = Dev(a + 2)  # d leaves the device: its file still holds it
+    assert store.tiers["disk"] == ["e", "d"] and store.tiers["device"] == ["f"]
+    assert store.counts["device_to_host"] == before["device_to_host"], "no device-to-host copy for d"
+    assert store.counts["writes_saved"] == before["writes_saved"] + 1
+    check_device(store["d"], a)
