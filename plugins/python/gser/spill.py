@@ -24,12 +24,16 @@ Reading a key brings it back: from disk read into memory (gser.load: one
 read into the final buffer, huge pages where the kernel allows; not mapped,
 as a mapping would keep the file's pages and the kernel would write its dirty
 ones back to the disk), a device object back onto the device (device=True),
-which may push older keys down a tier. The file is kept while the key's
-value is unchanged (keep_files=True): when the key goes down again nothing
-is written (a device key goes straight to disk, with no device-to-host
-copy). Values are assumed not to be changed in place, as Dask assumes of task
-results; setting a key again drops its file. keep_files=False removes a file
-as soon as its key is read, as Dask's SpillBuffer does. compression="auto"
+which may push older keys down a tier. The file is removed as soon as its key
+is read, as Dask's SpillBuffer does: a spill file deleted before the kernel
+writes it back never reaches the disk, where a kept one does (measured:
+keeping files cost 2-3x the time of writing the keys again, nearly all of it
+system time). keep_files=True keeps a file while the key's value is
+unchanged, so that going down again writes nothing (a device key goes
+straight to disk, with no device-to-host copy): for a disk faster than the
+writeback, or values read back many times. Values are then assumed not to
+be changed in place, as Dask assumes of task results; setting a key again
+drops its file. compression="auto"
 (the default) writes an object with lz4 when samples of its frames shrink to
 at most 0.3 of their size (compressing such data costs less than moving it
 through the page cache; arrays that shrink to 0.5 or not at all are written
@@ -109,7 +113,7 @@ _DASK = "dask"        # a host object in a file of Dask's frames
 
 class SpillStore(MutableMapping):
     def __init__(self, device_memory_limit=None, memory_limit=None, local_directory=None,
-                 worker_local_directory=None, keep_files=True, compression="auto"):
+                 worker_local_directory=None, keep_files=False, compression="auto"):
         self.device_memory_limit = _parse_bytes(device_memory_limit)
         self.memory_limit = _parse_bytes(memory_limit)
         self.keep_files = bool(keep_files)
@@ -125,8 +129,8 @@ class SpillStore(MutableMapping):
         self._device = OrderedDict()  # key -> (obj, nbytes)
         self._host = OrderedDict()    # key -> (obj or FlatBytes, nbytes, form or None)
         self._disk = {}               # key -> (path, nbytes, form, bytes on disk)
-        # Keys read back from disk whose file still holds their value: going
-        # down again costs no write (values are not changed in place, as
+        # keep_files: keys read back from disk whose file still holds their
+        # value: going down again costs no write (values are not changed in place, as
         # Dask assumes of task results; setting a key again drops its file).
         self._kept = {}               # key -> (path, form, bytes on disk)
         self._device_bytes = 0

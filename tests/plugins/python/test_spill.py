@@ -36,7 +36,7 @@ def mapped(store):
 
 
 def test_host_keys_spill_to_disk_and_come_back(tmp_path):
-    store = SpillStore(memory_limit=2_000 * KB, local_directory=tmp_path)
+    store = SpillStore(memory_limit=2_000 * KB, local_directory=tmp_path, keep_files=True)
     for i in range(6):
         store[f"x{i}"] = arr(i)
     t = store.tiers
@@ -74,8 +74,8 @@ def test_host_keys_spill_to_disk_and_come_back(tmp_path):
     assert not os.path.exists(d) and len(store) == 0
 
 
-def test_keep_files_false_removes_a_file_when_its_key_is_read(tmp_path):
-    store = SpillStore(memory_limit=1_000 * KB, local_directory=tmp_path, keep_files=False)
+def test_by_default_a_file_goes_when_its_key_is_read(tmp_path):
+    store = SpillStore(memory_limit=1_000 * KB, local_directory=tmp_path)
     for i in range(3):
         store[f"x{i}"] = arr(i)
     assert len(files(store)) == 2
@@ -209,7 +209,7 @@ def test_compression_auto_squeezes_only_what_shrinks_a_lot(tmp_path):
 def test_a_device_key_read_back_unchanged_goes_down_without_a_copy(tmp_path):
     from test_device import Dev, check_device
 
-    store = SpillStore(device_memory_limit=500 * KB, memory_limit=1, local_directory=tmp_path)
+    store = SpillStore(device_memory_limit=500 * KB, memory_limit=1, local_directory=tmp_path, keep_files=True)
     a = np.arange(100_000, dtype=np.float32) + 1  # 400 kB
     store["d"] = Dev(a)
     store["e"] = Dev(a + 1)  # d: device -> host (one packed copy) -> disk
