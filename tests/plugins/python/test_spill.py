@@ -2,7 +2,6 @@
 back, Dask's path for what gser declines, a full disk, files removed, and a
 worker whose data spills. Sizes are small: the GiB cases belong in benchmarks."""
 
-import errno
 import gc
 import os
 

@@ -23,8 +23,9 @@ pytest.importorskip("distributed")
 import gser  # noqa: E402
 from gser.dask import SpillStore  # noqa: E402
 
-pytestmark = pytest.mark.skipif(os.environ.get("GSER_SPILL_WORKER_TESTS") != "1",
-                                reason="full-size spill tests: set GSER_SPILL_WORKER_TESTS=1 (ctest python_spill_worker)")
+pytestmark = pytest.mark.skipif(
+    os.environ.get("GSER_SPILL_WORKER_TESTS") != "1",
+    reason="full-size spill tests: set GSER_SPILL_WORKER_TESTS=1 (ctest python_spill_worker)")
 
 MIB = 1 << 20
 CHUNK = 4 * MIB  # float64 items: 32 MiB
@@ -173,7 +174,7 @@ def test_a_full_disk_is_a_clear_error_and_loses_no_key(tmp_path):
                            capture_output=True)
     if probe.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs in a user namespace here: {probe.stderr.decode().strip()}")
-    r = subprocess.run(["unshare", "-rm", "sh", "-c", f'mount -t tmpfs -o size=4m none "$1" && exec "$2" "$3" "$1"',
+    r = subprocess.run(["unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o size=4m none "$1" && exec "$2" "$3" "$1"',
                         "sh", str(mnt), sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
