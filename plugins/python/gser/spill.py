@@ -294,7 +294,7 @@ class SpillStore(MutableMapping):
                     _write_all(path, [obj])
                     how = _GSER_DEV
                 else:
-                    how = self._dump(obj, path)
+                    how = self._dump(obj, path, n)
                 size = os.path.getsize(path)
             except OSError:
                 self.counts["disk_errors"] += 1
@@ -308,11 +308,11 @@ class SpillStore(MutableMapping):
         self._disk[key] = (path, n, how, size)
         return True
 
-    def _dump(self, obj, path) -> str:
+    def _dump(self, obj, path, n) -> str:
         try:
             codec = self.compression
-            if codec == "auto":
-                codec = "lz4" if _squeezes(obj) else None
+            if codec == "auto":  # small objects are not sampled (one more encoding)
+                codec = "lz4" if n >= 1 << 20 and _squeezes(obj) else None
             gser.dump(obj, path, compression=codec)
             return _GSER
         except (NotImplementedError, TypeError):
