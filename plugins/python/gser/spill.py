@@ -228,10 +228,12 @@ class SpillStore(MutableMapping):
 
     @property
     def spilled_total(self):
-        """(bytes the spilled keys take in memory, bytes their files take)."""
+        """(bytes the spilled keys take in memory, bytes the store's files
+        take: those of keys read back and kept included)."""
         from distributed.spill import SpilledSize
 
-        return SpilledSize(sum(v[1] for v in self._disk.values()), sum(v[3] for v in self._disk.values()))
+        return SpilledSize(sum(v[1] for v in self._disk.values()),
+                           sum(v[3] for v in self._disk.values()) + sum(v[2] for v in self._kept.values()))
 
     @property
     def tiers(self) -> dict:

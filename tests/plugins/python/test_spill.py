@@ -53,6 +53,7 @@ def test_host_keys_spill_to_disk_and_come_back(tmp_path):
     assert not mapped(store)
     # x0's file is kept: when x0 goes down again, nothing is written.
     assert len(files(store)) == 5
+    assert store.spilled_total[1] == sum(os.path.getsize(os.path.join(store.directory, f)) for f in files(store))
     for i in range(6):
         assert np.array_equal(store[f"x{i}"], arr(i))
     assert store.counts["writes_saved"] >= 3 and store.counts["host_to_disk"] == 6, store.counts
