@@ -18,6 +18,10 @@ the anchor after a warm-up of each):
                                                                  vs the same through Dask's default
                    spill (distributed.spill.SpillBuffer, zict, target 512 MiB)         ratio <= 0.7
   spill_pandas_1gib the same with 32 pandas partitions of 32 MiB (4 float columns, 1 int)  ratio <= 0.7
+                   Both stores at their defaults: SpillStore compresses with lz4 what samples
+                   say shrinks to 0.3 or less; SpillBuffer lz4 where a sample shrinks to 0.9
+                   or less (Dask's distributed.comm.compression "auto"); both delete a file
+                   when its key is read and write the key again when it is evicted again
   device_to_host_200  gser.to_bytes of a list of 200 device buffers of 256 KiB (one packed copy)
                    vs numpy.copy of 50 MiB: only with a device backend (GSER_DEVICE=emulated here,
                    where "device" memory is host memory)                               ratio <= 1.5

@@ -14,14 +14,32 @@ least recently used first out:
   once per buffer), host objects as themselves; above memory_limit the
   oldest go to disk;
 - disk: one file per key under local_directory, written with gser.dump (frames
-  streamed from their own memory); objects gser declines (pandas frames, sets,
-  arbitrary classes) are written with Dask's own serialization
-  (distributed.protocol.serialize_bytelist: its "dask" and "pickle" families).
+  streamed from their own memory; numpy arrays, pandas frames and series,
+  Arrow tables, containers of them); objects gser declines (sets, arbitrary
+  classes) are written with Dask's own serialization
+  (its "dask" and "pickle" families, as serialize_bytelist writes them but
+  uncompressed; deserialize_bytes reads them).
 
-Reading a key brings it back: from disk by mapping the file (gser.load(...,
-mmap=True): the arrays view the mapping; the file is deleted at once, the
-mapping lives as long as the objects), a device object back onto the device
-(from_bytes/load with device=True), which may push older keys down a tier.
+Reading a key brings it back: from disk read into memory (gser.load: one
+read into the final buffer, huge pages where the kernel allows; not mapped,
+as a mapping would keep the file's pages and the kernel would write its dirty
+ones back to the disk), a device object back onto the device (device=True),
+which may push older keys down a tier. The file is removed as soon as its key
+is read, as Dask's SpillBuffer does: a spill file deleted before the kernel
+writes it back never reaches the disk, where a kept one does (measured:
+keeping files cost 2-3x the time of writing the keys again, nearly all of it
+system time). keep_files=True keeps a file while the key's value is
+unchanged, so that going down again writes nothing (a device key goes
+straight to disk, with no device-to-host copy): for a disk faster than the
+writeback, or values read back many times. Values are then assumed not to
+be changed in place, as Dask assumes of task results; setting a key again
+drops its file. compression="auto"
+(the default) writes an object with lz4 when samples of its frames shrink to
+at most 0.3 of their size (compressing such data costs less than moving it
+through the page cache; arrays that shrink to 0.5 or not at all are written
+as they are); None never compresses; "lz4" or "zstd" compress every object
+as gser.dump does (each frame that a sample shrinks to 0.9 or less, as Dask's
+maybe_compress).
 
 What differs from dask-cuda: no proxy objects (a key is in exactly one tier,
 and reading it unspills it whole); device objects are recognised by
@@ -95,9 +113,11 @@ _DASK = "dask"        # a host object in a file of Dask's frames
 
 class SpillStore(MutableMapping):
     def __init__(self, device_memory_limit=None, memory_limit=None, local_directory=None,
-                 worker_local_directory=None):
+                 worker_local_directory=None, keep_files=False, compression="auto"):
         self.device_memory_limit = _parse_bytes(device_memory_limit)
         self.memory_limit = _parse_bytes(memory_limit)
+        self.keep_files = bool(keep_files)
+        self.compression = compression
         base = local_directory or worker_local_directory or tempfile.gettempdir()
         os.makedirs(base, exist_ok=True)
         self.directory = tempfile.mkdtemp(prefix="gser-spill-", dir=base)
@@ -109,11 +129,15 @@ class SpillStore(MutableMapping):
         self._device = OrderedDict()  # key -> (obj, nbytes)
         self._host = OrderedDict()    # key -> (obj or FlatBytes, nbytes, form or None)
         self._disk = {}               # key -> (path, nbytes, form, bytes on disk)
+        # keep_files: keys read back from disk whose file still holds their
+        # value: going down again costs no write (values are not changed in place, as
+        # Dask assumes of task results; setting a key again drops its file).
+        self._kept = {}               # key -> (path, form, bytes on disk)
         self._device_bytes = 0
         self._host_bytes = 0
         self._serial = 0
         self.counts = {"device_to_host": 0, "host_to_disk": 0, "disk_to_host": 0, "host_to_device": 0,
-                       "disk_errors": 0}
+                       "disk_errors": 0, "writes_saved": 0}
 
     # ---- the mapping ---------------------------------------------------------------------------
 
@@ -121,14 +145,17 @@ class SpillStore(MutableMapping):
         with self._lock:
             if key in self:
                 self._drop(key)
-            n = _nbytes(value)
-            if _is_device(value):
-                self._device[key] = (value, n)
-                self._device_bytes += n
-            else:
-                self._host[key] = (value, n, None)
-                self._host_bytes += n
-            self._balance()
+            self._put(key, value)
+
+    def _put(self, key, value):
+        n = _nbytes(value)
+        if _is_device(value):
+            self._device[key] = (value, n)
+            self._device_bytes += n
+        else:
+            self._host[key] = (value, n, None)
+            self._host_bytes += n
+        self._balance()
 
     def __getitem__(self, key):
         with self._lock:
@@ -146,9 +173,14 @@ class SpillStore(MutableMapping):
                 self.counts["host_to_device"] += 1
             elif key in self._disk:
                 value = self._read(key)
+                path, n, how, size = self._disk.pop(key)
+                if self.keep_files:
+                    self._kept[key] = (path, how, size)
+                else:
+                    _unlink(path)
             else:
                 raise KeyError(key)
-            self[key] = value  # its tier again, the most recently used
+            self._put(key, value)  # its tier again, the most recently used
             return value
 
     def __delitem__(self, key):
@@ -172,6 +204,7 @@ class SpillStore(MutableMapping):
             self._device.clear()
             self._host.clear()
             self._disk.clear()
+            self._kept.clear()
             self._device_bytes = self._host_bytes = 0
             self._finalizer()
 
@@ -195,10 +228,12 @@ class SpillStore(MutableMapping):
 
     @property
     def spilled_total(self):
-        """(bytes the spilled keys take in memory, bytes their files take)."""
+        """(bytes the spilled keys take in memory, bytes the store's files
+        take: those of keys read back and kept included)."""
         from distributed.spill import SpilledSize
 
-        return SpilledSize(sum(v[1] for v in self._disk.values()), sum(v[3] for v in self._disk.values()))
+        return SpilledSize(sum(v[1] for v in self._disk.values()),
+                           sum(v[3] for v in self._disk.values()) + sum(v[2] for v in self._kept.values()))
 
     @property
     def tiers(self) -> dict:
@@ -218,20 +253,23 @@ class SpillStore(MutableMapping):
         elif key in self._host:
             self._host_bytes -= self._host.pop(key)[1]
         elif key in self._disk:
-            path = self._disk.pop(key)[0]
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+            _unlink(self._disk.pop(key)[0])
+        kept = self._kept.pop(key, None)
+        if kept:
+            _unlink(kept[0])
 
     def _balance(self):
         if self.device_memory_limit is not None:
             while self._device_bytes > self.device_memory_limit and len(self._device) > 0:
                 key, (obj, n) = next(iter(self._device.items()))
-                flat = gser.to_bytes(obj)  # one packed device-to-host copy
                 del self._device[key]
                 self._device_bytes -= n
-                self._host[key] = (flat, n, _FLAT)
+                kept = self._kept.pop(key, None)
+                if kept:  # its file holds it: straight to disk, nothing copied
+                    self._disk[key] = (kept[0], n, kept[1], kept[2])
+                    self.counts["writes_saved"] += 1
+                    continue
+                self._host[key] = (gser.to_bytes(obj), n, _FLAT)  # one packed device-to-host copy
                 self._host_bytes += n
                 self.counts["device_to_host"] += 1
         if self.memory_limit is not None:
@@ -247,63 +285,124 @@ class SpillStore(MutableMapping):
 
     def _to_disk(self, key) -> bool:
         obj, n, form = self._host[key]
-        path = self._path()
-        try:
-            if form == _FLAT:
-                with open(path, "wb") as f:
-                    f.write(obj)
-                how = _GSER_DEV
-            else:
-                how = self._dump(obj, path)
-            size = os.path.getsize(path)
-        except OSError:
-            self.counts["disk_errors"] += 1
-            logger.error("gser.SpillStore: could not spill %r to %s (kept in memory)", key, self.directory,
-                         exc_info=True)
+        kept = self._kept.pop(key, None)
+        if kept:
+            path, how, size = kept
+            self.counts["writes_saved"] += 1
+        else:
+            path = self._path()
             try:
-                os.unlink(path)
+                if form == _FLAT:
+                    _write_all(path, [obj])
+                    how = _GSER_DEV
+                else:
+                    how = self._dump(obj, path, n)
+                size = os.path.getsize(path)
             except OSError:
-                pass
-            return False
+                self.counts["disk_errors"] += 1
+                logger.error("gser.SpillStore: could not spill %r to %s (kept in memory)", key, self.directory,
+                             exc_info=True)
+                _unlink(path)
+                return False
+            self.counts["host_to_disk"] += 1
         del self._host[key]
         self._host_bytes -= n
         self._disk[key] = (path, n, how, size)
-        self.counts["host_to_disk"] += 1
         return True
 
-    @staticmethod
-    def _dump(obj, path) -> str:
+    def _dump(self, obj, path, n) -> str:
         try:
-            gser.dump(obj, path)
+            codec = self.compression
+            if codec == "auto":  # small objects are not sampled (one more encoding)
+                codec = "lz4" if n >= 1 << 20 and _squeezes(obj) else None
+            gser.dump(obj, path, compression=codec)
             return _GSER
         except (NotImplementedError, TypeError):
             pass
-        from distributed.protocol import serialize_bytelist
-
-        frames = serialize_bytelist(obj, on_error="raise")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            for fr in frames:
-                mv = memoryview(fr).cast("B")
-                while len(mv):
-                    mv = mv[os.write(fd, mv):]
-        finally:
-            os.close(fd)
+        _write_all(path, _dask_frames(obj))
         return _DASK
 
     def _read(self, key):
-        path, n, how, _ = self._disk.pop(key)
-        try:
-            if how == _DASK:
-                from distributed.protocol import deserialize_bytes
+        """The value in key's file, read into memory (the file stays)."""
+        path, n, how, _ = self._disk[key]
+        self.counts["disk_to_host"] += 1
+        if how != _DASK:
+            # Read, not mapped: a mapping keeps the file's pages, and its
+            # dirty ones are then written back to the disk.
+            return gser.load(path, device=how == _GSER_DEV)
+        import numpy as np
+        from distributed.protocol import deserialize_bytes
 
-                with open(path, "rb") as f:
-                    return deserialize_bytes(f.read())
-            self.counts["disk_to_host"] += 1
-            return gser.load(path, mmap=True, device=how == _GSER_DEV)
-        except BaseException:
-            self._disk[key] = (path, n, how, _)
-            raise
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            buf = np.empty(os.fstat(fd).st_size, dtype=np.uint8)  # numpy's memory: huge pages when large
+            mv, got = memoryview(buf), 0
+            while got < len(mv):
+                r = os.readv(fd, [mv[got:]])
+                if r == 0:
+                    raise OSError(f"gser.SpillStore: {path} ended after {got} bytes")
+                got += r
         finally:
-            if key not in self._disk:
-                os.unlink(path)  # the mapping outlives the name
+            os.close(fd)
+        return deserialize_bytes(mv)
+
+
+# An object is compressed when samples of its frames shrink to at most this
+# fraction with lz4: data that compresses that well costs less to compress
+# than to move through the page cache; arrays of counters (about 0.5) or of
+# random floats (1.0) are written as they are.
+_SQUEEZE = 0.3
+_SAMPLE = 10_000
+
+
+def _squeezes(obj) -> bool:
+    import numpy as np
+
+    _, frames = gser.dumps(obj, families=("host",))
+    total = squeezed = 0
+    for fr in frames:
+        mv = memoryview(fr).cast("B")
+        if len(mv) < 1 << 20:
+            continue
+        step = (len(mv) - _SAMPLE) // 4
+        sample = np.concatenate([np.frombuffer(mv[k * step:k * step + _SAMPLE], np.uint8) for k in range(5)])
+        ratio = min(1.0, len(gser.to_bytes(sample, compression="lz4")) / len(sample))
+        total += len(mv)
+        squeezed += ratio * len(mv)
+    return total > 0 and squeezed <= _SQUEEZE * total
+
+
+def _dask_frames(obj):
+    """Dask's serialize_bytelist(obj) without its compression: frames of
+    the object's own memory, which deserialize_bytes reads back (compressing
+    costs more CPU than the page cache saves)."""
+    import msgpack
+    from distributed.protocol.serialize import serialize_and_split
+    from distributed.protocol.utils import pack_frames_prelude
+
+    header, frames = serialize_and_split(obj, on_error="raise")
+    header["compression"] = (None,) * len(frames)
+    header["count"] = len(frames)
+    out = [msgpack.dumps(header, use_bin_type=True), *frames]
+    out.insert(0, pack_frames_prelude(out))
+    return out
+
+
+def _unlink(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _write_all(path, frames):
+    """frames written one after the other from their own memory (a full
+    disk raises OSError, the partial file is the caller's to remove)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        for fr in frames:
+            mv = memoryview(fr).cast("B")
+            while len(mv):
+                mv = mv[os.write(fd, mv):]
+    finally:
+        os.close(fd)

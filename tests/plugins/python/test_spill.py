@@ -2,7 +2,6 @@
 back, Dask's path for what gser declines, a full disk, files removed, and a
 worker whose data spills. Sizes are small: the GiB cases belong in benchmarks."""
 
-import errno
 import gc
 import os
 
@@ -19,6 +18,7 @@ from gser.dask import SpillStore  # noqa: E402
 
 EMULATED = gser.DEVICE_BACKEND == "emulated"
 KB = 1024
+MB = 1 << 20
 
 
 def arr(i, n=100_000):
@@ -29,8 +29,13 @@ def files(store):
     return sorted(os.listdir(store.directory))
 
 
-def test_host_keys_spill_to_disk_and_come_back_mapped(tmp_path):
-    store = SpillStore(memory_limit=2_000 * KB, local_directory=tmp_path)
+def mapped(store):
+    with open("/proc/self/maps") as m:
+        return [line for line in m if store.directory in line]
+
+
+def test_host_keys_spill_to_disk_and_come_back(tmp_path):
+    store = SpillStore(memory_limit=2_000 * KB, local_directory=tmp_path, keep_files=True)
     for i in range(6):
         store[f"x{i}"] = arr(i)
     t = store.tiers
@@ -39,23 +44,44 @@ def test_host_keys_spill_to_disk_and_come_back_mapped(tmp_path):
     assert store.spilled_total == (4 * 800_000, sum(os.path.getsize(os.path.join(store.directory, f))
                                                     for f in files(store)))
     assert len(store) == 6 and set(store) == {f"x{i}" for i in range(6)} and "x0" in store
-    x0 = store["x0"]  # from disk: mapped, its file gone, and an older key goes down
+    x0 = store["x0"]  # from disk, and an older key goes down
     assert np.array_equal(x0, arr(0)) and x0.flags.writeable
     assert store.tiers["host"] == ["x5", "x0"] and "x4" in store.tiers["disk"]
-    assert len(files(store)) == 4 and store.counts["disk_to_host"] == 1
-    with open("/proc/self/maps") as m:
-        assert any(store.directory in line for line in m), "x0 views its mapped file"
+    assert store.counts["disk_to_host"] == 1 and store.counts["host_to_disk"] == 5
+    # Read into memory, not mapped: a mapping would hold the file's dirty
+    # pages, which the kernel then writes back to the disk.
+    assert not mapped(store)
+    # x0's file is kept: when x0 goes down again, nothing is written.
+    assert len(files(store)) == 5
+    assert store.spilled_total[1] == sum(os.path.getsize(os.path.join(store.directory, f)) for f in files(store))
     for i in range(6):
         assert np.array_equal(store[f"x{i}"], arr(i))
+    assert store.counts["writes_saved"] >= 3 and store.counts["host_to_disk"] == 6, store.counts
+    assert len(files(store)) == 6  # one file per key, however often it went down
     del store["x3"]
-    assert "x3" not in store and len(store) == 5
+    assert "x3" not in store and len(store) == 5 and len(files(store)) == 5
     with pytest.raises(KeyError):
         store["x3"]
-    store["x1"] = "replaced"
-    assert store["x1"] == "replaced" and len(store) == 5
+    store["x1"] = "replaced"  # its file goes with the old value
+    assert store["x1"] == "replaced" and len(store) == 5 and len(files(store)) == 4
+    store["x0"] = arr(7)  # in memory, its kept file dropped: the next spill writes the new value
+    assert len(files(store)) == 3
+    for i in (2, 4, 5):
+        store[f"x{i}"]
+    assert np.array_equal(store["x0"], arr(7))
     d = store.directory
     store.close()
     assert not os.path.exists(d) and len(store) == 0
+
+
+def test_by_default_a_file_goes_when_its_key_is_read(tmp_path):
+    store = SpillStore(memory_limit=1_000 * KB, local_directory=tmp_path)
+    for i in range(3):
+        store[f"x{i}"] = arr(i)
+    assert len(files(store)) == 2
+    assert np.array_equal(store["x0"], arr(0)) and store.tiers["disk"] == ["x1", "x2"]
+    assert len(files(store)) == 2 and store.counts["writes_saved"] == 0
+    assert not mapped(store)
 
 
 def test_what_gser_declines_spills_with_dasks_path(tmp_path):
@@ -74,7 +100,7 @@ def test_what_gser_declines_spills_with_dasks_path(tmp_path):
 def test_a_full_disk_loses_no_key(tmp_path, monkeypatch, caplog):
     store = SpillStore(memory_limit=1_000 * KB, local_directory=tmp_path)
     real = gser.dump
-    monkeypatch.setattr(gser, "dump", lambda obj, path: real(obj, "/dev/full"))  # ENOSPC from writev
+    monkeypatch.setattr(gser, "dump", lambda obj, path, **kw: real(obj, "/dev/full", **kw))  # ENOSPC from writev
     for i in range(3):
         store[f"x{i}"] = arr(i)
     assert store.tiers["host"] == ["x0", "x1", "x2"] and not store.tiers["disk"]
@@ -149,3 +175,50 @@ def test_a_worker_spills_and_computes_the_same(protocol):
         assert os.listdir(directory)
         assert directory.startswith(next(iter(cluster.workers.values())).local_directory)
     assert not os.path.exists(directory), "the worker's directory goes when it closes"
+
+
+def test_compression_auto_squeezes_only_what_shrinks_a_lot(tmp_path):
+    """Files of data that lz4 shrinks to a few percent are compressed; arrays
+    that would shrink to about half (counters) or not at all are not."""
+    big = 1 << 18  # 2 MiB of float64
+    values = {"zeros": np.zeros(big), "counter": np.arange(big, dtype=np.float64),
+              "random": np.random.default_rng(0).random(big),
+              "frame": pd.DataFrame({"a": np.arange(big // 4, dtype=np.float64), "b": np.ones(big // 4),
+                                     "c": np.zeros(big // 4), "d": np.full(big // 4, 0.5)})}
+    sizes = {}
+    for compression in ("auto", None):
+        store = SpillStore(memory_limit=1, local_directory=tmp_path, compression=compression)
+        for k, v in values.items():
+            store[k] = v
+            store["pad"] = 0  # pushes k to disk
+        sizes[compression] = {k: store._disk[k][3] for k in values}
+        for k, v in values.items():
+            got = store[k]
+            if isinstance(v, pd.DataFrame):
+                pd.testing.assert_frame_equal(got, v)
+            else:
+                assert np.array_equal(got, v)
+        store.close()
+    auto, plain = sizes["auto"], sizes[None]
+    assert all(plain[k] >= 2 * MB for k in values), plain
+    assert auto["zeros"] < plain["zeros"] // 20 and auto["frame"] < plain["frame"] // 3, (auto, plain)
+    assert auto["counter"] == plain["counter"] and auto["random"] == plain["random"], (auto, plain)
+
+
+@pytest.mark.skipif(not EMULATED, reason="device arrays here are host memory: needs GSER_DEVICE=emulated")
+def test_a_device_key_read_back_unchanged_goes_down_without_a_copy(tmp_path):
+    from test_device import Dev, check_device
+
+    store = SpillStore(device_memory_limit=500 * KB, memory_limit=1, local_directory=tmp_path, keep_files=True)
+    a = np.arange(100_000, dtype=np.float32) + 1  # 400 kB
+    store["d"] = Dev(a)
+    store["e"] = Dev(a + 1)  # d: device -> host (one packed copy) -> disk
+    assert store.tiers["disk"] == ["d"] and store.counts["device_to_host"] == 1
+    check_device(store["d"], a)  # back on the device, e pushed down; d's file kept
+    assert store.tiers["device"] == ["d"] and store.counts["device_to_host"] == 2
+    before = dict(store.counts)
+    store["f"] = Dev(a + 2)  # d leaves the device: its file still holds it
+    assert store.tiers["disk"] == ["e", "d"] and store.tiers["device"] == ["f"]
+    assert store.counts["device_to_host"] == before["device_to_host"], "no device-to-host copy for d"
+    assert store.counts["writes_saved"] == before["writes_saved"] + 1
+    check_device(store["d"], a)
