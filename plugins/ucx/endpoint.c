@@ -623,10 +623,7 @@ gser_status_t gser_ucx_listener_get_stats(const gser_ucx_listener_t *l, gser_ucx
     gser_ucx_listener_stats_t s = l->stats;
     s.pending = l->npending + l->nadmitting;
     gux_unlock(l->worker);
-    if (gser_struct_write(out, &s, sizeof s))
-        return gux_fail(GSER_ERR_INVALID_ARG,
-                        "gser_ucx_listener_get_stats: out->size is 0: use GSER_UCX_LISTENER_STATS_INIT");
-    return GSER_OK;
+    return gux_struct_write("gser_ucx_listener_get_stats", "out", "GSER_UCX_LISTENER_STATS_INIT", out, &s, sizeof s);
 }
 
 static bool accept_ready(void *arg)
@@ -775,9 +772,7 @@ gser_status_t gser_ucx_ep_get_peer_info(const gser_ucx_ep_t *ep, gser_ucx_peer_i
         return gux_fail(GSER_ERR_STATE, "gser_ucx_ep_get_peer_info: the handshake is not done");
     gser_ucx_peer_info_t p = ep->peer;
     p.size = sizeof p;
-    if (gser_struct_write(info, &p, sizeof p))
-        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_get_peer_info: info->size is 0: use GSER_UCX_PEER_INFO_INIT");
-    return GSER_OK;
+    return gux_struct_write("gser_ucx_ep_get_peer_info", "info", "GSER_UCX_PEER_INFO_INIT", info, &p, sizeof p);
 }
 
 /* ---- compression ------------------------------------------------------------------------- */
@@ -920,12 +915,11 @@ static void ep_flush_sent(gser_ucx_ep_t *ep)
     }
 }
 
-gser_status_t gser_ucx_ep_close(gser_ucx_ep_t *ep)
+/* Close ep, the worker locked: what was sent flushed when nothing is in
+ * flight, the rest canceled, and what UCX kept of the sends given back
+ * (each wait bounded). */
+static void ep_close_locked(gser_ucx_worker_t *w, gser_ucx_ep_t *ep)
 {
-    if (!ep)
-        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_close: ep is NULL");
-    gser_ucx_worker_t *w = ep->worker;
-    gux_lock(w);
     ep_flush_sent(ep);
     gux_ep_shutdown(ep, GSER_ERR_CANCELED, true);
     /* Sends complete once UCX hands their buffers back (bounded). */
@@ -938,6 +932,15 @@ gser_status_t gser_ucx_ep_close(gser_ucx_ep_t *ep)
     gux_wait(w, ep_released, ep, GUX_RELEASE_WAIT_MS);
     settle(w);
     gux_completions_run(w);
+}
+
+gser_status_t gser_ucx_ep_close(gser_ucx_ep_t *ep)
+{
+    if (!ep)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_close: ep is NULL");
+    gser_ucx_worker_t *w = ep->worker;
+    gux_lock(w);
+    ep_close_locked(w, ep);
     gux_unlock(w);
     return GSER_OK;
 }
@@ -948,17 +951,7 @@ void gser_ucx_ep_destroy(gser_ucx_ep_t *ep)
         return;
     gser_ucx_worker_t *w = ep->worker;
     gux_lock(w);
-    ep_flush_sent(ep);
-    gux_ep_shutdown(ep, GSER_ERR_CANCELED, true);
-    gux_wait(w, ep_closed, ep, GUX_CLOSE_TIMEOUT_MS);
-    ep_abandon_sends(ep);
-    gux_wait(w, ep_quiet, ep, GUX_CLOSE_TIMEOUT_MS);
-    /* What UCX kept of the sends comes back before the endpoint goes, so
-     * that nothing of it stays with the worker (bounded: a peer that does
-     * not progress, its shared-memory queue full, holds it until it runs). */
-    gux_wait(w, ep_released, ep, GUX_RELEASE_WAIT_MS);
-    settle(w);
-    gux_completions_run(w);
+    ep_close_locked(w, ep);
     ep->user_owned = false;
     if (ep_quiet(ep)) {
         gux_ep_free(ep);

@@ -104,6 +104,18 @@ static inline void gux_list_del(gux_list_t *n)
 GUX_INTERNAL gser_status_t gux_status(ucs_status_t st);
 /* Convert st; on an error also record "what: <UCX's message>". */
 GUX_INTERNAL gser_status_t gux_check(ucs_status_t st, const char *what);
+/* Write an output struct as far as its size says; GSER_ERR_INVALID_ARG
+ * ("what: arg->size is 0: use init") for a size of 0. */
+GUX_INTERNAL gser_status_t gux_struct_write(const char *what, const char *arg, const char *init, void *dst,
+                                            const void *src, size_t src_size);
+/* The prologue of the three non-blocking operations (send, receive from an
+ * endpoint, from any): *params read as its size says into copy (then
+ * pointing there), and their target and a request or a callback required
+ * (GSER_ERR_INVALID_ARG naming what, the function). */
+GUX_INTERNAL gser_status_t gux_op_params(const char *what, const gser_ucx_op_params_t **params,
+                                         gser_ucx_op_params_t *copy);
+GUX_INTERNAL gser_status_t gux_op_check(const char *what, bool target, bool want_req,
+                                        const gser_ucx_op_params_t *params);
 /* The UCX call wrapper: every ucp_* call that returns a status goes through it. */
 #define GUX_CALL(what, call) gux_check((call), (what))
 

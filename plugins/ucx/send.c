@@ -53,25 +53,70 @@ void gux_send_ready(gser_ucx_request_t *r)
     gux_req_complete(r, st);
 }
 
+/* The route of each frame and the head's length (gux_head_plan under the
+ * worker's policy); *staged when a frame goes through staging, which
+ * needs the worker's device backend. */
+static gser_status_t send_plan(gser_ucx_ep_t *ep, const gser_frame_t *frames, size_t nframes, uint8_t *routes,
+                               size_t *head_len, bool *staged)
+{
+    gser_ucx_worker_t *w = ep->worker;
+    gux_route_policy_t pol = {
+        .inline_max = w->inline_max,
+        .inline_budget = w->inline_budget,
+        .device_direct = (w->ctx->caps & ep->peer.caps & GSER_UCX_CAP_CUDA) != 0,
+    };
+    gser_status_t st = gux_head_plan(frames, nframes, &pol, routes, head_len);
+    if (st)
+        return st;
+    for (size_t i = 0; i < nframes; i++)
+        *staged |= routes[i] == GUX_ROUTE_STAGED;
+    if (*staged && !w->have_device)
+        return gux_fail(GSER_ERR_NO_DEVICE, "send: device frames need the worker's gser_ctx with a device backend "
+                                            "(this UCX cannot read device memory)");
+    return GSER_OK;
+}
+
+/* Staging runs later, from progress: r keeps a copy of the frames and the
+ * routes (*routes handed over when malloc'd, else copied) and counts the
+ * staging as one more outstanding part. */
+static gser_status_t send_start_staging(gser_ucx_request_t *r, const gser_frame_t *frames, size_t nframes,
+                                        uint8_t **routes, uint8_t *routes_stack)
+{
+    gser_frame_t *copy = malloc(nframes * sizeof *copy);
+    if (!copy)
+        return gux_fail(GSER_ERR_NO_MEMORY, "send: out of memory");
+    memcpy(copy, frames, nframes * sizeof *copy);
+    r->sframes = copy;
+    r->nframes = nframes;
+    if (*routes == routes_stack) {
+        if ((r->routes = malloc(nframes)))
+            memcpy(r->routes, *routes, nframes);
+    } else {
+        r->routes = *routes;
+        *routes = routes_stack;
+    }
+    if (!r->routes)
+        return gux_fail(GSER_ERR_NO_MEMORY, "send: out of memory");
+    r->outstanding++; /* the staging part, done when its last chunk is */
+    gux_staging_advance(r);
+    return GSER_OK;
+}
+
 gser_status_t gser_ucx_ep_send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames, size_t nframes,
                                   const gser_ucx_op_params_t *params, gser_ucx_request_t **req_out)
 {
     gser_ucx_op_params_t p_ = GSER_UCX_OP_PARAMS_INIT;
-    if (params) {
-        gser_status_t pst = gux_struct_read("gser_ucx_ep_send_nb", "gser_ucx_op_params_t", &p_, sizeof p_, params);
-        if (pst)
-            return pst;
-        params = &p_;
-    }
+    gser_status_t st;
+    if ((st = gux_op_params("gser_ucx_ep_send_nb", &params, &p_)))
+        return st;
     for (size_t i = 0; frames && i < nframes; i++)
         for (size_t k = 0; k < sizeof frames[i].reserved / sizeof frames[i].reserved[0]; k++)
             if (frames[i].reserved[k])
                 return gux_fail(GSER_ERR_INVALID_ARG,
                                 "gser_ucx_ep_send_nb: frame %zu sets reserved[%zu], which must be zero", i, k);
-    if (!ep || !frames || nframes == 0 || (!req_out && !(params && params->cb)))
-        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_send_nb: bad argument (a request or a callback is needed)");
+    if ((st = gux_op_check("gser_ucx_ep_send_nb", ep && frames && nframes, req_out != NULL, params)))
+        return st;
     gser_ucx_worker_t *w = ep->worker;
-    gser_status_t st;
     uint8_t routes_stack[64];
     uint8_t *routes = routes_stack;
     gser_ucx_request_t *r = NULL;
@@ -109,20 +154,8 @@ gser_status_t gser_ucx_ep_send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames,
             st = gux_fail(GSER_ERR_NO_MEMORY, "send: out of memory");
             goto out;
         }
-        gux_route_policy_t pol = {
-            .inline_max = w->inline_max,
-            .inline_budget = w->inline_budget,
-            .device_direct = (w->ctx->caps & ep->peer.caps & GSER_UCX_CAP_CUDA) != 0,
-        };
-        if ((st = gux_head_plan(frames, nframes, &pol, routes, &head_len)))
+        if ((st = send_plan(ep, frames, nframes, routes, &head_len, &staged)))
             goto out;
-        for (size_t i = 0; i < nframes; i++)
-            staged |= routes[i] == GUX_ROUTE_STAGED;
-        if (staged && !w->have_device) {
-            st = gux_fail(GSER_ERR_NO_DEVICE, "send: device frames need the worker's gser_ctx with a device backend "
-                                              "(this UCX cannot read device memory)");
-            goto out;
-        }
     }
 
     if (!(r = gux_req_new(w, GUX_REQ_SEND, ep, params, req_out != NULL))) {
@@ -164,30 +197,8 @@ gser_status_t gser_ucx_ep_send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames,
         ucs_memory_type_t mem = frames[i].memory == GSER_MEMORY_DEVICE ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
         st = post_send(r, frames[i].data, frames[i].size, ftag, mem);
     }
-    if (!st && staged) {
-        /* Staging runs later, from progress: it needs the frames and routes. */
-        gser_frame_t *copy = malloc(nframes * sizeof *copy);
-        if (!copy) {
-            st = gux_fail(GSER_ERR_NO_MEMORY, "send: out of memory");
-        } else {
-            memcpy(copy, frames, nframes * sizeof *copy);
-            r->sframes = copy;
-            r->nframes = nframes;
-            if (routes == routes_stack) {
-                if ((r->routes = malloc(nframes)))
-                    memcpy(r->routes, routes, nframes);
-            } else {
-                r->routes = routes;
-                routes = routes_stack;
-            }
-            if (!r->routes) {
-                st = gux_fail(GSER_ERR_NO_MEMORY, "send: out of memory");
-            } else {
-                r->outstanding++; /* the staging part, done when its last chunk is */
-                gux_staging_advance(r);
-            }
-        }
-    }
+    if (!st && staged)
+        st = send_start_staging(r, frames, nframes, &routes, routes_stack);
     r->posting = false;
     if (st) {
         /* The head went out but not the whole message: the stream is torn. */
