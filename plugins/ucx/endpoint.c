@@ -623,10 +623,7 @@ gser_status_t gser_ucx_listener_get_stats(const gser_ucx_listener_t *l, gser_ucx
     gser_ucx_listener_stats_t s = l->stats;
     s.pending = l->npending + l->nadmitting;
     gux_unlock(l->worker);
-    if (gser_struct_write(out, &s, sizeof s))
-        return gux_fail(GSER_ERR_INVALID_ARG,
-                        "gser_ucx_listener_get_stats: out->size is 0: use GSER_UCX_LISTENER_STATS_INIT");
-    return GSER_OK;
+    return gux_struct_write("gser_ucx_listener_get_stats", "out", "GSER_UCX_LISTENER_STATS_INIT", out, &s, sizeof s);
 }
 
 static bool accept_ready(void *arg)
@@ -775,8 +772,80 @@ gser_status_t gser_ucx_ep_get_peer_info(const gser_ucx_ep_t *ep, gser_ucx_peer_i
         return gux_fail(GSER_ERR_STATE, "gser_ucx_ep_get_peer_info: the handshake is not done");
     gser_ucx_peer_info_t p = ep->peer;
     p.size = sizeof p;
-    if (gser_struct_write(info, &p, sizeof p))
-        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_get_peer_info: info->size is 0: use GSER_UCX_PEER_INFO_INIT");
+    return gux_struct_write("gser_ucx_ep_get_peer_info", "info", "GSER_UCX_PEER_INFO_INIT", info, &p, sizeof p);
+}
+
+/* ---- compression ------------------------------------------------------------------------- */
+
+bool gux_host_is_local(const char *host, const char *local)
+{
+    if (!host || !*host)
+        return false;
+    if (local && *local && strcmp(host, local) == 0)
+        return true;
+    unsigned char a[16];
+    if (inet_pton(AF_INET, host, a) == 1)
+        return a[0] == 127;
+    if (inet_pton(AF_INET6, host, a) != 1)
+        return false;
+    static const unsigned char loop6[16] = {[15] = 1};
+    static const unsigned char mapped[12] = {[10] = 0xff, [11] = 0xff};
+    return memcmp(a, loop6, 16) == 0 || (memcmp(a, mapped, 12) == 0 && a[12] == 127);
+}
+
+int gux_ep_codec(const gser_ucx_ep_t *ep)
+{
+    const gser_ucx_worker_t *w = ep->worker;
+    if (!ep->peer_known || ep->peer.gser_wire_version < 3)
+        return GSER_COMPRESSION_NONE; /* the peer reads no compressed frame */
+    uint32_t both = w->announce_codecs & ep->peer.caps & GUX_CODECS;
+    int mode = ep->compression_set ? ep->compression : w->compression;
+    if (mode == GSER_UCX_COMPRESSION_DEFAULT)
+        mode = gux_host_is_local(ep->peer.peer_host, ep->peer.local_host) ? GSER_UCX_COMPRESSION_NONE
+                                                                        : GSER_UCX_COMPRESSION_AUTO;
+    switch (mode) {
+    case GSER_UCX_COMPRESSION_AUTO:
+        return (both & GSER_UCX_CAP_LZ4) ? GSER_COMPRESSION_LZ4
+               : (both & GSER_UCX_CAP_ZSTD) ? GSER_COMPRESSION_ZSTD
+                                            : GSER_COMPRESSION_NONE;
+    case GSER_UCX_COMPRESSION_LZ4:
+        return (both & GSER_UCX_CAP_LZ4) ? GSER_COMPRESSION_LZ4 : GSER_COMPRESSION_NONE;
+    case GSER_UCX_COMPRESSION_ZSTD:
+        return (both & GSER_UCX_CAP_ZSTD) ? GSER_COMPRESSION_ZSTD : GSER_COMPRESSION_NONE;
+    default:
+        return GSER_COMPRESSION_NONE;
+    }
+}
+
+void gux_worker_set_announce_codecs(gser_ucx_worker_t *w, uint32_t codecs)
+{
+    w->announce_codecs = codecs & GUX_CODECS;
+}
+
+void gux_worker_set_announce_gser_version(gser_ucx_worker_t *w, uint32_t version)
+{
+    w->announce_gser_version = version ? version : GSER_WIRE_VERSION;
+}
+
+gser_status_t gser_ucx_ep_set_compression(gser_ucx_ep_t *ep, int compression)
+{
+    if (!ep || (unsigned)compression > GSER_UCX_COMPRESSION_ZSTD)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_set_compression: %s",
+                        ep ? "not a gser_ucx_compression_t" : "endpoint is NULL");
+    gux_lock(ep->worker);
+    ep->compression = compression;
+    ep->compression_set = true;
+    gux_unlock(ep->worker);
+    return GSER_OK;
+}
+
+gser_status_t gser_ucx_ep_get_compression(const gser_ucx_ep_t *ep, int *codec_out)
+{
+    if (!ep || !codec_out)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_get_compression: bad argument");
+    if (!ep->peer_known)
+        return gux_fail(GSER_ERR_STATE, "gser_ucx_ep_get_compression: the handshake is not done");
+    *codec_out = gux_ep_codec(ep);
     return GSER_OK;
 }
 
@@ -846,12 +915,11 @@ static void ep_flush_sent(gser_ucx_ep_t *ep)
     }
 }
 
-gser_status_t gser_ucx_ep_close(gser_ucx_ep_t *ep)
+/* Close ep, the worker locked: what was sent flushed when nothing is in
+ * flight, the rest canceled, and what UCX kept of the sends given back
+ * (each wait bounded). */
+static void ep_close_locked(gser_ucx_worker_t *w, gser_ucx_ep_t *ep)
 {
-    if (!ep)
-        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_close: ep is NULL");
-    gser_ucx_worker_t *w = ep->worker;
-    gux_lock(w);
     ep_flush_sent(ep);
     gux_ep_shutdown(ep, GSER_ERR_CANCELED, true);
     /* Sends complete once UCX hands their buffers back (bounded). */
@@ -864,6 +932,15 @@ gser_status_t gser_ucx_ep_close(gser_ucx_ep_t *ep)
     gux_wait(w, ep_released, ep, GUX_RELEASE_WAIT_MS);
     settle(w);
     gux_completions_run(w);
+}
+
+gser_status_t gser_ucx_ep_close(gser_ucx_ep_t *ep)
+{
+    if (!ep)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_close: ep is NULL");
+    gser_ucx_worker_t *w = ep->worker;
+    gux_lock(w);
+    ep_close_locked(w, ep);
     gux_unlock(w);
     return GSER_OK;
 }
@@ -874,17 +951,7 @@ void gser_ucx_ep_destroy(gser_ucx_ep_t *ep)
         return;
     gser_ucx_worker_t *w = ep->worker;
     gux_lock(w);
-    ep_flush_sent(ep);
-    gux_ep_shutdown(ep, GSER_ERR_CANCELED, true);
-    gux_wait(w, ep_closed, ep, GUX_CLOSE_TIMEOUT_MS);
-    ep_abandon_sends(ep);
-    gux_wait(w, ep_quiet, ep, GUX_CLOSE_TIMEOUT_MS);
-    /* What UCX kept of the sends comes back before the endpoint goes, so
-     * that nothing of it stays with the worker (bounded: a peer that does
-     * not progress, its shared-memory queue full, holds it until it runs). */
-    gux_wait(w, ep_released, ep, GUX_RELEASE_WAIT_MS);
-    settle(w);
-    gux_completions_run(w);
+    ep_close_locked(w, ep);
     ep->user_owned = false;
     if (ep_quiet(ep)) {
         gux_ep_free(ep);

@@ -109,16 +109,11 @@ static gser_status_t post_recv(gser_ucx_request_t *r)
 gser_status_t gser_ucx_ep_recv_nb(gser_ucx_ep_t *ep, const gser_ucx_op_params_t *params, gser_ucx_request_t **req_out)
 {
     gser_ucx_op_params_t p_ = GSER_UCX_OP_PARAMS_INIT;
-    if (params) {
-        gser_status_t pst = gux_struct_read("gser_ucx_ep_recv_nb", "gser_ucx_op_params_t", &p_, sizeof p_, params);
-        if (pst)
-            return pst;
-        params = &p_;
-    }
-    if (!ep || (!req_out && !(params && params->cb)))
-        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_recv_nb: bad argument (a request or a callback is needed)");
+    gser_status_t st;
+    if ((st = gux_op_params("gser_ucx_ep_recv_nb", &params, &p_)) ||
+        (st = gux_op_check("gser_ucx_ep_recv_nb", ep != NULL, req_out != NULL, params)))
+        return st;
     gser_ucx_worker_t *w = ep->worker;
-    gser_status_t st = GSER_OK;
     gux_lock(w);
     gux_error_clear();
     if (ep->state >= GUX_EP_FAILED && (!ep->drain || peer_done(ep))) {
@@ -142,15 +137,10 @@ gser_status_t gser_ucx_worker_recv_nb(gser_ucx_worker_t *w, const gser_ucx_op_pa
                                       gser_ucx_request_t **req_out)
 {
     gser_ucx_op_params_t p_ = GSER_UCX_OP_PARAMS_INIT;
-    if (params) {
-        gser_status_t pst = gux_struct_read("gser_ucx_worker_recv_nb", "gser_ucx_op_params_t", &p_, sizeof p_, params);
-        if (pst)
-            return pst;
-        params = &p_;
-    }
-    if (!w || (!req_out && !(params && params->cb)))
-        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_worker_recv_nb: bad argument (a request or a callback is needed)");
-    gser_status_t st = GSER_OK;
+    gser_status_t st;
+    if ((st = gux_op_params("gser_ucx_worker_recv_nb", &params, &p_)) ||
+        (st = gux_op_check("gser_ucx_worker_recv_nb", w != NULL, req_out != NULL, params)))
+        return st;
     gux_lock(w);
     gux_error_clear();
     gser_ucx_request_t *r = gux_req_new(w, GUX_REQ_RECV, NULL, params, req_out != NULL);
@@ -531,10 +521,40 @@ static bool malformed(gser_status_t st)
     case GSER_ERR_LIMIT_NODES:
     case GSER_ERR_LIMIT_FRAMES:
     case GSER_ERR_LIMIT_BYTES:
+    case GSER_ERR_COMPRESSED:
         return true;
     default:
         return false;
     }
+}
+
+/* A compressed frame must be in a codec this side announced: a peer that
+ * sends another one does not follow the handshake, and its endpoint is
+ * closed as for any malformed message. */
+static gser_status_t check_codecs(gser_ucx_request_t *r, const gser_msg_t *msg)
+{
+    gser_ucx_worker_t *w = r->worker;
+    if (!w)
+        return GSER_OK;
+    for (size_t i = 1; i < r->nframes; i++) {
+        int codec;
+        size_t wire;
+        if (gser_msg_get_frame_codec(msg, i, &codec, &wire) || codec == GSER_COMPRESSION_NONE)
+            continue;
+        uint32_t bit = codec == GSER_COMPRESSION_LZ4 ? GSER_UCX_CAP_LZ4 : codec == GSER_COMPRESSION_ZSTD ? GSER_UCX_CAP_ZSTD : 0;
+        if (bit && (w->announce_codecs & bit))
+            continue;
+        const char *name = codec == GSER_COMPRESSION_LZ4 ? "lz4" : codec == GSER_COMPRESSION_ZSTD ? "zstd" : "an unknown codec";
+        gux_lock(w);
+        if (r->ep)
+            gux_ep_fail(r->ep, GSER_ERR_COMPRESSED);
+        gux_unlock(w);
+        return gux_fail(GSER_ERR_COMPRESSED,
+                        "deserialize: frame %zu came compressed with %s, a codec this side did not announce in "
+                        "its handshake (the endpoint was closed)",
+                        i, name);
+    }
+    return GSER_OK;
 }
 
 gser_status_t gser_ucx_request_deserialize(gser_ucx_request_t *r, gser_context_t *ctx,
@@ -561,13 +581,17 @@ gser_status_t gser_ucx_request_deserialize(gser_ucx_request_t *r, gser_context_t
     /* The message owns the frame memory now; the frame array was copied. */
     r->taken = true;
     r->rhead = NULL;
+    if ((st = check_codecs(r, msg))) {
+        gser_msg_destroy(msg);
+        return st;
+    }
     *msg_out = msg;
     return GSER_OK;
 }
 
 /* ---- blocking receives -------------------------------------------------------------------- */
 
-static gser_status_t recv_finish(gser_ucx_request_t *r, int timeout_ms, gser_context_t *ctx,
+static gser_status_t recv_wait_deserialize(gser_ucx_request_t *r, int timeout_ms, gser_context_t *ctx,
                                  const gser_deserialize_options_t *opts, gser_msg_t **msg_out, gser_ucx_ep_t **ep_out)
 {
     gser_status_t st = gser_ucx_request_wait(r, timeout_ms);
@@ -601,7 +625,7 @@ gser_status_t gser_ucx_ep_recv_msg(gser_ucx_ep_t *ep, gser_context_t *ctx, const
     gser_status_t st = gser_ucx_ep_recv_nb(ep, NULL, &r);
     if (st)
         return st;
-    return recv_finish(r, timeout_ms, ctx, opts, msg_out, NULL);
+    return recv_wait_deserialize(r, timeout_ms, ctx, opts, msg_out, NULL);
 }
 
 gser_status_t gser_ucx_worker_recv_msg(gser_ucx_worker_t *w, gser_context_t *ctx,
@@ -614,5 +638,5 @@ gser_status_t gser_ucx_worker_recv_msg(gser_ucx_worker_t *w, gser_context_t *ctx
     gser_status_t st = gser_ucx_worker_recv_nb(w, NULL, &r);
     if (st)
         return st;
-    return recv_finish(r, timeout_ms, ctx, opts, msg_out, ep_out);
+    return recv_wait_deserialize(r, timeout_ms, ctx, opts, msg_out, ep_out);
 }

@@ -53,25 +53,70 @@ void gux_send_ready(gser_ucx_request_t *r)
     gux_req_complete(r, st);
 }
 
+/* The route of each frame and the head's length (gux_head_plan under the
+ * worker's policy); *staged when a frame goes through staging, which
+ * needs the worker's device backend. */
+static gser_status_t send_plan(gser_ucx_ep_t *ep, const gser_frame_t *frames, size_t nframes, uint8_t *routes,
+                               size_t *head_len, bool *staged)
+{
+    gser_ucx_worker_t *w = ep->worker;
+    gux_route_policy_t pol = {
+        .inline_max = w->inline_max,
+        .inline_budget = w->inline_budget,
+        .device_direct = (w->ctx->caps & ep->peer.caps & GSER_UCX_CAP_CUDA) != 0,
+    };
+    gser_status_t st = gux_head_plan(frames, nframes, &pol, routes, head_len);
+    if (st)
+        return st;
+    for (size_t i = 0; i < nframes; i++)
+        *staged |= routes[i] == GUX_ROUTE_STAGED;
+    if (*staged && !w->have_device)
+        return gux_fail(GSER_ERR_NO_DEVICE, "send: device frames need the worker's gser_ctx with a device backend "
+                                            "(this UCX cannot read device memory)");
+    return GSER_OK;
+}
+
+/* Staging runs later, from progress: r keeps a copy of the frames and the
+ * routes (*routes handed over when malloc'd, else copied) and counts the
+ * staging as one more outstanding part. */
+static gser_status_t send_start_staging(gser_ucx_request_t *r, const gser_frame_t *frames, size_t nframes,
+                                        uint8_t **routes, uint8_t *routes_stack)
+{
+    gser_frame_t *copy = malloc(nframes * sizeof *copy);
+    if (!copy)
+        return gux_fail(GSER_ERR_NO_MEMORY, "send: out of memory");
+    memcpy(copy, frames, nframes * sizeof *copy);
+    r->sframes = copy;
+    r->nframes = nframes;
+    if (*routes == routes_stack) {
+        if ((r->routes = malloc(nframes)))
+            memcpy(r->routes, *routes, nframes);
+    } else {
+        r->routes = *routes;
+        *routes = routes_stack;
+    }
+    if (!r->routes)
+        return gux_fail(GSER_ERR_NO_MEMORY, "send: out of memory");
+    r->outstanding++; /* the staging part, done when its last chunk is */
+    gux_staging_advance(r);
+    return GSER_OK;
+}
+
 gser_status_t gser_ucx_ep_send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames, size_t nframes,
                                   const gser_ucx_op_params_t *params, gser_ucx_request_t **req_out)
 {
     gser_ucx_op_params_t p_ = GSER_UCX_OP_PARAMS_INIT;
-    if (params) {
-        gser_status_t pst = gux_struct_read("gser_ucx_ep_send_nb", "gser_ucx_op_params_t", &p_, sizeof p_, params);
-        if (pst)
-            return pst;
-        params = &p_;
-    }
+    gser_status_t st;
+    if ((st = gux_op_params("gser_ucx_ep_send_nb", &params, &p_)))
+        return st;
     for (size_t i = 0; frames && i < nframes; i++)
         for (size_t k = 0; k < sizeof frames[i].reserved / sizeof frames[i].reserved[0]; k++)
             if (frames[i].reserved[k])
                 return gux_fail(GSER_ERR_INVALID_ARG,
                                 "gser_ucx_ep_send_nb: frame %zu sets reserved[%zu], which must be zero", i, k);
-    if (!ep || !frames || nframes == 0 || (!req_out && !(params && params->cb)))
-        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_send_nb: bad argument (a request or a callback is needed)");
+    if ((st = gux_op_check("gser_ucx_ep_send_nb", ep && frames && nframes, req_out != NULL, params)))
+        return st;
     gser_ucx_worker_t *w = ep->worker;
-    gser_status_t st;
     uint8_t routes_stack[64];
     uint8_t *routes = routes_stack;
     gser_ucx_request_t *r = NULL;
@@ -109,20 +154,8 @@ gser_status_t gser_ucx_ep_send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames,
             st = gux_fail(GSER_ERR_NO_MEMORY, "send: out of memory");
             goto out;
         }
-        gux_route_policy_t pol = {
-            .inline_max = w->inline_max,
-            .inline_budget = w->inline_budget,
-            .device_direct = (w->ctx->caps & ep->peer.caps & GSER_UCX_CAP_CUDA) != 0,
-        };
-        if ((st = gux_head_plan(frames, nframes, &pol, routes, &head_len)))
+        if ((st = send_plan(ep, frames, nframes, routes, &head_len, &staged)))
             goto out;
-        for (size_t i = 0; i < nframes; i++)
-            staged |= routes[i] == GUX_ROUTE_STAGED;
-        if (staged && !w->have_device) {
-            st = gux_fail(GSER_ERR_NO_DEVICE, "send: device frames need the worker's gser_ctx with a device backend "
-                                              "(this UCX cannot read device memory)");
-            goto out;
-        }
     }
 
     if (!(r = gux_req_new(w, GUX_REQ_SEND, ep, params, req_out != NULL))) {
@@ -164,30 +197,8 @@ gser_status_t gser_ucx_ep_send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames,
         ucs_memory_type_t mem = frames[i].memory == GSER_MEMORY_DEVICE ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
         st = post_send(r, frames[i].data, frames[i].size, ftag, mem);
     }
-    if (!st && staged) {
-        /* Staging runs later, from progress: it needs the frames and routes. */
-        gser_frame_t *copy = malloc(nframes * sizeof *copy);
-        if (!copy) {
-            st = gux_fail(GSER_ERR_NO_MEMORY, "send: out of memory");
-        } else {
-            memcpy(copy, frames, nframes * sizeof *copy);
-            r->sframes = copy;
-            r->nframes = nframes;
-            if (routes == routes_stack) {
-                if ((r->routes = malloc(nframes)))
-                    memcpy(r->routes, routes, nframes);
-            } else {
-                r->routes = routes;
-                routes = routes_stack;
-            }
-            if (!r->routes) {
-                st = gux_fail(GSER_ERR_NO_MEMORY, "send: out of memory");
-            } else {
-                r->outstanding++; /* the staging part, done when its last chunk is */
-                gux_staging_advance(r);
-            }
-        }
-    }
+    if (!st && staged)
+        st = send_start_staging(r, frames, nframes, &routes, routes_stack);
     r->posting = false;
     if (st) {
         /* The head went out but not the whole message: the stream is torn. */
@@ -235,13 +246,59 @@ gser_status_t gser_ucx_ep_send(gser_ucx_ep_t *ep, const gser_frame_t *frames, si
     return st;
 }
 
+/* The codec a message sent on ep is serialized with: the endpoint's
+ * negotiated one unless the caller's options name one the peer has. */
+static gser_status_t gux_send_codec(gser_ucx_ep_t *ep, gser_serialize_options_t *so)
+{
+    gser_ucx_worker_t *w = ep->worker;
+    gux_lock(w);
+    gser_status_t st = GSER_OK;
+    if (!ep->peer_known) {
+        st = gux_fail(GSER_ERR_STATE, "gser_ucx_ep_send_msg: the handshake is not done");
+        goto out;
+    }
+    int mine = gux_ep_codec(ep);
+    uint32_t both = ep->peer.gser_wire_version >= 3 ? w->announce_codecs & ep->peer.caps & GUX_CODECS : 0;
+    switch (so->compression) {
+    case GSER_COMPRESSION_NONE:
+        so->compression = mine;
+        if (!so->compression_level)
+            so->compression_level = w->compression_level;
+        break;
+    case GSER_COMPRESSION_AUTO:
+        so->compression = (both & GSER_UCX_CAP_LZ4) ? GSER_COMPRESSION_LZ4
+                          : (both & GSER_UCX_CAP_ZSTD) ? GSER_COMPRESSION_ZSTD
+                                                       : GSER_COMPRESSION_NONE;
+        break;
+    case GSER_COMPRESSION_LZ4:
+    case GSER_COMPRESSION_ZSTD: {
+        uint32_t bit = so->compression == GSER_COMPRESSION_LZ4 ? GSER_UCX_CAP_LZ4 : GSER_UCX_CAP_ZSTD;
+        if (!(both & bit))
+            st = gux_fail(GSER_ERR_UNSUPPORTED, "gser_ucx_ep_send_msg: the peer did not announce %s: nothing was sent",
+                          bit == GSER_UCX_CAP_LZ4 ? "lz4" : "zstd");
+        break;
+    }
+    default:
+        break; /* gser_serialize names it */
+    }
+out:
+    gux_unlock(w);
+    return st;
+}
+
 gser_status_t gser_ucx_ep_send_msg(gser_ucx_ep_t *ep, gser_context_t *ctx, const gser_msg_t *msg,
                                    const gser_serialize_options_t *opts, int timeout_ms)
 {
     if (!ep || !ctx || !msg)
         return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_send_msg: bad argument");
+    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
+    gser_status_t st;
+    if (opts && (st = gux_struct_read("gser_ucx_ep_send_msg", "gser_serialize_options_t", &so, sizeof so, opts)))
+        return st;
+    if ((st = gux_send_codec(ep, &so)))
+        return st;
     gser_frames_t *f = NULL;
-    gser_status_t st = gser_serialize(ctx, msg, opts, &f);
+    st = gser_serialize(ctx, msg, &so, &f);
     if (st)
         return gux_fail(st, "serialize: %s", gser_context_get_last_error(ctx));
     if ((st = gser_frames_wait(f))) {

@@ -36,6 +36,31 @@ gser_status_t gux_struct_read(const char *what, const char *type, void *dst, siz
     return st;
 }
 
+gser_status_t gux_struct_write(const char *what, const char *arg, const char *init, void *dst, const void *src,
+                               size_t src_size)
+{
+    if (gser_struct_write(dst, src, src_size))
+        return gux_fail(GSER_ERR_INVALID_ARG, "%s: %s->size is 0: use %s", what, arg, init);
+    return GSER_OK;
+}
+
+gser_status_t gux_op_params(const char *what, const gser_ucx_op_params_t **params, gser_ucx_op_params_t *copy)
+{
+    if (!*params)
+        return GSER_OK;
+    gser_status_t st = gux_struct_read(what, "gser_ucx_op_params_t", copy, sizeof *copy, *params);
+    if (st == GSER_OK)
+        *params = copy;
+    return st;
+}
+
+gser_status_t gux_op_check(const char *what, bool target, bool want_req, const gser_ucx_op_params_t *params)
+{
+    if (!target || (!want_req && !(params && params->cb)))
+        return gux_fail(GSER_ERR_INVALID_ARG, "%s: bad argument (a request or a callback is needed)", what);
+    return GSER_OK;
+}
+
 gser_status_t gux_status(ucs_status_t st)
 {
     switch (st) {

@@ -191,6 +191,7 @@ gser_status_t gser_ucx_context_create(const gser_ucx_context_options_t *opts, gs
     /* memory_types is a bitmask indexed by ucs_memory_type_t. */
     if (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA))
         ctx->caps |= GSER_UCX_CAP_CUDA;
+    ctx->caps |= GUX_CODECS; /* liblz4 and libzstd are linked into every build */
     *ctx_out = ctx;
     return GSER_OK;
 
@@ -238,102 +239,125 @@ static ucs_thread_mode_t thread_mode(gser_ucx_thread_mode_t m)
     }
 }
 
-gser_status_t gser_ucx_worker_create(gser_ucx_context_t *ctx, const gser_ucx_worker_options_t *opts,
-                                     gser_ucx_worker_t **worker_out)
+/* The options of a new worker, defaults filled in (the limits follow the
+ * gser context's where unset, so that a message it would refuse is refused
+ * here before anything is allocated for it). */
+static void worker_options_set(gser_ucx_worker_t *w, const gser_ucx_worker_options_t *o, const gser_limits_t *ol)
 {
-    gser_ucx_worker_options_t o = GSER_UCX_WORKER_OPTIONS_INIT;
-    gser_limits_t ol = GSER_LIMITS_INIT;
-    gser_status_t rst;
-    if (opts && (rst = gux_struct_read("gser_ucx_worker_create", "gser_ucx_worker_options_t", &o, sizeof o, opts)))
-        return rst;
-    if (o.limits && (rst = gux_struct_read("gser_ucx_worker_create", "gser_limits_t", &ol, sizeof ol, o.limits)))
-        return rst;
-    if (!ctx || !worker_out || (unsigned)o.thread_mode > GSER_UCX_THREAD_MULTI || o.staging_depth == 1)
-        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_worker_create: bad argument (staging_depth must be 0 or >= 2)");
-    if (o.staging_chunk > UINT32_MAX)
-        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_worker_create: staging_chunk must fit in 32 bits");
-    gux_error_clear();
-
-    gser_status_t st;
-    gser_ucx_worker_t *w = calloc(1, sizeof *w);
-    if (!w)
-        return gux_fail(GSER_ERR_NO_MEMORY, "gser_ucx_worker_create: out of memory");
-    w->ctx = ctx;
-    w->efd = -1;
-    w->tfd = -1;
-    w->thread_mode = o.thread_mode;
-    w->blocking_sleep = o.blocking_sleep;
-    w->gser_ctx = o.gser_ctx;
-    /* Unset limits follow the gser context's, so that a message it would
-     * refuse is refused here before anything is allocated for it. */
+    w->thread_mode = o->thread_mode;
+    w->blocking_sleep = o->blocking_sleep;
+    w->gser_ctx = o->gser_ctx;
     gser_limits_t lim = {.size = sizeof(gser_limits_t), .max_frames = GUX_DEFAULT_MAX_FRAMES, .max_bytes = GUX_DEFAULT_MAX_BYTES};
-    if (o.gser_ctx)
-        gser_context_get_limits(o.gser_ctx, &lim);
-    w->max_frames = ol.max_frames ? ol.max_frames : lim.max_frames;
-    w->max_bytes = ol.max_bytes ? ol.max_bytes : lim.max_bytes;
+    if (o->gser_ctx)
+        gser_context_get_limits(o->gser_ctx, &lim);
+    w->max_frames = ol->max_frames ? ol->max_frames : lim.max_frames;
+    w->max_bytes = ol->max_bytes ? ol->max_bytes : lim.max_bytes;
     w->head_max = gux_head_max(w->max_frames, w->max_bytes);
-    w->inline_budget = o.inline_budget ? o.inline_budget : GUX_DEFAULT_INLINE_BUDGET;
-    w->inline_max = o.inline_max ? o.inline_max : GUX_DEFAULT_INLINE_MAX;
+    w->inline_budget = o->inline_budget ? o->inline_budget : GUX_DEFAULT_INLINE_BUDGET;
+    w->inline_max = o->inline_max ? o->inline_max : GUX_DEFAULT_INLINE_MAX;
     if (w->inline_max > w->inline_budget)
         w->inline_max = w->inline_budget;
-    w->chunk = o.staging_chunk ? o.staging_chunk : GUX_DEFAULT_CHUNK;
-    w->depth = o.staging_depth ? o.staging_depth : GUX_DEFAULT_DEPTH;
+    w->chunk = o->staging_chunk ? o->staging_chunk : GUX_DEFAULT_CHUNK;
+    w->depth = o->staging_depth ? o->staging_depth : GUX_DEFAULT_DEPTH;
     w->announce_version = GSER_UCX_WIRE_VERSION;
+    w->announce_codecs = GUX_CODECS;
+    w->announce_gser_version = GSER_WIRE_VERSION;
+    w->compression = o->compression;
+    w->compression_level = o->compression_level;
     gux_list_init(&w->eps);
     gux_list_init(&w->listeners);
     gux_list_init(&w->recvs);
     gux_list_init(&w->ready);
     gux_list_init(&w->done);
     gux_list_init(&w->all);
+}
 
-    if (o.thread_mode == GSER_UCX_THREAD_MULTI) {
-        pthread_mutexattr_t ma;
-        pthread_mutexattr_init(&ma);
-        pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE); /* callbacks may call back in */
-        int rc = pthread_mutex_init(&w->lock, &ma);
-        pthread_mutexattr_destroy(&ma);
-        if (rc) {
-            st = gux_fail(GSER_ERR_NO_MEMORY, "gser_ucx_worker_create: pthread_mutex_init failed (%d)", rc);
-            goto fail_w;
-        }
-        w->mt = true;
-    }
+/* The lock of a worker any thread may call into at once. */
+static gser_status_t worker_lock_init(gser_ucx_worker_t *w)
+{
+    if (w->thread_mode != GSER_UCX_THREAD_MULTI)
+        return GSER_OK;
+    pthread_mutexattr_t ma;
+    pthread_mutexattr_init(&ma);
+    pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE); /* callbacks may call back in */
+    int rc = pthread_mutex_init(&w->lock, &ma);
+    pthread_mutexattr_destroy(&ma);
+    if (rc)
+        return gux_fail(GSER_ERR_NO_MEMORY, "gser_ucx_worker_create: pthread_mutex_init failed (%d)", rc);
+    w->mt = true;
+    return GSER_OK;
+}
 
-    /* One fd for the application's event loop: UCX's own (once the worker
-     * listens or connects), the timer, and gser's sockets. */
+/* One fd for the application's event loop: UCX's own (once the worker
+ * listens or connects), the timer, and gser's sockets. */
+static gser_status_t worker_fds_init(gser_ucx_worker_t *w)
+{
     w->efd = epoll_create1(EPOLL_CLOEXEC);
     w->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     w->timer_next = INFINITY;
     struct epoll_event tev = {.events = EPOLLIN, .data.u64 = GUX_TAG_TIMER};
-    if (w->efd < 0 || w->tfd < 0 || epoll_ctl(w->efd, EPOLL_CTL_ADD, w->tfd, &tev) != 0) {
-        st = gux_fail(GSER_ERR_IO, "gser_ucx_worker_create: epoll or timerfd: %s", strerror(errno));
-        goto fail_fds;
-    }
-    w->pool = gux_pool_create(o.recv_cache_bytes ? o.recv_cache_bytes : GUX_DEFAULT_RECV_CACHE,
-                              o.recv_cache_bytes == 1 ? 0
-                              : o.recv_cache_max_bytes ? o.recv_cache_max_bytes
-                                                       : default_cache_max());
-    if (!w->pool) {
-        st = gux_fail(GSER_ERR_NO_MEMORY, "gser_ucx_worker_create: out of memory");
-        goto fail_fds;
-    }
-    if ((st = gux_staging_create(w))) {
-        gux_pool_close(w->pool);
-        goto fail_fds;
-    }
-    *worker_out = w;
+    if (w->efd < 0 || w->tfd < 0 || epoll_ctl(w->efd, EPOLL_CTL_ADD, w->tfd, &tev) != 0)
+        return gux_fail(GSER_ERR_IO, "gser_ucx_worker_create: epoll or timerfd: %s", strerror(errno));
     return GSER_OK;
+}
 
-fail_fds:
+/* The receive cache. */
+static gser_status_t worker_pool_init(gser_ucx_worker_t *w, const gser_ucx_worker_options_t *o)
+{
+    w->pool = gux_pool_create(o->recv_cache_bytes ? o->recv_cache_bytes : GUX_DEFAULT_RECV_CACHE,
+                              o->recv_cache_bytes == 1 ? 0
+                              : o->recv_cache_max_bytes ? o->recv_cache_max_bytes
+                                                        : default_cache_max());
+    return w->pool ? GSER_OK : gux_fail(GSER_ERR_NO_MEMORY, "gser_ucx_worker_create: out of memory");
+}
+
+/* Undo whatever of the above a worker that failed to start got. */
+static void worker_unwind(gser_ucx_worker_t *w)
+{
+    if (w->pool)
+        gux_pool_close(w->pool);
     if (w->tfd >= 0)
         close(w->tfd);
     if (w->efd >= 0)
         close(w->efd);
     if (w->mt)
         pthread_mutex_destroy(&w->lock);
-fail_w:
     free(w);
-    return st;
+}
+
+gser_status_t gser_ucx_worker_create(gser_ucx_context_t *ctx, const gser_ucx_worker_options_t *opts,
+                                     gser_ucx_worker_t **worker_out)
+{
+    gser_ucx_worker_options_t o = GSER_UCX_WORKER_OPTIONS_INIT;
+    gser_limits_t ol = GSER_LIMITS_INIT;
+    gser_status_t st;
+    if (opts && (st = gux_struct_read("gser_ucx_worker_create", "gser_ucx_worker_options_t", &o, sizeof o, opts)))
+        return st;
+    if (o.limits && (st = gux_struct_read("gser_ucx_worker_create", "gser_limits_t", &ol, sizeof ol, o.limits)))
+        return st;
+    if (!ctx || !worker_out || (unsigned)o.thread_mode > GSER_UCX_THREAD_MULTI || o.staging_depth == 1)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_worker_create: bad argument (staging_depth must be 0 or >= 2)");
+    if ((unsigned)o.compression > GSER_UCX_COMPRESSION_ZSTD)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_worker_create: compression %d is not a gser_ucx_compression_t",
+                        o.compression);
+    if (o.staging_chunk > UINT32_MAX)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_worker_create: staging_chunk must fit in 32 bits");
+    gux_error_clear();
+
+    gser_ucx_worker_t *w = calloc(1, sizeof *w);
+    if (!w)
+        return gux_fail(GSER_ERR_NO_MEMORY, "gser_ucx_worker_create: out of memory");
+    w->ctx = ctx;
+    w->efd = -1;
+    w->tfd = -1;
+    worker_options_set(w, &o, &ol);
+    if ((st = worker_lock_init(w)) || (st = worker_fds_init(w)) || (st = worker_pool_init(w, &o)) ||
+        (st = gux_staging_create(w))) {
+        worker_unwind(w);
+        return st;
+    }
+    *worker_out = w;
+    return GSER_OK;
 }
 
 /* The network device that has the address sa, into dev. False for a
@@ -644,9 +668,7 @@ gser_status_t gser_ucx_worker_get_cache_stats(gser_ucx_worker_t *w, gser_ucx_cac
         return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_worker_get_cache_stats: NULL argument");
     gser_ucx_cache_stats_t s = GSER_UCX_CACHE_STATS_INIT;
     gux_pool_stats(w->pool, &s);
-    if (gser_struct_write(out, &s, sizeof s))
-        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_worker_get_cache_stats: out->size is 0: use GSER_UCX_CACHE_STATS_INIT");
-    return GSER_OK;
+    return gux_struct_write("gser_ucx_worker_get_cache_stats", "out", "GSER_UCX_CACHE_STATS_INIT", out, &s, sizeof s);
 }
 
 gser_status_t gser_ucx_worker_get_status(gser_ucx_worker_t *w)
