@@ -323,8 +323,8 @@ def _digest(df, npartitions):
 
     h = pd.util.hash_pandas_object(df, index=False).to_numpy()
     targets = np.unique(partitioning_index(df[["k"]], npartitions)) if len(df) else np.array([], "int64")
-    return pd.DataFrame({"rows": [len(df)], "hash": [int(h.sum(dtype="uint64"))],
-                         "target": [int(targets[0]) if len(targets) == 1 else -len(targets)]})
+    return pd.DataFrame({"rows": np.array([len(df)], "int64"), "hash": np.array([h.sum(dtype="uint64")], "uint64"),
+                         "target": np.array([targets[0] if len(targets) == 1 else -len(targets)], "int64")})
 
 
 def workload_shuffle(client, rows=200_000, npartitions=8, seed=7, reps=1):
@@ -347,7 +347,7 @@ def workload_shuffle(client, rows=200_000, npartitions=8, seed=7, reps=1):
         times.append(time.perf_counter() - t0)
     inp = client.compute(ddf.map_partitions(_digest, npartitions, meta={"rows": "i8", "hash": "u8", "target": "i8"}),
                          sync=True)
-    assert isinstance(out, pd.DataFrame)
+    assert isinstance(out, pd.DataFrame) and out["hash"].dtype == "uint64", out.dtypes
     return {"parts": [[int(r), int(h), int(t)] for r, h, t in out.itertuples(index=False)],
             "input_rows": int(inp["rows"].sum()), "input_hash": int(inp["hash"].to_numpy().sum(dtype="uint64")),
             "seconds": times}
