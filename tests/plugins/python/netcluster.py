@@ -327,30 +327,48 @@ def _digest(df, npartitions):
                          "target": np.array([targets[0] if len(targets) == 1 else -len(targets)], "int64")})
 
 
-def workload_shuffle(client, rows=200_000, npartitions=8, seed=7, reps=1):
-    """A dask.dataframe task shuffle on column k: per output partition its
-    digest, the input's digest, and the run's seconds (best of reps)."""
+def _shuffled(rows, npartitions, seed):
+    """The input (made on the workers) and its task shuffle on column k."""
     import dask.dataframe as dd
+
+    ddf = dd.from_map(_part, range(npartitions), rows=rows // npartitions, seed=seed, meta=_part(0, 0, seed),
+                      enforce_metadata=False)
+    return ddf, ddf.shuffle(on="k", shuffle="tasks", npartitions=npartitions)
+
+
+_DIGEST_META = {"rows": "i8", "hash": "u8", "target": "i8"}
+
+
+def workload_shuffle(client, rows=200_000, npartitions=8, seed=7, reps=1, warmup_rows=0, check_input=True):
+    """A dask.dataframe task shuffle on column k: per output partition its
+    digest (the last run's), the input's digest (check_input), and the
+    seconds of each of reps runs (after one untimed shuffle of warmup_rows)."""
     import pandas as pd
 
-    part_rows = rows // npartitions
-    meta = _part(0, 0, seed)
-    ddf = dd.from_map(_part, range(npartitions), rows=part_rows, seed=seed, meta=meta, enforce_metadata=False)
-    # Dask's hashing of the key: no small ints that hash to themselves
-    shuffled = ddf.shuffle(on="k", shuffle="tasks", npartitions=npartitions)
+    if warmup_rows:
+        client.compute(_shuffled(warmup_rows, npartitions, seed + 1)[1].map_partitions(len), sync=True)
+    ddf, shuffled = _shuffled(rows, npartitions, seed)
     times = []
     out = None
     for _ in range(reps):
         t0 = time.perf_counter()
-        out = client.compute(shuffled.map_partitions(_digest, npartitions, meta={"rows": "i8", "hash": "u8",
-                                                                                   "target": "i8"}), sync=True)
+        out = client.compute(shuffled.map_partitions(_digest, npartitions, meta=_DIGEST_META), sync=True)
         times.append(time.perf_counter() - t0)
-    inp = client.compute(ddf.map_partitions(_digest, npartitions, meta={"rows": "i8", "hash": "u8", "target": "i8"}),
-                         sync=True)
     assert isinstance(out, pd.DataFrame) and out["hash"].dtype == "uint64", out.dtypes
-    return {"parts": [[int(r), int(h), int(t)] for r, h, t in out.itertuples(index=False)],
-            "input_rows": int(inp["rows"].sum()), "input_hash": int(inp["hash"].to_numpy().sum(dtype="uint64")),
-            "seconds": times}
+    result = {"parts": [[int(r), int(h), int(t)] for r, h, t in out.itertuples(index=False)], "seconds": times}
+    if check_input:
+        inp = client.compute(ddf.map_partitions(_digest, npartitions, meta=_DIGEST_META), sync=True)
+        result.update(input_rows=int(inp["rows"].sum()), input_hash=int(inp["hash"].to_numpy().sum(dtype="uint64")))
+    return result
+
+
+def shuffle_ok(result) -> bool:
+    """Whether a shuffle's output holds exactly its input's rows, each
+    partition only the keys that belong to it."""
+    parts = result["parts"]
+    return (sum(r for r, _, _ in parts) == result["input_rows"]
+            and sum(h for _, h, _ in parts) % (1 << 64) == result["input_hash"]
+            and all(t == i or (r == 0 and t == 0) for i, (r, _, t) in enumerate(parts)))
 
 
 def workload_xxt(client, n=2000, chunks=500, seed=42):
