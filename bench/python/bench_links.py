@@ -4,6 +4,7 @@ given rates, measured in the same run.
 
     PYTHONPATH=<build>/plugins/python /usr/bin/python3 bench/python/bench_links.py [--json]
         [--links 1gbit,10gbit,unshaped] [--reps 3] [--gser-bench-ucx PATH]
+        [--cases transfer,c,compression,cluster,shm] [--cluster-reps 2] [--shuffle-rows N]
     (or: ninja -C <build> bench-python-links)
 
 Needs root (ip netns, tc). Two network namespaces of its own stand for two
@@ -19,7 +20,8 @@ slows a transfer down; every anchor measured in the same run, the schemes
 alternating):
 
   link_<link>_256mib_vs_tcp       one 256 MiB float64 array (random bytes:
-                                  nothing to compress) one way between the
+                                  nothing to compress; compression off on
+                                  both schemes) one way between the
                                   namespaces, gser:// (UCX_TLS=tcp, as between
                                   two nodes; UCX otherwise as gser sets it up)
                                   against Dask's
@@ -42,6 +44,54 @@ alternating):
   link_<link>_c_256mib_vs_rate    the same against the link's rate (shaped
                                   links only). Target: >= 0.9
 
+Compression (--cases compression), for each link over the same veth pair:
+one 256 MiB message one way, of "columns" (a DataFrame: sorted int64 keys, a
+categorical's int8 codes in runs of 16, float64 in runs of 64; lz4 makes it
+about 4x smaller) and of "random" float64. Each setting of Dask's
+distributed.comm.compression gets a server and a client process of its own
+(both sides set it: Dask's tcp:// agrees on it in its handshake), the
+settings alternating: gser:// "auto" and None, Dask's tcp:// "lz4" and None.
+GB/s of the message's in-memory bytes, best of --reps:
+
+  link_<link>_cols_auto_vs_tcp_lz4   columns, gser:// auto against tcp:// with
+                                     lz4. Target (1 Gbit/s): >= 1.5
+  link_<link>_cols_auto_vs_tcp_none  the same against tcp:// uncompressed.
+                                     Target (1 Gbit/s): >= 2
+  link_<link>_cols_none_vs_tcp_lz4   gser:// uncompressed against tcp:// with
+                                     lz4 (no target: where gser:// stands
+                                     without compression)
+  link_<link>_random_auto_vs_none    random, gser:// auto against gser://
+                                     uncompressed: sampling must cost nothing
+                                     when it does not pay. Target (1 Gbit/s):
+                                     >= 0.95
+  link_<link>_random_auto_vs_tcp_lz4 random, against tcp:// with lz4 (no target)
+
+On faster links these rows have no target: two cores compress slower than
+10 Gbit/s moves.
+
+  shm_<columns|random>_256mib_auto_vs_none  (--cases shm, once, no
+                                     namespaces: 127.0.0.1, UCX as it comes,
+                                     shared memory) gser:// auto against
+                                     gser:// uncompressed. Target: >= 0.95
+
+The cluster (--cases cluster), for each link: a scheduler, four workers and
+a client, each in a network namespace of its own, joined by a bridge, every
+link shaped to the rate (tests/plugins/python/netcluster.py; 10.78.0.0/24):
+
+  cluster_<link>_shuffle_4m_vs_tcp_lz4  a dask.dataframe task shuffle of
+                                     --shuffle-rows (4,000,000) rows x 8
+                                     columns, made on the workers, 16
+                                     partitions: seconds, best of
+                                     --cluster-reps (2) after a small
+                                     warm-up shuffle, gser:// (auto,
+                                     gser.dask preloaded) against Dask's
+                                     tcp:// with lz4, the runs alternating.
+                                     "equal": every run's output partitions
+                                     equal (rows and an order-free hash of
+                                     them) and exactly the input's rows.
+                                     Target (1 Gbit/s): <= 0.8 and equal
+
+--cases picks cases (transfer, c, compression, cluster, shm; default all).
 --json prints one object per line: name, value, unit, anchor, anchor_value,
 ratio (value / anchor_value), target (on ratio), and the runs behind the
 values. More cases for each link: add a function to CASES.
@@ -207,8 +257,9 @@ def python_case(ns, link, rate, args):
     if "transfer" not in args.cases:
         return
     # tcp alone, as between two nodes: UCX's shared memory would also join
-    # two namespaces of one machine
-    env = dict(os.environ, UCX_TLS="tcp")
+    # two namespaces of one machine. No compression: these rows move bytes
+    # (Dask's tcp:// would try lz4 where python3-lz4 is installed).
+    env = dict(os.environ, UCX_TLS="tcp", DASK_DISTRIBUTED__COMM__COMPRESSION="None")
     env.pop("UCX_NET_DEVICES", None)
     server = subprocess.Popen(ns.exec_argv(1, [PY, HERE, "--serve", ADDR[1]]), stdout=subprocess.PIPE, text=True,
                               env=env)
