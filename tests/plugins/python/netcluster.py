@@ -221,7 +221,7 @@ class NetCluster:
         env.update(extra or {})
         return env
 
-    def start(self, protocol, env=None, preload=None, timeout=60) -> Cluster:
+    def start(self, protocol, env=None, preload=None, timeout=120) -> Cluster:
         """A scheduler and the workers on protocol ("gser", "tcp"), with
         `preload` (a module, e.g. gser.dask) in every process; returns once
         every worker is registered."""
