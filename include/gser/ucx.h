@@ -53,7 +53,29 @@ extern "C" {
 enum {
     /** This side's UCX can read and write CUDA device memory. */
     GSER_UCX_CAP_CUDA = 1u << 0,
+    /** This side reads lz4-compressed frames (wire version 3). */
+    GSER_UCX_CAP_LZ4 = 1u << 1,
+    /** This side reads zstd-compressed frames (wire version 3). */
+    GSER_UCX_CAP_ZSTD = 1u << 2,
 };
+
+/** What an endpoint compresses (gser_ucx_worker_options_t.compression,
+ *  gser_ucx_ep_set_compression). An endpoint only ever writes a codec that
+ *  both sides announced in their handshake (GSER_UCX_CAP_LZ4/_ZSTD); with a
+ *  peer that announced none, nothing is compressed. Every choice but NONE
+ *  samples each host frame as gser_serialize does (GSER_COMPRESS_*), so a
+ *  frame that does not shrink travels as it is. docs/ucx.md section 4.5. */
+typedef enum gser_ucx_compression {
+    /** By transport (the default): NONE towards a peer on this host (its
+     *  control connection's peer address is a loopback address or this
+     *  side's own address: shared memory or loopback, where moving bytes is
+     *  cheaper than compressing them), AUTO towards any other host. */
+    GSER_UCX_COMPRESSION_DEFAULT = 0,
+    GSER_UCX_COMPRESSION_NONE = 1, /**< never */
+    GSER_UCX_COMPRESSION_AUTO = 2, /**< sampled, lz4 (zstd when the peer has no lz4), on every transport */
+    GSER_UCX_COMPRESSION_LZ4 = 3,  /**< sampled, lz4 only (nothing when the peer lacks it) */
+    GSER_UCX_COMPRESSION_ZSTD = 4, /**< sampled, zstd only (nothing when the peer lacks it) */
+} gser_ucx_compression_t;
 
 typedef struct gser_ucx_context gser_ucx_context_t;
 typedef struct gser_ucx_worker gser_ucx_worker_t;
@@ -165,6 +187,13 @@ typedef struct gser_ucx_worker_options {
     /** Blocking calls on this worker sleep on the event file descriptor
      *  instead of polling (lower CPU use, higher latency). */
     bool blocking_sleep;
+    /** A gser_ucx_compression_t: what its endpoints compress when they
+     *  serialize (gser_ucx_ep_send_msg; the Python binding). 0 = by
+     *  transport. Since 0.2. */
+    int compression;
+    /** Codec level (gser_serialize_options_t.compression_level); 0 = the
+     *  codec's default. Since 0.2. */
+    int compression_level;
 } gser_ucx_worker_options_t;
 
 #define GSER_UCX_WORKER_OPTIONS_INIT GSER_STRUCT_INIT(gser_ucx_worker_options_t)
@@ -360,6 +389,18 @@ typedef struct gser_ucx_peer_info {
  *  info->size must be set (GSER_UCX_PEER_INFO_INIT). */
 GSER_API gser_status_t gser_ucx_ep_get_peer_info(const gser_ucx_ep_t *ep, gser_ucx_peer_info_t *info);
 
+/** Override the worker's compression for one endpoint (a
+ *  gser_ucx_compression_t; GSER_UCX_COMPRESSION_DEFAULT = by transport).
+ *  Any time, also before its handshake is done; applies to what is
+ *  serialized afterwards. */
+GSER_API gser_status_t gser_ucx_ep_set_compression(gser_ucx_ep_t *ep, int compression);
+
+/** The codec the endpoint compresses with after negotiation: a
+ *  gser_compression_t, GSER_COMPRESSION_LZ4 or _ZSTD (sampled: frames that
+ *  do not shrink stay as they are) or GSER_COMPRESSION_NONE. GSER_ERR_STATE
+ *  before its handshake is done. */
+GSER_API gser_status_t gser_ucx_ep_get_compression(const gser_ucx_ep_t *ep, int *codec_out);
+
 /** The worker an endpoint belongs to. */
 GSER_API gser_ucx_worker_t *gser_ucx_ep_get_worker(const gser_ucx_ep_t *ep);
 
@@ -444,7 +485,13 @@ GSER_API gser_status_t gser_ucx_ep_send(gser_ucx_ep_t *ep, const gser_frame_t *f
                                         int timeout_ms);
 
 /** Serialize msg (opts may be NULL), wait for its device work, send it and
- *  wait up to timeout_ms. */
+ *  wait up to timeout_ms. With opts->compression NONE (or no opts) the
+ *  message is compressed as the endpoint negotiated
+ *  (gser_ucx_ep_get_compression); a codec set in opts is used as given
+ *  when the peer announced it, AUTO becomes the endpoint's codec, and LZ4
+ *  or ZSTD the peer did not announce is GSER_ERR_UNSUPPORTED (nothing is
+ *  sent). gser_ucx_ep_send_nb sends frames as they are: the peer refuses
+ *  compressed frames in a codec it did not announce. */
 GSER_API gser_status_t gser_ucx_ep_send_msg(gser_ucx_ep_t *ep, gser_context_t *ctx, const gser_msg_t *msg,
                                             const gser_serialize_options_t *opts, int timeout_ms);
 
@@ -490,7 +537,8 @@ GSER_API void gser_ucx_recv_finish(gser_ucx_recv_t *recv, bool handed_over);
 /**
  * Deserialize the frames of a completed receive into a message that owns
  * them (opts may be NULL). A header that is malformed or over the limits
- * closes the endpoint it came from.
+ * closes the endpoint it came from, and so does a compressed frame that
+ * is corrupt or in a codec this side did not announce (GSER_ERR_COMPRESSED).
  */
 GSER_API gser_status_t gser_ucx_request_deserialize(gser_ucx_request_t *req, gser_context_t *ctx,
                                                     const gser_deserialize_options_t *opts, gser_msg_t **msg_out);

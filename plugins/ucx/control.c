@@ -250,8 +250,8 @@ static unsigned ctl_timeout(const gser_ucx_worker_t *w)
 static gser_status_t hello_make(gser_ucx_worker_t *w, gux_ctl_t *c)
 {
     gux_hello_t h = {.wire_version = w->announce_version,
-                     .gser_wire_version = GSER_WIRE_VERSION,
-                     .caps = w->ctx->caps,
+                     .gser_wire_version = w->announce_gser_version,
+                     .caps = (w->ctx->caps & ~(uint32_t)GUX_CODECS) | w->announce_codecs,
                      .flags = w->ctx->secret ? GUX_HELLO_SECRET : 0,
                      .timeout_ms = ctl_timeout(w)};
     gser_status_t st = gux_nonce(h.nonce);
@@ -265,10 +265,14 @@ static gser_status_t hello_make(gser_ucx_worker_t *w, gux_ctl_t *c)
  * the secret. The message names what differs. */
 static gser_status_t hello_check(gser_ucx_worker_t *w, const gux_hello_t *h, bool server)
 {
-    if (h->wire_version != w->announce_version || h->gser_wire_version != GSER_WIRE_VERSION)
+    /* A peer's gser wire version may be 2 (it reads no compressed frame) up
+     * to this side's: each side writes only what both read, and version 3
+     * differs from 2 only in compressed frames, which go only to a peer
+     * that announced their codec (docs/ucx.md section 4.5). */
+    if (h->wire_version != w->announce_version || h->gser_wire_version < 2 || h->gser_wire_version > GSER_WIRE_VERSION)
         return gux_fail(GSER_ERR_WIRE_VERSION,
                         "handshake: the peer speaks transport wire version %u and gser wire version %u, "
-                        "this side %u and %u",
+                        "this side %u and 2 to %u",
                         h->wire_version, h->gser_wire_version, w->announce_version, GSER_WIRE_VERSION);
     bool peer_secret = (h->flags & GUX_HELLO_SECRET) != 0, mine = w->ctx->secret != NULL;
     if (peer_secret && !mine)

@@ -780,6 +780,80 @@ gser_status_t gser_ucx_ep_get_peer_info(const gser_ucx_ep_t *ep, gser_ucx_peer_i
     return GSER_OK;
 }
 
+/* ---- compression ------------------------------------------------------------------------- */
+
+bool gux_host_is_local(const char *host, const char *local)
+{
+    if (!host || !*host)
+        return false;
+    if (local && *local && strcmp(host, local) == 0)
+        return true;
+    unsigned char a[16];
+    if (inet_pton(AF_INET, host, a) == 1)
+        return a[0] == 127;
+    if (inet_pton(AF_INET6, host, a) != 1)
+        return false;
+    static const unsigned char loop6[16] = {[15] = 1};
+    static const unsigned char mapped[12] = {[10] = 0xff, [11] = 0xff};
+    return memcmp(a, loop6, 16) == 0 || (memcmp(a, mapped, 12) == 0 && a[12] == 127);
+}
+
+int gux_ep_codec(const gser_ucx_ep_t *ep)
+{
+    const gser_ucx_worker_t *w = ep->worker;
+    if (!ep->peer_known || ep->peer.gser_wire_version < 3)
+        return GSER_COMPRESSION_NONE; /* the peer reads no compressed frame */
+    uint32_t both = w->announce_codecs & ep->peer.caps & GUX_CODECS;
+    int mode = ep->compression_set ? ep->compression : w->compression;
+    if (mode == GSER_UCX_COMPRESSION_DEFAULT)
+        mode = gux_host_is_local(ep->peer.peer_host, ep->peer.local_host) ? GSER_UCX_COMPRESSION_NONE
+                                                                        : GSER_UCX_COMPRESSION_AUTO;
+    switch (mode) {
+    case GSER_UCX_COMPRESSION_AUTO:
+        return (both & GSER_UCX_CAP_LZ4) ? GSER_COMPRESSION_LZ4
+               : (both & GSER_UCX_CAP_ZSTD) ? GSER_COMPRESSION_ZSTD
+                                            : GSER_COMPRESSION_NONE;
+    case GSER_UCX_COMPRESSION_LZ4:
+        return (both & GSER_UCX_CAP_LZ4) ? GSER_COMPRESSION_LZ4 : GSER_COMPRESSION_NONE;
+    case GSER_UCX_COMPRESSION_ZSTD:
+        return (both & GSER_UCX_CAP_ZSTD) ? GSER_COMPRESSION_ZSTD : GSER_COMPRESSION_NONE;
+    default:
+        return GSER_COMPRESSION_NONE;
+    }
+}
+
+void gux_worker_set_announce_codecs(gser_ucx_worker_t *w, uint32_t codecs)
+{
+    w->announce_codecs = codecs & GUX_CODECS;
+}
+
+void gux_worker_set_announce_gser_version(gser_ucx_worker_t *w, uint32_t version)
+{
+    w->announce_gser_version = version ? version : GSER_WIRE_VERSION;
+}
+
+gser_status_t gser_ucx_ep_set_compression(gser_ucx_ep_t *ep, int compression)
+{
+    if (!ep || (unsigned)compression > GSER_UCX_COMPRESSION_ZSTD)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_set_compression: %s",
+                        ep ? "not a gser_ucx_compression_t" : "endpoint is NULL");
+    gux_lock(ep->worker);
+    ep->compression = compression;
+    ep->compression_set = true;
+    gux_unlock(ep->worker);
+    return GSER_OK;
+}
+
+gser_status_t gser_ucx_ep_get_compression(const gser_ucx_ep_t *ep, int *codec_out)
+{
+    if (!ep || !codec_out)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_get_compression: bad argument");
+    if (!ep->peer_known)
+        return gux_fail(GSER_ERR_STATE, "gser_ucx_ep_get_compression: the handshake is not done");
+    *codec_out = gux_ep_codec(ep);
+    return GSER_OK;
+}
+
 gser_ucx_worker_t *gser_ucx_ep_get_worker(const gser_ucx_ep_t *ep)
 {
     return ep ? ep->worker : NULL;

@@ -124,6 +124,22 @@ GUX_INTERNAL void *gux_slot_get(const gux_slots_t *t, uint32_t id);
 GUX_INTERNAL void gux_slot_set(gux_slots_t *t, uint32_t id, void *item);
 GUX_INTERNAL void gux_slots_free(gux_slots_t *t);
 
+/* ---- compression (endpoint.c) -------------------------------------------------- */
+
+/* Codec bits (GSER_UCX_CAP_LZ4/_ZSTD) a build of this transport reads. */
+#define GUX_CODECS (GSER_UCX_CAP_LZ4 | GSER_UCX_CAP_ZSTD)
+
+/* The gser_compression_t an endpoint whose handshake is done writes with. */
+GUX_INTERNAL int gux_ep_codec(const gser_ucx_ep_t *ep);
+/* Whether host names the local host as seen from local: a loopback
+ * address, or local itself. */
+GUX_INTERNAL bool gux_host_is_local(const char *host, const char *local);
+/* For tests: the codecs the worker announces (and accepts) in handshakes
+ * it starts from now on; GUX_CODECS by default. */
+GUX_INTERNAL void gux_worker_set_announce_codecs(gser_ucx_worker_t *w, uint32_t codecs);
+/* For tests: the gser wire version the worker announces (0: GSER_WIRE_VERSION). */
+GUX_INTERNAL void gux_worker_set_announce_gser_version(gser_ucx_worker_t *w, uint32_t version);
+
 /* ---- objects ------------------------------------------------------------------- */
 
 struct gser_ucx_context {
@@ -248,6 +264,10 @@ struct gser_ucx_worker {
     size_t chunk;
     unsigned depth;
     uint32_t announce_version;
+    uint32_t announce_codecs; /* GSER_UCX_CAP_LZ4/_ZSTD this worker announces and reads */
+    uint32_t announce_gser_version; /* GSER_WIRE_VERSION (tests: an older peer's) */
+    int compression;          /* gser_ucx_compression_t of its endpoints */
+    int compression_level;
     gux_pool_t *pool; /* cache of host receive buffers */
 
     gux_list_t eps;       /* every endpoint (gser_ucx_ep_t.wlink) */
@@ -301,6 +321,8 @@ struct gser_ucx_ep {
     gser_status_t error; /* why it failed or closed */
     char why[256];       /* ... in words, for whatever ends with it */
     gser_ucx_peer_info_t peer;
+    bool compression_set;     /* gser_ucx_ep_set_compression overrides the worker's */
+    int compression;
     uint32_t send_seq;
     /* A short head found UCX's queue to the peer full: the next ones are
      * posted, not tried at once, until a posted send completes. */

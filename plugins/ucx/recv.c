@@ -531,10 +531,40 @@ static bool malformed(gser_status_t st)
     case GSER_ERR_LIMIT_NODES:
     case GSER_ERR_LIMIT_FRAMES:
     case GSER_ERR_LIMIT_BYTES:
+    case GSER_ERR_COMPRESSED:
         return true;
     default:
         return false;
     }
+}
+
+/* A compressed frame must be in a codec this side announced: a peer that
+ * sends another one does not follow the handshake, and its endpoint is
+ * closed as for any malformed message. */
+static gser_status_t check_codecs(gser_ucx_request_t *r, const gser_msg_t *msg)
+{
+    gser_ucx_worker_t *w = r->worker;
+    if (!w)
+        return GSER_OK;
+    for (size_t i = 1; i < r->nframes; i++) {
+        int codec;
+        size_t wire;
+        if (gser_msg_get_frame_codec(msg, i, &codec, &wire) || codec == GSER_COMPRESSION_NONE)
+            continue;
+        uint32_t bit = codec == GSER_COMPRESSION_LZ4 ? GSER_UCX_CAP_LZ4 : codec == GSER_COMPRESSION_ZSTD ? GSER_UCX_CAP_ZSTD : 0;
+        if (bit && (w->announce_codecs & bit))
+            continue;
+        const char *name = codec == GSER_COMPRESSION_LZ4 ? "lz4" : codec == GSER_COMPRESSION_ZSTD ? "zstd" : "an unknown codec";
+        gux_lock(w);
+        if (r->ep)
+            gux_ep_fail(r->ep, GSER_ERR_COMPRESSED);
+        gux_unlock(w);
+        return gux_fail(GSER_ERR_COMPRESSED,
+                        "deserialize: frame %zu came compressed with %s, a codec this side did not announce in "
+                        "its handshake (the endpoint was closed)",
+                        i, name);
+    }
+    return GSER_OK;
 }
 
 gser_status_t gser_ucx_request_deserialize(gser_ucx_request_t *r, gser_context_t *ctx,
@@ -561,6 +591,10 @@ gser_status_t gser_ucx_request_deserialize(gser_ucx_request_t *r, gser_context_t
     /* The message owns the frame memory now; the frame array was copied. */
     r->taken = true;
     r->rhead = NULL;
+    if ((st = check_codecs(r, msg))) {
+        gser_msg_destroy(msg);
+        return st;
+    }
     *msg_out = msg;
     return GSER_OK;
 }

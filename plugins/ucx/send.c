@@ -235,13 +235,59 @@ gser_status_t gser_ucx_ep_send(gser_ucx_ep_t *ep, const gser_frame_t *frames, si
     return st;
 }
 
+/* The codec a message sent on ep is serialized with: the endpoint's
+ * negotiated one unless the caller's options name one the peer has. */
+static gser_status_t gux_send_codec(gser_ucx_ep_t *ep, gser_serialize_options_t *so)
+{
+    gser_ucx_worker_t *w = ep->worker;
+    gux_lock(w);
+    gser_status_t st = GSER_OK;
+    if (!ep->peer_known) {
+        st = gux_fail(GSER_ERR_STATE, "gser_ucx_ep_send_msg: the handshake is not done");
+        goto out;
+    }
+    int mine = gux_ep_codec(ep);
+    uint32_t both = ep->peer.gser_wire_version >= 3 ? w->announce_codecs & ep->peer.caps & GUX_CODECS : 0;
+    switch (so->compression) {
+    case GSER_COMPRESSION_NONE:
+        so->compression = mine;
+        if (!so->compression_level)
+            so->compression_level = w->compression_level;
+        break;
+    case GSER_COMPRESSION_AUTO:
+        so->compression = (both & GSER_UCX_CAP_LZ4) ? GSER_COMPRESSION_LZ4
+                          : (both & GSER_UCX_CAP_ZSTD) ? GSER_COMPRESSION_ZSTD
+                                                       : GSER_COMPRESSION_NONE;
+        break;
+    case GSER_COMPRESSION_LZ4:
+    case GSER_COMPRESSION_ZSTD: {
+        uint32_t bit = so->compression == GSER_COMPRESSION_LZ4 ? GSER_UCX_CAP_LZ4 : GSER_UCX_CAP_ZSTD;
+        if (!(both & bit))
+            st = gux_fail(GSER_ERR_UNSUPPORTED, "gser_ucx_ep_send_msg: the peer did not announce %s: nothing was sent",
+                          bit == GSER_UCX_CAP_LZ4 ? "lz4" : "zstd");
+        break;
+    }
+    default:
+        break; /* gser_serialize names it */
+    }
+out:
+    gux_unlock(w);
+    return st;
+}
+
 gser_status_t gser_ucx_ep_send_msg(gser_ucx_ep_t *ep, gser_context_t *ctx, const gser_msg_t *msg,
                                    const gser_serialize_options_t *opts, int timeout_ms)
 {
     if (!ep || !ctx || !msg)
         return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_send_msg: bad argument");
+    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
+    gser_status_t st;
+    if (opts && (st = gux_struct_read("gser_ucx_ep_send_msg", "gser_serialize_options_t", &so, sizeof so, opts)))
+        return st;
+    if ((st = gux_send_codec(ep, &so)))
+        return st;
     gser_frames_t *f = NULL;
-    gser_status_t st = gser_serialize(ctx, msg, opts, &f);
+    st = gser_serialize(ctx, msg, &so, &f);
     if (st)
         return gux_fail(st, "serialize: %s", gser_context_get_last_error(ctx));
     if ((st = gser_frames_wait(f))) {

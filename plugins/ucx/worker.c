@@ -191,6 +191,7 @@ gser_status_t gser_ucx_context_create(const gser_ucx_context_options_t *opts, gs
     /* memory_types is a bitmask indexed by ucs_memory_type_t. */
     if (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA))
         ctx->caps |= GSER_UCX_CAP_CUDA;
+    ctx->caps |= GUX_CODECS; /* liblz4 and libzstd are linked into every build */
     *ctx_out = ctx;
     return GSER_OK;
 
@@ -250,6 +251,9 @@ gser_status_t gser_ucx_worker_create(gser_ucx_context_t *ctx, const gser_ucx_wor
         return rst;
     if (!ctx || !worker_out || (unsigned)o.thread_mode > GSER_UCX_THREAD_MULTI || o.staging_depth == 1)
         return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_worker_create: bad argument (staging_depth must be 0 or >= 2)");
+    if ((unsigned)o.compression > GSER_UCX_COMPRESSION_ZSTD)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_worker_create: compression %d is not a gser_ucx_compression_t",
+                        o.compression);
     if (o.staging_chunk > UINT32_MAX)
         return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_worker_create: staging_chunk must fit in 32 bits");
     gux_error_clear();
@@ -279,6 +283,10 @@ gser_status_t gser_ucx_worker_create(gser_ucx_context_t *ctx, const gser_ucx_wor
     w->chunk = o.staging_chunk ? o.staging_chunk : GUX_DEFAULT_CHUNK;
     w->depth = o.staging_depth ? o.staging_depth : GUX_DEFAULT_DEPTH;
     w->announce_version = GSER_UCX_WIRE_VERSION;
+    w->announce_codecs = GUX_CODECS;
+    w->announce_gser_version = GSER_WIRE_VERSION;
+    w->compression = o.compression;
+    w->compression_level = o.compression_level;
     gux_list_init(&w->eps);
     gux_list_init(&w->listeners);
     gux_list_init(&w->recvs);

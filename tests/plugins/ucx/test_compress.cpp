@@ -1,0 +1,395 @@
+// Compression negotiated in the handshake (docs/ucx.md 4.5): each side
+// announces the codecs it reads, an endpoint writes only codecs both have,
+// by default nothing towards a peer on this host and sampled lz4 towards
+// another host; the option forces a codec or none. Compressed frames go on
+// the wire and come back equal; compressed frames in a codec the receiver
+// did not announce, or corrupt ones, fail the receive with
+// GSER_ERR_COMPRESSED and close the endpoint.
+#include "ucx_common.hpp"
+
+extern "C" {
+#include "internal.h"
+}
+
+namespace {
+
+constexpr size_t kBig = 1 << 20;
+
+// A message of one buffer of n bytes that compresses well (runs of a
+// counter), borrowed from bytes.
+MsgPtr runs_msg(gser_context_t *ctx, std::vector<unsigned char> &bytes, size_t n)
+{
+    bytes.resize(n);
+    for (size_t i = 0; i < n; i++)
+        bytes[i] = (unsigned char)(i / 4096);
+    gser_msg_t *m = nullptr;
+    EXPECT_EQ(gser_msg_create(ctx, &m), GSER_OK);
+    MsgPtr p(m);
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
+    d.data = bytes.data();
+    d.nbytes = n;
+    gser_value_t *v;
+    EXPECT_EQ(gser_msg_new_buffer(m, &d, &v), GSER_OK);
+    EXPECT_EQ(gser_msg_set_root(m, v), GSER_OK);
+    return p;
+}
+
+bool same_bytes(gser_msg_t *m, const std::vector<unsigned char> &want)
+{
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
+    if (gser_value_get_buffer(gser_msg_get_root(m), &d) != GSER_OK)
+        return false;
+    return d.nbytes == want.size() && std::memcmp(d.data, want.data(), want.size()) == 0;
+}
+
+int codec_of(gser_ucx_ep_t *ep)
+{
+    int c = -1;
+    EXPECT_EQ(gser_ucx_ep_get_compression(ep, &c), GSER_OK) << gser_ucx_get_last_error();
+    return c;
+}
+
+gser_ucx_worker_options_t with_compression(int c)
+{
+    gser_ucx_worker_options_t o = GSER_UCX_WORKER_OPTIONS_INIT;
+    o.compression = c;
+    return o;
+}
+
+// A pair whose sides announce the given codecs (the hook acts on handshakes
+// started afterwards, so the workers are made first, then connected).
+struct CodecPair {
+    Pair p;
+    void open(int server_mode, int client_mode, uint32_t server_codecs = GUX_CODECS, uint32_t client_codecs = GUX_CODECS)
+    {
+        gser_ucx_worker_options_t so = with_compression(server_mode), co = with_compression(client_mode);
+        co.thread_mode = GSER_UCX_THREAD_SERIALIZED; // a test's send_msg may run on a thread of its own
+        p.ctx = make_ucx_ctx();
+        ASSERT_TRUE(p.ctx);
+        p.server = make_worker(p.ctx.get(), &so);
+        p.client = make_worker(p.ctx.get(), &co);
+        ASSERT_TRUE(p.server && p.client);
+        gux_worker_set_announce_codecs(p.server.get(), server_codecs);
+        gux_worker_set_announce_codecs(p.client.get(), client_codecs);
+        p.listener = listen_local(p.server.get());
+        ASSERT_TRUE(p.listener);
+        p.connect(&p.cep, &p.sep);
+    }
+};
+
+TEST(Compress, HostIsLocal)
+{
+    EXPECT_TRUE(gux_host_is_local("127.0.0.1", ""));
+    EXPECT_TRUE(gux_host_is_local("127.1.2.3", "10.0.0.1"));
+    EXPECT_TRUE(gux_host_is_local("::1", ""));
+    EXPECT_TRUE(gux_host_is_local("::ffff:127.0.0.1", ""));
+    EXPECT_TRUE(gux_host_is_local("10.0.0.2", "10.0.0.2")); // this host's own address
+    EXPECT_FALSE(gux_host_is_local("10.0.0.2", "10.0.0.1"));
+    EXPECT_FALSE(gux_host_is_local("fd00::2", "fd00::1"));
+    EXPECT_FALSE(gux_host_is_local("::ffff:10.0.0.2", "::ffff:10.0.0.1"));
+    EXPECT_FALSE(gux_host_is_local("", ""));
+    EXPECT_FALSE(gux_host_is_local("not an address", "x"));
+}
+
+TEST(Compress, Announced)
+{
+    CodecPair cp;
+    ASSERT_NO_FATAL_FAILURE(cp.open(0, 0));
+    gser_ucx_peer_info_t info = GSER_UCX_PEER_INFO_INIT;
+    UCX_OK(gser_ucx_ep_get_peer_info(cp.p.cep.get(), &info));
+    EXPECT_EQ(info.caps & (GSER_UCX_CAP_LZ4 | GSER_UCX_CAP_ZSTD), GSER_UCX_CAP_LZ4 | GSER_UCX_CAP_ZSTD);
+    EXPECT_EQ(info.gser_wire_version, (uint32_t)GSER_WIRE_VERSION);
+}
+
+// Which codec each side writes with, for the modes and announcements of
+// both sides, all over loopback (so the default is off).
+TEST(Compress, NegotiationMatrix)
+{
+    struct Case {
+        int smode, cmode;
+        uint32_t scodecs, ccodecs;
+        int swrites, cwrites;
+    };
+    const uint32_t all = GUX_CODECS, lz4 = GSER_UCX_CAP_LZ4, zstd = GSER_UCX_CAP_ZSTD;
+    const Case cases[] = {
+        // loopback: the default compresses nothing
+        {GSER_UCX_COMPRESSION_DEFAULT, GSER_UCX_COMPRESSION_DEFAULT, all, all, GSER_COMPRESSION_NONE, GSER_COMPRESSION_NONE},
+        // auto where both have everything: lz4, as Dask's auto
+        {GSER_UCX_COMPRESSION_AUTO, GSER_UCX_COMPRESSION_AUTO, all, all, GSER_COMPRESSION_LZ4, GSER_COMPRESSION_LZ4},
+        // forced codecs, each side its own
+        {GSER_UCX_COMPRESSION_ZSTD, GSER_UCX_COMPRESSION_LZ4, all, all, GSER_COMPRESSION_ZSTD, GSER_COMPRESSION_LZ4},
+        {GSER_UCX_COMPRESSION_NONE, GSER_UCX_COMPRESSION_ZSTD, all, all, GSER_COMPRESSION_NONE, GSER_COMPRESSION_ZSTD},
+        // a side that announces no codec (a build without them): the two
+        // still talk, and neither side compresses
+        {GSER_UCX_COMPRESSION_AUTO, GSER_UCX_COMPRESSION_AUTO, 0, all, GSER_COMPRESSION_NONE, GSER_COMPRESSION_NONE},
+        {GSER_UCX_COMPRESSION_ZSTD, GSER_UCX_COMPRESSION_ZSTD, all, 0, GSER_COMPRESSION_NONE, GSER_COMPRESSION_NONE},
+        // only zstd in common: auto takes it, a forced lz4 gives nothing
+        {GSER_UCX_COMPRESSION_AUTO, GSER_UCX_COMPRESSION_LZ4, zstd, all, GSER_COMPRESSION_ZSTD, GSER_COMPRESSION_NONE},
+        {GSER_UCX_COMPRESSION_AUTO, GSER_UCX_COMPRESSION_AUTO, zstd, zstd, GSER_COMPRESSION_ZSTD, GSER_COMPRESSION_ZSTD},
+        {GSER_UCX_COMPRESSION_LZ4, GSER_UCX_COMPRESSION_AUTO, lz4, zstd, GSER_COMPRESSION_NONE, GSER_COMPRESSION_NONE},
+    };
+    for (const Case &c : cases) {
+        SCOPED_TRACE("modes " + std::to_string(c.smode) + "/" + std::to_string(c.cmode) + ", codecs " +
+                     std::to_string(c.scodecs) + "/" + std::to_string(c.ccodecs));
+        CodecPair cp;
+        ASSERT_NO_FATAL_FAILURE(cp.open(c.smode, c.cmode, c.scodecs, c.ccodecs));
+        EXPECT_EQ(codec_of(cp.p.sep.get()), c.swrites);
+        EXPECT_EQ(codec_of(cp.p.cep.get()), c.cwrites);
+    }
+}
+
+// A peer that announces gser wire version 2 (it reads no compressed frame)
+// is accepted and sent nothing compressed, whatever is forced; one that
+// announces 1 is refused.
+TEST(Compress, OlderGserWireVersionTalksUncompressed)
+{
+    auto ctx = make_ctx();
+    gser_ucx_worker_options_t so = with_compression(GSER_UCX_COMPRESSION_LZ4),
+                              co = with_compression(GSER_UCX_COMPRESSION_ZSTD);
+    Pair p;
+    p.ctx = make_ucx_ctx();
+    ASSERT_TRUE(p.ctx);
+    p.server = make_worker(p.ctx.get(), &so);
+    p.client = make_worker(p.ctx.get(), &co);
+    ASSERT_TRUE(p.server && p.client);
+    gux_worker_set_announce_gser_version(p.client.get(), 2);
+    p.listener = listen_local(p.server.get());
+    ASSERT_TRUE(p.listener);
+    ASSERT_NO_FATAL_FAILURE(p.connect(&p.cep, &p.sep));
+    gser_ucx_peer_info_t info = GSER_UCX_PEER_INFO_INIT;
+    UCX_OK(gser_ucx_ep_get_peer_info(p.sep.get(), &info));
+    EXPECT_EQ(info.gser_wire_version, 2u);
+    EXPECT_EQ(codec_of(p.sep.get()), GSER_COMPRESSION_NONE); // the peer reads no compressed frame
+    std::vector<unsigned char> bytes;
+    MsgPtr m = runs_msg(ctx.get(), bytes, 65536);
+    gser_serialize_options_t o = GSER_SERIALIZE_OPTIONS_INIT;
+    o.compression = GSER_COMPRESSION_LZ4;
+    EXPECT_EQ(gser_ucx_ep_send_msg(p.sep.get(), ctx.get(), m.get(), &o, kWaitMs), GSER_ERR_UNSUPPORTED);
+
+    gux_worker_set_announce_gser_version(p.client.get(), 1);
+    Handshake h = handshake(p.server.get(), p.client.get(), p.listener.get());
+    EXPECT_EQ(h.server_st, GSER_ERR_WIRE_VERSION);
+    EXPECT_NE(h.client_st, GSER_OK); // (this client checks by the new rule: it sees the server close)
+}
+
+TEST(Compress, EndpointOverridesWorker)
+{
+    CodecPair cp;
+    ASSERT_NO_FATAL_FAILURE(cp.open(0, GSER_UCX_COMPRESSION_NONE));
+    EXPECT_EQ(codec_of(cp.p.cep.get()), GSER_COMPRESSION_NONE);
+    UCX_OK(gser_ucx_ep_set_compression(cp.p.cep.get(), GSER_UCX_COMPRESSION_ZSTD));
+    EXPECT_EQ(codec_of(cp.p.cep.get()), GSER_COMPRESSION_ZSTD);
+    UCX_OK(gser_ucx_ep_set_compression(cp.p.cep.get(), GSER_UCX_COMPRESSION_DEFAULT)); // by transport: loopback
+    EXPECT_EQ(codec_of(cp.p.cep.get()), GSER_COMPRESSION_NONE);
+    EXPECT_EQ(gser_ucx_ep_set_compression(cp.p.cep.get(), 99), GSER_ERR_INVALID_ARG);
+    EXPECT_EQ(gser_ucx_ep_set_compression(nullptr, 0), GSER_ERR_INVALID_ARG);
+    int c;
+    EXPECT_EQ(gser_ucx_ep_get_compression(nullptr, &c), GSER_ERR_INVALID_ARG);
+}
+
+TEST(Compress, WorkerOptionChecked)
+{
+    auto ctx = make_ucx_ctx();
+    gser_ucx_worker_options_t o = with_compression(5);
+    gser_ucx_worker_t *w = nullptr;
+    EXPECT_EQ(gser_ucx_worker_create(ctx.get(), &o, &w), GSER_ERR_INVALID_ARG);
+    EXPECT_EQ(w, nullptr);
+    EXPECT_NE(std::string(gser_ucx_get_last_error()).find("compression"), std::string::npos);
+}
+
+// Send msg with gser_ucx_ep_send_msg from cp's client (on a thread of its
+// own: a frame that is not compressed needs the receiver's progress).
+gser_status_t send_msg_async(CodecPair &cp, gser_context_t *ctx, gser_msg_t *msg,
+                             const gser_serialize_options_t *so, std::thread *t, std::atomic<int> *st)
+{
+    st->store(GSER_INPROGRESS);
+    *t = std::thread([&cp, ctx, msg, so, st] {
+        st->store(gser_ucx_ep_send_msg(cp.p.cep.get(), ctx, msg, so, kWaitMs));
+    });
+    return GSER_OK;
+}
+
+// Receive one message on the server's end of cp.
+gser_status_t recv_one(CodecPair &cp, gser_context_t *ctx, MsgPtr *out, bool client_busy = false)
+{
+    gser_ucx_request_t *rr = nullptr;
+    EXPECT_EQ(gser_ucx_ep_recv_nb(cp.p.sep.get(), nullptr, &rr), GSER_OK) << gser_ucx_get_last_error();
+    ReqPtr r(rr);
+    // A client busy in send_msg on another thread is progressed there.
+    gser_status_t st = client_busy ? drive({cp.p.server.get()}, rr) : drive({cp.p.client.get(), cp.p.server.get()}, rr);
+    if (st)
+        return st;
+    gser_msg_t *m = nullptr;
+    st = gser_ucx_request_deserialize(rr, ctx, nullptr, &m);
+    out->reset(m);
+    return st;
+}
+
+// What the sender's options ask for becomes compressed frames on the wire
+// (the received frame's wire size is the compressed one), equal on arrival.
+TEST(Compress, ForcedCodecOnTheWire)
+{
+    auto ctx = make_ctx();
+    for (int mode : {GSER_UCX_COMPRESSION_LZ4, GSER_UCX_COMPRESSION_ZSTD, GSER_UCX_COMPRESSION_NONE}) {
+        SCOPED_TRACE("mode " + std::to_string(mode));
+        CodecPair cp;
+        ASSERT_NO_FATAL_FAILURE(cp.open(0, mode));
+        std::vector<unsigned char> bytes;
+        MsgPtr m = runs_msg(ctx.get(), bytes, kBig);
+        std::thread t;
+        std::atomic<int> sst;
+        send_msg_async(cp, ctx.get(), m.get(), nullptr, &t, &sst);
+        MsgPtr got;
+        gser_status_t rst = recv_one(cp, ctx.get(), &got, true);
+        t.join();
+        UCX_OK((gser_status_t)sst.load());
+        UCX_OK(rst);
+        ASSERT_TRUE(got);
+        EXPECT_TRUE(same_bytes(got.get(), bytes));
+        int codec = -1;
+        size_t wire = 0;
+        ASSERT_EQ(gser_msg_get_frame_codec(got.get(), 1, &codec, &wire), GSER_OK);
+        int want = mode == GSER_UCX_COMPRESSION_LZ4 ? GSER_COMPRESSION_LZ4
+                   : mode == GSER_UCX_COMPRESSION_ZSTD ? GSER_COMPRESSION_ZSTD
+                                                       : GSER_COMPRESSION_NONE;
+        EXPECT_EQ(codec, want);
+        if (want)
+            EXPECT_LT(wire, kBig / 10);
+        else
+            EXPECT_EQ(wire, kBig);
+    }
+}
+
+// Sampling: data that does not shrink travels as it is, even when forced.
+TEST(Compress, IncompressibleStaysAsItIs)
+{
+    auto ctx = make_ctx();
+    CodecPair cp;
+    ASSERT_NO_FATAL_FAILURE(cp.open(0, GSER_UCX_COMPRESSION_AUTO));
+    TestMsg t(ctx.get(), {100000}, 7);
+    std::thread th;
+    std::atomic<int> sst;
+    send_msg_async(cp, ctx.get(), t.msg.get(), nullptr, &th, &sst);
+    MsgPtr got;
+    gser_status_t rst = recv_one(cp, ctx.get(), &got, true);
+    th.join();
+    UCX_OK((gser_status_t)sst.load());
+    UCX_OK(rst);
+    ASSERT_TRUE(got);
+    EXPECT_TRUE(same_msg(got.get(), {100000}, 7));
+    int codec = -1;
+    size_t wire = 0;
+    ASSERT_EQ(gser_msg_get_frame_codec(got.get(), 1, &codec, &wire), GSER_OK);
+    EXPECT_EQ(codec, GSER_COMPRESSION_NONE);
+}
+
+// The caller's own codec: used when the peer has it, refused when not.
+TEST(Compress, CallerCodecNeedsThePeer)
+{
+    auto ctx = make_ctx();
+    CodecPair cp;
+    ASSERT_NO_FATAL_FAILURE(cp.open(0, 0, GSER_UCX_CAP_LZ4, GUX_CODECS));
+    std::vector<unsigned char> bytes;
+    MsgPtr m = runs_msg(ctx.get(), bytes, kBig);
+    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
+    so.compression = GSER_COMPRESSION_ZSTD;
+    EXPECT_EQ(gser_ucx_ep_send_msg(cp.p.cep.get(), ctx.get(), m.get(), &so, kWaitMs), GSER_ERR_UNSUPPORTED);
+    EXPECT_NE(std::string(gser_ucx_get_last_error()).find("zstd"), std::string::npos);
+    UCX_OK(gser_ucx_ep_get_status(cp.p.cep.get())); // nothing was sent: the endpoint goes on
+    so.compression = GSER_COMPRESSION_AUTO;          // what both have: lz4
+    UCX_OK(gser_ucx_ep_send_msg(cp.p.cep.get(), ctx.get(), m.get(), &so, kWaitMs));
+    MsgPtr got;
+    UCX_OK(recv_one(cp, ctx.get(), &got));
+    ASSERT_TRUE(got);
+    EXPECT_TRUE(same_bytes(got.get(), bytes));
+    int codec = -1;
+    size_t wire = 0;
+    ASSERT_EQ(gser_msg_get_frame_codec(got.get(), 1, &codec, &wire), GSER_OK);
+    EXPECT_EQ(codec, GSER_COMPRESSION_LZ4);
+}
+
+// A peer that does not follow the handshake: frames compressed by hand
+// (gser_serialize) and sent as they are.
+class CompressHostile : public ::testing::TestWithParam<int> {};
+
+TEST_P(CompressHostile, UnannouncedCodecRefused)
+{
+    int codec = GetParam();
+    auto ctx = make_ctx();
+    CodecPair cp;
+    uint32_t announced = codec == GSER_COMPRESSION_LZ4 ? GSER_UCX_CAP_ZSTD : GSER_UCX_CAP_LZ4;
+    ASSERT_NO_FATAL_FAILURE(cp.open(0, 0, announced, GUX_CODECS));
+    std::vector<unsigned char> bytes;
+    MsgPtr m = runs_msg(ctx.get(), bytes, kBig);
+    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
+    so.compression = codec;
+    auto f = serialize(ctx.get(), m.get(), &so);
+    ASSERT_TRUE(f);
+    gser_ucx_request_t *sr = nullptr;
+    UCX_OK(gser_ucx_ep_send_nb(cp.p.cep.get(), gser_frames_get_array(f.get()), gser_frames_get_count(f.get()), nullptr,
+                               &sr));
+    ReqPtr s(sr);
+    MsgPtr got;
+    EXPECT_EQ(recv_one(cp, ctx.get(), &got), GSER_ERR_COMPRESSED);
+    std::string why = gser_ucx_get_last_error();
+    EXPECT_NE(why.find("did not announce"), std::string::npos) << why;
+    EXPECT_NE(why.find(codec == GSER_COMPRESSION_LZ4 ? "lz4" : "zstd"), std::string::npos) << why;
+    EXPECT_FALSE(got);
+    EXPECT_EQ(gser_ucx_ep_get_status(cp.p.sep.get()), GSER_ERR_COMPRESSED); // the endpoint was closed
+}
+
+// Compressed data that is garbage, or cut to a different length than the
+// header says, fails the receive with GSER_ERR_COMPRESSED or the frame
+// error, and closes the endpoint; nothing crashes.
+TEST_P(CompressHostile, CorruptDataRefused)
+{
+    int codec = GetParam();
+    auto ctx = make_ctx();
+    for (int how = 0; how < 3; how++) {
+        SCOPED_TRACE("corruption " + std::to_string(how));
+        CodecPair cp;
+        ASSERT_NO_FATAL_FAILURE(cp.open(0, 0));
+        std::vector<unsigned char> bytes;
+        MsgPtr m = runs_msg(ctx.get(), bytes, kBig);
+        gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
+        so.compression = codec;
+        auto f = serialize(ctx.get(), m.get(), &so);
+        ASSERT_TRUE(f);
+        ASSERT_EQ(gser_frames_get_count(f.get()), 2u);
+        std::vector<gser_frame_t> frames(gser_frames_get_array(f.get()), gser_frames_get_array(f.get()) + 2);
+        std::vector<unsigned char> data((const unsigned char *)frames[1].data,
+                                        (const unsigned char *)frames[1].data + frames[1].size);
+        ASSERT_LT(data.size(), kBig / 10); // it was compressed
+        if (how == 0)
+            std::fill(data.begin(), data.end(), 0xff); // garbage
+        else if (how == 1)
+            std::fill(data.begin() + data.size() / 2, data.end(), 0); // the second half lost
+        else
+            data.resize(data.size() / 2); // shorter than the header says
+        frames[1].data = data.data();
+        frames[1].size = data.size();
+        frames[1].release = nullptr;
+        gser_ucx_request_t *sr = nullptr;
+        UCX_OK(gser_ucx_ep_send_nb(cp.p.cep.get(), frames.data(), frames.size(), nullptr, &sr));
+        ReqPtr s(sr);
+        MsgPtr got;
+        gser_status_t st = recv_one(cp, ctx.get(), &got);
+        EXPECT_FALSE(got);
+        if (how < 2) {
+            EXPECT_EQ(st, GSER_ERR_COMPRESSED) << gser_status_str(st) << ": " << gser_ucx_get_last_error();
+            EXPECT_EQ(gser_ucx_ep_get_status(cp.p.sep.get()), GSER_ERR_COMPRESSED);
+        } else {
+            EXPECT_TRUE(st == GSER_ERR_FRAME || st == GSER_ERR_COMPRESSED)
+                << gser_status_str(st) << ": " << gser_ucx_get_last_error();
+            EXPECT_NE(gser_ucx_ep_get_status(cp.p.sep.get()), GSER_OK);
+        }
+        drive({cp.p.client.get(), cp.p.server.get()}, sr, 2000);
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Codecs, CompressHostile, ::testing::Values(GSER_COMPRESSION_LZ4, GSER_COMPRESSION_ZSTD),
+                         [](const ::testing::TestParamInfo<int> &i) {
+                             return std::string(i.param == GSER_COMPRESSION_LZ4 ? "lz4" : "zstd");
+                         });
+
+} // namespace
