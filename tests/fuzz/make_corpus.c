@@ -43,6 +43,30 @@ static int write_msg_codec(gser_context_t *ctx, gser_msg_t *m, const char *const
 }
 
 
+/* A UCX message head (fuzz_ucx_head's seed) with every frame of a message
+ * inlined, as a sender whose inline limits allow it sends one: the
+ * transport fuzzer then decodes (and decompresses) what it carries. */
+static int write_head_inline(const gser_frame_t *fr, size_t n, const char *dir, const char *name)
+{
+    gux_route_policy_t pol = {.inline_max = 1 << 20, .inline_budget = 1 << 20, .device_direct = false};
+    uint8_t routes[8];
+    size_t len;
+    if (n > 8 || gux_head_plan(fr, n, &pol, routes, &len) != GSER_OK)
+        return 1;
+    unsigned char *head = calloc(1, len);
+    if (!head)
+        return 1;
+    gux_head_write(fr, n, routes, 3, 0, head, len);
+    char path[600];
+    snprintf(path, sizeof path, "%s-ucx/%s", dir, name);
+    FILE *out = fopen(path, "wb");
+    int bad = !out || fwrite(head, 1, len, out) != len;
+    if (out)
+        fclose(out);
+    free(head);
+    return bad;
+}
+
 /* The compressed frame 1 of f made hostile: its table entry's uncompressed
  * size moved by raw_delta, its data cut by cut bytes (the sizes kept
  * consistent), or its first bytes overwritten with garbage. */
@@ -108,6 +132,11 @@ found:;
         return 1;
     CK(gser_flat_write_file(copy, n, out));
     fclose(out);
+    /* the same message in a UCX head, every frame inlined */
+    char hname[256];
+    snprintf(hname, sizeof hname, "head-%.*s.bin", (int)(strlen(name) - 5), name);
+    if (write_head_inline(copy, n, dir, hname))
+        return 1;
     free(data);
     msgpack_sbuffer_destroy(&old);
     msgpack_sbuffer_destroy(&new_);
@@ -294,6 +323,16 @@ int main(int argc, char **argv)
         if (write_msg_codec(ctx, m, NULL, c ? GSER_COMPRESSION_ZSTD : GSER_COMPRESSION_LZ4, dir,
                             c ? "compressed-zstd.gser" : "compressed-lz4.gser"))
             return 1;
+        {
+            gser_serialize_options_t hs = GSER_SERIALIZE_OPTIONS_INIT;
+            hs.compression = c ? GSER_COMPRESSION_ZSTD : GSER_COMPRESSION_LZ4;
+            gser_frames_t *hf;
+            CK(gser_serialize(ctx, m, &hs, &hf));
+            if (write_head_inline(gser_frames_get_array(hf), gser_frames_get_count(hf), dir,
+                                  c ? "head-compressed-zstd.bin" : "head-compressed-lz4.bin"))
+                return 1;
+            gser_frames_destroy(hf);
+        }
         /* and hostile: lying sizes, cut data, garbage */
         gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
         so.compression = c ? GSER_COMPRESSION_ZSTD : GSER_COMPRESSION_LZ4;
@@ -452,7 +491,8 @@ int main(int argc, char **argv)
         fclose(out);
         free(head);
     }
-    gux_hello_t hello = {GSER_UCX_WIRE_VERSION, GSER_WIRE_VERSION, 0, GUX_HELLO_SECRET, 10000, {7}};
+    gux_hello_t hello = {GSER_UCX_WIRE_VERSION, GSER_WIRE_VERSION, GSER_UCX_CAP_LZ4 | GSER_UCX_CAP_ZSTD,
+                         GUX_HELLO_SECRET, 10000, {7}};
     unsigned char hb[GUX_HELLO_LEN];
     gux_hello_encode(&hello, hb);
     char path[600];

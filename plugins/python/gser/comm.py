@@ -45,6 +45,14 @@ peer); "none" turns the check off. Each side heartbeats on its own, so an
 idle healthy comm stays up, as long as the event loop runs at least every
 few seconds.
 
+distributed.comm.compression is honoured as tcp:// honours it ("auto",
+"lz4", "zstd", None/False), by the transport: it compresses host frames
+(sampled, as Dask's maybe_compress) and the peer's transport decompresses
+them, so Dask's frames stay uncompressed and their "compression" entries
+None. "auto" compresses nothing towards the same host and samples lz4
+towards other hosts (docs/ucx.md section 4.5). Large messages are
+compressed on Dask's offload thread.
+
 UCX settings come from the environment (UCX_TLS, UCX_NET_DEVICES, ...) and
 from Dask's configuration, distributed.comm.gser.{transports, net-devices,
 peer-timeout, secret} (DASK_DISTRIBUTED__COMM__GSER__TRANSPORTS=tcp, ...).
@@ -72,8 +80,8 @@ from dask.utils import parse_timedelta
 from distributed.comm.addressing import get_address_host, parse_host_port, unparse_host_port
 from distributed.comm.core import Comm, CommClosedError, Connector, FatalCommClosedError, Listener
 from distributed.comm.registry import Backend, backends
-from distributed.comm.utils import ensure_concrete_host, from_frames, to_frames
-from distributed.utils import ensure_ip, get_ip, get_ipv6, nbytes
+from distributed.comm.utils import OFFLOAD_THRESHOLD, ensure_concrete_host, from_frames, to_frames
+from distributed.utils import ensure_ip, get_ip, get_ipv6, nbytes, offload
 
 import gser.ucx
 from gser import _alloc
@@ -115,6 +123,25 @@ def _peer_timeout_ms() -> int:
     return max(1, int(parse_timedelta(timeout, default="seconds") * 1000))
 
 
+# distributed.comm.compression as gser:// honours it: the codecs gser has
+# compress in the transport ("auto": by transport, none towards this host);
+# any other name Dask knows (zlib, snappy) is left to Dask's own frames.
+_GSER_COMPRESSION = {"auto": "auto", None: None, False: None, "none": None, "None": None, "lz4": "lz4",
+                     "zstd": "zstd"}
+
+
+def _compression():
+    """(what the transport compresses, what Dask compresses) for
+    distributed.comm.compression now."""
+    setting = dask.config.get("distributed.comm.compression", "auto")
+    if isinstance(setting, str):
+        setting = setting.strip().lower() if setting.strip().lower() in _GSER_COMPRESSION else setting
+    try:
+        return _GSER_COMPRESSION[setting], None
+    except (KeyError, TypeError):
+        return None, setting
+
+
 def _context() -> gser.ucx.Context:
     return gser.ucx.default_context(transports=_config("transports"), peer_timeout_ms=_peer_timeout_ms(),
                                     secret=_config("secret"), net_devices=_config("net-devices"))
@@ -146,7 +173,7 @@ def _worker() -> gser.ucx.Worker:
     if w is None or w.closed or w.failed is not None:
         # A failed worker (its receive queue blocked) stays with what still
         # uses it until they let go; new comms get a new one.
-        w = _workers[loop] = gser.ucx.Worker(_context(), loop=loop)
+        w = _workers[loop] = gser.ucx.Worker(_context(), loop=loop, compression="auto")
     return w
 
 
@@ -216,6 +243,7 @@ class GserComm(Comm):
         self._ep = ep
         self._local_addr = local_addr
         self._peer_addr = peer_addr
+        self._compression = "auto"  # what the endpoint was told (its worker's default)
         self._sending = 0  # sends the transport still holds buffers of
         self._drained = None  # a future close() waits on until _sending is 0
         # A comm dropped without close() must not keep its connection.
@@ -266,6 +294,10 @@ class GserComm(Comm):
         if ep.closed:
             self.abort()
             raise _closed_error(self, "write", ep.error())
+        gser_codec, dask_codec = _compression()
+        if gser_codec != self._compression:
+            ep.set_compression(gser_codec)
+            self._compression = gser_codec
         frames = await to_frames(
             msg,
             allow_offload=self.allow_offload and not _small(msg),
@@ -275,10 +307,23 @@ class GserComm(Comm):
                 "sender": self.local_info,
                 "recipient": self.remote_info,
                 **self.handshake_options,
-                "compression": None,  # UCX moves bytes faster than lz4 makes fewer of them
+                # The transport compresses (and the peer's decompresses):
+                # Dask's frames stay as they are, their entries None.
+                "compression": dask_codec,
             },
             frame_split_size=_NO_SPLIT,
         )
+        prepared = None
+        if self.allow_offload and OFFLOAD_THRESHOLD and not ep.closed:
+            codec = ep.compression
+            if codec is not None and sum(map(nbytes, frames)) > OFFLOAD_THRESHOLD:
+                # Compressing is the large message's cost: off the event
+                # loop, as Dask offloads serialization.
+                try:
+                    prepared = await offload(ep.prepare_frames, frames, codec)
+                except gser.ucx.ConnectionClosedError as e:
+                    self.abort()
+                    raise _closed_error(self, "write", e) from e
         # Posted, not waited for: as a socket's buffer would, the transport
         # holds the frames until the peer takes them (a large message
         # completes only when the peer reads it, and Dask peers often write
@@ -286,7 +331,10 @@ class GserComm(Comm):
         # next read or write reports.
         self._sending += 1
         try:
-            ep.send_frames_nowait(frames, callback=self._sent)
+            if prepared is not None:
+                ep.send_nowait(prepared, callback=self._sent)
+            else:
+                ep.send_frames_nowait(frames, callback=self._sent)
         except BaseException as e:
             self._sending -= 1
             self.abort()

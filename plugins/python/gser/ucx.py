@@ -151,7 +151,12 @@ class Worker:
 
     Options (0 = the transport's default): inline_max, inline_budget,
     staging_chunk, staging_depth, recv_cache_bytes, recv_cache_max_bytes,
-    max_frames, max_bytes (see gser_ucx_worker_options_t).
+    max_frames, max_bytes (see gser_ucx_worker_options_t); compression, as
+    Dask's distributed.comm.compression names it: "auto" (the default: none
+    towards a peer on this host, sampled lz4 towards another host), None or
+    False (none), "lz4" or "zstd" (sampled, that codec on every transport;
+    a codec the peer did not announce is never used), and
+    compression_level (0: the codec's default).
     """
 
     def __init__(self, context: Context | None = None, *, loop=None, **options):
@@ -492,6 +497,28 @@ class Endpoint:
         return info
 
     # -- messages ------------------------------------------------------------------------
+
+    @property
+    def compression(self):
+        """The codec this endpoint's sends are compressed with, as negotiated in
+        its handshake: "lz4", "zstd" or None. Frames that do not shrink travel
+        as they are."""
+        return self._c.compression
+
+    def set_compression(self, compression) -> None:
+        """What this endpoint compresses, over its worker's option (see Worker)."""
+        self._c.set_compression(compression)
+
+    def prepare_frames(self, frames, compression=None):
+        """Serialize a list of frames as send_frames does, compressing host
+        frames with compression ("lz4", "zstd", "auto" or None; see the
+        compression property): the object to pass to send_nowait. Runs on
+        any thread, with the GIL released while it compresses, so that large
+        frames are compressed off the event loop."""
+        try:
+            return self._c.prepare([_frame(f) for f in frames], None, compression)
+        except GserError as e:
+            raise _translate(e) from None
 
     async def _wait(self, req):
         fut = self.worker._loop.create_future()

@@ -222,6 +222,12 @@ PgOwner *pg_serialize(PyObject *obj, PyObject *families)
     return serialize(obj, families, &eo, false, GSER_COMPRESSION_NONE);
 }
 
+PgOwner *pg_serialize_compressed(PyObject *obj, PyObject *families, int compression)
+{
+    pg_encode_options_t eo = {0};
+    return serialize(obj, families, &eo, false, compression);
+}
+
 PgOwner *pg_serialize_flat(PyObject *obj, PyObject *families, int compression)
 {
     pg_encode_options_t eo = {0};

@@ -351,6 +351,8 @@ const char *pg_dtype_format(gser_dtype_t dtype);
  * str): an owner holding the message and its frames, whose device work is
  * done. NULL with an exception set. */
 PgOwner *pg_serialize(PyObject *obj, PyObject *families);
+/* pg_serialize with host frames compressed as compression (a gser_compression_t) says. */
+PgOwner *pg_serialize_compressed(PyObject *obj, PyObject *families, int compression);
 /* The same for the flattened form (to_bytes, dump): "device" left out of
  * families, "host" always there, so every frame is host memory. */
 PgOwner *pg_serialize_flat(PyObject *obj, PyObject *families, int compression);

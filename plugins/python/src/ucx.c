@@ -286,19 +286,49 @@ static PyObject *take_events(PgUcxWorker *w)
     return out;
 }
 
+/* ---- compression ----------------------------------------------------------------------------- */
+
+/* A worker's or endpoint's compression, as Dask's distributed.comm.compression
+ * names it: "auto" (the default: by transport), None or False (none), "lz4",
+ * "zstd". */
+static int ucx_compression_parse(PyObject *o, int *out)
+{
+    const char *s = o && PyUnicode_Check(o) ? PyUnicode_AsUTF8(o) : NULL;
+    if (!o || (s && strcmp(s, "auto") == 0))
+        *out = GSER_UCX_COMPRESSION_DEFAULT;
+    else if (o == Py_None || o == Py_False || (s && strcmp(s, "none") == 0))
+        *out = GSER_UCX_COMPRESSION_NONE;
+    else if (s && strcmp(s, "lz4") == 0)
+        *out = GSER_UCX_COMPRESSION_LZ4;
+    else if (s && strcmp(s, "zstd") == 0)
+        *out = GSER_UCX_COMPRESSION_ZSTD;
+    else {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError,
+                         "compression must be \"auto\", None, False, \"lz4\" or \"zstd\" (as Dask's "
+                         "distributed.comm.compression), not %R",
+                         o);
+        return -1;
+    }
+    return 0;
+}
+
 /* ---- _UcxWorker ----------------------------------------------------------------------------- */
 
 static PyObject *worker_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"context", "inline_max", "inline_budget", "staging_chunk", "staging_depth",
-                             "recv_cache_bytes", "recv_cache_max_bytes", "max_frames", "max_bytes", NULL};
-    PyObject *context;
+                             "recv_cache_bytes", "recv_cache_max_bytes", "max_frames", "max_bytes", "compression",
+                             "compression_level", NULL};
+    PyObject *context, *compression = NULL;
     gser_ucx_worker_options_t o = GSER_UCX_WORKER_OPTIONS_INIT;
     gser_limits_t lim = GSER_LIMITS_INIT;
     unsigned long long max_bytes = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|$nnnInnnK:_UcxWorker", kwlist, &PgUcxContext_Type, &context,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|$nnnInnnKOi:_UcxWorker", kwlist, &PgUcxContext_Type, &context,
                                      &o.inline_max, &o.inline_budget, &o.staging_chunk, &o.staging_depth,
-                                     &o.recv_cache_bytes, &o.recv_cache_max_bytes, &lim.max_frames, &max_bytes))
+                                     &o.recv_cache_bytes, &o.recv_cache_max_bytes, &lim.max_frames, &max_bytes,
+                                     &compression, &o.compression_level) ||
+        ucx_compression_parse(compression, &o.compression) < 0)
         return NULL;
     lim.max_bytes = max_bytes;
     o.thread_mode = GSER_UCX_THREAD_SERIALIZED; /* the GIL serializes the calls */
@@ -783,6 +813,49 @@ static PyObject *endpoint_peer_info(PgUcxEndpoint *self, PyObject *unused)
                          "peer_port", info.peer_port);
 }
 
+/* Serialize (and compress) without the endpoint: may run on any thread,
+ * so that large frames are compressed off the event loop. */
+static PyObject *endpoint_prepare(PgUcxEndpoint *self, PyObject *args, PyObject *kw)
+{
+    (void)self;
+    static char *kwlist[] = {"obj", "families", "compression", NULL};
+    PyObject *obj, *families = NULL, *compression = NULL;
+    int codec;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OO:prepare", kwlist, &obj, &families, &compression) ||
+        pg_compression_parse(compression, &codec) < 0)
+        return NULL;
+    return (PyObject *)pg_serialize_compressed(obj, families, codec);
+}
+
+static PyObject *endpoint_set_compression(PgUcxEndpoint *self, PyObject *arg)
+{
+    int c;
+    if (ucx_compression_parse(arg, &c) < 0)
+        return NULL;
+    if (!self->ep)
+        return closed_error("_UcxEndpoint.set_compression");
+    gser_status_t st = gser_ucx_ep_set_compression(self->ep, c);
+    if (st)
+        return ucx_raise(st, "gser_ucx_ep_set_compression");
+    Py_RETURN_NONE;
+}
+
+static PyObject *endpoint_compression(PgUcxEndpoint *self, void *closure)
+{
+    (void)closure;
+    if (!self->ep)
+        return closed_error("_UcxEndpoint.compression");
+    int codec;
+    gser_status_t st = gser_ucx_ep_get_compression(self->ep, &codec);
+    if (st)
+        return ucx_raise(st, "gser_ucx_ep_get_compression");
+    if (codec == GSER_COMPRESSION_LZ4)
+        return PyUnicode_FromString("lz4");
+    if (codec == GSER_COMPRESSION_ZSTD)
+        return PyUnicode_FromString("zstd");
+    Py_RETURN_NONE;
+}
+
 static PgUcxRequest *request_new(PgUcxEndpoint *ep, PyObject *user, bool recv)
 {
     PgUcxRequest *r = PyObject_GC_New(PgUcxRequest, &PgUcxRequest_Type);
@@ -812,7 +885,15 @@ static PyObject *endpoint_send(PgUcxEndpoint *self, PyObject *args, PyObject *kw
     PgUcxRequest *r = request_new(self, user, false);
     if (!r)
         return NULL;
-    PgOwner *owner = pg_serialize(obj, families);
+    PgOwner *owner;
+    if (Py_IS_TYPE(obj, &PgOwner_Type) && ((PgOwner *)obj)->frames) { /* from prepare() */
+        owner = (PgOwner *)Py_NewRef(obj);
+    } else {
+        int codec = GSER_COMPRESSION_NONE;
+        if (gser_ucx_ep_get_compression(self->ep, &codec))
+            codec = GSER_COMPRESSION_NONE; /* not ready: the send fails below */
+        owner = pg_serialize_compressed(obj, families, codec);
+    }
     if (!owner) {
         Py_DECREF(r);
         return NULL;
@@ -896,6 +977,12 @@ static PyMethodDef endpoint_methods[] = {
      "(bounded), anything in flight is canceled. Idempotent."},
     {"error", (PyCFunction)endpoint_error, METH_NOARGS,
      "error() -> GserError or None: why the endpoint failed or closed."},
+    {"prepare", (PyCFunction)(void (*)(void))endpoint_prepare, METH_VARARGS | METH_KEYWORDS,
+     "prepare(obj, families=None, compression=None) -> a serialized message for send(): the\n"
+     "serializing and compressing (GIL released) of send(), on any thread."},
+    {"set_compression", (PyCFunction)endpoint_set_compression, METH_O,
+     "set_compression(c): what this endpoint compresses (\"auto\": by transport, None/False,\n"
+     "\"lz4\", \"zstd\"), over its worker's; only codecs the peer announced are used."},
     {"peer_info", (PyCFunction)endpoint_peer_info, METH_NOARGS,
      "peer_info() -> dict: what the peer announced in the handshake (wire_version, gser_wire_version, caps), "
      "and the connection's addresses (local_host, local_port, peer_host, peer_port)."},
@@ -905,6 +992,10 @@ static PyMethodDef endpoint_methods[] = {
 static PyGetSetDef endpoint_getset[] = {
     {"state", (getter)endpoint_state, NULL, "'connecting', 'ready', 'failed', 'closed' or 'destroyed'.", NULL},
     {"status", (getter)endpoint_status_get, NULL, "gser_ucx_ep_get_status (GSER_ERR_CANCELED once destroyed).",
+     NULL},
+    {"compression", (getter)endpoint_compression, NULL,
+     "The codec its sends are compressed with after negotiation: \"lz4\", \"zstd\" or None\n"
+     "(gser_ucx_ep_get_compression; frames that do not shrink go as they are).",
      NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };

@@ -9,6 +9,9 @@ other side of a gser:// connection, run as `python3 comm_peer.py ROLE ...`.
                            array, print "ok <seconds>"
     partition ADDRESS      connect, one round trip, print "ready", then read:
                            print "closed <seconds>" when the comm fails
+    codec ADDRESS          connect, send 8 MiB of compressible columns there
+                           and back, print "codec <what the endpoint
+                           compresses with>" once they came back equal
 
 serve prints "closed" for every comm that failed.
 """
@@ -84,6 +87,16 @@ async def partition(address):
         print("closed", round(time.monotonic() - start, 3), flush=True)
 
 
+async def codec(address):
+    comm = await connect(address, timeout=20)
+    data = np.repeat(np.arange(1 << 17, dtype=np.int64), 8)
+    await comm.write({"data": to_serialize(data)})
+    back = await comm.read()
+    assert np.array_equal(back["data"], data)
+    print("codec", comm._ep.compression, flush=True)
+    await comm.close()
+
+
 def main(argv):
     warnings.simplefilter("ignore", DeprecationWarning)  # tornado 6.2 inside distributed
     role = argv[1]
@@ -97,6 +110,8 @@ def main(argv):
         coro = client(argv[2], int(argv[3]))
     elif role == "partition":
         coro = partition(argv[2])
+    elif role == "codec":
+        coro = codec(argv[2])
     else:
         raise SystemExit(f"unknown role {role!r}")
     asyncio.run(coro)

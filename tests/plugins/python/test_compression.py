@@ -112,3 +112,298 @@ def test_device_frames_are_not_compressed():
     header, frames = gser.dumps([Dev(zeros)], families=("host",), compression="auto")
     assert header[7] == 2
     assert memoryview(frames[0]).nbytes == N
+
+
+# ---- the transport and gser:// (distributed.comm.compression) ---------------------------------
+
+ucx_only = pytest.mark.skipif(not gser.HAVE_UCX, reason="gser built without gser::ucx (libucx-dev)")
+dask_warnings = [
+    pytest.mark.filterwarnings("ignore:make_current is deprecated:DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:There is no current event loop:DeprecationWarning"),
+]
+
+
+def run(coro, timeout=120):
+    import asyncio
+
+    async def bounded():
+        return await asyncio.wait_for(coro, timeout)
+
+    return asyncio.run(bounded())
+
+
+async def ucx_pair(server_opts=None, client_opts=None):
+    """Two gser.ucx workers on this loop, connected over loopback: (server
+    endpoint, client endpoint, workers)."""
+    import asyncio
+
+    import gser.ucx
+
+    sw = gser.ucx.Worker(**(server_opts or {}))
+    cw = gser.ucx.Worker(**(client_opts or {}))
+    accepted = asyncio.get_running_loop().create_future()
+    lst = sw.listen(lambda ep: accepted.set_result(ep), address="127.0.0.1")
+    cep = await cw.connect("127.0.0.1", lst.port)
+    sep = await asyncio.wait_for(accepted, 30)
+    return sep, cep, (sw, cw)
+
+
+@ucx_only
+@pytest.mark.parametrize("option, codec", [("auto", None), (None, None), (False, None), ("lz4", "lz4"),
+                                           ("zstd", "zstd")])
+def test_ucx_worker_option(option, codec):
+    """Worker(compression=) as Dask names it: over loopback "auto" compresses
+    nothing; a forced codec is used; the message arrives equal."""
+    async def main():
+        sep, cep, ws = await ucx_pair(client_opts={"compression": option})
+        assert cep.compression == codec
+        assert sep.compression is None  # the server's default, on loopback
+        data = compressible()
+        sent = cep.send_frames_nowait([data.tobytes()])  # done once the peer took it
+        got = await sep.recv_frames()
+        await sent
+        assert bytes(got[0]) == data.tobytes()
+        for w in ws:
+            w.close()
+
+    run(main())
+
+
+@ucx_only
+def test_ucx_endpoint_option_and_prepare():
+    """set_compression on one endpoint overrides its worker's; prepare_frames
+    (what the comm runs off the loop) gives what send_nowait sends."""
+    async def main():
+        sep, cep, ws = await ucx_pair()
+        assert cep.compression is None
+        cep.set_compression("zstd")
+        assert cep.compression == "zstd"
+        data = compressible()
+        prepared = cep.prepare_frames([data.tobytes(), b"small"], cep.compression)
+        sent = cep.send_nowait(prepared)
+        got = await sep.recv_frames()
+        await sent
+        assert bytes(got[0]) == data.tobytes() and bytes(got[1]) == b"small"
+        cep.set_compression(None)
+        assert cep.compression is None
+        for bad in ("gzip", 3, "LZ4x"):
+            with pytest.raises(ValueError, match="compression must be"):
+                cep.set_compression(bad)
+        for w in ws:
+            w.close()
+
+    run(main())
+
+
+@ucx_only
+def test_ucx_worker_option_refused():
+    import gser.ucx
+
+    async def main():
+        with pytest.raises(ValueError, match="distributed.comm.compression"):
+            gser.ucx.Worker(compression="brotli")
+
+    run(main())
+
+
+def _comm_modules():
+    pytest.importorskip("distributed")
+    import gser.comm  # noqa: F401
+    import gser.dask  # noqa: F401  (registers gser://)
+
+
+@ucx_only
+@pytest.mark.parametrize("setting, codec", [("auto", None), (None, None), (False, None), ("lz4", "lz4"),
+                                            ("zstd", "zstd"), ("zlib", None)])
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_comm_honours_distributed_comm_compression(setting, codec):
+    """gser:// reads distributed.comm.compression at each write: the codecs gser
+    has compress in the transport (Dask's frames and their "compression"
+    entries stay uncompressed/None on the receiving side), any other (zlib)
+    is Dask's own; the data arrives equal either way."""
+    _comm_modules()
+    import dask
+    from distributed.comm.tests import test_comms as dask_tests
+    from distributed.protocol import Serialized, deserialize, to_serialize
+    from distributed.protocol.compression import decompress
+
+    async def main():
+        a, b = await dask_tests.get_comm_pair("gser://127.0.0.1", deserialize=False)
+        data = compressible()
+        with dask.config.set({"distributed.comm.compression": setting}):
+            await a.write({"x": to_serialize(data)})
+        got = (await b.read())["x"]
+        assert a._ep.compression == codec
+        assert isinstance(got, Serialized)
+        entries = got.header.get("compression") or [None] * len(got.frames)
+        frames = got.frames
+        if setting == "zlib":
+            assert "zlib" in entries  # Dask compressed it itself
+            frames = decompress(got.header, frames)
+        else:
+            assert all(c in (None, False) for c in entries), entries
+            assert sum(memoryview(f).nbytes for f in frames) >= data.nbytes  # as Dask wrote them
+        assert np.array_equal(deserialize(got.header, frames), data)
+        await a.close()
+        await b.close()
+
+    run(main())
+
+
+@ucx_only
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_comm_settings_differ_per_write_and_side():
+    """Each side compresses by its own setting (both read every codec), so
+    writes under different settings on the two ends of one comm interoperate."""
+    _comm_modules()
+    import dask
+    from distributed.comm.tests import test_comms as dask_tests
+    from distributed.protocol import to_serialize
+
+    async def main():
+        a, b = await dask_tests.get_comm_pair("gser://127.0.0.1")
+        data = compressible()
+        for sa, sb in [("lz4", "zstd"), ("zstd", None), (None, "lz4"), ("auto", "zstd")]:
+            with dask.config.set({"distributed.comm.compression": sa}):
+                await a.write({"x": to_serialize(data), "s": sa})
+            with dask.config.set({"distributed.comm.compression": sb}):
+                got = await b.read()
+                await b.write({"x": to_serialize(got["x"]), "s": sb})
+            back = await a.read()
+            assert got["s"] == sa and back["s"] == sb
+            assert np.array_equal(got["x"], data) and np.array_equal(back["x"], data)
+        await a.close()
+        await b.close()
+
+    run(main())
+
+
+@ucx_only
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_comm_large_messages_compress_off_the_event_loop(monkeypatch):
+    """A message over distributed.comm.offload that its endpoint compresses is
+    serialized and compressed on Dask's offload thread; small ones, and
+    large ones that are not compressed, are not."""
+    _comm_modules()
+    import threading
+
+    import dask
+    import gser.comm
+    from distributed.comm.tests import test_comms as dask_tests
+    from distributed.protocol import to_serialize
+
+    threads = []
+    real = gser.comm.offload
+
+    async def counting(fn, *args, **kw):
+        def inner(*a, **k):
+            threads.append(threading.current_thread())
+            return fn(*a, **k)
+
+        return await real(inner, *args, **kw)
+
+    monkeypatch.setattr(gser.comm, "offload", counting)
+
+    async def main():
+        a, b = await dask_tests.get_comm_pair("gser://127.0.0.1")
+        big = np.repeat(np.arange(1 << 20, dtype=np.int64), 4)  # 32 MiB of runs
+        with dask.config.set({"distributed.comm.compression": "lz4"}):
+            await a.write({"x": to_serialize(big)})
+            assert np.array_equal((await b.read())["x"], big)
+            assert threads and all(t is not threading.main_thread() for t in threads)
+            n = len(threads)
+            await a.write({"x": to_serialize(compressible())})  # under the threshold
+            assert np.array_equal((await b.read())["x"], compressible())
+            assert len(threads) == n
+        with dask.config.set({"distributed.comm.compression": None}):
+            await a.write({"x": to_serialize(big)})
+            assert np.array_equal((await b.read())["x"], big)
+            assert len(threads) == n
+        await a.close()
+        await b.close()
+
+    run(main())
+
+
+@ucx_only
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_comm_sides_with_different_settings_in_two_processes():
+    """A peer process that compresses with zstd and this one with lz4: the
+    echo comes back equal."""
+    _comm_modules()
+    import dask
+    from test_comm import Peer
+    from distributed.comm import connect
+    from distributed.protocol import to_serialize
+
+    env = dict(os.environ, DASK_DISTRIBUTED__COMM__COMPRESSION="zstd")
+    with Peer("serve", "127.0.0.1", env=env) as peer:
+        async def main():
+            comm = await connect(peer.address)
+            data = compressible()
+            with dask.config.set({"distributed.comm.compression": "lz4"}):
+                await comm.write({"data": to_serialize(data)})
+                assert comm._ep.compression == "lz4"
+            back = (await comm.read())["data"]
+            assert np.array_equal(back, data)
+            await comm.close()
+
+        run(main())
+
+
+NS = ("gcz-a", "gcz-b")
+VETH = ("gcz-va", "gcz-vb")
+ADDR = ("10.213.78.1", "10.213.78.2")
+
+
+def _ip(*args, check=True):
+    import subprocess
+
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=30)
+
+
+@pytest.fixture
+def two_hosts():
+    """Two network namespaces joined by a veth pair (names of this file's own)."""
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        pytest.skip("network namespaces need root and iproute2's ip")
+    for ns in NS:
+        _ip("netns", "del", ns, check=False)
+    try:
+        for ns in NS:
+            _ip("netns", "add", ns)
+        _ip("link", "add", VETH[0], "type", "veth", "peer", "name", VETH[1])
+        for ns, veth, addr in zip(NS, VETH, ADDR):
+            _ip("link", "set", veth, "netns", ns)
+            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", veth)
+            _ip("-n", ns, "link", "set", veth, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+    except (subprocess.CalledProcessError, OSError) as e:
+        for ns in NS:
+            _ip("netns", "del", ns, check=False)
+        pytest.skip(f"cannot set up network namespaces here: {getattr(e, 'stderr', e)}")
+    yield
+    for ns in NS:
+        _ip("netns", "del", ns, check=False)  # takes the veth pair with it
+
+
+@ucx_only
+def test_auto_compresses_between_network_namespaces(two_hosts):
+    """Between two hosts (network namespaces joined by a veth pair, UCX over
+    tcp) "auto" samples lz4; the data comes back equal."""
+    _comm_modules()
+    import subprocess
+    import sys
+
+    from test_comm import PEER, Peer
+
+    env = dict(os.environ, UCX_TLS="tcp")
+    env.pop("DASK_DISTRIBUTED__COMM__COMPRESSION", None)
+    with Peer("serve", ADDR[0], prefix=("ip", "netns", "exec", NS[0]), env=env) as server:
+        out = subprocess.run(["ip", "netns", "exec", NS[1], sys.executable, PEER, "codec", server.address],
+                             capture_output=True, text=True, timeout=300, env=env)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert out.stdout.split() == ["codec", "lz4"]

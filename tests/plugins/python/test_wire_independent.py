@@ -87,6 +87,56 @@ def test_what_gser_writes_reads_back_through_an_independent_msgpack_decoder(name
     assert same(plain(got), obj), (plain(got), obj)
 
 
+COMPRESSIBLE = {
+    "keys": np.repeat(np.arange(20000, dtype=np.int64), 4),
+    "codes": np.tile(np.arange(7, dtype=np.int8), 30000),
+    "runs": np.repeat(rng.random(500), 200),
+    "noise": rng.random(5000),  # stays as it is: it does not shrink
+    "small": b"abc" * 10,
+}
+
+
+@pytest.mark.parametrize("codec", ["lz4", "zstd"])
+def test_compressed_frames_read_back_by_the_spec(codec):
+    """Version 3: the 5-field table entries, decompressed with python3-lz4
+    (one LZ4 block) and python3-zstandard (one Zstandard frame)."""
+    pytest.importorskip("lz4.block" if codec == "lz4" else "zstandard")
+    header, frames = gser.dumps(COMPRESSIBLE, compression=codec)
+    top = msgpack.unpackb(bytes(header), raw=False, strict_map_key=False)
+    entries = [e for e in top[3] if len(e) == 5]
+    assert entries and all(e[3] == (1 if codec == "lz4" else 2) for e in entries)
+    version, got = ref.read(header, frames)
+    assert version == 3
+    assert same(plain(got), COMPRESSIBLE)
+
+
+@pytest.mark.parametrize("codec", ["lz4", "zstd"])
+def test_the_reference_reader_refuses_what_gser_refuses(codec):
+    """A compressed frame cut short, or whose declared size lies, is refused
+    by both readers."""
+    pytest.importorskip("lz4.block" if codec == "lz4" else "zstandard")
+    header, frames = gser.dumps({"k": COMPRESSIBLE["keys"]}, compression=codec)
+    top = msgpack.unpackb(bytes(header), raw=False, strict_map_key=False)
+    i = next(i for i, e in enumerate(top[3]) if len(e) == 5)
+    frames = [bytes(memoryview(f).cast("B")) for f in frames]
+    lying = [list(e) for e in top[3]]
+    lying[i][4] += 1
+    bad_header = msgpack.packb([top[0], top[1], top[2], lying], use_bin_type=True)
+    with pytest.raises(ref.WireError):
+        ref.read(bad_header, frames)
+    with pytest.raises(gser.GserError):
+        gser.loads(bad_header, frames)
+    cut = list(frames)
+    cut[i] = cut[i][: len(cut[i]) // 2]
+    short = [list(e) for e in top[3]]
+    short[i][0] = len(cut[i])
+    cut_header = msgpack.packb([top[0], top[1], top[2], short], use_bin_type=True)
+    with pytest.raises(ref.WireError):
+        ref.read(cut_header, cut)
+    with pytest.raises(gser.GserError):
+        gser.loads(cut_header, cut)
+
+
 def test_strided_layouts_travel_as_their_span_by_the_spec():
     b = np.broadcast_to(np.arange(4.0), (1000, 4))
     header, frames = gser.dumps(b)

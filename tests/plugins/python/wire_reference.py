@@ -187,14 +187,42 @@ def read(header, frames):
     if not isinstance(top, list) or len(top) != 4 or top[0] != MAGIC:
         raise WireError("not a gser header")
     version, root, table = top[1], top[2], top[3]
-    if version not in (1, 2):
+    if version not in (1, 2, 3):
         raise WireError(f"wire version {version}")
     if not isinstance(table, list) or len(table) != len(frames):
         raise WireError("the frame table does not match the frames")
+    mem = []
     for entry, f in zip(table, frames):
-        if not (isinstance(entry, list) and len(entry) == 3 and _is_uint(entry[0]) and entry[1] in (0, 1)):
+        five = version >= 3 and isinstance(entry, list) and len(entry) == 5
+        if not (isinstance(entry, list) and (len(entry) == 3 or five) and _is_uint(entry[0])
+                and entry[1] in (0, 1)):
             raise WireError(f"bad frame table entry {entry!r}")
-        if entry[0] != len(memoryview(f).cast("B")):
+        f = memoryview(f).cast("B")
+        if entry[0] != len(f):
             raise WireError("a frame of another size than its table entry")
-    mem = [memoryview(f).cast("B") for f in frames]
+        if five:
+            f = memoryview(_decompress(entry, f))
+        mem.append(f)
     return version, _Reader(mem).value(root, 0, len(mem))
+
+
+def _decompress(entry, f):
+    """3.3: codec 1 is one LZ4 block, codec 2 one Zstandard frame; the data
+    must decompress to exactly raw bytes."""
+    _, memory, _, codec, raw = entry
+    if memory != 0 or codec not in (1, 2) or not _is_uint(raw) or raw == 0:
+        raise WireError(f"bad compressed frame entry {entry!r}")
+    try:
+        if codec == 1:
+            import lz4.block
+
+            out = lz4.block.decompress(bytes(f), uncompressed_size=raw)
+        else:
+            import zstandard
+
+            out = zstandard.ZstdDecompressor().decompress(bytes(f), max_output_size=raw)
+    except Exception as e:  # each library has its own error types
+        raise WireError(f"compressed frame does not decompress: {e}") from None
+    if len(out) != raw:
+        raise WireError(f"compressed frame decompresses to {len(out)} bytes, not {raw}")
+    return out
