@@ -384,15 +384,20 @@ def workload_xxt(client, n=2000, chunks=500, seed=42):
 
 def workload_facts(client):
     """How the cluster talked: the addresses, and on each worker the schemes
-    of the peers it fetched data from, the bytes, and gser's counters."""
+    of the peers it fetched data from, the bytes, gser's counters and the
+    codecs its gser:// connections compress with."""
 
     def on_worker(dask_worker):
         import sys
 
         log = list(dask_worker.transfer_incoming_log)
         stats = sys.modules["gser.dask"].stats() if "gser.dask" in sys.modules else None
+        comm = sys.modules.get("gser.comm")
+        # what the open gser::ucx endpoints compress with (as negotiated)
+        codecs = None if comm is None else sorted(
+            {str(ep.compression) for w in list(comm._workers.values()) for ep in w.endpoints if ep.state == "ready"})
         return {"peers": sorted({e["who"].split("://")[0] for e in log}),
-                "fetched_bytes": int(sum(e["total"] for e in log)), "gser": stats}
+                "fetched_bytes": int(sum(e["total"] for e in log)), "gser": stats, "codecs": codecs}
 
     info = client.scheduler_info()
     return {"scheduler": client.scheduler.address, "workers": sorted(info["workers"]),

@@ -5,8 +5,9 @@ dask.dataframe task shuffle run on a gser:// cluster (gser.dask preloaded)
 and on a tcp:// cluster of Dask's own on the same namespaces; the results
 must be equal, and exactly what the input says they must be, the gser
 cluster must have carried its data on gser:// (no tcp:// anywhere, gser's
-family on every worker, the bytes on the links), and every process must
-still be alive at the end.
+family on every worker, the bytes on the links, compressed with lz4 as
+distributed.comm.compression "auto" says between nodes), and every process
+must still be alive at the end.
 
 Needs root, ip and tc: skipped, with the reason, elsewhere. Not timed."""
 
@@ -74,10 +75,15 @@ def test_gser_carried_it(runs):
     for addr, w in facts["on_workers"].items():
         assert w["peers"] == ["gser"], (addr, w)
         assert w["fetched_bytes"] > 0 and w["gser"]["loads"] > 0 and w["gser"]["dumps"] > 0, (addr, w)
+    # distributed.comm.compression is "auto" (Dask's default): between
+    # nodes (another address, not loopback) gser:// compresses with lz4
+    for addr, w in facts["on_workers"].items():
+        assert w["codecs"] == ["lz4"], (addr, w)
     # and tcp:// is Dask's own: the same checks tell the two apart
     tfacts = runs["tcp"][0]["facts"]
     assert all(w.startswith("tcp://") for w in tfacts["workers"])
-    assert all(w["peers"] == ["tcp"] and w["gser"] is None for w in tfacts["on_workers"].values())
+    assert all(w["peers"] == ["tcp"] and w["gser"] is None and w["codecs"] is None
+               for w in tfacts["on_workers"].values())
 
 
 def test_data_crossed_the_links(runs):
