@@ -79,8 +79,8 @@ def _kill_pids(pids):
 
 
 def remove_stale():
-    """Remove the namespaces of runs whose process is gone, and what still
-    runs inside them."""
+    """Remove the namespaces of runs whose process is gone, what still runs
+    inside them, and their temporary folders."""
     for line in _sh("ip", "netns", "list", check=False).splitlines():
         name = line.split()[0] if line.split() else ""
         if not name.startswith(NS_PREFIX):
@@ -90,6 +90,13 @@ def remove_stale():
             pids = [int(p) for p in _sh("ip", "netns", "pids", name, check=False).split() if p.isdigit()]
             _kill_pids(pids)
             _sh("ip", "netns", "del", name, check=False)
+    # and their folders (scheduler files, logs, workers' spill)
+    tmp = tempfile.gettempdir()
+    for name in os.listdir(tmp):
+        if name.startswith(NS_PREFIX):
+            owner = name[len(NS_PREFIX):].split("-")[0]
+            if owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
+                shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
 
 
 class Proc:
@@ -152,7 +159,7 @@ class NetCluster:
         self.ns = {node: f"{tag}-{node}" for node in self.nodes}
         self.made = []
         self.clusters = []
-        self.tmp = tempfile.mkdtemp(prefix="gser-netcluster-")
+        self.tmp = tempfile.mkdtemp(prefix=f"{NS_PREFIX}{os.getpid()}-")
         try:
             self._make(rate)
         except BaseException:
