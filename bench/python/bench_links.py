@@ -4,6 +4,7 @@ given rates, measured in the same run.
 
     PYTHONPATH=<build>/plugins/python /usr/bin/python3 bench/python/bench_links.py [--json]
         [--links 1gbit,10gbit,unshaped] [--reps 3] [--gser-bench-ucx PATH]
+        [--cases transfer,c,compression,cluster,shm] [--cluster-reps 2] [--shuffle-rows N]
     (or: ninja -C <build> bench-python-links)
 
 Needs root (ip netns, tc). Two network namespaces of its own stand for two
@@ -19,7 +20,8 @@ slows a transfer down; every anchor measured in the same run, the schemes
 alternating):
 
   link_<link>_256mib_vs_tcp       one 256 MiB float64 array (random bytes:
-                                  nothing to compress) one way between the
+                                  nothing to compress; compression off on
+                                  both schemes) one way between the
                                   namespaces, gser:// (UCX_TLS=tcp, as between
                                   two nodes; UCX otherwise as gser sets it up)
                                   against Dask's
@@ -42,6 +44,54 @@ alternating):
   link_<link>_c_256mib_vs_rate    the same against the link's rate (shaped
                                   links only). Target: >= 0.9
 
+Compression (--cases compression), for each link over the same veth pair:
+one 256 MiB message one way, of "columns" (a DataFrame: sorted int64 keys, a
+categorical's int8 codes in runs of 16, float64 in runs of 64; lz4 makes it
+about 4x smaller) and of "random" float64. Each setting of Dask's
+distributed.comm.compression gets a server and a client process of its own
+(both sides set it: Dask's tcp:// agrees on it in its handshake), the
+settings alternating: gser:// "auto" and None, Dask's tcp:// "lz4" and None.
+GB/s of the message's in-memory bytes, best of --reps:
+
+  link_<link>_cols_auto_vs_tcp_lz4   columns, gser:// auto against tcp:// with
+                                     lz4. Target (1 Gbit/s): >= 1.5
+  link_<link>_cols_auto_vs_tcp_none  the same against tcp:// uncompressed.
+                                     Target (1 Gbit/s): >= 2
+  link_<link>_cols_none_vs_tcp_lz4   gser:// uncompressed against tcp:// with
+                                     lz4 (no target: where gser:// stands
+                                     without compression)
+  link_<link>_random_auto_vs_none    random, gser:// auto against gser://
+                                     uncompressed: sampling must cost nothing
+                                     when it does not pay. Target (1 Gbit/s):
+                                     >= 0.95
+  link_<link>_random_auto_vs_tcp_lz4 random, against tcp:// with lz4 (no target)
+
+On faster links these rows have no target: two cores compress slower than
+10 Gbit/s moves.
+
+  shm_<columns|random>_256mib_auto_vs_none  (--cases shm, once, no
+                                     namespaces: 127.0.0.1, UCX as it comes,
+                                     shared memory) gser:// auto against
+                                     gser:// uncompressed. Target: >= 0.95
+
+The cluster (--cases cluster), for each link: a scheduler, four workers and
+a client, each in a network namespace of its own, joined by a bridge, every
+link shaped to the rate (tests/plugins/python/netcluster.py; 10.78.0.0/24):
+
+  cluster_<link>_shuffle_4m_vs_tcp_lz4  a dask.dataframe task shuffle of
+                                     --shuffle-rows (4,000,000) rows x 8
+                                     columns, made on the workers, 16
+                                     partitions: seconds, best of
+                                     --cluster-reps (2) after a small
+                                     warm-up shuffle, gser:// (auto,
+                                     gser.dask preloaded) against Dask's
+                                     tcp:// with lz4, the runs alternating.
+                                     "equal": every run's output partitions
+                                     equal (rows and an order-free hash of
+                                     them) and exactly the input's rows.
+                                     Target (1 Gbit/s): <= 0.8 and equal
+
+--cases picks cases (transfer, c, compression, cluster, shm; default all).
 --json prints one object per line: name, value, unit, anchor, anchor_value,
 ratio (value / anchor_value), target (on ratio), and the runs behind the
 values. More cases for each link: add a function to CASES.
@@ -58,11 +108,13 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_comm  # noqa: E402
-
 HERE = os.path.abspath(__file__)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(REPO, "tests", "plugins", "python"))  # netcluster.py
+import bench_comm  # noqa: E402
+import netcluster  # noqa: E402
+
 PY = sys.executable
 BIG = 256 << 20
 DEV = "gsl"  # the veth's name at both ends
@@ -181,15 +233,15 @@ async def client(host, addresses, reps):
 
 # ---- rows -------------------------------------------------------------------------------------------
 
-def row(as_json, name, value, unit, anchor, anchor_value, target, runs=None, anchor_runs=None):
+def row(as_json, name, value, unit, anchor, anchor_value, target, runs=None, anchor_runs=None, **extra):
     ratio = value / anchor_value if anchor_value else float("nan")
     ok = ""
     if target:
         op, bound = target.split()
-        ok = "ok" if bench_comm.TARGET_OPS[op](ratio, float(bound)) else "MISSED"
+        ok = "ok" if bench_comm.TARGET_OPS[op](ratio, float(bound)) and extra.get("equal", True) else "MISSED"
     if as_json:
         d = {"name": name, "value": round(value, 6), "unit": unit, "anchor": anchor,
-             "anchor_value": round(anchor_value, 6), "ratio": round(ratio, 6), "target": target}
+             "anchor_value": round(anchor_value, 6), "ratio": round(ratio, 6), "target": target, **extra}
         if runs is not None:
             d["runs"] = [round(x, 6) for x in runs]
         if anchor_runs is not None:
@@ -197,14 +249,17 @@ def row(as_json, name, value, unit, anchor, anchor_value, target, runs=None, anc
         print(json.dumps(d), flush=True)
     else:
         print(f"{name:<34} {value:>8.3f} {unit:<4} {anchor:<40} {anchor_value:>8.3f}  {ratio:>6.3f}  "
-              f"{target or '':<6} {ok}", flush=True)
+              f"{target or '':<6} {ok}{''.join(f'  {k}={v}' for k, v in extra.items())}", flush=True)
 
 
 def python_case(ns, link, rate, args):
     """gser:// vs tcp:// vs one socket, 256 MiB one way, A -> B."""
+    if "transfer" not in args.cases:
+        return
     # tcp alone, as between two nodes: UCX's shared memory would also join
-    # two namespaces of one machine
-    env = dict(os.environ, UCX_TLS="tcp")
+    # two namespaces of one machine. No compression: these rows move bytes
+    # (Dask's tcp:// would try lz4 where python3-lz4 is installed).
+    env = dict(os.environ, UCX_TLS="tcp", DASK_DISTRIBUTED__COMM__COMPRESSION="None")
     env.pop("UCX_NET_DEVICES", None)
     server = subprocess.Popen(ns.exec_argv(1, [PY, HERE, "--serve", ADDR[1]]), stdout=subprocess.PIPE, text=True,
                               env=env)
@@ -237,7 +292,7 @@ def python_case(ns, link, rate, args):
 
 def c_case(ns, link, rate, args):
     """gser-bench-ucx --only link across the namespaces."""
-    if not args.gser_bench_ucx:
+    if not args.gser_bench_ucx or "c" not in args.cases:
         return
     env = dict(os.environ, UCX_TLS="tcp")
     cmd = [args.gser_bench_ucx, "--json", "--transport", "tcp", "--only", "link", "--peer-netns", ns.names[1],
@@ -255,7 +310,216 @@ def c_case(ns, link, rate, args):
                 rate / 1e9, ">= 0.9")
 
 
-CASES = [python_case, c_case]
+# ---- compression: one message of columns, per scheme and compression setting ----------------------
+
+# name: (scheme, distributed.comm.compression in both processes). Dask's
+# tcp:// reads the key in its handshake, gser:// where its transport is made:
+# each setting gets a process pair of its own.
+VARIANTS = {"gser_auto": ("gser", "auto"), "gser_none": ("gser", None), "tcp_lz4": ("tcp", "lz4"),
+            "tcp_none": ("tcp", None)}
+DATASETS = ("columns", "random")
+
+
+def message_data(kind):
+    """One 256 MiB message: "columns", a DataFrame of the columns columnar
+    data is often made of (sorted int64 keys, a categorical's codes in runs,
+    float64 with runs of repeated values); "random", random float64."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    if kind == "random":
+        return rng.random(BIG // 8)
+    import pandas as pd
+
+    rows = BIG // 17  # 8 + 1 + 8 bytes a row
+    codes = np.repeat(rng.integers(0, 50, rows // 16 + 1), 16)[:rows].astype("int8")
+    return pd.DataFrame({
+        "key": np.cumsum(rng.integers(0, 8, rows)),
+        "cat": pd.Categorical.from_codes(codes, [f"category-{i}" for i in range(50)]),
+        "price": np.repeat(rng.random(rows // 64 + 1).round(2), 64)[:rows],
+    })
+
+
+async def serve_message(host, scheme):
+    """Acknowledge each message with its length (rows or items); print the address."""
+    from distributed.comm import listen
+    from distributed.comm.core import CommClosedError
+
+    async def handle(comm):
+        try:
+            while True:
+                msg = await comm.read()
+                n = len(msg["data"])
+                del msg
+                await comm.write({"ack": n})
+        except CommClosedError:
+            pass
+
+    lst = await listen(f"{scheme}://{host}:0", handle)
+    print(lst.contact_address, flush=True)
+    await asyncio.Event().wait()
+
+
+async def message_client(address):
+    """For each dataset name read on stdin, send that message once and print
+    {"gbs": ...} (its in-memory bytes over the time until the ack is back)."""
+    from distributed.comm import connect
+    from distributed.protocol import to_serialize
+
+    comm = await connect(address)
+    loop = asyncio.get_running_loop()
+    kind, data, nbytes = None, None, 0
+    while True:
+        line = (await loop.run_in_executor(None, sys.stdin.readline)).strip()
+        if not line:
+            break
+        if line != kind:
+            kind, data = line, None
+            data = message_data(kind)
+            nbytes = data.nbytes if kind == "random" else int(data.memory_usage(index=False).sum())
+        t0 = time.perf_counter()
+        await comm.write({"data": to_serialize(data)})
+        ack = await comm.read()
+        dt = time.perf_counter() - t0
+        assert ack == {"ack": len(data)}, ack
+        print(json.dumps({"gbs": nbytes / dt / 1e9}), flush=True)
+    await comm.close()
+
+
+class MessagePairs:
+    """A server and a client process for each variant: servers in the
+    second namespace, clients in the first (ns None: both here, on
+    127.0.0.1, UCX as it comes: shared memory)."""
+
+    def __init__(self, ns, variants):
+        self.procs, self.clients = [], {}
+        host = ADDR[1] if ns else "127.0.0.1"
+        try:
+            for v in variants:
+                scheme, compression = VARIANTS[v]
+                env = dict(os.environ, DASK_DISTRIBUTED__COMM__COMPRESSION=repr(compression) if compression is None
+                           else compression)
+                if ns:
+                    env["UCX_TLS"] = "tcp"  # as between two nodes (see python_case)
+                    env.pop("UCX_NET_DEVICES", None)
+                argv = [PY, HERE, "--serve-message", host, scheme]
+                server = subprocess.Popen(ns.exec_argv(1, argv) if ns else argv, stdout=subprocess.PIPE, text=True,
+                                          env=env)
+                self.procs.append(server)
+                address = next(w for line in server.stdout for w in line.split() if w.startswith(scheme + "://"))
+                argv = [PY, HERE, "--message-client", address]
+                client = subprocess.Popen(ns.exec_argv(0, argv) if ns else argv, stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, text=True, env=env)
+                self.procs.append(client)
+                self.clients[v] = client
+        except BaseException:
+            self.close()
+            raise
+
+    def send(self, variant, kind):
+        """GB/s of one message of kind."""
+        c = self.clients[variant]
+        c.stdin.write(kind + "\n")
+        c.stdin.flush()
+        for line in c.stdout:  # UCX may warn on stdout
+            if line.startswith("{"):
+                return json.loads(line)["gbs"]
+        raise RuntimeError(f"{variant}: the client ended (exit {c.wait()})")
+
+    def runs(self, kind, reps):
+        """{variant: [GB/s, ...]}: reps transfers after a warm-up, the variants alternating."""
+        runs = {v: [] for v in self.clients}
+        for i in range(reps + 1):
+            for v in self.clients:
+                x = self.send(v, kind)
+                if i:
+                    runs[v].append(x)
+        return runs
+
+    def close(self):
+        for p in self.procs:
+            p.kill()
+            p.wait()
+        self.procs = []
+
+
+def compression_case(ns, link, rate, args):
+    """One 256 MiB message, columns and random, each scheme with and without compression."""
+    if "compression" not in args.cases:
+        return
+    pairs = MessagePairs(ns, list(VARIANTS))
+    try:
+        runs = {kind: pairs.runs(kind, args.reps) for kind in DATASETS}
+    finally:
+        pairs.close()
+    best = {kind: {v: max(r) for v, r in rs.items()} for kind, rs in runs.items()}
+    # the targets are for a 1 Gbit/s link: faster links leave compression no room on 2 cores
+    on = link == "1gbit"
+    c, r = best["columns"], best["random"]
+    row(args.json, f"link_{link}_cols_auto_vs_tcp_lz4", c["gser_auto"], "GB/s",
+        "Dask tcp:// with lz4, same frame (GB/s)", c["tcp_lz4"], ">= 1.5" if on else None,
+        runs["columns"]["gser_auto"], runs["columns"]["tcp_lz4"])
+    row(args.json, f"link_{link}_cols_auto_vs_tcp_none", c["gser_auto"], "GB/s",
+        "Dask tcp:// uncompressed (GB/s)", c["tcp_none"], ">= 2" if on else None,
+        runs["columns"]["gser_auto"], runs["columns"]["tcp_none"])
+    row(args.json, f"link_{link}_cols_none_vs_tcp_lz4", c["gser_none"], "GB/s",
+        "Dask tcp:// with lz4, same frame (GB/s)", c["tcp_lz4"], None,
+        runs["columns"]["gser_none"], runs["columns"]["tcp_lz4"])
+    row(args.json, f"link_{link}_random_auto_vs_none", r["gser_auto"], "GB/s",
+        "gser:// uncompressed, same array (GB/s)", r["gser_none"], ">= 0.95" if on else None,
+        runs["random"]["gser_auto"], runs["random"]["gser_none"])
+    row(args.json, f"link_{link}_random_auto_vs_tcp_lz4", r["gser_auto"], "GB/s",
+        "Dask tcp:// with lz4, same array (GB/s)", r["tcp_lz4"], None,
+        runs["random"]["gser_auto"], runs["random"]["tcp_lz4"])
+
+
+def shm_case(args):
+    """gser:// auto against gser:// uncompressed on one machine (shared memory)."""
+    pairs = MessagePairs(None, ["gser_auto", "gser_none"])
+    try:
+        runs = {kind: pairs.runs(kind, args.reps) for kind in DATASETS}
+    finally:
+        pairs.close()
+    for kind, rs in runs.items():
+        row(args.json, f"shm_{kind}_256mib_auto_vs_none", max(rs["gser_auto"]), "GB/s",
+            "gser:// uncompressed, same message (GB/s)", max(rs["gser_none"]), ">= 0.95", rs["gser_auto"],
+            rs["gser_none"])
+
+
+# ---- the cluster: a scheduler, four workers and a client, each in a namespace -----------------------
+
+SHUFFLE_ROWS, SHUFFLE_PARTS = 4_000_000, 16
+
+
+def cluster_case(ns, link, rate, args):
+    """A task shuffle of 4,000,000 rows x 8 columns on five namespaces over
+    links of this rate: gser:// (auto) against Dask's tcp:// with lz4."""
+    if "cluster" not in args.cases:
+        return
+    with netcluster.NetCluster(workers=4, rate=LINKS[link][0]) as net:
+        clusters = {"gser": net.start("gser", env={"DASK_DISTRIBUTED__COMM__COMPRESSION": "auto"}, preload="gser.dask"),
+                    "tcp": net.start("tcp", env={"DASK_DISTRIBUTED__COMM__COMPRESSION": "lz4"})}
+        times = {p: [] for p in clusters}
+        results = []
+        for i in range(args.cluster_reps):
+            for p, c in clusters.items():
+                r = net.client(c, "shuffle", rows=args.shuffle_rows, npartitions=SHUFFLE_PARTS,
+                               warmup_rows=args.shuffle_rows // 40, check_input=i == 0)
+                times[p] += r["seconds"]
+                results.append(r)
+        dead = [name for c in clusters.values() for name in c.dead()]
+    first = results[0]
+    equal = (not dead and all(r["parts"] == first["parts"] for r in results)
+             and netcluster.shuffle_ok(first) and netcluster.shuffle_ok(results[1]))
+    row(args.json, f"cluster_{link}_shuffle_{args.shuffle_rows // 1_000_000}m_vs_tcp_lz4", min(times["gser"]), "s",
+        "Dask tcp:// with lz4, same shuffle (s)", min(times["tcp"]), "<= 0.8" if link == "1gbit" else None,
+        times["gser"], times["tcp"], equal=equal)
+
+
+CASES = [python_case, c_case, compression_case, cluster_case]
+#: --cases: the 256 MiB transfer (python_case), the C rows, the compression
+#: rows, the cluster's shuffle, the shared-memory compression rows
+ALL_CASES = ("transfer", "c", "compression", "cluster", "shm")
 
 
 def default_bench_ucx():
@@ -273,12 +537,20 @@ def main():
     ap.add_argument("--reps", type=int, default=3, help="transfers per scheme and link, best reported (default 3)")
     ap.add_argument("--gser-bench-ucx", default=default_bench_ucx(),
                     help="the C benchmark (default: <build>/plugins/ucx/bench/gser-bench-ucx); 'none': skip the C rows")
+    ap.add_argument("--cases", default=",".join(ALL_CASES),
+                    help=f"comma-separated, of {', '.join(ALL_CASES)} (default: all)")
+    ap.add_argument("--cluster-reps", type=int, default=2,
+                    help="shuffles per scheme and link in the cluster case, best reported (default 2)")
+    ap.add_argument("--shuffle-rows", type=int, default=SHUFFLE_ROWS,
+                    help=f"rows of the cluster case's shuffle (default {SHUFFLE_ROWS:,})")
     ap.add_argument("--serve", metavar="HOST", help=argparse.SUPPRESS)
+    ap.add_argument("--serve-message", nargs=2, metavar=("HOST", "SCHEME"), help=argparse.SUPPRESS)
+    ap.add_argument("--message-client", metavar="ADDRESS", help=argparse.SUPPRESS)
     ap.add_argument("--client", metavar="HOST", help=argparse.SUPPRESS)
     ap.add_argument("addresses", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
-    if args.serve or args.client:
+    if args.serve or args.client or args.serve_message or args.message_client:
         import logging
         import warnings
 
@@ -292,6 +564,10 @@ def main():
                 logging.getLogger(name).setLevel(logging.CRITICAL)
         if args.serve:
             asyncio.run(serve_all(args.serve))
+        elif args.serve_message:
+            asyncio.run(serve_message(*args.serve_message))
+        elif args.message_client:
+            asyncio.run(message_client(args.message_client))
         else:
             print(json.dumps(asyncio.run(client(args.client, args.addresses, args.reps))), flush=True)
         return 0
@@ -300,6 +576,10 @@ def main():
     for x in links:
         if x not in LINKS:
             ap.error(f"--links: {x!r} is none of {', '.join(LINKS)}")
+    args.cases = [x for x in args.cases.split(",") if x]
+    for x in args.cases:
+        if x not in ALL_CASES:
+            ap.error(f"--cases: {x!r} is none of {', '.join(ALL_CASES)}")
     if args.gser_bench_ucx == "none":
         args.gser_bench_ucx = None
     if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
@@ -318,6 +598,8 @@ def main():
             ns.shape(rate_name, rate)
             for case in CASES:
                 case(ns, link, rate, args)
+        if "shm" in args.cases:
+            shm_case(args)
     finally:
         ns.close()
     if not args.json:
