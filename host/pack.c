@@ -8,6 +8,12 @@
  * family one more copy moves it all to pinned host memory. Everything is
  * queued on the caller's stream, after the streams and events that produce
  * the buffers, and an event marks the end.
+ *
+ * gser_serialize_flat does the host family in one copy instead: its buffers
+ * are copied by one scatter batch straight from the device into their
+ * places in the flattened buffer, which is registered with the device for
+ * the time of the copy (on a GPU the kernel writes host memory through the
+ * mapping: one trip over the bus, no staging).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -147,8 +153,14 @@ static void layout(packer_t *p, size_t *total_out, size_t *host_start)
 static gser_status_t gather(packer_t *p, gser_frames_t *f, void *dev)
 {
     gser_context_t *ctx = p->ctx;
+    size_t ncopies = p->ncopies;
+    if (p->defer_host)
+        for (size_t i = 0; i < p->ncopies; i++)
+            ncopies -= p->groups[p->copies[i].group].to_host;
+    if (!ncopies)
+        return GSER_OK;
     devl_arrays_t a;
-    gser_status_t st = devl_batch_create(ctx->devl, p->ncopies, false, &f->batch, &a);
+    gser_status_t st = devl_batch_create(ctx->devl, ncopies, false, &f->batch, &a);
     if (st)
         return gser__ctxdev_fail(ctx, st, "gser_serialize: planning the pack kernel");
     /* Copies per group, then each group's first slot in allocation order. */
@@ -166,6 +178,8 @@ static gser_status_t gather(packer_t *p, gser_frames_t *f, void *dev)
                 at += n;
             }
     for (size_t i = 0; i < p->ncopies; i++) {
+        if (p->defer_host && p->groups[p->copies[i].group].to_host)
+            continue; /* after every device group in the order: no gap left */
         size_t k = first[p->copies[i].group]++;
         a.src[k] = p->copies[i].src;
         a.size[k] = p->copies[i].size;
@@ -186,6 +200,22 @@ static gser_status_t pack(packer_t *p, gser_frames_t *f, bool *queued)
         return st;
     size_t total, host_start;
     layout(p, &total, &host_start);
+    if (p->defer_host && p->any_host) {
+        /* Their copies wait for the flattened buffer: only the device groups here. */
+        if (!(f->deferred = malloc(p->ncopies * sizeof *f->deferred)))
+            return gser__error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize: out of memory");
+        for (size_t i = 0; i < p->ncopies; i++)
+            if (p->groups[p->copies[i].group].to_host) {
+                f->deferred[f->ndeferred] = p->copies[i];
+                f->deferred[f->ndeferred++].group = p->groups[p->copies[i].group].frame;
+            }
+        for (size_t g = 0; g < p->ngroups; g++)
+            if (p->groups[g].to_host)
+                f->frames[p->groups[g].frame].size = p->groups[g].bytes; /* data stays NULL */
+        if (host_start == 0)
+            return GSER_OK;
+        total = host_start;
+    }
     void *dev = NULL;
     if ((st = devl_alloc(dl, total, p->stream, &dev)))
         return gser__error_set(ctx, st,
@@ -195,7 +225,7 @@ static gser_status_t pack(packer_t *p, gser_frames_t *f, bool *queued)
     if ((st = gather(p, f, dev)))
         return st;
     void *pinned = NULL;
-    if (p->any_host) {
+    if (p->any_host && !p->defer_host) {
         /* The host family: one device-to-host copy of everything it packed. */
         size_t host_size = total - host_start;
         if ((st = devl_pinned_alloc(dl, host_size, &pinned)))
@@ -207,6 +237,8 @@ static gser_status_t pack(packer_t *p, gser_frames_t *f, bool *queued)
             return gser__ctxdev_fail(ctx, st, "gser_serialize: copying packed frames to the host");
     }
     for (size_t g = 0; g < p->ngroups; g++) {
+        if (p->defer_host && p->groups[g].to_host)
+            continue;
         gser_frame_t *fr = &f->frames[p->groups[g].frame];
         fr->data = p->groups[g].to_host ? (char *)pinned + (p->groups[g].start - host_start)
                                         : (char *)dev + p->groups[g].start;
@@ -255,4 +287,79 @@ void gser__packer_release(gser_frames_t *f)
     devl_event_destroy(dl, f->event);
     f->event = f->pinned = f->dev_mem = NULL;
     f->batch = NULL;
+}
+
+gser_status_t gser_serialize_flat(gser_context_t *ctx, const gser_msg_t *msg, const gser_serialize_options_t *opts,
+                                  gser_flat_alloc_fn alloc, void *alloc_arg, size_t *written)
+{
+    if (!ctx || !alloc || !written)
+        return ctx ? gser__error_set(ctx, GSER_ERR_INVALID_ARG, "gser_serialize_flat: NULL allocator or output")
+                   : GSER_ERR_INVALID_ARG;
+    gser_frames_t *f;
+    gser_status_t st = gser__serialize(ctx, msg, opts, true, &f);
+    if (st)
+        return st;
+    size_t total = 0, done = 0;
+    size_t *offsets = NULL;
+    unsigned char *dst = NULL;
+    st = gser__flat_size_open(f->frames, f->n, &total);
+    if (st) {
+        gser__error_set(ctx, st, "gser_serialize_flat: %s",
+                        st == GSER_ERR_UNSUPPORTED ? "device frames have no flattened form (use the host family)"
+                                                   : "the frames have no flattened form");
+        goto out;
+    }
+    if (!(offsets = malloc(f->n * sizeof *offsets)) || !(dst = alloc(alloc_arg, total))) {
+        st = gser__error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize_flat: out of memory for %zu bytes", total);
+        goto out;
+    }
+    if ((st = gser__flat_write_open(f->frames, f->n, dst, total, offsets, &done)))
+        goto out;
+    if (f->ndeferred) {
+        devl_t *dl = ctx->devl;
+        /* the alignment gaps between packed buffers, which no copy writes */
+        size_t frame = SIZE_MAX, end = 0;
+        for (size_t i = 0; i < f->ndeferred; i++) {
+            const pack_copy_t *c = &f->deferred[i];
+            if (c->group != frame)
+                frame = c->group, end = 0;
+            if (c->offset > end)
+                memset(dst + offsets[frame] + end, 0, c->offset - end);
+            end = c->offset + c->size;
+        }
+        devl_arrays_t a;
+        devl_batch_t *batch = NULL;
+        if ((st = devl_host_register(dl, dst, total))) {
+            st = gser__ctxdev_fail(ctx, st, "gser_serialize_flat: registering the flattened buffer with the device");
+            goto out;
+        }
+        st = devl_batch_create(dl, f->ndeferred, true, &batch, &a);
+        if (st == GSER_OK) {
+            for (size_t i = 0; i < f->ndeferred; i++) {
+                const pack_copy_t *c = &f->deferred[i];
+                a.src[i] = c->src;
+                a.dst[i] = dst + offsets[c->group] + c->offset;
+                a.size[i] = c->size;
+            }
+            st = devl_batch_run(dl, batch, NULL, f->stream);
+            gser_status_t rst = devl_event_record(dl, f->event, f->stream);
+            if (rst == GSER_OK)
+                rst = devl_event_sync(dl, f->event);
+            else
+                devl_stream_sync(dl, f->stream);
+            if (st == GSER_OK)
+                st = rst;
+        }
+        devl_batch_release(dl, batch);
+        devl_host_unregister(dl, dst);
+        if (st) {
+            st = gser__ctxdev_fail(ctx, st, "gser_serialize_flat: copying device buffers to the host");
+            goto out;
+        }
+    }
+    *written = done;
+out:
+    free(offsets);
+    gser_frames_destroy(f); /* waits for any device work first */
+    return st;
 }

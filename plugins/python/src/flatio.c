@@ -19,6 +19,7 @@ typedef struct {
     char *data;
     Py_ssize_t len;
     size_t maplen; /* data is a mapping of maplen bytes; 0: PyMem_Malloc'd (or the empty string) */
+    bool raw;      /* PyMem_RawMalloc'd, by pg_flat_mem_alloc */
 } PgFlatBytes;
 
 static char flat_empty[1];
@@ -27,6 +28,8 @@ static void flat_bytes_dealloc(PgFlatBytes *self)
 {
     if (self->maplen)
         munmap(self->data, self->maplen);
+    else if (self->raw)
+        PyMem_RawFree(self->data);
     else if (self->data != flat_empty)
         PyMem_Free(self->data);
     PyTypeObject *tp = Py_TYPE(self);
@@ -43,6 +46,7 @@ PyObject *pg_flat_bytes_new(pg_state_t *s, size_t size, char **data)
         return NULL;
     self->len = (Py_ssize_t)size;
     self->maplen = 0;
+    self->raw = false;
     self->data = flat_empty;
     if (size >= PG_FLAT_MAP_MIN) {
         void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -60,6 +64,52 @@ PyObject *pg_flat_bytes_new(pg_state_t *s, size_t size, char **data)
         return PyErr_NoMemory();
     }
     *data = self->data;
+    return (PyObject *)self;
+}
+
+/* Without the GIL (gser_serialize_flat calls it): the same memory as
+ * pg_flat_bytes_new's. */
+void *pg_flat_mem_alloc(void *arg, size_t size)
+{
+    pg_flat_mem_t *m = arg;
+    if (size > (size_t)PY_SSIZE_T_MAX)
+        return NULL;
+    m->size = size;
+    m->maplen = 0;
+    if (size >= PG_FLAT_MAP_MIN) {
+        void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p != MAP_FAILED) {
+#ifdef MADV_HUGEPAGE
+            (void)madvise(p, size, MADV_HUGEPAGE);
+#endif
+            m->maplen = size;
+            return m->data = p;
+        }
+    }
+    return m->data = PyMem_RawMalloc(size ? size : 1);
+}
+
+void pg_flat_mem_free(pg_flat_mem_t *m)
+{
+    if (m->maplen)
+        munmap(m->data, m->maplen);
+    else
+        PyMem_RawFree(m->data);
+    m->data = NULL;
+}
+
+PyObject *pg_flat_bytes_adopt(pg_state_t *s, pg_flat_mem_t *m, size_t len)
+{
+    PgFlatBytes *self = PyObject_New(PgFlatBytes, s->FlatBytes);
+    if (!self) {
+        pg_flat_mem_free(m);
+        return NULL;
+    }
+    self->data = m->data;
+    self->len = (Py_ssize_t)len;
+    self->maplen = m->maplen;
+    self->raw = !m->maplen;
+    m->data = NULL;
     return (PyObject *)self;
 }
 

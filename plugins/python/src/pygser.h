@@ -479,6 +479,21 @@ PgOwner *pg_serialize(pg_state_t *s, PyObject *obj, PyObject *families, const pg
 /* None, "lz4", "zstd", "auto" -> a gser_compression_t; -1 with ValueError. */
 int pg_compression_parse(PyObject *o, int *out);
 
+/* Memory for a FlatBytes that gser_serialize_flat fills (flatio.c):
+ * pg_flat_mem_alloc is its gser_flat_alloc_fn (no GIL needed), adopt makes
+ * the FlatBytes of its first len bytes (taking the memory, also on failure). */
+typedef struct pg_flat_mem {
+    char *data;
+    size_t size;
+    size_t maplen;
+} pg_flat_mem_t;
+void *pg_flat_mem_alloc(void *arg, size_t size);
+void pg_flat_mem_free(pg_flat_mem_t *m);
+PyObject *pg_flat_bytes_adopt(pg_state_t *s, pg_flat_mem_t *m, size_t len);
+/* to_bytes: obj serialized straight into a FlatBytes (device buffers copied
+ * once, into it). NULL with an exception set. */
+PyObject *pg_to_flat_bytes(pg_state_t *s, PyObject *obj, PyObject *families, PyObject *compression);
+
 /* A message serialized in the flattened form, ready to be written. */
 typedef struct pg_flat {
     PgOwner *owner;          /* holds the message and frames (a reference) */

@@ -147,6 +147,47 @@ fail:
     return NULL;
 }
 
+PyObject *pg_to_flat_bytes(pg_state_t *s, PyObject *obj, PyObject *families, PyObject *compression)
+{
+    int codec;
+    if (pg_compression_parse(compression, &codec) < 0)
+        return NULL;
+    fam_list_t fam;
+    if (families_parse(families, true, &fam) < 0)
+        return NULL;
+    PgOwner *owner = pg_owner_new(s);
+    if (!owner) {
+        Py_XDECREF(fam.keep);
+        return NULL;
+    }
+    PyObject *out = NULL;
+    pg_encode_options_t eo = {0};
+    if (pg_encode(owner, obj, &eo) == 0) {
+        gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
+        so.compression = codec;
+        if (fam.n) {
+            so.families = fam.names;
+            so.nfamilies = fam.n;
+        }
+        pg_flat_mem_t mem = {0};
+        size_t written = 0;
+        gser_status_t st;
+        Py_BEGIN_ALLOW_THREADS
+        st = gser_serialize_flat(pg_ctx, owner->msg, &so, pg_flat_mem_alloc, &mem, &written);
+        Py_END_ALLOW_THREADS
+        if (st) {
+            if (mem.data)
+                pg_flat_mem_free(&mem);
+            pg_raise(s, st, true, "gser_serialize_flat");
+        } else {
+            out = pg_flat_bytes_adopt(s, &mem, written);
+        }
+    }
+    Py_XDECREF(fam.keep);
+    Py_DECREF(owner);
+    return out;
+}
+
 int pg_flat_prepare(pg_state_t *s, PyObject *obj, PyObject *families, PyObject *compression, pg_flat_t *out)
 {
     int codec;
