@@ -9,11 +9,8 @@
  * queued on the caller's stream, after the streams and events that produce
  * the buffers, and an event marks the end.
  *
- * gser_serialize_flat does the host family in one copy instead: its buffers
- * are copied by one scatter batch straight from the device into their
- * places in the flattened buffer, which is registered with the device for
- * the time of the copy (on a GPU the kernel writes host memory through the
- * mapping: one trip over the bus, no staging).
+ * For gser_serialize_flat (host/serflat.c) the host family's copies are
+ * left in f->deferred instead, for one copy into the flattened buffer.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -287,79 +284,4 @@ void gser__packer_release(gser_frames_t *f)
     devl_event_destroy(dl, f->event);
     f->event = f->pinned = f->dev_mem = NULL;
     f->batch = NULL;
-}
-
-gser_status_t gser_serialize_flat(gser_context_t *ctx, const gser_msg_t *msg, const gser_serialize_options_t *opts,
-                                  gser_flat_alloc_fn alloc, void *alloc_arg, size_t *written)
-{
-    if (!ctx || !alloc || !written)
-        return ctx ? gser__error_set(ctx, GSER_ERR_INVALID_ARG, "gser_serialize_flat: NULL allocator or output")
-                   : GSER_ERR_INVALID_ARG;
-    gser_frames_t *f;
-    gser_status_t st = gser__serialize(ctx, msg, opts, true, &f);
-    if (st)
-        return st;
-    size_t total = 0, done = 0;
-    size_t *offsets = NULL;
-    unsigned char *dst = NULL;
-    st = gser__flat_size_open(f->frames, f->n, &total);
-    if (st) {
-        gser__error_set(ctx, st, "gser_serialize_flat: %s",
-                        st == GSER_ERR_UNSUPPORTED ? "device frames have no flattened form (use the host family)"
-                                                   : "the frames have no flattened form");
-        goto out;
-    }
-    if (!(offsets = malloc(f->n * sizeof *offsets)) || !(dst = alloc(alloc_arg, total))) {
-        st = gser__error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize_flat: out of memory for %zu bytes", total);
-        goto out;
-    }
-    if ((st = gser__flat_write_open(f->frames, f->n, dst, total, offsets, &done)))
-        goto out;
-    if (f->ndeferred) {
-        devl_t *dl = ctx->devl;
-        /* the alignment gaps between packed buffers, which no copy writes */
-        size_t frame = SIZE_MAX, end = 0;
-        for (size_t i = 0; i < f->ndeferred; i++) {
-            const pack_copy_t *c = &f->deferred[i];
-            if (c->group != frame)
-                frame = c->group, end = 0;
-            if (c->offset > end)
-                memset(dst + offsets[frame] + end, 0, c->offset - end);
-            end = c->offset + c->size;
-        }
-        devl_arrays_t a;
-        devl_batch_t *batch = NULL;
-        if ((st = devl_host_register(dl, dst, total))) {
-            st = gser__ctxdev_fail(ctx, st, "gser_serialize_flat: registering the flattened buffer with the device");
-            goto out;
-        }
-        st = devl_batch_create(dl, f->ndeferred, true, &batch, &a);
-        if (st == GSER_OK) {
-            for (size_t i = 0; i < f->ndeferred; i++) {
-                const pack_copy_t *c = &f->deferred[i];
-                a.src[i] = c->src;
-                a.dst[i] = dst + offsets[c->group] + c->offset;
-                a.size[i] = c->size;
-            }
-            st = devl_batch_run(dl, batch, NULL, f->stream);
-            gser_status_t rst = devl_event_record(dl, f->event, f->stream);
-            if (rst == GSER_OK)
-                rst = devl_event_sync(dl, f->event);
-            else
-                devl_stream_sync(dl, f->stream);
-            if (st == GSER_OK)
-                st = rst;
-        }
-        devl_batch_release(dl, batch);
-        devl_host_unregister(dl, dst);
-        if (st) {
-            st = gser__ctxdev_fail(ctx, st, "gser_serialize_flat: copying device buffers to the host");
-            goto out;
-        }
-    }
-    *written = done;
-out:
-    free(offsets);
-    gser_frames_destroy(f); /* waits for any device work first */
-    return st;
 }
