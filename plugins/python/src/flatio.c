@@ -7,6 +7,8 @@
  * that fills it. */
 #include "pygser.h" /* first: Python.h sets the feature macros */
 
+#include <gser/testing.h>
+
 #include <errno.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -383,4 +385,21 @@ int pg_flatio_add(PyObject *m, pg_state_t *s)
     if (pg_type_add(m, &flat_bytes_spec, &s->FlatBytes, "FlatBytes") < 0 || PyModule_AddFunctions(m, flatio_methods) < 0)
         return -1;
     return 0;
+}
+
+/* For the tests: the emulated backend's copy counters (gser/testing.h). */
+PyObject *pg_device_stats(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int reset = 0;
+    if (!PyArg_ParseTuple(args, "|p:_device_stats", &reset))
+        return NULL;
+    gser_device_stats_t st;
+    gser_device_stats_get(&st);
+    if (reset)
+        gser_device_stats_reset();
+    return Py_BuildValue("{sKsKsKsKsKsK}", "d2h_ops", (unsigned long long)st.d2h_ops, "d2h_copies",
+                         (unsigned long long)st.d2h_copies, "d2h_bytes", (unsigned long long)st.d2h_bytes, "d2d_ops",
+                         (unsigned long long)st.d2d_ops, "d2d_copies", (unsigned long long)st.d2d_copies,
+                         "d2d_bytes", (unsigned long long)st.d2d_bytes);
 }

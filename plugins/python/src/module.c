@@ -319,6 +319,8 @@ static PyMethodDef methods[] = {
     {"dumps", (PyCFunction)(void (*)(void))py_dumps, METH_VARARGS | METH_KEYWORDS, dumps_doc},
     {"loads", (PyCFunction)(void (*)(void))py_loads, METH_VARARGS | METH_KEYWORDS, loads_doc},
     {"to_bytes", (PyCFunction)(void (*)(void))py_to_bytes, METH_VARARGS | METH_KEYWORDS, to_bytes_doc},
+    {"_device_stats", pg_device_stats, METH_VARARGS,
+     "_device_stats(reset=False) -> dict: what the emulated device backend copied (tests only)"},
     {"from_bytes", (PyCFunction)(void (*)(void))py_from_bytes, METH_VARARGS | METH_KEYWORDS, from_bytes_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -490,6 +490,8 @@ typedef struct pg_flat_mem {
 void *pg_flat_mem_alloc(void *arg, size_t size);
 void pg_flat_mem_free(pg_flat_mem_t *m);
 PyObject *pg_flat_bytes_adopt(pg_state_t *s, pg_flat_mem_t *m, size_t len);
+/* _device_stats(reset=False): the emulated backend's copy counters, for tests. */
+PyObject *pg_device_stats(PyObject *self, PyObject *args);
 /* to_bytes: obj serialized straight into a FlatBytes (device buffers copied
  * once, into it). NULL with an exception set. */
 PyObject *pg_to_flat_bytes(pg_state_t *s, PyObject *obj, PyObject *families, PyObject *compression);
