@@ -115,6 +115,21 @@ PyObject *pg_flat_bytes_adopt(pg_state_t *s, pg_flat_mem_t *m, size_t len)
     return (PyObject *)self;
 }
 
+PyObject *pg_to_flat_bytes(pg_state_t *s, PyObject *obj, PyObject *families, PyObject *compression)
+{
+    int codec;
+    if (pg_compression_parse(compression, &codec) < 0)
+        return NULL;
+    pg_flat_mem_t mem = {0};
+    size_t written = 0;
+    if (pg_serialize_flat(s, obj, families, codec, pg_flat_mem_alloc, &mem, &written) < 0) {
+        if (mem.data)
+            pg_flat_mem_free(&mem);
+        return NULL;
+    }
+    return pg_flat_bytes_adopt(s, &mem, written);
+}
+
 static PyObject *flat_bytes_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
     pg_state_t *s = pg_state_of_type(type);

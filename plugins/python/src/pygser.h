@@ -496,6 +496,12 @@ PyObject *pg_device_stats(PyObject *self, PyObject *args);
  * once, into it). NULL with an exception set. */
 PyObject *pg_to_flat_bytes(pg_state_t *s, PyObject *obj, PyObject *families, PyObject *compression);
 
+/* Serialize obj straight into its flattened form, in memory alloc returns
+ * (gser_serialize_flat; codec as pg_compression_parse gives it). 0, or -1
+ * with an exception set (what alloc returned is the caller's to free). */
+int pg_serialize_flat(pg_state_t *s, PyObject *obj, PyObject *families, int codec, gser_flat_alloc_fn alloc,
+                      void *alloc_arg, size_t *written);
+
 /* A message serialized in the flattened form, ready to be written. */
 typedef struct pg_flat {
     PgOwner *owner;          /* holds the message and frames (a reference) */

@@ -147,20 +147,18 @@ fail:
     return NULL;
 }
 
-PyObject *pg_to_flat_bytes(pg_state_t *s, PyObject *obj, PyObject *families, PyObject *compression)
+int pg_serialize_flat(pg_state_t *s, PyObject *obj, PyObject *families, int codec, gser_flat_alloc_fn alloc,
+                      void *alloc_arg, size_t *written)
 {
-    int codec;
-    if (pg_compression_parse(compression, &codec) < 0)
-        return NULL;
     fam_list_t fam;
     if (families_parse(families, true, &fam) < 0)
-        return NULL;
+        return -1;
     PgOwner *owner = pg_owner_new(s);
     if (!owner) {
         Py_XDECREF(fam.keep);
-        return NULL;
+        return -1;
     }
-    PyObject *out = NULL;
+    int rc = -1;
     pg_encode_options_t eo = {0};
     if (pg_encode(owner, obj, &eo) == 0) {
         gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
@@ -169,23 +167,18 @@ PyObject *pg_to_flat_bytes(pg_state_t *s, PyObject *obj, PyObject *families, PyO
             so.families = fam.names;
             so.nfamilies = fam.n;
         }
-        pg_flat_mem_t mem = {0};
-        size_t written = 0;
         gser_status_t st;
         Py_BEGIN_ALLOW_THREADS
-        st = gser_serialize_flat(pg_ctx, owner->msg, &so, pg_flat_mem_alloc, &mem, &written);
+        st = gser_serialize_flat(pg_ctx, owner->msg, &so, alloc, alloc_arg, written);
         Py_END_ALLOW_THREADS
-        if (st) {
-            if (mem.data)
-                pg_flat_mem_free(&mem);
+        if (st)
             pg_raise(s, st, true, "gser_serialize_flat");
-        } else {
-            out = pg_flat_bytes_adopt(s, &mem, written);
-        }
+        else
+            rc = 0;
     }
     Py_XDECREF(fam.keep);
     Py_DECREF(owner);
-    return out;
+    return rc;
 }
 
 int pg_flat_prepare(pg_state_t *s, PyObject *obj, PyObject *families, PyObject *compression, pg_flat_t *out)
