@@ -232,9 +232,21 @@ static gser_status_t cu_stream_sync(devl_bstate_t *s, void *stream)
 
 /* Mapped, so that the copy kernel writes it through its host pointer
  * (unified addressing); pinning the pages is what it costs. */
-static gser_status_t cu_host_register(devl_bstate_t *s, void *ptr, size_t size)
+static gser_status_t host_register_on(void *ptr, size_t size, bool *done)
 {
-    ON_DEVICE(s, CUDA(cudaHostRegister(ptr, size, cudaHostRegisterMapped | cudaHostRegisterPortable)));
+    cudaError_t e = cudaHostRegister(ptr, size, cudaHostRegisterMapped | cudaHostRegisterPortable);
+    if (e == cudaErrorHostMemoryAlreadyRegistered) { /* pinned by its owner: usable as it is */
+        if (cudaPeekAtLastError() == e)
+            cudaGetLastError();
+        return GSER_OK;
+    }
+    *done = e == cudaSuccess;
+    return CUDA(e);
+}
+
+static gser_status_t cu_host_register(devl_bstate_t *s, void *ptr, size_t size, bool *done)
+{
+    ON_DEVICE(s, host_register_on(ptr, size, done));
 }
 
 static void cu_host_unregister(devl_bstate_t *s, void *ptr)

@@ -937,11 +937,12 @@ static void emu_stream_destroy(devl_bstate_t *s, void *stream)
 }
 
 /* Any host memory is a place copies may write here. */
-static gser_status_t emu_host_register(devl_bstate_t *s, void *ptr, size_t size)
+static gser_status_t emu_host_register(devl_bstate_t *s, void *ptr, size_t size, bool *done)
 {
     (void)s;
     (void)ptr;
     (void)size;
+    *done = false;
     return GSER_OK;
 }
 

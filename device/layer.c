@@ -222,9 +222,10 @@ gser_status_t devl_stream_sync(devl_t *dl, void *stream)
     return bk(dl, dl->b->stream_sync(dl->s, stream));
 }
 
-gser_status_t devl_host_register(devl_t *dl, void *ptr, size_t size)
+gser_status_t devl_host_register(devl_t *dl, void *ptr, size_t size, bool *done)
 {
-    return bk(dl, dl->b->host_register(dl->s, ptr, size));
+    *done = false;
+    return bk(dl, dl->b->host_register(dl->s, ptr, size, done));
 }
 
 void devl_host_unregister(devl_t *dl, void *ptr)

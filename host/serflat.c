@@ -52,7 +52,8 @@ gser_status_t gser_serialize_flat(gser_context_t *ctx, const gser_msg_t *msg, co
         }
         devl_arrays_t a;
         devl_batch_t *batch = NULL;
-        if ((st = devl_host_register(dl, dst, total))) {
+        bool registered;
+        if ((st = devl_host_register(dl, dst, total, &registered))) {
             st = gser__ctxdev_fail(ctx, st, "gser_serialize_flat: registering the flattened buffer with the device");
             goto out;
         }
@@ -74,7 +75,8 @@ gser_status_t gser_serialize_flat(gser_context_t *ctx, const gser_msg_t *msg, co
                 st = rst;
         }
         devl_batch_release(dl, batch);
-        devl_host_unregister(dl, dst);
+        if (registered)
+            devl_host_unregister(dl, dst);
         if (st) {
             st = gser__ctxdev_fail(ctx, st, "gser_serialize_flat: copying device buffers to the host");
             goto out;

@@ -21,6 +21,7 @@ typedef enum cudaError {
     cudaErrorInvalidDevice = 101,
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorNotReady = 600,
+    cudaErrorHostMemoryAlreadyRegistered = 712,
     cudaErrorLaunchFailure = 719,
 } cudaError_t;
 
