@@ -57,6 +57,12 @@ typedef struct devl_backend {
     /* Queue a batch of copies (device memory to device memory) on stream,
      * as one launch: see plan.h and devl_xfer_t. */
     gser_status_t (*xfer)(devl_bstate_t *s, const devl_xfer_t *x, void *stream);
+    /* Make host memory [ptr, ptr + size) a place that copies and kernels
+     * may write (cudaHostRegister, mapped); *done false when it was one
+     * already (pinned or registered by its owner): then nothing to undo.
+     * unregister undoes it. */
+    gser_status_t (*host_register)(devl_bstate_t *s, void *ptr, size_t size, bool *done);
+    void (*host_unregister)(devl_bstate_t *s, void *ptr);
     /* A stream of the backend's own, that does not wait for the legacy stream. */
     gser_status_t (*stream_create)(devl_bstate_t *s, void **stream);
     void (*stream_destroy)(devl_bstate_t *s, void *stream);

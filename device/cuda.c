@@ -230,6 +230,31 @@ static gser_status_t cu_stream_sync(devl_bstate_t *s, void *stream)
     ON_DEVICE(s, CUDA(cudaStreamSynchronize(stream_of(stream))));
 }
 
+/* Mapped, so that the copy kernel writes it through its host pointer
+ * (unified addressing); pinning the pages is what it costs. */
+static gser_status_t host_register_on(void *ptr, size_t size, bool *done)
+{
+    cudaError_t e = cudaHostRegister(ptr, size, cudaHostRegisterMapped | cudaHostRegisterPortable);
+    if (e == cudaErrorHostMemoryAlreadyRegistered) { /* pinned by its owner: usable as it is */
+        if (cudaPeekAtLastError() == e)
+            cudaGetLastError();
+        return GSER_OK;
+    }
+    *done = e == cudaSuccess;
+    return CUDA(e);
+}
+
+static gser_status_t cu_host_register(devl_bstate_t *s, void *ptr, size_t size, bool *done)
+{
+    ON_DEVICE(s, host_register_on(ptr, size, done));
+}
+
+static void cu_host_unregister(devl_bstate_t *s, void *ptr)
+{
+    (void)s;
+    (void)cudaHostUnregister(ptr);
+}
+
 static gser_status_t event_create_on(void **event)
 {
     cudaEvent_t e;
@@ -421,6 +446,8 @@ const devl_backend_t devl_backend_cuda = {
     .pinned_free = cu_pinned_free,
     .memcpy = cu_memcpy,
     .stream_sync = cu_stream_sync,
+    .host_register = cu_host_register,
+    .host_unregister = cu_host_unregister,
     .event_create = cu_event_create,
     .event_record = cu_event_record,
     .event_query = cu_event_query,

@@ -75,6 +75,11 @@ DEVL_INTERNAL void devl_pinned_free(devl_t *dl, void *ptr, size_t size);
 DEVL_INTERNAL gser_status_t devl_memcpy(devl_t *dl, void *dst, const void *src, size_t n, devl_dir_t dir,
                                         void *stream);
 DEVL_INTERNAL gser_status_t devl_stream_sync(devl_t *dl, void *stream);
+/* Register pageable host memory so that a batch may write it from the
+ * device (a scatter's destinations); unregister after the work completes,
+ * if *done says it was registered here. */
+DEVL_INTERNAL gser_status_t devl_host_register(devl_t *dl, void *ptr, size_t size, bool *done);
+DEVL_INTERNAL void devl_host_unregister(devl_t *dl, void *ptr);
 DEVL_INTERNAL gser_status_t devl_event_create(devl_t *dl, void **event);
 DEVL_INTERNAL gser_status_t devl_event_record(devl_t *dl, void *event, void *stream);
 /* GSER_OK when done, GSER_INPROGRESS when not yet, else an error. */

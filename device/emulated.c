@@ -24,11 +24,13 @@
  * Copy batches run the kernel's own per-lane code (copy_impl.h).
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
+#include "gser/testing.h"
 #include "copy_impl.h"
 #include "pincache.h"
 
@@ -158,6 +160,48 @@ static bool is_pinned(const void *p, size_t n)
     bool pinned = r && r->pinned;
     pthread_mutex_unlock(&g_rec_lock);
     return pinned;
+}
+
+/* Memory the backend allocated as device memory. */
+static bool is_device(const void *p)
+{
+    pthread_mutex_lock(&g_rec_lock);
+    emu_rec_t *r = rec_find(p, 0);
+    bool dev = r && !r->pinned;
+    pthread_mutex_unlock(&g_rec_lock);
+    return dev;
+}
+
+/* The copy counters of gser/testing.h. */
+static _Atomic uint64_t g_stats[6];
+enum { ST_D2H_OPS, ST_D2H_COPIES, ST_D2H_BYTES, ST_D2D_OPS, ST_D2D_COPIES, ST_D2D_BYTES };
+
+void gser_device_stats_get(gser_device_stats_t *out)
+{
+    if (out)
+        *out = (gser_device_stats_t){atomic_load(&g_stats[0]), atomic_load(&g_stats[1]), atomic_load(&g_stats[2]),
+                                     atomic_load(&g_stats[3]), atomic_load(&g_stats[4]), atomic_load(&g_stats[5])};
+}
+
+void gser_device_stats_reset(void)
+{
+    for (size_t i = 0; i < 6; i++)
+        atomic_store(&g_stats[i], 0);
+}
+
+/* Count the copies of an op: what it wrote into host and into device memory. */
+static void count_copies(uint64_t h_copies, uint64_t h_bytes, uint64_t d_copies, uint64_t d_bytes)
+{
+    if (h_copies) {
+        atomic_fetch_add(&g_stats[ST_D2H_OPS], 1);
+        atomic_fetch_add(&g_stats[ST_D2H_COPIES], h_copies);
+        atomic_fetch_add(&g_stats[ST_D2H_BYTES], h_bytes);
+    }
+    if (d_copies) {
+        atomic_fetch_add(&g_stats[ST_D2D_OPS], 1);
+        atomic_fetch_add(&g_stats[ST_D2D_COPIES], d_copies);
+        atomic_fetch_add(&g_stats[ST_D2D_BYTES], d_bytes);
+    }
 }
 
 /* An operation starts (open) or ends (close) its work on the memory at p. */
@@ -488,11 +532,28 @@ static void run_xfer(const devl_xfer_t *x)
                          .n = x->n, .base = x->base, .total = x->total,
                          .tile = devl_tile_bytes(x->total, EMU_RESIDENT_WARPS), .pad_align = x->pad_align};
         /* Every buffer it touches is opened for the run (the poisoning). */
+        uint64_t hc = 0, hb = 0, dc = 0, db = 0;
+        bool base_dev = !x->dst && is_device(x->base);
         for (size_t i = 0; i < x->n; i++) {
+            if (x->size[i]) {
+                bool to_dev = x->dst ? is_device(x->dst[i]) : base_dev;
+                *(to_dev ? &dc : &hc) += 1;
+                *(to_dev ? &db : &hb) += x->size[i];
+            }
             dev_open(x->src[i]);
             dev_open(x->dst ? x->dst[i] : x->base);
         }
-        devl_run_plan_cpu(&p, NULL);
+        count_copies(hc, hb, dc, db);
+        /* A memcpy per buffer at the positions the device computes: the
+         * kernel's lane-by-lane steps (devl_run_plan_cpu, which the CUDA
+         * logic tests run) would make every emulated copy several times
+         * slower than the memory allows. */
+        for (size_t j = 0; j < x->n; j++) {
+            unsigned char *d = x->dst ? x->dst[j] : x->base + devl_pos(&p, NULL, j);
+            if (x->size[j])
+                memcpy(d, x->src[j], x->size[j]);
+            memset(d + x->size[j], 0, devl_pad(x->size[j], x->pad_align));
+        }
         for (size_t i = 0; i < x->n; i++) {
             dev_close(x->dst ? x->dst[i] : x->base);
             dev_close(x->src[i]);
@@ -573,6 +634,9 @@ static void run(emu_op_t *op)
         if (op->u.copy.dev_dst)
             dev_open(op->u.copy.dst);
         memmove(op->u.copy.dst, op->u.copy.src, op->u.copy.n);
+        if (op->u.copy.dev_src)
+            count_copies(!op->u.copy.dev_dst, op->u.copy.dev_dst ? 0 : op->u.copy.n, op->u.copy.dev_dst,
+                         op->u.copy.dev_dst ? op->u.copy.n : 0);
         if (op->u.copy.dev_dst)
             dev_close(op->u.copy.dst);
         if (op->u.copy.dev_src)
@@ -872,6 +936,22 @@ static void emu_stream_destroy(devl_bstate_t *s, void *stream)
     free(stream);
 }
 
+/* Any host memory is a place copies may write here. */
+static gser_status_t emu_host_register(devl_bstate_t *s, void *ptr, size_t size, bool *done)
+{
+    (void)s;
+    (void)ptr;
+    (void)size;
+    *done = false;
+    return GSER_OK;
+}
+
+static void emu_host_unregister(devl_bstate_t *s, void *ptr)
+{
+    (void)s;
+    (void)ptr;
+}
+
 static gser_status_t emu_xfer(devl_bstate_t *s, const devl_xfer_t *x, void *stream)
 {
     (void)s;
@@ -971,6 +1051,8 @@ const devl_backend_t devl_backend_emulated = {
     .pinned_free = emu_pinned_free,
     .memcpy = emu_memcpy,
     .stream_sync = emu_stream_sync,
+    .host_register = emu_host_register,
+    .host_unregister = emu_host_unregister,
     .event_create = emu_event_create,
     .event_record = emu_event_record,
     .event_query = emu_event_query,

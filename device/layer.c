@@ -222,6 +222,17 @@ gser_status_t devl_stream_sync(devl_t *dl, void *stream)
     return bk(dl, dl->b->stream_sync(dl->s, stream));
 }
 
+gser_status_t devl_host_register(devl_t *dl, void *ptr, size_t size, bool *done)
+{
+    *done = false;
+    return bk(dl, dl->b->host_register(dl->s, ptr, size, done));
+}
+
+void devl_host_unregister(devl_t *dl, void *ptr)
+{
+    dl->b->host_unregister(dl->s, ptr);
+}
+
 gser_status_t devl_event_create(devl_t *dl, void **event)
 {
     return bk(dl, dl->b->event_create(dl->s, event));

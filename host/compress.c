@@ -5,9 +5,11 @@
  * small sample per frame. The reader checks every declared size before it
  * allocates and accepts only data that fills exactly the declared size.
  */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, madvise */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include <lz4.h>
 #include <zstd.h>
@@ -41,7 +43,8 @@ static bool pays(size_t out, size_t in)
 }
 
 /* Frames the host family staged from the device are written by device work
- * that may still be running: never read here. */
+ * that may still be running, and deferred ones (data NULL) are not written
+ * yet: never read here. */
 static bool staged(const gser_frames_t *f, const gser_frame_t *fr)
 {
     const char *p = fr->data, *lo = f->pinned;
@@ -67,7 +70,7 @@ gser_status_t gser__frames_compress(gser_frames_t *f, int method, int level, boo
     gser_status_t st = GSER_OK;
     for (size_t i = 1; i < f->n && st == GSER_OK; i++) {
         const gser_frame_t *fr = &f->frames[i];
-        if (fr->memory != GSER_MEMORY_HOST || fr->size < GSER_COMPRESS_MIN_SIZE || staged(f, fr) ||
+        if (fr->memory != GSER_MEMORY_HOST || fr->size < GSER_COMPRESS_MIN_SIZE || !fr->data || staged(f, fr) ||
             (codec == CODEC_LZ4 && fr->size > LZ4_MAX_INPUT_SIZE))
             continue;
         if (!sample && (!(sample = malloc(SAMPLE)) || !(sample_out = malloc(codec_bound(codec, SAMPLE))))) {
@@ -180,10 +183,32 @@ gser_status_t gser__codec_decompress(gser_context_t *ctx, const char *what, size
     return GSER_OK;
 }
 
+/* Below this, posix_memalign: a mapping costs two system calls. */
+#define CODEC_MAP_MIN ((size_t)1 << 20)
+
+void *gser__codec_alloc(size_t n)
+{
+    if (n >= CODEC_MAP_MIN) {
+        void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p != MAP_FAILED) {
+#ifdef MADV_HUGEPAGE
+            (void)madvise(p, n, MADV_HUGEPAGE); /* a hint: refused where THP is off */
+#endif
+            return p;
+        }
+    }
+    void *buf = NULL;
+    return posix_memalign(&buf, 64, n ? n : 1) ? NULL : buf;
+}
+
 void gser__codec_release(void *data, void *arg)
 {
-    (void)arg;
-    free(data);
+    size_t n = (size_t)(uintptr_t)arg;
+    if (!data)
+        return;
+    if (n >= CODEC_MAP_MIN && munmap(data, n) == 0)
+        return;
+    free(data); /* a large one the mapping fell back from */
 }
 
 gser_status_t gser_msg_get_frame_codec(const gser_msg_t *msg, size_t i, int *codec, size_t *wire_size)

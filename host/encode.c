@@ -682,8 +682,8 @@ static int first_buffer_family(const enc_t *e)
     return -1;
 }
 
-gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg, const gser_serialize_options_t *opts,
-                             gser_frames_t **frames_out)
+gser_status_t gser__serialize(gser_context_t *ctx, const gser_msg_t *msg, const gser_serialize_options_t *opts,
+                             bool defer, gser_frames_t **frames_out)
 {
     if (!ctx || !msg || !frames_out)
         return ctx ? gser__error_set(ctx, GSER_ERR_INVALID_ARG, "gser_serialize: NULL message or output")
@@ -710,6 +710,7 @@ gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg, const g
     e.to_host = e.buffer_family == GSER_FAMILY_HOST;
     e.group = -1;
     gser__packer_init(&e.pack, ctx, opts->pack_max ? opts->pack_max : ctx->pack_max, opts->stream);
+    e.pack.defer_host = defer;
 
     gser_frames_t *f = GSER_REUSE ? atomic_exchange_explicit(&ctx->spare_frames, NULL, memory_order_acquire) : NULL;
     if (!f && !(f = malloc(sizeof *f))) {
@@ -720,6 +721,8 @@ gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg, const g
     f->event = f->stream = f->dev_mem = f->pinned = NULL;
     f->dev_size = f->pinned_size = 0;
     f->batch = NULL;
+    f->deferred = NULL;
+    f->ndeferred = 0;
     f->frames = f->inline_frames;
     f->cap = GSER_FRAMES_INLINE;
     f->n = 1; /* [0] is the header, filled in last */
@@ -782,6 +785,12 @@ gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg, const g
     return GSER_OK;
 }
 
+gser_status_t gser_serialize(gser_context_t *ctx, const gser_msg_t *msg, const gser_serialize_options_t *opts,
+                             gser_frames_t **frames_out)
+{
+    return gser__serialize(ctx, msg, opts, false, frames_out);
+}
+
 gser_status_t gser_frames_wait(const gser_frames_t *frames)
 {
     if (!frames)
@@ -818,6 +827,7 @@ void gser_frames_destroy(gser_frames_t *frames)
     if (frames->scratch)
         gser_msg_destroy(frames->scratch);
     gser__frames_codecs_free(frames);
+    free(frames->deferred);
     gser_frames_t *none = NULL;
     if (!GSER_REUSE || !atomic_compare_exchange_strong_explicit(&frames->ctx->spare_frames, &none, frames,
                                                                 memory_order_release, memory_order_relaxed))

@@ -33,7 +33,7 @@ static size_t pad8(size_t n)
     return (8 - (n & 7)) & 7;
 }
 
-gser_status_t gser_flat_size(const gser_frame_t *frames, size_t nframes, size_t *size_out)
+static gser_status_t flat_size(const gser_frame_t *frames, size_t nframes, bool open, size_t *size_out)
 {
     if (!frames || nframes == 0 || nframes > UINT32_MAX || !size_out)
         return GSER_ERR_INVALID_ARG;
@@ -43,7 +43,7 @@ gser_status_t gser_flat_size(const gser_frame_t *frames, size_t nframes, size_t 
     for (size_t i = 0; i < nframes; i++) {
         if (frames[i].memory != GSER_MEMORY_HOST)
             return GSER_ERR_UNSUPPORTED; /* device frames need a device backend's copy first */
-        if (frames[i].size && !frames[i].data)
+        if (frames[i].size && !frames[i].data && !open)
             return GSER_ERR_INVALID_ARG;
         size_t sz = frames[i].size + pad8(frames[i].size);
         if (frames[i].size > SIZE_MAX - 8 || sz > SIZE_MAX - total)
@@ -52,6 +52,16 @@ gser_status_t gser_flat_size(const gser_frame_t *frames, size_t nframes, size_t 
     }
     *size_out = total;
     return GSER_OK;
+}
+
+gser_status_t gser_flat_size(const gser_frame_t *frames, size_t nframes, size_t *size_out)
+{
+    return flat_size(frames, nframes, false, size_out);
+}
+
+gser_status_t gser__flat_size_open(const gser_frame_t *frames, size_t nframes, size_t *size_out)
+{
+    return flat_size(frames, nframes, true, size_out);
 }
 
 static void put_le(unsigned char *p, uint64_t v, unsigned n)
@@ -79,10 +89,11 @@ static void write_prefix(unsigned char *p, const gser_frame_t *frames, size_t nf
         put_le(p + FLAT_PREFIX + 8 * i, frames[i].size, 8);
 }
 
-gser_status_t gser_flat_write(const gser_frame_t *frames, size_t nframes, void *dst, size_t cap, size_t *written)
+static gser_status_t flat_write(const gser_frame_t *frames, size_t nframes, void *dst, size_t cap, bool open,
+                                size_t *offsets, size_t *written)
 {
     size_t total;
-    gser_status_t st = gser_flat_size(frames, nframes, &total);
+    gser_status_t st = flat_size(frames, nframes, open, &total);
     if (st)
         return st;
     if (!dst || !written || cap < total)
@@ -91,7 +102,9 @@ gser_status_t gser_flat_write(const gser_frame_t *frames, size_t nframes, void *
     write_prefix(p, frames, nframes);
     size_t off = FLAT_PREFIX + 8 * nframes;
     for (size_t i = 0; i < nframes; i++) {
-        if (frames[i].size)
+        if (offsets)
+            offsets[i] = off;
+        if (frames[i].size && frames[i].data)
             memcpy(p + off, frames[i].data, frames[i].size);
         off += frames[i].size;
         memset(p + off, 0, pad8(frames[i].size));
@@ -99,6 +112,17 @@ gser_status_t gser_flat_write(const gser_frame_t *frames, size_t nframes, void *
     }
     *written = off;
     return GSER_OK;
+}
+
+gser_status_t gser_flat_write(const gser_frame_t *frames, size_t nframes, void *dst, size_t cap, size_t *written)
+{
+    return flat_write(frames, nframes, dst, cap, false, NULL, written);
+}
+
+gser_status_t gser__flat_write_open(const gser_frame_t *frames, size_t nframes, void *dst, size_t cap,
+                                    size_t *offsets, size_t *written)
+{
+    return flat_write(frames, nframes, dst, cap, true, offsets, written);
 }
 
 /* The prefix and size table of a message being written: on the stack for

@@ -479,6 +479,10 @@ struct gser_frames {
     void *pinned;    /* host-family frames */
     size_t pinned_size;
     devl_batch_t *batch; /* what the pack kernel still reads */
+    /* gser_serialize_flat: the host family's copies, left for the flattened
+     * buffer (their frames' data NULL until then); .group is the frame index */
+    struct pack_copy *deferred;
+    size_t ndeferred;
     void *header; /* malloc'd when the header outgrew header_inline */
     size_t header_len;
     gser_msg_t *scratch; /* values made by serializers and list conversions */
@@ -489,6 +493,19 @@ struct gser_frames {
 
 /* Append fr, growing the vector past its inline room (host/frames.c). */
 GSER_INTERNAL gser_status_t gser__frames_push(gser_frames_t *f, const gser_frame_t *fr);
+
+/* gser_serialize with defer: the host family's device buffers are not
+ * copied; f->deferred says where they go (host/encode.c). */
+GSER_INTERNAL gser_status_t gser__serialize(gser_context_t *ctx, const gser_msg_t *msg,
+                                            const gser_serialize_options_t *opts, bool defer,
+                                            gser_frames_t **frames_out);
+
+/* The flattened form of frames where those with data NULL (and a size) are
+ * left to be filled: sizes it, or writes the rest and each frame's offset
+ * in dst (host/flat.c). */
+GSER_INTERNAL gser_status_t gser__flat_size_open(const gser_frame_t *frames, size_t nframes, size_t *size_out);
+GSER_INTERNAL gser_status_t gser__flat_write_open(const gser_frame_t *frames, size_t nframes, void *dst, size_t cap,
+                                                  size_t *offsets, size_t *written);
 
 /* ---- frame compression (host/compress.c) ------------------------------------ */
 
@@ -521,7 +538,13 @@ GSER_INTERNAL gser_status_t gser__codec_decompress(gser_context_t *ctx, const ch
 GSER_INTERNAL gser_status_t gser__codec_check_size(gser_context_t *ctx, const char *what, size_t i, int codec,
                                                    const void *src, size_t size, uint64_t raw);
 
-/* The release of frames gser decompressed into (free). */
+/* Memory for a decompressed frame of n bytes, 64-byte aligned: a large one
+ * is an anonymous mapping advised for huge pages (a fresh malloc'd buffer
+ * faults in 4 KiB at a time, which costs more than the decompression). NULL
+ * when out of memory. Freed with gser__codec_release(p, (void *)(uintptr_t)n). */
+GSER_INTERNAL void *gser__codec_alloc(size_t n);
+
+/* The release of frames gser decompressed into: arg is their size. */
 GSER_INTERNAL void gser__codec_release(void *data, void *arg);
 
 /* ---- packing device buffers (host/pack.c) ---------------------------------- */
@@ -549,6 +572,7 @@ typedef struct packer {
     gser_context_t *ctx;
     bool any_host;  /* some group belongs to the host family */
     bool device_work;
+    bool defer_host; /* leave the host family's copies in f->deferred */
     size_t pack_max;
     void *stream;
     pack_group_t *groups;

@@ -8,6 +8,9 @@
  * family one more copy moves it all to pinned host memory. Everything is
  * queued on the caller's stream, after the streams and events that produce
  * the buffers, and an event marks the end.
+ *
+ * For gser_serialize_flat (host/serflat.c) the host family's copies are
+ * left in f->deferred instead, for one copy into the flattened buffer.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -147,8 +150,14 @@ static void layout(packer_t *p, size_t *total_out, size_t *host_start)
 static gser_status_t gather(packer_t *p, gser_frames_t *f, void *dev)
 {
     gser_context_t *ctx = p->ctx;
+    size_t ncopies = p->ncopies;
+    if (p->defer_host)
+        for (size_t i = 0; i < p->ncopies; i++)
+            ncopies -= p->groups[p->copies[i].group].to_host;
+    if (!ncopies)
+        return GSER_OK;
     devl_arrays_t a;
-    gser_status_t st = devl_batch_create(ctx->devl, p->ncopies, false, &f->batch, &a);
+    gser_status_t st = devl_batch_create(ctx->devl, ncopies, false, &f->batch, &a);
     if (st)
         return gser__ctxdev_fail(ctx, st, "gser_serialize: planning the pack kernel");
     /* Copies per group, then each group's first slot in allocation order. */
@@ -166,6 +175,8 @@ static gser_status_t gather(packer_t *p, gser_frames_t *f, void *dev)
                 at += n;
             }
     for (size_t i = 0; i < p->ncopies; i++) {
+        if (p->defer_host && p->groups[p->copies[i].group].to_host)
+            continue; /* after every device group in the order: no gap left */
         size_t k = first[p->copies[i].group]++;
         a.src[k] = p->copies[i].src;
         a.size[k] = p->copies[i].size;
@@ -186,6 +197,22 @@ static gser_status_t pack(packer_t *p, gser_frames_t *f, bool *queued)
         return st;
     size_t total, host_start;
     layout(p, &total, &host_start);
+    if (p->defer_host && p->any_host) {
+        /* Their copies wait for the flattened buffer: only the device groups here. */
+        if (!(f->deferred = malloc(p->ncopies * sizeof *f->deferred)))
+            return gser__error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize: out of memory");
+        for (size_t i = 0; i < p->ncopies; i++)
+            if (p->groups[p->copies[i].group].to_host) {
+                f->deferred[f->ndeferred] = p->copies[i];
+                f->deferred[f->ndeferred++].group = p->groups[p->copies[i].group].frame;
+            }
+        for (size_t g = 0; g < p->ngroups; g++)
+            if (p->groups[g].to_host)
+                f->frames[p->groups[g].frame].size = p->groups[g].bytes; /* data stays NULL */
+        if (host_start == 0)
+            return GSER_OK;
+        total = host_start;
+    }
     void *dev = NULL;
     if ((st = devl_alloc(dl, total, p->stream, &dev)))
         return gser__error_set(ctx, st,
@@ -195,7 +222,7 @@ static gser_status_t pack(packer_t *p, gser_frames_t *f, bool *queued)
     if ((st = gather(p, f, dev)))
         return st;
     void *pinned = NULL;
-    if (p->any_host) {
+    if (p->any_host && !p->defer_host) {
         /* The host family: one device-to-host copy of everything it packed. */
         size_t host_size = total - host_start;
         if ((st = devl_pinned_alloc(dl, host_size, &pinned)))
@@ -207,6 +234,8 @@ static gser_status_t pack(packer_t *p, gser_frames_t *f, bool *queued)
             return gser__ctxdev_fail(ctx, st, "gser_serialize: copying packed frames to the host");
     }
     for (size_t g = 0; g < p->ngroups; g++) {
+        if (p->defer_host && p->groups[g].to_host)
+            continue;
         gser_frame_t *fr = &f->frames[p->groups[g].frame];
         fr->data = p->groups[g].to_host ? (char *)pinned + (p->groups[g].start - host_start)
                                         : (char *)dev + p->groups[g].start;

@@ -213,6 +213,24 @@ GSER_API gser_status_t gser_msg_take_frame(gser_msg_t *msg, size_t i, gser_frame
 /** Bytes needed to flatten these frames (host memory only). */
 GSER_API gser_status_t gser_flat_size(const gser_frame_t *frames, size_t nframes, size_t *size_out);
 
+/** Memory for gser_serialize_flat: size bytes the caller owns, or NULL. */
+typedef void *(*gser_flat_alloc_fn)(void *arg, size_t size);
+
+/**
+ * Serialize msg straight into its flattened form: the frames are sized,
+ * alloc(alloc_arg, size) is called once for the whole, and everything is
+ * written into it once. Device buffers (opts->families must send them to
+ * "host", and must not contain "device") are copied by one batch straight
+ * from the device into their places in that memory, which is registered
+ * with the device for the copy (cudaHostRegister: on a GPU, registering
+ * costs about as much as pinning the pages; memory that is pinned already
+ * costs nothing more). Returns when the bytes are written; *written is the
+ * size. On failure the memory alloc returned is the caller's to free.
+ */
+GSER_API gser_status_t gser_serialize_flat(gser_context_t *ctx, const gser_msg_t *msg,
+                                           const gser_serialize_options_t *opts, gser_flat_alloc_fn alloc,
+                                           void *alloc_arg, size_t *written);
+
 /** Flatten frames into dst (capacity cap); *written is set on success. */
 GSER_API gser_status_t gser_flat_write(const gser_frame_t *frames, size_t nframes, void *dst, size_t cap,
                                        size_t *written);

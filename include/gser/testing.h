@@ -15,6 +15,26 @@
 extern "C" {
 #endif
 
+/* ---- the emulated device backend ------------------------------------------------ */
+
+/** What the emulated backend copied since the last reset, for tests that
+ *  count copies: every buffer of a batch (one kernel launch on a GPU) and
+ *  every memcpy from device memory, by where it wrote: device memory is
+ *  what the backend allocated as such, anything else (pinned or pageable)
+ *  is host. An op is one batch or one memcpy. */
+typedef struct gser_device_stats {
+    uint64_t d2h_ops;    /**< batches and memcpys that wrote host memory */
+    uint64_t d2h_copies; /**< buffers they copied */
+    uint64_t d2h_bytes;
+    uint64_t d2d_ops; /**< the same from device to device memory */
+    uint64_t d2d_copies;
+    uint64_t d2d_bytes;
+} gser_device_stats_t;
+
+/** The counters of the emulated backend (all processes' contexts together). */
+GSER_API void gser_device_stats_get(gser_device_stats_t *out);
+GSER_API void gser_device_stats_reset(void);
+
 /* ---- gser::ucx (plugins/ucx) ---------------------------------------------------- */
 
 typedef struct gser_ucx_worker gser_ucx_worker_t;

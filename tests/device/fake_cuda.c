@@ -187,6 +187,20 @@ cudaError_t cudaFreeHost(void *ptr)
     return cudaSuccess;
 }
 
+cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned flags)
+{
+    (void)ptr, (void)size, (void)flags;
+    CALL("cudaHostRegister");
+    return cudaSuccess;
+}
+
+cudaError_t cudaHostUnregister(void *ptr)
+{
+    (void)ptr;
+    CALL("cudaHostUnregister");
+    return cudaSuccess;
+}
+
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t stream)
 {
     (void)kind, (void)stream;

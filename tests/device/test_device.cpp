@@ -299,6 +299,91 @@ TEST_P(DeviceTest, HostFamilyStagesDeviceBuffersInOneHostFrame)
     }
 }
 
+// gser_serialize_flat writes what gser_serialize and gser_flat_write write,
+// byte for byte, with each device buffer copied once, by one batch, straight
+// into the flattened buffer: no device staging, no second copy.
+static void *vec_alloc(void *arg, size_t size)
+{
+    auto *v = static_cast<std::vector<unsigned char> *>(arg);
+    v->assign(size, 0xAB); // not zeros: the gaps must be written
+    return v->data();
+}
+
+TEST_P(DeviceTest, SerializeFlatCopiesEachDeviceBufferOnceIntoItsPlace)
+{
+    gser_msg_t *m;
+    ASSERT_EQ(gser_msg_create(ctx(), &m), GSER_OK);
+    MsgPtr mp(m);
+    std::vector<Sent> sent;
+    make_buffers(this, m, sent, 40, 20000, 11);
+    // A compressible host buffer beside them: compressed, while the device
+    // buffers' frame (not written yet when frames are compressed) is not.
+    std::vector<unsigned char> zeros(1 << 16, 0);
+    gser_buffer_desc_t hd = GSER_BUFFER_DESC_INIT;
+    hd.data = zeros.data();
+    hd.nbytes = zeros.size();
+    gser_value_t *hv;
+    ASSERT_EQ(gser_msg_new_buffer(m, &hd, &hv), GSER_OK);
+    ASSERT_EQ(gser_list_append(gser_msg_get_root(m), hv), GSER_OK);
+    const char *const host_only[] = {"host"};
+    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
+    so.families = host_only;
+    so.nfamilies = 1;
+    so.compression = GSER_COMPRESSION_LZ4;
+    auto frames = serialize(ctx(), m, &so);
+    ASSERT_TRUE(frames);
+    ASSERT_EQ(gser_frames_wait(frames.get()), GSER_OK);
+    auto want = flatten(frames.get());
+    frames.reset();
+
+    size_t n_dev = 0, dev_bytes = 0;
+    for (const Sent &s : sent)
+        if (!s.bytes.empty())
+            n_dev++, dev_bytes += s.bytes.size();
+    bool counted = std::string(GetParam().name) == "emulated";
+    gser_device_stats_reset();
+    std::vector<unsigned char> got;
+    size_t written = 0;
+    ASSERT_EQ(gser_serialize_flat(ctx(), m, &so, vec_alloc, &got, &written), GSER_OK)
+        << gser_context_get_last_error(ctx());
+    ASSERT_EQ(written, got.size());
+    EXPECT_EQ(got, want) << "the same flattened form as serialize + flat_write";
+    if (counted) {
+        gser_device_stats_t st;
+        gser_device_stats_get(&st);
+        EXPECT_EQ(st.d2h_ops, 1u) << "one batch for the whole object";
+        EXPECT_EQ(st.d2h_copies, n_dev) << "one copy per device buffer";
+        EXPECT_EQ(st.d2h_bytes, dev_bytes);
+        EXPECT_EQ(st.d2d_ops, 0u) << "no staging on the device";
+        EXPECT_EQ(st.d2d_bytes, 0u);
+    }
+
+    // The frames path for comparison: a gather on the device, then a copy to host.
+    if (counted) {
+        gser_device_stats_reset();
+        auto again = serialize(ctx(), m, &so);
+        ASSERT_TRUE(again);
+        ASSERT_EQ(gser_frames_wait(again.get()), GSER_OK);
+        gser_device_stats_t st;
+        gser_device_stats_get(&st);
+        EXPECT_EQ(st.d2d_bytes, dev_bytes);
+        EXPECT_EQ(st.d2h_ops, 1u);
+    }
+
+    // Device frames have no flattened form: a clean error, nothing allocated.
+    if (mem() == GSER_MEMORY_DEVICE) {
+        const char *const dev_only[] = {"device"};
+        gser_serialize_options_t dso = GSER_SERIALIZE_OPTIONS_INIT;
+        dso.families = dev_only;
+        dso.nfamilies = 1;
+        std::vector<unsigned char> none;
+        EXPECT_EQ(gser_serialize_flat(ctx(), m, &dso, vec_alloc, &none, &written), GSER_ERR_UNSUPPORTED);
+        EXPECT_NE(std::string(gser_context_get_last_error(ctx())).find("gser_serialize_flat"), std::string::npos);
+        EXPECT_TRUE(none.empty());
+    }
+    EXPECT_EQ(gser_serialize_flat(ctx(), m, &so, nullptr, nullptr, &written), GSER_ERR_INVALID_ARG);
+}
+
 // A type whose serializer puts device buffers in its sub-tree.
 struct DevBlob {
     void *data;

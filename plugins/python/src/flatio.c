@@ -7,6 +7,8 @@
  * that fills it. */
 #include "pygser.h" /* first: Python.h sets the feature macros */
 
+#include <gser/testing.h>
+
 #include <errno.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -19,6 +21,7 @@ typedef struct {
     char *data;
     Py_ssize_t len;
     size_t maplen; /* data is a mapping of maplen bytes; 0: PyMem_Malloc'd (or the empty string) */
+    bool raw;      /* PyMem_RawMalloc'd, by pg_flat_mem_alloc */
 } PgFlatBytes;
 
 static char flat_empty[1];
@@ -27,6 +30,8 @@ static void flat_bytes_dealloc(PgFlatBytes *self)
 {
     if (self->maplen)
         munmap(self->data, self->maplen);
+    else if (self->raw)
+        PyMem_RawFree(self->data);
     else if (self->data != flat_empty)
         PyMem_Free(self->data);
     PyTypeObject *tp = Py_TYPE(self);
@@ -43,6 +48,7 @@ PyObject *pg_flat_bytes_new(pg_state_t *s, size_t size, char **data)
         return NULL;
     self->len = (Py_ssize_t)size;
     self->maplen = 0;
+    self->raw = false;
     self->data = flat_empty;
     if (size >= PG_FLAT_MAP_MIN) {
         void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -61,6 +67,67 @@ PyObject *pg_flat_bytes_new(pg_state_t *s, size_t size, char **data)
     }
     *data = self->data;
     return (PyObject *)self;
+}
+
+/* Without the GIL (gser_serialize_flat calls it): the same memory as
+ * pg_flat_bytes_new's. */
+void *pg_flat_mem_alloc(void *arg, size_t size)
+{
+    pg_flat_mem_t *m = arg;
+    if (size > (size_t)PY_SSIZE_T_MAX)
+        return NULL;
+    m->size = size;
+    m->maplen = 0;
+    if (size >= PG_FLAT_MAP_MIN) {
+        void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p != MAP_FAILED) {
+#ifdef MADV_HUGEPAGE
+            (void)madvise(p, size, MADV_HUGEPAGE);
+#endif
+            m->maplen = size;
+            return m->data = p;
+        }
+    }
+    return m->data = PyMem_RawMalloc(size ? size : 1);
+}
+
+void pg_flat_mem_free(pg_flat_mem_t *m)
+{
+    if (m->maplen)
+        munmap(m->data, m->maplen);
+    else
+        PyMem_RawFree(m->data);
+    m->data = NULL;
+}
+
+PyObject *pg_flat_bytes_adopt(pg_state_t *s, pg_flat_mem_t *m, size_t len)
+{
+    PgFlatBytes *self = PyObject_New(PgFlatBytes, s->FlatBytes);
+    if (!self) {
+        pg_flat_mem_free(m);
+        return NULL;
+    }
+    self->data = m->data;
+    self->len = (Py_ssize_t)len;
+    self->maplen = m->maplen;
+    self->raw = !m->maplen;
+    m->data = NULL;
+    return (PyObject *)self;
+}
+
+PyObject *pg_to_flat_bytes(pg_state_t *s, PyObject *obj, PyObject *families, PyObject *compression)
+{
+    int codec;
+    if (pg_compression_parse(compression, &codec) < 0)
+        return NULL;
+    pg_flat_mem_t mem = {0};
+    size_t written = 0;
+    if (pg_serialize_flat(s, obj, families, codec, pg_flat_mem_alloc, &mem, &written) < 0) {
+        if (mem.data)
+            pg_flat_mem_free(&mem);
+        return NULL;
+    }
+    return pg_flat_bytes_adopt(s, &mem, written);
 }
 
 static PyObject *flat_bytes_new(PyTypeObject *type, PyObject *args, PyObject *kw)
@@ -333,4 +400,21 @@ int pg_flatio_add(PyObject *m, pg_state_t *s)
     if (pg_type_add(m, &flat_bytes_spec, &s->FlatBytes, "FlatBytes") < 0 || PyModule_AddFunctions(m, flatio_methods) < 0)
         return -1;
     return 0;
+}
+
+/* For the tests: the emulated backend's copy counters (gser/testing.h). */
+PyObject *pg_device_stats(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int reset = 0;
+    if (!PyArg_ParseTuple(args, "|p:_device_stats", &reset))
+        return NULL;
+    gser_device_stats_t st;
+    gser_device_stats_get(&st);
+    if (reset)
+        gser_device_stats_reset();
+    return Py_BuildValue("{sKsKsKsKsKsK}", "d2h_ops", (unsigned long long)st.d2h_ops, "d2h_copies",
+                         (unsigned long long)st.d2h_copies, "d2h_bytes", (unsigned long long)st.d2h_bytes, "d2d_ops",
+                         (unsigned long long)st.d2d_ops, "d2d_copies", (unsigned long long)st.d2d_copies,
+                         "d2d_bytes", (unsigned long long)st.d2d_bytes);
 }

@@ -116,34 +116,18 @@ PyDoc_STRVAR(to_bytes_doc,
 "holding the header and every frame, copied once into memory allocated for\n"
 "it (huge pages where the kernel allows). It holds host memory only: the \"host\" family is\n"
 "always used (\"device\" is left out of families, \"host\" added when\n"
-"missing), so device buffers and device Arrow tables are staged into host\n"
-"frames; from_bytes(b, device=True) puts them back on the device.\n"
+"missing), so device buffers and device Arrow tables are copied by one\n"
+"batch straight from the device into their places in it (one copy each);\n"
+"from_bytes(b, device=True) puts them back on the device.\n"
 "compression=None, \"lz4\", \"zstd\" or \"auto\" as for dumps.");
 
 static PyObject *py_to_bytes(PyObject *self, PyObject *args, PyObject *kw)
 {
-    pg_state_t *s = pg_state_of_module(self);
     static char *kwlist[] = {"obj", "families", "compression", NULL};
     PyObject *obj, *families = NULL, *compression = NULL;
-    pg_flat_t fl;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$O:to_bytes", kwlist, &obj, &families, &compression) ||
-        pg_flat_prepare(s, obj, families, compression, &fl) < 0)
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$O:to_bytes", kwlist, &obj, &families, &compression))
         return NULL;
-    size_t written = 0;
-    char *dst;
-    PyObject *out = pg_flat_bytes_new(s, fl.size, &dst);
-    if (out) {
-        gser_status_t st;
-        Py_BEGIN_ALLOW_THREADS
-        st = gser_flat_write(fl.fr, fl.n, dst, fl.size, &written);
-        Py_END_ALLOW_THREADS
-        if (st || written != fl.size) {
-            Py_CLEAR(out);
-            pg_raise(s, st ? st : GSER_ERR_STATE, false, "gser_flat_write");
-        }
-    }
-    Py_DECREF(fl.owner);
-    return out;
+    return pg_to_flat_bytes(pg_state_of_module(self), obj, families, compression);
 }
 
 /* ---- deserializing ------------------------------------------------------------------------ */
@@ -335,6 +319,8 @@ static PyMethodDef methods[] = {
     {"dumps", (PyCFunction)(void (*)(void))py_dumps, METH_VARARGS | METH_KEYWORDS, dumps_doc},
     {"loads", (PyCFunction)(void (*)(void))py_loads, METH_VARARGS | METH_KEYWORDS, loads_doc},
     {"to_bytes", (PyCFunction)(void (*)(void))py_to_bytes, METH_VARARGS | METH_KEYWORDS, to_bytes_doc},
+    {"_device_stats", pg_device_stats, METH_VARARGS,
+     "_device_stats(reset=False) -> dict: what the emulated device backend copied (tests only)"},
     {"from_bytes", (PyCFunction)(void (*)(void))py_from_bytes, METH_VARARGS | METH_KEYWORDS, from_bytes_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -479,6 +479,29 @@ PgOwner *pg_serialize(pg_state_t *s, PyObject *obj, PyObject *families, const pg
 /* None, "lz4", "zstd", "auto" -> a gser_compression_t; -1 with ValueError. */
 int pg_compression_parse(PyObject *o, int *out);
 
+/* Memory for a FlatBytes that gser_serialize_flat fills (flatio.c):
+ * pg_flat_mem_alloc is its gser_flat_alloc_fn (no GIL needed), adopt makes
+ * the FlatBytes of its first len bytes (taking the memory, also on failure). */
+typedef struct pg_flat_mem {
+    char *data;
+    size_t size;
+    size_t maplen;
+} pg_flat_mem_t;
+void *pg_flat_mem_alloc(void *arg, size_t size);
+void pg_flat_mem_free(pg_flat_mem_t *m);
+PyObject *pg_flat_bytes_adopt(pg_state_t *s, pg_flat_mem_t *m, size_t len);
+/* _device_stats(reset=False): the emulated backend's copy counters, for tests. */
+PyObject *pg_device_stats(PyObject *self, PyObject *args);
+/* to_bytes: obj serialized straight into a FlatBytes (device buffers copied
+ * once, into it). NULL with an exception set. */
+PyObject *pg_to_flat_bytes(pg_state_t *s, PyObject *obj, PyObject *families, PyObject *compression);
+
+/* Serialize obj straight into its flattened form, in memory alloc returns
+ * (gser_serialize_flat; codec as pg_compression_parse gives it). 0, or -1
+ * with an exception set (what alloc returned is the caller's to free). */
+int pg_serialize_flat(pg_state_t *s, PyObject *obj, PyObject *families, int codec, gser_flat_alloc_fn alloc,
+                      void *alloc_arg, size_t *written);
+
 /* A message serialized in the flattened form, ready to be written. */
 typedef struct pg_flat {
     PgOwner *owner;          /* holds the message and frames (a reference) */

@@ -147,6 +147,40 @@ fail:
     return NULL;
 }
 
+int pg_serialize_flat(pg_state_t *s, PyObject *obj, PyObject *families, int codec, gser_flat_alloc_fn alloc,
+                      void *alloc_arg, size_t *written)
+{
+    fam_list_t fam;
+    if (families_parse(families, true, &fam) < 0)
+        return -1;
+    PgOwner *owner = pg_owner_new(s);
+    if (!owner) {
+        Py_XDECREF(fam.keep);
+        return -1;
+    }
+    int rc = -1;
+    pg_encode_options_t eo = {0};
+    if (pg_encode(owner, obj, &eo) == 0) {
+        gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
+        so.compression = codec;
+        if (fam.n) {
+            so.families = fam.names;
+            so.nfamilies = fam.n;
+        }
+        gser_status_t st;
+        Py_BEGIN_ALLOW_THREADS
+        st = gser_serialize_flat(pg_ctx, owner->msg, &so, alloc, alloc_arg, written);
+        Py_END_ALLOW_THREADS
+        if (st)
+            pg_raise(s, st, true, "gser_serialize_flat");
+        else
+            rc = 0;
+    }
+    Py_XDECREF(fam.keep);
+    Py_DECREF(owner);
+    return rc;
+}
+
 int pg_flat_prepare(pg_state_t *s, PyObject *obj, PyObject *families, PyObject *compression, pg_flat_t *out)
 {
     int codec;

@@ -21,6 +21,7 @@ typedef enum cudaError {
     cudaErrorInvalidDevice = 101,
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorNotReady = 600,
+    cudaErrorHostMemoryAlreadyRegistered = 712,
     cudaErrorLaunchFailure = 719,
 } cudaError_t;
 
@@ -31,6 +32,8 @@ typedef struct fake_pool *cudaMemPool_t;
 #define cudaStreamPerThread ((cudaStream_t)0x2)
 #define cudaEventDisableTiming 0x02
 #define cudaStreamNonBlocking 0x01
+#define cudaHostRegisterPortable 0x01
+#define cudaHostRegisterMapped 0x02
 
 enum cudaMemcpyKind { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
 enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
@@ -63,6 +66,8 @@ cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPool_t pool,
 cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream);
 cudaError_t cudaMallocHost(void **ptr, size_t size);
 cudaError_t cudaFreeHost(void *ptr);
+cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned flags);
+cudaError_t cudaHostUnregister(void *ptr);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t stream);
 cudaError_t cudaMemsetAsync(void *dst, int value, size_t n, cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);

@@ -124,6 +124,32 @@ def test_to_bytes_stages_device_data_into_host_frames():
         assert np.array_equal(gser.from_bytes(gser.to_bytes(obj, families=fams))["d"], a)
 
 
+def test_to_bytes_copies_each_device_buffer_once():
+    # Counted by the emulated backend: every device buffer is copied once, by
+    # one batch, into the FlatBytes; nothing is gathered on the device first.
+    from gser import _gser
+
+    bufs = [make(np.float64, (n,)) + i for i, n in enumerate([4096, 1, 100_000, 0, 333, 32 * 1024] * 10)]
+    obj = [Dev(b) for b in bufs]
+    nonempty = [b for b in bufs if b.nbytes]
+    _gser._device_stats(True)
+    b = gser.to_bytes(obj)
+    st = _gser._device_stats(True)
+    assert st["d2h_ops"] == 1 and st["d2h_copies"] == len(nonempty)
+    assert st["d2h_bytes"] == sum(x.nbytes for x in nonempty)
+    assert st["d2d_ops"] == 0 and st["d2d_bytes"] == 0
+    out = gser.from_bytes(b)
+    assert len(out) == len(bufs)
+    for o, r in zip(out, bufs):  # an empty device buffer stays a device buffer
+        assert o.nbytes == 0 if not r.nbytes else np.array_equal(o, r)
+    # the frames path (dumps) stages: a gather on the device, then one copy to host
+    gser.dumps(obj, families=("host",))
+    st = _gser._device_stats(True)
+    assert st["d2d_bytes"] == sum(x.nbytes for x in nonempty) and st["d2h_ops"] == 1
+    # with compression, the same bytes as uncompressed where nothing shrinks
+    assert gser.from_bytes(gser.to_bytes(obj, compression="lz4"))[2].tolist() == bufs[2].tolist()
+
+
 def test_host_family_and_device_true():
     a = make(np.float64, (64, 64))
     header, frames = gser.dumps([Dev(a), np.zeros(2)], families=("host",))
