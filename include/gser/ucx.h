@@ -525,14 +525,25 @@ typedef struct gser_ucx_recv {
 /**
  * Take the frames of a completed receive (out->size must be set:
  * GSER_UCX_RECV_INIT). Pass them to gser_deserialize,
- * then call gser_ucx_recv_finish(out, st == GSER_OK): a successful
+ * then call gser_ucx_recv_release(out, st == GSER_OK): a successful
  * deserialize owns the frame memory; otherwise it is released.
  */
 GSER_API gser_status_t gser_ucx_request_take(gser_ucx_request_t *req, gser_ucx_recv_t *out);
 
 /** Release what gser_ucx_request_take handed over: the frame memory unless
- *  handed_over (a message owns it now), and the frame array. */
-GSER_API void gser_ucx_recv_finish(gser_ucx_recv_t *recv, bool handed_over);
+ *  handed_over (a message owns it now), and the frame array. NULL is fine. */
+GSER_API void gser_ucx_recv_release(gser_ucx_recv_t *recv, bool handed_over);
+
+#if defined(__GNUC__)
+#  define GSER_UCX_DEPRECATED(why) __attribute__((deprecated(why)))
+#else
+#  define GSER_UCX_DEPRECATED(why)
+#endif
+
+/** Deprecated: the former name of gser_ucx_recv_release, which it calls;
+ *  kept so that existing callers build and link. */
+GSER_API GSER_UCX_DEPRECATED("use gser_ucx_recv_release") void gser_ucx_recv_finish(gser_ucx_recv_t *recv,
+                                                                                     bool handed_over);
 
 /**
  * Deserialize the frames of a completed receive into a message that owns

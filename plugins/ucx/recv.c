@@ -517,7 +517,7 @@ gser_status_t gser_ucx_request_take(gser_ucx_request_t *r, gser_ucx_recv_t *out)
     if (st)
         return st;
     if (r->frames == r->frames_inline) {
-        /* The caller frees the array with gser_ucx_recv_finish. */
+        /* The caller frees the array with gser_ucx_recv_release. */
         gser_frame_t *a = malloc(r->nframes * sizeof *a);
         if (!a)
             return gux_fail(GSER_ERR_NO_MEMORY, "gser_ucx_request_take: out of memory");
@@ -532,7 +532,7 @@ gser_status_t gser_ucx_request_take(gser_ucx_request_t *r, gser_ucx_recv_t *out)
     return GSER_OK;
 }
 
-void gser_ucx_recv_finish(gser_ucx_recv_t *recv, bool handed_over)
+void gser_ucx_recv_release(gser_ucx_recv_t *recv, bool handed_over)
 {
     if (!recv)
         return;
@@ -544,6 +544,11 @@ void gser_ucx_recv_finish(gser_ucx_recv_t *recv, bool handed_over)
     recv->frames = NULL;
     recv->nframes = 0;
     recv->ep = NULL;
+}
+
+void gser_ucx_recv_finish(gser_ucx_recv_t *recv, bool handed_over)
+{
+    gser_ucx_recv_release(recv, handed_over);
 }
 
 /* Statuses that say the bytes themselves are bad. */
