@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/socket.h>
 
 #include <ucp/api/ucp.h>
@@ -577,6 +578,22 @@ GUX_INTERNAL void gux_req_abort(gser_ucx_request_t *req, gser_status_t st);
 /* UCX callbacks shared by the operations. */
 GUX_INTERNAL void gux_send_cb(void *ucx_req, ucs_status_t st, void *user_data);
 GUX_INTERNAL void gux_recv_cb(void *ucx_req, ucs_status_t st, const ucp_tag_recv_info_t *info, void *user_data);
+
+/* The parameters of a tagged receive into memory of kind mem that ends in
+ * cb(user_data); *imm takes the tag info when it completes at once. */
+static inline ucp_request_param_t gux_recv_param(ucp_tag_recv_nbx_callback_t cb, void *user_data,
+                                                 ucs_memory_type_t mem, ucp_tag_recv_info_t *imm)
+{
+    ucp_request_param_t p; /* assigned field by field: C++ tests include this header */
+    memset(&p, 0, sizeof p);
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO |
+                     UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+    p.cb.recv = cb;
+    p.user_data = user_data;
+    p.memory_type = mem;
+    p.recv_info.tag_info = imm;
+    return p;
+}
 
 /* recv.c */
 GUX_INTERNAL unsigned gux_recvs_match(gser_ucx_worker_t *w);

@@ -183,14 +183,7 @@ static void head_start(gser_ucx_request_t *r, ucp_tag_message_h msg, const ucp_t
 {
     gser_ucx_worker_t *w = r->worker;
     ucp_tag_recv_info_t imm;
-    ucp_request_param_t p = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO |
-                        UCP_OP_ATTR_FIELD_MEMORY_TYPE,
-        .cb.recv = head_cb,
-        .user_data = r,
-        .memory_type = UCS_MEMORY_TYPE_HOST,
-        .recv_info.tag_info = &imm,
-    };
+    ucp_request_param_t p = gux_recv_param(head_cb, r, UCS_MEMORY_TYPE_HOST, &imm);
     gser_ucx_ep_t *ep = r->ep;
     r->msg_no = ep->heads++;
     r->head_round = w->rounds;
@@ -403,14 +396,8 @@ static void head_frames_inline(gser_ucx_request_t *r)
 static gser_status_t frame_recv_post(gser_ucx_request_t *r, size_t i, gser_memory_t mem, uint64_t ftag)
 {
     ucp_tag_recv_info_t imm;
-    ucp_request_param_t p = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO |
-                        UCP_OP_ATTR_FIELD_MEMORY_TYPE,
-        .cb.recv = gux_recv_cb,
-        .user_data = r,
-        .memory_type = mem == GSER_MEMORY_DEVICE ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST,
-        .recv_info.tag_info = &imm,
-    };
+    ucs_memory_type_t umem = mem == GSER_MEMORY_DEVICE ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
+    ucp_request_param_t p = gux_recv_param(gux_recv_cb, r, umem, &imm);
     r->outstanding++;
     return gux_req_track(r,
                          ucp_tag_recv_nbx(r->worker->ucp, (void *)r->frames[i].data, r->frames[i].size, ftag,
