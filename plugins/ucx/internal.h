@@ -121,7 +121,7 @@ GUX_INTERNAL gser_status_t gux_op_check(const char *what, bool target, bool want
 /* The UCX call wrapper: every ucp_* call that returns a status goes through it. */
 #define GUX_CALL(what, call) gux_check((call), (what))
 
-/* ---- tables of objects by id ----------------------------------------------------
+/* ---- tables of objects by id (slots.c, a leaf) -----------------------------------
  * An id is the slot index + 1 in its low 20 bits and a generation above, so
  * that an id kept past its object's end never finds the slot's next owner. */
 
@@ -466,6 +466,7 @@ static inline void gux_unlock(gser_ucx_worker_t *w)
 GUX_INTERNAL unsigned gux_progress(gser_ucx_worker_t *w);
 /* Progress until done(arg) or the timeout (-1: none). GSER_OK or GSER_ERR_TIMEOUT. Lock held. */
 GUX_INTERNAL gser_status_t gux_wait(gser_ucx_worker_t *w, bool (*done)(void *arg), void *arg, int timeout_ms);
+/* The monotonic clock, in milliseconds (slots.c, a leaf). */
 GUX_INTERNAL double gux_now_ms(void);
 
 /* Create the worker's UCX worker if it has none yet. listen: the address
