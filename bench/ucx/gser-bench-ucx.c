@@ -218,7 +218,7 @@ static void echo_one(gser_ucx_ep_t *ep, bool frames_only)
     CK(gser_ucx_request_wait(s, WAIT_MS));
     gser_ucx_request_free(s);
     gser_ucx_request_free(r);
-    gser_ucx_recv_finish(&got, false);
+    gser_ucx_recv_release(&got, false);
 }
 
 /* ---- the serving child ---------------------------------------------------------------- */

@@ -474,7 +474,25 @@ GSER_API void gser_ucx_request_free(gser_ucx_request_t *req);
  * Device frames need a device backend (the worker's gser_ctx) unless both
  * sides' UCX move device memory: GSER_ERR_NO_DEVICE otherwise, and nothing
  * is sent. A send that fails halfway (the message is torn) fails the
- * endpoint.
+ * endpoint: the request then completes with the error.
+ *
+ * @return GSER_OK: posted; the request says how it ends.
+ * @return GSER_ERR_INVALID_ARG: a NULL argument, no frames, a frame that sets
+ *         a reserved field, has no data or an unknown memory kind, frame 0
+ *         not in host memory, or neither req_out nor a callback; also a
+ *         params struct not set up with GSER_UCX_OP_PARAMS_INIT.
+ * @return GSER_ERR_UNSUPPORTED: params from a newer gser that sets fields
+ *         this build does not know.
+ * @return GSER_ERR_STATE: the handshake is not done yet (progress, then
+ *         send again).
+ * @return GSER_ERR_NO_DEVICE: as above; nothing is sent.
+ * @return GSER_ERR_LIMIT_FRAMES: more frames than the frame table holds.
+ * @return GSER_ERR_NO_MEMORY: nothing is sent (a short message that UCX
+ *         already took fails the endpoint).
+ * @return the endpoint's error (GSER_ERR_CONNECTION, GSER_ERR_CANCELED,
+ *         GSER_ERR_TIMEOUT, ...) once it failed or was closed.
+ * @return another status mapped from UCX when it refuses the first send
+ *         (gser_ucx_get_last_error says which); nothing is sent.
  */
 GSER_API gser_status_t gser_ucx_ep_send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames, size_t nframes,
                                            const gser_ucx_op_params_t *params, gser_ucx_request_t **req_out);
@@ -497,9 +515,21 @@ GSER_API gser_status_t gser_ucx_ep_send_msg(gser_ucx_ep_t *ep, gser_context_t *c
 
 /* ---- receiving ----------------------------------------------------------------- */
 
-/** Post a receive of the next message from ep. After the peer closed, receives
- *  still get every message it sent whole before (bounded by the peer
- *  timeout), then fail with GSER_ERR_CONNECTION. */
+/**
+ * Post a receive of the next message from ep. After the peer closed, receives
+ * still get every message it sent whole before (bounded by the peer
+ * timeout), then fail with GSER_ERR_CONNECTION.
+ *
+ * @return GSER_OK: posted; the request says how it ends.
+ * @return GSER_ERR_INVALID_ARG: ep is NULL, neither req_out nor a callback,
+ *         or params not set up with GSER_UCX_OP_PARAMS_INIT.
+ * @return GSER_ERR_UNSUPPORTED: params from a newer gser that sets fields
+ *         this build does not know.
+ * @return GSER_ERR_NO_MEMORY.
+ * @return the endpoint's error (GSER_ERR_CONNECTION, GSER_ERR_CANCELED,
+ *         GSER_ERR_TIMEOUT, ...) once it failed or was closed and nothing
+ *         the peer sent is left to receive.
+ */
 GSER_API gser_status_t gser_ucx_ep_recv_nb(gser_ucx_ep_t *ep, const gser_ucx_op_params_t *params,
                                            gser_ucx_request_t **req_out);
 
@@ -525,14 +555,33 @@ typedef struct gser_ucx_recv {
 /**
  * Take the frames of a completed receive (out->size must be set:
  * GSER_UCX_RECV_INIT). Pass them to gser_deserialize,
- * then call gser_ucx_recv_finish(out, st == GSER_OK): a successful
+ * then call gser_ucx_recv_release(out, st == GSER_OK): a successful
  * deserialize owns the frame memory; otherwise it is released.
+ *
+ * @return GSER_OK: *out holds the frames.
+ * @return GSER_ERR_INVALID_ARG: a NULL argument, out->size not set, or req
+ *         is not a receive.
+ * @return GSER_ERR_STATE: the receive is still running, or its frames were
+ *         taken already.
+ * @return the receive's own status when it failed.
+ * @return GSER_ERR_NO_MEMORY.
  */
 GSER_API gser_status_t gser_ucx_request_take(gser_ucx_request_t *req, gser_ucx_recv_t *out);
 
 /** Release what gser_ucx_request_take handed over: the frame memory unless
- *  handed_over (a message owns it now), and the frame array. */
-GSER_API void gser_ucx_recv_finish(gser_ucx_recv_t *recv, bool handed_over);
+ *  handed_over (a message owns it now), and the frame array. NULL is fine. */
+GSER_API void gser_ucx_recv_release(gser_ucx_recv_t *recv, bool handed_over);
+
+#if defined(__GNUC__)
+#  define GSER_UCX_DEPRECATED(why) __attribute__((deprecated(why)))
+#else
+#  define GSER_UCX_DEPRECATED(why)
+#endif
+
+/** Deprecated: the former name of gser_ucx_recv_release, which it calls;
+ *  kept so that existing callers build and link. */
+GSER_API GSER_UCX_DEPRECATED("use gser_ucx_recv_release") void gser_ucx_recv_finish(gser_ucx_recv_t *recv,
+                                                                                     bool handed_over);
 
 /**
  * Deserialize the frames of a completed receive into a message that owns

@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/socket.h>
 
 #include <ucp/api/ucp.h>
@@ -120,7 +121,7 @@ GUX_INTERNAL gser_status_t gux_op_check(const char *what, bool target, bool want
 /* The UCX call wrapper: every ucp_* call that returns a status goes through it. */
 #define GUX_CALL(what, call) gux_check((call), (what))
 
-/* ---- tables of objects by id ----------------------------------------------------
+/* ---- tables of objects by id (slots.c, a leaf) -----------------------------------
  * An id is the slot index + 1 in its low 20 bits and a generation above, so
  * that an id kept past its object's end never finds the slot's next owner. */
 
@@ -465,6 +466,7 @@ static inline void gux_unlock(gser_ucx_worker_t *w)
 GUX_INTERNAL unsigned gux_progress(gser_ucx_worker_t *w);
 /* Progress until done(arg) or the timeout (-1: none). GSER_OK or GSER_ERR_TIMEOUT. Lock held. */
 GUX_INTERNAL gser_status_t gux_wait(gser_ucx_worker_t *w, bool (*done)(void *arg), void *arg, int timeout_ms);
+/* The monotonic clock, in milliseconds (slots.c, a leaf). */
 GUX_INTERNAL double gux_now_ms(void);
 
 /* Create the worker's UCX worker if it has none yet. listen: the address
@@ -577,6 +579,22 @@ GUX_INTERNAL void gux_req_abort(gser_ucx_request_t *req, gser_status_t st);
 /* UCX callbacks shared by the operations. */
 GUX_INTERNAL void gux_send_cb(void *ucx_req, ucs_status_t st, void *user_data);
 GUX_INTERNAL void gux_recv_cb(void *ucx_req, ucs_status_t st, const ucp_tag_recv_info_t *info, void *user_data);
+
+/* The parameters of a tagged receive into memory of kind mem that ends in
+ * cb(user_data); *imm takes the tag info when it completes at once. */
+static inline ucp_request_param_t gux_recv_param(ucp_tag_recv_nbx_callback_t cb, void *user_data,
+                                                 ucs_memory_type_t mem, ucp_tag_recv_info_t *imm)
+{
+    ucp_request_param_t p; /* assigned field by field: C++ tests include this header */
+    memset(&p, 0, sizeof p);
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO |
+                     UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+    p.cb.recv = cb;
+    p.user_data = user_data;
+    p.memory_type = mem;
+    p.recv_info.tag_info = imm;
+    return p;
+}
 
 /* recv.c */
 GUX_INTERNAL unsigned gux_recvs_match(gser_ucx_worker_t *w);

@@ -183,14 +183,7 @@ static void head_start(gser_ucx_request_t *r, ucp_tag_message_h msg, const ucp_t
 {
     gser_ucx_worker_t *w = r->worker;
     ucp_tag_recv_info_t imm;
-    ucp_request_param_t p = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO |
-                        UCP_OP_ATTR_FIELD_MEMORY_TYPE,
-        .cb.recv = head_cb,
-        .user_data = r,
-        .memory_type = UCS_MEMORY_TYPE_HOST,
-        .recv_info.tag_info = &imm,
-    };
+    ucp_request_param_t p = gux_recv_param(head_cb, r, UCS_MEMORY_TYPE_HOST, &imm);
     gser_ucx_ep_t *ep = r->ep;
     r->msg_no = ep->heads++;
     r->head_round = w->rounds;
@@ -316,39 +309,45 @@ unsigned gux_recvs_match(gser_ucx_worker_t *w)
     return n;
 }
 
-/* The head is in: check it, set up the frames, receive the large ones. */
-static void head_parse(gser_ucx_request_t *r)
+/* Restore a short head's magic or parse a full head's fixed part into
+ * *info, and check that the message is the one due from the peer. */
+static gser_status_t head_fixed(gser_ucx_request_t *r, gux_head_info_t *info)
 {
-    gser_ucx_worker_t *w = r->worker;
     gser_ucx_ep_t *ep = r->ep;
-    gux_head_info_t info;
     gser_status_t st;
     if (r->short_head) {
         /* The magic back in front; the sequence number came in the tag. */
         memcpy(r->rhead, GUX_SHORT_PREFIX, GUX_SHORT_PREFIX_LEN);
-        info.seq = r->seq;
-    } else if ((st = gux_head_parse_fixed(r->rhead, r->rhead_len, w->max_frames, &info))) {
-        goto bad;
+        info->seq = r->seq;
+    } else if ((st = gux_head_parse_fixed(r->rhead, r->rhead_len, r->worker->max_frames, info))) {
+        return st;
     }
-    if (info.seq != (ep->recv_seq & GUX_SEQ_MASK)) {
-        st = gux_fail(GSER_ERR_FORMAT, "receive: message %u arrived where message %u was due", info.seq,
-                      ep->recv_seq & GUX_SEQ_MASK);
-        goto bad;
-    }
+    if (info->seq != (ep->recv_seq & GUX_SEQ_MASK))
+        return gux_fail(GSER_ERR_FORMAT, "receive: message %u arrived where message %u was due", info->seq,
+                        ep->recv_seq & GUX_SEQ_MASK);
     ep->recv_seq++;
-    r->seq = info.seq;
-    if (r->short_head) {
-        /* Its one frame is the buffer, and nothing else is on the way: no
-         * table to read, no frame to receive. */
-        r->frames = r->frames_inline;
-        r->frames[0] = (gser_frame_t){.data = r->rhead, .size = r->rhead_len, .memory = GSER_MEMORY_HOST,
-                                      .release = head_release_of(r), .release_arg = r->rhead};
-        r->nframes = 1;
-        r->stage = GUX_RECV_FRAMES;
-        gux_req_complete(r, GSER_OK);
-        return;
-    }
-    size_t n = info.nframes;
+    r->seq = info->seq;
+    return GSER_OK;
+}
+
+/* Complete r with a short head's one frame, the buffer: nothing else is on
+ * the way (no table to read, no frame to receive). */
+static void head_short_complete(gser_ucx_request_t *r)
+{
+    r->frames = r->frames_inline;
+    r->frames[0] = (gser_frame_t){.data = r->rhead, .size = r->rhead_len, .memory = GSER_MEMORY_HOST,
+                                  .release = head_release_of(r), .release_arg = r->rhead};
+    r->nframes = 1;
+    r->stage = GUX_RECV_FRAMES;
+    gux_req_complete(r, GSER_OK);
+}
+
+/* Allocate r's frame table and zeroed frames for info->nframes and read the
+ * table from the head, within the worker's limits. */
+static gser_status_t head_table(gser_ucx_request_t *r, gux_head_info_t *info)
+{
+    gser_ucx_worker_t *w = r->worker;
+    size_t n = info->nframes;
     if (n <= GUX_FRAMES_INLINE) {
         r->table = r->table_inline;
         r->frames = r->frames_inline;
@@ -357,19 +356,24 @@ static void head_parse(gser_ucx_request_t *r)
         r->table = malloc(n * sizeof *r->table);
         r->frames = calloc(n, sizeof *r->frames);
     }
-    if (!r->table || !r->frames) {
-        st = gux_fail(GSER_ERR_NO_MEMORY, "receive: out of memory for a %zu-frame table", n);
-        goto bad;
-    }
+    if (!r->table || !r->frames)
+        return gux_fail(GSER_ERR_NO_MEMORY, "receive: out of memory for a %zu-frame table", n);
     r->nframes = n;
-    if ((st = gux_head_parse_table(r->rhead, r->rhead_len, w->max_bytes, &info, r->table)))
-        goto bad;
-    if (info.chunk && info.chunk > w->max_bytes) {
-        st = gux_fail(GSER_ERR_LIMIT_BYTES, "receive: a staging chunk of %u bytes is over the limits", info.chunk);
-        goto bad;
-    }
+    gser_status_t st = gux_head_parse_table(r->rhead, r->rhead_len, w->max_bytes, info, r->table);
+    if (st)
+        return st;
+    if (info->chunk && info->chunk > w->max_bytes)
+        return gux_fail(GSER_ERR_LIMIT_BYTES, "receive: a staging chunk of %u bytes is over the limits",
+                        info->chunk);
+    return GSER_OK;
+}
 
-    /* Frame 0 owns the head buffer; inlined frames point into it. */
+/* Point frame 0 (which owns the head buffer) and the inlined frames into
+ * the head, and tell the pool how many host bytes the other frames bring. */
+static void head_frames_inline(gser_ucx_request_t *r)
+{
+    gser_ucx_worker_t *w = r->worker;
+    size_t n = r->nframes;
     for (size_t i = 0; i < n; i++) {
         const gux_head_frame_t *t = &r->table[i];
         if (t->route != GUX_ROUTE_INLINE)
@@ -385,43 +389,67 @@ static void head_parse(gser_ucx_request_t *r)
         if (r->table[i].route != GUX_ROUTE_INLINE && (r->table[i].memory == GSER_MEMORY_HOST || !w->have_device))
             host_bytes += (size_t)r->table[i].size; /* the table's total is within max_bytes */
     gux_pool_expect(w->pool, host_bytes);
+}
 
-    r->stage = GUX_RECV_FRAMES;
-    r->posting = true;
-    uint64_t ftag = gux_tag(ep->local_id, GUX_KIND_FRAME, info.seq);
+/* Post the tagged receive of r's allocated frame i, as one more outstanding
+ * part. */
+static gser_status_t frame_recv_post(gser_ucx_request_t *r, size_t i, gser_memory_t mem, uint64_t ftag)
+{
+    ucp_tag_recv_info_t imm;
+    ucs_memory_type_t umem = mem == GSER_MEMORY_DEVICE ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
+    ucp_request_param_t p = gux_recv_param(gux_recv_cb, r, umem, &imm);
+    r->outstanding++;
+    return gux_req_track(r,
+                         ucp_tag_recv_nbx(r->worker->ucp, (void *)r->frames[i].data, r->frames[i].size, ftag,
+                                          GUX_TAG_MASK_ALL, &p),
+                         "receive: ucp_tag_recv_nbx", true);
+}
+
+/* Allocate the frames that do not travel inline and receive them: tagged
+ * ones directly, staged ones through the staging part. Stops at the first
+ * error, with frames of the message perhaps on the way. */
+static gser_status_t frames_recv_post(gser_ucx_request_t *r, const gux_head_info_t *info)
+{
+    gser_ucx_worker_t *w = r->worker;
+    uint64_t ftag = gux_tag(r->ep->local_id, GUX_KIND_FRAME, info->seq);
     bool staged = false;
-    for (size_t i = 1; i < n && !st; i++) {
+    gser_status_t st = GSER_OK;
+    r->posting = true;
+    for (size_t i = 1; i < r->nframes && !st; i++) {
         const gux_head_frame_t *t = &r->table[i];
         if (t->route == GUX_ROUTE_INLINE)
             continue;
         gser_memory_t mem = (gser_memory_t)t->memory;
         if ((st = gux_frame_alloc(w, (size_t)t->size, &mem, t->device, &r->frames[i])))
             break;
-        if (t->route == GUX_ROUTE_STAGED) {
+        if (t->route == GUX_ROUTE_STAGED)
             staged = true;
-            continue;
-        }
-        ucp_tag_recv_info_t imm;
-        ucp_request_param_t p = {
-            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO |
-                            UCP_OP_ATTR_FIELD_MEMORY_TYPE,
-            .cb.recv = gux_recv_cb,
-            .user_data = r,
-            .memory_type = mem == GSER_MEMORY_DEVICE ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST,
-            .recv_info.tag_info = &imm,
-        };
-        r->outstanding++;
-        st = gux_req_track(r,
-                           ucp_tag_recv_nbx(w->ucp, (void *)r->frames[i].data, r->frames[i].size, ftag,
-                                            GUX_TAG_MASK_ALL, &p),
-                           "receive: ucp_tag_recv_nbx", true);
+        else
+            st = frame_recv_post(r, i, mem, ftag);
     }
     if (!st && staged) {
-        r->chunk = info.chunk;
+        r->chunk = info->chunk;
         r->outstanding++; /* the staging part */
         gux_staging_advance(r);
     }
     r->posting = false;
+    return st;
+}
+
+/* The head is in: check it, set up the frames, receive the large ones. */
+static void head_parse(gser_ucx_request_t *r)
+{
+    gux_head_info_t info;
+    gser_status_t st = head_fixed(r, &info);
+    if (!st && r->short_head) {
+        head_short_complete(r);
+        return;
+    }
+    if (!st && !(st = head_table(r, &info))) {
+        head_frames_inline(r);
+        r->stage = GUX_RECV_FRAMES;
+        st = frames_recv_post(r, &info);
+    }
     if (st) {
         /* Frames of this message may be on the way: the stream is torn. */
         reject(r, st);
@@ -429,9 +457,6 @@ static void head_parse(gser_ucx_request_t *r)
     }
     if (r->outstanding == 0)
         gux_recv_ready(r);
-    return;
-bad:
-    reject(r, st);
 }
 
 void gux_recv_ready(gser_ucx_request_t *r)
@@ -479,7 +504,7 @@ gser_status_t gser_ucx_request_take(gser_ucx_request_t *r, gser_ucx_recv_t *out)
     if (st)
         return st;
     if (r->frames == r->frames_inline) {
-        /* The caller frees the array with gser_ucx_recv_finish. */
+        /* The caller frees the array with gser_ucx_recv_release. */
         gser_frame_t *a = malloc(r->nframes * sizeof *a);
         if (!a)
             return gux_fail(GSER_ERR_NO_MEMORY, "gser_ucx_request_take: out of memory");
@@ -494,7 +519,7 @@ gser_status_t gser_ucx_request_take(gser_ucx_request_t *r, gser_ucx_recv_t *out)
     return GSER_OK;
 }
 
-void gser_ucx_recv_finish(gser_ucx_recv_t *recv, bool handed_over)
+void gser_ucx_recv_release(gser_ucx_recv_t *recv, bool handed_over)
 {
     if (!recv)
         return;
@@ -506,6 +531,11 @@ void gser_ucx_recv_finish(gser_ucx_recv_t *recv, bool handed_over)
     recv->frames = NULL;
     recv->nframes = 0;
     recv->ep = NULL;
+}
+
+void gser_ucx_recv_finish(gser_ucx_recv_t *recv, bool handed_over)
+{
+    gser_ucx_recv_release(recv, handed_over);
 }
 
 /* Statuses that say the bytes themselves are bad. */

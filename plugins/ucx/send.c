@@ -102,103 +102,162 @@ static gser_status_t send_start_staging(gser_ucx_request_t *r, const gser_frame_
     return GSER_OK;
 }
 
-gser_status_t gser_ucx_ep_send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames, size_t nframes,
-                                  const gser_ucx_op_params_t *params, gser_ucx_request_t **req_out)
+/* What one send posts: the head's form and bytes, and each frame's route. */
+typedef struct {
+    bool short_head; /* the frame itself past its magic: no head to write, no other frame */
+    bool staged;     /* a frame goes through staging */
+    bool sent;       /* the short head went out at once */
+    const void *head;
+    size_t head_len;
+    uint8_t *routes; /* routes_stack or malloc'd; unread for a short head */
+    uint8_t routes_stack[64];
+} send_job_t;
+
+/* GSER_ERR_INVALID_ARG naming the first frame that sets a reserved field. */
+static gser_status_t frames_reserved_check(const gser_frame_t *frames, size_t nframes)
 {
-    gser_ucx_op_params_t p_ = GSER_UCX_OP_PARAMS_INIT;
-    gser_status_t st;
-    if ((st = gux_op_params("gser_ucx_ep_send_nb", &params, &p_)))
-        return st;
     for (size_t i = 0; frames && i < nframes; i++)
         for (size_t k = 0; k < sizeof frames[i].reserved / sizeof frames[i].reserved[0]; k++)
             if (frames[i].reserved[k])
                 return gux_fail(GSER_ERR_INVALID_ARG,
                                 "gser_ucx_ep_send_nb: frame %zu sets reserved[%zu], which must be zero", i, k);
-    if ((st = gux_op_check("gser_ucx_ep_send_nb", ep && frames && nframes, req_out != NULL, params)))
-        return st;
-    gser_ucx_worker_t *w = ep->worker;
-    uint8_t routes_stack[64];
-    uint8_t *routes = routes_stack;
-    gser_ucx_request_t *r = NULL;
+    return GSER_OK;
+}
 
-    gux_lock(w);
-    gux_error_clear();
-    if (ep->state != GUX_EP_READY) {
-        st = ep->state == GUX_EP_CONNECTING ? gux_fail(GSER_ERR_STATE, "send: the handshake is not done")
-                                            : gux_fail(ep->error, "send: %s", ep->why);
-        goto out;
-    }
-    /* A short head is the frame itself past its magic: no head to plan or
-     * write, and no other frame (routes stays unread). */
-    bool short_head = gux_short_fits(frames, nframes), staged = false, sent = false;
-    const void *head = NULL;
-    size_t head_len = 0;
-    if (short_head) {
-        head = (const unsigned char *)frames[0].data + GUX_SHORT_PREFIX_LEN;
-        head_len = frames[0].size - GUX_SHORT_PREFIX_LEN;
-        /* Out first, the request after: UCX sends a short message at once or
-         * not at all (a full queue), and the peer waits for nothing else. In
-         * a stream that fills the queue, the next ones are posted without
-         * the try until a posted send completes. */
-        ucs_status_t us = ep->short_queued ? UCS_ERR_NO_RESOURCE : short_send_now(ep, head, head_len);
-        if (us == UCS_OK) {
-            sent = true;
-        } else if (us == UCS_ERR_NO_RESOURCE) {
-            ep->short_queued = true;
-        } else {
-            st = GUX_CALL("send: ucp_tag_send_nbx", us);
-            goto out;
-        }
-    } else {
-        if (nframes > sizeof routes_stack && !(routes = malloc(nframes))) {
-            st = gux_fail(GSER_ERR_NO_MEMORY, "send: out of memory");
-            goto out;
-        }
-        if ((st = send_plan(ep, frames, nframes, routes, &head_len, &staged)))
-            goto out;
-    }
+/* GSER_OK when ep can send, else why not: the handshake runs or it ended. */
+static gser_status_t send_ep_ready(const gser_ucx_ep_t *ep)
+{
+    if (ep->state == GUX_EP_READY)
+        return GSER_OK;
+    return ep->state == GUX_EP_CONNECTING ? gux_fail(GSER_ERR_STATE, "send: the handshake is not done")
+                                          : gux_fail(ep->error, "send: %s", ep->why);
+}
 
-    if (!(r = gux_req_new(w, GUX_REQ_SEND, ep, params, req_out != NULL))) {
-        st = GSER_ERR_NO_MEMORY;
-        if (sent) { /* out, but not reported as sent: the stream is torn */
+/* Try a short head out before there is a request: job->sent when it went,
+ * ep->short_queued when UCX's queue is full (it is posted then). */
+static gser_status_t send_short_try(gser_ucx_ep_t *ep, const gser_frame_t *frame, send_job_t *job)
+{
+    job->head = (const unsigned char *)frame->data + GUX_SHORT_PREFIX_LEN;
+    job->head_len = frame->size - GUX_SHORT_PREFIX_LEN;
+    /* UCX sends a short message at once or not at all (a full queue), and
+     * the peer waits for nothing else. In a stream that fills the queue,
+     * the next ones are posted without the try until a posted send
+     * completes. */
+    ucs_status_t us = ep->short_queued ? UCS_ERR_NO_RESOURCE : short_send_now(ep, job->head, job->head_len);
+    if (us == UCS_OK)
+        job->sent = true;
+    else if (us == UCS_ERR_NO_RESOURCE)
+        ep->short_queued = true;
+    else
+        return GUX_CALL("send: ucp_tag_send_nbx", us);
+    return GSER_OK;
+}
+
+/* Decide the head's form; a short one is tried out at once, a full one gets
+ * its routes and length planned (routes malloc'd past the stack's 64). */
+static gser_status_t send_prepare(gser_ucx_ep_t *ep, const gser_frame_t *frames, size_t nframes, send_job_t *job)
+{
+    job->short_head = gux_short_fits(frames, nframes);
+    if (job->short_head)
+        return send_short_try(ep, &frames[0], job);
+    if (nframes > sizeof job->routes_stack && !(job->routes = malloc(nframes)))
+        return gux_fail(GSER_ERR_NO_MEMORY, "send: out of memory");
+    return send_plan(ep, frames, nframes, job->routes, &job->head_len, &job->staged);
+}
+
+/* A send request on ep numbered as its next message. Without memory for
+ * it, a short head that went out already tears the stream. */
+static gser_status_t send_req_new(gser_ucx_ep_t *ep, const gser_ucx_op_params_t *params, bool user_holds,
+                                  const send_job_t *job, gser_ucx_request_t **out)
+{
+    gser_ucx_request_t *r = gux_req_new(ep->worker, GUX_REQ_SEND, ep, params, user_holds);
+    if (!r) {
+        if (job->sent) { /* out, but not reported as sent */
             ep->send_seq++;
-            gux_ep_fail(ep, st);
+            gux_ep_fail(ep, GSER_ERR_NO_MEMORY);
         }
-        goto out;
+        return GSER_ERR_NO_MEMORY;
     }
     r->msg_no = ep->send_seq;
     r->seq = ep->send_seq & GUX_SEQ_MASK;
-    if (!short_head) {
-        r->head = head_len <= GUX_HEAD_INLINE ? r->head_inline : malloc(head_len);
-        if (!r->head) {
-            st = gux_fail(GSER_ERR_NO_MEMORY, "send: out of memory for a %zu-byte head", head_len);
-            goto out;
-        }
-        r->head_len = head_len;
-        gux_head_write(frames, nframes, routes, r->seq, staged ? (uint32_t)w->chunk : 0, r->head, head_len);
-        head = r->head;
-    }
+    *out = r;
+    return GSER_OK;
+}
 
-    r->posting = true;
-    st = GSER_OK;
-    if (!sent) {
-        st = post_send(r, head, head_len, gux_tag(ep->peer_id, short_head ? GUX_KIND_SHORT : GUX_KIND_HEAD, r->seq),
-                       UCS_MEMORY_TYPE_HOST);
-        if (st) /* nothing went out: the endpoint is as it was */
-            goto out;
-        if (short_head && r->outstanding == 0)
-            ep->short_queued = false; /* it went at once: the queue has room again */
-    }
-    ep->send_seq++;
-    uint64_t ftag = gux_tag(ep->peer_id, GUX_KIND_FRAME, r->seq);
+/* Write a full head into r (its inline buffer or a malloc'd one) and point
+ * job->head at it; a short head is the frame already. */
+static gser_status_t send_head_write(gser_ucx_request_t *r, const gser_frame_t *frames, size_t nframes,
+                                     send_job_t *job)
+{
+    if (job->short_head)
+        return GSER_OK;
+    size_t len = job->head_len;
+    r->head = len <= GUX_HEAD_INLINE ? r->head_inline : malloc(len);
+    if (!r->head)
+        return gux_fail(GSER_ERR_NO_MEMORY, "send: out of memory for a %zu-byte head", len);
+    r->head_len = len;
+    gux_head_write(frames, nframes, job->routes, r->seq, job->staged ? (uint32_t)r->worker->chunk : 0, r->head, len);
+    job->head = r->head;
+    return GSER_OK;
+}
+
+/* Post the head unless it went out already; on an error nothing went out. */
+static gser_status_t send_head_post(gser_ucx_request_t *r, const send_job_t *job)
+{
+    if (job->sent)
+        return GSER_OK;
+    gser_ucx_ep_t *ep = r->ep;
+    gser_status_t st = post_send(r, job->head, job->head_len,
+                                 gux_tag(ep->peer_id, job->short_head ? GUX_KIND_SHORT : GUX_KIND_HEAD, r->seq),
+                                 UCS_MEMORY_TYPE_HOST);
+    if (!st && job->short_head && r->outstanding == 0)
+        ep->short_queued = false; /* it went at once: the queue has room again */
+    return st;
+}
+
+/* Post the frames that travel apart, then start staging; on an error part
+ * of the message may be out. */
+static gser_status_t send_frames_post(gser_ucx_request_t *r, const gser_frame_t *frames, size_t nframes,
+                                      send_job_t *job)
+{
+    gser_status_t st = GSER_OK;
+    uint64_t ftag = gux_tag(r->ep->peer_id, GUX_KIND_FRAME, r->seq);
     for (size_t i = 1; i < nframes && !st; i++) {
-        if (routes[i] != GUX_ROUTE_TAG)
+        if (job->routes[i] != GUX_ROUTE_TAG)
             continue;
         ucs_memory_type_t mem = frames[i].memory == GSER_MEMORY_DEVICE ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
         st = post_send(r, frames[i].data, frames[i].size, ftag, mem);
     }
-    if (!st && staged)
-        st = send_start_staging(r, frames, nframes, &routes, routes_stack);
+    if (!st && job->staged)
+        st = send_start_staging(r, frames, nframes, &job->routes, job->routes_stack);
+    return st;
+}
+
+gser_status_t gser_ucx_ep_send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames, size_t nframes,
+                                  const gser_ucx_op_params_t *params, gser_ucx_request_t **req_out)
+{
+    gser_ucx_op_params_t p_ = GSER_UCX_OP_PARAMS_INIT;
+    gser_status_t st;
+    if ((st = gux_op_params("gser_ucx_ep_send_nb", &params, &p_)) || (st = frames_reserved_check(frames, nframes)) ||
+        (st = gux_op_check("gser_ucx_ep_send_nb", ep && frames && nframes, req_out != NULL, params)))
+        return st;
+    gser_ucx_worker_t *w = ep->worker;
+    send_job_t job = {.short_head = false};
+    job.routes = job.routes_stack;
+    gser_ucx_request_t *r = NULL;
+
+    gux_lock(w);
+    gux_error_clear();
+    if ((st = send_ep_ready(ep)) || (st = send_prepare(ep, frames, nframes, &job)) ||
+        (st = send_req_new(ep, params, req_out != NULL, &job, &r)) ||
+        (st = send_head_write(r, frames, nframes, &job)))
+        goto out;
+    r->posting = true;
+    if ((st = send_head_post(r, &job))) /* nothing went out: the endpoint is as it was */
+        goto out;
+    ep->send_seq++;
+    if (!job.short_head)
+        st = send_frames_post(r, frames, nframes, &job);
     r->posting = false;
     if (st) {
         /* The head went out but not the whole message: the stream is torn. */
@@ -218,8 +277,8 @@ out:
         r->cb = NULL;
         gux_req_release_if_idle(r);
     }
-    if (routes != routes_stack)
-        free(routes);
+    if (job.routes != job.routes_stack)
+        free(job.routes);
     gux_unlock(w);
     return st;
 }

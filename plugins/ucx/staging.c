@@ -307,14 +307,7 @@ static void slot_issue(gux_stage_op_t *op, gux_slot_t *s)
     }
     void *dst = device ? s->bounce : at;
     ucp_tag_recv_info_t imm;
-    ucp_request_param_t p = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO |
-                        UCP_OP_ATTR_FIELD_MEMORY_TYPE,
-        .cb.recv = chunk_recv_cb,
-        .user_data = s,
-        .memory_type = UCS_MEMORY_TYPE_HOST,
-        .recv_info.tag_info = &imm,
-    };
+    ucp_request_param_t p = gux_recv_param(chunk_recv_cb, s, UCS_MEMORY_TYPE_HOST, &imm);
     ucs_status_ptr_t sp = ucp_tag_recv_nbx(w->ucp, dst, len, gux_tag(r->ep->local_id, GUX_KIND_CHUNK, r->seq),
                                            GUX_TAG_MASK_ALL, &p);
     if (UCS_PTR_IS_ERR(sp)) {

@@ -49,7 +49,7 @@ void serve_post(gser_ucx_ep_t *ep);
 void serve_sent(gser_ucx_request_t *, gser_status_t, void *ud)
 {
     auto *got = static_cast<gser_ucx_recv_t *>(ud);
-    gser_ucx_recv_finish(got, false);
+    gser_ucx_recv_release(got, false);
     delete got;
 }
 
@@ -326,7 +326,7 @@ class Hostile : public ::testing::Test {
             return -1;
         }
         bool same = got.frames[0].size == sizeof payload && std::memcmp(got.frames[0].data, payload, sizeof payload) == 0;
-        gser_ucx_recv_finish(&got, false);
+        gser_ucx_recv_release(&got, false);
         EXPECT_TRUE(same) << "the echo differs";
         return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     }
@@ -349,7 +349,7 @@ class Hostile : public ::testing::Test {
         if (gser_ucx_request_wait(rr, kWaitMs) == GSER_OK && gser_ucx_request_take(rr, &got) == GSER_OK) {
             if (got.frames[0].size == 6 * sizeof(uint64_t))
                 std::memcpy(v.data(), got.frames[0].data, 6 * sizeof(uint64_t));
-            gser_ucx_recv_finish(&got, false);
+            gser_ucx_recv_release(&got, false);
         }
         return v;
     }

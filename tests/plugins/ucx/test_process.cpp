@@ -31,7 +31,7 @@ int child_echo_server(int n)
             return 14;
         gser_ucx_request_free(r);
         gser_status_t st = gser_ucx_ep_send(ep, got.frames, got.nframes, kWaitMs);
-        gser_ucx_recv_finish(&got, false);
+        gser_ucx_recv_release(&got, false);
         if (st)
             return 15;
     }
@@ -299,7 +299,7 @@ TEST_F(TwoProcess, ListenerServesOnAfterAPeerDies)
         gser_ucx_recv_t got = GSER_UCX_RECV_INIT;
         UCX_OK(gser_ucx_request_take(rr, &got));
         gser_status_t st = gser_ucx_ep_send(ep, got.frames, got.nframes, kWaitMs);
-        gser_ucx_recv_finish(&got, false);
+        gser_ucx_recv_release(&got, false);
         UCX_OK(st);
     }
     // Driven meanwhile, as a live peer is: the child's hang-up flushes.

@@ -120,7 +120,7 @@ TEST_F(ShortHead, AOneFrameMessageIsItsHeaderWithoutTheMagic)
     EXPECT_EQ(got.frames[0].memory, GSER_MEMORY_HOST);
     gser_msg_t *dm = nullptr;
     UCX_OK(gser_deserialize(ctx_.get(), got.frames, got.nframes, nullptr, &dm));
-    gser_ucx_recv_finish(&got, true); // the message owns the head buffer now
+    gser_ucx_recv_release(&got, true); // the message owns the head buffer now
     MsgPtr d(dm);
     EXPECT_TRUE(is_small_msg(dm));
 }
@@ -163,7 +163,7 @@ TEST_F(ShortHead, OtherMessagesKeepTheHead)
     ASSERT_EQ(raw_got.nframes, 1u);
     ASSERT_EQ(raw_got.frames[0].size, sizeof raw);
     EXPECT_EQ(std::memcmp(raw_got.frames[0].data, raw, sizeof raw), 0);
-    gser_ucx_recv_finish(&raw_got, false);
+    gser_ucx_recv_release(&raw_got, false);
 }
 
 TEST_F(ShortHead, ShortAndFullHeadsInterleaveInOrder)
@@ -245,7 +245,7 @@ TEST_F(ShortHead, ASmallHeadsBufferServesAgainOnlyOnceReleased)
     const void *pb = take_one(&b);
     EXPECT_NE(pa, pb) << "two heads held at once share a buffer";
     size_t size = a.frames[0].size;
-    gser_ucx_recv_finish(&a, false); // its buffer is kept for the next head
+    gser_ucx_recv_release(&a, false); // its buffer is kept for the next head
     void *other = std::malloc(size); // what free() gave back would be this
     const void *pc = take_one(&c);
     EXPECT_EQ(pc, pa) << "a released small head's buffer was not used again";
@@ -260,8 +260,8 @@ TEST_F(ShortHead, ASmallHeadsBufferServesAgainOnlyOnceReleased)
         ASSERT_EQ(g->frames[0].size, h.size);
         EXPECT_EQ(std::memcmp(g->frames[0].data, h.data, h.size), 0);
     }
-    gser_ucx_recv_finish(&b, false);
-    gser_ucx_recv_finish(&c, false);
+    gser_ucx_recv_release(&b, false);
+    gser_ucx_recv_release(&c, false);
 }
 
 TEST_F(ShortHead, AHandWrittenShortHeadIsReceived)

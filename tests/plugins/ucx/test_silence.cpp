@@ -95,7 +95,7 @@ int child_stream_client(const std::string &host, uint16_t port, unsigned timeout
         bool ok = got.nframes == (bytes ? 2u : 1u) && got.frames[0].size == sizeof n &&
                   std::memcmp(got.frames[0].data, &n, sizeof n) == 0 &&
                   (!bytes || (got.frames[1].size == bytes && std::memcmp(got.frames[1].data, big.data(), bytes) == 0));
-        gser_ucx_recv_finish(&got, false);
+        gser_ucx_recv_release(&got, false);
         if (!ok) {
             say("wrong echo " + std::to_string(n));
             return 14;
@@ -312,7 +312,7 @@ TEST_F(Silence, ShortStopLosesNothing)
         gser_ucx_recv_t got = GSER_UCX_RECV_INIT;
         UCX_OK(gser_ucx_request_take(rr, &got));
         st = gser_ucx_ep_send(ep, got.frames, got.nframes, kWaitMs);
-        gser_ucx_recv_finish(&got, false);
+        gser_ucx_recv_release(&got, false);
         if (st)
             break;
         echoed++;

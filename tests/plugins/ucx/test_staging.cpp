@@ -152,7 +152,7 @@ TEST_P(Staging, DeviceFramesThroughBounceBuffers)
     gser_ucx_recv_t got = GSER_UCX_RECV_INIT;
     ASSERT_NO_FATAL_FAILURE(send_recv(sizes, &got));
     check(got, sizes, GSER_MEMORY_DEVICE);
-    gser_ucx_recv_finish(&got, false);
+    gser_ucx_recv_release(&got, false);
     pair_.close();
 }
 
@@ -164,7 +164,7 @@ TEST_P(Staging, PeersWithDifferentChunks)
     gser_ucx_recv_t got = GSER_UCX_RECV_INIT;
     ASSERT_NO_FATAL_FAILURE(send_recv(sizes, &got));
     check(got, sizes, GSER_MEMORY_DEVICE);
-    gser_ucx_recv_finish(&got, false);
+    gser_ucx_recv_release(&got, false);
 }
 
 // A receiver without a device backend gets the bytes in host memory.
@@ -175,7 +175,7 @@ TEST_P(Staging, ReceiverWithoutDeviceGetsHostFrames)
     gser_ucx_recv_t got = GSER_UCX_RECV_INIT;
     ASSERT_NO_FATAL_FAILURE(send_recv(sizes, &got));
     check(got, sizes, GSER_MEMORY_HOST);
-    gser_ucx_recv_finish(&got, false);
+    gser_ucx_recv_release(&got, false);
 }
 
 // A whole message with device buffers: serialized with the "device" family

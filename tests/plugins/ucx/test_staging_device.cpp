@@ -98,6 +98,6 @@ TEST(StagingDevice, ReceivedFramesAreOnTheReceiversGpuAndStagedOnTheirOwnStream)
             }
         EXPECT_TRUE(found);
     }
-    gser_ucx_recv_finish(&got, false);
+    gser_ucx_recv_release(&got, false);
     gser_device_free(tx.get(), dev, n, nullptr);
 }

@@ -50,7 +50,7 @@ void hold_recv(gser_ucx_request_t *req, gser_status_t st, void *user_data)
         return;
     gser_ucx_recv_t got = GSER_UCX_RECV_INIT;
     if (gser_ucx_request_take(req, &got) == GSER_OK)
-        gser_ucx_recv_finish(&got, false);
+        gser_ucx_recv_release(&got, false);
     hold_post(static_cast<gser_ucx_ep_t *>(user_data));
 }
 

@@ -120,7 +120,7 @@ TEST_F(Transport, RawFramesZeroAndOneByte)
     // A second take fails: the frames are the caller's now.
     gser_ucx_recv_t again = GSER_UCX_RECV_INIT;
     EXPECT_EQ(gser_ucx_request_take(rr, &again), GSER_ERR_STATE);
-    gser_ucx_recv_finish(&got, false);
+    gser_ucx_recv_release(&got, false);
     EXPECT_EQ(got.frames, nullptr);
 }
 
@@ -146,7 +146,7 @@ TEST_F(Transport, Frame256MiB)
     ASSERT_EQ(got.nframes, 2u);
     ASSERT_EQ(got.frames[1].size, n);
     EXPECT_EQ(std::memcmp(got.frames[1].data, big.get(), n), 0);
-    gser_ucx_recv_finish(&got, false);
+    gser_ucx_recv_release(&got, false);
 }
 
 // 100,000 small messages in order, with a window of sends in flight; the
@@ -865,6 +865,35 @@ TEST(TransportSetup, MultiThreadedWorker)
     p.close();
 }
 
+static void count_release(void *, void *arg)
+{
+    ++*static_cast<int *>(arg);
+}
+
+// gser_ucx_recv_finish, the former name of gser_ucx_recv_release, still
+// builds, links and releases the same way (frame memory unless handed over,
+// then the array).
+TEST(TransportSetup, FormerNameRecvFinishReleasesLikeRecvRelease)
+{
+    int released = 0;
+    for (bool handed_over : {false, true}) {
+        gser_ucx_recv_t got = GSER_UCX_RECV_INIT;
+        got.frames = static_cast<gser_frame_t *>(calloc(2, sizeof(gser_frame_t)));
+        ASSERT_NE(got.frames, nullptr);
+        got.nframes = 2;
+        got.frames[1].release = count_release;
+        got.frames[1].release_arg = &released;
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+        gser_ucx_recv_finish(&got, handed_over);
+        gser_ucx_recv_finish(nullptr, handed_over);
+#pragma GCC diagnostic pop
+        EXPECT_EQ(got.frames, nullptr);
+        EXPECT_EQ(got.nframes, 0u);
+        EXPECT_EQ(released, 1); // once, when not handed over
+    }
+}
+
 TEST(TransportSetup, NullArgumentsAndDestroyNull)
 {
     gser_ucx_context_destroy(nullptr);
@@ -872,7 +901,7 @@ TEST(TransportSetup, NullArgumentsAndDestroyNull)
     gser_ucx_listener_destroy(nullptr);
     gser_ucx_ep_destroy(nullptr);
     gser_ucx_request_free(nullptr);
-    gser_ucx_recv_finish(nullptr, false);
+    gser_ucx_recv_release(nullptr, false);
     EXPECT_EQ(gser_ucx_context_create(nullptr, nullptr), GSER_ERR_INVALID_ARG);
     EXPECT_EQ(gser_ucx_worker_progress(nullptr), 0u);
     EXPECT_EQ(gser_ucx_request_query(nullptr), GSER_ERR_INVALID_ARG);
