@@ -8,6 +8,8 @@
  * out) without being admitted, and without a crash, a leak, or a read out
  * of bounds. The decoders of the records that follow a hello run on the
  * input too. Seeds: tests/fuzz/corpus-ucx-hello (make_corpus). */
+#define _POSIX_C_SOURCE 200809L /* setenv */
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
