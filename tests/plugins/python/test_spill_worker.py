@@ -78,6 +78,20 @@ def cluster(protocol, **kw):
                         dashboard_address=":0", memory_limit=WORKER, data=(SpillStore, STORE), **kw)
 
 
+# A cluster that stops making progress (a worker that cannot start, a
+# restart loop) fails the test within this many seconds instead of hanging.
+BOUND = 600
+
+
+def computed(client, collections):
+    """dask.compute on client, failing after BOUND seconds."""
+    from distributed import wait
+
+    futures = client.compute(list(collections))
+    wait(futures, timeout=BOUND)
+    return tuple(client.gather(futures))
+
+
 def store_state(dask_worker):
     s = dask_worker.data
     return {"type": type(s).__name__, "counts": dict(s.counts), "directory": s.directory, "tiers": s.nbytes,
@@ -88,20 +102,19 @@ def store_state(dask_worker):
 def test_a_512mib_worker_persists_3gib_and_reduces_as_an_unlimited_run(protocol, unlimited):
     if protocol == "gser://" and not gser.HAVE_UCX:
         pytest.skip("gser built without gser::ucx (libucx-dev)")
-    import dask
     from distributed import Client, wait
 
     with cluster(protocol) as c, Client(c) as client:
         assert c.scheduler_address.startswith(protocol)
         x, df = graphs()
         xs, dfs = client.persist([x, df])
-        wait([xs, dfs])
+        wait([xs, dfs], timeout=BOUND)
         (state,) = client.run(store_state).values()
         assert state["type"] == "SpillStore"
         # 3 GiB against a store of 192 MiB: nearly all of it went to disk.
         assert state["counts"]["host_to_disk"] >= 80, state
         assert state["tiers"]["host"] <= 192 * MIB and state["tiers"]["disk"] >= 80 * 32 * MIB, state
-        got = dask.compute(*reduce(xs, dfs))
+        got = computed(client, reduce(xs, dfs))
         same(got, unlimited)
         (after,) = client.run(store_state).values()
         assert after["pid"] == state["pid"], "the worker was never restarted"
@@ -112,7 +125,6 @@ def test_a_512mib_worker_persists_3gib_and_reduces_as_an_unlimited_run(protocol,
 
 
 def test_a_worker_killed_while_spilling_loses_nothing_dask_does_not_recompute(unlimited):
-    import dask
     from distributed import Client
 
     with cluster("tcp://") as c, Client(c) as client:
@@ -126,7 +138,7 @@ def test_a_worker_killed_while_spilling_loses_nothing_dask_does_not_recompute(un
             assert time.monotonic() < deadline, state
             time.sleep(0.05)
         os.kill(state["pid"], signal.SIGKILL)
-        got = dask.compute(xs.sum(), (xs * xs).mean())  # the lost keys are computed again
+        got = computed(client, (xs.sum(), (xs * xs).mean()))  # the lost keys are computed again
         same(got, unlimited[:2])
         (state2,) = client.run(store_state).values()
         assert state2["pid"] != state["pid"], "the nanny started a new worker"
