@@ -19,6 +19,7 @@ import pytest
 
 import gser
 from memory import rss_bytes
+from netpair import ip, veth_namespaces
 
 np = pytest.importorskip("numpy")
 distributed = pytest.importorskip("distributed")
@@ -759,32 +760,10 @@ VETH = ("gcm-va", "gcm-vb")
 ADDR = ("10.213.77.1", "10.213.77.2")
 
 
-def ip(*args, check=True):
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=30)
-
-
 @pytest.fixture
 def two_namespaces():
-    if os.geteuid() != 0 or not shutil.which("ip"):
-        pytest.skip("network namespaces need root and iproute2's ip")
-    for ns in NS:
-        ip("netns", "del", ns, check=False)
-    try:
-        for ns in NS:
-            ip("netns", "add", ns)
-        ip("link", "add", VETH[0], "type", "veth", "peer", "name", VETH[1])
-        for ns, veth, addr in zip(NS, VETH, ADDR):
-            ip("link", "set", veth, "netns", ns)
-            ip("-n", ns, "addr", "add", f"{addr}/24", "dev", veth)
-            ip("-n", ns, "link", "set", veth, "up")
-            ip("-n", ns, "link", "set", "lo", "up")
-    except (subprocess.CalledProcessError, OSError) as e:
-        for ns in NS:
-            ip("netns", "del", ns, check=False)
-        pytest.skip(f"cannot set up network namespaces here: {getattr(e, 'stderr', e)}")
-    yield
-    for ns in NS:
-        ip("netns", "del", ns, check=False)  # takes the veth pair with it
+    with veth_namespaces(NS, VETH, ADDR):
+        yield
 
 
 def test_two_namespaces_over_veth(two_namespaces):

@@ -356,38 +356,13 @@ VETH = ("gcz-va", "gcz-vb")
 ADDR = ("10.213.78.1", "10.213.78.2")
 
 
-def _ip(*args, check=True):
-    import subprocess
-
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=30)
-
-
 @pytest.fixture
 def two_hosts():
     """Two network namespaces joined by a veth pair (names of this file's own)."""
-    import shutil
-    import subprocess
+    from netpair import veth_namespaces
 
-    if os.geteuid() != 0 or not shutil.which("ip"):
-        pytest.skip("network namespaces need root and iproute2's ip")
-    for ns in NS:
-        _ip("netns", "del", ns, check=False)
-    try:
-        for ns in NS:
-            _ip("netns", "add", ns)
-        _ip("link", "add", VETH[0], "type", "veth", "peer", "name", VETH[1])
-        for ns, veth, addr in zip(NS, VETH, ADDR):
-            _ip("link", "set", veth, "netns", ns)
-            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", veth)
-            _ip("-n", ns, "link", "set", veth, "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-    except (subprocess.CalledProcessError, OSError) as e:
-        for ns in NS:
-            _ip("netns", "del", ns, check=False)
-        pytest.skip(f"cannot set up network namespaces here: {getattr(e, 'stderr', e)}")
-    yield
-    for ns in NS:
-        _ip("netns", "del", ns, check=False)  # takes the veth pair with it
+    with veth_namespaces(NS, VETH, ADDR):
+        yield
 
 
 @ucx_only
