@@ -30,9 +30,9 @@ typedef struct enc {
     pg_path_t path;
 } enc_t;
 
-/* What gser costs more than pickle (dumps + loads), in ns per item, measured
- * on the 2-core CPU machine with bench/python (BENCHMARKS.md, issue 11);
- * negative: what it saves. Rounded toward declining. */
+/* What gser costs more than pickle (dumps + loads), in ns per item, as
+ * bench/python measures it (the runs are in BENCHMARKS.md); negative: what it
+ * saves. Rounded toward declining. */
 #define PG_COST_SLACK 2000  /* never decline for less: fixed costs are alike */
 #define PG_COST_SEQ 250     /* a list or tuple carried item by item (+210..270) */
 #define PG_COST_DICT 500    /* a dict (+450: pickle memoizes repeated keys) */

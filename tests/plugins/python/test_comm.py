@@ -778,7 +778,7 @@ def test_two_namespaces_over_veth(two_namespaces):
 
 
 @pytest.mark.skipif(gser.HAVE_UCX and gser._gser.UCX_WIRE_VERSION < 2,
-                    reason="gser::ucx notices a silent peer from its wire version 2 on (heartbeats, issue 16); "
+                    reason="gser::ucx notices a silent peer from its wire version 2 on (heartbeats); "
                            "this build's transport speaks version 1")
 def test_partitioned_peer_fails_the_comm(two_namespaces):
     """A network partition (the veth link down: no socket ever closes) fails a

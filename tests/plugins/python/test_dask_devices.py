@@ -10,7 +10,8 @@ one worker, move to the other, gather; byte-identical results; the types of
 the frames a receiving worker's deserializer gets; a deserializer that
 raises on the receiving worker errs the task (never a crash, never a hang).
 
-One cluster of each kind for the whole module (CI has two cores)."""
+One cluster of each kind for the whole module: starting clusters is the
+slow part of these tests."""
 
 import asyncio
 import os

@@ -210,7 +210,7 @@ def test_core_errors_name_the_path():
         gser.loads(raw, [])
 
 
-# ---- hostile input found by hand (issue 11) ----------------------------------------------------
+# ---- hostile input found by hand --------------------------------------------------------------
 
 
 @pytest.mark.parametrize("origin", [0, 1], ids=["host", "device"])

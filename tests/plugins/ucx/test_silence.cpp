@@ -1,4 +1,4 @@
-// A peer that goes silent is failed in bounded time (issue 16): a process
+// A peer that goes silent is failed in bounded time (heartbeats): a process
 // stopped with SIGSTOP, one that stops calling progress, and a network
 // partition between two network namespaces. Heartbeats keep idle healthy
 // connections up; a stop shorter than the timeout loses nothing.
