@@ -46,7 +46,7 @@ import sys
 import tempfile
 import time
 
-from benchlib import Report  # bench/python: the script's own folder
+from benchlib import Report, machine_line  # bench/python: the script's own folder
 
 MIB = 1 << 20
 
@@ -233,8 +233,7 @@ def main():
         device_row(rep, args)
 
     if not args.json:
-        print(f"# {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
-              f"gser {gser.__version__}, numpy {np.__version__}, files in {args.dir}")
+        machine_line(f"numpy {np.__version__}, files in {args.dir}")
     return 0
 
 

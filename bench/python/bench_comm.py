@@ -39,6 +39,8 @@ import subprocess
 import sys
 import time
 
+from benchlib import machine_line  # bench/python: the script's own folder
+
 SCHEMES = ("gser", "tcp")
 BIG = 256 << 20
 
@@ -181,7 +183,6 @@ def main():
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     import distributed  # noqa: F401  (sets up its loggers, quieted below)
 
-    import gser
     import gser.dask  # noqa: F401  (gser:// in this process; the server finds it by its entry point)
 
     for name in list(logging.root.manager.loggerDict):
@@ -211,8 +212,7 @@ def main():
         report(args.json, "cluster_xxT_sum", "s", times["gser"], "same on a tcp LocalCluster (s)", times["tcp"],
                "<= 1.0")
     if not args.json:
-        print(f"# {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
-              f"gser {gser.__version__}, UCX_TLS={os.environ.get('UCX_TLS', '(default)')}")
+        machine_line(f"UCX_TLS={os.environ.get('UCX_TLS', '(default)')}")
     return 0
 
 

@@ -36,13 +36,12 @@ ratio (value / anchor_value), target (on ratio).
 """
 
 import argparse
-import os
 import random
 import statistics
 import sys
 import time
 
-from benchlib import Report  # bench/python: the script's own folder
+from benchlib import Report, machine_line  # bench/python: the script's own folder
 
 SLOW_S = 10.0
 
@@ -184,8 +183,7 @@ def main():
     import distributed  # noqa: F401  (sets up its loggers, quieted below)
     import numpy as np
 
-    import gser
-    import gser.dask
+    import gser.dask  # noqa: F401  (the family, registered with Dask)
 
     for name in list(logging.root.manager.loggerDict):
         if name.startswith("distributed"):
@@ -217,8 +215,7 @@ def main():
                     note="without gser: one run per round (> 10 s)" if once else "")
 
     if not args.json:
-        print(f"# {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
-              f"gser {gser.__version__}, distributed {distributed.__version__}")
+        machine_line(f"distributed {distributed.__version__}")
     return 0
 
 

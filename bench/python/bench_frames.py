@@ -30,13 +30,12 @@ anchor, anchor_value, ratio (value / anchor_value), target (on ratio).
 """
 
 import argparse
-import os
 import pickle
 import statistics
 import sys
 import time
 
-from benchlib import Report  # bench/python: the script's own folder
+from benchlib import Report, machine_line  # bench/python: the script's own folder
 
 
 
@@ -186,8 +185,6 @@ def main():
     warnings.filterwarnings("ignore")
     import distributed
 
-    import gser
-
     for name in list(logging.root.manager.loggerDict):
         if name.startswith("distributed"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
@@ -203,8 +200,7 @@ def main():
                 f"the same on LocalCluster(protocol='tcp') without gser, {args.shuffle_rows} rows (ms)",
                 statistics.median(r[0] for r in rounds), "<= 0.9")
     if not args.json:
-        print(f"# {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
-              f"gser {gser.__version__}, distributed {distributed.__version__}")
+        machine_line(f"distributed {distributed.__version__}")
     return 0
 
 

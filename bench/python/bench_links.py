@@ -114,6 +114,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "tests", "plugins", "python"))  # netcluster.py
 import bench_comm  # noqa: E402
 import netcluster  # noqa: E402
+from benchlib import machine_line  # noqa: E402
 
 PY = sys.executable
 BIG = 256 << 20
@@ -455,22 +456,15 @@ def compression_case(ns, link, rate, args):
     best = {kind: {v: max(r) for v, r in rs.items()} for kind, rs in runs.items()}
     # the targets are for a 1 Gbit/s link: faster links leave compression no room on 2 cores
     on = link == "1gbit"
-    c, r = best["columns"], best["random"]
-    row(args.json, f"link_{link}_cols_auto_vs_tcp_lz4", c["gser_auto"], "GB/s",
-        "Dask tcp:// with lz4, same frame (GB/s)", c["tcp_lz4"], ">= 1.5" if on else None,
-        runs["columns"]["gser_auto"], runs["columns"]["tcp_lz4"])
-    row(args.json, f"link_{link}_cols_auto_vs_tcp_none", c["gser_auto"], "GB/s",
-        "Dask tcp:// uncompressed (GB/s)", c["tcp_none"], ">= 2" if on else None,
-        runs["columns"]["gser_auto"], runs["columns"]["tcp_none"])
-    row(args.json, f"link_{link}_cols_none_vs_tcp_lz4", c["gser_none"], "GB/s",
-        "Dask tcp:// with lz4, same frame (GB/s)", c["tcp_lz4"], None,
-        runs["columns"]["gser_none"], runs["columns"]["tcp_lz4"])
-    row(args.json, f"link_{link}_random_auto_vs_none", r["gser_auto"], "GB/s",
-        "gser:// uncompressed, same array (GB/s)", r["gser_none"], ">= 0.95" if on else None,
-        runs["random"]["gser_auto"], runs["random"]["gser_none"])
-    row(args.json, f"link_{link}_random_auto_vs_tcp_lz4", r["gser_auto"], "GB/s",
-        "Dask tcp:// with lz4, same array (GB/s)", r["tcp_lz4"], None,
-        runs["random"]["gser_auto"], runs["random"]["tcp_lz4"])
+    # (row, data, measured, anchor, anchor's description, target on a 1 Gbit/s link)
+    for name, kind, v, a, title, target in (
+            ("cols_auto_vs_tcp_lz4", "columns", "gser_auto", "tcp_lz4", "Dask tcp:// with lz4, same frame", ">= 1.5"),
+            ("cols_auto_vs_tcp_none", "columns", "gser_auto", "tcp_none", "Dask tcp:// uncompressed", ">= 2"),
+            ("cols_none_vs_tcp_lz4", "columns", "gser_none", "tcp_lz4", "Dask tcp:// with lz4, same frame", None),
+            ("random_auto_vs_none", "random", "gser_auto", "gser_none", "gser:// uncompressed, same array", ">= 0.95"),
+            ("random_auto_vs_tcp_lz4", "random", "gser_auto", "tcp_lz4", "Dask tcp:// with lz4, same array", None)):
+        row(args.json, f"link_{link}_{name}", best[kind][v], "GB/s", f"{title} (GB/s)", best[kind][a],
+            target if on else None, runs[kind][v], runs[kind][a])
 
 
 def shm_case(args):
@@ -603,10 +597,7 @@ def main():
     finally:
         ns.close()
     if not args.json:
-        import gser
-
-        print(f"# {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
-              f"gser {gser.__version__}, UCX_TLS={os.environ.get('UCX_TLS', '(default)')}")
+        machine_line(f"UCX_TLS={os.environ.get('UCX_TLS', '(default)')}")
     return 0
 
 

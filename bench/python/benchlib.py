@@ -3,7 +3,9 @@ prints one row per case (a table, or one JSON line with name, ratio and
 target), so every benchmark's rows read alike."""
 
 import json
+import os
 import sys
+import time
 
 
 def meets(x, target):
@@ -39,3 +41,12 @@ class Report:
             print(f"{name:<{self.width}} {value:>10.3f} {anchor_value:>11.3f} {ratio:>8.4f}  {t:<8} "
                   f"{'ok' if ok else 'MISSED'}{'  ' + note if note else ''}")
         sys.stdout.flush()
+
+
+def machine_line(extra):
+    """The last line of a table run: the date, the machine, Python, gser and
+    what else the benchmark's numbers depend on (extra)."""
+    import gser
+
+    print(f"# {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
+          f"gser {gser.__version__}, {extra}")
