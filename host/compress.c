@@ -37,9 +37,9 @@ static size_t codec_compress(int codec, int level, const void *src, size_t n, vo
     return ZSTD_isError(r) ? 0 : r;
 }
 
-static bool pays(size_t out, size_t in)
+static bool pays(size_t out, size_t in, double threshold)
 {
-    return out > 0 && (double)out <= GSER_COMPRESS_THRESHOLD * (double)in;
+    return out > 0 && (double)out <= threshold * (double)in;
 }
 
 /* Frames the host family staged from the device are written by device work
@@ -51,7 +51,7 @@ static bool staged(const gser_frames_t *f, const gser_frame_t *fr)
     return lo && p >= lo && p < lo + f->pinned_size;
 }
 
-gser_status_t gser__frames_compress(gser_frames_t *f, int method, int level, bool *any)
+gser_status_t gser__frames_compress(gser_frames_t *f, int method, int level, double threshold, bool *any)
 {
     gser_context_t *ctx = f->ctx;
     *any = false;
@@ -59,6 +59,11 @@ gser_status_t gser__frames_compress(gser_frames_t *f, int method, int level, boo
         return GSER_OK;
     if (method < 0 || method > GSER_COMPRESSION_AUTO)
         return gser__error_set(ctx, GSER_ERR_INVALID_ARG, "gser_serialize: unknown compression %d", method);
+    if (threshold == 0)
+        threshold = GSER_COMPRESS_THRESHOLD;
+    if (!(threshold > 0 && threshold <= 1)) /* NaN too */
+        return gser__error_set(ctx, GSER_ERR_INVALID_ARG, "gser_serialize: compression_threshold %g is outside (0, 1]",
+                               threshold);
     int codec = method == GSER_COMPRESSION_ZSTD ? CODEC_ZSTD : CODEC_LZ4;
     if (codec == CODEC_ZSTD && (level < ZSTD_minCLevel() || level > ZSTD_maxCLevel()))
         return gser__error_set(ctx, GSER_ERR_INVALID_ARG, "gser_serialize: zstd level %d is outside %d..%d", level,
@@ -87,7 +92,8 @@ gser_status_t gser__frames_compress(gser_frames_t *f, int method, int level, boo
             src = sample;
             sn = SAMPLE;
         }
-        if (sn < fr->size && !pays(codec_compress(codec, level, src, sn, sample_out, codec_bound(codec, sn)), sn))
+        if (sn < fr->size &&
+            !pays(codec_compress(codec, level, src, sn, sample_out, codec_bound(codec, sn)), sn, threshold))
             continue;
         size_t cap = codec_bound(codec, fr->size);
         void *out = malloc(cap);
@@ -97,7 +103,7 @@ gser_status_t gser__frames_compress(gser_frames_t *f, int method, int level, boo
             break;
         }
         size_t n = codec_compress(codec, level, fr->data, fr->size, out, cap);
-        if (!pays(n, fr->size)) {
+        if (!pays(n, fr->size, threshold)) {
             free(out);
             continue;
         }

@@ -743,7 +743,8 @@ gser_status_t gser__serialize(gser_context_t *ctx, const gser_msg_t *msg, const 
     gser__packer_free(&e.pack);
     bool compressed = false;
     if (st == GSER_OK && opts->compression)
-        st = gser__frames_compress(f, opts->compression, opts->compression_level, &compressed);
+        st = gser__frames_compress(f, opts->compression, opts->compression_level, opts->compression_threshold,
+                                   &compressed);
     if (st == GSER_OK) {
         if (compressed)
             hdr.p[7] = GSER_WIRE_VERSION; /* the positive fixint after the 7-byte magic */

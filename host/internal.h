@@ -522,7 +522,8 @@ typedef struct frame_codec {
 /* Compress the host data frames of f where sampling says it pays
  * (gser_compression_t method, codec level). Sets f->codecs if one was
  * compressed; *any says so. */
-GSER_INTERNAL gser_status_t gser__frames_compress(gser_frames_t *f, int method, int level, bool *any);
+GSER_INTERNAL gser_status_t gser__frames_compress(gser_frames_t *f, int method, int level, double threshold,
+                                                 bool *any);
 GSER_INTERNAL void gser__frames_codecs_free(gser_frames_t *f);
 
 /* Decompress frame data src[0..size) with codec into dst, which holds

@@ -92,6 +92,13 @@ typedef struct gser_serialize_options {
     /** Codec level: zstd's compression level, lz4's acceleration; 0 = the
      *  codec's default (zstd 3, lz4 1). */
     int compression_level;
+    /** Keep a frame compressed only when its sample and its whole shrink to
+     *  at most this fraction of their size, in (0, 1]; 0 = the default
+     *  GSER_COMPRESS_THRESHOLD (0.9, Dask's). Lower keeps only data that
+     *  compresses well: a writer whose bytes go to memory or a page cache
+     *  rather than a slow link may not gain by compressing what shrinks
+     *  to only half. */
+    double compression_threshold;
 } gser_serialize_options_t;
 
 #define GSER_SERIALIZE_OPTIONS_INIT GSER_STRUCT_INIT(gser_serialize_options_t)

@@ -4,6 +4,9 @@
 #include <msgpack.h>
 #include <unistd.h>
 
+#include <cmath>
+#include <cstddef>
+#include <cstdlib>
 #include <functional>
 #include <random>
 
@@ -217,6 +220,63 @@ TEST_F(Compress, AFrameThatOnlyLooksCompressibleInTheSampleIsKeptWhole)
     EXPECT_EQ(header_version(f.get()), 2u);
 }
 
+TEST_F(Compress, TheThresholdDecidesFrameByFrame)
+{
+    // a counter shrinks to about half with lz4, zeros to almost nothing
+    std::vector<int64_t> counter(kBig / 8);
+    for (size_t i = 0; i < counter.size(); i++)
+        counter[i] = (int64_t)i;
+    std::string zeros(kBig, '\0');
+    for (double threshold : {0.0, 0.9, 0.3}) {
+        auto m = two_buffers(ctx(), counter.data(), kBig, zeros.data(), zeros.size());
+        gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
+        so.compression = GSER_COMPRESSION_LZ4;
+        so.compression_threshold = threshold;
+        auto f = serialize(ctx(), m.get(), &so);
+        ASSERT_TRUE(f);
+        const gser_frame_t *fr = gser_frames_get_array(f.get());
+        EXPECT_LT(fr[2].size, kBig / 50) << threshold << ": zeros are compressed at any threshold";
+        if (threshold == 0.3) {
+            EXPECT_EQ(fr[1].data, (const void *)counter.data()) << "the counter travels as it is";
+            EXPECT_EQ(fr[1].size, kBig);
+        } else {
+            EXPECT_GT(fr[1].size, kBig / 4) << threshold;
+            EXPECT_LT(fr[1].size, kBig * 9 / 10) << threshold << ": the default (0.9) compresses the counter";
+        }
+        // kept alive: the decoded message borrows the frames that came uncompressed
+        std::vector<std::string> data{std::string((const char *)fr[1].data, fr[1].size),
+                                      std::string((const char *)fr[2].data, fr[2].size)};
+        auto d = decode(ctx(), header_bytes(f.get()), data);
+        ASSERT_EQ(d.st, GSER_OK) << d.err;
+        EXPECT_TRUE(buffer_bytes(d.msg.get(), 0) == std::string((const char *)counter.data(), kBig)) << threshold;
+        EXPECT_TRUE(buffer_bytes(d.msg.get(), 1) == zeros) << threshold;
+    }
+}
+
+TEST_F(Compress, ACallerFromBeforeTheThresholdGetsTheDefault)
+{
+    // the caller's struct ends where compression_threshold begins: under
+    // AddressSanitizer a read of the field would fault
+    std::vector<int64_t> counter(kBig / 8);
+    for (size_t i = 0; i < counter.size(); i++)
+        counter[i] = (int64_t)i;
+    std::string small(10, 's');
+    auto m = two_buffers(ctx(), counter.data(), kBig, small.data(), small.size());
+    gser_serialize_options_t full = GSER_SERIALIZE_OPTIONS_INIT;
+    full.compression = GSER_COMPRESSION_LZ4;
+    size_t bytes = offsetof(gser_serialize_options_t, compression_threshold);
+    std::unique_ptr<unsigned char, decltype(&std::free)> old(static_cast<unsigned char *>(std::malloc(bytes)),
+                                                             &std::free);
+    std::memcpy(old.get(), &full, bytes);
+    std::memcpy(old.get(), &bytes, sizeof bytes);
+    gser_frames_t *f = nullptr;
+    ASSERT_EQ(gser_serialize(ctx(), m.get(), reinterpret_cast<const gser_serialize_options_t *>(old.get()), &f),
+              GSER_OK)
+        << gser_context_get_last_error(ctx());
+    FramesPtr fp(f);
+    EXPECT_LT(gser_frames_get_array(f)[1].size, kBig * 9 / 10) << "compressed at the default 0.9";
+}
+
 TEST_F(Compress, BadOptionsAreRefused)
 {
     std::string small(10, 's');
@@ -228,6 +288,12 @@ TEST_F(Compress, BadOptionsAreRefused)
     so.compression = GSER_COMPRESSION_ZSTD;
     so.compression_level = 1000;
     GSER_EXPECT(ctx(), GSER_ERR_INVALID_ARG, gser_serialize(ctx(), m.get(), &so, &f));
+    so.compression_level = 0;
+    for (double t : {-0.5, 1.5, std::nan("")}) {
+        so.compression_threshold = t;
+        GSER_EXPECT(ctx(), GSER_ERR_INVALID_ARG, gser_serialize(ctx(), m.get(), &so, &f));
+        EXPECT_NE(std::string(gser_context_get_last_error(ctx())).find("compression_threshold"), std::string::npos);
+    }
     EXPECT_EQ(f, nullptr);
 }
 

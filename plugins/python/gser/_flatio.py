@@ -34,32 +34,34 @@ def _seekable(file):
         return False
 
 
-def dump(obj, file, families=None, compression=None):
-    """dump(obj, file, families=('host',), compression=None) -> int
+def dump(obj, file, families=None, compression=None, compression_threshold=None):
+    """dump(obj, file, families=('host',), compression=None, compression_threshold=None) -> int
 
     Write obj in gser's flattened form (the bytes to_bytes returns) to file:
     a path (created or truncated), a descriptor, or a binary file object,
     at its current position. Returns the number of bytes written. Pipes and
     sockets work (nothing seeks); a stream may carry messages back to back.
     A full disk raises OSError (ENOSPC) and leaves a partial file.
-    compression=None, "lz4", "zstd" or "auto" as for dumps."""
+    compression=None, "lz4", "zstd" or "auto", and compression_threshold,
+    as for dumps."""
+    kw = {"compression": compression, "compression_threshold": compression_threshold}
     if isinstance(file, int):
-        return _dump_fd(obj, file, families, compression)
+        return _dump_fd(obj, file, families, **kw)
     if isinstance(file, _PATH):
         fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
         try:
-            return _dump_fd(obj, fd, families, compression)
+            return _dump_fd(obj, fd, families, **kw)
         finally:
             os.close(fd)
     if isinstance(file, socket.socket):
         if file.gettimeout() is None:
-            return _dump_fd(obj, file.fileno(), families, compression)
-        return _dump_write(obj, file.sendall, families, compression)
+            return _dump_fd(obj, file.fileno(), families, **kw)
+        return _dump_write(obj, file.sendall, families, **kw)
     fd = _fileno(file)
     if fd is None:
-        return _dump_write(obj, file.write, families, compression)
+        return _dump_write(obj, file.write, families, **kw)
     file.flush()
-    n = _dump_fd(obj, fd, families, compression)
+    n = _dump_fd(obj, fd, families, **kw)
     if _seekable(file):
         file.seek(os.lseek(fd, 0, os.SEEK_CUR))  # the object's idea of its position
     return n

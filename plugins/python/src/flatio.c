@@ -115,14 +115,16 @@ PyObject *pg_flat_bytes_adopt(pg_state_t *s, pg_flat_mem_t *m, size_t len)
     return (PyObject *)self;
 }
 
-PyObject *pg_to_flat_bytes(pg_state_t *s, PyObject *obj, PyObject *families, PyObject *compression)
+PyObject *pg_to_flat_bytes(pg_state_t *s, PyObject *obj, PyObject *families, PyObject *compression,
+                           PyObject *threshold)
 {
     int codec;
-    if (pg_compression_parse(compression, &codec) < 0)
+    double t;
+    if (pg_compression_parse(compression, &codec) < 0 || pg_threshold_parse(threshold, &t) < 0)
         return NULL;
     pg_flat_mem_t mem = {0};
     size_t written = 0;
-    if (pg_serialize_flat(s, obj, families, codec, pg_flat_mem_alloc, &mem, &written) < 0) {
+    if (pg_serialize_flat(s, obj, families, codec, t, pg_flat_mem_alloc, &mem, &written) < 0) {
         if (mem.data)
             pg_flat_mem_free(&mem);
         return NULL;
@@ -264,12 +266,13 @@ static PyType_Spec flat_bytes_spec = {
 static PyObject *py_dump_fd(PyObject *self, PyObject *args, PyObject *kw)
 {
     pg_state_t *s = pg_state_of_module(self);
-    static char *kwlist[] = {"obj", "fd", "families", "compression", NULL};
-    PyObject *obj, *families = NULL, *compression = NULL;
+    static char *kwlist[] = {"obj", "fd", "families", "compression", "compression_threshold", NULL};
+    PyObject *obj, *families = NULL, *compression = NULL, *threshold = NULL;
     int fd;
     pg_flat_t fl;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi|OO:_dump_fd", kwlist, &obj, &fd, &families, &compression) ||
-        pg_flat_prepare(s, obj, families, compression, &fl) < 0)
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi|OOO:_dump_fd", kwlist, &obj, &fd, &families, &compression,
+                                     &threshold) ||
+        pg_flat_prepare(s, obj, families, compression, threshold, &fl) < 0)
         return NULL;
     gser_status_t st;
     Py_BEGIN_ALLOW_THREADS
@@ -330,11 +333,12 @@ static gser_status_t write_piece(void *arg, const void *data, size_t size)
 static PyObject *py_dump_write(PyObject *self, PyObject *args, PyObject *kw)
 {
     pg_state_t *s = pg_state_of_module(self);
-    static char *kwlist[] = {"obj", "write", "families", "compression", NULL};
-    PyObject *obj, *write, *families = NULL, *compression = NULL;
+    static char *kwlist[] = {"obj", "write", "families", "compression", "compression_threshold", NULL};
+    PyObject *obj, *write, *families = NULL, *compression = NULL, *threshold = NULL;
     pg_flat_t fl;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OO:_dump_write", kwlist, &obj, &write, &families, &compression) ||
-        pg_flat_prepare(s, obj, families, compression, &fl) < 0)
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOO:_dump_write", kwlist, &obj, &write, &families, &compression,
+                                     &threshold) ||
+        pg_flat_prepare(s, obj, families, compression, threshold, &fl) < 0)
         return NULL;
     gser_status_t st = gser_flat_write_sink(fl.fr, fl.n, write_piece, write);
     Py_DECREF(fl.owner);

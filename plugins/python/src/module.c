@@ -21,7 +21,8 @@
 /* ---- serializing -------------------------------------------------------------------------- */
 
 PyDoc_STRVAR(dumps_doc,
-"dumps(obj, families=('device', 'host'), *, strict=False, compression=None) -> (header, frames)\n\n"
+"dumps(obj, families=('device', 'host'), *, strict=False, compression=None,\n"
+"      compression_threshold=None) -> (header, frames)\n\n"
 "Serialize obj into a header (bytes: gser's msgpack header) and a list of\n"
 "frames: memoryviews over host memory, gser.DeviceFrame objects for device\n"
 "memory. Frames borrow obj's buffers (numpy arrays, __cuda_array_interface__\n"
@@ -43,21 +44,24 @@ PyDoc_STRVAR(dumps_doc,
 "compression=\"lz4\", \"zstd\" or \"auto\" (lz4) compresses host frames of at\n"
 "least 10,000 bytes where a sample shrinks to 0.9 or less, as Dask's\n"
 "maybe_compress does; such frames are gser's compressed copies, and the\n"
-"header is wire version 3. loads decompresses them.");
+"header is wire version 3. loads decompresses them. compression_threshold\n"
+"(in (0, 1], default 0.9) keeps a frame compressed only where its sample and\n"
+"its whole shrink to that fraction or less.");
 
 static PyObject *py_dumps(PyObject *self, PyObject *args, PyObject *kw)
 {
     pg_state_t *s = pg_state_of_module(self);
-    static char *kwlist[] = {"obj", "families", "strict", "decline", "writable_header", "compression", NULL};
-    PyObject *obj, *families = NULL, *compression = NULL;
+    static char *kwlist[] = {"obj",         "families", "strict", "decline", "writable_header", "compression",
+                             "compression_threshold", NULL};
+    PyObject *obj, *families = NULL, *compression = NULL, *threshold = NULL;
     const char *decline = NULL;
     int strict = 0, writable_header = 0, codec;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$pzpO:dumps", kwlist, &obj, &families, &strict, &decline,
-                                     &writable_header, &compression))
-        return NULL;
-    if (pg_compression_parse(compression, &codec) < 0)
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$pzpOO:dumps", kwlist, &obj, &families, &strict, &decline,
+                                     &writable_header, &compression, &threshold))
         return NULL;
     pg_encode_options_t eo = {.strict = strict};
+    if (pg_compression_parse(compression, &codec) < 0 || pg_threshold_parse(threshold, &eo.compression_threshold) < 0)
+        return NULL;
     if (decline && strcmp(decline, "object") == 0)
         eo.decline = PG_DECLINE_OBJECT;
     else if (decline && strcmp(decline, "collection") == 0)
@@ -110,7 +114,7 @@ static PyObject *py_dumps(PyObject *self, PyObject *args, PyObject *kw)
 }
 
 PyDoc_STRVAR(to_bytes_doc,
-"to_bytes(obj, families=('host',)) -> gser.FlatBytes\n\n"
+"to_bytes(obj, families=('host',), *, compression=None, compression_threshold=None) -> gser.FlatBytes\n\n"
 "Serialize obj into gser's flattened form: one immutable bytes-like object\n"
 "(gser.FlatBytes: the buffer protocol, len, indexing, slicing, ==, bytes())\n"
 "holding the header and every frame, copied once into memory allocated for\n"
@@ -119,15 +123,15 @@ PyDoc_STRVAR(to_bytes_doc,
 "missing), so device buffers and device Arrow tables are copied by one\n"
 "batch straight from the device into their places in it (one copy each);\n"
 "from_bytes(b, device=True) puts them back on the device.\n"
-"compression=None, \"lz4\", \"zstd\" or \"auto\" as for dumps.");
+"compression and compression_threshold as for dumps.");
 
 static PyObject *py_to_bytes(PyObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"obj", "families", "compression", NULL};
-    PyObject *obj, *families = NULL, *compression = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$O:to_bytes", kwlist, &obj, &families, &compression))
+    static char *kwlist[] = {"obj", "families", "compression", "compression_threshold", NULL};
+    PyObject *obj, *families = NULL, *compression = NULL, *threshold = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$OO:to_bytes", kwlist, &obj, &families, &compression, &threshold))
         return NULL;
-    return pg_to_flat_bytes(pg_state_of_module(self), obj, families, compression);
+    return pg_to_flat_bytes(pg_state_of_module(self), obj, families, compression, threshold);
 }
 
 /* ---- deserializing ------------------------------------------------------------------------ */

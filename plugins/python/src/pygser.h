@@ -258,6 +258,8 @@ typedef struct pg_encode_options {
     /* PG_DECLINE_*: raise gser.Declined (a NotImplementedError) as soon as
      * gser is estimated to be slower than Dask's own path would be. */
     int decline;
+    /* gser_serialize_options_t.compression_threshold (0: the default). */
+    double compression_threshold;
 } pg_encode_options_t;
 
 /* Build the tree of obj as the root of owner->msg (created here). */
@@ -478,6 +480,9 @@ PgOwner *pg_serialize(pg_state_t *s, PyObject *obj, PyObject *families, const pg
                       int compression);
 /* None, "lz4", "zstd", "auto" -> a gser_compression_t; -1 with ValueError. */
 int pg_compression_parse(PyObject *o, int *out);
+/* compression_threshold=: None -> 0 (the default), else a number in (0, 1];
+ * -1 with ValueError or TypeError. */
+int pg_threshold_parse(PyObject *o, double *out);
 
 /* Memory for a FlatBytes that gser_serialize_flat fills (flatio.c):
  * pg_flat_mem_alloc is its gser_flat_alloc_fn (no GIL needed), adopt makes
@@ -494,13 +499,15 @@ PyObject *pg_flat_bytes_adopt(pg_state_t *s, pg_flat_mem_t *m, size_t len);
 PyObject *pg_device_stats(PyObject *self, PyObject *args);
 /* to_bytes: obj serialized straight into a FlatBytes (device buffers copied
  * once, into it). NULL with an exception set. */
-PyObject *pg_to_flat_bytes(pg_state_t *s, PyObject *obj, PyObject *families, PyObject *compression);
+PyObject *pg_to_flat_bytes(pg_state_t *s, PyObject *obj, PyObject *families, PyObject *compression,
+                           PyObject *threshold);
 
 /* Serialize obj straight into its flattened form, in memory alloc returns
- * (gser_serialize_flat; codec as pg_compression_parse gives it). 0, or -1
- * with an exception set (what alloc returned is the caller's to free). */
-int pg_serialize_flat(pg_state_t *s, PyObject *obj, PyObject *families, int codec, gser_flat_alloc_fn alloc,
-                      void *alloc_arg, size_t *written);
+ * (gser_serialize_flat; codec and threshold as pg_compression_parse and
+ * pg_threshold_parse give them). 0, or -1 with an exception set (what alloc
+ * returned is the caller's to free). */
+int pg_serialize_flat(pg_state_t *s, PyObject *obj, PyObject *families, int codec, double threshold,
+                      gser_flat_alloc_fn alloc, void *alloc_arg, size_t *written);
 
 /* A message serialized in the flattened form, ready to be written. */
 typedef struct pg_flat {
@@ -510,9 +517,10 @@ typedef struct pg_flat {
     size_t size;             /* the flattened form's bytes */
 } pg_flat_t;
 /* Serialize obj for the flattened form (compression: None or a codec name,
- * as pg_compression_parse reads it) and size it. 0, or -1 with an
- * exception set and nothing held. */
-int pg_flat_prepare(pg_state_t *s, PyObject *obj, PyObject *families, PyObject *compression, pg_flat_t *out);
+ * as pg_compression_parse reads it; threshold as pg_threshold_parse) and
+ * size it. 0, or -1 with an exception set and nothing held. */
+int pg_flat_prepare(pg_state_t *s, PyObject *obj, PyObject *families, PyObject *compression, PyObject *threshold,
+                    pg_flat_t *out);
 
 /* Wait for the device copies gser made while deserializing msg. 0, or -1
  * with an exception set. */

@@ -100,6 +100,23 @@ int pg_compression_parse(PyObject *o, int *out)
     return 0;
 }
 
+int pg_threshold_parse(PyObject *o, double *out)
+{
+    if (!o || o == Py_None) {
+        *out = 0;
+        return 0;
+    }
+    double t = PyFloat_AsDouble(o);
+    if (t == -1.0 && PyErr_Occurred())
+        return -1;
+    if (!(t > 0 && t <= 1)) {
+        PyErr_Format(PyExc_ValueError, "compression_threshold must be in (0, 1], not %R", o);
+        return -1;
+    }
+    *out = t;
+    return 0;
+}
+
 PgOwner *pg_serialize(pg_state_t *s, PyObject *obj, PyObject *families, const pg_encode_options_t *eo, bool flat,
                       int compression)
 {
@@ -115,6 +132,7 @@ PgOwner *pg_serialize(pg_state_t *s, PyObject *obj, PyObject *families, const pg
         goto fail;
     gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
     so.compression = compression;
+    so.compression_threshold = eo->compression_threshold;
     if (fam.n) {
         so.families = fam.names;
         so.nfamilies = fam.n;
@@ -147,8 +165,8 @@ fail:
     return NULL;
 }
 
-int pg_serialize_flat(pg_state_t *s, PyObject *obj, PyObject *families, int codec, gser_flat_alloc_fn alloc,
-                      void *alloc_arg, size_t *written)
+int pg_serialize_flat(pg_state_t *s, PyObject *obj, PyObject *families, int codec, double threshold,
+                      gser_flat_alloc_fn alloc, void *alloc_arg, size_t *written)
 {
     fam_list_t fam;
     if (families_parse(families, true, &fam) < 0)
@@ -163,6 +181,7 @@ int pg_serialize_flat(pg_state_t *s, PyObject *obj, PyObject *families, int code
     if (pg_encode(owner, obj, &eo) == 0) {
         gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
         so.compression = codec;
+        so.compression_threshold = threshold;
         if (fam.n) {
             so.families = fam.names;
             so.nfamilies = fam.n;
@@ -181,12 +200,13 @@ int pg_serialize_flat(pg_state_t *s, PyObject *obj, PyObject *families, int code
     return rc;
 }
 
-int pg_flat_prepare(pg_state_t *s, PyObject *obj, PyObject *families, PyObject *compression, pg_flat_t *out)
+int pg_flat_prepare(pg_state_t *s, PyObject *obj, PyObject *families, PyObject *compression, PyObject *threshold,
+                    pg_flat_t *out)
 {
     int codec;
-    if (pg_compression_parse(compression, &codec) < 0)
-        return -1;
     pg_encode_options_t eo = {0};
+    if (pg_compression_parse(compression, &codec) < 0 || pg_threshold_parse(threshold, &eo.compression_threshold) < 0)
+        return -1;
     PgOwner *owner = pg_serialize(s, obj, families, &eo, true, codec);
     if (!owner)
         return -1;

@@ -91,6 +91,38 @@ def test_bad_compression_argument():
             gser.to_bytes(1, compression=bad)
 
 
+def test_the_threshold_keeps_only_frames_that_shrink_that_much(tmp_path):
+    counter = np.arange(N // 8, dtype=np.int64)  # lz4 halves it
+    zeros = np.zeros(N // 8)  # lz4 leaves almost nothing
+    for t in (None, 0.9, 0.3):
+        header, frames = gser.dumps([counter, zeros], compression="lz4", compression_threshold=t)
+        sizes = [memoryview(f).nbytes for f in frames]
+        assert sizes[1] < N // 50, (t, sizes)
+        if t == 0.3:
+            assert sizes[0] == N and np.shares_memory(np.frombuffer(frames[0], np.int64), counter)
+        else:
+            assert N // 4 < sizes[0] < N * 9 // 10, (t, sizes)
+        back = gser.loads(header, frames)
+        np.testing.assert_array_equal(back[0], counter)
+        np.testing.assert_array_equal(back[1], zeros)
+    for t, counter_raw in ((None, False), (0.3, True)):
+        b = gser.to_bytes([counter, zeros], compression="lz4", compression_threshold=t)
+        path = tmp_path / f"{t}.gser"
+        assert gser.dump([counter, zeros], path, compression="lz4", compression_threshold=t) == len(b)
+        assert (len(b) > N) == counter_raw, (t, len(b))
+        for back in (gser.from_bytes(b), gser.load(path)):
+            np.testing.assert_array_equal(back[0], counter)
+
+
+def test_bad_compression_threshold():
+    for bad in (0, 1.5, -0.1, float("nan")):
+        for call in (gser.dumps, gser.to_bytes):
+            with pytest.raises(ValueError, match="compression_threshold"):
+                call(1, compression="lz4", compression_threshold=bad)
+    with pytest.raises(TypeError):
+        gser.dumps(1, compression="lz4", compression_threshold="half")
+
+
 class Dev:
     """Host memory presented as a device array (the emulated backend reads it)."""
 
