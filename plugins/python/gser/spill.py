@@ -24,22 +24,29 @@ Reading a key brings it back: from disk read into memory (gser.load: one
 read into the final buffer, huge pages where the kernel allows; not mapped,
 as a mapping would keep the file's pages and the kernel would write its dirty
 ones back to the disk), a device object back onto the device (device=True),
-which may push older keys down a tier. The file is removed as soon as its key
-is read, as Dask's SpillBuffer does: a spill file deleted before the kernel
-writes it back never reaches the disk, where a kept one does (measured:
-keeping files cost 2-3x the time of writing the keys again, nearly all of it
-system time). keep_files=True keeps a file while the key's value is
-unchanged, so that going down again writes nothing (a device key goes
-straight to disk, with no device-to-host copy): for a disk faster than the
-writeback, or values read back many times. Values are then assumed not to
-be changed in place, as Dask assumes of task results; setting a key again
-drops its file. compression="auto"
-(the default) writes an object with lz4 when samples of its frames shrink to
-at most 0.3 of their size (compressing such data costs less than moving it
-through the page cache; arrays that shrink to 0.5 or not at all are written
-as they are); None never compresses; "lz4" or "zstd" compress every object
-as gser.dump does (each frame that a sample shrinks to 0.9 or less, as Dask's
-maybe_compress).
+which may push older keys down a tier. A spilled value that is still
+referenced elsewhere in the process (a running task's input, another
+key's container) is not read at all: the store remembers it weakly and
+hands back that same object, as Dask's SpillBuffer does (its zict.Cache over
+a WeakValueMapping), so the worker never holds two copies; objects that
+take no weak reference (bytes, tuples) are always read. Such a key's file
+was never read and still holds its value, so it is kept: when the key goes
+down again nothing is written. The file of a key read from disk is removed
+as soon as the key is read, as SpillBuffer does: a spill file deleted before
+the kernel writes it back never reaches the disk, where a kept one does
+(measured: keeping files cost 2-3x the time of writing the keys again,
+nearly all of it system time). keep_files=True keeps those files too, while
+the key's value is unchanged, so that going down again writes nothing (a
+device key goes straight to disk, with no device-to-host copy): for a disk
+faster than the writeback, or values read back many times. Values are
+assumed not to be changed in place, as Dask assumes of task results;
+setting a key again drops its file. compression="auto" (the default) writes
+with lz4 each frame that lz4 shrinks, sample and whole, to at most 0.3 of its
+size (compressing such data costs less than moving it through the page
+cache; frames that shrink only to 0.5, such as counters, or not at all are
+written as they are: gser.dump's compression_threshold); None never
+compresses; "lz4" or "zstd" compress as gser.dump does (each frame that a
+sample shrinks to 0.9 or less, as Dask's maybe_compress).
 
 What differs from dask-cuda: no proxy objects (a key is in exactly one tier,
 and reading it unspills it whole); device objects are recognised by
@@ -133,11 +140,17 @@ class SpillStore(MutableMapping):
         # value: going down again costs no write (values are not changed in place, as
         # Dask assumes of task results; setting a key again drops its file).
         self._kept = {}               # key -> (path, form, bytes on disk)
+        # Spilled values still referenced elsewhere in the process (a task
+        # holding its input, a client's future): reading such a key back
+        # returns that object instead of a second copy from disk, as Dask's
+        # SpillBuffer does (zict.Cache over a WeakValueMapping). Objects that
+        # take no weak reference are simply not remembered.
+        self._alive = weakref.WeakValueDictionary()  # key -> the value that went down
         self._device_bytes = 0
         self._host_bytes = 0
         self._serial = 0
         self.counts = {"device_to_host": 0, "host_to_disk": 0, "disk_to_host": 0, "host_to_device": 0,
-                       "disk_errors": 0, "writes_saved": 0}
+                       "disk_errors": 0, "writes_saved": 0, "reads_saved": 0}
 
     # ---- the mapping ---------------------------------------------------------------------------
 
@@ -167,14 +180,23 @@ class SpillStore(MutableMapping):
                 if form != _FLAT:
                     self._host.move_to_end(key)
                     return obj
-                value = gser.from_bytes(obj, device=True)  # back on the device
+                value = self._alive.pop(key, None)
+                if value is None:
+                    value = gser.from_bytes(obj, device=True)  # back on the device
+                    self.counts["host_to_device"] += 1
+                else:
+                    self.counts["reads_saved"] += 1
                 self._host_bytes -= n
                 del self._host[key]
-                self.counts["host_to_device"] += 1
             elif key in self._disk:
-                value = self._read(key)
+                value = self._alive.pop(key, None)
+                alive = value is not None
+                if alive:
+                    self.counts["reads_saved"] += 1
+                else:
+                    value = self._read(key)
                 path, n, how, size = self._disk.pop(key)
-                if self.keep_files:
+                if self.keep_files or alive:  # an object never read from its file: the file still holds it
                     self._kept[key] = (path, how, size)
                 else:
                     _unlink(path)
@@ -205,6 +227,7 @@ class SpillStore(MutableMapping):
             self._host.clear()
             self._disk.clear()
             self._kept.clear()
+            self._alive.clear()
             self._device_bytes = self._host_bytes = 0
             self._finalizer()
 
@@ -247,7 +270,14 @@ class SpillStore(MutableMapping):
 
     # ---- moving keys -----------------------------------------------------------------------------
 
+    def _remember(self, key, value):
+        try:
+            self._alive[key] = value
+        except TypeError:  # takes no weak reference (bytes, tuples, ints)
+            pass
+
     def _drop(self, key):
+        self._alive.pop(key, None)
         if key in self._device:
             self._device_bytes -= self._device.pop(key)[1]
         elif key in self._host:
@@ -267,9 +297,11 @@ class SpillStore(MutableMapping):
                 kept = self._kept.pop(key, None)
                 if kept:  # its file holds it: straight to disk, nothing copied
                     self._disk[key] = (kept[0], n, kept[1], kept[2])
+                    self._remember(key, obj)
                     self.counts["writes_saved"] += 1
                     continue
                 self._host[key] = (gser.to_bytes(obj), n, _FLAT)  # one packed device-to-host copy
+                self._remember(key, obj)
                 self._host_bytes += n
                 self.counts["device_to_host"] += 1
         if self.memory_limit is not None:
@@ -308,14 +340,16 @@ class SpillStore(MutableMapping):
         del self._host[key]
         self._host_bytes -= n
         self._disk[key] = (path, n, how, size)
+        if form is None:  # a _FLAT key's device object was remembered when it left the device
+            self._remember(key, obj)
         return True
 
     def _dump(self, obj, path, n) -> str:
         try:
-            codec = self.compression
-            if codec == "auto":  # small objects are not sampled (one more encoding)
-                codec = "lz4" if n >= 1 << 20 and _squeezes(obj) else None
-            gser.dump(obj, path, compression=codec)
+            if self.compression == "auto":
+                gser.dump(obj, path, compression="lz4", compression_threshold=_SQUEEZE)
+            else:
+                gser.dump(obj, path, compression=self.compression)
             return _GSER
         except (NotImplementedError, TypeError):
             pass
@@ -347,29 +381,11 @@ class SpillStore(MutableMapping):
         return deserialize_bytes(mv)
 
 
-# An object is compressed when samples of its frames shrink to at most this
-# fraction with lz4: data that compresses that well costs less to compress
-# than to move through the page cache; arrays of counters (about 0.5) or of
-# random floats (1.0) are written as they are.
+# A frame is written compressed when lz4 shrinks its samples and itself to
+# at most this fraction: data that compresses that well costs less to
+# compress than to move through the page cache; frames of counters (about
+# 0.5) or of random floats (1.0) are written as they are.
 _SQUEEZE = 0.3
-_SAMPLE = 10_000
-
-
-def _squeezes(obj) -> bool:
-    import numpy as np
-
-    _, frames = gser.dumps(obj, families=("host",))
-    total = squeezed = 0
-    for fr in frames:
-        mv = memoryview(fr).cast("B")
-        if len(mv) < 1 << 20:
-            continue
-        step = (len(mv) - _SAMPLE) // 4
-        sample = np.concatenate([np.frombuffer(mv[k * step:k * step + _SAMPLE], np.uint8) for k in range(5)])
-        ratio = min(1.0, len(gser.to_bytes(sample, compression="lz4")) / len(sample))
-        total += len(mv)
-        squeezed += ratio * len(mv)
-    return total > 0 and squeezed <= _SQUEEZE * total
 
 
 def _dask_frames(obj):

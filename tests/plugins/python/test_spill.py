@@ -84,6 +84,36 @@ def test_by_default_a_file_goes_when_its_key_is_read(tmp_path):
     assert not mapped(store)
 
 
+def test_a_value_still_referenced_comes_back_without_a_read(tmp_path):
+    """As Dask's SpillBuffer: a spilled value that something else still
+    holds is handed back as that object, not read again (no second copy);
+    its file, never read, is kept, so going down again writes nothing."""
+    store = SpillStore(memory_limit=1_000 * KB, local_directory=tmp_path)
+    a = arr(0)
+    store["a"] = a
+    store["b"] = arr(1)  # a goes to disk; b's value has no other holder
+    assert store.tiers["disk"] == ["a"] and len(files(store)) == 1
+    assert store["a"] is a  # b goes down
+    assert store.counts["reads_saved"] == 1 and store.counts["disk_to_host"] == 0
+    assert store.tiers["disk"] == ["b"] and len(files(store)) == 2, "a's file is kept"
+    assert store.spilled_total[1] == sum(os.path.getsize(os.path.join(store.directory, f)) for f in files(store))
+    assert np.array_equal(store["b"], arr(1))  # nobody holds b: read from its file, which goes
+    assert store.counts["disk_to_host"] == 1 and store.counts["host_to_disk"] == 2
+    assert store.counts["writes_saved"] == 1 and len(files(store)) == 1, "a went down without a write"
+    del a
+    gc.collect()
+    got = store["a"]  # nobody holds a now: read from its file
+    assert np.array_equal(got, arr(0)) and store.counts["disk_to_host"] == 2
+    store["a"] = arr(5)  # a new value: the old one is forgotten with its file
+    store["b"] = arr(6)
+    assert np.array_equal(store["a"], arr(5)) and got[1] == 1.0
+    b = b"x" * 900_000  # bytes take no weak reference: read back from disk
+    store["c"] = b
+    store["d"] = arr(7)
+    before = store.counts["disk_to_host"]
+    assert store["c"] == b and store.counts["disk_to_host"] == before + 1
+
+
 def test_what_gser_declines_spills_with_dasks_path(tmp_path):
     store = SpillStore(memory_limit=1, local_directory=tmp_path)
     df = pd.DataFrame({"a": np.arange(1000), "b": np.arange(1000) / 7, "c": [f"s{i}" for i in range(1000)]})
@@ -129,6 +159,18 @@ def test_device_keys_go_to_host_packed_then_to_disk(tmp_path):
         check_device(store[f"d{i}"], a)  # back on the (emulated) device
     assert store.counts["host_to_device"] >= 1 and store.counts["disk_to_host"] >= 1
     assert np.array_equal(store["h"], arr(0))
+    # A device object still held elsewhere comes back as itself: no copy
+    # back to the device, no second device allocation.
+    held = Dev(srcs[0])
+    store["held"] = held
+    for i in range(3):
+        store[f"e{i}"] = Dev(srcs[i])  # held leaves the device
+    assert "held" not in store.tiers["device"]
+    before = dict(store.counts)
+    assert store["held"] is held
+    assert store.counts["host_to_device"] == before["host_to_device"]
+    assert store.counts["disk_to_host"] == before["disk_to_host"]
+    assert store.counts["reads_saved"] == before["reads_saved"] + 1
 
 
 def test_files_go_with_the_store(tmp_path):
@@ -178,13 +220,16 @@ def test_a_worker_spills_and_computes_the_same(protocol):
 
 
 def test_compression_auto_squeezes_only_what_shrinks_a_lot(tmp_path):
-    """Files of data that lz4 shrinks to a few percent are compressed; arrays
-    that would shrink to about half (counters) or not at all are not."""
+    """Frames of data that lz4 shrinks to a few percent are compressed;
+    frames that would shrink to about half (counters) or not at all are not,
+    decided frame by frame: "mixed" is a frame whose float block is
+    compressed and whose int64 counter is written as it is."""
     big = 1 << 18  # 2 MiB of float64
     values = {"zeros": np.zeros(big), "counter": np.arange(big, dtype=np.float64),
               "random": np.random.default_rng(0).random(big),
               "frame": pd.DataFrame({"a": np.arange(big // 4, dtype=np.float64), "b": np.ones(big // 4),
-                                     "c": np.zeros(big // 4), "d": np.full(big // 4, 0.5)})}
+                                     "c": np.zeros(big // 4), "d": np.full(big // 4, 0.5)}),
+              "mixed": pd.DataFrame({"i": np.arange(big // 2), "z": np.zeros(big // 2)})}
     sizes = {}
     for compression in ("auto", None):
         store = SpillStore(memory_limit=1, local_directory=tmp_path, compression=compression)
@@ -203,6 +248,8 @@ def test_compression_auto_squeezes_only_what_shrinks_a_lot(tmp_path):
     assert all(plain[k] >= 2 * MB for k in values), plain
     assert auto["zeros"] < plain["zeros"] // 20 and auto["frame"] < plain["frame"] // 3, (auto, plain)
     assert auto["counter"] == plain["counter"] and auto["random"] == plain["random"], (auto, plain)
+    half = plain["mixed"] // 2  # the counter's frame, within the index and header
+    assert half < auto["mixed"] < half + 64 * KB, (auto, plain)
 
 
 @pytest.mark.skipif(not EMULATED, reason="device arrays here are host memory: needs GSER_DEVICE=emulated")
