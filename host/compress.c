@@ -5,11 +5,9 @@
  * small sample per frame. The reader checks every declared size before it
  * allocates and accepts only data that fills exactly the declared size.
  */
-#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, madvise */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include <lz4.h>
 #include <zstd.h>
@@ -96,7 +94,7 @@ gser_status_t gser__frames_compress(gser_frames_t *f, int method, int level, dou
             !pays(codec_compress(codec, level, src, sn, sample_out, codec_bound(codec, sn)), sn, threshold))
             continue;
         size_t cap = codec_bound(codec, fr->size);
-        void *out = malloc(cap);
+        void *out = gser__bigbuf_alloc(cap);
         if (!out) {
             st = gser__error_set(ctx, GSER_ERR_NO_MEMORY,
                                  "gser_serialize: out of memory compressing frame %zu (%zu bytes)", i, fr->size);
@@ -104,18 +102,15 @@ gser_status_t gser__frames_compress(gser_frames_t *f, int method, int level, dou
         }
         size_t n = codec_compress(codec, level, fr->data, fr->size, out, cap);
         if (!pays(n, fr->size, threshold)) {
-            free(out);
+            gser__bigbuf_free(out, cap);
             continue;
         }
-        void *shrunk = realloc(out, n);
-        if (shrunk)
-            out = shrunk;
         if (!f->codecs && !(f->codecs = calloc(f->n, sizeof *f->codecs))) {
-            free(out);
+            gser__bigbuf_free(out, cap);
             st = gser__error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize: out of memory");
             break;
         }
-        f->codecs[i] = (frame_codec_t){.codec = (uint8_t)codec, .raw = fr->size, .buf = out};
+        f->codecs[i] = (frame_codec_t){.codec = (uint8_t)codec, .raw = fr->size, .buf = out, .cap = cap};
         f->frames[i].data = out;
         f->frames[i].size = n;
         *any = true;
@@ -130,7 +125,7 @@ void gser__frames_codecs_free(gser_frames_t *f)
     if (!f->codecs)
         return;
     for (size_t i = 0; i < f->n; i++)
-        free(f->codecs[i].buf);
+        gser__bigbuf_free(f->codecs[i].buf, f->codecs[i].cap);
     free(f->codecs);
     f->codecs = NULL;
 }
@@ -190,32 +185,6 @@ gser_status_t gser__codec_decompress(gser_context_t *ctx, const char *what, size
 }
 
 /* Below this, posix_memalign: a mapping costs two system calls. */
-#define CODEC_MAP_MIN ((size_t)1 << 20)
-
-void *gser__codec_alloc(size_t n)
-{
-    if (n >= CODEC_MAP_MIN) {
-        void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (p != MAP_FAILED) {
-#ifdef MADV_HUGEPAGE
-            (void)madvise(p, n, MADV_HUGEPAGE); /* a hint: refused where THP is off */
-#endif
-            return p;
-        }
-    }
-    void *buf = NULL;
-    return posix_memalign(&buf, 64, n ? n : 1) ? NULL : buf;
-}
-
-void gser__codec_release(void *data, void *arg)
-{
-    size_t n = (size_t)(uintptr_t)arg;
-    if (!data)
-        return;
-    if (n >= CODEC_MAP_MIN && munmap(data, n) == 0)
-        return;
-    free(data); /* a large one the mapping fell back from */
-}
 
 gser_status_t gser_msg_get_frame_codec(const gser_msg_t *msg, size_t i, int *codec, size_t *wire_size)
 {

@@ -886,7 +886,7 @@ static gser_status_t dec_inflate(dec_t *d, size_t header_size)
         frame_codec_t *c = &d->codecs[i];
         if (!c->codec)
             continue;
-        void *buf = gser__codec_alloc(c->raw);
+        void *buf = gser__bigbuf_alloc(c->raw);
         if (!buf)
             return gser__error_set(d->ctx, GSER_ERR_NO_MEMORY,
                                    "%s: out of memory for frame %zu (%zu bytes uncompressed)", d->what, i + 1, c->raw);
@@ -899,7 +899,7 @@ static gser_status_t dec_inflate(dec_t *d, size_t header_size)
                                .size = c->raw,
                                .memory = GSER_MEMORY_HOST,
                                .device = d->wire[i].device,
-                               .release = gser__codec_release,
+                               .release = gser__bigbuf_release,
                                .release_arg = (void *)(uintptr_t)c->raw};
         if (d->trace)
             gser__trace_line(d->trace, "deserialize frame %zu %s %zu bytes -> %zu bytes", i + 1,
@@ -1183,7 +1183,7 @@ gser_status_t gser_deserialize(gser_context_t *ctx, const gser_frame_t *frames, 
     }
     if (st) {
         for (size_t i = 0; d.codecs && i < d.nframes; i++)
-            gser__codec_release(d.codecs[i].buf, (void *)(uintptr_t)d.codecs[i].raw);
+            gser__bigbuf_free(d.codecs[i].buf, d.codecs[i].raw);
         gser_msg_destroy(d.msg);
         return st;
     }

@@ -381,10 +381,11 @@ gser_status_t gser_flat_get_need(gser_context_t *ctx, const void *buf, size_t le
     return GSER_OK;
 }
 
-/* Large inputs are read into anonymous mappings that fault in huge pages
- * where the kernel allows it: a fresh multi-GiB buffer faulted 4 KiB at a
- * time costs several times the read itself. */
-#define FLAT_MAP_MIN ((size_t)1 << 20)
+/* From this size up, a file's message is read into its final buffer at once
+ * (gser__bigbuf memory: recycled, or huge pages where the kernel allows
+ * them; a fresh multi-GiB buffer faulted 4 KiB at a time costs several
+ * times the read itself). */
+#define FLAT_ONCE_MIN ((size_t)1 << 20)
 
 static size_t page_size(void)
 {
@@ -398,17 +399,6 @@ static void unmap_buf(void *data, void *arg)
 {
     uintptr_t base = (uintptr_t)data & ~(uintptr_t)(page_size() - 1);
     munmap((void *)base, (size_t)(uintptr_t)arg);
-}
-
-static void *map_anon(size_t n)
-{
-    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
-        return NULL;
-#ifdef MADV_HUGEPAGE
-    (void)madvise(p, n, MADV_HUGEPAGE); /* a hint: refused where THP is off */
-#endif
-    return p;
 }
 
 static void free_buf(void *data, void *arg)
@@ -496,7 +486,7 @@ gser_status_t gser_deserialize_fd(gser_context_t *ctx, int fd, const gser_deseri
         deserialize_mapped(ctx, fd, at, avail, opts, msg_out, &st))
         return st;
     unsigned char *buf = NULL;
-    size_t cap = 0, len = 0, maplen = 0; /* maplen: buf is a mapping of that length */
+    size_t cap = 0, len = 0, maplen = 0; /* maplen: buf is gser__bigbuf memory of that length */
     uint64_t need = 8, seen = 0; /* the magic first */
     for (;;) {
         if (need > avail && len >= FLAT_PREFIX) {
@@ -512,8 +502,8 @@ gser_status_t gser_deserialize_fd(gser_context_t *ctx, int fd, const gser_deseri
         }
         /* A file that holds the whole message: its final buffer at once, and
          * the frames read straight into it. */
-        if (avail != UINT64_MAX && need > cap && need >= FLAT_MAP_MIN) {
-            unsigned char *nb = map_anon((size_t)need);
+        if (avail != UINT64_MAX && need > cap && need >= FLAT_ONCE_MIN) {
+            unsigned char *nb = gser__bigbuf_alloc((size_t)need);
             if (!nb) {
                 st = gser__error_set(ctx, GSER_ERR_NO_MEMORY, "%s: out of memory for %llu bytes", what,
                                      (unsigned long long)need);
@@ -522,7 +512,7 @@ gser_status_t gser_deserialize_fd(gser_context_t *ctx, int fd, const gser_deseri
             if (len)
                 memcpy(nb, buf, len);
             if (maplen) /* a size table of a million frames came first */
-                munmap(buf, maplen);
+                gser__bigbuf_free(buf, maplen);
             else
                 free(buf);
             buf = nb;
@@ -548,11 +538,12 @@ gser_status_t gser_deserialize_fd(gser_context_t *ctx, int fd, const gser_deseri
         st = gser__error_set(ctx, GSER_ERR_FORMAT, "%s: %llu trailing bytes in the file after the message (%zu bytes)",
                              what, (unsigned long long)(avail - len), len);
     if (st == GSER_OK)
-        st = maplen ? gser_deserialize_flat(ctx, buf, len, unmap_buf, (void *)(uintptr_t)maplen, opts, msg_out)
+        st = maplen ? gser_deserialize_flat(ctx, buf, len, gser__bigbuf_release, (void *)(uintptr_t)maplen, opts,
+                                            msg_out)
                     : gser_deserialize_flat(ctx, buf, len, free_buf, NULL, opts, msg_out);
     if (st) {
         if (maplen)
-            munmap(buf, maplen);
+            gser__bigbuf_free(buf, maplen);
         else
             free(buf);
     }

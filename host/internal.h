@@ -516,7 +516,8 @@ typedef struct frame_codec {
     uint8_t codec;  /* CODEC_*; NONE for a frame left as it was */
     size_t raw;     /* its uncompressed size */
     size_t size;    /* its compressed size */
-    void *buf;      /* the compressed bytes (malloc'd), which the frame points at */
+    void *buf;      /* the decompressed or compressed bytes (gser__bigbuf_alloc), which the frame points at */
+    size_t cap;     /* compressed: the bytes allocated for buf */
 } frame_codec_t;
 
 /* Compress the host data frames of f where sampling says it pays
@@ -539,14 +540,22 @@ GSER_INTERNAL gser_status_t gser__codec_decompress(gser_context_t *ctx, const ch
 GSER_INTERNAL gser_status_t gser__codec_check_size(gser_context_t *ctx, const char *what, size_t i, int codec,
                                                    const void *src, size_t size, uint64_t raw);
 
-/* Memory for a decompressed frame of n bytes, 64-byte aligned: a large one
- * is an anonymous mapping advised for huge pages (a fresh malloc'd buffer
- * faults in 4 KiB at a time, which costs more than the decompression). NULL
- * when out of memory. Freed with gser__codec_release(p, (void *)(uintptr_t)n). */
-GSER_INTERNAL void *gser__codec_alloc(size_t n);
+/* ---- large host buffers (host/bigbuf.c) ------------------------------------- */
 
-/* The release of frames gser decompressed into: arg is their size. */
-GSER_INTERNAL void gser__codec_release(void *data, void *arg);
+#define GSER_BIGBUF_HEAP_MAX ((size_t)32 << 20) /* up to this from the heap (glibc's largest mapping threshold) */
+#define GSER_BIGBUF_KEEP ((size_t)128 << 20)    /* freed mappings kept for reuse, at most */
+
+/* Memory for a buffer of n bytes that is written whole before it is read
+ * (a file read into it, a frame decompressed or compressed into it), 64-byte
+ * aligned, contents undefined: up to GSER_BIGBUF_HEAP_MAX the heap (memory
+ * freed by anyone in the process, already faulted in), above it an anonymous
+ * mapping advised for huge pages, a freed one reused when one fits. NULL
+ * when out of memory. Freed with gser__bigbuf_free(p, n), the same n. Any
+ * thread. */
+GSER_INTERNAL void *gser__bigbuf_alloc(size_t n);
+GSER_INTERNAL void gser__bigbuf_free(void *p, size_t n);
+/* gser__bigbuf_free as a gser_release_fn: arg is n. */
+GSER_INTERNAL void gser__bigbuf_release(void *data, void *arg);
 
 /* ---- packing device buffers (host/pack.c) ---------------------------------- */
 

@@ -35,6 +35,20 @@ typedef struct gser_device_stats {
 GSER_API void gser_device_stats_get(gser_device_stats_t *out);
 GSER_API void gser_device_stats_reset(void);
 
+/* ---- large host buffers (host/bigbuf.c) ----------------------------------------- */
+
+/** What gser's pool of large host buffers (files read, frames decompressed
+ *  or compressed, above 32 MiB) did since the last reset. */
+typedef struct gser_bigbuf_stats {
+    uint64_t mapped;   /**< buffers given a fresh mapping */
+    uint64_t reused;   /**< buffers given a kept one */
+    size_t kept_bytes; /**< bytes kept for reuse now */
+} gser_bigbuf_stats_t;
+
+GSER_API void gser_bigbuf_stats_get(gser_bigbuf_stats_t *out);
+/** Zero the counters and unmap what is kept. */
+GSER_API void gser_bigbuf_stats_reset(void);
+
 /* ---- gser::ucx (plugins/ucx) ---------------------------------------------------- */
 
 typedef struct gser_ucx_worker gser_ucx_worker_t;

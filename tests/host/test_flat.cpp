@@ -618,3 +618,61 @@ TEST(FlatFd, GetNeedWalksThePrefixTheTableAndTheMessage)
     EXPECT_EQ(gser_flat_get_need(ctx.get(), flat.data(), 16 + 8 * n, &o, &need), GSER_ERR_LIMIT_BYTES);
     EXPECT_EQ(need, flat.size()) << "unchanged on failure";
 }
+
+TEST(FlatFd, LargeBuffersAreReusedOnceFreedAndWhatIsKeptIsBounded)
+{
+    // Messages above 32 MiB are read into mappings; a freed one is kept and
+    // the next load that fits takes it (already faulted in), up to 128 MiB
+    // kept in all.
+    auto ctx = make_ctx();
+    std::vector<double> vals((40u << 20) / sizeof(double));
+    for (size_t i = 0; i < vals.size(); i++)
+        vals[i] = (double)i;
+    auto m = sample(ctx.get(), vals);
+    auto frames = serialize(ctx.get(), m.get());
+    FILE *f = tmpfile();
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(gser_flat_write_file(gser_frames_get_array(frames.get()), gser_frames_get_count(frames.get()), f), GSER_OK);
+    fflush(f);
+    auto load = [&]() {
+        EXPECT_EQ(fseek(f, 0, SEEK_SET), 0);
+        gser_msg_t *back = nullptr;
+        EXPECT_EQ(gser_deserialize_fd(ctx.get(), fileno(f), nullptr, &back), GSER_OK)
+            << gser_context_get_last_error(ctx.get());
+        return MsgPtr(back);
+    };
+    gser_bigbuf_stats_reset();
+    gser_bigbuf_stats_t st;
+    {
+        auto a = load();
+        ASSERT_TRUE(a);
+        EXPECT_TRUE(gser_value_equal(gser_msg_get_root(m.get()), gser_msg_get_root(a.get())));
+        gser_bigbuf_stats_get(&st);
+        EXPECT_EQ(st.mapped, 1u);
+        EXPECT_EQ(st.kept_bytes, 0u);
+    }
+    gser_bigbuf_stats_get(&st);
+    EXPECT_GE(st.kept_bytes, vals.size() * sizeof(double)) << "freed with its message, and kept";
+    {
+        auto b = load();
+        ASSERT_TRUE(b);
+        EXPECT_TRUE(gser_value_equal(gser_msg_get_root(m.get()), gser_msg_get_root(b.get())))
+            << "a kept buffer's old bytes are all overwritten";
+        gser_bigbuf_stats_get(&st);
+        EXPECT_EQ(st.mapped, 1u);
+        EXPECT_EQ(st.reused, 1u);
+        EXPECT_EQ(st.kept_bytes, 0u);
+    }
+    std::vector<MsgPtr> many;
+    for (int i = 0; i < 5; i++)
+        many.push_back(load()); // one reused, four mapped
+    many.clear();
+    gser_bigbuf_stats_get(&st);
+    EXPECT_EQ(st.mapped + st.reused, 7u);
+    EXPECT_GT(st.kept_bytes, 0u);
+    EXPECT_LE(st.kept_bytes, (size_t)128 << 20) << "five 42 MiB buffers freed, at most 128 MiB kept";
+    gser_bigbuf_stats_reset();
+    gser_bigbuf_stats_get(&st);
+    EXPECT_EQ(st.kept_bytes, 0u);
+    fclose(f);
+}

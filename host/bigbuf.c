@@ -1,0 +1,189 @@
+/* Large host buffers that are written whole right after they are allocated
+ * (a file read into one, a frame decompressed or compressed into one).
+ *
+ * Fresh memory is what such buffers cost most: every page is faulted in and
+ * zeroed by the kernel, and on a virtual machine whose free memory the host
+ * has taken back, each first touch costs more again (measured: the same 2 GiB
+ * of writes taking 0.5 s or 5 s of system time depending on that). malloc
+ * recycles freed memory, already faulted in, but only below its mapping
+ * threshold (which glibc raises up to 32 MiB as large blocks are freed). So:
+ * up to GSER_BIGBUF_HEAP_MAX the heap, whose memory the interpreter, numpy
+ * and gser all give back to one another, with the large ones advised for
+ * huge pages as numpy advises its own; above, an anonymous mapping rounded
+ * up to 2 MiB and advised for huge pages, and freed mappings kept (up to
+ * GSER_BIGBUF_KEEP bytes in all) for the next buffer that fits, already
+ * faulted in. A leaf: calls no other gser file.
+ */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, madvise */
+#include <pthread.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+
+#include <gser/testing.h>
+
+#include "internal.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define BIGBUF_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define BIGBUF_ASAN 1
+#endif
+#endif
+#ifdef BIGBUF_ASAN
+#include <sanitizer/asan_interface.h>
+/* A kept mapping is poisoned: a use after free still faults under ASan. */
+#define BIGBUF_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define BIGBUF_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define BIGBUF_POISON(p, n) ((void)0)
+#define BIGBUF_UNPOISON(p, n) ((void)0)
+#endif
+
+#define BIGBUF_ALIGN ((size_t)2 << 20) /* a huge page */
+#define BIGBUF_SLOTS 16
+
+static struct {
+    pthread_mutex_t lock;
+    void *p[BIGBUF_SLOTS];
+    size_t n[BIGBUF_SLOTS]; /* 0: an empty slot */
+    size_t kept;            /* bytes in the slots */
+    gser_bigbuf_stats_t stats;
+} pool = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static size_t maplen(size_t n)
+{
+    return (n + BIGBUF_ALIGN - 1) & ~(BIGBUF_ALIGN - 1);
+}
+
+/* The smallest kept mapping of at least len bytes, taken out of the pool
+ * and cut to len; NULL when none fits. Called with the lock held. A
+ * mapping leaves the pool unpoisoned: unmapped memory must not stay
+ * poisoned for whatever is mapped there next. */
+static void *pool_take(size_t len)
+{
+    int best = -1;
+    for (int i = 0; i < BIGBUF_SLOTS; i++)
+        if (pool.n[i] >= len && (best < 0 || pool.n[i] < pool.n[best]))
+            best = i;
+    if (best < 0)
+        return NULL;
+    char *p = pool.p[best];
+    size_t n = pool.n[best];
+    pool.n[best] = 0;
+    pool.kept -= n;
+    BIGBUF_UNPOISON(p, n);
+    if (n > len)
+        munmap(p + len, n - len); /* the tail: gser__bigbuf_free knows len only */
+    return p;
+}
+
+/* Heap blocks from this size up are advised for huge pages (numpy's limit). */
+#define BIGBUF_HEAP_HUGE ((size_t)4 << 20)
+
+static void *heap_alloc(size_t n)
+{
+    void *buf = NULL;
+    if (posix_memalign(&buf, 64, n ? n : 1))
+        return NULL;
+#ifdef MADV_HUGEPAGE
+    if (n >= BIGBUF_HEAP_HUGE) { /* the whole huge pages inside the block */
+        uintptr_t lo = ((uintptr_t)buf + BIGBUF_ALIGN - 1) & ~(BIGBUF_ALIGN - 1);
+        uintptr_t hi = ((uintptr_t)buf + n) & ~(BIGBUF_ALIGN - 1);
+        if (hi > lo)
+            (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+    }
+#endif
+    return buf;
+}
+
+void *gser__bigbuf_alloc(size_t n)
+{
+    if (n <= GSER_BIGBUF_HEAP_MAX)
+        return heap_alloc(n);
+    size_t len = maplen(n);
+    if (len < n)
+        return NULL; /* rounding overflowed */
+    pthread_mutex_lock(&pool.lock);
+    void *p = pool_take(len);
+    if (p)
+        pool.stats.reused++;
+    else
+        pool.stats.mapped++;
+    pthread_mutex_unlock(&pool.lock);
+    if (p)
+        return p;
+    p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL; /* never the heap instead: the size alone says how to free */
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, len, MADV_HUGEPAGE); /* a hint: refused where THP is off */
+#endif
+    return p;
+}
+
+void gser__bigbuf_free(void *p, size_t n)
+{
+    if (!p)
+        return;
+    if (n <= GSER_BIGBUF_HEAP_MAX) {
+        free(p);
+        return;
+    }
+    size_t len = maplen(n);
+    pthread_mutex_lock(&pool.lock);
+    int slot = -1;
+    if (len <= GSER_BIGBUF_KEEP) {
+        /* room: empty slots first, then the smallest kept mappings go */
+        while (pool.kept + len > GSER_BIGBUF_KEEP) {
+            int small = -1;
+            for (int i = 0; i < BIGBUF_SLOTS; i++)
+                if (pool.n[i] && (small < 0 || pool.n[i] < pool.n[small]))
+                    small = i;
+            BIGBUF_UNPOISON(pool.p[small], pool.n[small]);
+            munmap(pool.p[small], pool.n[small]);
+            pool.kept -= pool.n[small];
+            pool.n[small] = 0;
+        }
+        for (int i = 0; i < BIGBUF_SLOTS && slot < 0; i++)
+            if (!pool.n[i])
+                slot = i;
+    }
+    if (slot >= 0) {
+        BIGBUF_POISON(p, len);
+        pool.p[slot] = p;
+        pool.n[slot] = len;
+        pool.kept += len;
+        pool.stats.kept_bytes = pool.kept;
+    }
+    pthread_mutex_unlock(&pool.lock);
+    if (slot < 0)
+        munmap(p, len);
+}
+
+void gser__bigbuf_release(void *data, void *arg)
+{
+    gser__bigbuf_free(data, (size_t)(uintptr_t)arg);
+}
+
+void gser_bigbuf_stats_get(gser_bigbuf_stats_t *out)
+{
+    pthread_mutex_lock(&pool.lock);
+    pool.stats.kept_bytes = pool.kept;
+    *out = pool.stats;
+    pthread_mutex_unlock(&pool.lock);
+}
+
+void gser_bigbuf_stats_reset(void)
+{
+    pthread_mutex_lock(&pool.lock);
+    pool.stats.mapped = pool.stats.reused = 0;
+    for (int i = 0; i < BIGBUF_SLOTS; i++)
+        if (pool.n[i]) {
+            BIGBUF_UNPOISON(pool.p[i], pool.n[i]);
+            munmap(pool.p[i], pool.n[i]);
+            pool.n[i] = 0;
+        }
+    pool.kept = pool.stats.kept_bytes = 0;
+    pthread_mutex_unlock(&pool.lock);
+}
