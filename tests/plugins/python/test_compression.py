@@ -385,6 +385,46 @@ def test_ucx_recv_offloads_large_compressed_messages():
 
 
 @ucx_only
+def test_ucx_large_compressed_result_releases_the_gil():
+    """A large compressed message is decompressed with the GIL released, so
+    the event loop's thread runs meanwhile. With the interpreter's forced
+    switches off (a switch interval of 1000 s) another thread gets the GIL
+    only where the running one lets go of it: the main thread sees the
+    result not yet done exactly when result() released the GIL."""
+    import sys
+    import threading
+
+    async def main():
+        sep, cep, ws = await ucx_pair(client_opts={"compression": "lz4"})
+        big = np.repeat(np.arange(1 << 20, dtype=np.int64), 4)
+        sent = cep.send_frames_nowait([big.tobytes()])
+        req = await sep._wait(sep._c.recv())
+        await sent
+        assert req.size[1]  # it came compressed
+        state = {}
+
+        def work():
+            state["out"] = req.result()
+            state["done"] = True
+
+        old = sys.getswitchinterval()
+        sys.setswitchinterval(1000)
+        try:
+            t = threading.Thread(target=work)
+            t.start()  # back here once work() lets go of the GIL, or ends
+            state["ran_during"] = "done" not in state
+            t.join()
+        finally:
+            sys.setswitchinterval(old)
+        assert state["ran_during"]
+        assert bytes(state["out"][0]) == big.tobytes()
+        for w in ws:
+            w.close()
+
+    run(main())
+
+
+@ucx_only
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_comm_large_compressed_messages_decompress_off_the_event_loop(monkeypatch):
     """gser:// reads a compressed message over distributed.comm.offload by
