@@ -542,6 +542,23 @@ GSER_API gser_status_t gser_ucx_worker_recv_nb(gser_ucx_worker_t *worker, const 
  *  the message came from (NULL until known). */
 GSER_API gser_ucx_ep_t *gser_ucx_request_get_ep(const gser_ucx_request_t *req);
 
+/**
+ * What a completed receive's message came as, before it is deserialized:
+ * its bytes (header and frames, compressed frames at their size as sent)
+ * and whether its header is of a gser wire version that carries compressed
+ * frames (3 or more: gser writes 3 only when a frame is compressed). A
+ * caller may deserialize large compressed messages off its event loop by
+ * them, as Dask decides by the bytes a message arrived in.
+ *
+ * @return GSER_OK: both outputs set.
+ * @return GSER_ERR_INVALID_ARG: a NULL argument, or req is not a receive.
+ * @return GSER_ERR_STATE: the receive is still running, or its frames were
+ *         taken already.
+ * @return the receive's own status when it failed.
+ */
+GSER_API gser_status_t gser_ucx_request_get_size(const gser_ucx_request_t *req, size_t *size_out,
+                                                 bool *compressed_out);
+
 /** Frames of a received message, handed to the caller. */
 typedef struct gser_ucx_recv {
     size_t size; /**< sizeof(gser_ucx_recv_t): GSER_UCX_RECV_INIT sets it */
@@ -591,6 +608,28 @@ GSER_API GSER_UCX_DEPRECATED("use gser_ucx_recv_release") void gser_ucx_recv_fin
  */
 GSER_API gser_status_t gser_ucx_request_deserialize(gser_ucx_request_t *req, gser_context_t *ctx,
                                                     const gser_deserialize_options_t *opts, gser_msg_t **msg_out);
+
+/**
+ * gser_ucx_request_deserialize without its last step, for a caller that
+ * deserializes (and so decompresses) large messages on another thread
+ * than the worker's: it reads only req, never the worker or the
+ * endpoint, so it may run on any thread while the worker's thread goes
+ * on (nothing else may use req meanwhile; the worker may even be
+ * destroyed). Where it fails, call gser_ucx_request_reject(req, status)
+ * next, on a thread that may call into the worker: a malformed message
+ * closes its endpoint there.
+ */
+GSER_API gser_status_t gser_ucx_request_deserialize_detached(gser_ucx_request_t *req, gser_context_t *ctx,
+                                                             const gser_deserialize_options_t *opts,
+                                                             gser_msg_t **msg_out);
+
+/**
+ * What gser_ucx_request_deserialize does after a failed deserialize with
+ * status st: where st says the message was malformed (a bad header,
+ * limits, GSER_ERR_COMPRESSED), close the endpoint it came from (if it
+ * still exists) and say so in gser_ucx_get_last_error. Returns st.
+ */
+GSER_API gser_status_t gser_ucx_request_reject(gser_ucx_request_t *req, gser_status_t st);
 
 /** Receive the next message from ep and deserialize it, waiting up to
  *  timeout_ms (-1: no limit). A timeout before the message started leaves

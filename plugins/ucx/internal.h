@@ -438,6 +438,7 @@ struct gser_ucx_request {
     void **ucx_reqs; /* frame receives, for canceling */
     size_t nucx_reqs, ucx_reqs_cap;
     bool taken; /* frames handed to the caller */
+    uint32_t read_codecs; /* the worker's announced codecs when it was posted (read off its thread) */
 
     /* staging of device frames, one frame at a time, in frame order */
     gux_stage_op_t *stage_op;

@@ -2,6 +2,7 @@
  * receive it, check it against the limits, allocate the frames per memory
  * kind, and receive the frames that did not travel inline. */
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -493,6 +494,27 @@ static gser_status_t check_taken(const gser_ucx_request_t *r, const char *what)
     return GSER_OK;
 }
 
+/* The header's wire version is a positive fixint after its 7-byte magic
+ * (wire-format.md section 3.1). */
+#define HEADER_VERSION_AT 7
+
+gser_status_t gser_ucx_request_get_size(const gser_ucx_request_t *r, size_t *size_out, bool *compressed_out)
+{
+    if (!r || !size_out || !compressed_out)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_request_get_size: bad argument");
+    gser_status_t st = check_taken(r, "gser_ucx_request_get_size");
+    if (st)
+        return st;
+    size_t n = 0;
+    for (size_t i = 0; i < r->nframes; i++)
+        n += r->frames[i].size;
+    const gser_frame_t *h = &r->frames[0];
+    const unsigned char *p = h->data;
+    *size_out = n;
+    *compressed_out = h->size > HEADER_VERSION_AT && p[HEADER_VERSION_AT] >= 3 && p[HEADER_VERSION_AT] <= 0x7f;
+    return GSER_OK;
+}
+
 gser_status_t gser_ucx_request_take(gser_ucx_request_t *r, gser_ucx_recv_t *out)
 {
     if (!r || !out)
@@ -560,35 +582,29 @@ static bool malformed(gser_status_t st)
 
 /* A compressed frame must be in a codec this side announced: a peer that
  * sends another one does not follow the handshake, and its endpoint is
- * closed as for any malformed message. */
-static gser_status_t check_codecs(gser_ucx_request_t *r, const gser_msg_t *msg)
+ * closed (by reject) as for any malformed message. Reads only the request,
+ * so that it may run off the worker's thread. */
+static gser_status_t check_codecs(const gser_ucx_request_t *r, size_t nframes, const gser_msg_t *msg)
 {
-    gser_ucx_worker_t *w = r->worker;
-    if (!w)
-        return GSER_OK;
-    for (size_t i = 1; i < r->nframes; i++) {
+    for (size_t i = 1; i < nframes; i++) {
         int codec;
         size_t wire;
         if (gser_msg_get_frame_codec(msg, i, &codec, &wire) || codec == GSER_COMPRESSION_NONE)
             continue;
         uint32_t bit = codec == GSER_COMPRESSION_LZ4 ? GSER_UCX_CAP_LZ4 : codec == GSER_COMPRESSION_ZSTD ? GSER_UCX_CAP_ZSTD : 0;
-        if (bit && (w->announce_codecs & bit))
+        if (bit && (r->read_codecs & bit))
             continue;
         const char *name = codec == GSER_COMPRESSION_LZ4 ? "lz4" : codec == GSER_COMPRESSION_ZSTD ? "zstd" : "an unknown codec";
-        gux_lock(w);
-        if (r->ep)
-            gux_ep_fail(r->ep, GSER_ERR_COMPRESSED);
-        gux_unlock(w);
         return gux_fail(GSER_ERR_COMPRESSED,
                         "deserialize: frame %zu came compressed with %s, a codec this side did not announce in "
-                        "its handshake (the endpoint was closed)",
+                        "its handshake",
                         i, name);
     }
     return GSER_OK;
 }
 
-gser_status_t gser_ucx_request_deserialize(gser_ucx_request_t *r, gser_context_t *ctx,
-                                           const gser_deserialize_options_t *opts, gser_msg_t **msg_out)
+gser_status_t gser_ucx_request_deserialize_detached(gser_ucx_request_t *r, gser_context_t *ctx,
+                                                    const gser_deserialize_options_t *opts, gser_msg_t **msg_out)
 {
     if (!r || !ctx || !msg_out)
         return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_request_deserialize: bad argument");
@@ -596,27 +612,40 @@ gser_status_t gser_ucx_request_deserialize(gser_ucx_request_t *r, gser_context_t
     if (st)
         return st;
     gser_msg_t *msg;
-    st = gser_deserialize(ctx, r->frames, r->nframes, opts, &msg);
-    if (st) {
-        gux_fail(st, "deserialize: %s", gser_context_get_last_error(ctx));
-        gser_ucx_worker_t *w = r->worker;
-        if (malformed(st) && w && r->ep) {
-            gux_lock(w);
-            gux_ep_fail(r->ep, st);
-            gux_unlock(w);
-            gux_fail(st, "deserialize: %s (the endpoint was closed)", gser_context_get_last_error(ctx));
-        }
-        return st;
-    }
+    size_t nframes = r->nframes;
+    st = gser_deserialize(ctx, r->frames, nframes, opts, &msg);
+    if (st)
+        return gux_fail(st, "deserialize: %s", gser_context_get_last_error(ctx));
     /* The message owns the frame memory now; the frame array was copied. */
     r->taken = true;
     r->rhead = NULL;
-    if ((st = check_codecs(r, msg))) {
+    if ((st = check_codecs(r, nframes, msg))) {
         gser_msg_destroy(msg);
         return st;
     }
     *msg_out = msg;
     return GSER_OK;
+}
+
+gser_status_t gser_ucx_request_reject(gser_ucx_request_t *r, gser_status_t st)
+{
+    gser_ucx_worker_t *w = r ? r->worker : NULL;
+    if (!malformed(st) || !w || !r->ep)
+        return st;
+    /* This thread's message says what was wrong; closing may rewrite it. */
+    char why[512];
+    snprintf(why, sizeof why, "%s", gser_ucx_get_last_error());
+    gux_lock(w);
+    gux_ep_fail(r->ep, st);
+    gux_unlock(w);
+    return gux_fail(st, "%s (the endpoint was closed)", why[0] ? why : gser_status_str(st));
+}
+
+gser_status_t gser_ucx_request_deserialize(gser_ucx_request_t *r, gser_context_t *ctx,
+                                           const gser_deserialize_options_t *opts, gser_msg_t **msg_out)
+{
+    gser_status_t st = gser_ucx_request_deserialize_detached(r, ctx, opts, msg_out);
+    return st ? gser_ucx_request_reject(r, st) : GSER_OK;
 }
 
 /* ---- blocking receives -------------------------------------------------------------------- */

@@ -20,6 +20,7 @@ gser_ucx_request_t *gux_req_new(gser_ucx_worker_t *w, gux_req_kind_t kind, gser_
     r->worker = w;
     r->ep = ep;
     r->status = GSER_INPROGRESS;
+    r->read_codecs = w->announce_codecs;
     if (params) {
         r->cb = params->cb;
         r->user_data = params->user_data;

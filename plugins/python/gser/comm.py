@@ -50,8 +50,10 @@ distributed.comm.compression is honoured as tcp:// honours it ("auto",
 (sampled, as Dask's maybe_compress) and the peer's transport decompresses
 them, so Dask's frames stay uncompressed and their "compression" entries
 None. "auto" compresses nothing towards the same host and samples lz4
-towards other hosts (docs/ucx.md section 4.5). Large messages are
-compressed on Dask's offload thread.
+towards other hosts (docs/ucx.md section 4.5). Large messages (more than
+distributed.comm.offload bytes, as they travel) are compressed, and
+received ones decompressed and deserialized, on Dask's offload thread, as
+Dask offloads serializing and deserializing them; small ones on the loop.
 
 UCX settings come from the environment (UCX_TLS, UCX_NET_DEVICES, ...) and
 from Dask's configuration, distributed.comm.gser.{transports, net-devices,
@@ -352,7 +354,14 @@ class GserComm(Comm):
     async def read(self, deserializers=None):
         ep = self._endpoint("read")
         try:
-            frames = await ep.recv_frames()
+            # A large message is deserialized on Dask's offload thread, as
+            # Dask offloads deserializing messages of more than
+            # distributed.comm.offload bytes: decompressing its frames
+            # (the GIL released) is its cost. Small ones here.
+            if self.allow_offload and OFFLOAD_THRESHOLD:
+                frames = await ep.recv_frames(offload=offload, offload_bytes=OFFLOAD_THRESHOLD)
+            else:
+                frames = await ep.recv_frames()
         except (gser.ucx.ConnectionClosedError, GserError) as e:
             # A failed endpoint, or a message that is not a list of frames.
             self.abort()

@@ -40,6 +40,7 @@ transport refuses; both carry the transport's message and, as .status /
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import threading
@@ -471,6 +472,9 @@ class Endpoint:
     def __init__(self, worker: Worker, c):
         self.worker = worker
         self._c = c
+        #: Messages recv() deserialized through its offload function
+        #: (large compressed ones).
+        self.offloaded = 0
 
     # -- state --------------------------------------------------------------------------
 
@@ -591,20 +595,33 @@ class Endpoint:
         """send_frames without waiting: see send_nowait."""
         return self.send_nowait([_frame(f) for f in frames], callback=callback)
 
-    async def recv(self, device: bool = False):
+    async def recv(self, device: bool = False, *, offload=None, offload_bytes: int = 0):
         """The next message, loaded as gser.loads does (arrays view the
-        received frames)."""
+        received frames).
+
+        offload: None, or an async function that runs a function elsewhere
+        and returns its result (Dask's distributed.utils.offload): a message
+        with compressed frames that came in more than offload_bytes bytes
+        (compressed frames at their size as sent) is deserialized through
+        it, so that its decompression (the GIL released) leaves the event
+        loop free. Other messages are deserialized here: without
+        compression, deserializing only views the received frames."""
         try:
             req = await self._wait(self._c.recv())
+            nbytes, compressed = req.size if offload is not None else (0, False)
+            if compressed and nbytes > offload_bytes:
+                self.offloaded += 1
+                return await offload(functools.partial(req.result, device=device))
             return req.result(device=device)
         except GserError as e:
             raise _translate(e) from None
 
-    async def recv_frames(self) -> list:
+    async def recv_frames(self, *, offload=None, offload_bytes: int = 0) -> list:
         """The next message sent with send_frames: memoryviews of bytes over
         host frames, gser.DeviceArray for device frames. Anything else (a peer
-        that sent some other message) raises GserError."""
-        out = await self.recv()
+        that sent some other message) raises GserError. offload and
+        offload_bytes: as for recv()."""
+        out = await self.recv(offload=offload, offload_bytes=offload_bytes)
         if type(out) is not list:
             raise GserError(f"gser.ucx: expected a list of frames, got a message of type {type(out).__name__}")
         for i, f in enumerate(out):

@@ -1056,6 +1056,10 @@ static PyType_Spec endpoint_spec = {
     .slots = endpoint_slots,
 };
 
+/* Received compressed messages of at least this many bytes are
+ * deserialized (and decompressed) with the GIL released. */
+#define PG_UCX_NOGIL_BYTES ((size_t)1 << 20)
+
 /* ---- _UcxRequest -------------------------------------------------------------------------------- */
 
 static int request_traverse(PgUcxRequest *self, visitproc visit, void *arg)
@@ -1121,12 +1125,44 @@ static PyObject *request_result(PgUcxRequest *self, PyObject *args, PyObject *kw
         return NULL;
     gser_deserialize_options_t o = GSER_DESERIALIZE_OPTIONS_INIT;
     o.flags = device ? GSER_DESERIALIZE_RESTORE_DEVICE : 0;
-    /* A malformed or over-limit message closes its endpoint. */
-    gser_status_t st = gser_ucx_request_deserialize(self->req, pg_ctx, &o, &owner->msg);
+    gser_status_t st;
+    size_t nbytes = 0;
+    bool compressed = false;
+    gser_ucx_request_get_size(self->req, &nbytes, &compressed); /* a failure leaves 0: deserialize says why */
+    if (compressed && nbytes >= PG_UCX_NOGIL_BYTES) {
+        /* Decompressing a large message: other threads (the event loop,
+         * when this runs on Dask's offload thread) go on meanwhile. The
+         * detached half calls nothing of the worker, which they may use. */
+        gser_msg_t *msg = NULL;
+        Py_BEGIN_ALLOW_THREADS
+        st = gser_ucx_request_deserialize_detached(self->req, pg_ctx, &o, &msg);
+        Py_END_ALLOW_THREADS
+        /* A malformed message closes its endpoint: with the GIL, which
+         * serializes the worker's calls. */
+        if (st)
+            st = gser_ucx_request_reject(self->req, st);
+        owner->msg = msg;
+    } else {
+        /* A malformed or over-limit message closes its endpoint. */
+        st = gser_ucx_request_deserialize(self->req, pg_ctx, &o, &owner->msg);
+    }
     /* Received frames are ours: arrays over them are writable. */
     PyObject *out = st ? ucx_raise(ucx_state(self), st, "gser_ucx_request_deserialize") : pg_decode_msg(owner, false);
     Py_DECREF(owner);
     return out;
+}
+
+/* (bytes as they came, whether compressed), or (0, False) once taken or
+ * for anything but a completed receive. */
+static PyObject *request_size(PgUcxRequest *self, void *closure)
+{
+    (void)closure;
+    size_t nbytes = 0;
+    bool compressed = false;
+    if (!self->recv || self->taken || self->status != GSER_OK ||
+        gser_ucx_request_get_size(self->req, &nbytes, &compressed))
+        nbytes = 0, compressed = false;
+    return Py_BuildValue("(nO)", (Py_ssize_t)nbytes, compressed ? Py_True : Py_False);
 }
 
 static PyObject *request_cancel(PgUcxRequest *self, PyObject *unused)
@@ -1158,6 +1194,11 @@ static PyMethodDef request_methods[] = {
 
 static PyGetSetDef request_getset[] = {
     {"done", (getter)request_done, NULL, "Whether it completed (progress() returned it).", NULL},
+    {"size", (getter)request_size, NULL,
+     "A completed receive's (bytes as they came, compressed frames at their size as sent;\n"
+     "whether its header says frames are compressed): gser_ucx_request_get_size; (0, False)\n"
+     "for a send, a failed receive or once result() took it.",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -358,6 +358,160 @@ def test_comm_large_messages_compress_off_the_event_loop(monkeypatch):
 
 
 @ucx_only
+def test_ucx_recv_offloads_large_compressed_messages():
+    """recv(offload=, offload_bytes=) deserializes a message that came
+    compressed in more than offload_bytes through offload (on its thread),
+    everything else inline; the request tells its size as it came and
+    whether it is compressed before it is deserialized."""
+    import asyncio
+    import threading
+
+    async def main():
+        sep, cep, ws = await ucx_pair(client_opts={"compression": "lz4"})
+        ran = []
+
+        async def offload(fn):
+            def inner():
+                ran.append(threading.current_thread())
+                return fn()
+
+            return await asyncio.get_running_loop().run_in_executor(None, inner)
+
+        big = np.repeat(np.arange(1 << 20, dtype=np.int64), 4)  # 32 MiB of runs
+        sent = cep.send_frames_nowait([big.tobytes(), b"small"])
+        got = await sep.recv_frames(offload=offload, offload_bytes=1 << 16)
+        await sent
+        assert bytes(got[0]) == big.tobytes() and bytes(got[1]) == b"small"
+        assert sep.offloaded == 1 and len(ran) == 1 and ran[0] is not threading.current_thread()
+
+        # Under the threshold as it came (compressed to a few MiB): inline.
+        sent = cep.send_frames_nowait([big.tobytes()])
+        got = await sep.recv_frames(offload=offload, offload_bytes=big.nbytes)
+        await sent
+        assert bytes(got[0]) == big.tobytes()
+        assert sep.offloaded == 1 and len(ran) == 1
+
+        # Not compressed, however large: inline (deserializing views the frames).
+        cep.set_compression(None)
+        sent = cep.send_frames_nowait([big.tobytes()])
+        got = await sep.recv_frames(offload=offload, offload_bytes=1 << 16)
+        await sent
+        assert bytes(got[0]) == big.tobytes()
+        assert sep.offloaded == 1 and len(ran) == 1
+
+        # What the request says before it is deserialized.
+        for codec, compressed in (("lz4", True), (None, False)):
+            cep.set_compression(codec)
+            sent = cep.send_frames_nowait([big.tobytes()])
+            req = await sep._wait(sep._c.recv())
+            await sent
+            nbytes, is_compressed = req.size
+            assert is_compressed is compressed
+            assert (nbytes < big.nbytes // 2) if compressed else (nbytes > big.nbytes)
+            assert bytes(req.result()[0]) == big.tobytes()
+            assert req.size == (0, False)  # taken
+        for w in ws:
+            w.close()
+
+    run(main())
+
+
+@ucx_only
+def test_ucx_large_compressed_result_releases_the_gil():
+    """A large compressed message is decompressed with the GIL released, so
+    the event loop's thread runs meanwhile. With the interpreter's forced
+    switches off (a switch interval of 1000 s) another thread gets the GIL
+    only where the running one lets go of it: the main thread sees the
+    result not yet done exactly when result() released the GIL."""
+    import sys
+    import threading
+
+    async def main():
+        sep, cep, ws = await ucx_pair(client_opts={"compression": "lz4"})
+        big = np.repeat(np.arange(1 << 20, dtype=np.int64), 4)
+        sent = cep.send_frames_nowait([big.tobytes()])
+        req = await sep._wait(sep._c.recv())
+        await sent
+        assert req.size[1]  # it came compressed
+        state = {}
+
+        def work():
+            state["out"] = req.result()
+            state["done"] = True
+
+        old = sys.getswitchinterval()
+        sys.setswitchinterval(1000)
+        try:
+            t = threading.Thread(target=work)
+            t.start()  # back here once work() lets go of the GIL, or ends
+            state["ran_during"] = "done" not in state
+            t.join()
+        finally:
+            sys.setswitchinterval(old)
+        assert state["ran_during"]
+        assert bytes(state["out"][0]) == big.tobytes()
+        for w in ws:
+            w.close()
+
+    run(main())
+
+
+@ucx_only
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_comm_large_compressed_messages_decompress_off_the_event_loop(monkeypatch):
+    """gser:// reads a compressed message over distributed.comm.offload by
+    decompressing and deserializing it on Dask's offload thread (as Dask
+    offloads deserializing large messages); small or uncompressed ones are
+    read on the loop."""
+    _comm_modules()
+    import threading
+
+    import dask
+    import gser.comm
+    from distributed.comm.tests import test_comms as dask_tests
+    from distributed.protocol import to_serialize
+
+    calls = []
+    real = gser.comm.offload
+
+    async def counting(fn, *args, **kw):
+        def inner(*a, **k):
+            calls.append((getattr(fn, "func", fn).__name__, threading.current_thread().name))
+            return fn(*a, **k)
+
+        return await real(inner, *args, **kw)
+
+    monkeypatch.setattr(gser.comm, "offload", counting)
+    monkeypatch.setattr(gser.comm, "OFFLOAD_THRESHOLD", 1 << 20)
+
+    async def main():
+        a, b = await dask_tests.get_comm_pair("gser://127.0.0.1")
+        big = np.repeat(np.arange(1 << 20, dtype=np.int64), 4)  # 32 MiB of runs: a few MiB in lz4
+        with dask.config.set({"distributed.comm.compression": "lz4"}):
+            await a.write({"x": to_serialize(big)})
+            assert np.array_equal((await b.read())["x"], big)
+        received = [c for c in calls if c[0] == "result"]
+        assert len(received) == 1 and received[0][1].startswith("Dask-Offload"), calls
+        assert b._ep.offloaded == 1
+        with dask.config.set({"distributed.comm.compression": "lz4"}):
+            await a.write({"x": to_serialize(np.arange(1000))})  # small
+            assert np.array_equal((await b.read())["x"], np.arange(1000))
+        with dask.config.set({"distributed.comm.compression": None}):
+            await a.write({"x": to_serialize(big)})  # large, not compressed
+            assert np.array_equal((await b.read())["x"], big)
+        assert b._ep.offloaded == 1
+        b.allow_offload = False  # as a comm of a server that does not offload
+        with dask.config.set({"distributed.comm.compression": "lz4"}):
+            await a.write({"x": to_serialize(big)})
+            assert np.array_equal((await b.read())["x"], big)
+        assert b._ep.offloaded == 1
+        await a.close()
+        await b.close()
+
+    run(main())
+
+
+@ucx_only
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_comm_sides_with_different_settings_in_two_processes():
     """A peer process that compresses with zstd and this one with lz4: the

@@ -308,6 +308,105 @@ TEST(Compress, CallerCodecNeedsThePeer)
     EXPECT_EQ(codec, GSER_COMPRESSION_LZ4);
 }
 
+// Post a receive on the server's end of cp and drive both workers until
+// it completes (frames not yet deserialized).
+ReqPtr recv_done(CodecPair &cp)
+{
+    gser_ucx_request_t *rr = nullptr;
+    EXPECT_EQ(gser_ucx_ep_recv_nb(cp.p.sep.get(), nullptr, &rr), GSER_OK) << gser_ucx_get_last_error();
+    ReqPtr r(rr);
+    EXPECT_EQ(drive({cp.p.client.get(), cp.p.server.get()}, rr), GSER_OK) << gser_ucx_get_last_error();
+    return r;
+}
+
+// What a completed receive came as, before deserializing: its bytes as sent
+// and whether its header says frames are compressed (what a caller decides
+// by whether to decompress off its event loop).
+TEST(Compress, SizeOfAReceiveAsItCame)
+{
+    auto ctx = make_ctx();
+    CodecPair cp;
+    ASSERT_NO_FATAL_FAILURE(cp.open(0, GSER_UCX_COMPRESSION_LZ4));
+    std::vector<unsigned char> bytes;
+    MsgPtr m = runs_msg(ctx.get(), bytes, kBig);
+    UCX_OK(gser_ucx_ep_send_msg(cp.p.cep.get(), ctx.get(), m.get(), nullptr, kWaitMs));
+    gser_ucx_request_t *pending = nullptr;
+    UCX_OK(gser_ucx_ep_recv_nb(cp.p.sep.get(), nullptr, &pending));
+    ReqPtr p(pending);
+    size_t n = 7;
+    bool compressed = true;
+    EXPECT_EQ(gser_ucx_request_get_size(pending, nullptr, &compressed), GSER_ERR_INVALID_ARG);
+    UCX_OK(drive({cp.p.client.get(), cp.p.server.get()}, pending));
+    UCX_OK(gser_ucx_request_get_size(pending, &n, &compressed));
+    EXPECT_TRUE(compressed);
+    EXPECT_GT(n, 0u);
+    EXPECT_LT(n, kBig / 10); // the compressed frame at its size as sent
+
+    UCX_OK(gser_ucx_ep_set_compression(cp.p.cep.get(), GSER_UCX_COMPRESSION_NONE));
+    std::thread t;
+    std::atomic<int> sst;
+    send_msg_async(cp, ctx.get(), m.get(), nullptr, &t, &sst);
+    gser_ucx_request_t *plain = nullptr;
+    UCX_OK(gser_ucx_ep_recv_nb(cp.p.sep.get(), nullptr, &plain));
+    ReqPtr q(plain);
+    size_t n2 = 0;
+    bool c2 = true;
+    EXPECT_EQ(gser_ucx_request_get_size(plain, &n2, &c2), GSER_ERR_STATE); // still running
+    EXPECT_EQ(n2, 0u);
+    gser_status_t rst = drive({cp.p.server.get()}, plain);
+    t.join();
+    UCX_OK((gser_status_t)sst.load());
+    UCX_OK(rst);
+    UCX_OK(gser_ucx_request_get_size(plain, &n2, &c2));
+    EXPECT_FALSE(c2);
+    EXPECT_GT(n2, kBig);
+
+    gser_msg_t *got = nullptr;
+    UCX_OK(gser_ucx_request_deserialize(pending, ctx.get(), nullptr, &got));
+    MsgPtr g(got);
+    EXPECT_TRUE(same_bytes(got, bytes));
+    EXPECT_EQ(gser_ucx_request_get_size(pending, &n, &compressed), GSER_ERR_STATE); // taken
+}
+
+// The detached half decompresses on a thread of its own while the worker's
+// thread goes on with the same endpoint; the message arrives equal.
+TEST(Compress, DetachedDeserializeRunsOffTheWorkersThread)
+{
+    auto ctx = make_ctx();
+    CodecPair cp;
+    ASSERT_NO_FATAL_FAILURE(cp.open(0, GSER_UCX_COMPRESSION_ZSTD));
+    std::vector<unsigned char> bytes;
+    MsgPtr m = runs_msg(ctx.get(), bytes, 8 * kBig);
+    UCX_OK(gser_ucx_ep_send_msg(cp.p.cep.get(), ctx.get(), m.get(), nullptr, kWaitMs));
+    ReqPtr big = recv_done(cp);
+    ASSERT_TRUE(big);
+    gser_msg_t *got = nullptr;
+    std::atomic<int> dst{GSER_INPROGRESS};
+    std::thread off([&] { dst.store(gser_ucx_request_deserialize_detached(big.get(), ctx.get(), nullptr, &got)); });
+    // Meanwhile, on this thread: small messages both ways on the same endpoints.
+    for (int i = 0; i < 20; i++) {
+        TestMsg small(ctx.get(), {100}, i);
+        UCX_OK(gser_ucx_ep_send_msg(cp.p.cep.get(), ctx.get(), small.msg.get(), nullptr, kWaitMs));
+        MsgPtr back;
+        UCX_OK(recv_one(cp, ctx.get(), &back));
+        ASSERT_TRUE(back);
+        EXPECT_TRUE(same_msg(back.get(), {100}, i));
+    }
+    off.join();
+    UCX_OK((gser_status_t)dst.load());
+    MsgPtr g(got);
+    ASSERT_TRUE(got);
+    EXPECT_TRUE(same_bytes(got, bytes));
+    int codec = -1;
+    size_t wire = 0;
+    ASSERT_EQ(gser_msg_get_frame_codec(got, 1, &codec, &wire), GSER_OK);
+    EXPECT_EQ(codec, GSER_COMPRESSION_ZSTD);
+    gser_msg_t *again = nullptr;
+    EXPECT_EQ(gser_ucx_request_deserialize_detached(big.get(), ctx.get(), nullptr, &again), GSER_ERR_STATE);
+    EXPECT_EQ(again, nullptr);
+    UCX_OK(gser_ucx_ep_get_status(cp.p.sep.get()));
+}
+
 // A peer that does not follow the handshake: frames compressed by hand
 // (gser_serialize) and sent as they are.
 class CompressHostile : public ::testing::TestWithParam<int> {};
@@ -385,6 +484,56 @@ TEST_P(CompressHostile, CorruptDataRefused)
         }
         drive({cp.p.client.get(), cp.p.server.get()}, sr, 2000);
     }
+}
+
+// Corrupt compressed data through the two halves: the detached one fails
+// without touching the endpoint; reject then closes it, saying why. A
+// status that is not about the bytes closes nothing.
+TEST_P(CompressHostile, DetachedFailureClosesTheEndpointOnlyWhenRejected)
+{
+    int codec = GetParam();
+    auto ctx = make_ctx();
+    CodecPair cp;
+    ASSERT_NO_FATAL_FAILURE(cp.open(0, 0));
+    std::vector<unsigned char> bytes;
+    MsgPtr m = runs_msg(ctx.get(), bytes, kBig);
+    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
+    so.compression = codec;
+    auto f = serialize(ctx.get(), m.get(), &so);
+    ASSERT_TRUE(f);
+    std::vector<gser_frame_t> frames(gser_frames_get_array(f.get()), gser_frames_get_array(f.get()) + 2);
+    std::vector<unsigned char> data(frames[1].size, 0xff); // garbage in place of the compressed bytes
+    frames[1].data = data.data();
+    frames[1].release = nullptr;
+    gser_ucx_request_t *sr = nullptr;
+    UCX_OK(gser_ucx_ep_send_nb(cp.p.cep.get(), frames.data(), frames.size(), nullptr, &sr));
+    ReqPtr s(sr);
+    ReqPtr r = recv_done(cp);
+    ASSERT_TRUE(r);
+    size_t n = 0;
+    bool compressed = false;
+    UCX_OK(gser_ucx_request_get_size(r.get(), &n, &compressed));
+    EXPECT_TRUE(compressed);
+    gser_msg_t *got = nullptr;
+    std::atomic<int> dst{GSER_INPROGRESS};
+    std::string why;
+    std::thread off([&] {
+        dst.store(gser_ucx_request_deserialize_detached(r.get(), ctx.get(), nullptr, &got));
+        why = gser_ucx_get_last_error(); // this thread's message
+    });
+    off.join();
+    EXPECT_EQ(dst.load(), GSER_ERR_COMPRESSED);
+    EXPECT_EQ(got, nullptr);
+    EXPECT_NE(why.find("frame 1"), std::string::npos) << why;
+    UCX_OK(gser_ucx_ep_get_status(cp.p.sep.get())); // not closed by the detached half
+    EXPECT_EQ(gser_ucx_request_reject(r.get(), GSER_ERR_NO_MEMORY), GSER_ERR_NO_MEMORY);
+    UCX_OK(gser_ucx_ep_get_status(cp.p.sep.get())); // not about the bytes: nothing closed
+    EXPECT_EQ(gser_ucx_request_reject(r.get(), GSER_ERR_COMPRESSED), GSER_ERR_COMPRESSED);
+    std::string closed = gser_ucx_get_last_error();
+    EXPECT_NE(closed.find("the endpoint was closed"), std::string::npos) << closed;
+    EXPECT_EQ(gser_ucx_ep_get_status(cp.p.sep.get()), GSER_ERR_COMPRESSED);
+    EXPECT_EQ(gser_ucx_request_reject(nullptr, GSER_ERR_COMPRESSED), GSER_ERR_COMPRESSED);
+    drive({cp.p.client.get(), cp.p.server.get()}, sr, 2000);
 }
 
 INSTANTIATE_TEST_SUITE_P(Codecs, CompressHostile, ::testing::Values(GSER_COMPRESSION_LZ4, GSER_COMPRESSION_ZSTD),
