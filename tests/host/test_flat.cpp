@@ -35,6 +35,21 @@ uint64_t le64(const unsigned char *p)
     return v;
 }
 
+// The frames' flattened form in a temporary file, flushed, at its start;
+// nullptr if it could not be written.
+FILE *flat_tmpfile(const gser_frames_t *frames)
+{
+    FILE *f = tmpfile();
+    if (f && (gser_flat_write_file(gser_frames_get_array(frames), gser_frames_get_count(frames), f) != GSER_OK ||
+              fflush(f) != 0)) {
+        fclose(f);
+        return nullptr;
+    }
+    if (f)
+        rewind(f);
+    return f;
+}
+
 } // namespace
 
 TEST(Flat, LayoutIsTheDocumentedOne)
@@ -100,11 +115,8 @@ TEST(Flat, FilesAndDescriptors)
     auto m = sample(ctx.get(), vals);
     auto frames = serialize(ctx.get(), m.get());
 
-    FILE *f = tmpfile();
+    FILE *f = flat_tmpfile(frames.get());
     ASSERT_NE(f, nullptr);
-    ASSERT_EQ(gser_flat_write_file(gser_frames_get_array(frames.get()), gser_frames_get_count(frames.get()), f), GSER_OK);
-    fflush(f);
-    rewind(f);
     gser_msg_t *back = nullptr;
     ASSERT_EQ(gser_deserialize_fd(ctx.get(), fileno(f), nullptr, &back), GSER_OK) << gser_context_get_last_error(ctx.get());
     EXPECT_TRUE(gser_value_equal(gser_msg_get_root(m.get()), gser_msg_get_root(back)));
@@ -630,10 +642,8 @@ TEST(FlatFd, LargeBuffersAreReusedOnceFreedAndWhatIsKeptIsBounded)
         vals[i] = (double)i;
     auto m = sample(ctx.get(), vals);
     auto frames = serialize(ctx.get(), m.get());
-    FILE *f = tmpfile();
+    FILE *f = flat_tmpfile(frames.get());
     ASSERT_NE(f, nullptr);
-    ASSERT_EQ(gser_flat_write_file(gser_frames_get_array(frames.get()), gser_frames_get_count(frames.get()), f), GSER_OK);
-    fflush(f);
     auto load = [&]() {
         EXPECT_EQ(fseek(f, 0, SEEK_SET), 0);
         gser_msg_t *back = nullptr;

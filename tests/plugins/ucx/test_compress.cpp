@@ -34,6 +34,16 @@ MsgPtr runs_msg(gser_context_t *ctx, std::vector<unsigned char> &bytes, size_t n
     return p;
 }
 
+// runs_msg's message of kBig bytes serialized with codec (m and bytes must
+// outlive the frames, which borrow them).
+FramesPtr runs_frames(gser_context_t *ctx, int codec, MsgPtr &m, std::vector<unsigned char> &bytes)
+{
+    m = runs_msg(ctx, bytes, kBig);
+    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
+    so.compression = codec;
+    return serialize(ctx, m.get(), &so);
+}
+
 bool same_bytes(gser_msg_t *m, const std::vector<unsigned char> &want)
 {
     gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
@@ -419,10 +429,8 @@ TEST_P(CompressHostile, UnannouncedCodecRefused)
     uint32_t announced = codec == GSER_COMPRESSION_LZ4 ? GSER_UCX_CAP_ZSTD : GSER_UCX_CAP_LZ4;
     ASSERT_NO_FATAL_FAILURE(cp.open(0, 0, announced, GUX_CODECS));
     std::vector<unsigned char> bytes;
-    MsgPtr m = runs_msg(ctx.get(), bytes, kBig);
-    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
-    so.compression = codec;
-    auto f = serialize(ctx.get(), m.get(), &so);
+    MsgPtr m;
+    auto f = runs_frames(ctx.get(), codec, m, bytes);
     ASSERT_TRUE(f);
     gser_ucx_request_t *sr = nullptr;
     UCX_OK(gser_ucx_ep_send_nb(cp.p.cep.get(), gser_frames_get_array(f.get()), gser_frames_get_count(f.get()), nullptr,
@@ -449,10 +457,8 @@ TEST_P(CompressHostile, CorruptDataRefused)
         CodecPair cp;
         ASSERT_NO_FATAL_FAILURE(cp.open(0, 0));
         std::vector<unsigned char> bytes;
-        MsgPtr m = runs_msg(ctx.get(), bytes, kBig);
-        gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
-        so.compression = codec;
-        auto f = serialize(ctx.get(), m.get(), &so);
+        MsgPtr m;
+        auto f = runs_frames(ctx.get(), codec, m, bytes);
         ASSERT_TRUE(f);
         ASSERT_EQ(gser_frames_get_count(f.get()), 2u);
         std::vector<gser_frame_t> frames(gser_frames_get_array(f.get()), gser_frames_get_array(f.get()) + 2);
@@ -496,10 +502,8 @@ TEST_P(CompressHostile, DetachedFailureClosesTheEndpointOnlyWhenRejected)
     CodecPair cp;
     ASSERT_NO_FATAL_FAILURE(cp.open(0, 0));
     std::vector<unsigned char> bytes;
-    MsgPtr m = runs_msg(ctx.get(), bytes, kBig);
-    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
-    so.compression = codec;
-    auto f = serialize(ctx.get(), m.get(), &so);
+    MsgPtr m;
+    auto f = runs_frames(ctx.get(), codec, m, bytes);
     ASSERT_TRUE(f);
     std::vector<gser_frame_t> frames(gser_frames_get_array(f.get()), gser_frames_get_array(f.get()) + 2);
     std::vector<unsigned char> data(frames[1].size, 0xff); // garbage in place of the compressed bytes
