@@ -75,6 +75,7 @@ import asyncio
 import errno
 import logging
 import socket
+import struct
 import weakref
 
 import dask
@@ -103,6 +104,22 @@ _HELLO_VERSION = 1
 # Dask's frame splitting exists for sockets; one gser frame per Dask frame
 # keeps large arrays in one piece (no merge copy on the receiving side).
 _NO_SPLIT = 1 << 62
+
+# A large message that the transport compresses, and whose samples do
+# compress, travels in parts of about _PART_BYTES (frames cut into pieces of
+# that size): part k+1 is compressed on the offload thread while part k is
+# on the wire, and the reader decompresses each part as it arrives, where
+# one whole message would be compressed, sent and decompressed one after
+# the other. The reader joins the pieces of a cut frame again (one copy, as
+# Dask's tcp:// merges its shards). Only between comms whose handshakes
+# both announce _PARTS_KEY. The first part starts with a marker frame: the
+# magic, the number of parts and of frames, and each frame's piece count.
+_PARTS_KEY = "gser-parts"
+_PART_BYTES = 4 << 20
+_PARTS_MAX = 1 << 16
+_PARTS_MAGIC = b"\xc1gser-parts"  # 0xc1 begins no msgpack value: no Dask frame starts so
+_PARTS_HEAD = struct.Struct(f"<{len(_PARTS_MAGIC)}sII")
+_SAMPLE_BYTES = 10_000  # a sample of each large frame, as gser's own sampling takes
 
 
 # ---- process state: one UCX context, one worker per event loop ----------------------------
@@ -206,6 +223,26 @@ def _local_ip_for(host: str) -> str:
 _PLAIN = (str, bytes, int, float, bool, type(None))
 
 
+def _compresses(frames, codec) -> bool:
+    """Whether a sample of the message's large host frames shrinks with
+    codec to gser's threshold (0.9), as the transport's own sampling would
+    decide: a message that does not compress is sent whole, with nothing
+    to join on the other side."""
+    samples = []
+    for f in frames:
+        if type(f) is memoryview or isinstance(f, (bytes, bytearray)):
+            mv = memoryview(f).cast("B")
+            if len(mv) >= _PART_BYTES:
+                step = (len(mv) - _SAMPLE_BYTES) // 4
+                samples.extend(bytes(mv[k * step:k * step + _SAMPLE_BYTES]) for k in range(5))
+    if not samples:
+        return False
+    import numpy as np  # an array travels in a frame (short bytes would be inlined, never compressed)
+
+    raw = np.frombuffer(b"".join(samples), np.uint8)
+    return len(gser.to_bytes(raw, compression=codec)) <= 0.9 * raw.nbytes + 256
+
+
 def _small(msg, budget=64) -> bool:
     """Whether msg is a small plain message (at most budget items, strings and
     bytes under 64 KiB, nothing Dask would serialize with a family). Such a
@@ -258,7 +295,13 @@ class GserComm(Comm):
         # device buffers in device frames towards such a peer.
         from gser import dask as gser_dask
 
-        return {**Comm.handshake_info(), gser_dask.HANDSHAKE_DEVICE_KEY: True}
+        return {**Comm.handshake_info(), gser_dask.HANDSHAKE_DEVICE_KEY: True, _PARTS_KEY: 1}
+
+    @staticmethod
+    def handshake_configuration(local, remote):
+        out = Comm.handshake_configuration(local, remote)
+        out[_PARTS_KEY] = bool(local.get(_PARTS_KEY) and remote.get(_PARTS_KEY))
+        return out
 
     @property
     def local_address(self) -> str:
@@ -300,6 +343,9 @@ class GserComm(Comm):
         if gser_codec != self._compression:
             ep.set_compression(gser_codec)
             self._compression = gser_codec
+        codec = ep.compression if not ep.closed else None
+        in_parts = bool(self.handshake_options.get(_PARTS_KEY) and codec is not None and self.allow_offload
+                        and OFFLOAD_THRESHOLD)
         frames = await to_frames(
             msg,
             allow_offload=self.allow_offload and not _small(msg),
@@ -315,10 +361,13 @@ class GserComm(Comm):
             },
             frame_split_size=_NO_SPLIT,
         )
+        size = sum(map(nbytes, frames))
+        if in_parts and size > 2 * _PART_BYTES and _compresses(frames, codec):
+            await self._write_parts(ep, frames, codec)
+            return size
         prepared = None
         if self.allow_offload and OFFLOAD_THRESHOLD and not ep.closed:
-            codec = ep.compression
-            if codec is not None and sum(map(nbytes, frames)) > OFFLOAD_THRESHOLD:
+            if codec is not None and size > OFFLOAD_THRESHOLD:
                 # Compressing is the large message's cost: off the event
                 # loop, as Dask offloads serialization.
                 try:
@@ -343,13 +392,75 @@ class GserComm(Comm):
             if isinstance(e, gser.ucx.ConnectionClosedError):
                 raise _closed_error(self, "write", e) from e
             raise
-        return sum(map(nbytes, frames))
+        return size
 
     def _sent(self, error):
         # A failed send failed the endpoint: the next read or write says so.
         self._sending -= 1
         if self._sending == 0 and self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
+
+    async def _write_parts(self, ep, frames, codec):
+        """frames as consecutive messages of about _PART_BYTES, host frames
+        larger than that cut into pieces, the first message led by the
+        marker: each part is compressed on the offload thread while the one
+        before is sent."""
+        pieces, counts = [], []
+        for f in frames:
+            if type(f) is memoryview or isinstance(f, (bytes, bytearray)):
+                mv = memoryview(f).cast("B")
+                cut = [mv[i:i + _PART_BYTES] for i in range(0, len(mv), _PART_BYTES)] or [mv]
+            else:  # a device frame: one piece
+                cut = [f]
+            pieces.extend(cut)
+            counts.append(len(cut))
+        parts, part, n = [], [], 0
+        for p in pieces:
+            part.append(p)
+            n += nbytes(p)
+            if n >= _PART_BYTES:
+                parts.append(part)
+                part, n = [], 0
+        if part:
+            parts.append(part)
+        head = _PARTS_HEAD.pack(_PARTS_MAGIC, len(parts), len(counts)) + struct.pack(f"<{len(counts)}I", *counts)
+        parts[0].insert(0, head)
+        for part in parts:
+            try:
+                prepared = await offload(ep.prepare_frames, part, codec)
+            except gser.ucx.ConnectionClosedError as e:
+                self.abort()
+                raise _closed_error(self, "write", e) from e
+            self._sending += 1
+            try:
+                ep.send_nowait(prepared, callback=self._sent)
+            except BaseException as e:
+                self._sending -= 1
+                self.abort()
+                if isinstance(e, gser.ucx.ConnectionClosedError):
+                    raise _closed_error(self, "write", e) from e
+                raise
+
+    async def _read_parts(self, ep, frames):
+        """The frames of a message written by _write_parts, whose first part
+        is frames (the marker first), pieces joined again."""
+        head = bytes(frames[0])
+        _, nparts, nframes = _PARTS_HEAD.unpack_from(head)
+        if not 1 <= nparts <= _PARTS_MAX or len(head) != _PARTS_HEAD.size + 4 * nframes:
+            raise GserError(f"gser://: a message in parts announced {nparts} parts (1 to {_PARTS_MAX}) and "
+                            f"{nframes} frames in a marker of {len(head)} bytes")
+        counts = struct.unpack_from(f"<{nframes}I", head, _PARTS_HEAD.size)
+        pieces = list(frames[1:])
+        for _ in range(nparts - 1):
+            pieces.extend(await ep.recv_frames(offload=offload))  # every compressed part off the loop
+        if sum(counts) != len(pieces) or 0 in counts:
+            raise GserError(f"gser://: a message in parts announced {sum(counts)} pieces in {nframes} frames, "
+                            f"{len(pieces)} came")
+        out, k = [], 0
+        for c in counts:
+            out.append(pieces[k] if c == 1 else memoryview(bytearray().join(pieces[k:k + c])))
+            k += c
+        return out
 
     async def read(self, deserializers=None):
         ep = self._endpoint("read")
@@ -362,6 +473,10 @@ class GserComm(Comm):
                 frames = await ep.recv_frames(offload=offload, offload_bytes=OFFLOAD_THRESHOLD)
             else:
                 frames = await ep.recv_frames()
+            if (self.handshake_options.get(_PARTS_KEY) and frames and type(frames[0]) is memoryview
+                    and nbytes(frames[0]) >= _PARTS_HEAD.size
+                    and bytes(frames[0][:len(_PARTS_MAGIC)]) == _PARTS_MAGIC):
+                frames = await self._read_parts(ep, frames)
         except (gser.ucx.ConnectionClosedError, GserError) as e:
             # A failed endpoint, or a message that is not a list of frames.
             self.abort()

@@ -486,6 +486,7 @@ def test_comm_large_compressed_messages_decompress_off_the_event_loop(monkeypatc
 
     async def main():
         a, b = await dask_tests.get_comm_pair("gser://127.0.0.1")
+        a.handshake_options[gser.comm._PARTS_KEY] = False  # one message, not parts (tested below)
         big = np.repeat(np.arange(1 << 20, dtype=np.int64), 4)  # 32 MiB of runs: a few MiB in lz4
         with dask.config.set({"distributed.comm.compression": "lz4"}):
             await a.write({"x": to_serialize(big)})
@@ -507,6 +508,93 @@ def test_comm_large_compressed_messages_decompress_off_the_event_loop(monkeypatc
         assert b._ep.offloaded == 1
         await a.close()
         await b.close()
+
+    run(main())
+
+
+@ucx_only
+def test_comm_large_compressible_messages_travel_in_parts(monkeypatch):
+    """A large message that compresses goes as parts of about 4 MiB: each
+    compressed on the offload thread while the one before is sent, and
+    decompressed as it comes; frames cut into pieces are joined again.
+    Incompressible messages, and peers whose handshake lacks the key, get
+    one message."""
+    _comm_modules()
+    import dask
+    import gser.comm
+    from distributed.comm.tests import test_comms as dask_tests
+    from distributed.protocol import to_serialize
+
+    prepared = []
+    real = gser.ucx.Endpoint.prepare_frames
+
+    def counting(self, frames, compression=None):
+        prepared.append(len(frames))
+        return real(self, frames, compression)
+
+    monkeypatch.setattr(gser.ucx.Endpoint, "prepare_frames", counting)
+    big = np.repeat(np.arange(1 << 20, dtype=np.int64), 4)  # 32 MiB of runs
+    rnd = np.random.default_rng(3).random(1 << 22)  # 32 MiB, incompressible
+
+    async def exchange(a, b, msg):
+        prepared.clear()
+        with dask.config.set({"distributed.comm.compression": "lz4"}):
+            await a.write(msg)
+            return await b.read()
+
+    async def main():
+        a, b = await dask_tests.get_comm_pair("gser://127.0.0.1")
+        assert a.handshake_options[gser.comm._PARTS_KEY] and b.handshake_options[gser.comm._PARTS_KEY]
+        offloaded = b._ep.offloaded
+        got = await exchange(a, b, {"x": to_serialize(big), "y": to_serialize(np.arange(10)), "z": "small"})
+        assert np.array_equal(got["x"], big) and np.array_equal(got["y"], np.arange(10)) and got["z"] == "small"
+        assert len(prepared) >= 8, prepared  # 32 MiB in parts of 4 MiB, each compressed on its own
+        assert b._ep.offloaded - offloaded >= 7  # the parts after the first that came compressed: off the loop
+        got = await exchange(a, b, {"x": to_serialize(rnd)})
+        assert np.array_equal(got["x"], rnd) and len(prepared) == 1, prepared  # does not compress: whole
+        a2, b2 = await dask_tests.get_comm_pair("gser://127.0.0.1",
+                                                connect_args={"handshake_overrides": {gser.comm._PARTS_KEY: 0}})
+        assert not a2.handshake_options[gser.comm._PARTS_KEY] and not b2.handshake_options[gser.comm._PARTS_KEY]
+        for x, y in ((a2, b2), (b2, a2)):
+            got = await exchange(x, y, {"x": to_serialize(big)})
+            assert np.array_equal(got["x"], big) and len(prepared) == 1, prepared
+        for c in (a, b, a2, b2):
+            await c.close()
+
+    run(main())
+
+
+def test_comm_parts_with_lying_markers_are_refused():
+    """A marker whose counts do not match what follows is a GserError (the
+    comm then closes), never a wait for parts that will not come."""
+    _comm_modules()
+    import struct
+
+    import gser.comm
+    from gser._gser import GserError
+
+    class Peer:
+        def __init__(self, parts):
+            self.parts = list(parts)
+
+        async def recv_frames(self, offload=None, offload_bytes=0):
+            return self.parts.pop(0)
+
+    def marker(nparts, counts, extra=b""):
+        return memoryview(gser.comm._PARTS_HEAD.pack(gser.comm._PARTS_MAGIC, nparts, len(counts))
+                          + struct.pack(f"<{len(counts)}I", *counts) + extra)
+
+    piece = memoryview(b"abcd")
+    comm = object.__new__(gser.comm.GserComm)
+
+    async def main():
+        got = await comm._read_parts(Peer([[piece, piece]]), [marker(2, [1, 2]), piece])
+        assert [bytes(g) for g in got] == [b"abcd", b"abcdabcd"]
+        for nparts, counts, extra, first, then in ((0, [1], b"", [], []), (1 << 20, [1], b"", [], []),
+                                                   (1, [2], b"", [piece], []), (1, [1, 0], b"", [piece], []),
+                                                   (2, [1], b"", [piece], [[piece]]), (1, [1], b"x", [piece], [])):
+            with pytest.raises(GserError, match="in parts"):
+                await comm._read_parts(Peer(then), [marker(nparts, counts, extra), *first])
 
     run(main())
 
