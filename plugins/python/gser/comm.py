@@ -370,29 +370,38 @@ class GserComm(Comm):
             if codec is not None and size > OFFLOAD_THRESHOLD:
                 # Compressing is the large message's cost: off the event
                 # loop, as Dask offloads serialization.
-                try:
-                    prepared = await offload(ep.prepare_frames, frames, codec)
-                except gser.ucx.ConnectionClosedError as e:
-                    self.abort()
-                    raise _closed_error(self, "write", e) from e
+                prepared = await self._prepare(ep, frames, codec)
         # Posted, not waited for: as a socket's buffer would, the transport
         # holds the frames until the peer takes them (a large message
         # completes only when the peer reads it, and Dask peers often write
         # before they read). A send that fails fails the endpoint, which the
         # next read or write reports.
+        if prepared is not None:
+            self._post(ep.send_nowait, prepared)
+        else:
+            self._post(ep.send_frames_nowait, frames)
+        return size
+
+    async def _prepare(self, ep, frames, codec):
+        """frames serialized and compressed for one send, on the offload thread."""
+        try:
+            return await offload(ep.prepare_frames, frames, codec)
+        except gser.ucx.ConnectionClosedError as e:
+            self.abort()
+            raise _closed_error(self, "write", e) from e
+
+    def _post(self, send, obj):
+        """One send posted (send: the endpoint's send_nowait or
+        send_frames_nowait); a failure to post aborts the comm."""
         self._sending += 1
         try:
-            if prepared is not None:
-                ep.send_nowait(prepared, callback=self._sent)
-            else:
-                ep.send_frames_nowait(frames, callback=self._sent)
+            send(obj, callback=self._sent)
         except BaseException as e:
             self._sending -= 1
             self.abort()
             if isinstance(e, gser.ucx.ConnectionClosedError):
                 raise _closed_error(self, "write", e) from e
             raise
-        return size
 
     def _sent(self, error):
         # A failed send failed the endpoint: the next read or write says so.
@@ -426,20 +435,7 @@ class GserComm(Comm):
         head = _PARTS_HEAD.pack(_PARTS_MAGIC, len(parts), len(counts)) + struct.pack(f"<{len(counts)}I", *counts)
         parts[0].insert(0, head)
         for part in parts:
-            try:
-                prepared = await offload(ep.prepare_frames, part, codec)
-            except gser.ucx.ConnectionClosedError as e:
-                self.abort()
-                raise _closed_error(self, "write", e) from e
-            self._sending += 1
-            try:
-                ep.send_nowait(prepared, callback=self._sent)
-            except BaseException as e:
-                self._sending -= 1
-                self.abort()
-                if isinstance(e, gser.ucx.ConnectionClosedError):
-                    raise _closed_error(self, "write", e) from e
-                raise
+            self._post(ep.send_nowait, await self._prepare(ep, part, codec))
 
     async def _read_parts(self, ep, frames):
         """The frames of a message written by _write_parts, whose first part
