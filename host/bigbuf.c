@@ -161,6 +161,14 @@ void gser__bigbuf_free(void *p, size_t n)
         munmap(p, len);
 }
 
+void *gser__bigbuf_shrink(void *p, size_t n, size_t used)
+{
+    if (n > GSER_BIGBUF_HEAP_MAX || used >= n)
+        return p; /* a mapping's untouched tail holds no memory */
+    void *q = realloc(p, used ? used : 1);
+    return q ? q : p;
+}
+
 void gser__bigbuf_release(void *data, void *arg)
 {
     gser__bigbuf_free(data, (size_t)(uintptr_t)arg);

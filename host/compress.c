@@ -105,6 +105,7 @@ gser_status_t gser__frames_compress(gser_frames_t *f, int method, int level, dou
             gser__bigbuf_free(out, cap);
             continue;
         }
+        out = gser__bigbuf_shrink(out, cap, n); /* compressed frames may be held long */
         if (!f->codecs && !(f->codecs = calloc(f->n, sizeof *f->codecs))) {
             gser__bigbuf_free(out, cap);
             st = gser__error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize: out of memory");

@@ -554,6 +554,10 @@ GSER_INTERNAL gser_status_t gser__codec_check_size(gser_context_t *ctx, const ch
  * thread. */
 GSER_INTERNAL void *gser__bigbuf_alloc(size_t n);
 GSER_INTERNAL void gser__bigbuf_free(void *p, size_t n);
+/* p (gser__bigbuf_alloc(n)) cut to its first used bytes where that gives
+ * memory back (a heap block; a mapping's untouched pages hold none): the
+ * buffer, perhaps moved; still freed with gser__bigbuf_free(p, n). */
+GSER_INTERNAL void *gser__bigbuf_shrink(void *p, size_t n, size_t used);
 /* gser__bigbuf_free as a gser_release_fn: arg is n. */
 GSER_INTERNAL void gser__bigbuf_release(void *data, void *arg);
 
