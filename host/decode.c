@@ -834,9 +834,10 @@ static gser_status_t dec_table_codec(dec_t *d, size_t i, uint64_t codec, uint64_
         return gser__error_set(d->ctx, GSER_ERR_LIMIT_NODES, "%s: the frame table has more items than the limit",
                                d->what);
     d->nodes_left -= 2;
-    if (codec != CODEC_LZ4 && codec != CODEC_ZSTD)
-        return gser__error_set(d->ctx, GSER_ERR_FORMAT, "%s: frame %zu has unknown codec %llu (1 lz4, 2 zstd)", d->what,
-                               i + 1, (unsigned long long)codec);
+    if (codec == CODEC_NONE || codec > CODEC_MAX)
+        return gser__error_set(d->ctx, GSER_ERR_FORMAT,
+                               "%s: frame %zu has unknown codec %llu (1 lz4, 2 zstd, 3 lz4 chunks, 4 zstd chunks)",
+                               d->what, i + 1, (unsigned long long)codec);
     if (mem != GSER_MEMORY_HOST)
         return gser__error_set(d->ctx, GSER_ERR_FORMAT, "%s: frame %zu is compressed but not host memory", d->what,
                                i + 1);
@@ -871,8 +872,8 @@ static gser_status_t dec_inflate(dec_t *d, size_t header_size)
         if (d->wire[i].memory != GSER_MEMORY_HOST)
             return gser__error_set(d->ctx, GSER_ERR_FRAME, "%s: frame %zu is compressed but was given in %s memory",
                                    d->what, i + 1, gser_memory_str(d->wire[i].memory));
-        gser_status_t st = gser__codec_check_size(d->ctx, d->what, i + 1, d->codecs[i].codec, d->wire[i].data,
-                                                  d->wire[i].size, d->codecs[i].raw);
+        gser_status_t st =
+            gser__codec_check_size(d->ctx, d->what, i + 1, &d->codecs[i], d->wire[i].data, d->wire[i].size);
         if (st)
             return st;
     }
@@ -892,7 +893,7 @@ static gser_status_t dec_inflate(dec_t *d, size_t header_size)
                                    "%s: out of memory for frame %zu (%zu bytes uncompressed)", d->what, i + 1, c->raw);
         c->buf = buf;
         gser_status_t st =
-            gser__codec_decompress(d->ctx, d->what, i + 1, c->codec, d->wire[i].data, d->wire[i].size, buf, c->raw);
+            gser__codec_decompress(d->ctx, d->what, i + 1, c, d->wire[i].data, d->wire[i].size, buf);
         if (st)
             return st;
         fr[i] = (gser_frame_t){.data = buf,
@@ -903,7 +904,7 @@ static gser_status_t dec_inflate(dec_t *d, size_t header_size)
                                .release_arg = (void *)(uintptr_t)c->raw};
         if (d->trace)
             gser__trace_line(d->trace, "deserialize frame %zu %s %zu bytes -> %zu bytes", i + 1,
-                             c->codec == CODEC_LZ4 ? "lz4" : "zstd", d->wire[i].size, c->raw);
+                             gser__codec_name(c->codec), d->wire[i].size, c->raw);
     }
     return GSER_OK;
 }

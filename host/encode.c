@@ -743,8 +743,7 @@ gser_status_t gser__serialize(gser_context_t *ctx, const gser_msg_t *msg, const 
     gser__packer_free(&e.pack);
     bool compressed = false;
     if (st == GSER_OK && opts->compression)
-        st = gser__frames_compress(f, opts->compression, opts->compression_level, opts->compression_threshold,
-                                   &compressed);
+        st = gser__frames_compress(f, opts, &compressed);
     if (st == GSER_OK) {
         if (compressed)
             hdr.p[7] = GSER_WIRE_VERSION; /* the positive fixint after the 7-byte magic */
@@ -777,7 +776,7 @@ gser_status_t gser__serialize(gser_context_t *ctx, const gser_msg_t *msg, const 
             if (f->codecs && f->codecs[i].codec)
                 gser__trace_line(e.trace, "serialize frame %zu %s %zu bytes, %s of %zu bytes", i,
                                  gser_memory_str(f->frames[i].memory), f->frames[i].size,
-                                 f->codecs[i].codec == CODEC_LZ4 ? "lz4" : "zstd", f->codecs[i].raw);
+                                 gser__codec_name(f->codecs[i].codec), f->codecs[i].raw);
             else
                 gser__trace_line(e.trace, "serialize frame %zu %s %zu bytes", i, gser_memory_str(f->frames[i].memory),
                                  f->frames[i].size);

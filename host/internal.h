@@ -510,10 +510,13 @@ GSER_INTERNAL gser_status_t gser__flat_write_open(const gser_frame_t *frames, si
 /* ---- frame compression (host/compress.c) ------------------------------------ */
 
 /* Wire codec of a compressed frame (the frame table's fourth field). */
-enum { CODEC_NONE = 0, CODEC_LZ4 = 1, CODEC_ZSTD = 2 };
+enum { CODEC_NONE = 0, CODEC_LZ4 = 1, CODEC_ZSTD = 2, CODEC_LZ4_CHUNKS = 3, CODEC_ZSTD_CHUNKS = 4 };
+#define CODEC_MAX CODEC_ZSTD_CHUNKS
 
 typedef struct frame_codec {
     uint8_t codec;  /* CODEC_*; NONE for a frame left as it was */
+    uint32_t chunk; /* CODEC_*_CHUNKS: the chunk size, the number of chunks and of compressed ones (reader) */
+    uint32_t nchunks, nsqueezed;
     size_t raw;     /* its uncompressed size */
     size_t size;    /* its compressed size */
     void *buf;      /* the decompressed or compressed bytes (gser__bigbuf_alloc), which the frame points at */
@@ -522,23 +525,28 @@ typedef struct frame_codec {
 
 /* Compress the host data frames of f where sampling says it pays
  * (gser_compression_t method, codec level). Sets f->codecs if one was
- * compressed; *any says so. */
-GSER_INTERNAL gser_status_t gser__frames_compress(gser_frames_t *f, int method, int level, double threshold,
-                                                 bool *any);
+ * compressed; *any says so. o gives the method, level, threshold and chunk
+ * size. */
+GSER_INTERNAL gser_status_t gser__frames_compress(gser_frames_t *f, const gser_serialize_options_t *o, bool *any);
 GSER_INTERNAL void gser__frames_codecs_free(gser_frames_t *f);
 
-/* Decompress frame data src[0..size) with codec into dst, which holds
- * exactly raw bytes: GSER_OK only when the data is valid and fills dst
- * exactly. The message (set as the context's error) names frame i. */
-GSER_INTERNAL gser_status_t gser__codec_decompress(gser_context_t *ctx, const char *what, size_t i, int codec,
-                                                   const void *src, size_t size, void *dst, size_t raw);
+/* Decompress frame data src[0..size) with c's codec into dst, which holds
+ * exactly c->raw bytes: GSER_OK only when the data is valid and fills dst
+ * exactly. gser__codec_check_size came first. The message (set as the
+ * context's error) names frame i. */
+GSER_INTERNAL gser_status_t gser__codec_decompress(gser_context_t *ctx, const char *what, size_t i,
+                                                   const frame_codec_t *c, const void *src, size_t size, void *dst);
 
 /* What raw size a codec's size bytes can decompress to at most (lz4: 255
  * bytes per byte) or declare (zstd: the frame's content size): GSER_OK if
  * raw is possible, else GSER_ERR_COMPRESSED naming frame i. Reads only the
- * zstd frame header. */
-GSER_INTERNAL gser_status_t gser__codec_check_size(gser_context_t *ctx, const char *what, size_t i, int codec,
-                                                   const void *src, size_t size, uint64_t raw);
+ * zstd frame header, and for chunks the chunk table, which must account
+ * for every byte (c's chunk fields are set from it). */
+GSER_INTERNAL gser_status_t gser__codec_check_size(gser_context_t *ctx, const char *what, size_t i,
+                                                   frame_codec_t *c, const void *src, size_t size);
+
+/* "lz4", "zstd", "lz4 chunks", "zstd chunks". */
+GSER_INTERNAL const char *gser__codec_name(int codec);
 
 /* ---- large host buffers (host/bigbuf.c) ------------------------------------- */
 

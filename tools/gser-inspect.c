@@ -317,7 +317,13 @@ int main(int argc, char **argv)
         int codec = GSER_COMPRESSION_NONE;
         size_t wire = frames[i].size;
         gser_msg_get_frame_codec(msg, i, &codec, &wire);
-        if (codec != GSER_COMPRESSION_NONE) {
+        size_t chunk = 0, nchunks = 0, squeezed = 0;
+        gser_msg_get_frame_chunks(msg, i, &chunk, &nchunks, &squeezed);
+        if (codec != GSER_COMPRESSION_NONE && nchunks) {
+            decompressed = true;
+            printf("  frame %zu: %zu bytes, %s of %zu bytes in %zu chunks of %zu bytes, %zu compressed\n", i, wire,
+                   codec == GSER_COMPRESSION_LZ4 ? "lz4" : "zstd", frames[i].size, nchunks, chunk, squeezed);
+        } else if (codec != GSER_COMPRESSION_NONE) {
             decompressed = true;
             printf("  frame %zu: %zu bytes, %s of %zu bytes\n", i, wire,
                    codec == GSER_COMPRESSION_LZ4 ? "lz4" : "zstd", frames[i].size);

@@ -69,6 +69,8 @@ typedef enum gser_compression {
 #define GSER_COMPRESS_SAMPLE_SIZE 10000 /**< bytes per sample (Dask's sample_size) */
 #define GSER_COMPRESS_NSAMPLES 5        /**< samples per frame (Dask's nsamples) */
 #define GSER_COMPRESS_THRESHOLD 0.9     /**< kept when compressed size <= this times the input (Dask's 0.9) */
+#define GSER_COMPRESS_CHUNK_MIN ((size_t)4096)    /**< smallest gser_serialize_options_t.compression_chunk_size */
+#define GSER_COMPRESS_CHUNK_MAX ((size_t)1 << 30) /**< largest gser_serialize_options_t.compression_chunk_size */
 
 /** Serialize options: start from GSER_SERIALIZE_OPTIONS_INIT, then set what you need. */
 typedef struct gser_serialize_options {
@@ -99,6 +101,16 @@ typedef struct gser_serialize_options {
      *  rather than a slow link may not gain by compressing what shrinks
      *  to only half. */
     double compression_threshold;
+    /** 0: each frame is compressed whole. Else a frame larger than this
+     *  is compressed in chunks of this many bytes (GSER_COMPRESS_CHUNK_MIN
+     *  to _MAX), each sampled and kept compressed only where it shrinks to
+     *  the threshold, the others stored as they are; the frame is kept so
+     *  when all of it shrinks to the threshold. A frame whose parts differ
+     *  (a block of pandas columns, one of them incompressible) then costs
+     *  codec time only where the codec pays. Readers from before this field
+     *  refuse such frames (wire codecs 3 and 4, docs/wire-format.md 3.3):
+     *  for files and peers of this build or newer. */
+    size_t compression_chunk_size;
 } gser_serialize_options_t;
 
 #define GSER_SERIALIZE_OPTIONS_INIT GSER_STRUCT_INIT(gser_serialize_options_t)
@@ -202,9 +214,21 @@ GSER_API gser_status_t gser_msg_wait(const gser_msg_t *msg);
  * version 3), GSER_COMPRESSION_NONE otherwise, and *wire_size the size it
  * had as given. gser_msg_get_frames has the decompressed frame, which the
  * message owns (the compressed one, if the message was handed it, is
- * released once it is decompressed).
+ * released once it is decompressed). A frame compressed in chunks
+ * (gser_serialize_options_t.compression_chunk_size) reports its codec too;
+ * gser_msg_get_frame_chunks tells its chunks.
  */
 GSER_API gser_status_t gser_msg_get_frame_codec(const gser_msg_t *msg, size_t i, int *codec, size_t *wire_size);
+
+/**
+ * The chunks of frame i of a deserialized message, for a frame that came
+ * compressed in chunks: *chunk_size the bytes of each (the last may be
+ * shorter), *nchunks how many, *ncompressed how many of those came
+ * compressed (the others were stored as they are). 0, 0, 0 for any other
+ * frame. GSER_ERR_OUT_OF_RANGE for i past the last frame.
+ */
+GSER_API gser_status_t gser_msg_get_frame_chunks(const gser_msg_t *msg, size_t i, size_t *chunk_size,
+                                                 size_t *nchunks, size_t *ncompressed);
 
 /**
  * Take ownership of frame i of a deserialized message (e.g. a received packed

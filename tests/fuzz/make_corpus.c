@@ -19,13 +19,14 @@
         }                                                                                                    \
     } while (0)
 
-/* Serialized with the families given (NULL: the default) and compression,
- * device work waited for. */
+/* Serialized with the families given (NULL: the default) and compression
+ * (in chunks of chunk bytes, 0: whole frames), device work waited for. */
 static int write_msg_codec(gser_context_t *ctx, gser_msg_t *m, const char *const *families, int compression,
-                           const char *dir, const char *name)
+                           size_t chunk, const char *dir, const char *name)
 {
     gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
     so.compression = compression;
+    so.compression_chunk_size = chunk;
     so.families = families;
     so.nfamilies = families ? 1 : 0;
     gser_frames_t *f;
@@ -146,7 +147,7 @@ found:;
 static int write_msg_with(gser_context_t *ctx, gser_msg_t *m, const char *const *families, const char *dir,
                           const char *name)
 {
-    return write_msg_codec(ctx, m, families, GSER_COMPRESSION_NONE, dir, name);
+    return write_msg_codec(ctx, m, families, GSER_COMPRESSION_NONE, 0, dir, name);
 }
 
 /* Write a then b (either may be empty) to path. */
@@ -320,8 +321,12 @@ int main(int argc, char **argv)
             CK(gser_list_append(root, v));
         }
         CK(gser_msg_set_root(m, root));
-        if (write_msg_codec(ctx, m, NULL, c ? GSER_COMPRESSION_ZSTD : GSER_COMPRESSION_LZ4, dir,
+        if (write_msg_codec(ctx, m, NULL, c ? GSER_COMPRESSION_ZSTD : GSER_COMPRESSION_LZ4, 0, dir,
                             c ? "compressed-zstd.gser" : "compressed-lz4.gser"))
+            return 1;
+        /* in chunks of the smallest size: three per frame, the noise's stored */
+        if (write_msg_codec(ctx, m, NULL, c ? GSER_COMPRESSION_ZSTD : GSER_COMPRESSION_LZ4, GSER_COMPRESS_CHUNK_MIN,
+                            dir, c ? "compressed-zstd-chunks.gser" : "compressed-lz4-chunks.gser"))
             return 1;
         {
             gser_serialize_options_t hs = GSER_SERIALIZE_OPTIONS_INIT;

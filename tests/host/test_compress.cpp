@@ -557,10 +557,277 @@ TEST(CompressDevice, DeviceAndStagedFramesAreNeverCompressed)
     gser_device_free(c, dev, kBig, nullptr);
 }
 
+// ---- frames compressed in chunks (codecs 3 and 4) ----
+
+constexpr size_t kChunk = 256 << 10;
+
+// 3 MiB: zeros, random bytes, sorted keys, 1 MiB each, so that with
+// kChunk the random third's 4 chunks cannot shrink and the other 8 do.
+std::string mixed_frame()
+{
+    auto keys = sorted_keys(kBig / 8);
+    auto noise = random_bytes(kBig);
+    return std::string(kBig, '\0') + std::string((const char *)noise.data(), kBig) +
+           std::string((const char *)keys.data(), kBig);
+}
+
+FramesPtr serialize_chunked(gser_context_t *ctx, gser_msg_t *m, int codec, size_t chunk, double threshold = 0)
+{
+    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
+    so.compression = codec;
+    so.compression_chunk_size = chunk;
+    so.compression_threshold = threshold;
+    return serialize(ctx, m, &so);
+}
+
+struct Chunks {
+    size_t chunk = 0, n = 0, squeezed = 0;
+};
+
+Chunks chunks_of(const gser_msg_t *m, size_t i)
+{
+    Chunks c;
+    EXPECT_EQ(gser_msg_get_frame_chunks(m, i, &c.chunk, &c.n, &c.squeezed), GSER_OK);
+    return c;
+}
+
+TEST_F(Compress, ChunksCompressOnlyWhereTheyShrink)
+{
+    std::string mixed = mixed_frame();
+    std::string small(10, 's');
+    for (int codec : {GSER_COMPRESSION_LZ4, GSER_COMPRESSION_ZSTD}) {
+        SCOPED_TRACE(codec);
+        auto m = two_buffers(ctx(), mixed.data(), mixed.size(), small.data(), small.size());
+        auto f = serialize_chunked(ctx(), m.get(), codec, kChunk);
+        ASSERT_TRUE(f) << gser_context_get_last_error(ctx());
+        EXPECT_EQ(header_version(f.get()), 3u);
+        const gser_frame_t *fr = gser_frames_get_array(f.get());
+        // the random MiB is stored as it is, plus the table; the rest shrinks
+        EXPECT_GT(fr[1].size, kBig);
+        EXPECT_LT(fr[1].size, kBig + kBig / 2);
+        std::vector<std::string> data{std::string((const char *)fr[1].data, fr[1].size)};
+        auto d = decode(ctx(), header_bytes(f.get()), data);
+        ASSERT_EQ(d.st, GSER_OK) << d.err;
+        EXPECT_TRUE(buffer_bytes(d.msg.get(), 0) == mixed);
+        int got = -1;
+        size_t wire = 0;
+        ASSERT_EQ(gser_msg_get_frame_codec(d.msg.get(), 1, &got, &wire), GSER_OK);
+        EXPECT_EQ(got, codec);
+        EXPECT_EQ(wire, fr[1].size);
+        Chunks c = chunks_of(d.msg.get(), 1);
+        EXPECT_EQ(c.chunk, kChunk);
+        EXPECT_EQ(c.n, 12u);
+        EXPECT_EQ(c.squeezed, 8u) << "the 4 chunks of random bytes are stored as they are";
+        c = chunks_of(d.msg.get(), 0);
+        EXPECT_EQ(c.n, 0u) << "the header has no chunks";
+        size_t a, b, e;
+        EXPECT_EQ(gser_msg_get_frame_chunks(d.msg.get(), 2, &a, &b, &e), GSER_ERR_OUT_OF_RANGE);
+    }
+}
+
+TEST_F(Compress, ChunksSpareTheCodecWhatTheWholeFrameWouldHaveSpentOnIt)
+{
+    // at 0.3, the whole mixed frame (about 0.45 with lz4) is not kept, while
+    // its chunks of zeros are: only chunks can keep a frame whose parts differ
+    std::string mixed = mixed_frame();
+    std::string small(10, 's');
+    auto m = two_buffers(ctx(), mixed.data(), mixed.size(), small.data(), small.size());
+    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
+    so.compression = GSER_COMPRESSION_LZ4;
+    so.compression_threshold = 0.3;
+    auto whole = serialize(ctx(), m.get(), &so);
+    ASSERT_TRUE(whole);
+    EXPECT_EQ(gser_frames_get_array(whole.get())[1].data, (const void *)mixed.data()) << "as it is, whole";
+    std::string part = mixed.substr(0, kBig) + mixed.substr(kBig, kBig / 4); // zeros, a quarter of noise
+    auto m2 = two_buffers(ctx(), part.data(), part.size(), small.data(), small.size());
+    auto f = serialize_chunked(ctx(), m2.get(), GSER_COMPRESSION_LZ4, kChunk, 0.3);
+    ASSERT_TRUE(f);
+    const gser_frame_t *fr = gser_frames_get_array(f.get());
+    EXPECT_LT(fr[1].size, part.size() * 3 / 10) << "zeros squeezed, the noise chunk stored";
+    EXPECT_GT(fr[1].size, kBig / 4);
+    std::vector<std::string> data{std::string((const char *)fr[1].data, fr[1].size)};
+    auto d = decode(ctx(), header_bytes(f.get()), data);
+    ASSERT_EQ(d.st, GSER_OK) << d.err;
+    EXPECT_TRUE(buffer_bytes(d.msg.get(), 0) == part);
+    EXPECT_EQ(chunks_of(d.msg.get(), 1).squeezed, 4u);
+    EXPECT_EQ(chunks_of(d.msg.get(), 1).n, 5u);
+}
+
+TEST_F(Compress, ChunkingLeavesSmallAndIncompressibleFramesAsBefore)
+{
+    auto keys = sorted_keys(kBig / 8);
+    auto noise = random_bytes(3 * kBig);
+    std::string small(10, 's');
+    // no larger than a chunk: compressed whole, as without chunks
+    auto m = two_buffers(ctx(), keys.data(), kBig, small.data(), small.size());
+    auto f = serialize_chunked(ctx(), m.get(), GSER_COMPRESSION_LZ4, kBig);
+    auto plain = serialize_with(ctx(), m.get(), GSER_COMPRESSION_LZ4);
+    ASSERT_TRUE(f && plain);
+    EXPECT_EQ(header_bytes(f.get()), header_bytes(plain.get())) << "codec 1, the same bytes";
+    // nothing shrinks: the frame is the caller's, untouched
+    auto m2 = two_buffers(ctx(), noise.data(), noise.size(), small.data(), small.size());
+    auto f2 = serialize_chunked(ctx(), m2.get(), GSER_COMPRESSION_LZ4, kChunk);
+    ASSERT_TRUE(f2);
+    EXPECT_EQ(gser_frames_get_array(f2.get())[1].data, (const void *)noise.data());
+    EXPECT_EQ(header_version(f2.get()), 2u);
+}
+
+TEST_F(Compress, BadChunkSizesAreRefusedAndOldCallersGetWholeFrames)
+{
+    std::string small(10, 's');
+    auto m = two_buffers(ctx(), small.data(), small.size(), small.data(), small.size());
+    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
+    so.compression = GSER_COMPRESSION_LZ4;
+    gser_frames_t *f = nullptr;
+    for (size_t c : {(size_t)1, GSER_COMPRESS_CHUNK_MIN - 1, GSER_COMPRESS_CHUNK_MAX + 1}) {
+        so.compression_chunk_size = c;
+        GSER_EXPECT(ctx(), GSER_ERR_INVALID_ARG, gser_serialize(ctx(), m.get(), &so, &f));
+        EXPECT_NE(std::string(gser_context_get_last_error(ctx())).find("compression_chunk_size"), std::string::npos);
+    }
+    EXPECT_EQ(f, nullptr);
+    // a struct that ends where compression_chunk_size begins (ASan faults on a read past it)
+    std::string mixed = mixed_frame();
+    auto m2 = two_buffers(ctx(), mixed.data(), mixed.size(), small.data(), small.size());
+    gser_serialize_options_t full = GSER_SERIALIZE_OPTIONS_INIT;
+    full.compression = GSER_COMPRESSION_LZ4;
+    size_t bytes = offsetof(gser_serialize_options_t, compression_chunk_size);
+    std::unique_ptr<unsigned char, decltype(&std::free)> old(static_cast<unsigned char *>(std::malloc(bytes)),
+                                                             &std::free);
+    std::memcpy(old.get(), &full, bytes);
+    std::memcpy(old.get(), &bytes, sizeof bytes);
+    ASSERT_EQ(gser_serialize(ctx(), m2.get(), reinterpret_cast<const gser_serialize_options_t *>(old.get()), &f),
+              GSER_OK)
+        << gser_context_get_last_error(ctx());
+    FramesPtr fp(f);
+    std::vector<std::string> data{std::string((const char *)gser_frames_get_array(f)[1].data,
+                                              gser_frames_get_array(f)[1].size)};
+    auto d = decode(ctx(), header_bytes(f), data);
+    ASSERT_EQ(d.st, GSER_OK) << d.err;
+    EXPECT_EQ(chunks_of(d.msg.get(), 1).n, 0u) << "compressed whole";
+}
+
+uint32_t le32(const std::string &s, size_t at)
+{
+    uint32_t v;
+    std::memcpy(&v, s.data() + at, 4);
+    return v;
+}
+
+void put_le32(std::string &s, size_t at, uint32_t v)
+{
+    std::memcpy(&s[at], &v, 4);
+}
+
+TEST_F(Compress, HostileChunkTablesGetSpecificErrorsNamingFrameAndChunk)
+{
+    std::string mixed = mixed_frame();
+    std::string small(10, 's');
+    for (int codec : {GSER_COMPRESSION_LZ4, GSER_COMPRESSION_ZSTD}) {
+        SCOPED_TRACE(codec);
+        auto m = two_buffers(ctx(), mixed.data(), mixed.size(), small.data(), small.size());
+        auto f = serialize_chunked(ctx(), m.get(), codec, kChunk);
+        ASSERT_TRUE(f);
+        std::string hdr = header_bytes(f.get());
+        std::string data((const char *)gser_frames_get_array(f.get())[1].data, gser_frames_get_array(f.get())[1].size);
+        ASSERT_EQ(decode(ctx(), hdr, {data}).st, GSER_OK);
+        const size_t table = 4, first = 4 + 4 * 12; // 12 chunks; chunk 4 is the first of noise (stored)
+        ASSERT_EQ(le32(data, 0), kChunk);
+        ASSERT_TRUE(le32(data, table + 4 * 4) & 0x80000000u);
+        ASSERT_FALSE(le32(data, table + 4 * 0) & 0x80000000u);
+        auto resized = [&](const std::string &d) {
+            return retable(hdr, [&](msgpack_object &t, msgpack_zone *) { field(t, 0, 0).via.u64 = d.size(); });
+       };
+        auto with_raw = [&](uint64_t raw) {
+            return retable(hdr, [&](msgpack_object &t, msgpack_zone *) { field(t, 0, 4).via.u64 = raw; });
+       };
+        struct Case {
+            const char *name;
+            std::string hdr, data;
+            const char *says;
+       };
+        std::vector<Case> cases;
+        for (uint32_t c : {0u, 4095u, (1u << 30) + 1, 0xffffffffu}) {
+            std::string d = data;
+            put_le32(d, 0, c);
+            cases.push_back({"chunk size", hdr, d, "outside"});
+        }
+        cases.push_back({"no chunk size", resized("ab"), "ab", "hold no chunk size"});
+        {
+            std::string d = data; // 2 GiB in chunks of 4 KiB: a table of 2 MiB in a frame of about 1.3 MiB
+            put_le32(d, 0, 4096);
+            cases.push_back({"a table longer than the frame", with_raw(1ull << 31), d, "need a table"});
+        }
+        {
+            std::string d = data;
+            put_le32(d, table + 4 * 4, (uint32_t)(kChunk - 1) | 0x80000000u);
+            cases.push_back({"a stored chunk of the wrong size", hdr, d, "frame 1, chunk 4 is stored as"});
+        }
+        {
+            std::string d = data;
+            put_le32(d, table + 4 * 11, 0x7fffffffu);
+            cases.push_back({"a chunk past the end", hdr, d, "frame 1, chunk 11: 2147483647 bytes"});
+        }
+        {
+            std::string d = data + "x";
+            cases.push_back({"a byte left over", resized(d), d, "its chunks end at byte"});
+        }
+        {
+            std::string d = data.substr(0, data.size() - 16);
+            cases.push_back({"cut", resized(d), d, "frame 1, chunk 11"});
+        }
+        {
+            std::string d = data;
+            for (size_t k = first; k < first + le32(data, table); k++)
+                d[k] = '\xff';
+            cases.push_back({"garbage in chunk 0", hdr, d, "frame 1, chunk 0"});
+        }
+        cases.push_back({"declared one byte more", with_raw(3 * kBig + 1), data, "frame 1"});
+        cases.push_back({"declared one byte less", with_raw(3 * kBig - 1), data, "frame 1"});
+        for (auto &c : cases) {
+            SCOPED_TRACE(c.name);
+            Decoded d = decode(ctx(), c.hdr, {c.data});
+            EXPECT_EQ(d.st, GSER_ERR_COMPRESSED) << d.err;
+            EXPECT_NE(d.err.find(c.says), std::string::npos) << d.err;
+        }
+        // any byte of the table changed: a clean refusal or the same bytes, never a crash
+        for (size_t k = 0; k < first; k++) {
+            std::string d = data;
+            d[k] ^= (char)(0x5a + k);
+            Decoded r = decode(ctx(), hdr, {d});
+            if (r.st == GSER_OK)
+                EXPECT_TRUE(buffer_bytes(r.msg.get(), 0) == mixed) << k;
+            else
+                EXPECT_EQ(r.st, GSER_ERR_COMPRESSED) << k << ": " << r.err;
+        }
+    }
+}
+
 } // namespace
 
 #ifdef GSER_INSPECT_PATH
 namespace {
+// What gser-inspect prints of f's flattened form.
+std::string inspect(const gser_frames_t *f, const char *tag)
+{
+    std::string path = "/tmp/gser-test-" + std::to_string(getpid()) + "-" + tag + ".gser";
+    FILE *out = fopen(path.c_str(), "wb");
+    EXPECT_TRUE(out);
+    if (!out)
+        return "";
+    EXPECT_EQ(gser_flat_write_file(gser_frames_get_array(f), gser_frames_get_count(f), out), GSER_OK);
+    fclose(out);
+    FILE *p = popen((std::string(GSER_INSPECT_PATH) + " " + path).c_str(), "r");
+    EXPECT_TRUE(p);
+    std::string text;
+    char buf[4096];
+    size_t n;
+    while (p && (n = fread(buf, 1, sizeof buf, p)) > 0)
+        text.append(buf, n);
+    EXPECT_EQ(p ? pclose(p) : -1, 0) << text;
+    unlink(path.c_str());
+    return text;
+}
+
 TEST_F(Compress, InspectShowsTheCodecAndBothSizes)
 {
     auto keys = sorted_keys(kBig / 8);
@@ -569,24 +836,26 @@ TEST_F(Compress, InspectShowsTheCodecAndBothSizes)
     auto f = serialize_with(ctx(), m.get(), GSER_COMPRESSION_LZ4);
     ASSERT_TRUE(f);
     size_t wire = gser_frames_get_array(f.get())[1].size;
-    std::string path = "/tmp/gser-test-" + std::to_string(getpid()) + "-compressed.gser";
-    FILE *out = fopen(path.c_str(), "wb");
-    ASSERT_TRUE(out);
-    ASSERT_EQ(gser_flat_write_file(gser_frames_get_array(f.get()), gser_frames_get_count(f.get()), out), GSER_OK);
-    fclose(out);
-    FILE *p = popen((std::string(GSER_INSPECT_PATH) + " " + path).c_str(), "r");
-    ASSERT_TRUE(p);
-    std::string text;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0)
-        text.append(buf, n);
-    EXPECT_EQ(pclose(p), 0) << text;
-    unlink(path.c_str());
+    std::string text = inspect(f.get(), "compressed");
     EXPECT_NE(text.find("wire format 3"), std::string::npos) << text;
     EXPECT_NE(text.find("frame 1: " + std::to_string(wire) + " bytes, lz4 of 1048576 bytes"), std::string::npos)
         << text;
     EXPECT_NE(text.find("buffer uint8 1048576 bytes host, frame 1"), std::string::npos) << text;
+}
+
+TEST_F(Compress, InspectShowsTheChunks)
+{
+    std::string mixed = mixed_frame();
+    std::string small(10, 's');
+    auto m = two_buffers(ctx(), mixed.data(), mixed.size(), small.data(), small.size());
+    auto f = serialize_chunked(ctx(), m.get(), GSER_COMPRESSION_ZSTD, kChunk);
+    ASSERT_TRUE(f);
+    size_t wire = gser_frames_get_array(f.get())[1].size;
+    std::string text = inspect(f.get(), "chunks");
+    EXPECT_NE(text.find("frame 1: " + std::to_string(wire) +
+                        " bytes, zstd of 3145728 bytes in 12 chunks of 262144 bytes, 8 compressed"),
+              std::string::npos)
+        << text;
 }
 } // namespace
 #endif
