@@ -34,17 +34,19 @@ def _seekable(file):
         return False
 
 
-def dump(obj, file, families=None, compression=None, compression_threshold=None):
-    """dump(obj, file, families=('host',), compression=None, compression_threshold=None) -> int
+def dump(obj, file, families=None, compression=None, compression_threshold=None, compression_chunk_size=None):
+    """dump(obj, file, families=('host',), compression=None, compression_threshold=None,
+            compression_chunk_size=None) -> int
 
     Write obj in gser's flattened form (the bytes to_bytes returns) to file:
     a path (created or truncated), a descriptor, or a binary file object,
     at its current position. Returns the number of bytes written. Pipes and
     sockets work (nothing seeks); a stream may carry messages back to back.
     A full disk raises OSError (ENOSPC) and leaves a partial file.
-    compression=None, "lz4", "zstd" or "auto", and compression_threshold,
-    as for dumps."""
-    kw = {"compression": compression, "compression_threshold": compression_threshold}
+    compression=None, "lz4", "zstd" or "auto", compression_threshold and
+    compression_chunk_size, as for dumps."""
+    kw = {"compression": compression, "compression_threshold": compression_threshold,
+          "compression_chunk_size": compression_chunk_size}
     if isinstance(file, int):
         return _dump_fd(obj, file, families, **kw)
     if isinstance(file, _PATH):

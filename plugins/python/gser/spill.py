@@ -347,7 +347,8 @@ class SpillStore(MutableMapping):
     def _dump(self, obj, path, n) -> str:
         try:
             if self.compression == "auto":
-                gser.dump(obj, path, compression="lz4", compression_threshold=_SQUEEZE)
+                gser.dump(obj, path, compression="lz4", compression_threshold=_SQUEEZE,
+                          compression_chunk_size=_CHUNK)
             else:
                 gser.dump(obj, path, compression=self.compression)
             return _GSER
@@ -386,6 +387,9 @@ class SpillStore(MutableMapping):
 # compress than to move through the page cache; frames of counters (about
 # 0.5) or of random floats (1.0) are written as they are.
 _SQUEEZE = 0.3
+# ... decided chunk by chunk: a block of pandas columns of which one does not
+# compress that well costs lz4 time only for the others.
+_CHUNK = 1 << 20
 
 
 def _dask_frames(obj):

@@ -116,15 +116,15 @@ PyObject *pg_flat_bytes_adopt(pg_state_t *s, pg_flat_mem_t *m, size_t len)
 }
 
 PyObject *pg_to_flat_bytes(pg_state_t *s, PyObject *obj, PyObject *families, PyObject *compression,
-                           PyObject *threshold)
+                           PyObject *threshold, PyObject *chunk)
 {
     int codec;
-    double t;
-    if (pg_compression_parse(compression, &codec) < 0 || pg_threshold_parse(threshold, &t) < 0)
+    pg_encode_options_t eo = {0};
+    if (pg_squeeze_parse(compression, threshold, chunk, &codec, &eo) < 0)
         return NULL;
     pg_flat_mem_t mem = {0};
     size_t written = 0;
-    if (pg_serialize_flat(s, obj, families, codec, t, pg_flat_mem_alloc, &mem, &written) < 0) {
+    if (pg_serialize_flat(s, obj, families, codec, &eo, pg_flat_mem_alloc, &mem, &written) < 0) {
         if (mem.data)
             pg_flat_mem_free(&mem);
         return NULL;
@@ -266,13 +266,14 @@ static PyType_Spec flat_bytes_spec = {
 static PyObject *py_dump_fd(PyObject *self, PyObject *args, PyObject *kw)
 {
     pg_state_t *s = pg_state_of_module(self);
-    static char *kwlist[] = {"obj", "fd", "families", "compression", "compression_threshold", NULL};
-    PyObject *obj, *families = NULL, *compression = NULL, *threshold = NULL;
+    static char *kwlist[] = {"obj", "fd", "families", "compression", "compression_threshold",
+                             "compression_chunk_size", NULL};
+    PyObject *obj, *families = NULL, *compression = NULL, *threshold = NULL, *chunk = NULL;
     int fd;
     pg_flat_t fl;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi|OOO:_dump_fd", kwlist, &obj, &fd, &families, &compression,
-                                     &threshold) ||
-        pg_flat_prepare(s, obj, families, compression, threshold, &fl) < 0)
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi|OOOO:_dump_fd", kwlist, &obj, &fd, &families, &compression,
+                                     &threshold, &chunk) ||
+        pg_flat_prepare(s, obj, families, compression, threshold, chunk, &fl) < 0)
         return NULL;
     gser_status_t st;
     Py_BEGIN_ALLOW_THREADS
@@ -333,12 +334,13 @@ static gser_status_t write_piece(void *arg, const void *data, size_t size)
 static PyObject *py_dump_write(PyObject *self, PyObject *args, PyObject *kw)
 {
     pg_state_t *s = pg_state_of_module(self);
-    static char *kwlist[] = {"obj", "write", "families", "compression", "compression_threshold", NULL};
-    PyObject *obj, *write, *families = NULL, *compression = NULL, *threshold = NULL;
+    static char *kwlist[] = {"obj", "write", "families", "compression", "compression_threshold",
+                             "compression_chunk_size", NULL};
+    PyObject *obj, *write, *families = NULL, *compression = NULL, *threshold = NULL, *chunk = NULL;
     pg_flat_t fl;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOO:_dump_write", kwlist, &obj, &write, &families, &compression,
-                                     &threshold) ||
-        pg_flat_prepare(s, obj, families, compression, threshold, &fl) < 0)
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOOO:_dump_write", kwlist, &obj, &write, &families, &compression,
+                                     &threshold, &chunk) ||
+        pg_flat_prepare(s, obj, families, compression, threshold, chunk, &fl) < 0)
         return NULL;
     gser_status_t st = gser_flat_write_sink(fl.fr, fl.n, write_piece, write);
     Py_DECREF(fl.owner);

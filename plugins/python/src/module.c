@@ -22,7 +22,7 @@
 
 PyDoc_STRVAR(dumps_doc,
 "dumps(obj, families=('device', 'host'), *, strict=False, compression=None,\n"
-"      compression_threshold=None) -> (header, frames)\n\n"
+"      compression_threshold=None, compression_chunk_size=None) -> (header, frames)\n\n"
 "Serialize obj into a header (bytes: gser's msgpack header) and a list of\n"
 "frames: memoryviews over host memory, gser.DeviceFrame objects for device\n"
 "memory. Frames borrow obj's buffers (numpy arrays, __cuda_array_interface__\n"
@@ -46,21 +46,27 @@ PyDoc_STRVAR(dumps_doc,
 "maybe_compress does; such frames are gser's compressed copies, and the\n"
 "header is wire version 3. loads decompresses them. compression_threshold\n"
 "(in (0, 1], default 0.9) keeps a frame compressed only where its sample and\n"
-"its whole shrink to that fraction or less.");
+"its whole shrink to that fraction or less. compression_chunk_size (bytes,\n"
+"4096 to 2**30; default None: whole frames) compresses each frame larger\n"
+"than that in chunks of that size, each sampled and kept compressed only\n"
+"where it shrinks to the threshold (the others stored as they are): a\n"
+"frame whose parts differ, a block of pandas columns one of which does not\n"
+"compress, costs codec time only where the codec pays. Only gser builds\n"
+"that know chunks (wire codecs 3 and 4) read such frames.");
 
 static PyObject *py_dumps(PyObject *self, PyObject *args, PyObject *kw)
 {
     pg_state_t *s = pg_state_of_module(self);
     static char *kwlist[] = {"obj",         "families", "strict", "decline", "writable_header", "compression",
-                             "compression_threshold", NULL};
-    PyObject *obj, *families = NULL, *compression = NULL, *threshold = NULL;
+                             "compression_threshold", "compression_chunk_size", NULL};
+    PyObject *obj, *families = NULL, *compression = NULL, *threshold = NULL, *chunk = NULL;
     const char *decline = NULL;
     int strict = 0, writable_header = 0, codec;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$pzpOO:dumps", kwlist, &obj, &families, &strict, &decline,
-                                     &writable_header, &compression, &threshold))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$pzpOOO:dumps", kwlist, &obj, &families, &strict, &decline,
+                                     &writable_header, &compression, &threshold, &chunk))
         return NULL;
     pg_encode_options_t eo = {.strict = strict};
-    if (pg_compression_parse(compression, &codec) < 0 || pg_threshold_parse(threshold, &eo.compression_threshold) < 0)
+    if (pg_squeeze_parse(compression, threshold, chunk, &codec, &eo) < 0)
         return NULL;
     if (decline && strcmp(decline, "object") == 0)
         eo.decline = PG_DECLINE_OBJECT;
@@ -114,7 +120,8 @@ static PyObject *py_dumps(PyObject *self, PyObject *args, PyObject *kw)
 }
 
 PyDoc_STRVAR(to_bytes_doc,
-"to_bytes(obj, families=('host',), *, compression=None, compression_threshold=None) -> gser.FlatBytes\n\n"
+"to_bytes(obj, families=('host',), *, compression=None, compression_threshold=None,\n"
+"         compression_chunk_size=None) -> gser.FlatBytes\n\n"
 "Serialize obj into gser's flattened form: one immutable bytes-like object\n"
 "(gser.FlatBytes: the buffer protocol, len, indexing, slicing, ==, bytes())\n"
 "holding the header and every frame, copied once into memory allocated for\n"
@@ -123,15 +130,16 @@ PyDoc_STRVAR(to_bytes_doc,
 "missing), so device buffers and device Arrow tables are copied by one\n"
 "batch straight from the device into their places in it (one copy each);\n"
 "from_bytes(b, device=True) puts them back on the device.\n"
-"compression and compression_threshold as for dumps.");
+"compression, compression_threshold and compression_chunk_size as for dumps.");
 
 static PyObject *py_to_bytes(PyObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"obj", "families", "compression", "compression_threshold", NULL};
-    PyObject *obj, *families = NULL, *compression = NULL, *threshold = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$OO:to_bytes", kwlist, &obj, &families, &compression, &threshold))
+    static char *kwlist[] = {"obj", "families", "compression", "compression_threshold", "compression_chunk_size", NULL};
+    PyObject *obj, *families = NULL, *compression = NULL, *threshold = NULL, *chunk = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$OOO:to_bytes", kwlist, &obj, &families, &compression, &threshold,
+                                     &chunk))
         return NULL;
-    return pg_to_flat_bytes(pg_state_of_module(self), obj, families, compression, threshold);
+    return pg_to_flat_bytes(pg_state_of_module(self), obj, families, compression, threshold, chunk);
 }
 
 /* ---- deserializing ------------------------------------------------------------------------ */

@@ -258,8 +258,10 @@ typedef struct pg_encode_options {
     /* PG_DECLINE_*: raise gser.Declined (a NotImplementedError) as soon as
      * gser is estimated to be slower than Dask's own path would be. */
     int decline;
-    /* gser_serialize_options_t.compression_threshold (0: the default). */
+    /* gser_serialize_options_t.compression_threshold (0: the default) and
+     * .compression_chunk_size (0: whole frames). */
     double compression_threshold;
+    size_t compression_chunk_size;
 } pg_encode_options_t;
 
 /* Build the tree of obj as the root of owner->msg (created here). */
@@ -480,9 +482,12 @@ PgOwner *pg_serialize(pg_state_t *s, PyObject *obj, PyObject *families, const pg
                       int compression);
 /* None, "lz4", "zstd", "auto" -> a gser_compression_t; -1 with ValueError. */
 int pg_compression_parse(PyObject *o, int *out);
-/* compression_threshold=: None -> 0 (the default), else a number in (0, 1];
- * -1 with ValueError or TypeError. */
-int pg_threshold_parse(PyObject *o, double *out);
+/* compression=, compression_threshold= (None -> 0, the default, else a
+ * number in (0, 1]) and compression_chunk_size= (None or 0 -> whole frames,
+ * else GSER_COMPRESS_CHUNK_MIN.._MAX bytes): *codec and eo's two fields; -1
+ * with ValueError or TypeError. */
+int pg_squeeze_parse(PyObject *compression, PyObject *threshold, PyObject *chunk, int *codec,
+                     pg_encode_options_t *eo);
 
 /* Memory for a FlatBytes that gser_serialize_flat fills (flatio.c):
  * pg_flat_mem_alloc is its gser_flat_alloc_fn (no GIL needed), adopt makes
@@ -500,13 +505,12 @@ PyObject *pg_device_stats(PyObject *self, PyObject *args);
 /* to_bytes: obj serialized straight into a FlatBytes (device buffers copied
  * once, into it). NULL with an exception set. */
 PyObject *pg_to_flat_bytes(pg_state_t *s, PyObject *obj, PyObject *families, PyObject *compression,
-                           PyObject *threshold);
+                           PyObject *threshold, PyObject *chunk);
 
 /* Serialize obj straight into its flattened form, in memory alloc returns
- * (gser_serialize_flat; codec and threshold as pg_compression_parse and
- * pg_threshold_parse give them). 0, or -1 with an exception set (what alloc
- * returned is the caller's to free). */
-int pg_serialize_flat(pg_state_t *s, PyObject *obj, PyObject *families, int codec, double threshold,
+ * (gser_serialize_flat; codec and eo as pg_squeeze_parse gives them). 0, or
+ * -1 with an exception set (what alloc returned is the caller's to free). */
+int pg_serialize_flat(pg_state_t *s, PyObject *obj, PyObject *families, int codec, const pg_encode_options_t *eo,
                       gser_flat_alloc_fn alloc, void *alloc_arg, size_t *written);
 
 /* A message serialized in the flattened form, ready to be written. */
@@ -516,11 +520,11 @@ typedef struct pg_flat {
     size_t n;
     size_t size;             /* the flattened form's bytes */
 } pg_flat_t;
-/* Serialize obj for the flattened form (compression: None or a codec name,
- * as pg_compression_parse reads it; threshold as pg_threshold_parse) and
- * size it. 0, or -1 with an exception set and nothing held. */
+/* Serialize obj for the flattened form (compression, threshold and chunk
+ * as pg_squeeze_parse reads them) and size it. 0, or -1 with an exception
+ * set and nothing held. */
 int pg_flat_prepare(pg_state_t *s, PyObject *obj, PyObject *families, PyObject *compression, PyObject *threshold,
-                    pg_flat_t *out);
+                    PyObject *chunk, pg_flat_t *out);
 
 /* Wait for the device copies gser made while deserializing msg. 0, or -1
  * with an exception set. */

@@ -100,7 +100,7 @@ int pg_compression_parse(PyObject *o, int *out)
     return 0;
 }
 
-int pg_threshold_parse(PyObject *o, double *out)
+static int threshold_parse(PyObject *o, double *out)
 {
     if (!o || o == Py_None) {
         *out = 0;
@@ -114,6 +114,37 @@ int pg_threshold_parse(PyObject *o, double *out)
         return -1;
     }
     *out = t;
+    return 0;
+}
+
+static int chunk_parse(PyObject *o, size_t *out)
+{
+    *out = 0;
+    if (!o || o == Py_None)
+        return 0;
+    if (!PyLong_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "compression_chunk_size must be an int or None, not %R", o);
+        return -1;
+    }
+    int overflow = 0;
+    long long n = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (n == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow || (n != 0 && (n < (long long)GSER_COMPRESS_CHUNK_MIN || n > (long long)GSER_COMPRESS_CHUNK_MAX))) {
+        PyErr_Format(PyExc_ValueError, "compression_chunk_size must be 0 (whole frames) or %zu to %zu bytes, not %R",
+                     GSER_COMPRESS_CHUNK_MIN, GSER_COMPRESS_CHUNK_MAX, o);
+        return -1;
+    }
+    *out = (size_t)n;
+    return 0;
+}
+
+int pg_squeeze_parse(PyObject *compression, PyObject *threshold, PyObject *chunk, int *codec,
+                     pg_encode_options_t *eo)
+{
+    if (pg_compression_parse(compression, codec) < 0 || threshold_parse(threshold, &eo->compression_threshold) < 0 ||
+        chunk_parse(chunk, &eo->compression_chunk_size) < 0)
+        return -1;
     return 0;
 }
 
@@ -133,6 +164,7 @@ PgOwner *pg_serialize(pg_state_t *s, PyObject *obj, PyObject *families, const pg
     gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
     so.compression = compression;
     so.compression_threshold = eo->compression_threshold;
+    so.compression_chunk_size = eo->compression_chunk_size;
     if (fam.n) {
         so.families = fam.names;
         so.nfamilies = fam.n;
@@ -165,7 +197,7 @@ fail:
     return NULL;
 }
 
-int pg_serialize_flat(pg_state_t *s, PyObject *obj, PyObject *families, int codec, double threshold,
+int pg_serialize_flat(pg_state_t *s, PyObject *obj, PyObject *families, int codec, const pg_encode_options_t *eo,
                       gser_flat_alloc_fn alloc, void *alloc_arg, size_t *written)
 {
     fam_list_t fam;
@@ -177,11 +209,11 @@ int pg_serialize_flat(pg_state_t *s, PyObject *obj, PyObject *families, int code
         return -1;
     }
     int rc = -1;
-    pg_encode_options_t eo = {0};
-    if (pg_encode(owner, obj, &eo) == 0) {
+    if (pg_encode(owner, obj, eo) == 0) {
         gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
         so.compression = codec;
-        so.compression_threshold = threshold;
+        so.compression_threshold = eo->compression_threshold;
+        so.compression_chunk_size = eo->compression_chunk_size;
         if (fam.n) {
             so.families = fam.names;
             so.nfamilies = fam.n;
@@ -201,11 +233,11 @@ int pg_serialize_flat(pg_state_t *s, PyObject *obj, PyObject *families, int code
 }
 
 int pg_flat_prepare(pg_state_t *s, PyObject *obj, PyObject *families, PyObject *compression, PyObject *threshold,
-                    pg_flat_t *out)
+                    PyObject *chunk, pg_flat_t *out)
 {
     int codec;
     pg_encode_options_t eo = {0};
-    if (pg_compression_parse(compression, &codec) < 0 || pg_threshold_parse(threshold, &eo.compression_threshold) < 0)
+    if (pg_squeeze_parse(compression, threshold, chunk, &codec, &eo) < 0)
         return -1;
     PgOwner *owner = pg_serialize(s, obj, families, &eo, true, codec);
     if (!owner)
