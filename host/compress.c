@@ -105,7 +105,8 @@ static int chunks_base(int codec)
 
 /* src[0..n) in chunks into a new buffer (*out, capacity *cap, *size bytes
  * used), each chunk compressed where its sample and itself shrink to the
- * threshold; *out NULL when no chunk did or the whole did not. */
+ * threshold; *out NULL when no chunk did or the whole did not shrink to
+ * 0.9 (or the threshold, if higher). */
 static gser_status_t chunks_compress(gser_context_t *ctx, const squeeze_t *q, size_t i, const char *src, size_t n,
                                      size_t chunk, void **out, size_t *cap, size_t *size)
 {
@@ -137,7 +138,9 @@ static gser_status_t chunks_compress(gser_context_t *ctx, const squeeze_t *q, si
         }
         at += z;
     }
-    if (!any || !pays(at, n, q->threshold)) {
+    /* each kept chunk paid at the threshold; the whole must save enough to
+     * be worth the copy of the chunks stored as they are */
+    if (!any || !pays(at, n, q->threshold > GSER_COMPRESS_THRESHOLD ? q->threshold : GSER_COMPRESS_THRESHOLD)) {
         gser__bigbuf_free(buf, c);
         return GSER_OK;
     }

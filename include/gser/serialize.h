@@ -105,7 +105,8 @@ typedef struct gser_serialize_options {
      *  is compressed in chunks of this many bytes (GSER_COMPRESS_CHUNK_MIN
      *  to _MAX), each sampled and kept compressed only where it shrinks to
      *  the threshold, the others stored as they are; the frame is kept so
-     *  when all of it shrinks to the threshold. A frame whose parts differ
+     *  when all of it shrinks to GSER_COMPRESS_THRESHOLD (or the threshold,
+     *  if higher). A frame whose parts differ
      *  (a block of pandas columns, one of them incompressible) then costs
      *  codec time only where the codec pays. Readers from before this field
      *  refuse such frames (wire codecs 3 and 4, docs/wire-format.md 3.3):

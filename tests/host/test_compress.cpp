@@ -651,6 +651,14 @@ TEST_F(Compress, ChunksSpareTheCodecWhatTheWholeFrameWouldHaveSpentOnIt)
     EXPECT_TRUE(buffer_bytes(d.msg.get(), 0) == part);
     EXPECT_EQ(chunks_of(d.msg.get(), 1).squeezed, 4u);
     EXPECT_EQ(chunks_of(d.msg.get(), 1).n, 5u);
+    // one chunk of zeros after 3 MiB of noise saves less than a tenth: not
+    // worth copying the noise, the frame stays as it is
+    auto noise = random_bytes(3 * kBig);
+    std::string most = std::string((const char *)noise.data(), noise.size()) + std::string(kChunk, '\0');
+    auto m3 = two_buffers(ctx(), most.data(), most.size(), small.data(), small.size());
+    auto f3 = serialize_chunked(ctx(), m3.get(), GSER_COMPRESSION_LZ4, kChunk, 0.3);
+    ASSERT_TRUE(f3);
+    EXPECT_EQ(gser_frames_get_array(f3.get())[1].data, (const void *)most.data());
 }
 
 TEST_F(Compress, ChunkingLeavesSmallAndIncompressibleFramesAsBefore)

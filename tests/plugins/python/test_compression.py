@@ -2,6 +2,7 @@
 which loads / from_bytes / load read without being told; what is left as it
 is (random data, small frames, device frames); bad arguments."""
 
+import io
 import os
 
 import pytest
@@ -121,6 +122,44 @@ def test_bad_compression_threshold():
                 call(1, compression="lz4", compression_threshold=bad)
     with pytest.raises(TypeError):
         gser.dumps(1, compression="lz4", compression_threshold="half")
+
+
+def test_chunks_compress_only_the_parts_of_a_frame_that_shrink(tmp_path):
+    # a block of two columns, as pandas keeps them: a counter (lz4: half)
+    # and ones (lz4: almost nothing); at 0.3 only the ones' chunks pay
+    m = N // 2
+    block = np.stack([np.arange(m, dtype=np.float64), np.ones(m)])
+    chunk = 1 << 20
+    header, frames = gser.dumps(block, compression="lz4", compression_threshold=0.3, compression_chunk_size=chunk)
+    assert header[7] == 3
+    size = memoryview(frames[0]).nbytes
+    assert 8 * m < size < 8 * m + chunk // 8, size  # the counter's chunks stored, the ones' squeezed
+    np.testing.assert_array_equal(gser.loads(header, frames), block)
+    whole = gser.dumps(block, compression="lz4", compression_threshold=0.3)[1]
+    assert memoryview(whole[0]).nbytes < 8 * m  # whole: the counter is compressed with the rest
+    b = gser.to_bytes(block, compression="lz4", compression_threshold=0.3, compression_chunk_size=chunk)
+    path = tmp_path / "chunks.gser"
+    assert gser.dump(block, path, compression="lz4", compression_threshold=0.3, compression_chunk_size=chunk) == len(b)
+    assert path.read_bytes() == bytes(b)
+    for back in (gser.from_bytes(b), gser.load(path), gser.load(path, mmap=True)):
+        np.testing.assert_array_equal(back, block)
+    # no larger than a chunk: compressed whole, the same bytes as without chunks
+    small = np.arange(chunk // 8, dtype=np.int64)
+    assert gser.to_bytes(small, compression="lz4", compression_chunk_size=chunk) == gser.to_bytes(
+        small, compression="lz4")
+
+
+def test_bad_compression_chunk_size():
+    for bad in (1, 4095, (1 << 30) + 1, -1, 1 << 70):
+        for call in (gser.dumps, gser.to_bytes):
+            with pytest.raises(ValueError, match="compression_chunk_size"):
+                call(1, compression="lz4", compression_chunk_size=bad)
+    with pytest.raises(ValueError, match="compression_chunk_size"):
+        gser.dump(1, io.BytesIO(), compression="lz4", compression_chunk_size=1)
+    with pytest.raises(TypeError, match="compression_chunk_size"):
+        gser.dumps(1, compression="lz4", compression_chunk_size="1MiB")
+    for fine in (None, 0, 4096, 1 << 30):
+        assert gser.loads(*gser.dumps(1, compression="lz4", compression_chunk_size=fine)) == 1
 
 
 class Dev:
