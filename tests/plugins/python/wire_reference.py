@@ -207,11 +207,47 @@ def read(header, frames):
 
 
 def _decompress(entry, f):
-    """3.3: codec 1 is one LZ4 block, codec 2 one Zstandard frame; the data
-    must decompress to exactly raw bytes."""
+    """3.3: codec 1 is one LZ4 block, codec 2 one Zstandard frame, codecs 3
+    and 4 the same in chunks; the data must decompress to exactly raw bytes."""
     _, memory, _, codec, raw = entry
-    if memory != 0 or codec not in (1, 2) or not _is_uint(raw) or raw == 0:
+    if memory != 0 or codec not in (1, 2, 3, 4) or not _is_uint(raw) or raw == 0:
         raise WireError(f"bad compressed frame entry {entry!r}")
+    if codec in (3, 4):
+        return _chunks(codec - 2, raw, f)
+    return _block(codec, raw, f)
+
+
+def _chunks(codec, raw, f):
+    """u32 chunk size, u32 per chunk (bit 31: stored as it is), the chunks."""
+    import struct
+
+    f = bytes(f)
+    if len(f) < 4:
+        raise WireError("chunked frame without a chunk size")
+    (chunk,) = struct.unpack_from("<I", f)
+    if not 4096 <= chunk <= 1 << 30:
+        raise WireError(f"chunk size {chunk}")
+    n = -(-raw // chunk)
+    if 4 + 4 * n > len(f):
+        raise WireError(f"a table of {n} chunks does not fit in {len(f)} bytes")
+    sizes = struct.unpack_from(f"<{n}I", f, 4)
+    out, at = [], 4 + 4 * n
+    for k, e in enumerate(sizes):
+        size, stored = e & 0x7FFFFFFF, bool(e & 0x80000000)
+        want = chunk if k + 1 < n else raw - k * chunk
+        piece = f[at:at + size]
+        if len(piece) != size:
+            raise WireError(f"chunk {k} runs past the frame")
+        if stored and size != want:
+            raise WireError(f"stored chunk {k} of {size} bytes, not {want}")
+        out.append(piece if stored else _block(codec, want, piece))
+        at += size
+    if at != len(f):
+        raise WireError(f"chunks end at byte {at} of {len(f)}")
+    return b"".join(out)
+
+
+def _block(codec, raw, f):
     try:
         if codec == 1:
             import lz4.block
