@@ -106,18 +106,35 @@ static int chunks_base(int codec)
 /* src[0..n) in chunks into a new buffer (*out, capacity *cap, *size bytes
  * used), each chunk compressed where its sample and itself shrink to the
  * threshold; *out NULL when no chunk did or the whole did not shrink to
- * 0.9 (or the threshold, if higher). */
+ * 0.9 (or the threshold, if higher). The samples come first: a frame that
+ * cannot shrink that much costs no buffer and no copy. */
 static gser_status_t chunks_compress(gser_context_t *ctx, const squeeze_t *q, size_t i, const char *src, size_t n,
                                      size_t chunk, void **out, size_t *cap, size_t *size)
 {
     size_t nch = chunks_count(n, chunk), last = n - (nch - 1) * chunk;
+    double keep = q->threshold > GSER_COMPRESS_THRESHOLD ? q->threshold : GSER_COMPRESS_THRESHOLD;
+    *out = NULL;
+    bool *tried = malloc(nch);
+    if (!tried)
+        return gser__error_set(ctx, GSER_ERR_NO_MEMORY, "gser_serialize: out of memory sampling frame %zu", i);
+    size_t promising = 0;
+    for (size_t k = 0; k < nch; k++) {
+        size_t len = k + 1 < nch ? chunk : last;
+        if ((tried[k] = sample_pays(q, src + k * chunk, len)))
+            promising += len;
+    }
+    if ((double)promising < (1 - keep) * (double)n || !promising) {
+        free(tried);
+        return GSER_OK;
+    }
     size_t head = 4 + 4 * nch;
     size_t c = head + (nch - 1) * codec_bound(q->codec, chunk) + codec_bound(q->codec, last);
     unsigned char *buf = gser__bigbuf_alloc(c);
-    *out = NULL;
-    if (!buf)
+    if (!buf) {
+        free(tried);
         return gser__error_set(ctx, GSER_ERR_NO_MEMORY,
                                "gser_serialize: out of memory compressing frame %zu (%zu bytes) in chunks", i, n);
+    }
     wr32(buf, (uint32_t)chunk);
     size_t at = head;
     bool any = false;
@@ -125,9 +142,7 @@ static gser_status_t chunks_compress(gser_context_t *ctx, const squeeze_t *q, si
         const char *p = src + k * chunk;
         size_t len = k + 1 < nch ? chunk : last;
         /* the room left is at least this chunk's bound (which fits lz4's int) */
-        size_t z = sample_pays(q, p, len)
-                       ? codec_compress(q->codec, q->level, p, len, buf + at, codec_bound(q->codec, len))
-                       : 0;
+        size_t z = tried[k] ? codec_compress(q->codec, q->level, p, len, buf + at, codec_bound(q->codec, len)) : 0;
         if (pays(z, len, q->threshold)) {
             wr32(buf + 4 + 4 * k, (uint32_t)z);
             any = true;
@@ -138,9 +153,10 @@ static gser_status_t chunks_compress(gser_context_t *ctx, const squeeze_t *q, si
         }
         at += z;
     }
+    free(tried);
     /* each kept chunk paid at the threshold; the whole must save enough to
      * be worth the copy of the chunks stored as they are */
-    if (!any || !pays(at, n, q->threshold > GSER_COMPRESS_THRESHOLD ? q->threshold : GSER_COMPRESS_THRESHOLD)) {
+    if (!any || !pays(at, n, keep)) {
         gser__bigbuf_free(buf, c);
         return GSER_OK;
     }

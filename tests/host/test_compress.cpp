@@ -714,6 +714,30 @@ TEST_F(Compress, BadChunkSizesAreRefusedAndOldCallersGetWholeFrames)
     EXPECT_EQ(chunks_of(d.msg.get(), 1).n, 0u) << "compressed whole";
 }
 
+TEST_F(Compress, AFrameWhoseChunkSamplesCannotPayCostsNoBuffer)
+{
+    // 48 MiB of a counter (lz4: half) at 0.3: every chunk's sample says no,
+    // so no 48 MiB buffer is mapped and nothing is copied
+    std::vector<int64_t> counter((48u << 20) / 8);
+    for (size_t i = 0; i < counter.size(); i++)
+        counter[i] = (int64_t)i;
+    std::string small(10, 's');
+    auto m = two_buffers(ctx(), counter.data(), counter.size() * 8, small.data(), small.size());
+    gser_bigbuf_stats_reset();
+    auto f = serialize_chunked(ctx(), m.get(), GSER_COMPRESSION_LZ4, kBig, 0.3);
+    ASSERT_TRUE(f);
+    EXPECT_EQ(gser_frames_get_array(f.get())[1].data, (const void *)counter.data());
+    gser_bigbuf_stats_t st;
+    gser_bigbuf_stats_get(&st);
+    EXPECT_EQ(st.mapped + st.reused, 0u);
+    // at the default 0.9 the same frame is compressed, in a buffer of its own
+    auto g = serialize_chunked(ctx(), m.get(), GSER_COMPRESSION_LZ4, kBig);
+    ASSERT_TRUE(g);
+    EXPECT_LT(gser_frames_get_array(g.get())[1].size, counter.size() * 8 * 6 / 10);
+    gser_bigbuf_stats_get(&st);
+    EXPECT_EQ(st.mapped + st.reused, 1u);
+}
+
 uint32_t le32(const std::string &s, size_t at)
 {
     uint32_t v;
