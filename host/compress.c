@@ -260,67 +260,70 @@ const char *gser__codec_name(int codec)
     return codec >= 0 && codec <= CODEC_MAX ? names[codec] : "an unknown codec";
 }
 
-/* Where data went wrong: "frame 3" or "frame 3, chunk 7" (k SIZE_MAX: a whole frame). */
+/* Where data went wrong, formatted only then: "frame 3" or "frame 3,
+ * chunk 7" (k SIZE_MAX: a whole frame). */
 typedef struct where {
+    size_t i, k;
     char s[64];
 } where_t;
 
-static where_t where(size_t i, size_t k)
+static const char *where_str(where_t *w)
 {
-    where_t w;
-    if (k == SIZE_MAX)
-        snprintf(w.s, sizeof w.s, "frame %zu", i);
+    if (w->k == SIZE_MAX)
+        snprintf(w->s, sizeof w->s, "frame %zu", w->i);
     else
-        snprintf(w.s, sizeof w.s, "frame %zu, chunk %zu", i, k);
-    return w;
+        snprintf(w->s, sizeof w->s, "frame %zu, chunk %zu", w->i, w->k);
+    return w->s;
 }
 
 /* One lz4 block or zstd frame (codec 1 or 2) of size bytes declaring raw. */
-static gser_status_t block_check(gser_context_t *ctx, const char *what, where_t at, int codec, const void *src,
-                                 size_t size, uint64_t raw)
+static gser_status_t block_check(gser_context_t *ctx, const char *what, size_t i, size_t k, int codec,
+                                 const void *src, size_t size, uint64_t raw)
 {
+    where_t at = {.i = i, .k = k};
     if (codec == CODEC_LZ4) {
         if (size > (size_t)LZ4_compressBound(LZ4_MAX_INPUT_SIZE) || raw > LZ4_MAX_INPUT_SIZE ||
             raw > (uint64_t)size * LZ4_MAX_RATIO)
             return gser__error_set(ctx, GSER_ERR_COMPRESSED,
                                    "%s: %s declares %llu bytes from %zu bytes of lz4, more than lz4 can produce", what,
-                                   at.s, (unsigned long long)raw, size);
+                                   where_str(&at), (unsigned long long)raw, size);
         return GSER_OK;
     }
     unsigned long long c = ZSTD_getFrameContentSize(src, size);
     if (c == ZSTD_CONTENTSIZE_ERROR)
         return gser__error_set(ctx, GSER_ERR_COMPRESSED, "%s: %s is not zstd data (no valid zstd frame header)", what,
-                               at.s);
+                               where_str(&at));
     if (c != ZSTD_CONTENTSIZE_UNKNOWN && c != raw)
         return gser__error_set(ctx, GSER_ERR_COMPRESSED,
-                               "%s: %s declares %llu bytes uncompressed, its zstd data says %llu", what, at.s,
+                               "%s: %s declares %llu bytes uncompressed, its zstd data says %llu", what, where_str(&at),
                                (unsigned long long)raw, c);
     return GSER_OK;
 }
 
-static gser_status_t block_decompress(gser_context_t *ctx, const char *what, where_t at, int codec, const void *src,
-                                      size_t size, void *dst, size_t raw)
+static gser_status_t block_decompress(gser_context_t *ctx, const char *what, size_t i, size_t k, int codec,
+                                      const void *src, size_t size, void *dst, size_t raw)
 {
+    where_t at = {.i = i, .k = k};
     size_t got;
     if (codec == CODEC_LZ4) {
         /* both fit in int: block_check came first */
         int r = LZ4_decompress_safe(src, dst, (int)size, (int)raw);
         if (r < 0)
             return gser__error_set(ctx, GSER_ERR_COMPRESSED,
-                                   "%s: %s: lz4 data is corrupt or larger than the declared %zu bytes", what, at.s,
-                                   raw);
+                                   "%s: %s: lz4 data is corrupt or larger than the declared %zu bytes", what,
+                                   where_str(&at), raw);
         got = (size_t)r;
     } else {
         got = ZSTD_decompress(dst, raw, src, size);
         if (ZSTD_isError(got))
             return gser__error_set(
-                ctx, GSER_ERR_COMPRESSED, "%s: %s: zstd data %s (declared %zu bytes): %s", what, at.s,
+                ctx, GSER_ERR_COMPRESSED, "%s: %s: zstd data %s (declared %zu bytes): %s", what, where_str(&at),
                 ZSTD_getErrorCode(got) == ZSTD_error_dstSize_tooSmall ? "is larger than declared" : "is corrupt", raw,
                 ZSTD_getErrorName(got));
     }
     if (got != raw)
         return gser__error_set(ctx, GSER_ERR_COMPRESSED,
-                               "%s: %s: %s data decompresses to %zu bytes, the header says %zu", what, at.s,
+                               "%s: %s: %s data decompresses to %zu bytes, the header says %zu", what, where_str(&at),
                                gser__codec_name(codec), got, raw);
     return GSER_OK;
 }
@@ -359,7 +362,7 @@ static gser_status_t chunks_check(gser_context_t *ctx, const char *what, size_t 
                 return gser__error_set(ctx, GSER_ERR_COMPRESSED,
                                        "%s: frame %zu, chunk %zu is stored as %zu bytes, its size is %zu", what, i, k,
                                        n, len);
-        } else if ((st = block_check(ctx, what, where(i, k), chunks_base(c->codec), src + at, n, len))) {
+        } else if ((st = block_check(ctx, what, i, k, chunks_base(c->codec), src + at, n, len))) {
             return st;
         } else {
             squeezed++;
@@ -380,14 +383,14 @@ gser_status_t gser__codec_check_size(gser_context_t *ctx, const char *what, size
 {
     if (c->codec == CODEC_LZ4_CHUNKS || c->codec == CODEC_ZSTD_CHUNKS)
         return chunks_check(ctx, what, i, c, src, size);
-    return block_check(ctx, what, where(i, SIZE_MAX), c->codec, src, size, c->raw);
+    return block_check(ctx, what, i, SIZE_MAX, c->codec, src, size, c->raw);
 }
 
 gser_status_t gser__codec_decompress(gser_context_t *ctx, const char *what, size_t i, const frame_codec_t *c,
                                      const void *src, size_t size, void *dst)
 {
     if (c->codec != CODEC_LZ4_CHUNKS && c->codec != CODEC_ZSTD_CHUNKS)
-        return block_decompress(ctx, what, where(i, SIZE_MAX), c->codec, src, size, dst, c->raw);
+        return block_decompress(ctx, what, i, SIZE_MAX, c->codec, src, size, dst, c->raw);
     const unsigned char *p = src;
     size_t at = 4 + 4 * (size_t)c->nchunks;
     for (size_t k = 0; k < c->nchunks; k++) {
@@ -397,7 +400,7 @@ gser_status_t gser__codec_decompress(gser_context_t *ctx, const char *what, size
         gser_status_t st;
         if (e & CHUNK_STORED)
             memcpy(out, p + at, n);
-        else if ((st = block_decompress(ctx, what, where(i, k), chunks_base(c->codec), p + at, n, out, len)))
+        else if ((st = block_decompress(ctx, what, i, k, chunks_base(c->codec), p + at, n, out, len)))
             return st;
         at += n;
     }
