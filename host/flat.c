@@ -317,9 +317,37 @@ static gser_status_t flat_short(gser_context_t *ctx, const char *what, const uns
                            what, len, (unsigned long long)need);
 }
 
-gser_status_t gser_deserialize_flat(gser_context_t *ctx, const void *buf, size_t len,
-                                    gser_release_fn release, void *release_arg,
-                                    const gser_deserialize_options_t *opts, gser_msg_t **msg_out)
+static size_t page_size(void)
+{
+    long p = sysconf(_SC_PAGESIZE);
+    return p > 0 ? (size_t)p : 4096;
+}
+
+/* The whole pages of a compressed frame's bytes in an input of gser's own
+ * (read from a file, or a private mapping of it) are handed back: its values
+ * live in the frame's decompressed buffer, and the message keeps the input
+ * alive for the frames it views, which would otherwise hold the compressed
+ * bytes beside their decompressed copy for as long. The pages read as zero
+ * (or the file again) if touched, which nothing does. */
+static void flat_drop_compressed(const gser_msg_t *msg, const gser_frame_t *frames, size_t n)
+{
+    if (!msg->codecs)
+        return;
+    uintptr_t pg = page_size();
+    for (size_t i = 1; i < n; i++) {
+        if (!msg->codecs[i - 1].codec)
+            continue;
+        uintptr_t lo = ((uintptr_t)frames[i].data + pg - 1) & ~(pg - 1);
+        uintptr_t hi = ((uintptr_t)frames[i].data + frames[i].size) & ~(pg - 1);
+        if (hi > lo)
+            (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+    }
+}
+
+/* gser_deserialize_flat; own: the input is gser's own and nothing else reads it. */
+static gser_status_t flat_deserialize(gser_context_t *ctx, const void *buf, size_t len, gser_release_fn release,
+                                      void *release_arg, const gser_deserialize_options_t *opts, bool own,
+                                      gser_msg_t **msg_out)
 {
     static const char *what = "gser_deserialize_flat";
     if (!ctx || !msg_out || (!buf && len))
@@ -351,6 +379,8 @@ gser_status_t gser_deserialize_flat(gser_context_t *ctx, const void *buf, size_t
     }
     gser_msg_t *msg = NULL;
     st = gser_deserialize(ctx, frames, n, opts, &msg);
+    if (st == GSER_OK && own)
+        flat_drop_compressed(msg, frames, n);
     free(frames);
     if (st)
         return st;
@@ -359,6 +389,13 @@ gser_status_t gser_deserialize_flat(gser_context_t *ctx, const void *buf, size_t
     msg->flat_data = buf;
     *msg_out = msg;
     return GSER_OK;
+}
+
+gser_status_t gser_deserialize_flat(gser_context_t *ctx, const void *buf, size_t len,
+                                    gser_release_fn release, void *release_arg,
+                                    const gser_deserialize_options_t *opts, gser_msg_t **msg_out)
+{
+    return flat_deserialize(ctx, buf, len, release, release_arg, opts, false, msg_out);
 }
 
 /* Public front of flat_scan, for readers of streams. */
@@ -386,12 +423,6 @@ gser_status_t gser_flat_get_need(gser_context_t *ctx, const void *buf, size_t le
  * them; a fresh multi-GiB buffer faulted 4 KiB at a time costs several
  * times the read itself). */
 #define FLAT_ONCE_MIN ((size_t)1 << 20)
-
-static size_t page_size(void)
-{
-    long p = sysconf(_SC_PAGESIZE);
-    return p > 0 ? (size_t)p : 4096;
-}
 
 /* Release of a mapping: data may start inside its first page, arg is the
  * length from the page start. */
@@ -426,8 +457,8 @@ static int deserialize_mapped(gser_context_t *ctx, int fd, off_t at, uint64_t av
     void *map = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, at - (off_t)delta);
     if (map == MAP_FAILED)
         return 0;
-    *st = gser_deserialize_flat(ctx, (unsigned char *)map + delta, (size_t)avail, unmap_buf, (void *)(uintptr_t)maplen,
-                                opts, msg_out);
+    *st = flat_deserialize(ctx, (unsigned char *)map + delta, (size_t)avail, unmap_buf, (void *)(uintptr_t)maplen,
+                           opts, true, msg_out);
     if (*st)
         munmap(map, maplen);
     else
@@ -538,9 +569,9 @@ gser_status_t gser_deserialize_fd(gser_context_t *ctx, int fd, const gser_deseri
         st = gser__error_set(ctx, GSER_ERR_FORMAT, "%s: %llu trailing bytes in the file after the message (%zu bytes)",
                              what, (unsigned long long)(avail - len), len);
     if (st == GSER_OK)
-        st = maplen ? gser_deserialize_flat(ctx, buf, len, gser__bigbuf_release, (void *)(uintptr_t)maplen, opts,
-                                            msg_out)
-                    : gser_deserialize_flat(ctx, buf, len, free_buf, NULL, opts, msg_out);
+        st = maplen ? flat_deserialize(ctx, buf, len, gser__bigbuf_release, (void *)(uintptr_t)maplen, opts, true,
+                                       msg_out)
+                    : flat_deserialize(ctx, buf, len, free_buf, NULL, opts, true, msg_out);
     if (st) {
         if (maplen)
             gser__bigbuf_free(buf, maplen);

@@ -2,8 +2,10 @@
 // (decompression into owned frames, bounded sizes, hostile data), the
 // flattened form and descriptors, and device frames that stay as they are.
 #include <msgpack.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstddef>
 #include <cstdlib>
@@ -505,6 +507,21 @@ TEST_F(Compress, FlattenedFormsAndDescriptorsCarryCompressedFrames)
             EXPECT_EQ(got[2].release, nullptr);
             EXPECT_GT((const char *)got[2].data, (const char *)got[0].data);
             EXPECT_LT((size_t)((const char *)got[2].data - (const char *)got[0].data), flat.size());
+            if (flags == 0) {
+                // The compressed bytes read from the file lie between the
+                // header and the random frame: their pages are given back,
+                // so the message holds the frame once, not twice.
+                size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+                uintptr_t lo = ((uintptr_t)got[0].data + got[0].size + pg - 1) & ~(uintptr_t)(pg - 1);
+                uintptr_t hi = (uintptr_t)got[2].data & ~(uintptr_t)(pg - 1);
+                ASSERT_GT(hi, lo) << "the compressed frame spans whole pages";
+                std::vector<unsigned char> in((hi - lo) / pg);
+                ASSERT_EQ(mincore((void *)lo, hi - lo, in.data()), 0) << strerror(errno);
+                size_t resident = 0;
+                for (unsigned char c : in)
+                    resident += c & 1;
+                EXPECT_EQ(resident, 0u) << "of " << in.size() << " pages of compressed bytes";
+            }
             gser_msg_destroy(back);
         }
         fclose(tf);
