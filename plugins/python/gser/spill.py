@@ -41,10 +41,11 @@ device key goes straight to disk, with no device-to-host copy): for a disk
 faster than the writeback, or values read back many times. Values are
 assumed not to be changed in place, as Dask assumes of task results;
 setting a key again drops its file. compression="auto" (the default) writes
-with lz4 each frame that lz4 shrinks, sample and whole, to at most 0.3 of its
-size (compressing such data costs less than moving it through the page
-cache; frames that shrink only to 0.5, such as counters, or not at all are
-written as they are: gser.dump's compression_threshold); None never
+with lz4 each 1 MiB chunk of a frame that lz4 shrinks, sample and whole, to
+at most 0.3 of its size (compressing such data costs less than moving it
+through the page cache; chunks that shrink only to 0.5, such as a counter
+column's, or not at all are written as they are: gser.dump's
+compression_threshold and compression_chunk_size); None never
 compresses; "lz4" or "zstd" compress as gser.dump does (each frame that a
 sample shrinks to 0.9 or less, as Dask's maybe_compress).
 
@@ -347,7 +348,8 @@ class SpillStore(MutableMapping):
     def _dump(self, obj, path, n) -> str:
         try:
             if self.compression == "auto":
-                gser.dump(obj, path, compression="lz4", compression_threshold=_SQUEEZE)
+                gser.dump(obj, path, compression="lz4", compression_threshold=_SQUEEZE,
+                          compression_chunk_size=_CHUNK)
             else:
                 gser.dump(obj, path, compression=self.compression)
             return _GSER
@@ -386,6 +388,9 @@ class SpillStore(MutableMapping):
 # compress than to move through the page cache; frames of counters (about
 # 0.5) or of random floats (1.0) are written as they are.
 _SQUEEZE = 0.3
+# ... decided chunk by chunk: a block of pandas columns of which one does not
+# compress that well costs lz4 time only for the others.
+_CHUNK = 1 << 20
 
 
 def _dask_frames(obj):

@@ -223,13 +223,17 @@ def test_compression_auto_squeezes_only_what_shrinks_a_lot(tmp_path):
     """Frames of data that lz4 shrinks to a few percent are compressed;
     frames that would shrink to about half (counters) or not at all are not,
     decided frame by frame: "mixed" is a frame whose float block is
-    compressed and whose int64 counter is written as it is."""
+    compressed and whose int64 counter is written as it is; and chunk by
+    chunk (1 MiB) within a frame: "block" is one float block of 16 MiB whose
+    counter column is written as it is and whose other columns shrink."""
     big = 1 << 18  # 2 MiB of float64
     values = {"zeros": np.zeros(big), "counter": np.arange(big, dtype=np.float64),
               "random": np.random.default_rng(0).random(big),
               "frame": pd.DataFrame({"a": np.arange(big // 4, dtype=np.float64), "b": np.ones(big // 4),
                                      "c": np.zeros(big // 4), "d": np.full(big // 4, 0.5)}),
-              "mixed": pd.DataFrame({"i": np.arange(big // 2), "z": np.zeros(big // 2)})}
+              "mixed": pd.DataFrame({"i": np.arange(big // 2), "z": np.zeros(big // 2)}),
+              "block": pd.DataFrame({"a": np.arange(2 * big, dtype=np.float64), "b": np.ones(2 * big),
+                                     "c": np.zeros(2 * big), "d": np.full(2 * big, 0.5)})}
     sizes = {}
     for compression in ("auto", None):
         store = SpillStore(memory_limit=1, local_directory=tmp_path, compression=compression)
@@ -250,6 +254,7 @@ def test_compression_auto_squeezes_only_what_shrinks_a_lot(tmp_path):
     assert auto["counter"] == plain["counter"] and auto["random"] == plain["random"], (auto, plain)
     half = plain["mixed"] // 2  # the counter's frame, within the index and header
     assert half < auto["mixed"] < half + 64 * KB, (auto, plain)
+    assert 4 * MB < auto["block"] < 4 * MB + 256 * KB, (auto, plain)  # the counter's 4 MiB as they are
 
 
 @pytest.mark.skipif(not EMULATED, reason="device arrays here are host memory: needs GSER_DEVICE=emulated")
