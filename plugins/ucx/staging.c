@@ -83,6 +83,8 @@ struct gux_staging {
     size_t nbounces, bounces_cap;
     gser_event_t **events; /* free events */
     size_t nevents, events_cap;
+    ZSTD_CCtx *zc; /* zstd's contexts for compressed chunks, kept: making one per chunk costs more than */
+    ZSTD_DCtx *zd; /* a 4 MiB chunk of well-compressing data takes to compress */
 };
 
 /* ---- pool -------------------------------------------------------------------------------- */
@@ -132,6 +134,8 @@ void gux_staging_destroy(gser_ucx_worker_t *w)
         gser_event_destroy(s->events[i]);
     free(s->bounces);
     free(s->events);
+    ZSTD_freeCCtx(s->zc);
+    ZSTD_freeDCtx(s->zd);
     gser_stream_destroy(w->gser_ctx, s->stream);
     free(s);
     w->staging = NULL;
@@ -361,13 +365,15 @@ static bool zbuf_get(gux_slot_t *s, size_t n)
 
 /* Compress src[0..n) into dst (capacity cap): the size, or 0 when it does
  * not fit (did not shrink enough) or failed. */
-static size_t zcompress(int codec, int level, const void *src, size_t n, void *dst, size_t cap)
+static size_t zcompress(gux_staging_t *st, int codec, int level, const void *src, size_t n, void *dst, size_t cap)
 {
     if (codec == GSER_COMPRESSION_LZ4) {
         int r = LZ4_compress_fast(src, dst, (int)n, (int)cap, level > 1 ? level : 1);
         return r > 0 ? (size_t)r : 0;
     }
-    size_t r = ZSTD_compress(dst, cap, src, n, level ? level : ZSTD_CLEVEL_DEFAULT);
+    if (!st->zc && !(st->zc = ZSTD_createCCtx()))
+        return 0; /* it goes raw */
+    size_t r = ZSTD_compressCCtx(st->zc, dst, cap, src, n, level ? level : ZSTD_CLEVEL_DEFAULT);
     return ZSTD_isError(r) ? 0 : r;
 }
 
@@ -385,7 +391,7 @@ static void zslot_send(gux_stage_op_t *op, gux_slot_t *s, size_t c)
         return;
     }
     size_t cap = (size_t)(GUX_ZPAYS * (double)len);
-    size_t n = zcompress(op->zcodec, r->zlevel, src, len, s->zbuf + GUX_ZCHUNK_PREFIX, cap);
+    size_t n = zcompress(w->staging, op->zcodec, r->zlevel, src, len, s->zbuf + GUX_ZCHUNK_PREFIX, cap);
     bool raw = n == 0 || n > cap;
     if (raw) { /* it did not shrink: it goes as it is */
         memcpy(s->zbuf + GUX_ZCHUNK_PREFIX, src, len);
@@ -487,7 +493,13 @@ static void zslot_land(gux_stage_op_t *op, gux_slot_t *s)
     } else if (op->zcodec == GSER_COMPRESSION_LZ4) {
         ok = LZ4_decompress_safe((const char *)src, dst, (int)n, (int)len) == (int)len;
     } else {
-        size_t got = ZSTD_decompress(dst, len, src, n);
+        gux_staging_t *stg = r->worker->staging;
+        if (!stg->zd && !(stg->zd = ZSTD_createDCtx())) {
+            gux_fail(GSER_ERR_NO_MEMORY, "receive: frame %zu, chunk %zu: out of memory for zstd", op->frame, c);
+            op_zfail(op, GSER_ERR_NO_MEMORY);
+            return;
+        }
+        size_t got = ZSTD_decompressDCtx(stg->zd, dst, len, src, n);
         ok = !ZSTD_isError(got) && got == len;
     }
     if (!ok) {
