@@ -666,6 +666,35 @@ TEST_P(Chunked, APeerWithoutTheCapGetsWholeFrames)
     EXPECT_EQ(chunk_stats(cp.p.sep.get()).chunks_received, 0u);
 }
 
+// A peer that announces capability bits this build does not know is
+// accepted as before (and sees ours); the chunk options are checked.
+TEST(ChunkedCaps, UnknownBitsAreAcceptedAndOptionsChecked)
+{
+    Pair p;
+    p.ctx = make_ucx_ctx();
+    ASSERT_TRUE(p.ctx);
+    p.server = make_worker(p.ctx.get());
+    p.client = make_worker(p.ctx.get());
+    ASSERT_TRUE(p.server && p.client);
+    p.ctx->caps |= 1u << 20; // a bit of a later build, in every hello of this context
+    p.listener = listen_local(p.server.get());
+    ASSERT_TRUE(p.listener);
+    ASSERT_NO_FATAL_FAILURE(p.connect(&p.cep, &p.sep));
+    gser_ucx_peer_info_t info = GSER_UCX_PEER_INFO_INIT;
+    UCX_OK(gser_ucx_ep_get_peer_info(p.sep.get(), &info));
+    EXPECT_TRUE(info.caps & (1u << 20));
+    EXPECT_TRUE(info.caps & GSER_UCX_CAP_CHUNKED);
+
+    gser_ucx_worker_options_t o = GSER_UCX_WORKER_OPTIONS_INIT;
+    gser_ucx_worker_t *w = nullptr;
+    for (size_t bad : {GSER_UCX_CHUNK_MIN - 1, GSER_UCX_CHUNK_MAX + 1}) {
+        o.chunked_size = bad;
+        EXPECT_EQ(gser_ucx_worker_create(p.ctx.get(), &o, &w), GSER_ERR_INVALID_ARG);
+        EXPECT_NE(std::string(gser_ucx_get_last_error()).find("chunked_size"), std::string::npos);
+    }
+    EXPECT_EQ(w, nullptr);
+}
+
 INSTANTIATE_TEST_SUITE_P(Codecs, Chunked, ::testing::Values(GSER_COMPRESSION_LZ4, GSER_COMPRESSION_ZSTD),
                          [](const ::testing::TestParamInfo<int> &i) {
                              return std::string(i.param == GSER_COMPRESSION_LZ4 ? "lz4" : "zstd");
