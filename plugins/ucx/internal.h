@@ -436,7 +436,6 @@ struct gser_ucx_request {
     size_t head_len;
     uint32_t seq;
     int zcodec, zlevel; /* route 3's codec (GSER_COMPRESSION_*) and level */
-    char fail_why[256]; /* why fail_status, when set where the thread's message may change before it is used */
 
     /* receive */
     bool short_head;      /* the head is of the short form (GUX_KIND_SHORT) */
@@ -459,6 +458,9 @@ struct gser_ucx_request {
     gux_head_frame_t table_inline[GUX_FRAMES_INLINE];
     gser_frame_t frames_inline[GUX_FRAMES_INLINE];
     unsigned char head_inline[GUX_HEAD_INLINE];
+    /* why fail_status, when it was set where the thread's message may change
+     * before it is used (a compressed chunk); past the zeroed part */
+    char fail_why[256];
 };
 
 /* ---- worker internals (worker.c) ------------------------------------------------- */
