@@ -198,6 +198,7 @@ gser_status_t gser__frames_compress(gser_frames_t *f, const gser_serialize_optio
         const gser_frame_t *fr = &f->frames[i];
         bool chunked = chunk && fr->size > chunk;
         if (fr->memory != GSER_MEMORY_HOST || fr->size < GSER_COMPRESS_MIN_SIZE || !fr->data || staged(f, fr) ||
+            (o->compression_max_size && fr->size > o->compression_max_size) ||
             (codec == CODEC_LZ4 && !chunked && fr->size > LZ4_MAX_INPUT_SIZE))
             continue;
         if (!q.sample && (!(q.sample = malloc(SAMPLE)) || !(q.sample_out = malloc(codec_bound(codec, SAMPLE))))) {

@@ -112,6 +112,10 @@ typedef struct gser_serialize_options {
      *  refuse such frames (wire codecs 3 and 4, docs/wire-format.md 3.3):
      *  for files and peers of this build or newer. */
     size_t compression_chunk_size;
+    /** 0: no limit. Else host frames larger than this many bytes are left
+     *  uncompressed: for a transport that compresses them itself as it
+     *  sends them (gser::ucx's chunked route, docs/ucx.md 4.6). Since 0.2. */
+    size_t compression_max_size;
 } gser_serialize_options_t;
 
 #define GSER_SERIALIZE_OPTIONS_INIT GSER_STRUCT_INIT(gser_serialize_options_t)

@@ -57,6 +57,12 @@ enum {
     GSER_UCX_CAP_LZ4 = 1u << 1,
     /** This side reads zstd-compressed frames (wire version 3). */
     GSER_UCX_CAP_ZSTD = 1u << 2,
+    /** This side reads large host frames sent in compressed chunks (the
+     *  head's route 3, docs/ucx.md section 4.6): the sender compresses
+     *  chunk k+1 while chunk k is on the wire and the receiver decompresses
+     *  each chunk as it arrives. Used only when both sides announce it and
+     *  a codec. Since 0.2. */
+    GSER_UCX_CAP_CHUNKED = 1u << 3,
 };
 
 /** What an endpoint compresses (gser_ucx_worker_options_t.compression,
@@ -194,7 +200,23 @@ typedef struct gser_ucx_worker_options {
     /** Codec level (gser_serialize_options_t.compression_level); 0 = the
      *  codec's default. Since 0.2. */
     int compression_level;
+    /** Host frames of at least this many bytes that an endpoint compresses
+     *  (gser_ucx_ep_send_msg, a negotiated codec, a peer announcing
+     *  GSER_UCX_CAP_CHUNKED) are not compressed by the serializer but sent
+     *  in compressed chunks, pipelined with the sending. 0 = 8 MiB
+     *  (GSER_UCX_CHUNKED_MIN_DEFAULT); SIZE_MAX = never. Since 0.2. */
+    size_t chunked_min;
+    /** Bytes of a frame per compressed chunk, GSER_UCX_CHUNK_MIN to
+     *  GSER_UCX_CHUNK_MAX; 0 = 4 MiB. Since 0.2. */
+    size_t chunked_size;
 } gser_ucx_worker_options_t;
+
+/** Default gser_ucx_worker_options_t.chunked_min. */
+#define GSER_UCX_CHUNKED_MIN_DEFAULT ((size_t)8 << 20)
+/** Range of gser_ucx_worker_options_t.chunked_size (and of a chunk size a
+ *  receiver accepts on the wire). */
+#define GSER_UCX_CHUNK_MIN ((size_t)1 << 20)
+#define GSER_UCX_CHUNK_MAX ((size_t)4 << 20)
 
 #define GSER_UCX_WORKER_OPTIONS_INIT GSER_STRUCT_INIT(gser_ucx_worker_options_t)
 
@@ -401,6 +423,22 @@ GSER_API gser_status_t gser_ucx_ep_set_compression(gser_ucx_ep_t *ep, int compre
  *  before its handshake is done. */
 GSER_API gser_status_t gser_ucx_ep_get_compression(const gser_ucx_ep_t *ep, int *codec_out);
 
+/** What an endpoint moved in compressed chunks (GSER_UCX_CAP_CHUNKED). */
+typedef struct gser_ucx_chunk_stats {
+    size_t size; /**< sizeof(gser_ucx_chunk_stats_t): GSER_UCX_CHUNK_STATS_INIT sets it */
+    uint64_t frames_sent;       /**< frames sent in chunks */
+    uint64_t chunks_sent;       /**< their chunks */
+    uint64_t chunks_compressed; /**< ... of which compressed (the others went raw: they did not shrink) */
+    uint64_t frames_received;   /**< frames received in chunks */
+    uint64_t chunks_received;
+    uint64_t chunks_raw_received; /**< ... of which came raw */
+} gser_ucx_chunk_stats_t;
+
+#define GSER_UCX_CHUNK_STATS_INIT GSER_STRUCT_INIT(gser_ucx_chunk_stats_t)
+
+/** Counts of the endpoint's chunked frames (any time; zero before). */
+GSER_API gser_status_t gser_ucx_ep_get_chunk_stats(const gser_ucx_ep_t *ep, gser_ucx_chunk_stats_t *out);
+
 /** The worker an endpoint belongs to. */
 GSER_API gser_ucx_worker_t *gser_ucx_ep_get_worker(const gser_ucx_ep_t *ep);
 
@@ -508,7 +546,11 @@ GSER_API gser_status_t gser_ucx_ep_send(gser_ucx_ep_t *ep, const gser_frame_t *f
  *  (gser_ucx_ep_get_compression); a codec set in opts is used as given
  *  when the peer announced it, AUTO becomes the endpoint's codec, and LZ4
  *  or ZSTD the peer did not announce is GSER_ERR_UNSUPPORTED (nothing is
- *  sent). gser_ucx_ep_send_nb sends frames as they are: the peer refuses
+ *  sent). With a codec and a peer that announced GSER_UCX_CAP_CHUNKED,
+ *  host frames of at least the worker's chunked_min bytes are sent in
+ *  compressed chunks, each compressed while the one before is on the wire
+ *  and decompressed by the peer as it arrives (docs/ucx.md 4.6).
+ *  gser_ucx_ep_send_nb sends frames as they are: the peer refuses
  *  compressed frames in a codec it did not announce. */
 GSER_API gser_status_t gser_ucx_ep_send_msg(gser_ucx_ep_t *ep, gser_context_t *ctx, const gser_msg_t *msg,
                                             const gser_serialize_options_t *opts, int timeout_ms);

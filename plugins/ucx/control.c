@@ -251,7 +251,8 @@ static gser_status_t hello_make(gser_ucx_worker_t *w, gux_ctl_t *c)
 {
     gux_hello_t h = {.wire_version = w->announce_version,
                      .gser_wire_version = w->announce_gser_version,
-                     .caps = (w->ctx->caps & ~(uint32_t)GUX_CODECS) | w->announce_codecs,
+                     .caps = (w->ctx->caps & ~(uint32_t)(GUX_CODECS | GSER_UCX_CAP_CHUNKED)) | w->announce_codecs |
+                             (w->announce_chunked ? GSER_UCX_CAP_CHUNKED : 0),
                      .flags = w->ctx->secret ? GUX_HELLO_SECRET : 0,
                      .timeout_ms = ctl_timeout(w)};
     gser_status_t st = gux_nonce(h.nonce);

@@ -822,6 +822,30 @@ void gux_worker_set_announce_codecs(gser_ucx_worker_t *w, uint32_t codecs)
     w->announce_codecs = codecs & GUX_CODECS;
 }
 
+void gux_worker_set_announce_chunked(gser_ucx_worker_t *w, bool on)
+{
+    w->announce_chunked = on;
+}
+
+bool gux_ep_chunked(const gser_ucx_ep_t *ep)
+{
+    const gser_ucx_worker_t *w = ep->worker;
+    return ep->peer_known && w->announce_chunked && (ep->peer.caps & GSER_UCX_CAP_CHUNKED) &&
+           w->zchunk_min != SIZE_MAX;
+}
+
+gser_status_t gser_ucx_ep_get_chunk_stats(const gser_ucx_ep_t *ep, gser_ucx_chunk_stats_t *out)
+{
+    if (!ep || !out)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_get_chunk_stats: NULL argument");
+    gser_ucx_worker_t *w = ep->worker;
+    gux_lock(w);
+    gser_ucx_chunk_stats_t s = ep->zstats;
+    gux_unlock(w);
+    s.size = sizeof s;
+    return gux_struct_write("gser_ucx_ep_get_chunk_stats", "out", "GSER_UCX_CHUNK_STATS_INIT", out, &s, sizeof s);
+}
+
 void gux_worker_set_announce_gser_version(gser_ucx_worker_t *w, uint32_t version)
 {
     w->announce_gser_version = version ? version : GSER_WIRE_VERSION;

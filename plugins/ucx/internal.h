@@ -151,6 +151,12 @@ GUX_INTERNAL bool gux_host_is_local(const char *host, const char *local);
 /* For tests: the codecs the worker announces (and accepts) in handshakes
  * it starts from now on; GUX_CODECS by default. */
 GUX_INTERNAL void gux_worker_set_announce_codecs(gser_ucx_worker_t *w, uint32_t codecs);
+/* For tests: whether the worker announces GSER_UCX_CAP_CHUNKED in
+ * handshakes it starts from now on (true by default). */
+GUX_INTERNAL void gux_worker_set_announce_chunked(gser_ucx_worker_t *w, bool on);
+/* Whether ep sends frames of at least w->zchunk_min bytes in compressed
+ * chunks when it compresses: both sides announced GSER_UCX_CAP_CHUNKED. */
+GUX_INTERNAL bool gux_ep_chunked(const gser_ucx_ep_t *ep);
 /* For tests: the gser wire version the worker announces (0: GSER_WIRE_VERSION). */
 GUX_INTERNAL void gux_worker_set_announce_gser_version(gser_ucx_worker_t *w, uint32_t version);
 
@@ -282,6 +288,9 @@ struct gser_ucx_worker {
     uint32_t announce_gser_version; /* GSER_WIRE_VERSION (tests: an older peer's) */
     int compression;          /* gser_ucx_compression_t of its endpoints */
     int compression_level;
+    bool announce_chunked;    /* GSER_UCX_CAP_CHUNKED in its hellos (tests turn it off) */
+    size_t zchunk_min;        /* frames from this size go in compressed chunks (SIZE_MAX: never) */
+    size_t zchunk;            /* bytes per compressed chunk */
     gux_pool_t *pool; /* cache of host receive buffers */
 
     gux_list_t eps;       /* every endpoint (gser_ucx_ep_t.wlink) */
@@ -342,6 +351,7 @@ struct gser_ucx_ep {
      * posted, not tried at once, until a posted send completes. */
     bool short_queued;
     uint32_t recv_seq;
+    gser_ucx_chunk_stats_t zstats; /* compressed chunks sent and received */
     gux_list_t reqs;  /* requests in flight on it (req.elink) */
     gux_list_t wlink; /* in worker->eps */
 
@@ -425,6 +435,7 @@ struct gser_ucx_request {
     unsigned char *head;
     size_t head_len;
     uint32_t seq;
+    int zcodec, zlevel; /* route 3's codec (GSER_COMPRESSION_*) and level */
 
     /* receive */
     bool short_head;      /* the head is of the short form (GUX_KIND_SHORT) */
@@ -447,6 +458,9 @@ struct gser_ucx_request {
     gux_head_frame_t table_inline[GUX_FRAMES_INLINE];
     gser_frame_t frames_inline[GUX_FRAMES_INLINE];
     unsigned char head_inline[GUX_HEAD_INLINE];
+    /* why fail_status, when it was set where the thread's message may change
+     * before it is used (a compressed chunk); past the zeroed part */
+    char fail_why[256];
 };
 
 /* ---- worker internals (worker.c) ------------------------------------------------- */

@@ -363,6 +363,18 @@ static gser_status_t head_table(gser_ucx_request_t *r, gux_head_info_t *info)
     gser_status_t st = gux_head_parse_table(r->rhead, r->rhead_len, w->max_bytes, info, r->table);
     if (st)
         return st;
+    for (size_t i = 1; i < n; i++) {
+        const gux_head_frame_t *t = &r->table[i];
+        if (t->route != GUX_ROUTE_ZCHUNKED)
+            continue;
+        /* only what this side announced: chunks at all, and the codec */
+        uint32_t bit = t->codec == GSER_COMPRESSION_LZ4 ? GSER_UCX_CAP_LZ4 : GSER_UCX_CAP_ZSTD;
+        if (!(r->read_codecs & GSER_UCX_CAP_CHUNKED) || !(r->read_codecs & bit))
+            return gux_fail(GSER_ERR_COMPRESSED,
+                            "receive: frame %zu came in %s-compressed chunks, which this side did not announce in its "
+                            "handshake",
+                            i, t->codec == GSER_COMPRESSION_LZ4 ? "lz4" : "zstd");
+    }
     if (info->chunk && info->chunk > w->max_bytes)
         return gux_fail(GSER_ERR_LIMIT_BYTES, "receive: a staging chunk of %u bytes is over the limits",
                         info->chunk);
@@ -423,8 +435,8 @@ static gser_status_t frames_recv_post(gser_ucx_request_t *r, const gux_head_info
         gser_memory_t mem = (gser_memory_t)t->memory;
         if ((st = gux_frame_alloc(w, (size_t)t->size, &mem, t->device, &r->frames[i])))
             break;
-        if (t->route == GUX_ROUTE_STAGED)
-            staged = true;
+        if (t->route == GUX_ROUTE_STAGED || t->route == GUX_ROUTE_ZCHUNKED)
+            staged = true; /* both through the staging part, in frame order */
         else
             st = frame_recv_post(r, i, mem, ftag);
     }
@@ -469,6 +481,8 @@ void gux_recv_ready(gser_ucx_request_t *r)
     gser_ucx_ep_t *ep = r->ep;
     if (r->fail_status || r->first_error != UCS_OK) {
         gser_status_t st = r->fail_status;
+        if (st && r->fail_why[0])
+            gux_fail(st, "%s", r->fail_why);
         if (!st)
             st = gux_ep_part_error(ep, r->first_error, "receive");
         reject(r, st);

@@ -16,11 +16,12 @@ gser_ucx_request_t *gux_req_new(gser_ucx_worker_t *w, gux_req_kind_t kind, gser_
     /* Only the fixed part needs zeroing: the inline table, frames and head
      * are written before use (head_parse, gux_head_write). */
     memset(r, 0, offsetof(gser_ucx_request_t, table_inline));
+    r->fail_why[0] = '\0';
     r->kind = kind;
     r->worker = w;
     r->ep = ep;
     r->status = GSER_INPROGRESS;
-    r->read_codecs = w->announce_codecs;
+    r->read_codecs = w->announce_codecs | (w->announce_chunked ? GSER_UCX_CAP_CHUNKED : 0);
     if (params) {
         r->cb = params->cb;
         r->user_data = params->user_data;

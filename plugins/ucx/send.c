@@ -57,19 +57,23 @@ void gux_send_ready(gser_ucx_request_t *r)
  * worker's policy); *staged when a frame goes through staging, which
  * needs the worker's device backend. */
 static gser_status_t send_plan(gser_ucx_ep_t *ep, const gser_frame_t *frames, size_t nframes, uint8_t *routes,
-                               size_t *head_len, bool *staged)
+                               size_t *head_len, bool *staged, int zcodec, bool *zchunked)
 {
     gser_ucx_worker_t *w = ep->worker;
     gux_route_policy_t pol = {
         .inline_max = w->inline_max,
         .inline_budget = w->inline_budget,
         .device_direct = (w->ctx->caps & ep->peer.caps & GSER_UCX_CAP_CUDA) != 0,
+        /* compressed chunks only to a peer that reads them, with a codec it reads */
+        .zchunk_min = zcodec != GSER_COMPRESSION_NONE && gux_ep_chunked(ep) ? w->zchunk_min : 0,
     };
     gser_status_t st = gux_head_plan(frames, nframes, &pol, routes, head_len);
     if (st)
         return st;
-    for (size_t i = 0; i < nframes; i++)
+    for (size_t i = 0; i < nframes; i++) {
         *staged |= routes[i] == GUX_ROUTE_STAGED;
+        *zchunked |= routes[i] == GUX_ROUTE_ZCHUNKED;
+    }
     if (*staged && !w->have_device)
         return gux_fail(GSER_ERR_NO_DEVICE, "send: device frames need the worker's gser_ctx with a device backend "
                                             "(this UCX cannot read device memory)");
@@ -107,6 +111,8 @@ typedef struct {
     bool short_head; /* the frame itself past its magic: no head to write, no other frame */
     bool staged;     /* a frame goes through staging */
     bool sent;       /* the short head went out at once */
+    bool zchunked;   /* a frame goes in compressed chunks (through the staging part too) */
+    int zcodec, zlevel; /* their codec and level; NONE: no frame does */
     const void *head;
     size_t head_len;
     uint8_t *routes; /* routes_stack or malloc'd; unread for a short head */
@@ -162,7 +168,7 @@ static gser_status_t send_prepare(gser_ucx_ep_t *ep, const gser_frame_t *frames,
         return send_short_try(ep, &frames[0], job);
     if (nframes > sizeof job->routes_stack && !(job->routes = malloc(nframes)))
         return gux_fail(GSER_ERR_NO_MEMORY, "send: out of memory");
-    return send_plan(ep, frames, nframes, job->routes, &job->head_len, &job->staged);
+    return send_plan(ep, frames, nframes, job->routes, &job->head_len, &job->staged, job->zcodec, &job->zchunked);
 }
 
 /* A send request on ep numbered as its next message. Without memory for
@@ -197,6 +203,11 @@ static gser_status_t send_head_write(gser_ucx_request_t *r, const gser_frame_t *
         return gux_fail(GSER_ERR_NO_MEMORY, "send: out of memory for a %zu-byte head", len);
     r->head_len = len;
     gux_head_write(frames, nframes, job->routes, r->seq, job->staged ? (uint32_t)r->worker->chunk : 0, r->head, len);
+    if (job->zchunked) {
+        gux_head_set_zchunks(r->head, nframes, job->routes, job->zcodec, (uint32_t)r->worker->zchunk);
+        r->zcodec = job->zcodec;
+        r->zlevel = job->zlevel;
+    }
     job->head = r->head;
     return GSER_OK;
 }
@@ -228,13 +239,15 @@ static gser_status_t send_frames_post(gser_ucx_request_t *r, const gser_frame_t 
         ucs_memory_type_t mem = frames[i].memory == GSER_MEMORY_DEVICE ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
         st = post_send(r, frames[i].data, frames[i].size, ftag, mem);
     }
-    if (!st && job->staged)
+    if (!st && (job->staged || job->zchunked))
         st = send_start_staging(r, frames, nframes, &job->routes, job->routes_stack);
     return st;
 }
 
-gser_status_t gser_ucx_ep_send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames, size_t nframes,
-                                  const gser_ucx_op_params_t *params, gser_ucx_request_t **req_out)
+/* gser_ucx_ep_send_nb; with zcodec (not NONE) large host frames go in
+ * compressed chunks when the peer reads them. */
+static gser_status_t send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames, size_t nframes,
+                             const gser_ucx_op_params_t *params, gser_ucx_request_t **req_out, int zcodec, int zlevel)
 {
     gser_ucx_op_params_t p_ = GSER_UCX_OP_PARAMS_INIT;
     gser_status_t st;
@@ -242,7 +255,7 @@ gser_status_t gser_ucx_ep_send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames,
         (st = gux_op_check("gser_ucx_ep_send_nb", ep && frames && nframes, req_out != NULL, params)))
         return st;
     gser_ucx_worker_t *w = ep->worker;
-    send_job_t job = {.short_head = false};
+    send_job_t job = {.short_head = false, .zcodec = zcodec, .zlevel = zlevel};
     job.routes = job.routes_stack;
     gser_ucx_request_t *r = NULL;
 
@@ -283,10 +296,18 @@ out:
     return st;
 }
 
-gser_status_t gser_ucx_ep_send(gser_ucx_ep_t *ep, const gser_frame_t *frames, size_t nframes, int timeout_ms)
+gser_status_t gser_ucx_ep_send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames, size_t nframes,
+                                  const gser_ucx_op_params_t *params, gser_ucx_request_t **req_out)
+{
+    return send_nb(ep, frames, nframes, params, req_out, GSER_COMPRESSION_NONE, 0);
+}
+
+/* gser_ucx_ep_send, with send_nb's zcodec. */
+static gser_status_t send_wait(gser_ucx_ep_t *ep, const gser_frame_t *frames, size_t nframes, int timeout_ms,
+                               int zcodec, int zlevel)
 {
     gser_ucx_request_t *r;
-    gser_status_t st = gser_ucx_ep_send_nb(ep, frames, nframes, NULL, &r);
+    gser_status_t st = send_nb(ep, frames, nframes, NULL, &r, zcodec, zlevel);
     if (st)
         return st;
     st = gser_ucx_request_wait(r, timeout_ms);
@@ -303,6 +324,11 @@ gser_status_t gser_ucx_ep_send(gser_ucx_ep_t *ep, const gser_frame_t *frames, si
     }
     gser_ucx_request_free(r);
     return st;
+}
+
+gser_status_t gser_ucx_ep_send(gser_ucx_ep_t *ep, const gser_frame_t *frames, size_t nframes, int timeout_ms)
+{
+    return send_wait(ep, frames, nframes, timeout_ms, GSER_COMPRESSION_NONE, 0);
 }
 
 /* The codec a message sent on ep is serialized with: the endpoint's
@@ -356,6 +382,19 @@ gser_status_t gser_ucx_ep_send_msg(gser_ucx_ep_t *ep, gser_context_t *ctx, const
         return st;
     if ((st = gux_send_codec(ep, &so)))
         return st;
+    /* Frames the endpoint sends in compressed chunks, pipelined with the
+     * sending, are left uncompressed by the serializer. */
+    int zcodec = GSER_COMPRESSION_NONE;
+    gser_ucx_worker_t *w = ep->worker;
+    gux_lock(w);
+    bool chunked = gux_ep_chunked(ep);
+    gux_unlock(w);
+    if (chunked && (so.compression == GSER_COMPRESSION_LZ4 || so.compression == GSER_COMPRESSION_ZSTD)) {
+        zcodec = so.compression;
+        size_t max = w->zchunk_min - 1; /* zchunk_min >= 1: 0 means the default */
+        if (!so.compression_max_size || so.compression_max_size > max)
+            so.compression_max_size = max;
+    }
     gser_frames_t *f = NULL;
     st = gser_serialize(ctx, msg, &so, &f);
     if (st)
@@ -364,7 +403,7 @@ gser_status_t gser_ucx_ep_send_msg(gser_ucx_ep_t *ep, gser_context_t *ctx, const
         gux_fail(st, "serialize: device work failed: %s", gser_context_get_last_error(ctx));
         goto out;
     }
-    st = gser_ucx_ep_send(ep, gser_frames_get_array(f), gser_frames_get_count(f), timeout_ms);
+    st = send_wait(ep, gser_frames_get_array(f), gser_frames_get_count(f), timeout_ms, zcodec, so.compression_level);
 out:
     gser_frames_destroy(f);
     return st;

@@ -15,9 +15,22 @@
  * in chunk order (a chunk whose copy finished early waits for the ones
  * before it). When the receiver has no device backend the chunks land
  * directly in its host frame, without bounce buffers. Bounce buffers and
- * events come from a per-worker pool and go back to it. */
+ * events come from a per-worker pool and go back to it.
+ *
+ * Host frames sent in compressed chunks (route 3, GSER_UCX_CAP_CHUNKED)
+ * take the same pipeline, in the same frame order, with the codec in
+ * place of the copies and at most GUX_ZDEPTH chunk buffers per frame:
+ *
+ *   send:    compress chunk i into a buffer -> tagged send (UCX progressed
+ *            once) -> compress chunk i+1 while chunk i is on the wire
+ *   receive: tagged receive into a buffer -> decompress into the frame
+ *            (the receives of chunks i+1.. are posted meanwhile) */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <lz4.h>
+#include <zstd.h>
 
 #include "internal.h"
 
@@ -32,7 +45,15 @@ typedef struct gux_slot {
     void *ucx_req;
     bool xfer_done;
     ucs_status_t xfer_status;
+    unsigned char *zbuf; /* compressed chunks: the flag byte and the chunk (malloc'd, zcap bytes) */
+    size_t zcap;
+    size_t zlen; /* received: the chunk message's length */
 } gux_slot_t;
+
+/* Chunk buffers in flight per frame sent or received in compressed chunks. */
+#define GUX_ZDEPTH 3u
+/* A chunk travels compressed when it shrinks to this fraction (Dask's 0.9). */
+#define GUX_ZPAYS GSER_COMPRESS_THRESHOLD
 
 struct gux_stage_op {
     gser_ucx_request_t *req;
@@ -48,6 +69,9 @@ struct gux_stage_op {
     ucs_status_t error;
     size_t bounce_size; /* the peer's chunk when receiving */
     bool pooled;        /* bounce buffers of the pool's size */
+    size_t stage_chunk; /* the staging chunk (op->chunk is the current frame's) */
+    bool z;             /* the current frame goes in compressed chunks */
+    int zcodec;         /* ... in this codec */
     unsigned depth;
     gux_slot_t slots[];
 };
@@ -59,6 +83,8 @@ struct gux_staging {
     size_t nbounces, bounces_cap;
     gser_event_t **events; /* free events */
     size_t nevents, events_cap;
+    ZSTD_CCtx *zc; /* zstd's contexts for compressed chunks, kept: making one per chunk costs more than */
+    ZSTD_DCtx *zd; /* a 4 MiB chunk of well-compressing data takes to compress */
 };
 
 /* ---- pool -------------------------------------------------------------------------------- */
@@ -96,6 +122,7 @@ void gux_staging_destroy(gser_ucx_worker_t *w)
         for (unsigned i = 0; i < op->depth; i++) {
             bounce_put(op, op->slots[i].bounce);
             event_put(w, op->slots[i].ev);
+            free(op->slots[i].zbuf);
         }
         gux_list_del(&op->link);
         op->req->stage_op = NULL;
@@ -107,6 +134,8 @@ void gux_staging_destroy(gser_ucx_worker_t *w)
         gser_event_destroy(s->events[i]);
     free(s->bounces);
     free(s->events);
+    ZSTD_freeCCtx(s->zc);
+    ZSTD_freeDCtx(s->zd);
     gser_stream_destroy(w->gser_ctx, s->stream);
     free(s);
     w->staging = NULL;
@@ -229,15 +258,30 @@ static void chunk_recv_cb(void *ucx_req, ucs_status_t st, const ucp_tag_recv_inf
     s->xfer_status = st;
 }
 
+static void zchunk_recv_cb(void *ucx_req, ucs_status_t st, const ucp_tag_recv_info_t *info, void *user_data)
+{
+    (void)ucx_req;
+    gux_slot_t *s = user_data;
+    s->xfer_done = true;
+    s->xfer_status = st;
+    s->zlen = st == UCS_OK && info ? info->length : 0;
+}
+
 static size_t chunk_len(const gux_stage_op_t *op, size_t chunk)
 {
     size_t off = chunk * op->chunk;
     return op->size - off < op->chunk ? op->size - off : op->chunk;
 }
 
+static uint8_t frame_route(const gser_ucx_request_t *r, size_t i)
+{
+    return r->kind == GUX_REQ_SEND ? r->routes[i] : r->table[i].route;
+}
+
 static bool frame_staged(const gser_ucx_request_t *r, size_t i)
 {
-    return r->kind == GUX_REQ_SEND ? r->routes[i] == GUX_ROUTE_STAGED : r->table[i].route == GUX_ROUTE_STAGED;
+    uint8_t route = frame_route(r, i);
+    return route == GUX_ROUTE_STAGED || route == GUX_ROUTE_ZCHUNKED;
 }
 
 /* Move op to its next staged frame; false when there is none. */
@@ -254,6 +298,13 @@ static bool op_next_frame(gux_stage_op_t *op)
     const gser_frame_t *f = op->send ? &r->sframes[i] : &r->frames[i];
     op->base = (char *)f->data;
     op->size = f->size;
+    op->z = frame_route(r, i) == GUX_ROUTE_ZCHUNKED;
+    if (op->z) {
+        op->chunk = op->send ? r->worker->zchunk : r->table[i].zchunk;
+        op->zcodec = op->send ? r->zcodec : r->table[i].codec;
+    } else {
+        op->chunk = op->stage_chunk;
+    }
     op->nchunks = (op->size + op->chunk - 1) / op->chunk;
     op->next_issue = op->next_post = op->done = 0;
     return true;
@@ -274,9 +325,206 @@ static void op_error(gux_stage_op_t *op, ucs_status_t st)
     op->aborting = true;
 }
 
+static unsigned op_inflight(const gux_stage_op_t *op)
+{
+    unsigned n = 0;
+    for (unsigned i = 0; i < op->depth; i++)
+        n += op->slots[i].state != SLOT_FREE;
+    return n;
+}
+
+/* A compressed chunk is bad: the request ends with st (the message names
+ * frame and chunk) and the chunk receives still posted are taken back. */
+static void op_zfail(gux_stage_op_t *op, gser_status_t st)
+{
+    gser_ucx_request_t *r = op->req;
+    if (!r->fail_status) {
+        /* Kept with the request: other calls may say other things before
+         * the canceled receives are back and the message is rejected. */
+        r->fail_status = st;
+        snprintf(r->fail_why, sizeof r->fail_why, "%s", gser_ucx_get_last_error());
+    }
+    op_error(op, UCS_ERR_INVALID_PARAM);
+    for (unsigned i = 0; i < op->depth; i++)
+        if (op->slots[i].state == SLOT_XFER && op->slots[i].ucx_req && !op->slots[i].xfer_done)
+            ucp_request_cancel(r->worker->ucp, op->slots[i].ucx_req);
+}
+
+/* A chunk buffer of at least n bytes in s. */
+static bool zbuf_get(gux_slot_t *s, size_t n)
+{
+    if (s->zcap >= n)
+        return true;
+    free(s->zbuf);
+    s->zcap = 0;
+    if (!(s->zbuf = malloc(n)))
+        return false;
+    s->zcap = n;
+    return true;
+}
+
+/* Compress src[0..n) into dst (capacity cap): the size, or 0 when it does
+ * not fit (did not shrink enough) or failed. */
+static size_t zcompress(gux_staging_t *st, int codec, int level, const void *src, size_t n, void *dst, size_t cap)
+{
+    if (codec == GSER_COMPRESSION_LZ4) {
+        int r = LZ4_compress_fast(src, dst, (int)n, (int)cap, level > 1 ? level : 1);
+        return r > 0 ? (size_t)r : 0;
+    }
+    if (!st->zc && !(st->zc = ZSTD_createCCtx()))
+        return 0; /* it goes raw */
+    size_t r = ZSTD_compressCCtx(st->zc, dst, cap, src, n, level ? level : ZSTD_CLEVEL_DEFAULT);
+    return ZSTD_isError(r) ? 0 : r;
+}
+
+/* Compress chunk c of op's frame into s's buffer and send it; UCX is
+ * progressed once so that it moves while the next chunk is compressed. */
+static void zslot_send(gux_stage_op_t *op, gux_slot_t *s, size_t c)
+{
+    gser_ucx_request_t *r = op->req;
+    gser_ucx_worker_t *w = r->worker;
+    size_t len = chunk_len(op, c);
+    const char *src = op->base + c * op->chunk;
+    if (!zbuf_get(s, GUX_ZCHUNK_PREFIX + len)) {
+        gux_fail(GSER_ERR_NO_MEMORY, "send: frame %zu, chunk %zu: out of memory for a chunk buffer", op->frame, c);
+        op_error(op, UCS_ERR_NO_MEMORY);
+        return;
+    }
+    size_t cap = (size_t)(GUX_ZPAYS * (double)len);
+    size_t n = zcompress(w->staging, op->zcodec, r->zlevel, src, len, s->zbuf + GUX_ZCHUNK_PREFIX, cap);
+    bool raw = n == 0 || n > cap;
+    if (raw) { /* it did not shrink: it goes as it is */
+        memcpy(s->zbuf + GUX_ZCHUNK_PREFIX, src, len);
+        n = len;
+    }
+    s->zbuf[0] = (unsigned char)((raw ? GUX_ZCHUNK_RAW : 0) | (c + 1 == op->nchunks ? GUX_ZCHUNK_LAST : 0));
+    s->chunk = c;
+    s->xfer_done = false;
+    s->xfer_status = UCS_OK;
+    op->next_issue++;
+    if (!r->ep || !r->ep->ucp) { /* closed meanwhile: the rest is not sent */
+        op_error(op, UCS_ERR_CANCELED);
+        return;
+    }
+    ucp_request_param_t p = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMORY_TYPE,
+        .cb.send = chunk_send_cb,
+        .user_data = s,
+        .memory_type = UCS_MEMORY_TYPE_HOST,
+    };
+    ucs_status_ptr_t sp = ucp_tag_send_nbx(r->ep->ucp, s->zbuf, GUX_ZCHUNK_PREFIX + n,
+                                           gux_tag(r->ep->peer_id, GUX_KIND_ZCHUNK, r->seq), &p);
+    op->next_post++;
+    if (UCS_PTR_IS_ERR(sp)) {
+        GUX_CALL("send: ucp_tag_send_nbx of a compressed chunk", UCS_PTR_STATUS(sp));
+        op_error(op, UCS_PTR_STATUS(sp));
+        return;
+    }
+    gser_ucx_chunk_stats_t *zs = &r->ep->zstats;
+    zs->chunks_sent++;
+    zs->chunks_compressed += !raw;
+    zs->frames_sent += c == 0;
+    s->ucx_req = sp;
+    s->xfer_done = sp == NULL;
+    s->state = SLOT_XFER;
+    ucp_worker_progress(w->ucp);
+}
+
+/* Post the receive of chunk c of op's frame into s's buffer. */
+static void zslot_recv(gux_stage_op_t *op, gux_slot_t *s, size_t c)
+{
+    gser_ucx_request_t *r = op->req;
+    gser_ucx_worker_t *w = r->worker;
+    size_t cap = GUX_ZCHUNK_PREFIX + chunk_len(op, c); /* longer ones are truncated by UCX: refused */
+    if (!zbuf_get(s, cap)) {
+        gux_fail(GSER_ERR_NO_MEMORY, "receive: frame %zu, chunk %zu: out of memory for a chunk buffer", op->frame, c);
+        op_error(op, UCS_ERR_NO_MEMORY);
+        return;
+    }
+    s->chunk = c;
+    s->xfer_done = false;
+    s->xfer_status = UCS_OK;
+    s->zlen = 0;
+    ucp_tag_recv_info_t imm;
+    ucp_request_param_t p = gux_recv_param(zchunk_recv_cb, s, UCS_MEMORY_TYPE_HOST, &imm);
+    /* Always through the callback, which has the chunk's length (UCX 1.13
+     * does not fill imm when it completes at once); it may run before
+     * ucp_tag_recv_nbx returns. */
+    p.op_attr_mask |= UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    ucs_status_ptr_t sp = ucp_tag_recv_nbx(w->ucp, s->zbuf, cap, gux_tag(r->ep->local_id, GUX_KIND_ZCHUNK, r->seq),
+                                           GUX_TAG_MASK_ALL, &p);
+    if (UCS_PTR_IS_ERR(sp)) {
+        GUX_CALL("receive: ucp_tag_recv_nbx of a compressed chunk", UCS_PTR_STATUS(sp));
+        op_error(op, UCS_PTR_STATUS(sp));
+        return;
+    }
+    s->ucx_req = sp; /* the callback may have run already: xfer_done stays as it set it */
+    if (!sp)
+        s->xfer_done = true;
+    s->state = SLOT_XFER;
+    op->next_issue++;
+}
+
+/* Chunk s->chunk arrived: check it and put it in its place in the frame,
+ * decompressed to exactly its raw size. */
+static void zslot_land(gux_stage_op_t *op, gux_slot_t *s)
+{
+    gser_ucx_request_t *r = op->req;
+    size_t c = s->chunk, len = chunk_len(op, c);
+    char *dst = op->base + c * op->chunk;
+    if (s->xfer_status == UCS_ERR_MESSAGE_TRUNCATED) {
+        gux_fail(GSER_ERR_COMPRESSED, "receive: frame %zu, chunk %zu: longer than the %zu bytes a chunk of %zu may be",
+                 op->frame, c, GUX_ZCHUNK_PREFIX + len, len);
+        op_zfail(op, GSER_ERR_COMPRESSED);
+        return;
+    }
+    bool raw;
+    gser_status_t st = gux_zchunk_check(s->zbuf, s->zlen, op->frame, c, op->nchunks, len, &raw);
+    if (st) {
+        op_zfail(op, st);
+        return;
+    }
+    const unsigned char *src = s->zbuf + GUX_ZCHUNK_PREFIX;
+    size_t n = s->zlen - GUX_ZCHUNK_PREFIX;
+    bool ok;
+    if (raw) {
+        memcpy(dst, src, len);
+        ok = true;
+    } else if (op->zcodec == GSER_COMPRESSION_LZ4) {
+        ok = LZ4_decompress_safe((const char *)src, dst, (int)n, (int)len) == (int)len;
+    } else {
+        gux_staging_t *stg = r->worker->staging;
+        if (!stg->zd && !(stg->zd = ZSTD_createDCtx())) {
+            gux_fail(GSER_ERR_NO_MEMORY, "receive: frame %zu, chunk %zu: out of memory for zstd", op->frame, c);
+            op_zfail(op, GSER_ERR_NO_MEMORY);
+            return;
+        }
+        size_t got = ZSTD_decompressDCtx(stg->zd, dst, len, src, n);
+        ok = !ZSTD_isError(got) && got == len;
+    }
+    if (!ok) {
+        gux_fail(GSER_ERR_COMPRESSED, "receive: frame %zu, chunk %zu: %zu bytes of %s that do not decompress to its %zu",
+                 op->frame, c, n, op->zcodec == GSER_COMPRESSION_LZ4 ? "lz4" : "zstd", len);
+        op_zfail(op, GSER_ERR_COMPRESSED);
+        return;
+    }
+    gser_ucx_chunk_stats_t *zs = &r->ep->zstats;
+    zs->chunks_received++;
+    zs->chunks_raw_received += raw;
+    zs->frames_received += c + 1 == op->nchunks;
+    op->done++;
+}
+
 /* Start work on a free slot: a D2H copy (send) or a receive. */
 static void slot_issue(gux_stage_op_t *op, gux_slot_t *s)
 {
+    if (op->z) {
+        if (op->send)
+            zslot_send(op, s, op->next_issue);
+        else
+            zslot_recv(op, s, op->next_issue);
+        return;
+    }
     gser_ucx_request_t *r = op->req;
     gser_ucx_worker_t *w = r->worker;
     size_t c = op->next_issue;
@@ -332,6 +580,12 @@ static bool slot_step(gux_stage_op_t *op, gux_slot_t *s)
         if (s->ucx_req)
             ucp_request_free(s->ucx_req);
         s->ucx_req = NULL;
+        if (op->z && !op->send && !op->aborting && (s->xfer_status == UCS_OK ||
+                                                    s->xfer_status == UCS_ERR_MESSAGE_TRUNCATED)) {
+            s->state = SLOT_FREE;
+            zslot_land(op, s);
+            return true;
+        }
         if (s->xfer_status != UCS_OK) {
             op_error(op, s->xfer_status);
             s->state = SLOT_FREE;
@@ -408,6 +662,7 @@ static void op_finish(gux_stage_op_t *op)
     for (unsigned i = 0; i < op->depth; i++) {
         bounce_put(op, op->slots[i].bounce);
         event_put(w, op->slots[i].ev);
+        free(op->slots[i].zbuf);
     }
     gux_list_del(&op->link);
     ucs_status_t st = op->error;
@@ -431,7 +686,8 @@ static unsigned op_advance(gux_stage_op_t *op)
             gux_slot_t *s = &op->slots[(op->next_post + i) % op->depth];
             if (slot_step(op, s))
                 moved = true;
-            if (s->state == SLOT_FREE && !op->aborting && op->next_issue < op->nchunks) {
+            if (s->state == SLOT_FREE && !op->aborting && op->next_issue < op->nchunks &&
+                (!op->z || op_inflight(op) < GUX_ZDEPTH)) {
                 slot_issue(op, s);
                 moved = true;
             }
@@ -461,7 +717,7 @@ gser_status_t gux_staging_advance(gser_ucx_request_t *r)
     op->req = r;
     op->send = r->kind == GUX_REQ_SEND;
     op->depth = depth;
-    op->chunk = op->send ? w->chunk : r->chunk;
+    op->stage_chunk = op->chunk = op->send ? w->chunk : r->chunk;
     op->bounce_size = op->chunk;
     op->pooled = op->chunk == w->chunk;
     for (unsigned i = 0; i < depth; i++)

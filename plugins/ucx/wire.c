@@ -173,7 +173,7 @@ static uint8_t route_of(const gser_frame_t *f, size_t i, const gux_route_policy_
         *budget -= f->size;
         return GUX_ROUTE_INLINE;
     }
-    return GUX_ROUTE_TAG;
+    return pol->zchunk_min && f->size >= pol->zchunk_min ? GUX_ROUTE_ZCHUNKED : GUX_ROUTE_TAG;
 }
 
 gser_status_t gux_head_plan(const gser_frame_t *frames, size_t nframes, const gux_route_policy_t *pol,
@@ -231,6 +231,47 @@ void gux_head_write(const gser_frame_t *frames, size_t nframes, const uint8_t *r
     (void)head_len; /* == off, by gux_head_plan */
 }
 
+void gux_head_set_zchunks(unsigned char *head, size_t nframes, const uint8_t *routes, int codec, uint32_t chunk)
+{
+    for (size_t i = 0; i < nframes; i++) {
+        if (routes[i] != GUX_ROUTE_ZCHUNKED)
+            continue;
+        unsigned char *e = head + GUX_HEAD_FIXED + GUX_HEAD_ENTRY * i;
+        put_le(e + 10, (uint64_t)codec, 2);
+        put_le(e + 12, chunk, 4);
+    }
+}
+
+gser_status_t gux_zchunk_check(const unsigned char *msg, size_t len, size_t i, size_t k, size_t nchunks,
+                               size_t raw_len, bool *is_raw)
+{
+    if (len < GUX_ZCHUNK_PREFIX)
+        return gux_fail(GSER_ERR_COMPRESSED, "receive: frame %zu, chunk %zu: an empty chunk", i, k);
+    unsigned flags = msg[0];
+    if (flags & ~(unsigned)(GUX_ZCHUNK_RAW | GUX_ZCHUNK_LAST))
+        return gux_fail(GSER_ERR_COMPRESSED, "receive: frame %zu, chunk %zu: unknown flags 0x%02x", i, k, flags);
+    bool last = (flags & GUX_ZCHUNK_LAST) != 0;
+    if (last && k + 1 < nchunks)
+        return gux_fail(GSER_ERR_COMPRESSED,
+                        "receive: frame %zu, chunk %zu: marked the last, but the frame's size needs %zu chunks", i, k,
+                        nchunks);
+    if (!last && k + 1 == nchunks)
+        return gux_fail(GSER_ERR_COMPRESSED,
+                        "receive: frame %zu, chunk %zu: not marked the last, but the frame's size needs %zu chunks", i,
+                        k, nchunks);
+    bool raw = (flags & GUX_ZCHUNK_RAW) != 0;
+    if (raw && len - GUX_ZCHUNK_PREFIX != raw_len)
+        return gux_fail(GSER_ERR_COMPRESSED, "receive: frame %zu, chunk %zu: a raw chunk of %zu bytes where %zu are due",
+                        i, k, len - GUX_ZCHUNK_PREFIX, raw_len);
+    if (!raw && len - GUX_ZCHUNK_PREFIX >= raw_len)
+        return gux_fail(GSER_ERR_COMPRESSED,
+                        "receive: frame %zu, chunk %zu: %zu compressed bytes for %zu raw ones (a chunk that does not "
+                        "shrink travels raw)",
+                        i, k, len - GUX_ZCHUNK_PREFIX, raw_len);
+    *is_raw = raw;
+    return GSER_OK;
+}
+
 gser_status_t gux_head_parse_fixed(const unsigned char *head, size_t len, size_t max_frames, gux_head_info_t *info)
 {
     if (len < GUX_HEAD_FIXED)
@@ -270,9 +311,24 @@ gser_status_t gux_head_parse_table(const unsigned char *head, size_t len, uint64
         const unsigned char *e = head + GUX_HEAD_FIXED + GUX_HEAD_ENTRY * i;
         gux_head_frame_t f = {.size = get_le(e, 8), .memory = e[8], .route = e[9],
                               .device = (int32_t)(uint32_t)get_le(e + 12, 4)};
-        if (f.memory > GSER_MEMORY_DEVICE || f.route > GUX_ROUTE_STAGED || get_le(e + 10, 2) != 0)
+        if (f.route == GUX_ROUTE_ZCHUNKED) {
+            /* codec and chunk size where other routes have reserved bits and a device */
+            uint64_t codec = get_le(e + 10, 2), chunk = (uint32_t)f.device;
+            if (f.memory != GSER_MEMORY_HOST)
+                return gux_fail(GSER_ERR_FORMAT, "frame %zu: compressed chunks of device memory", i);
+            if (codec != GSER_COMPRESSION_LZ4 && codec != GSER_COMPRESSION_ZSTD)
+                return gux_fail(GSER_ERR_COMPRESSED, "frame %zu: compressed chunks of unknown codec %llu", i,
+                                (unsigned long long)codec);
+            if (chunk < GSER_UCX_CHUNK_MIN || chunk > GSER_UCX_CHUNK_MAX)
+                return gux_fail(GSER_ERR_COMPRESSED, "frame %zu: a compressed chunk size of %llu bytes (%zu to %zu)",
+                                i, (unsigned long long)chunk, GSER_UCX_CHUNK_MIN, GSER_UCX_CHUNK_MAX);
+            f.codec = (uint8_t)codec;
+            f.zchunk = (uint32_t)chunk;
+            f.device = 0;
+        } else if (f.memory > GSER_MEMORY_DEVICE || f.route > GUX_ROUTE_STAGED || get_le(e + 10, 2) != 0) {
             return gux_fail(GSER_ERR_FORMAT, "frame table entry %zu has memory %u, route %u or reserved bits", i,
                             f.memory, f.route);
+        }
         if (i == 0 && (f.memory != GSER_MEMORY_HOST || f.route != GUX_ROUTE_INLINE))
             return gux_fail(GSER_ERR_FORMAT, "frame 0 (the header) must be inline host memory");
         if (f.size > max_bytes - total)

@@ -129,6 +129,7 @@ enum {
     GUX_KIND_CHUNK = 3,
     GUX_KIND_PROBE = 4, /* probe.c, connection 0 */
     GUX_KIND_SHORT = 5, /* a message of one frame, sent as that frame without its magic */
+    GUX_KIND_ZCHUNK = 6, /* a chunk of a frame sent in compressed chunks (route 3) */
 };
 
 #define GUX_SEQ_MASK 0x0fffffffu
@@ -189,14 +190,40 @@ GUX_HIDDEN bool gux_short_fits(const gser_frame_t *frames, size_t nframes);
 #define GUX_HEAD_ENTRY 16
 #define GUX_HEAD_ALIGN 16
 
-enum { GUX_ROUTE_INLINE = 0, GUX_ROUTE_TAG = 1, GUX_ROUTE_STAGED = 2 };
+enum { GUX_ROUTE_INLINE = 0, GUX_ROUTE_TAG = 1, GUX_ROUTE_STAGED = 2, GUX_ROUTE_ZCHUNKED = 3 };
 
 /* How the sender routes each frame; decided once, used to size and write the head. */
 typedef struct gux_route_policy {
     size_t inline_max;    /* host frames up to this size are inlined ... */
     size_t inline_budget; /* ... while the inlined bytes stay within this */
     bool device_direct;   /* both sides' UCX move device memory */
+    size_t zchunk_min;    /* host frames of at least this size go in compressed chunks (0: none do) */
 } gux_route_policy_t;
+
+/* ---- route 3: a host frame in compressed chunks (GSER_UCX_CAP_CHUNKED) ----------------
+ * Its table entry: size = the frame's raw bytes, memory 0, route 3, bytes
+ * 10..11 the codec (1 lz4, 2 zstd) where other routes have zero, bytes
+ * 12..15 the chunk size (GSER_UCX_CHUNK_MIN..MAX) where others have the
+ * device ordinal. The frame follows as ceil(size / chunk) sends of kind
+ * GUX_KIND_ZCHUNK, in chunk order (after the staged chunks of frames
+ * before it, frame by frame): one flag byte, then the chunk compressed,
+ * or raw (GUX_ZCHUNK_RAW) when it did not shrink to 0.9 of its size.
+ * The last chunk of the frame says so (GUX_ZCHUNK_LAST), so that a
+ * sender that sends more or fewer chunks than the size needs is caught at
+ * the chunk where they part. */
+enum { GUX_ZCHUNK_RAW = 1u << 0, GUX_ZCHUNK_LAST = 1u << 1 };
+#define GUX_ZCHUNK_PREFIX 1
+
+/* Write codec and chunk into the route-3 entries of a head written by
+ * gux_head_write. */
+GUX_HIDDEN void gux_head_set_zchunks(unsigned char *head, size_t nframes, const uint8_t *routes, int codec,
+                                     uint32_t chunk);
+
+/* Check chunk k of frame i (nchunks in all) as received: len bytes at msg,
+ * whose raw part is raw_len bytes. GSER_ERR_COMPRESSED naming the frame and
+ * the chunk; *is_raw on success. */
+GUX_HIDDEN gser_status_t gux_zchunk_check(const unsigned char *msg, size_t len, size_t i, size_t k, size_t nchunks,
+                                          size_t raw_len, bool *is_raw);
 
 /* The route of each frame (routes[i]) and the head's length. GSER_ERR_INVALID_ARG
  * for a header frame not in host memory, GSER_ERR_LIMIT_FRAMES past 2^32-1 frames. */
@@ -213,7 +240,9 @@ typedef struct gux_head_frame {
     uint8_t memory;
     uint8_t route;
     int32_t device;
-    size_t offset; /* inline: where its bytes start in the head */
+    size_t offset;  /* inline: where its bytes start in the head */
+    uint8_t codec;  /* route 3: GSER_COMPRESSION_LZ4 or _ZSTD */
+    uint32_t zchunk; /* route 3: bytes per chunk */
 } gux_head_frame_t;
 
 typedef struct gux_head_info {

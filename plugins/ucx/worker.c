@@ -184,7 +184,7 @@ gser_status_t gser_ucx_context_create(const gser_ucx_context_options_t *opts, gs
     /* memory_types is a bitmask indexed by ucs_memory_type_t. */
     if (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA))
         ctx->caps |= GSER_UCX_CAP_CUDA;
-    ctx->caps |= GUX_CODECS; /* liblz4 and libzstd are linked into every build */
+    ctx->caps |= GUX_CODECS | GSER_UCX_CAP_CHUNKED; /* liblz4 and libzstd are linked into every build */
     *ctx_out = ctx;
     return GSER_OK;
 
@@ -257,6 +257,9 @@ static void worker_options_set(gser_ucx_worker_t *w, const gser_ucx_worker_optio
     w->announce_gser_version = GSER_WIRE_VERSION;
     w->compression = o->compression;
     w->compression_level = o->compression_level;
+    w->announce_chunked = true;
+    w->zchunk_min = o->chunked_min ? o->chunked_min : GSER_UCX_CHUNKED_MIN_DEFAULT;
+    w->zchunk = o->chunked_size ? o->chunked_size : GSER_UCX_CHUNK_MAX;
     gux_list_init(&w->eps);
     gux_list_init(&w->listeners);
     gux_list_init(&w->recvs);
@@ -333,6 +336,9 @@ gser_status_t gser_ucx_worker_create(gser_ucx_context_t *ctx, const gser_ucx_wor
     if ((unsigned)o.compression > GSER_UCX_COMPRESSION_ZSTD)
         return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_worker_create: compression %d is not a gser_ucx_compression_t",
                         o.compression);
+    if (o.chunked_size && (o.chunked_size < GSER_UCX_CHUNK_MIN || o.chunked_size > GSER_UCX_CHUNK_MAX))
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_worker_create: chunked_size %zu is outside %zu..%zu (or 0)",
+                        o.chunked_size, GSER_UCX_CHUNK_MIN, GSER_UCX_CHUNK_MAX);
     if (o.staging_chunk > UINT32_MAX)
         return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_worker_create: staging_chunk must fit in 32 bits");
     gux_error_clear();

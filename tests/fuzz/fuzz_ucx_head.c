@@ -1,7 +1,8 @@
 /* libFuzzer target: the UCX transport's wire parsing from untrusted bytes —
  * the hello and the head of a message (fixed part, frame table,
  * inlined frames), and a message whose frames all came inlined decoded as
- * a receiver decodes it (compressed frames decompressed). Whatever the
+ * a receiver decodes it (compressed frames decompressed); frames in
+ * compressed chunks (route 3) are checked as parsed. Whatever the
  * parser accepts must stay inside the bytes it was given and within the
  * limits. Seeds: tests/fuzz/corpus-ucx. */
 #include <stdint.h>
@@ -41,6 +42,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 abort(); /* an inlined frame said to lie outside the head */
             for (uint64_t k = 0; k < f->size; k++)
                 sink += data[f->offset + k];
+        } else if (f->route == GUX_ROUTE_ZCHUNKED) {
+            /* compressed chunks: what the parser accepted is in range, and
+             * the chunk check (fed the head's own bytes as a chunk) takes
+             * only chunks of the lengths the flags allow */
+            if ((f->codec != GSER_COMPRESSION_LZ4 && f->codec != GSER_COMPRESSION_ZSTD) ||
+                f->zchunk < GSER_UCX_CHUNK_MIN || f->zchunk > GSER_UCX_CHUNK_MAX || f->memory != GSER_MEMORY_HOST)
+                abort();
+            size_t n = (size_t)((f->size + f->zchunk - 1) / f->zchunk);
+            size_t raw_len = f->size < f->zchunk ? (size_t)f->size : f->zchunk;
+            bool is_raw;
+            if (gux_zchunk_check(data, size, i, 0, n, raw_len, &is_raw) == GSER_OK &&
+                (is_raw ? size - GUX_ZCHUNK_PREFIX != raw_len : size - GUX_ZCHUNK_PREFIX >= raw_len))
+                abort();
         }
     }
     if (total > MAX_BYTES)

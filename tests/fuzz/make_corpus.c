@@ -478,8 +478,10 @@ int main(int argc, char **argv)
                                     {small, sizeof small, GSER_MEMORY_HOST, 0, NULL, NULL},
                                     {big, 70000, GSER_MEMORY_HOST, 0, NULL, NULL},
                                     {big, 16, GSER_MEMORY_DEVICE, 1, NULL, NULL}};
-    for (int variant = 0; variant < 2; variant++) {
-        gux_route_policy_t pol = {.inline_max = 8192, .inline_budget = 65536, .device_direct = variant == 1};
+    /* variant 2: the 70000-byte frame in compressed chunks (route 3) */
+    for (int variant = 0; variant < 3; variant++) {
+        gux_route_policy_t pol = {.inline_max = 8192, .inline_budget = 65536, .device_direct = variant == 1,
+                                  .zchunk_min = variant == 2 ? 65536 : 0};
         uint8_t routes[4];
         size_t len;
         if (gux_head_plan(frames, 4, &pol, routes, &len) != GSER_OK)
@@ -487,7 +489,9 @@ int main(int argc, char **argv)
         unsigned char *head = calloc(1, len);
         if (!head)
             return 1;
-        gux_head_write(frames, 4, routes, 7, variant ? 0 : 4u << 20, head, len);
+        gux_head_write(frames, 4, routes, 7, variant != 1 ? 4u << 20 : 0, head, len);
+        if (variant == 2)
+            gux_head_set_zchunks(head, 4, routes, GSER_COMPRESSION_LZ4, 1u << 20);
         char path[600];
         snprintf(path, sizeof path, "%s/head-%d.bin", udir, variant);
         FILE *out = fopen(path, "wb");
@@ -496,7 +500,8 @@ int main(int argc, char **argv)
         fclose(out);
         free(head);
     }
-    gux_hello_t hello = {GSER_UCX_WIRE_VERSION, GSER_WIRE_VERSION, GSER_UCX_CAP_LZ4 | GSER_UCX_CAP_ZSTD,
+    gux_hello_t hello = {GSER_UCX_WIRE_VERSION, GSER_WIRE_VERSION,
+                         GSER_UCX_CAP_LZ4 | GSER_UCX_CAP_ZSTD | GSER_UCX_CAP_CHUNKED,
                          GUX_HELLO_SECRET, 10000, {7}};
     unsigned char hb[GUX_HELLO_LEN];
     gux_hello_encode(&hello, hb);

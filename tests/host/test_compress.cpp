@@ -731,6 +731,29 @@ TEST_F(Compress, BadChunkSizesAreRefusedAndOldCallersGetWholeFrames)
     EXPECT_EQ(chunks_of(d.msg.get(), 1).n, 0u) << "compressed whole";
 }
 
+TEST_F(Compress, FramesOverTheMaxSizeAreLeftForTheTransport)
+{
+    // two compressible frames; the limit lies between their sizes
+    auto keys = sorted_keys(kBig / 8);
+    size_t half = kBig / 2;
+    auto m = two_buffers(ctx(), keys.data(), kBig, keys.data(), half);
+    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
+    so.compression = GSER_COMPRESSION_LZ4;
+    so.compression_max_size = half;
+    gser_frames_t *f = nullptr;
+    ASSERT_EQ(gser_serialize(ctx(), m.get(), &so, &f), GSER_OK) << gser_context_get_last_error(ctx());
+    FramesPtr fp(f);
+    ASSERT_EQ(gser_frames_get_count(f), 3u);
+    const gser_frame_t *fr = gser_frames_get_array(f);
+    EXPECT_EQ(fr[1].data, (const void *)keys.data()) << "over the limit: the caller's bytes, uncompressed";
+    EXPECT_EQ(fr[1].size, kBig);
+    EXPECT_LT(fr[2].size, half / 2) << "at the limit: compressed";
+    auto back = deserialize(ctx(), f);
+    ASSERT_TRUE(back);
+    EXPECT_EQ(buffer_bytes(back.get(), 0), std::string((const char *)keys.data(), kBig));
+    EXPECT_EQ(buffer_bytes(back.get(), 1), std::string((const char *)keys.data(), half));
+}
+
 TEST_F(Compress, AFrameWhoseChunkSamplesCannotPayCostsNoBuffer)
 {
     // 48 MiB of a counter (lz4: half) at 0.3: every chunk's sample says no,

@@ -7,6 +7,11 @@
 // GSER_ERR_COMPRESSED and close the endpoint.
 #include "ucx_common.hpp"
 
+#include <functional>
+#include <random>
+
+#include <lz4.h>
+
 extern "C" {
 #include "internal.h"
 }
@@ -70,7 +75,8 @@ gser_ucx_worker_options_t with_compression(int c)
 // started afterwards, so the workers are made first, then connected).
 struct CodecPair {
     Pair p;
-    void open(int server_mode, int client_mode, uint32_t server_codecs = GUX_CODECS, uint32_t client_codecs = GUX_CODECS)
+    void open(int server_mode, int client_mode, uint32_t server_codecs = GUX_CODECS, uint32_t client_codecs = GUX_CODECS,
+              bool server_chunked = true)
     {
         gser_ucx_worker_options_t so = with_compression(server_mode), co = with_compression(client_mode);
         co.thread_mode = GSER_UCX_THREAD_SERIALIZED; // a test's send_msg may run on a thread of its own
@@ -81,6 +87,7 @@ struct CodecPair {
         ASSERT_TRUE(p.server && p.client);
         gux_worker_set_announce_codecs(p.server.get(), server_codecs);
         gux_worker_set_announce_codecs(p.client.get(), client_codecs);
+        gux_worker_set_announce_chunked(p.server.get(), server_chunked);
         p.listener = listen_local(p.server.get());
         ASSERT_TRUE(p.listener);
         p.connect(&p.cep, &p.sep);
@@ -384,7 +391,8 @@ TEST(Compress, DetachedDeserializeRunsOffTheWorkersThread)
 {
     auto ctx = make_ctx();
     CodecPair cp;
-    ASSERT_NO_FATAL_FAILURE(cp.open(0, GSER_UCX_COMPRESSION_ZSTD));
+    // the whole-frame path (8 MiB would go in compressed chunks, decompressed on arrival)
+    ASSERT_NO_FATAL_FAILURE(cp.open(0, GSER_UCX_COMPRESSION_ZSTD, GUX_CODECS, GUX_CODECS, false));
     std::vector<unsigned char> bytes;
     MsgPtr m = runs_msg(ctx.get(), bytes, 8 * kBig);
     UCX_OK(gser_ucx_ep_send_msg(cp.p.cep.get(), ctx.get(), m.get(), nullptr, kWaitMs));
@@ -544,5 +552,273 @@ INSTANTIATE_TEST_SUITE_P(Codecs, CompressHostile, ::testing::Values(GSER_COMPRES
                          [](const ::testing::TestParamInfo<int> &i) {
                              return std::string(i.param == GSER_COMPRESSION_LZ4 ? "lz4" : "zstd");
                          });
+
+// ---- compressed chunks (GSER_UCX_CAP_CHUNKED, docs/ucx.md 4.6) --------------------------------
+
+constexpr size_t kChunked = 40u << 20; // 10 chunks of the default 4 MiB
+
+// kChunked bytes: runs (compressible) but for the last 8 MiB, random (two
+// chunks that do not shrink and must travel raw).
+void chunked_bytes(std::vector<unsigned char> &b)
+{
+    b.resize(kChunked);
+    for (size_t i = 0; i < kChunked - (8u << 20); i++)
+        b[i] = (unsigned char)(i / 4096);
+    std::mt19937 rng(11);
+    for (size_t i = kChunked - (8u << 20); i < kChunked; i += 4) {
+        uint32_t v = rng();
+        std::memcpy(&b[i], &v, 4);
+    }
+}
+
+gser_ucx_chunk_stats_t chunk_stats(gser_ucx_ep_t *ep)
+{
+    gser_ucx_chunk_stats_t s = GSER_UCX_CHUNK_STATS_INIT;
+    EXPECT_EQ(gser_ucx_ep_get_chunk_stats(ep, &s), GSER_OK) << gser_ucx_get_last_error();
+    return s;
+}
+
+// Send kChunked bytes (chunked_bytes) from the client of cp with send_msg; got is the message received.
+void send_large(CodecPair &cp, gser_context_t *ctx, std::vector<unsigned char> &bytes, MsgPtr *got)
+{
+    chunked_bytes(bytes);
+    gser_msg_t *m = nullptr;
+    ASSERT_EQ(gser_msg_create(ctx, &m), GSER_OK);
+    MsgPtr msg(m);
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
+    d.data = bytes.data();
+    d.nbytes = bytes.size();
+    gser_value_t *v;
+    ASSERT_EQ(gser_msg_new_buffer(m, &d, &v), GSER_OK);
+    ASSERT_EQ(gser_msg_set_root(m, v), GSER_OK);
+    std::thread t;
+    std::atomic<int> sst;
+    send_msg_async(cp, ctx, m, nullptr, &t, &sst);
+    gser_status_t rst = recv_one(cp, ctx, got, true);
+    t.join();
+    UCX_OK((gser_status_t)sst.load());
+    UCX_OK(rst);
+    ASSERT_TRUE(*got);
+}
+
+class Chunked : public ::testing::TestWithParam<int> {};
+
+// A large compressible frame goes in compressed chunks, the incompressible
+// ones raw, and arrives equal, uncompressed in the message.
+TEST_P(Chunked, LargeFrameGoesInChunksAndArrivesEqual)
+{
+    int codec = GetParam();
+    auto ctx = make_ctx();
+    CodecPair cp;
+    ASSERT_NO_FATAL_FAILURE(
+        cp.open(0, codec == GSER_COMPRESSION_LZ4 ? GSER_UCX_COMPRESSION_LZ4 : GSER_UCX_COMPRESSION_ZSTD));
+    gser_ucx_peer_info_t info = GSER_UCX_PEER_INFO_INIT;
+    UCX_OK(gser_ucx_ep_get_peer_info(cp.p.cep.get(), &info));
+    EXPECT_TRUE(info.caps & GSER_UCX_CAP_CHUNKED);
+    std::vector<unsigned char> bytes;
+    MsgPtr got;
+    ASSERT_NO_FATAL_FAILURE(send_large(cp, ctx.get(), bytes, &got));
+    EXPECT_TRUE(same_bytes(got.get(), bytes));
+    int c = -1;
+    size_t wire = 0;
+    ASSERT_EQ(gser_msg_get_frame_codec(got.get(), 1, &c, &wire), GSER_OK);
+    EXPECT_EQ(c, GSER_COMPRESSION_NONE) << "the transport decompressed it: the header has it raw";
+    EXPECT_EQ(wire, kChunked);
+    auto s = chunk_stats(cp.p.cep.get());
+    EXPECT_EQ(s.frames_sent, 1u);
+    EXPECT_EQ(s.chunks_sent, 10u);
+    EXPECT_EQ(s.chunks_compressed, 8u) << "the two random chunks went raw";
+    auto r = chunk_stats(cp.p.sep.get());
+    EXPECT_EQ(r.frames_received, 1u);
+    EXPECT_EQ(r.chunks_received, 10u);
+    EXPECT_EQ(r.chunks_raw_received, 2u);
+    // a second message on the same endpoints: sequence numbers and buffers carry on
+    MsgPtr again;
+    std::vector<unsigned char> bytes2;
+    ASSERT_NO_FATAL_FAILURE(send_large(cp, ctx.get(), bytes2, &again));
+    EXPECT_TRUE(same_bytes(again.get(), bytes2));
+    EXPECT_EQ(chunk_stats(cp.p.sep.get()).chunks_received, 20u);
+}
+
+// A peer that does not announce the capability (an older build) gets
+// today's path: the frame compressed whole by the serializer, no chunk.
+TEST_P(Chunked, APeerWithoutTheCapGetsWholeFrames)
+{
+    int codec = GetParam();
+    auto ctx = make_ctx();
+    CodecPair cp;
+    ASSERT_NO_FATAL_FAILURE(cp.open(0, codec == GSER_COMPRESSION_LZ4 ? GSER_UCX_COMPRESSION_LZ4
+                                                                      : GSER_UCX_COMPRESSION_ZSTD,
+                                    GUX_CODECS, GUX_CODECS, false));
+    gser_ucx_peer_info_t info = GSER_UCX_PEER_INFO_INIT;
+    UCX_OK(gser_ucx_ep_get_peer_info(cp.p.cep.get(), &info));
+    EXPECT_FALSE(info.caps & GSER_UCX_CAP_CHUNKED);
+    std::vector<unsigned char> bytes;
+    MsgPtr got;
+    ASSERT_NO_FATAL_FAILURE(send_large(cp, ctx.get(), bytes, &got));
+    EXPECT_TRUE(same_bytes(got.get(), bytes));
+    int c = -1;
+    size_t wire = 0;
+    ASSERT_EQ(gser_msg_get_frame_codec(got.get(), 1, &c, &wire), GSER_OK);
+    EXPECT_EQ(c, codec) << "compressed whole, as before";
+    EXPECT_LT(wire, kChunked);
+    EXPECT_EQ(chunk_stats(cp.p.cep.get()).chunks_sent, 0u);
+    EXPECT_EQ(chunk_stats(cp.p.sep.get()).chunks_received, 0u);
+}
+
+// A peer that announces capability bits this build does not know is
+// accepted as before (and sees ours); the chunk options are checked.
+TEST(ChunkedCaps, UnknownBitsAreAcceptedAndOptionsChecked)
+{
+    Pair p;
+    p.ctx = make_ucx_ctx();
+    ASSERT_TRUE(p.ctx);
+    p.server = make_worker(p.ctx.get());
+    p.client = make_worker(p.ctx.get());
+    ASSERT_TRUE(p.server && p.client);
+    p.ctx->caps |= 1u << 20; // a bit of a later build, in every hello of this context
+    p.listener = listen_local(p.server.get());
+    ASSERT_TRUE(p.listener);
+    ASSERT_NO_FATAL_FAILURE(p.connect(&p.cep, &p.sep));
+    gser_ucx_peer_info_t info = GSER_UCX_PEER_INFO_INIT;
+    UCX_OK(gser_ucx_ep_get_peer_info(p.sep.get(), &info));
+    EXPECT_TRUE(info.caps & (1u << 20));
+    EXPECT_TRUE(info.caps & GSER_UCX_CAP_CHUNKED);
+
+    gser_ucx_worker_options_t o = GSER_UCX_WORKER_OPTIONS_INIT;
+    gser_ucx_worker_t *w = nullptr;
+    for (size_t bad : {GSER_UCX_CHUNK_MIN - 1, GSER_UCX_CHUNK_MAX + 1}) {
+        o.chunked_size = bad;
+        EXPECT_EQ(gser_ucx_worker_create(p.ctx.get(), &o, &w), GSER_ERR_INVALID_ARG);
+        EXPECT_NE(std::string(gser_ucx_get_last_error()).find("chunked_size"), std::string::npos);
+    }
+    EXPECT_EQ(w, nullptr);
+}
+
+INSTANTIATE_TEST_SUITE_P(Codecs, Chunked, ::testing::Values(GSER_COMPRESSION_LZ4, GSER_COMPRESSION_ZSTD),
+                         [](const ::testing::TestParamInfo<int> &i) {
+                             return std::string(i.param == GSER_COMPRESSION_LZ4 ? "lz4" : "zstd");
+                         });
+
+// What a hostile sender puts on the wire by hand: a head with one frame in
+// compressed chunks (entry fields patched), then chunk messages.
+struct Crafted {
+    uint64_t raw = 2u << 20;    // the frame's size in the head
+    uint32_t chunk = 1u << 20;  // chunk size in the head
+    unsigned codec = GSER_COMPRESSION_LZ4;
+    std::vector<std::vector<unsigned char>> chunks; // each with its flag byte
+};
+
+std::vector<unsigned char> zchunk_of(const std::vector<unsigned char> &raw, unsigned flags, bool compress = true)
+{
+    std::vector<unsigned char> out(1 + LZ4_compressBound((int)raw.size()));
+    out[0] = (unsigned char)flags;
+    if (!compress) {
+        out.resize(1);
+        out.insert(out.end(), raw.begin(), raw.end());
+        return out;
+    }
+    int n = LZ4_compress_default((const char *)raw.data(), (char *)out.data() + 1, (int)raw.size(),
+                                 (int)out.size() - 1);
+    out.resize(1 + (size_t)n);
+    return out;
+}
+
+struct HostileCase {
+    const char *name;
+    gser_status_t want;
+    const char *says;
+    std::function<void(Crafted &)> make;
+};
+
+class ChunkedHostile : public ::testing::TestWithParam<HostileCase> {};
+
+TEST_P(ChunkedHostile, RefusedWithItsStatusClosingOnlyThatEndpoint)
+{
+    const HostileCase &hc = GetParam();
+    Crafted cr;
+    hc.make(cr);
+    std::vector<unsigned char> head;
+    std::vector<void *> sends; // declared before the pair: their buffers outlive it
+    auto ctx = make_ctx();
+    CodecPair cp;
+    ASSERT_NO_FATAL_FAILURE(cp.open(0, 0, GUX_CODECS, GUX_CODECS, std::string(hc.name) != "unannounced"));
+    EpPtr cep2, sep2; // another peer of the same worker: untouched
+    ASSERT_NO_FATAL_FAILURE(cp.p.connect(&cep2, &sep2));
+    char hdr[32] = {1};
+    static char dummy;
+    gser_frame_t frames[2] = {};
+    frames[0].data = hdr;
+    frames[0].size = sizeof hdr;
+    frames[1].data = &dummy;
+    frames[1].size = (size_t)cr.raw;
+    uint8_t routes[2];
+    size_t len = 0;
+    gux_route_policy_t pol = {8192, 65536, false, 1};
+    ASSERT_EQ(gux_head_plan(frames, 2, &pol, routes, &len), GSER_OK);
+    ASSERT_EQ(routes[1], GUX_ROUTE_ZCHUNKED);
+    head.resize(len);
+    gser_ucx_ep_t *ep = cp.p.cep.get();
+    uint32_t seq = ep->send_seq++ & GUX_SEQ_MASK;
+    gux_head_write(frames, 2, routes, seq, 0, head.data(), len);
+    gux_head_set_zchunks(head.data(), 2, routes, (int)cr.codec, cr.chunk);
+    auto post = [&](unsigned kind, const std::vector<unsigned char> &b) {
+        ucp_request_param_t p;
+        std::memset(&p, 0, sizeof p);
+        ucs_status_ptr_t sp = ucp_tag_send_nbx(ep->ucp, b.data(), b.size(), gux_tag(ep->peer_id, kind, seq), &p);
+        ASSERT_FALSE(UCS_PTR_IS_ERR(sp));
+        if (sp)
+            sends.push_back(sp);
+    };
+    post(GUX_KIND_HEAD, head);
+    for (auto &c : cr.chunks)
+        post(GUX_KIND_ZCHUNK, c);
+    MsgPtr got;
+    gser_status_t st = recv_one(cp, ctx.get(), &got);
+    std::string why = gser_ucx_get_last_error();
+    EXPECT_EQ(st, hc.want) << gser_status_str(st) << ": " << why;
+    EXPECT_NE(why.find(hc.says), std::string::npos) << why;
+    EXPECT_FALSE(got);
+    EXPECT_EQ(gser_ucx_ep_get_status(cp.p.sep.get()), hc.want); // closed
+    UCX_OK(gser_ucx_ep_get_status(sep2.get()));                 // the other peer goes on
+    for (void *sp : sends) {
+        drive_until({cp.p.client.get(), cp.p.server.get()},
+                    [&] { return ucp_request_check_status(sp) != UCS_INPROGRESS; }, 2000);
+        ucp_request_free(sp);
+    }
+    close_driving(cep2, cp.p.server.get());
+}
+
+std::vector<unsigned char> mib_of(unsigned char v, size_t n = 1u << 20) { return std::vector<unsigned char>(n, v); }
+
+const HostileCase kHostile[] = {
+    {"chunk_size", GSER_ERR_COMPRESSED, "compressed chunk size", [](Crafted &c) { c.chunk = 512u << 10; }},
+    {"big_chunk_size", GSER_ERR_COMPRESSED, "compressed chunk size", [](Crafted &c) { c.chunk = 8u << 20; }},
+    {"codec", GSER_ERR_COMPRESSED, "unknown codec", [](Crafted &c) { c.codec = 7; }},
+    {"unannounced", GSER_ERR_COMPRESSED, "did not announce", [](Crafted &) {}},
+    {"over_limits", GSER_ERR_LIMIT_BYTES, "limit", [](Crafted &c) { c.raw = (uint64_t)1 << 50; }},
+    {"too_few", GSER_ERR_COMPRESSED, "frame 1, chunk 1: marked the last",
+     [](Crafted &c) {
+         c.raw = 3u << 20;
+         c.chunks = {zchunk_of(mib_of(1), 0), zchunk_of(mib_of(2), GUX_ZCHUNK_LAST)};
+     }},
+    {"too_many", GSER_ERR_COMPRESSED, "frame 1, chunk 1: not marked the last",
+     [](Crafted &c) {
+         c.chunks = {zchunk_of(mib_of(1), 0), zchunk_of(mib_of(2), 0), zchunk_of(mib_of(3), GUX_ZCHUNK_LAST)};
+     }},
+    {"bomb", GSER_ERR_COMPRESSED, "frame 1, chunk 0:",
+     [](Crafted &c) { c.chunks = {zchunk_of(mib_of(0, 64u << 20), 0), zchunk_of(mib_of(2), GUX_ZCHUNK_LAST)}; }},
+    {"short", GSER_ERR_COMPRESSED, "frame 1, chunk 1:",
+     [](Crafted &c) { c.chunks = {zchunk_of(mib_of(1), 0), zchunk_of(mib_of(2, 1000), GUX_ZCHUNK_LAST)}; }},
+    {"raw_wrong_size", GSER_ERR_COMPRESSED, "frame 1, chunk 0: a raw chunk",
+     [](Crafted &c) { c.chunks = {zchunk_of(mib_of(1, 1000), GUX_ZCHUNK_RAW, false)}; }},
+    {"too_long", GSER_ERR_COMPRESSED, "frame 1, chunk 0: longer",
+     [](Crafted &c) { c.chunks = {zchunk_of(mib_of(1, (1u << 20) + 100), GUX_ZCHUNK_RAW, false)}; }},
+    {"flags", GSER_ERR_COMPRESSED, "frame 1, chunk 0: unknown flags",
+     [](Crafted &c) { c.chunks = {zchunk_of(mib_of(1), 0x80)}; }},
+};
+
+INSTANTIATE_TEST_SUITE_P(Cases, ChunkedHostile, ::testing::ValuesIn(kHostile),
+                         [](const ::testing::TestParamInfo<HostileCase> &i) { return std::string(i.param.name); });
 
 } // namespace

@@ -240,7 +240,7 @@ TEST(Wire, HeadRoutesAndLayout)
     std::vector<gser_frame_t> f = {frame(hdr.data(), hdr.size()), frame(nullptr, 0),        frame(small.data(), 100),
                                    frame(big.data(), big.size()), frame(mid.data(), 5000), frame(mid.data(), 5000),
                                    frame(big.data(), 64, GSER_MEMORY_DEVICE)};
-    gux_route_policy_t pol{8192, 6000, false};
+    gux_route_policy_t pol{8192, 6000, false, 0};
     Built b = build(f, pol, 77, 4096);
     // header and empty inline; 100 + 5000 fit the budget of 6000, the second 5000 does not.
     std::vector<uint8_t> want = {GUX_ROUTE_INLINE, GUX_ROUTE_INLINE, GUX_ROUTE_INLINE, GUX_ROUTE_TAG,
@@ -272,7 +272,7 @@ TEST(Wire, HeadRoutesAndLayout)
 TEST(Wire, HeadPlanRejectsBadFrames)
 {
     std::vector<unsigned char> hdr(8);
-    gux_route_policy_t pol{8192, 65536, false};
+    gux_route_policy_t pol{8192, 65536, false, 0};
     uint8_t routes[2];
     size_t len;
     gser_frame_t dev = frame(hdr.data(), 8, GSER_MEMORY_DEVICE);
@@ -288,7 +288,7 @@ TEST(Wire, HeadParseRejectsMalformed)
 {
     std::vector<unsigned char> hdr(20, 'h'), big(30000, 'b'), small(10, 's');
     std::vector<gser_frame_t> f = {frame(hdr.data(), hdr.size()), frame(small.data(), 10), frame(big.data(), 30000)};
-    Built b = build(f, {8192, 65536, false});
+    Built b = build(f, {8192, 65536, false, 0});
     ASSERT_EQ(parse(b.head), GSER_OK);
     auto mut = [&](size_t off, unsigned char v) {
         auto h = b.head;
@@ -306,7 +306,8 @@ TEST(Wire, HeadParseRejectsMalformed)
     EXPECT_EQ(parse(b.head, nullptr, 1), GSER_ERR_LIMIT_FRAMES);
     EXPECT_EQ(mut(8, 200), GSER_ERR_TRUNCATED);       // a table longer than the head
     EXPECT_EQ(mut(t0 + e + 8, 2), GSER_ERR_FORMAT);   // memory kind 2
-    EXPECT_EQ(mut(t0 + e + 9, 3), GSER_ERR_FORMAT);   // route 3
+    EXPECT_EQ(mut(t0 + e + 9, 4), GSER_ERR_FORMAT);   // route 4
+    EXPECT_EQ(mut(t0 + 2 * e + 9, GUX_ROUTE_ZCHUNKED), GSER_ERR_COMPRESSED); // route 3 with codec 0
     EXPECT_EQ(mut(t0 + e + 10, 1), GSER_ERR_FORMAT);  // reserved bits
     EXPECT_EQ(mut(t0 + 8, 1), GSER_ERR_FORMAT);       // header in device memory
     EXPECT_EQ(mut(t0 + 9, GUX_ROUTE_TAG), GSER_ERR_FORMAT); // header not inline
@@ -344,7 +345,7 @@ TEST(Wire, HeadParseSurvivesCorruption)
         std::vector<gser_frame_t> f;
         for (size_t i = 0; i < n; i++)
             f.push_back(frame(data.data() + rng() % 100, rng() % 1500));
-        Built b = build(f, {1024, 2048, false});
+        Built b = build(f, {1024, 2048, false, 0});
         size_t flips = 1 + rng() % 4;
         for (size_t k = 0; k < flips; k++)
             b.head[rng() % b.head.size()] ^= (unsigned char)(1u << (rng() % 8));
@@ -359,6 +360,63 @@ TEST(Wire, HeadParseSurvivesCorruption)
             }
         }
     }
+}
+
+// Route 3 (compressed chunks): codec and chunk size in the entry, checked
+// before anything is allocated; each chunk's flag byte and length.
+TEST(Wire, ZchunkedEntries)
+{
+    std::vector<char> hdr(40, 'h');
+    static char big;
+    std::vector<gser_frame_t> f(2);
+    f[0].data = hdr.data();
+    f[0].size = hdr.size();
+    f[1].data = &big;
+    f[1].size = 9u << 20;
+    Built b = build(f, {8192, 65536, false, 8u << 20});
+    ASSERT_EQ(b.routes[1], GUX_ROUTE_ZCHUNKED);
+    gux_head_set_zchunks(b.head.data(), 2, b.routes.data(), GSER_COMPRESSION_ZSTD, 1u << 20);
+    std::vector<gux_head_frame_t> t;
+    ASSERT_EQ(parse(b.head, &t), GSER_OK) << gser_ucx_get_last_error();
+    ASSERT_EQ(t.size(), 2u);
+    EXPECT_EQ(t[1].route, GUX_ROUTE_ZCHUNKED);
+    EXPECT_EQ(t[1].codec, GSER_COMPRESSION_ZSTD);
+    EXPECT_EQ(t[1].zchunk, 1u << 20);
+    EXPECT_EQ(t[1].size, 9u << 20);
+    const size_t e1 = GUX_HEAD_FIXED + GUX_HEAD_ENTRY;
+    auto mut = [&](size_t at, unsigned char v) {
+        auto h = b.head;
+        h[at] = v;
+        return parse(h);
+    };
+    EXPECT_EQ(mut(e1 + 8, 1), GSER_ERR_FORMAT);        // device memory
+    EXPECT_EQ(mut(e1 + 10, 3), GSER_ERR_COMPRESSED);   // codec 3
+    EXPECT_EQ(mut(e1 + 11, 1), GSER_ERR_COMPRESSED);   // codec 257
+    EXPECT_EQ(mut(e1 + 14, 0), GSER_ERR_COMPRESSED);   // chunk of 0 bytes
+    EXPECT_EQ(mut(e1 + 14, 0x80), GSER_ERR_COMPRESSED); // 8 MiB
+    EXPECT_EQ(mut(e1 + 14, 0x40), GSER_OK);             // 4 MiB
+    // a route-3 frame with the small policy stays a tag send
+    Built small = build(f, {8192, 65536, false, 0});
+    EXPECT_EQ(small.routes[1], GUX_ROUTE_TAG);
+
+    unsigned char c[8] = {0};
+    bool raw = false;
+    EXPECT_EQ(gux_zchunk_check(c, 0, 1, 0, 2, 4, &raw), GSER_ERR_COMPRESSED); // empty
+    EXPECT_EQ(gux_zchunk_check(c, 3, 1, 0, 2, 4, &raw), GSER_OK);             // 2 compressed bytes for 4
+    EXPECT_FALSE(raw);
+    EXPECT_EQ(gux_zchunk_check(c, 5, 1, 0, 2, 4, &raw), GSER_ERR_COMPRESSED); // compressed, not smaller
+    c[0] = GUX_ZCHUNK_RAW;
+    EXPECT_EQ(gux_zchunk_check(c, 5, 1, 0, 2, 4, &raw), GSER_OK);
+    EXPECT_TRUE(raw);
+    EXPECT_EQ(gux_zchunk_check(c, 4, 1, 0, 2, 4, &raw), GSER_ERR_COMPRESSED); // raw, short
+    c[0] = GUX_ZCHUNK_LAST;
+    EXPECT_EQ(gux_zchunk_check(c, 3, 1, 0, 2, 4, &raw), GSER_ERR_COMPRESSED); // last too early
+    EXPECT_NE(std::string(gser_ucx_get_last_error()).find("frame 1, chunk 0"), std::string::npos);
+    EXPECT_EQ(gux_zchunk_check(c, 3, 1, 1, 2, 4, &raw), GSER_OK);
+    c[0] = 0;
+    EXPECT_EQ(gux_zchunk_check(c, 3, 1, 1, 2, 4, &raw), GSER_ERR_COMPRESSED); // the last, unmarked
+    c[0] = 4;
+    EXPECT_EQ(gux_zchunk_check(c, 3, 1, 0, 2, 4, &raw), GSER_ERR_COMPRESSED); // unknown flag
 }
 
 } // namespace
