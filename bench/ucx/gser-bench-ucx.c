@@ -2,7 +2,7 @@
  * transport, both measured in the same run, between two processes on
  * 127.0.0.1.
  *
- *   gser-bench-ucx [--json] [--quick] [--transport tcp|shm|all] [--device BACKEND] [--only lat|bw|link]
+ *   gser-bench-ucx [--json] [--quick] [--transport tcp|shm|all] [--device BACKEND] [--only lat|bw|link|zchunk]
  *                  [--perftest PATH] [--peer-netns NS --address ADDR --net-device DEV]
  *
  * For each transport (tcp: UCX_TLS=tcp; shm: UCX_TLS=posix,sysv,cma,self,tcp,
@@ -55,6 +55,14 @@
  *                       rounds, alternating), which runs on UCX's own
  *                       settings: the row shows what gser's defaults for
  *                       UCX give a user who sets none
+ *
+ * --only zchunk prints one row, tcp only (with --peer-netns, over the link):
+ *
+ *   ucx_tcp_lz4_chunks_64MiB  64 MiB of sorted keys with lz4 forced, sent
+ *                       with gser_ucx_ep_send_msg in compressed chunks
+ *                       pipelined with the sending (docs/ucx.md 4.6) vs
+ *                       the same compressed whole (chunked_min = SIZE_MAX),
+ *                       medians of 5, alternating
  *
  * --quick: small counts, to check that it runs; its numbers mean nothing.
  * The child role (--serve) is internal.
@@ -634,7 +642,15 @@ typedef struct conn {
     gser_ucx_ep_t *ep;
 } conn_t;
 
+/* wo: this side's worker options (NULL: the defaults). */
+static void conn_open_with(conn_t *c, const char *device_backend, const gser_ucx_worker_options_t *wo);
+
 static void conn_open(conn_t *c, const char *device_backend)
+{
+    conn_open_with(c, device_backend, NULL);
+}
+
+static void conn_open_with(conn_t *c, const char *device_backend, const gser_ucx_worker_options_t *wo_in)
 {
     char *argv[] = {(char *)g_self, "--serve", (char *)(device_backend ? device_backend : "-"), NULL};
     c->server = spawn_peer(argv, false);
@@ -645,7 +661,10 @@ static void conn_open(conn_t *c, const char *device_backend)
         exit(1);
     }
     CK(gser_ucx_context_create(&g_ucx_opts, &c->uctx));
-    gser_ucx_worker_options_t wo = {.size = sizeof(gser_ucx_worker_options_t), .gser_ctx = device_backend ? g_ctx : NULL};
+    gser_ucx_worker_options_t wo = {.size = sizeof(gser_ucx_worker_options_t)};
+    if (wo_in)
+        wo = *wo_in;
+    wo.gser_ctx = device_backend ? g_ctx : NULL;
     CK(gser_ucx_worker_create(c->uctx, &wo, &c->w));
     CK(gser_ucx_ep_connect(c->w, g_address, (uint16_t)port, WAIT_MS, &c->ep));
 }
@@ -971,6 +990,70 @@ static void run_link(const char *tl, bool quick, bool json)
     bench_print(&r, json);
 }
 
+/* n messages of one host frame sent with gser_ucx_ep_send_msg (the path
+ * that compresses large frames in chunks as it sends them), one after the
+ * other; GB/s of raw bytes up to the receiver's acknowledgement. */
+static double gser_stream_msg(conn_t *c, const void *data, size_t size, long n)
+{
+    send_cmd(c->ep, "sink", (uint64_t)n, size);
+    gser_msg_t *m = data_msg(data, size, GSER_MEMORY_HOST);
+    double t0 = bench_now_us();
+    for (long i = 0; i < n; i++)
+        CK(gser_ucx_ep_send_msg(c->ep, g_ctx, m, NULL, WAIT_MS));
+    cmd_t ack;
+    recv_cmd(c->ep, &ack);
+    double us = bench_now_us() - t0;
+    gser_msg_destroy(m);
+    return (double)size * (double)n / us / 1e3;
+}
+
+/* A large compressible frame (sorted int64 keys, 16 of each, as a shuffle's
+ * index) with lz4 forced, sent in compressed chunks pipelined with the
+ * sending (the default) against compressed whole before the first byte
+ * leaves (chunked_min = SIZE_MAX), alternating, medians. On loopback the
+ * wire is cheap, so this shows the overlap of compression, wire and
+ * decompression; over a shaped link run it with --peer-netns. */
+static void run_zchunk(const char *tl, bool quick, bool json)
+{
+    set_transport(tl);
+    size_t sz = quick ? (size_t)16 << 20 : (size_t)64 << 20;
+    long n = quick ? 2 : 4;
+    int rounds = quick ? 1 : ROUNDS;
+    int64_t *keys = malloc(sz);
+    if (!keys) {
+        fprintf(stderr, "gser-bench-ucx: no memory for %zu bytes\n", sz);
+        return;
+    }
+    for (size_t i = 0; i < sz / sizeof *keys; i++)
+        keys[i] = (int64_t)(i / 16) * 7919;
+    gser_ucx_worker_options_t zo = {.size = sizeof(gser_ucx_worker_options_t), .compression = GSER_UCX_COMPRESSION_LZ4};
+    gser_ucx_worker_options_t wo = zo;
+    wo.chunked_min = SIZE_MAX;
+    conn_t cz, cw;
+    conn_open_with(&cz, NULL, &zo);
+    conn_open_with(&cw, NULL, &wo);
+    gser_stream_msg(&cz, keys, sz, 1); /* warm-up: buffers grow to the message */
+    gser_stream_msg(&cw, keys, sz, 1);
+    double zv[ROUNDS], wv[ROUNDS];
+    for (int k = 0; k < rounds; k++) {
+        wv[k] = gser_stream_msg(&cw, keys, sz, n);
+        zv[k] = gser_stream_msg(&cz, keys, sz, n);
+    }
+    gser_ucx_chunk_stats_t zs = GSER_UCX_CHUNK_STATS_INIT;
+    gser_status_t st = gser_ucx_ep_get_chunk_stats(cz.ep, &zs);
+    conn_close(&cz);
+    conn_close(&cw);
+    free(keys);
+    char name[64], anchor[96], note[128];
+    snprintf(name, sizeof name, "ucx_%s_lz4_chunks_%s", tl, size_name(sz));
+    snprintf(anchor, sizeof anchor, "lz4 whole frames %s, %s", size_name(sz), tl);
+    snprintf(note, sizeof note, "median of %d; %llu chunks sent, %llu compressed", rounds,
+             st == GSER_OK ? (unsigned long long)zs.chunks_sent : 0ull,
+             st == GSER_OK ? (unsigned long long)zs.chunks_compressed : 0ull);
+    bench_result_t r = {name, median(zv, rounds), "GB/s", anchor, median(wv, rounds), ">= 1.0", note};
+    bench_print(&r, json);
+}
+
 static double run_transport(const char *tl, bool quick, bool json, const char *only)
 {
     set_transport(tl);
@@ -1145,15 +1228,16 @@ int main(int argc, char **argv)
             g_netdev = argv[++i];
         else {
             fprintf(stderr, "usage: gser-bench-ucx [--json] [--quick] [--transport tcp|shm|all] "
-                            "[--device cuda|emulated|none] [--only lat|bw|link] [--perftest PATH] "
+                            "[--device cuda|emulated|none] [--only lat|bw|link|zchunk] [--perftest PATH] "
                             "[--peer-netns NS --address ADDR --net-device DEV]\n");
             return 2;
         }
     }
     if (!g_perftest)
         g_perftest = "ucx_perftest";
-    if (only && strcmp(only, "lat") != 0 && strcmp(only, "bw") != 0 && strcmp(only, "link") != 0) {
-        fprintf(stderr, "gser-bench-ucx: --only takes lat, bw or link\n");
+    if (only && strcmp(only, "lat") != 0 && strcmp(only, "bw") != 0 && strcmp(only, "link") != 0 &&
+        strcmp(only, "zchunk") != 0) {
+        fprintf(stderr, "gser-bench-ucx: --only takes lat, bw, link or zchunk\n");
         return 2;
     }
     setenv(ADDRESS_ENV, g_address, 1); /* for the serving children */
@@ -1188,6 +1272,11 @@ int main(int argc, char **argv)
             continue;
         if (only && strcmp(only, "link") == 0) {
             run_link(tls[i], quick, json);
+            continue;
+        }
+        if (only && strcmp(only, "zchunk") == 0) {
+            if (strcmp(tls[i], "tcp") == 0) /* compression is for networks */
+                run_zchunk(tls[i], quick, json);
             continue;
         }
         double host_bw = run_transport(tls[i], quick, json, only);
