@@ -76,9 +76,10 @@ gser_ucx_worker_options_t with_compression(int c)
 struct CodecPair {
     Pair p;
     void open(int server_mode, int client_mode, uint32_t server_codecs = GUX_CODECS, uint32_t client_codecs = GUX_CODECS,
-              bool server_chunked = true)
+              bool server_chunked = true, const gser_limits_t *server_limits = nullptr)
     {
         gser_ucx_worker_options_t so = with_compression(server_mode), co = with_compression(client_mode);
+        so.limits = server_limits;
         co.thread_mode = GSER_UCX_THREAD_SERIALIZED; // a test's send_msg may run on a thread of its own
         p.ctx = make_ucx_ctx();
         ASSERT_TRUE(p.ctx);
@@ -638,6 +639,46 @@ TEST_P(Chunked, LargeFrameGoesInChunksAndArrivesEqual)
     ASSERT_NO_FATAL_FAILURE(send_large(cp, ctx.get(), bytes2, &again));
     EXPECT_TRUE(same_bytes(again.get(), bytes2));
     EXPECT_EQ(chunk_stats(cp.p.sep.get()).chunks_received, 20u);
+}
+
+// A frame in chunks over the receiver's limits (its raw size counts, not
+// what the chunks will carry) is refused from the head, before any chunk
+// buffer; the sender, whose chunks are then never received, learns that
+// the connection is gone instead of waiting for its timeout.
+TEST_P(Chunked, AFrameOverTheReceiversLimitsFailsBothSides)
+{
+    int codec = GetParam();
+    auto ctx = make_ctx();
+    gser_limits_t lims = GSER_LIMITS_INIT;
+    lims.max_bytes = 16u << 20; // the chunks of kChunked would carry less than this
+    CodecPair cp;
+    ASSERT_NO_FATAL_FAILURE(cp.open(0, codec == GSER_COMPRESSION_LZ4 ? GSER_UCX_COMPRESSION_LZ4
+                                                                      : GSER_UCX_COMPRESSION_ZSTD,
+                                    GUX_CODECS, GUX_CODECS, true, &lims));
+    std::vector<unsigned char> bytes;
+    chunked_bytes(bytes);
+    gser_msg_t *m = nullptr;
+    ASSERT_EQ(gser_msg_create(ctx.get(), &m), GSER_OK);
+    MsgPtr msg(m);
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
+    d.data = bytes.data();
+    d.nbytes = bytes.size();
+    gser_value_t *v;
+    ASSERT_EQ(gser_msg_new_buffer(m, &d, &v), GSER_OK);
+    ASSERT_EQ(gser_msg_set_root(m, v), GSER_OK);
+    std::thread t;
+    std::atomic<int> sst;
+    send_msg_async(cp, ctx.get(), m, nullptr, &t, &sst);
+    MsgPtr got;
+    gser_status_t rst = recv_one(cp, ctx.get(), &got, true);
+    EXPECT_EQ(rst, GSER_ERR_LIMIT_BYTES) << gser_ucx_get_last_error();
+    EXPECT_EQ(gser_ucx_ep_get_status(cp.p.sep.get()), GSER_ERR_LIMIT_BYTES);
+    // The receiving side goes on progressing, as a live process does.
+    bool ended = drive_until({cp.p.server.get()}, [&] { return sst.load() != GSER_INPROGRESS; });
+    t.join();
+    EXPECT_TRUE(ended) << "the sender was still in send_msg after the receiver refused the message";
+    EXPECT_EQ(sst.load(), GSER_ERR_CONNECTION) << gser_ucx_get_last_error();
+    EXPECT_EQ(chunk_stats(cp.p.sep.get()).chunks_received, 0u);
 }
 
 // A peer that does not announce the capability (an older build) gets
