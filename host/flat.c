@@ -323,30 +323,40 @@ static size_t page_size(void)
     return p > 0 ? (size_t)p : 4096;
 }
 
-/* The whole pages of a compressed frame's bytes in an input of gser's own
- * (read from a file, or a private mapping of it) are handed back: its values
- * live in the frame's decompressed buffer, and the message keeps the input
- * alive for the frames it views, which would otherwise hold the compressed
- * bytes beside their decompressed copy for as long. The pages read as zero
- * (or the file again) if touched, which nothing does. */
-static void flat_drop_compressed(const gser_msg_t *msg, const gser_frame_t *frames, size_t n)
+/* The whole units (unit: a power of two) of a compressed frame's bytes in
+ * an input of gser's own (read from a file, or a private mapping of it) are
+ * handed back: its values live in the frame's decompressed buffer, and the
+ * message keeps the input alive for the frames it views, which would
+ * otherwise hold the compressed bytes beside their decompressed copy for as
+ * long. The pages read as zero (or the file again) if touched, which
+ * nothing does. */
+static void flat_drop_compressed(const gser_msg_t *msg, const gser_frame_t *frames, size_t n, uintptr_t unit)
 {
     if (!msg->codecs)
         return;
-    uintptr_t pg = page_size();
     for (size_t i = 1; i < n; i++) {
         if (!msg->codecs[i - 1].codec)
             continue;
-        uintptr_t lo = ((uintptr_t)frames[i].data + pg - 1) & ~(pg - 1);
-        uintptr_t hi = ((uintptr_t)frames[i].data + frames[i].size) & ~(pg - 1);
+        uintptr_t lo = ((uintptr_t)frames[i].data + unit - 1) & ~(unit - 1);
+        uintptr_t hi = ((uintptr_t)frames[i].data + frames[i].size) & ~(unit - 1);
         if (hi > lo)
             (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
     }
 }
 
-/* gser_deserialize_flat; own: the input is gser's own and nothing else reads it. */
+/* The unit a read buffer hands back in. It is heap or gser__bigbuf memory,
+ * advised for huge pages and recycled: whole huge pages only, since a huge
+ * page cut at a compressed frame's ends is refaulted 4 KiB at a time when
+ * the memory is used again (the pandas spill bench: 0.99-1.05 s with whole
+ * pages, 0.63-0.65 s with whole huge pages; BENCHMARKS.md). A private file
+ * mapping is not recycled: it hands back whole pages. */
+#define FLAT_DROP_READ ((uintptr_t)2 << 20)
+
+/* gser_deserialize_flat; drop: 0, or the input is gser's own and nothing
+ * else reads it, and the whole units of drop bytes (a power of two) of its
+ * compressed frames are handed back (flat_drop_compressed). */
 static gser_status_t flat_deserialize(gser_context_t *ctx, const void *buf, size_t len, gser_release_fn release,
-                                      void *release_arg, const gser_deserialize_options_t *opts, bool own,
+                                      void *release_arg, const gser_deserialize_options_t *opts, uintptr_t drop,
                                       gser_msg_t **msg_out)
 {
     static const char *what = "gser_deserialize_flat";
@@ -379,8 +389,8 @@ static gser_status_t flat_deserialize(gser_context_t *ctx, const void *buf, size
     }
     gser_msg_t *msg = NULL;
     st = gser_deserialize(ctx, frames, n, opts, &msg);
-    if (st == GSER_OK && own)
-        flat_drop_compressed(msg, frames, n);
+    if (st == GSER_OK && drop)
+        flat_drop_compressed(msg, frames, n, drop);
     free(frames);
     if (st)
         return st;
@@ -395,7 +405,7 @@ gser_status_t gser_deserialize_flat(gser_context_t *ctx, const void *buf, size_t
                                     gser_release_fn release, void *release_arg,
                                     const gser_deserialize_options_t *opts, gser_msg_t **msg_out)
 {
-    return flat_deserialize(ctx, buf, len, release, release_arg, opts, false, msg_out);
+    return flat_deserialize(ctx, buf, len, release, release_arg, opts, 0, msg_out);
 }
 
 /* Public front of flat_scan, for readers of streams. */
@@ -458,7 +468,7 @@ static int deserialize_mapped(gser_context_t *ctx, int fd, off_t at, uint64_t av
     if (map == MAP_FAILED)
         return 0;
     *st = flat_deserialize(ctx, (unsigned char *)map + delta, (size_t)avail, unmap_buf, (void *)(uintptr_t)maplen,
-                           opts, true, msg_out);
+                           opts, page_size(), msg_out);
     if (*st)
         munmap(map, maplen);
     else
@@ -569,9 +579,9 @@ gser_status_t gser_deserialize_fd(gser_context_t *ctx, int fd, const gser_deseri
         st = gser__error_set(ctx, GSER_ERR_FORMAT, "%s: %llu trailing bytes in the file after the message (%zu bytes)",
                              what, (unsigned long long)(avail - len), len);
     if (st == GSER_OK)
-        st = maplen ? flat_deserialize(ctx, buf, len, gser__bigbuf_release, (void *)(uintptr_t)maplen, opts, true,
-                                       msg_out)
-                    : flat_deserialize(ctx, buf, len, free_buf, NULL, opts, true, msg_out);
+        st = maplen ? flat_deserialize(ctx, buf, len, gser__bigbuf_release, (void *)(uintptr_t)maplen, opts,
+                                       FLAT_DROP_READ, msg_out)
+                    : flat_deserialize(ctx, buf, len, free_buf, NULL, opts, FLAT_DROP_READ, msg_out);
     if (st) {
         if (maplen)
             gser__bigbuf_free(buf, maplen);
