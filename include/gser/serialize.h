@@ -326,7 +326,10 @@ GSER_API gser_status_t gser_deserialize_flat(gser_context_t *ctx, const void *bu
  * are read straight into one buffer of the message's size (huge pages where
  * the kernel allows), or, with GSER_DESERIALIZE_MMAP, not read at all: the
  * file is mapped. Either way the errors are those of gser_deserialize_flat
- * on the same bytes, and the offset ends past the message.
+ * on the same bytes, and the offset ends past the message. A compressed
+ * frame's bytes are handed back to the system once it is decompressed (the
+ * message keeps the buffer only for the frames that view it): whole huge
+ * pages of a read buffer, whole pages of a mapping.
  */
 GSER_API gser_status_t gser_deserialize_fd(gser_context_t *ctx, int fd, const gser_deserialize_options_t *opts,
                                            gser_msg_t **msg_out);
