@@ -456,24 +456,34 @@ TEST_F(Compress, AHandedOverCompressedFrameIsReleasedOnSuccessOnly)
     EXPECT_EQ(g_released, 1);
 }
 
-TEST_F(Compress, FlattenedFormsAndDescriptorsCarryCompressedFrames)
+// A message whose root is a list of two uint8 buffers of n bytes each.
+MsgPtr two_buffers(gser_context_t *ctx, const void *a, const void *b, size_t n)
 {
-    auto keys = sorted_keys(kBig / 8);
-    auto rnd = random_bytes(kBig);
     gser_msg_t *m = nullptr;
-    ASSERT_EQ(gser_msg_create(ctx(), &m), GSER_OK);
+    if (gser_msg_create(ctx, &m) != GSER_OK)
+        return nullptr;
     MsgPtr mp(m);
     gser_value_t *root, *v;
     gser_msg_new_list(m, &root);
-    for (const void *p : {(const void *)keys.data(), (const void *)rnd.data()}) {
+    for (const void *p : {a, b}) {
         gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
         d.data = p;
-        d.nbytes = kBig;
+        d.nbytes = n;
         d.dtype = GSER_DTYPE_UINT8;
         gser_msg_new_buffer(m, &d, &v);
         gser_list_append(root, v);
     }
     gser_msg_set_root(m, root);
+    return mp;
+}
+
+TEST_F(Compress, FlattenedFormsAndDescriptorsCarryCompressedFrames)
+{
+    auto keys = sorted_keys(kBig / 8);
+    auto rnd = random_bytes(kBig);
+    MsgPtr mp = two_buffers(ctx(), keys.data(), rnd.data(), kBig);
+    ASSERT_TRUE(mp);
+    gser_msg_t *m = mp.get();
     for (int codec : {GSER_COMPRESSION_LZ4, GSER_COMPRESSION_ZSTD}) {
         auto f = serialize_with(ctx(), m, codec);
         ASSERT_TRUE(f);
@@ -529,20 +539,9 @@ TEST_F(Compress, AFileReadGivesBackTheHugePagesOfItsCompressedFrames)
     std::vector<unsigned char> half(kHalf, 0);
     for (size_t i = 0; i < kHalf; i += 64)
         std::memcpy(&half[i], &rnd[i], 32);
-    gser_msg_t *m = nullptr;
-    ASSERT_EQ(gser_msg_create(ctx(), &m), GSER_OK);
-    MsgPtr mp(m);
-    gser_value_t *root, *v;
-    gser_msg_new_list(m, &root);
-    for (const void *p : {(const void *)half.data(), (const void *)rnd.data()}) {
-        gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
-        d.data = p;
-        d.nbytes = kHalf;
-        d.dtype = GSER_DTYPE_UINT8;
-        gser_msg_new_buffer(m, &d, &v);
-        gser_list_append(root, v);
-    }
-    gser_msg_set_root(m, root);
+    MsgPtr mp = two_buffers(ctx(), half.data(), rnd.data(), kHalf);
+    ASSERT_TRUE(mp);
+    gser_msg_t *m = mp.get();
     for (int codec : {GSER_COMPRESSION_LZ4, GSER_COMPRESSION_ZSTD}) {
         SCOPED_TRACE(codec);
         auto f = serialize_with(ctx(), m, codec);

@@ -579,22 +579,29 @@ gser_ucx_chunk_stats_t chunk_stats(gser_ucx_ep_t *ep)
     return s;
 }
 
-// Send kChunked bytes (chunked_bytes) from the client of cp with send_msg; got is the message received.
-void send_large(CodecPair &cp, gser_context_t *ctx, std::vector<unsigned char> &bytes, MsgPtr *got)
+// A message whose root is one buffer of kChunked bytes (chunked_bytes, into bytes).
+void large_msg(gser_context_t *ctx, std::vector<unsigned char> &bytes, MsgPtr *out)
 {
     chunked_bytes(bytes);
     gser_msg_t *m = nullptr;
     ASSERT_EQ(gser_msg_create(ctx, &m), GSER_OK);
-    MsgPtr msg(m);
+    out->reset(m);
     gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
     d.data = bytes.data();
     d.nbytes = bytes.size();
     gser_value_t *v;
     ASSERT_EQ(gser_msg_new_buffer(m, &d, &v), GSER_OK);
     ASSERT_EQ(gser_msg_set_root(m, v), GSER_OK);
+}
+
+// Send kChunked bytes (chunked_bytes) from the client of cp with send_msg; got is the message received.
+void send_large(CodecPair &cp, gser_context_t *ctx, std::vector<unsigned char> &bytes, MsgPtr *got)
+{
+    MsgPtr msg;
+    ASSERT_NO_FATAL_FAILURE(large_msg(ctx, bytes, &msg));
     std::thread t;
     std::atomic<int> sst;
-    send_msg_async(cp, ctx, m, nullptr, &t, &sst);
+    send_msg_async(cp, ctx, msg.get(), nullptr, &t, &sst);
     gser_status_t rst = recv_one(cp, ctx, got, true);
     t.join();
     UCX_OK((gser_status_t)sst.load());
@@ -656,19 +663,11 @@ TEST_P(Chunked, AFrameOverTheReceiversLimitsFailsBothSides)
                                                                       : GSER_UCX_COMPRESSION_ZSTD,
                                     GUX_CODECS, GUX_CODECS, true, &lims));
     std::vector<unsigned char> bytes;
-    chunked_bytes(bytes);
-    gser_msg_t *m = nullptr;
-    ASSERT_EQ(gser_msg_create(ctx.get(), &m), GSER_OK);
-    MsgPtr msg(m);
-    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
-    d.data = bytes.data();
-    d.nbytes = bytes.size();
-    gser_value_t *v;
-    ASSERT_EQ(gser_msg_new_buffer(m, &d, &v), GSER_OK);
-    ASSERT_EQ(gser_msg_set_root(m, v), GSER_OK);
+    MsgPtr msg;
+    ASSERT_NO_FATAL_FAILURE(large_msg(ctx.get(), bytes, &msg));
     std::thread t;
     std::atomic<int> sst;
-    send_msg_async(cp, ctx.get(), m, nullptr, &t, &sst);
+    send_msg_async(cp, ctx.get(), msg.get(), nullptr, &t, &sst);
     MsgPtr got;
     gser_status_t rst = recv_one(cp, ctx.get(), &got, true);
     EXPECT_EQ(rst, GSER_ERR_LIMIT_BYTES) << gser_ucx_get_last_error();
