@@ -23,8 +23,11 @@ the two schemes round by round:
                          counted; both clusters up, runs alternating), in
                          seconds. Target: <= 1.0x the tcp cluster.
 
-UCX uses its defaults (shared memory and tcp between local processes) unless
-UCX_TLS says otherwise. --json prints one object per line: name, value,
+Where Dask's own UCX comm is installed (distributed-ucxx-cu12 from PyPI:
+it runs without a GPU, host memory over UCX), ucxx:// is measured in the
+same rounds too, and each case gets a second row against it (*_vs_ucxx, no
+target). UCX uses its defaults (shared memory and tcp between local
+processes) unless UCX_TLS says otherwise. --json prints one object per line: name, value,
 unit, anchor, anchor_value, ratio (value / anchor_value), target (on ratio),
 and the runs behind the medians (runs, anchor_runs).
 """
@@ -41,7 +44,22 @@ import time
 
 from benchlib import machine_line  # bench/python: the script's own folder
 
-SCHEMES = ("gser", "tcp")
+def _has_ucxx():
+    """Dask's own UCX comm, ucxx:// (PyPI's distributed-ucxx-cu12, which
+    imports and runs host memory over UCX without a GPU): what a RAPIDS user
+    would pick instead of gser://."""
+    try:
+        # First, so that its UCX (the libucx wheel's, 1.2x) is the process's:
+        # gser's module then binds to the same libucp.so.0 rather than
+        # Debian's 1.13, whose libucs the wheel's transports cannot use.
+        import distributed_ucxx  # noqa: F401
+        import ucxx  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+SCHEMES = ("gser", "tcp", "ucxx") if _has_ucxx() else ("gser", "tcp")  # before gser is imported
 BIG = 256 << 20
 
 
@@ -151,12 +169,16 @@ def spread(xs):
 TARGET_OPS = {"<=": operator.le, ">=": operator.ge}
 
 
-def report(as_json, name, unit, gser_runs, anchor, anchor_runs, target):
-    """One row: the medians, their ratio against target ("<= 0.5"), the ranges."""
+def report(as_json, name, unit, gser_runs, anchor, anchor_runs, target=None):
+    """One row: the medians, their ratio against target ("<= 0.5"; None: no
+    target, reported only), the ranges."""
     value, anchor_value = statistics.median(gser_runs), statistics.median(anchor_runs)
     ratio = value / anchor_value
-    op, bound = target.split()
-    ok = TARGET_OPS[op](ratio, float(bound))
+    if target is None:
+        ok, target = True, "-"
+    else:
+        op, bound = target.split()
+        ok = TARGET_OPS[op](ratio, float(bound))
     if as_json:
         print(json.dumps({"name": name, "value": round(value, 6), "unit": unit, "anchor": anchor,
                           "anchor_value": round(anchor_value, 6), "ratio": round(ratio, 6), "target": target,
@@ -164,7 +186,7 @@ def report(as_json, name, unit, gser_runs, anchor, anchor_runs, target):
                           "anchor_runs": [round(x, 6) for x in anchor_runs]}), flush=True)
     else:
         print(f"{name:<20} {value:>9.3f} {unit:<4} {anchor:<36} {anchor_value:>9.3f}  {ratio:>7.3f}  {target:<6} "
-              f"{'ok' if ok else 'MISSED'}  gser {spread(gser_runs)}, tcp {spread(anchor_runs)}", flush=True)
+              f"{'ok' if ok else 'MISSED'}  gser {spread(gser_runs)}, anchor {spread(anchor_runs)}", flush=True)
 
 
 def main():
@@ -207,10 +229,18 @@ def main():
     report(args.json, "comm_rtt_100B", "us", rtt["gser"], "Dask tcp comm, same message (us)", rtt["tcp"], "<= 0.5")
     report(args.json, "comm_256mib_one_way", "GB/s", bw["gser"], "Dask tcp comm, same array (GB/s)", bw["tcp"],
            ">= 2")
+    if "ucxx" in SCHEMES:  # the same runs, against Dask's UCX comm (no target: reported)
+        report(args.json, "comm_rtt_100B_vs_ucxx", "us", rtt["gser"], "Dask ucxx comm, same message (us)",
+               rtt["ucxx"])
+        report(args.json, "comm_256mib_one_way_vs_ucxx", "GB/s", bw["gser"], "Dask ucxx comm, same array (GB/s)",
+               bw["ucxx"])
     if not args.no_cluster:
         times = cluster_seconds(args.reps)
         report(args.json, "cluster_xxT_sum", "s", times["gser"], "same on a tcp LocalCluster (s)", times["tcp"],
                "<= 1.0")
+        if "ucxx" in SCHEMES:
+            report(args.json, "cluster_xxT_sum_vs_ucxx", "s", times["gser"], "same on a ucxx LocalCluster (s)",
+                   times["ucxx"])
     if not args.json:
         machine_line(f"UCX_TLS={os.environ.get('UCX_TLS', '(default)')}")
     return 0

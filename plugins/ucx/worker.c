@@ -38,11 +38,29 @@
 /* Set a UCX configuration value unless the user's environment already did. */
 static gser_status_t config_default(ucp_config_t *cfg, const char *name, const char *value, bool override)
 {
-    char env[128];
+    char env[128], what[160];
     snprintf(env, sizeof env, "UCX_%s", name);
     if (!override && getenv(env))
         return GSER_OK;
-    return GUX_CALL("ucp_config_modify", ucp_config_modify(cfg, name, value));
+    snprintf(what, sizeof what, "ucp_config_modify(%s=%s)", name, value);
+    return GUX_CALL(what, ucp_config_modify(cfg, name, value));
+}
+
+/* A transport's key (name without the transport's prefix, "TX_SEG_SIZE" of
+ * tcp's "TCP_"). UCX 1.13 takes the bare name and not the prefixed one (it
+ * stores that, then warns "invalid configurations" and ignores it); later
+ * releases (1.21) refuse the bare one and take the prefixed one. Found by
+ * trying, never by version. */
+static gser_status_t config_default_tl(ucp_config_t *cfg, const char *prefix, const char *name, const char *value)
+{
+    char full[96], env[128];
+    snprintf(full, sizeof full, "%s%s", prefix, name);
+    snprintf(env, sizeof env, "UCX_%s", full);
+    if (getenv(env))
+        return GSER_OK;
+    if (ucp_config_modify(cfg, name, value) == UCS_OK)
+        return GSER_OK;
+    return config_default(cfg, full, value, false);
 }
 
 /* Whether the transport list may include one of names (UCX warns about
@@ -103,7 +121,7 @@ static gser_status_t ctx_ucp_init(const gser_ucx_context_t *ctx, const char *net
      * tcp, and for local peers it would take large messages off shared
      * memory. */
     if (may_use_tcp(ctx->transports) && !getenv("UCX_TCP_PUT_ENABLE") &&
-        (st = config_default(cfg, "PUT_ENABLE", "n", false))) /* tcp's */
+        (st = config_default_tl(cfg, "TCP_", "PUT_ENABLE", "n")))
         goto out;
     /* tcp's copy-out segments bound its eager messages and the fragments of
      * its active-message rendezvous: with UCX's 8 KiB a large message takes
@@ -112,8 +130,8 @@ static gser_status_t ctx_ucp_init(const gser_ucx_context_t *ctx, const char *net
      * where the user set either, the other stays UCX's. */
     if (may_use_tcp(ctx->transports) && !getenv("UCX_TCP_TX_SEG_SIZE") && !getenv("UCX_TX_SEG_SIZE") &&
         !getenv("UCX_TCP_RX_SEG_SIZE") && !getenv("UCX_RX_SEG_SIZE") &&
-        ((st = config_default(cfg, "TX_SEG_SIZE", GUX_TCP_SEG_SIZE, false)) ||
-         (st = config_default(cfg, "RX_SEG_SIZE", GUX_TCP_SEG_SIZE, false))))
+        ((st = config_default_tl(cfg, "TCP_", "TX_SEG_SIZE", GUX_TCP_SEG_SIZE)) ||
+         (st = config_default_tl(cfg, "TCP_", "RX_SEG_SIZE", GUX_TCP_SEG_SIZE))))
         goto out;
 
     ucp_params_t params = {
