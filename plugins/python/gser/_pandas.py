@@ -272,7 +272,10 @@ def _enc_array(a, labels=False):
             return _enc_str(a, labels)
         return ("nd", a)
     if t is pd.Categorical:
-        return ("cat", _enc_array(a.codes), _enc_index(a.categories), bool(a.ordered))
+        # the codes themselves: Categorical.codes is a read-only view of them
+        codes = getattr(a, "_ndarray", None)
+        codes = a.codes if type(codes) is not np.ndarray else codes
+        return ("cat", _enc_array(codes), _enc_index(a.categories), bool(a.ordered))
     if t is DatetimeArray:
         return ("dt", a._ndarray, _enc_tz(a.tz), _enc_freq(getattr(a, "freq", None)))
     if t is TimedeltaArray:
@@ -527,6 +530,10 @@ def _dec_frame(v):
 
 
 def _enc_series(s):
+    from pandas.core.internals import SingleBlockManager
+
+    if type(s._mgr) is not SingleBlockManager:
+        _refuse(f"a Series held by a {type(s._mgr).__name__}")
     _check_plain(s.name, "a Series name")
     return (_VERSION, _enc_array(s._values), _enc_index(s.index), s.name, _meta(s))
 
