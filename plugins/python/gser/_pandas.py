@@ -185,6 +185,8 @@ def _string_storage(dtype):
 def _string_dtype(storage, na):
     import pandas as pd
 
+    if storage not in ("python", "pyarrow"):
+        raise ValueError(f"gser: a pandas str column of unknown storage {storage!r}")
     if na == "NA":
         return pd.StringDtype(storage)
     if na != "nan":
@@ -231,7 +233,10 @@ def _dec_arrow(v):
     schema, chunks = v
     if type(schema) is not bytes or type(chunks) is not list:
         raise ValueError("gser: a malformed pyarrow column")
-    t = pa.ipc.read_schema(pa.py_buffer(schema)).field(0).type
+    try:
+        t = pa.ipc.read_schema(pa.py_buffer(schema)).field(0).type
+    except (pa.ArrowException, IndexError) as e:
+        raise ValueError(f"gser: a pyarrow column whose type is not an Arrow schema: {e}") from None
     if not _flat_arrow_type(t):
         raise ValueError(f"gser: a pyarrow column of type {t}, which gser does not send")
     out = []
@@ -239,11 +244,11 @@ def _dec_arrow(v):
         if type(bufs) is not list or len(bufs) != t.num_buffers or not all(
                 b is None or (type(b) is np.ndarray and b.dtype == np.uint8 and b.ndim == 1) for b in bufs):
             raise ValueError(f"gser: a pyarrow column of type {t} with malformed buffers")
-        arr = pa.Array.from_buffers(t, n, [None if b is None else pa.py_buffer(b) for b in bufs],
-                                    null_count=nulls, offset=offset)
         try:
+            arr = pa.Array.from_buffers(t, n, [None if b is None else pa.py_buffer(b) for b in bufs],
+                                        null_count=nulls, offset=offset)
             arr.validate(full=True)  # offsets, sizes, UTF-8: received bytes are not trusted
-        except pa.ArrowException as e:
+        except (pa.ArrowException, TypeError, OverflowError) as e:
             raise ValueError(f"gser: a malformed pyarrow column of type {t}: {e}") from None
         out.append(arr)
     return pa.chunked_array(out, type=t)
@@ -388,8 +393,6 @@ def _dec_string(storage, na, payload):
         if not issubclass(cls, StringArray):
             raise ValueError(f"gser: a str column of {dtype!r} is not a StringArray here")
         return cls._simple_new(_dec_str(payload, pd.NA), dtype)
-    if storage != "pyarrow":
-        raise ValueError(f"gser: a str column of unknown storage {storage!r}")
     chunked = _dec_arrow(payload)
     try:
         out = cls(chunked, dtype=dtype)  # pandas 3

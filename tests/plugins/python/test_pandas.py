@@ -576,6 +576,41 @@ def test_unknown_pandas_tags_are_errors_not_crashes():
             _pandas._dec_array(bad)
     with pytest.raises(ValueError, match="gser"):
         _pandas._dec_index(("index", "Int64Index", ("nd", np.arange(3.0)), None))
+    with pytest.raises(ValueError, match="frequency"):
+        _pandas._dec_index(("index", "Index", ("nd", np.arange(3)), None, "D"))
+    for bad in (("dt", np.arange(3).view("M8[D]"), None, None), ("td", np.arange(3).astype(">m8[ns]"), None),
+                ("string", "python", "zero", ("str", (0,), np.zeros(1, np.int64), np.zeros(0, np.uint8), None)),
+                ("string", "cloud", "NA", None)):
+        with pytest.raises(ValueError, match="gser"):
+            _pandas._dec_array(bad)
+    for bad in ((pd.Timestamp, (1, None, "D")), (pd.Timestamp, (1.5, None, "s")), (pd.Timedelta, (1, "h"))):
+        with pytest.raises(ValueError, match="gser"):
+            (_pandas._dec_timestamp if bad[0] is pd.Timestamp else _pandas._dec_timedelta)(bad[1])
+
+
+@needs_pyarrow
+def test_malformed_pyarrow_columns_are_errors_not_crashes():
+    from gser import _pandas
+
+    good = _pandas._enc_arrow(pa.chunked_array([pa.array(["ab", None, "c"])]))
+    schema, chunks = good
+    n, nulls, offset, (validity, offsets, data) = chunks[0]
+    assert _pandas._dec_arrow(good).to_pylist() == ["ab", None, "c"]
+    list_schema = pa.schema([pa.field("", pa.list_(pa.int64()))]).serialize().to_pybytes()
+    bad_offsets = np.frombuffer(np.array([0, 2, 2, 99], dtype=np.int32).tobytes(), dtype=np.uint8)
+    bad = [
+        (list_schema, chunks),                                          # a type gser does not send
+        (schema, [(n, nulls, offset, [validity, offsets])]),            # a buffer short
+        (schema, [(n, nulls, offset, [validity, bad_offsets, data])]),  # offsets past the data
+        (schema, [(n, nulls, offset, [validity, offsets, np.frombuffer(b"a\xffc", np.uint8)])]),  # not UTF-8
+        (schema, [(n + 5, nulls, offset, [validity, offsets, data])]),  # longer than its buffers
+        (schema, [(n, nulls, offset, [validity, offsets.astype(np.int64), data])]),  # not bytes
+        ("schema", chunks),
+        (b"\x00" * 16, chunks),                                         # not an Arrow schema
+    ]
+    for b in bad:
+        with pytest.raises(ValueError, match="gser"):
+            _pandas._dec_arrow(b)
 
 
 # ---- property: random frames, the family against pickle ----------------------------------------
@@ -584,7 +619,10 @@ hypothesis = pytest.importorskip("hypothesis")
 st = hypothesis.strategies
 
 COLUMN_KINDS = ["int64", "int32", "uint8", "float64", "float32", "bool", "datetime", "datetime_tz", "timedelta",
-                "category", "Int64", "UInt16", "Float32", "boolean", "string", "str", "str_none"]
+                "category", "Int64", "UInt16", "Float32", "boolean", "string", "str", "str_none",
+                *(f"str:{k}" for k in string_columns(3) if k != "string_python")]
+if HAVE_PYARROW:
+    COLUMN_KINDS += ["int64[pyarrow]", "string[pyarrow]"]
 
 
 def make_column(kind, n, data):
@@ -615,6 +653,14 @@ def make_column(kind, n, data):
                 "Float32": st.floats(width=32, allow_nan=False), "boolean": st.booleans()}[kind]
         return pd.array(draw(st.lists(st.one_of(st.none(), base), min_size=n, max_size=n)), dtype=kind)
     text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12)
+    if kind == "int64[pyarrow]":
+        return pd.array(draw(st.lists(st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)), min_size=n,
+                                      max_size=n)), dtype=kind)
+    if kind == "string[pyarrow]":
+        return pd.array(draw(st.lists(st.one_of(st.none(), text), min_size=n, max_size=n)), dtype=kind)
+    if kind.startswith("str:"):
+        dtype = string_columns(3)[kind[4:]].dtype
+        return pd.array(draw(st.lists(st.one_of(st.none(), text), min_size=n, max_size=n)), dtype=dtype)
     if kind == "string":
         return pd.array(draw(st.lists(st.one_of(st.none(), text), min_size=n, max_size=n)), dtype="string")
     if kind == "str":
