@@ -11,21 +11,29 @@ What travels (a tuple tree of plain gser values and numpy arrays):
   travel zero-copy as frames of their own and are rebuilt as blocks over the
   received frames;
 - str columns (object columns of str, with None / NaN / pd.NA for missing
-  values, and string[python]) as one int64 offsets buffer and one UTF-8 data
+  values, and the str dtypes of python storage: string[python], pandas 3's
+  str without pyarrow) as one int64 offsets buffer and one UTF-8 data
   buffer, packed and unpacked in C (gser._gser._pack_str / _unpack_str);
+- pyarrow-backed columns (string[pyarrow], pandas 3's default str,
+  ArrowDtype of flat Arrow types) as each chunk's Arrow buffers, zero-copy,
+  and the type as an Arrow IPC schema; the receiver validates them;
 - categoricals as codes plus their categories (an Index); nullable masked
   arrays (Int64, ..., Float64, boolean) as data plus mask; tz-aware
   datetimes as int64 values plus the time zone's name (pytz, zoneinfo,
-  dateutil, fixed offsets) and freq;
+  dateutil, fixed offsets) and freq; datetimes of s, ms, us and ns;
 - indexes (RangeIndex, MultiIndex, DatetimeIndex, TimedeltaIndex,
   CategoricalIndex, Index and pandas 1.x's Int64Index, ...) as their
-  values and names; object labels may be str, int, float, bool, None,
-  bytes or numpy scalars;
+  values and names (and freq, which pandas 3 keeps on the index); object
+  labels may be str, int, float, bool, None, bytes or numpy scalars;
 - names, attrs (plain values) and flags.allows_duplicate_labels.
+
+pandas 1.5, 2.x and 3.x: what differs between them (managers, array
+classes, units, where freq lives) is looked up, not assumed.
 
 Everything else raises NotImplementedError, so Dask's next family (pickle)
 takes the object: object columns holding other Python objects, sparse,
-period, interval and pyarrow-backed columns, subclasses of the pandas types.
+period, interval and nested or dictionary pyarrow columns, subclasses of the
+pandas types, frames and series of a manager or block gser does not know.
 """
 
 from __future__ import annotations
@@ -218,6 +226,10 @@ def _enc_arrow(chunked):
         _refuse(f"a pyarrow column of type {t}")
     chunks = []
     for c in chunked.chunks:
+        if c.get_total_buffer_size() > 2 * c.nbytes + 4096:
+            # A slice (a partition of a larger frame) views its parent's
+            # buffers: send only its own items, as pickle does.
+            c = pa.concat_arrays([c])
         bufs = c.buffers()
         if len(bufs) != t.num_buffers:
             _refuse(f"a pyarrow column of type {t} with {len(bufs)} buffers")

@@ -417,6 +417,15 @@ def test_pyarrow_backed_columns(rt):
 
 
 @needs_pyarrow
+def test_a_slice_of_a_pyarrow_column_sends_only_its_items():
+    big = pd.Series(pd.array([f"item-{i}" for i in range(100_000)], dtype=pd.StringDtype("pyarrow")))
+    part = big.iloc[500:510]
+    header, frames = gser.dask.dumps(part)
+    assert sum(memoryview(f).nbytes for f in frames) < 4096
+    tm.assert_series_equal(gser.dask.loads(header, frames), part, check_exact=True)
+
+
+@needs_pyarrow
 @pytest.mark.parametrize("kind", ["list", "struct", "dictionary"])
 def test_nested_pyarrow_columns_are_declined_and_go_dasks_way(kind):
     arr = {"list": pa.array([[1, 2], None, []]), "struct": pa.array([{"a": 1}, None, {"a": 3}]),
