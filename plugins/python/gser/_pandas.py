@@ -202,7 +202,13 @@ def _string_dtype(storage, na):
     try:
         return pd.StringDtype(storage, na_value=np.nan)
     except TypeError:  # pandas < 2.3
-        raise ValueError("gser: a str column of NaN semantics, which this pandas has not") from None
+        pass
+    if storage == "pyarrow":
+        try:
+            return pd.StringDtype("pyarrow_numpy")  # pandas 2.1 and 2.2
+        except (TypeError, ValueError):
+            pass
+    raise ValueError(f"gser: a str column of {storage} storage and NaN for missing values, which this pandas has not")
 
 
 # Arrow types whose arrays are only their own buffers (no children, no

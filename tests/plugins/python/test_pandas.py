@@ -364,6 +364,8 @@ def test_str_dtypes_of_both_storages_keep_storage_and_missing_value(rt, kind):
     assert missing is s.array[1] or (missing != missing and s.array[1] != s.array[1])
     df = pd.DataFrame({"a": values, "b": np.arange(6)}).astype({"a": values.dtype})
     check_frame(df, rt(df))
+    for empty in (s.iloc[:0], pd.Series(pd.array([], dtype=values.dtype))):
+        tm.assert_series_equal(rt(empty), empty, check_exact=True)
 
 
 @needs_pyarrow
