@@ -479,15 +479,23 @@ def _dec_index(v):
         if cls is None:
             raise ValueError(f"gser: a pandas index of unknown type {v[1]!r}")
         values = _dec_array(v[2])
+        # freq: pandas <= 2 sends it with the array, pandas 3 with the index
+        freq = v[4] if len(v) > 4 else None
+        if freq is None and v[2][0] in ("dt", "td"):
+            freq = v[2][3] if v[2][0] == "dt" else v[2][2]
         want = getattr(cls, "_default_dtype", None) if v[1] != "NumericIndex" else None
         if not isinstance(values, cls._data_cls) or getattr(values, "ndim", 1) != 1 or (
                 want is not None and values.dtype != want):
             raise ValueError(f"gser: a pandas {v[1]} of values {type(values).__name__}")
-        out = cls._simple_new(values, name=v[3])
-        if len(v) > 4 and v[4] is not None:
+        if freq is not None:
             if v[1] not in ("DatetimeIndex", "TimedeltaIndex"):
                 raise ValueError(f"gser: a pandas {v[1]} with a frequency")
-            out._freq = _dec_freq(v[4])
+            freq = _dec_freq(freq)
+            if hasattr(type(values), "freq"):  # pandas <= 2: the array's
+                values._freq = freq
+        out = cls._simple_new(values, name=v[3])
+        if freq is not None and not hasattr(type(values), "freq"):  # pandas 3: the index's
+            out._freq = freq
         return out
     raise ValueError(f"gser: a pandas index of unknown kind {tag!r}")
 
@@ -579,15 +587,18 @@ def _enc_timestamp(ts):
     unit = getattr(ts, "unit", "ns")
     if unit == "ns":
         return (ts.value, _enc_tz(ts.tz))  # as gser before pandas 2 sends it
-    return (ts._value, _enc_tz(ts.tz), unit)
+    # (value, unit) where a gser of before reads an int: it raises, rather
+    # than take the value for nanoseconds
+    return ((ts._value, unit), _enc_tz(ts.tz))
 
 
 def _dec_timestamp(v):
     import pandas as pd
 
-    if len(v) == 2:
-        return pd.Timestamp(v[0], tz=_dec_tz(v[1]))
-    value, tz, unit = v
+    value, tz = v
+    if type(value) is not tuple:
+        return pd.Timestamp(value, tz=_dec_tz(tz))
+    value, unit = value
     if unit not in ("s", "ms", "us", "ns") or type(value) is not int:
         raise ValueError(f"gser: a pandas Timestamp of unit {unit!r}")
     out = pd.Timestamp(np.datetime64(value, unit))

@@ -436,6 +436,39 @@ def test_nested_pyarrow_columns_are_declined_and_go_dasks_way(kind):
     tm.assert_frame_equal(through_dasks_path(df), df, check_exact=True)
 
 
+@pytest.mark.parametrize("kind", ["datetime", "timedelta"])
+def test_an_index_freq_is_read_where_either_pandas_sends_it(kind):
+    """pandas <= 2 keeps an index's freq on its array, pandas 3 on the index:
+    either message comes back with the freq, on every pandas."""
+    from gser import _pandas
+
+    idx = pd.date_range("2020", periods=3, freq="D") if kind == "datetime" else \
+        pd.timedelta_range("1s", periods=3, freq="s")
+    idx = idx.as_unit("ns") if hasattr(idx, "as_unit") else idx
+    values = np.asarray(idx.asi8).view("M8[ns]" if kind == "datetime" else "m8[ns]")
+    cls, freq = type(idx).__name__, idx.freqstr
+    arrays = (("dt", values, None, freq), ("dt", values, None, None)) if kind == "datetime" else \
+        (("td", values, freq), ("td", values, None))
+    for out in (_pandas._dec_index(("index", cls, arrays[0], "x")),  # as pandas <= 2 sends it
+                _pandas._dec_index(("index", cls, arrays[1], "x", freq))):  # as pandas 3 does
+        assert type(out) is type(idx) and out.freq == idx.freq and out.name == "x"
+        assert out.asi8.tolist() == idx.asi8.tolist()
+
+
+def test_timestamps_of_other_units_are_not_read_as_nanoseconds_by_older_readers():
+    """What a gser of before (Timestamp(value, tz=...)) does with a message of
+    a non-ns Timestamp: an error, never another instant."""
+    from gser import _pandas
+
+    if PANDAS_MAJOR < 2:
+        pytest.skip(f"pandas {pd.__version__}: Timestamps only of ns")
+    v = _pandas._enc_timestamp(pd.Timestamp("2020-01-01").as_unit("s"))
+    with pytest.raises((TypeError, ValueError)):
+        pd.Timestamp(v[0], tz=None)
+    with pytest.raises((TypeError, ValueError)):
+        pd.Timedelta(_pandas._enc_timedelta(pd.Timedelta(3, "s").as_unit("s")))
+
+
 @needs_pandas2
 @pytest.mark.parametrize("rt", ROUND_TRIPS, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("unit", ["s", "ms", "us", "ns"])
@@ -594,7 +627,7 @@ def test_unknown_pandas_tags_are_errors_not_crashes():
                 ("string", "cloud", "NA", None)):
         with pytest.raises(ValueError, match="gser"):
             _pandas._dec_array(bad)
-    for bad in ((pd.Timestamp, (1, None, "D")), (pd.Timestamp, (1.5, None, "s")), (pd.Timedelta, (1, "h"))):
+    for bad in ((pd.Timestamp, ((1, "D"), None)), (pd.Timestamp, ((1.5, "s"), None)), (pd.Timedelta, (1, "h"))):
         with pytest.raises(ValueError, match="gser"):
             (_pandas._dec_timestamp if bad[0] is pd.Timestamp else _pandas._dec_timedelta)(bad[1])
 
