@@ -11,21 +11,29 @@ What travels (a tuple tree of plain gser values and numpy arrays):
   travel zero-copy as frames of their own and are rebuilt as blocks over the
   received frames;
 - str columns (object columns of str, with None / NaN / pd.NA for missing
-  values, and string[python]) as one int64 offsets buffer and one UTF-8 data
+  values, and the str dtypes of python storage: string[python], pandas 3's
+  str without pyarrow) as one int64 offsets buffer and one UTF-8 data
   buffer, packed and unpacked in C (gser._gser._pack_str / _unpack_str);
+- pyarrow-backed columns (string[pyarrow], pandas 3's default str,
+  ArrowDtype of flat Arrow types) as each chunk's Arrow buffers, zero-copy,
+  and the type as an Arrow IPC schema; the receiver validates them;
 - categoricals as codes plus their categories (an Index); nullable masked
   arrays (Int64, ..., Float64, boolean) as data plus mask; tz-aware
   datetimes as int64 values plus the time zone's name (pytz, zoneinfo,
-  dateutil, fixed offsets) and freq;
+  dateutil, fixed offsets) and freq; datetimes of s, ms, us and ns;
 - indexes (RangeIndex, MultiIndex, DatetimeIndex, TimedeltaIndex,
   CategoricalIndex, Index and pandas 1.x's Int64Index, ...) as their
-  values and names; object labels may be str, int, float, bool, None,
-  bytes or numpy scalars;
+  values and names (and freq, which pandas 3 keeps on the index); object
+  labels may be str, int, float, bool, None, bytes or numpy scalars;
 - names, attrs (plain values) and flags.allows_duplicate_labels.
+
+pandas 1.5, 2.x and 3.x: what differs between them (managers, array
+classes, units, where freq lives) is looked up, not assumed.
 
 Everything else raises NotImplementedError, so Dask's next family (pickle)
 takes the object: object columns holding other Python objects, sparse,
-period, interval and pyarrow-backed columns, subclasses of the pandas types.
+period, interval and nested or dictionary pyarrow columns, subclasses of the
+pandas types, frames and series of a manager or block gser does not know.
 """
 
 from __future__ import annotations
@@ -169,9 +177,116 @@ def _enc_str(a, labels):
     return ("str", a.shape, np.frombuffer(offsets, dtype=np.int64), np.frombuffer(data, dtype=np.uint8), kinds)
 
 
+def _string_storage(dtype):
+    """(storage, na) of a pandas StringDtype: na is "NA" (pd.NA, string) or
+    "nan" (np.nan: pandas 3's default str, pandas 2's pyarrow_numpy)."""
+    import pandas as pd
+
+    na = getattr(dtype, "na_value", pd.NA)
+    if na is pd.NA:
+        return dtype.storage, "NA"
+    if isinstance(na, float) and na != na:
+        return dtype.storage, "nan"
+    _refuse(f"a str column whose missing value is {na!r}")
+
+
+def _string_dtype(storage, na):
+    import pandas as pd
+
+    if storage not in ("python", "pyarrow"):
+        raise ValueError(f"gser: a pandas str column of unknown storage {storage!r}")
+    if na == "NA":
+        return pd.StringDtype(storage)
+    if na != "nan":
+        raise ValueError(f"gser: a pandas str column of unknown missing value {na!r}")
+    try:
+        return pd.StringDtype(storage, na_value=np.nan)
+    except TypeError:  # pandas < 2.3
+        pass
+    if storage == "pyarrow":
+        try:
+            return pd.StringDtype("pyarrow_numpy")  # pandas 2.1 and 2.2
+        except (TypeError, ValueError):
+            pass
+    raise ValueError(f"gser: a str column of {storage} storage and NaN for missing values, which this pandas has not")
+
+
+# Arrow types whose arrays are only their own buffers (no children, no
+# dictionary, no variadic buffers), which _enc_arrow sends as they are.
+def _flat_arrow_type(t):
+    import pyarrow as pa
+
+    if t.num_fields or isinstance(t, (pa.DictionaryType, pa.ExtensionType)):
+        return False
+    return not any(getattr(pa.types, f, lambda t: False)(t) for f in ("is_string_view", "is_binary_view"))
+
+
+def _enc_arrow(chunked):
+    """A pyarrow ChunkedArray of a flat type as its type (an Arrow IPC
+    schema: data, never code) and, per chunk, length, null count, offset and
+    its buffers as numpy arrays (frames, zero-copy)."""
+    import pyarrow as pa
+
+    t = chunked.type
+    if type(chunked) is not pa.ChunkedArray or not _flat_arrow_type(t):
+        _refuse(f"a pyarrow column of type {t}")
+    chunks = []
+    for c in chunked.chunks:
+        if c.get_total_buffer_size() > 2 * c.nbytes + 4096:
+            # A slice (a partition of a larger frame) views its parent's
+            # buffers: send only its own items, as pickle does.
+            c = pa.concat_arrays([c])
+        bufs = c.buffers()
+        if len(bufs) != t.num_buffers:
+            _refuse(f"a pyarrow column of type {t} with {len(bufs)} buffers")
+        chunks.append((len(c), c.null_count, c.offset,
+                       [None if b is None else np.frombuffer(b, dtype=np.uint8) for b in bufs]))
+    schema = pa.schema([pa.field("", t)]).serialize().to_pybytes()
+    return (schema, chunks)
+
+
+def _dec_arrow(v):
+    import pyarrow as pa
+
+    schema, chunks = v
+    if type(schema) is not bytes or type(chunks) is not list:
+        raise ValueError("gser: a malformed pyarrow column")
+    try:
+        t = pa.ipc.read_schema(pa.py_buffer(schema)).field(0).type
+    except (pa.ArrowException, IndexError) as e:
+        raise ValueError(f"gser: a pyarrow column whose type is not an Arrow schema: {e}") from None
+    if not _flat_arrow_type(t):
+        raise ValueError(f"gser: a pyarrow column of type {t}, which gser does not send")
+    out = []
+    for n, nulls, offset, bufs in chunks:
+        if type(bufs) is not list or len(bufs) != t.num_buffers or not all(
+                b is None or (type(b) is np.ndarray and b.dtype == np.uint8 and b.ndim == 1) for b in bufs):
+            raise ValueError(f"gser: a pyarrow column of type {t} with malformed buffers")
+        try:
+            arr = pa.Array.from_buffers(t, n, [None if b is None else pa.py_buffer(b) for b in bufs],
+                                        null_count=nulls, offset=offset)
+            arr.validate(full=True)  # offsets, sizes, UTF-8: received bytes are not trusted
+        except (pa.ArrowException, TypeError, OverflowError) as e:
+            raise ValueError(f"gser: a malformed pyarrow column of type {t}: {e}") from None
+        out.append(arr)
+    return pa.chunked_array(out, type=t)
+
+
+def _arrow_of(a):
+    """The ChunkedArray behind a pyarrow-backed pandas array."""
+    import pyarrow as pa
+
+    c = getattr(a, "_pa_array", None)  # pandas >= 2.0
+    if c is None:
+        c = getattr(a, "_data", None)  # pandas 1.5
+    if type(c) is not pa.ChunkedArray:
+        _refuse(f"a pandas column of dtype {a.dtype} ({type(a).__name__}) of an unknown layout")
+    return c
+
+
 def _enc_array(a, labels=False):
     import pandas as pd
-    from pandas.core.arrays import DatetimeArray, StringArray, TimedeltaArray
+    from pandas.core.arrays import DatetimeArray, TimedeltaArray
     from pandas.core.arrays.masked import BaseMaskedArray
 
     t = type(a)
@@ -180,15 +295,31 @@ def _enc_array(a, labels=False):
             return _enc_str(a, labels)
         return ("nd", a)
     if t is pd.Categorical:
-        return ("cat", _enc_array(a.codes), _enc_index(a.categories), bool(a.ordered))
+        # the codes themselves: Categorical.codes is a read-only view of them
+        codes = getattr(a, "_ndarray", None)
+        codes = a.codes if type(codes) is not np.ndarray else codes
+        return ("cat", _enc_array(codes), _enc_index(a.categories), bool(a.ordered))
     if t is DatetimeArray:
-        return ("dt", a._ndarray, _enc_tz(a.tz), _enc_freq(a.freq))
+        return ("dt", a._ndarray, _enc_tz(a.tz), _enc_freq(getattr(a, "freq", None)))
     if t is TimedeltaArray:
-        return ("td", a._ndarray, _enc_freq(a.freq))
+        return ("td", a._ndarray, _enc_freq(getattr(a, "freq", None)))
     if isinstance(a, BaseMaskedArray) and t is a.dtype.construct_array_type():
         return ("mask", a.dtype.name, a._data, a._mask)
-    if t is StringArray and a.dtype.storage == "python":
-        return ("sa", _enc_str(a._ndarray, False))
+    if isinstance(a.dtype, pd.StringDtype) and t is a.dtype.construct_array_type():
+        storage, na = _string_storage(a.dtype)
+        if storage == "python":
+            values = a._ndarray
+            if type(values) is not np.ndarray or values.dtype != object:
+                _refuse(f"a pandas column of dtype {a.dtype} ({t.__name__}) of an unknown layout")
+            if na == "NA":
+                return ("sa", _enc_str(values, False))  # as gser before pandas 3 sends it
+            return ("string", storage, na, _enc_str(values, False))
+        if storage in ("pyarrow", "pyarrow_numpy"):
+            return ("string", "pyarrow", "nan" if storage == "pyarrow_numpy" else na, _enc_arrow(_arrow_of(a)))
+        _refuse(f"a str column of storage {storage!r}")
+    arrow_dtype = getattr(pd, "ArrowDtype", None)
+    if arrow_dtype is not None and type(a.dtype) is arrow_dtype and t is a.dtype.construct_array_type():
+        return ("arrow", _enc_arrow(_arrow_of(a)))
     _refuse(f"a pandas column of dtype {a.dtype} ({t.__name__})")
 
 
@@ -226,19 +357,29 @@ def _dec_array(v):
                 codes.size and (codes.min() < -1 or codes.max() >= len(dtype.categories))):
             raise ValueError("gser: a pandas categorical whose codes do not fit its categories")
         return pd.Categorical._simple_new(codes, dtype)
-    if tag in ("dt", "td") and (type(v[1]) is not np.ndarray or v[1].dtype.str != ("<M8[ns]" if tag == "dt"
-                                                                                   else "<m8[ns]")):
-        raise ValueError(f"gser: a pandas {'datetime' if tag == 'dt' else 'timedelta'} array not of nanoseconds")
-    if tag == "dt":
-        from pandas.core.arrays import DatetimeArray
+    if tag in ("dt", "td"):
+        values = v[1]
+        kind = "M8" if tag == "dt" else "m8"
+        if type(values) is not np.ndarray or values.dtype.str not in _UNITS[kind]:
+            raise ValueError(f"gser: a pandas {'datetime' if tag == 'dt' else 'timedelta'} array of "
+                             f"{getattr(values, 'dtype', type(values).__name__)}, not of s, ms, us or ns")
+        if values.dtype.str[-4:] != "[ns]" and int(pd.__version__.split(".")[0]) < 2:
+            raise ValueError(f"gser: a pandas array of {values.dtype}: this pandas has only nanoseconds")
+        freq = _dec_freq(v[3] if tag == "dt" else v[2])
+        if tag == "dt":
+            from pandas.core.arrays import DatetimeArray as cls
 
-        tz = _dec_tz(v[2])
-        dtype = pd.DatetimeTZDtype(tz=tz) if tz is not None else v[1].dtype
-        return DatetimeArray._simple_new(v[1], freq=_dec_freq(v[3]), dtype=dtype)
-    if tag == "td":
-        from pandas.core.arrays import TimedeltaArray
+            tz = _dec_tz(v[2])
+            dtype = pd.DatetimeTZDtype(unit=np.datetime_data(values.dtype)[0], tz=tz) if tz is not None \
+                else values.dtype
+        else:
+            from pandas.core.arrays import TimedeltaArray as cls
 
-        return TimedeltaArray._simple_new(v[1], freq=_dec_freq(v[2]), dtype=v[1].dtype)
+            dtype = values.dtype
+        out = cls._simple_new(values, dtype=dtype)
+        if freq is not None and hasattr(cls, "freq"):  # pandas <= 2; pandas 3 keeps freq on the index
+            out._freq = freq
+        return out
     if tag == "mask":
         from pandas.core.arrays.masked import BaseMaskedArray
 
@@ -247,10 +388,37 @@ def _dec_array(v):
             raise ValueError(f"gser: {v[1]!r} is not a masked pandas dtype")
         return cls(v[2], v[3])
     if tag == "sa":
+        return _dec_string("python", "NA", v[1])
+    if tag == "string":
+        return _dec_string(v[1], v[2], v[3])
+    if tag == "arrow":
+        arr = _dec_arrow(v[1])
+        return pd.arrays.ArrowExtensionArray(arr)
+    raise ValueError(f"gser: a pandas array of unknown kind {tag!r}")
+
+
+_UNITS = {k: tuple(f"<{k}[{u}]" for u in ("s", "ms", "us", "ns")) for k in ("M8", "m8")}
+
+
+def _dec_string(storage, na, payload):
+    import pandas as pd
+
+    dtype = _string_dtype(storage, na)
+    cls = dtype.construct_array_type()
+    if storage == "python":
         from pandas.core.arrays import StringArray
 
-        return StringArray._simple_new(_dec_str(v[1], pd.NA), pd.StringDtype("python"))
-    raise ValueError(f"gser: a pandas array of unknown kind {tag!r}")
+        if not issubclass(cls, StringArray):
+            raise ValueError(f"gser: a str column of {dtype!r} is not a StringArray here")
+        return cls._simple_new(_dec_str(payload, pd.NA), dtype)
+    chunked = _dec_arrow(payload)
+    try:
+        out = cls(chunked, dtype=dtype)  # pandas 3
+    except TypeError:
+        out = cls(chunked)  # pandas <= 2.3: the class says the missing value
+    if out.dtype != dtype:
+        raise ValueError(f"gser: a str column of {dtype!r} came back as {out.dtype!r}")
+    return out
 
 
 # ---- indexes --------------------------------------------------------------------------------
@@ -288,7 +456,11 @@ def _enc_index(idx):
     name = t.__name__
     if _CLASSES.get(name) is not t:
         _refuse(f"a pandas index of type {name}")
-    return ("index", name, _enc_array(idx._data, labels=True), idx.name)
+    values = _enc_array(idx._data, labels=True)
+    freq = getattr(idx, "freq", None)
+    if freq is not None and not hasattr(idx._data, "freq"):  # pandas 3: the index's, not its array's
+        return ("index", name, values, idx.name, _enc_freq(freq))
+    return ("index", name, values, idx.name)
 
 
 def _dec_index(v):
@@ -307,11 +479,24 @@ def _dec_index(v):
         if cls is None:
             raise ValueError(f"gser: a pandas index of unknown type {v[1]!r}")
         values = _dec_array(v[2])
+        # freq: pandas <= 2 sends it with the array, pandas 3 with the index
+        freq = v[4] if len(v) > 4 else None
+        if freq is None and v[2][0] in ("dt", "td"):
+            freq = v[2][3] if v[2][0] == "dt" else v[2][2]
         want = getattr(cls, "_default_dtype", None) if v[1] != "NumericIndex" else None
         if not isinstance(values, cls._data_cls) or getattr(values, "ndim", 1) != 1 or (
                 want is not None and values.dtype != want):
             raise ValueError(f"gser: a pandas {v[1]} of values {type(values).__name__}")
-        return cls._simple_new(values, name=v[3])
+        if freq is not None:
+            if v[1] not in ("DatetimeIndex", "TimedeltaIndex"):
+                raise ValueError(f"gser: a pandas {v[1]} with a frequency")
+            freq = _dec_freq(freq)
+            if hasattr(type(values), "freq"):  # pandas <= 2: the array's
+                values._freq = freq
+        out = cls._simple_new(values, name=v[3])
+        if freq is not None and not hasattr(type(values), "freq"):  # pandas 3: the index's
+            out._freq = freq
+        return out
     raise ValueError(f"gser: a pandas index of unknown kind {tag!r}")
 
 
@@ -349,6 +534,13 @@ def _enc_frame(df):
     return (_VERSION, _enc_index(df.columns), _enc_index(df.index), blocks, _meta(df))
 
 
+def _from_mgr(cls, mgr):
+    # pandas >= 2.1: cls._from_mgr (a manager passed to the constructor is
+    # deprecated there); pandas 1.5 and 2.0: the constructor.
+    fast = getattr(cls, "_from_mgr", None)
+    return fast(mgr, axes=mgr.axes) if fast is not None else cls(mgr)
+
+
 def _dec_frame(v):
     import pandas as pd
     from pandas._libs.internals import BlockPlacement
@@ -363,10 +555,14 @@ def _dec_frame(v):
         loc = slice(*loc) if type(loc) is tuple else loc
         built.append(new_block(_dec_array(values), placement=BlockPlacement(loc), ndim=2))
     mgr = BlockManager(tuple(built), [_dec_index(columns), _dec_index(index)])
-    return _set_meta(pd.DataFrame(mgr), meta)
+    return _set_meta(_from_mgr(pd.DataFrame, mgr), meta)
 
 
 def _enc_series(s):
+    from pandas.core.internals import SingleBlockManager
+
+    if type(s._mgr) is not SingleBlockManager:
+        _refuse(f"a Series held by a {type(s._mgr).__name__}")
     _check_plain(s.name, "a Series name")
     return (_VERSION, _enc_array(s._values), _enc_index(s.index), s.name, _meta(s))
 
@@ -379,34 +575,53 @@ def _dec_series(v):
     if version != _VERSION:
         raise ValueError(f"gser: a pandas Series of version {version!r}, this gser reads {_VERSION}")
     mgr = SingleBlockManager.from_array(_dec_array(values), _dec_index(index))
-    return _set_meta(pd.Series(mgr, name=name), meta)
+    out = _from_mgr(pd.Series, mgr)
+    out.name = name
+    return _set_meta(out, meta)
 
 
 # ---- scalars that reductions return ------------------------------------------------------
 
 
 def _enc_timestamp(ts):
-    if getattr(ts, "unit", "ns") != "ns":
-        _refuse(f"a Timestamp of unit {ts.unit}")
-    return (ts.value, _enc_tz(ts.tz))
+    unit = getattr(ts, "unit", "ns")
+    if unit == "ns":
+        return (ts.value, _enc_tz(ts.tz))  # as gser before pandas 2 sends it
+    # (value, unit) where a gser of before reads an int: it raises, rather
+    # than take the value for nanoseconds
+    return ((ts._value, unit), _enc_tz(ts.tz))
 
 
 def _dec_timestamp(v):
     import pandas as pd
 
-    return pd.Timestamp(v[0], tz=_dec_tz(v[1]))
+    value, tz = v
+    if type(value) is not tuple:
+        return pd.Timestamp(value, tz=_dec_tz(tz))
+    value, unit = value
+    if unit not in ("s", "ms", "us", "ns") or type(value) is not int:
+        raise ValueError(f"gser: a pandas Timestamp of unit {unit!r}")
+    out = pd.Timestamp(np.datetime64(value, unit))
+    tz = _dec_tz(tz)
+    return out if tz is None else out.tz_localize("UTC").tz_convert(tz)
 
 
 def _enc_timedelta(td):
-    if getattr(td, "unit", "ns") != "ns":
-        _refuse(f"a Timedelta of unit {td.unit}")
-    return td.value
+    unit = getattr(td, "unit", "ns")
+    if unit == "ns":
+        return td.value
+    return (td._value, unit)
 
 
 def _dec_timedelta(v):
     import pandas as pd
 
-    return pd.Timedelta(v)
+    if type(v) is int:
+        return pd.Timedelta(v)
+    value, unit = v
+    if unit not in ("s", "ms", "us", "ns") or type(value) is not int:
+        raise ValueError(f"gser: a pandas Timedelta of unit {unit!r}")
+    return pd.Timedelta(np.timedelta64(value, unit))
 
 
 def register():

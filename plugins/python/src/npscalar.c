@@ -3,9 +3,10 @@
  * descr is the dtype's numpy.lib.format description (data: a str such as
  * "<f8" or "<M8[ns]", lists for structured dtypes); the receiver rebuilds
  * the dtype with descr_to_dtype and the scalar with numpy's own
- * numpy.core.multiarray.scalar(dtype, bytes), which is what numpy's pickle
- * calls, so the type and value come back exactly. Descriptions are cached
- * per dtype on both sides: a message holding a number stays cheap.
+ * numpy._core.multiarray.scalar(dtype, bytes) (numpy.core in numpy 1.x),
+ * which is what numpy's pickle calls, so the type and value come back
+ * exactly. Descriptions are cached per dtype on both sides: a message
+ * holding a number stays cheap.
  */
 #include "pygser.h" /* first: Python.h sets the feature macros */
 
@@ -24,7 +25,13 @@ static bool nps_ready(pg_state_t *s)
     nps->tried = true;
     PyObject *mod = PyImport_ImportModule("numpy");
     PyObject *fmt = mod ? PyImport_ImportModule("numpy.lib.format") : NULL;
-    PyObject *ma = fmt ? PyImport_ImportModule("numpy.core.multiarray") : NULL;
+    /* numpy 2 moved it to numpy._core (numpy.core is a deprecated alias
+     * there, and the module numpy's own pickle names); numpy 1.x: numpy.core. */
+    PyObject *ma = fmt ? PyImport_ImportModule("numpy._core.multiarray") : NULL;
+    if (fmt && !ma) {
+        PyErr_Clear();
+        ma = PyImport_ImportModule("numpy.core.multiarray");
+    }
     bool ok = ma && (nps->scalar = PyObject_GetAttrString(ma, "scalar")) &&
               (nps->dtype_to_descr = PyObject_GetAttrString(fmt, "dtype_to_descr")) &&
               (nps->descr_to_dtype = PyObject_GetAttrString(fmt, "descr_to_dtype")) &&

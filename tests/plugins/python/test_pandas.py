@@ -95,6 +95,8 @@ def check_frame(a, b):
     assert type(b.index) is type(a.index) and type(b.columns) is type(a.columns)
     assert b.attrs == a.attrs
     assert list(b.columns) == list(a.columns)
+    # the same dtypes, down to a str dtype's storage and missing value
+    assert [repr(d) for d in b.dtypes] == [repr(d) for d in a.dtypes]
 
 
 def frame_of_everything(n=12):
@@ -124,9 +126,36 @@ def frame_of_everything(n=12):
         "Float64": pd.array([0.5, None, 1.5] * (n // 3), dtype="Float64"),
         "boolean": pd.array([True, None, False] * (n // 3), dtype="boolean"),
         "string": pd.array(["a", None, "ü€😀"] * (n // 3), dtype="string"),
-        "str": [f"s{i}" * (i % 4) for i in range(n)],
-        "str_na": ["x", None, float("nan"), "ÿ"] * (n // 4),
+        # object columns of str (pandas 3 would make them its str dtype)
+        "str": pd.Series([f"s{i}" * (i % 4) for i in range(n)], dtype=object),
+        "str_na": pd.Series(["x", None, float("nan"), "ÿ"] * (n // 4), dtype=object),
+        **string_columns(n),
     })
+
+
+def string_columns(n):
+    """Every str dtype this pandas has: "string" (pd.NA) of python and
+    pyarrow storage, pandas 3's default str (NaN) of both storages."""
+    vals = ["a", None, "ü€😀"] * (n // 3)
+    out = {"string_python": pd.array(vals, dtype=pd.StringDtype("python"))}
+    try:
+        out["str_python_nan"] = pd.array(vals, dtype=pd.StringDtype("python", na_value=np.nan))
+    except TypeError:  # pandas < 2.3
+        pass
+    if HAVE_PYARROW:
+        out["string_pyarrow"] = pd.array(vals, dtype=pd.StringDtype("pyarrow"))
+        try:
+            out["str_pyarrow_nan"] = pd.array(vals, dtype=pd.StringDtype("pyarrow", na_value=np.nan))
+        except TypeError:
+            pass
+    return out
+
+
+try:
+    import pyarrow as pa
+except ImportError:
+    pa = None
+HAVE_PYARROW = pa is not None
 
 
 @pytest.mark.parametrize("rt", ROUND_TRIPS, ids=lambda f: f.__name__)
@@ -181,7 +210,7 @@ def test_index_kinds(rt, kind):
 ], ids=["int", "mixed", "duplicate", "multi", "datetime", "categorical"])
 def test_column_names(columns):
     df = pd.DataFrame(np.arange(12).reshape(4, 3), columns=columns)
-    df["extra"] = ["p", "q", "r", "s"]
+    df[("extra", 0) if isinstance(columns, pd.MultiIndex) else "extra"] = ["p", "q", "r", "s"]
     check_frame(df, family(df))
 
 
@@ -286,15 +315,14 @@ DECLINED = {
     "subclass": MyFrame({"a": [1]}),
     "attrs_object": pd.DataFrame({"a": [1]}).pipe(lambda d: d.attrs.update(o=object()) or d),
     "name_object": pd.Series([1], name=object()),
-    "surrogate": pd.DataFrame({"s": ["\ud800"]}),
+    "surrogate": pd.DataFrame({"s": ["\ud800"]}, dtype=object),
     "custom_tz": pd.Series(pd.date_range("2020", periods=2, tz=datetime.timezone(datetime.timedelta(hours=1),
                                                                                   "CET-ish"))),
 }
 
 
-@pytest.mark.parametrize("kind", sorted(DECLINED))
-def test_what_gser_cannot_carry_exactly_is_declined_to_dasks_next_family(kind):
-    obj = DECLINED[kind]
+def through_dasks_path(obj):
+    """obj is declined by the family, and Dask's next family (pickle) carries it."""
     with pytest.raises(NotImplementedError):
         gser.dask.dumps(obj)
     ser = importlib.import_module("distributed.protocol.serialize")
@@ -302,11 +330,216 @@ def test_what_gser_cannot_carry_exactly_is_declined_to_dasks_next_family(kind):
     try:
         header, frames = ser.serialize(obj, serializers=["gser", "pickle"])
         assert header["serializer"] == "pickle"
-        out = ser.deserialize(header, frames)
+        return ser.deserialize(header, frames)
     finally:
         gser.dask.unregister()
+
+
+@pytest.mark.parametrize("kind", sorted(DECLINED))
+def test_what_gser_cannot_carry_exactly_is_declined_to_dasks_next_family(kind):
+    obj = DECLINED[kind]
+    out = through_dasks_path(obj)
     if kind != "objects" and isinstance(obj, pd.DataFrame):
         tm.assert_frame_equal(out, obj)
+
+
+# ---- pandas 2 and 3: str dtypes, pyarrow-backed columns, units, copy-on-write, unknown layouts ----
+
+PANDAS_MAJOR = int(pd.__version__.split(".")[0])
+needs_pyarrow = pytest.mark.skipif(not HAVE_PYARROW, reason="pyarrow is not installed (pandas' pyarrow-backed dtypes)")
+needs_pandas2 = pytest.mark.skipif(PANDAS_MAJOR < 2, reason=f"pandas {pd.__version__}: datetimes only of ns")
+
+
+@pytest.mark.parametrize("rt", ROUND_TRIPS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("kind", sorted(string_columns(6)))
+def test_str_dtypes_of_both_storages_keep_storage_and_missing_value(rt, kind):
+    values = string_columns(6)[kind]
+    s = pd.Series(values, name="s", index=pd.Index(values, name="i"))
+    out = rt(s)
+    tm.assert_series_equal(out, s, check_exact=True)
+    assert repr(out.dtype) == repr(s.dtype) and repr(out.index.dtype) == repr(s.index.dtype)
+    assert type(out.array) is type(s.array)
+    assert out.isna().tolist() == s.isna().tolist()
+    missing = out.array[1]
+    assert missing is s.array[1] or (missing != missing and s.array[1] != s.array[1])
+    df = pd.DataFrame({"a": values, "b": np.arange(6)}).astype({"a": values.dtype})
+    check_frame(df, rt(df))
+    for empty in (s.iloc[:0], pd.Series(pd.array([], dtype=values.dtype))):
+        tm.assert_series_equal(rt(empty), empty, check_exact=True)
+
+
+@needs_pyarrow
+def test_pyarrow_str_column_travels_as_its_arrow_buffers():
+    strs = [f"item-{i}-é" for i in range(50_000)]
+    s = pd.Series(pd.array(strs, dtype=pd.StringDtype("pyarrow")))
+    header, frames = gser.dask.dumps(s)
+    spans = addresses(frames)
+    chunk = s.array._pa_array.chunk(0)
+    for b in chunk.buffers()[1:]:  # offsets and UTF-8 data, zero-copy
+        assert (b.address, b.size) in spans
+    out = gser.dask.loads(header, frames)
+    tm.assert_series_equal(out, s, check_exact=True)
+    assert out.array._pa_array.chunk(0).buffers()[2].address in [a for a, _ in spans]
+
+
+def pyarrow_columns():
+    n = 6
+    chunked = pa.chunked_array([pa.array([1, None, 3], pa.int32()), pa.array([4, 5, None], pa.int32())])
+    sliced = pa.array(np.arange(20, dtype=np.int64)).slice(7, n)
+    return {
+        "int64": pd.array([1, None, 3, 4, 5, 6], dtype="int64[pyarrow]"),
+        "uint8": pd.array([1, 2, None, 4, 5, 255], dtype="uint8[pyarrow]"),
+        "float32": pd.array([0.5, None, float("nan"), 1, 2, 3], dtype="float32[pyarrow]"),
+        "bool": pd.array([True, None, False, True, True, False], dtype="bool[pyarrow]"),
+        "string": pd.array(["a", None, "é", "", "x", "y"], dtype=pd.ArrowDtype(pa.string())),
+        "large_string": pd.array(["a", None, "é", "", "x", "y"], dtype=pd.ArrowDtype(pa.large_string())),
+        "binary": pd.array([b"a", None, b"\x00", b"", b"x", b"y"], dtype=pd.ArrowDtype(pa.binary())),
+        "timestamp_tz": pd.array(pd.date_range("2020", periods=n, freq="h", tz="Europe/Paris"),
+                                 dtype=pd.ArrowDtype(pa.timestamp("us", tz="Europe/Paris"))),
+        "date32": pd.array([datetime.date(2020, 1, i + 1) for i in range(n)], dtype=pd.ArrowDtype(pa.date32())),
+        "duration": pd.array([pd.Timedelta(i, "s") for i in range(n)], dtype=pd.ArrowDtype(pa.duration("ms"))),
+        "decimal": pd.array([1, 2, None, 4, 5, 6], dtype=pd.ArrowDtype(pa.decimal128(10, 2))),
+        "chunked": pd.arrays.ArrowExtensionArray(chunked),
+        "sliced": pd.arrays.ArrowExtensionArray(pa.chunked_array([sliced])),
+    }
+
+
+@needs_pyarrow
+@pytest.mark.parametrize("rt", ROUND_TRIPS, ids=lambda f: f.__name__)
+def test_pyarrow_backed_columns(rt):
+    df = pd.DataFrame(pyarrow_columns())
+    out = rt(df)
+    check_frame(df, out)
+    for name in df.columns:
+        assert out[name].array._pa_array.type == df[name].array._pa_array.type, name
+    s = df["timestamp_tz"].rename("t")
+    tm.assert_series_equal(rt(s), s, check_exact=True)
+    idx = pd.Index(df["large_string"])
+    tm.assert_index_equal(rt(idx), idx, exact=True)
+
+
+@needs_pyarrow
+def test_a_slice_of_a_pyarrow_column_sends_only_its_items():
+    big = pd.Series(pd.array([f"item-{i}" for i in range(100_000)], dtype=pd.StringDtype("pyarrow")))
+    part = big.iloc[500:510]
+    header, frames = gser.dask.dumps(part)
+    assert sum(memoryview(f).nbytes for f in frames) < 4096
+    tm.assert_series_equal(gser.dask.loads(header, frames), part, check_exact=True)
+
+
+@needs_pyarrow
+@pytest.mark.parametrize("kind", ["list", "struct", "dictionary"])
+def test_nested_pyarrow_columns_are_declined_and_go_dasks_way(kind):
+    arr = {"list": pa.array([[1, 2], None, []]), "struct": pa.array([{"a": 1}, None, {"a": 3}]),
+           "dictionary": pa.array(["x", "y", "x"]).dictionary_encode()}[kind]
+    df = pd.DataFrame({"c": pd.arrays.ArrowExtensionArray(arr), "n": np.arange(3)})
+    tm.assert_frame_equal(through_dasks_path(df), df, check_exact=True)
+
+
+@pytest.mark.parametrize("kind", ["datetime", "timedelta"])
+def test_an_index_freq_is_read_where_either_pandas_sends_it(kind):
+    """pandas <= 2 keeps an index's freq on its array, pandas 3 on the index:
+    either message comes back with the freq, on every pandas."""
+    from gser import _pandas
+
+    idx = pd.date_range("2020", periods=3, freq="D") if kind == "datetime" else \
+        pd.timedelta_range("1s", periods=3, freq="s")
+    idx = idx.as_unit("ns") if hasattr(idx, "as_unit") else idx
+    values = np.asarray(idx.asi8).view("M8[ns]" if kind == "datetime" else "m8[ns]")
+    cls, freq = type(idx).__name__, idx.freqstr
+    arrays = (("dt", values, None, freq), ("dt", values, None, None)) if kind == "datetime" else \
+        (("td", values, freq), ("td", values, None))
+    for out in (_pandas._dec_index(("index", cls, arrays[0], "x")),  # as pandas <= 2 sends it
+                _pandas._dec_index(("index", cls, arrays[1], "x", freq))):  # as pandas 3 does
+        assert type(out) is type(idx) and out.freq == idx.freq and out.name == "x"
+        assert out.asi8.tolist() == idx.asi8.tolist()
+
+
+def test_timestamps_of_other_units_are_not_read_as_nanoseconds_by_older_readers():
+    """What a gser of before (Timestamp(value, tz=...)) does with a message of
+    a non-ns Timestamp: an error, never another instant."""
+    from gser import _pandas
+
+    if PANDAS_MAJOR < 2:
+        pytest.skip(f"pandas {pd.__version__}: Timestamps only of ns")
+    v = _pandas._enc_timestamp(pd.Timestamp("2020-01-01").as_unit("s"))
+    with pytest.raises((TypeError, ValueError)):
+        pd.Timestamp(v[0], tz=None)
+    with pytest.raises((TypeError, ValueError)):
+        pd.Timedelta(_pandas._enc_timedelta(pd.Timedelta(3, "s").as_unit("s")))
+
+
+@needs_pandas2
+@pytest.mark.parametrize("rt", ROUND_TRIPS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("unit", ["s", "ms", "us", "ns"])
+def test_datetimes_timedeltas_and_scalars_of_every_unit(rt, unit):
+    t = pd.date_range("2020-01-01", periods=4, freq="D").as_unit(unit)
+    df = pd.DataFrame({"t": t, "tz": t.tz_localize("Asia/Tokyo"), "td": (t - t[0]).as_unit(unit)},
+                      index=t.rename("when"))
+    out = rt(df)
+    check_frame(df, out)
+    assert out.index.freq == df.index.freq and out.index.dtype == df.index.dtype
+    for x in (pd.Timestamp("2020-06-01 01:02:03", tz="US/Eastern").as_unit(unit),
+              pd.Timestamp("1677-01-01").as_unit("s") if unit == "s" else pd.Timestamp(0).as_unit(unit),
+              pd.Timedelta(3, "s").as_unit(unit)):
+        y = rt(x)
+        assert type(y) is type(x) and y == x and y.unit == x.unit and getattr(y, "tz", None) == getattr(x, "tz", None)
+
+
+def copy_on_write():
+    """pandas 3 always copies on write; 1.5 and 2.x when told to."""
+    if PANDAS_MAJOR >= 3:
+        import contextlib
+
+        return contextlib.nullcontext()
+    return pd.option_context("mode.copy_on_write", True)
+
+
+@pytest.mark.parametrize("rt", ROUND_TRIPS, ids=lambda f: f.__name__)
+def test_copy_on_write_frames(rt):
+    with copy_on_write():
+        base = frame_of_everything()
+        views = {"all": base, "columns": base[["i64", "f64", "str", "Int64"]], "rows": base.iloc[2:9],
+                 "renamed": base.rename(columns=str.upper), "reset": base.reset_index(drop=True),
+                 "assigned": base.assign(extra=1.5)}
+        for name, df in views.items():
+            before = pickle.loads(pickle.dumps(df))
+            out = rt(df)
+            check_frame(df, out)
+            if rt is family:  # Dask's flags: what was writable is (plain loads: read-only in bytes)
+                out.iloc[0, 0] = out.iloc[1, 0]
+            check_frame(before, df)
+        s = base["f64"]
+        tm.assert_series_equal(rt(s), s, check_exact=True)
+
+
+class OddManager(pd.core.internals.BlockManager):
+    """A block manager gser does not know (as pandas 1.5/2's ArrayManager)."""
+
+
+def frames_of_unknown_layout():
+    df = pd.DataFrame({"a": [1, 2, 3], "s": pd.Series(["x", "y", None], dtype=object)})
+    df._mgr.__class__ = OddManager
+    out = {"odd_manager": df}
+    if PANDAS_MAJOR < 3:  # pandas 1.5 and 2.x: ArrayManager, a column per array
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pd.option_context("mode.data_manager", "array"):
+                out["array_manager"] = pd.DataFrame({"a": [1, 2, 3], "b": [0.5, 1.5, 2.5]})
+                out["array_manager_series"] = pd.Series([1.5, 2.5])
+    return out
+
+
+@pytest.mark.parametrize("kind", sorted(frames_of_unknown_layout()))
+def test_unknown_layouts_are_declined_and_go_dasks_way(kind):
+    obj = frames_of_unknown_layout()[kind]
+    out = through_dasks_path(obj)
+    if isinstance(obj, pd.DataFrame):
+        tm.assert_frame_equal(out, obj, check_exact=True)
+    else:
+        tm.assert_series_equal(out, obj, check_exact=True)
 
 
 def test_pandas_frames_no_longer_need_pickle_in_dask():
@@ -387,6 +620,41 @@ def test_unknown_pandas_tags_are_errors_not_crashes():
             _pandas._dec_array(bad)
     with pytest.raises(ValueError, match="gser"):
         _pandas._dec_index(("index", "Int64Index", ("nd", np.arange(3.0)), None))
+    with pytest.raises(ValueError, match="frequency"):
+        _pandas._dec_index(("index", "Index", ("nd", np.arange(3)), None, "D"))
+    for bad in (("dt", np.arange(3).view("M8[D]"), None, None), ("td", np.arange(3).astype(">m8[ns]"), None),
+                ("string", "python", "zero", ("str", (0,), np.zeros(1, np.int64), np.zeros(0, np.uint8), None)),
+                ("string", "cloud", "NA", None)):
+        with pytest.raises(ValueError, match="gser"):
+            _pandas._dec_array(bad)
+    for bad in ((pd.Timestamp, ((1, "D"), None)), (pd.Timestamp, ((1.5, "s"), None)), (pd.Timedelta, (1, "h"))):
+        with pytest.raises(ValueError, match="gser"):
+            (_pandas._dec_timestamp if bad[0] is pd.Timestamp else _pandas._dec_timedelta)(bad[1])
+
+
+@needs_pyarrow
+def test_malformed_pyarrow_columns_are_errors_not_crashes():
+    from gser import _pandas
+
+    good = _pandas._enc_arrow(pa.chunked_array([pa.array(["ab", None, "c"])]))
+    schema, chunks = good
+    n, nulls, offset, (validity, offsets, data) = chunks[0]
+    assert _pandas._dec_arrow(good).to_pylist() == ["ab", None, "c"]
+    list_schema = pa.schema([pa.field("", pa.list_(pa.int64()))]).serialize().to_pybytes()
+    bad_offsets = np.frombuffer(np.array([0, 2, 2, 99], dtype=np.int32).tobytes(), dtype=np.uint8)
+    bad = [
+        (list_schema, chunks),                                          # a type gser does not send
+        (schema, [(n, nulls, offset, [validity, offsets])]),            # a buffer short
+        (schema, [(n, nulls, offset, [validity, bad_offsets, data])]),  # offsets past the data
+        (schema, [(n, nulls, offset, [validity, offsets, np.frombuffer(b"a\xffc", np.uint8)])]),  # not UTF-8
+        (schema, [(n + 5, nulls, offset, [validity, offsets, data])]),  # longer than its buffers
+        (schema, [(n, nulls, offset, [validity, offsets.astype(np.int64), data])]),  # not bytes
+        ("schema", chunks),
+        (b"\x00" * 16, chunks),                                         # not an Arrow schema
+    ]
+    for b in bad:
+        with pytest.raises(ValueError, match="gser"):
+            _pandas._dec_arrow(b)
 
 
 # ---- property: random frames, the family against pickle ----------------------------------------
@@ -395,7 +663,10 @@ hypothesis = pytest.importorskip("hypothesis")
 st = hypothesis.strategies
 
 COLUMN_KINDS = ["int64", "int32", "uint8", "float64", "float32", "bool", "datetime", "datetime_tz", "timedelta",
-                "category", "Int64", "UInt16", "Float32", "boolean", "string", "str", "str_none"]
+                "category", "Int64", "UInt16", "Float32", "boolean", "string", "str", "str_none",
+                *(f"str:{k}" for k in string_columns(3) if k != "string_python")]
+if HAVE_PYARROW:
+    COLUMN_KINDS += ["int64[pyarrow]", "string[pyarrow]"]
 
 
 def make_column(kind, n, data):
@@ -426,6 +697,14 @@ def make_column(kind, n, data):
                 "Float32": st.floats(width=32, allow_nan=False), "boolean": st.booleans()}[kind]
         return pd.array(draw(st.lists(st.one_of(st.none(), base), min_size=n, max_size=n)), dtype=kind)
     text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12)
+    if kind == "int64[pyarrow]":
+        return pd.array(draw(st.lists(st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)), min_size=n,
+                                      max_size=n)), dtype=kind)
+    if kind == "string[pyarrow]":
+        return pd.array(draw(st.lists(st.one_of(st.none(), text), min_size=n, max_size=n)), dtype=kind)
+    if kind.startswith("str:"):
+        dtype = string_columns(3)[kind[4:]].dtype
+        return pd.array(draw(st.lists(st.one_of(st.none(), text), min_size=n, max_size=n)), dtype=dtype)
     if kind == "string":
         return pd.array(draw(st.lists(st.one_of(st.none(), text), min_size=n, max_size=n)), dtype="string")
     if kind == "str":
