@@ -201,6 +201,7 @@ def test_raising_deserializer_on_a_worker_ends_the_transfer(clusters, standins):
 
     from daskprobe import Boom, same, task_state
 
+    outcome = {}
     for kind, client in clusters.items():
         a, b = sorted(client.scheduler_info()["workers"])
         fut = client.scatter(Boom(b), workers=[a])
@@ -211,8 +212,14 @@ def test_raising_deserializer_on_a_worker_ends_the_transfer(clusters, standins):
             if state not in ("fetch", "flight", None) or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
-        assert state == "error", (kind, state)
-        assert "Boom: this deserializer raises here" in text, (kind, text)
+        # What the worker makes of the failed fetch is Dask's: "error" with
+        # the deserializer's exception up to 2023; current Dask fetches
+        # again and may end with the key in memory. gser:// must end where
+        # tcp:// ends (clusters lists tcp first).
+        outcome[kind] = state
+        assert state in ("error", "memory") and state == outcome["tcp"], (kind, outcome)
+        if state == "error":
+            assert "Boom: this deserializer raises here" in text, (kind, text)
         client.cancel([moved, fut])
         assert client.submit(sum, [1, 2], pure=False).result(timeout=TIMEOUT) == 3, kind  # still works
         assert sorted(client.scheduler_info()["workers"]) == [a, b], kind  # no worker died
@@ -352,11 +359,15 @@ def test_raising_deserializer_on_the_client_fails_the_gather(clusters, standins)
     from daskprobe import Boom
 
     for kind, client in clusters.items():
-        fut = client.scatter(Boom(None), workers=sorted(client.scheduler_info()["workers"])[:1])
+        fut = None
+        # Where it raises is Dask's: at the gather (2022.12), or already in
+        # the scatter, whose reply carries the object back (2026).
         with pytest.raises(Exception) as info:
+            fut = client.scatter(Boom(None), workers=sorted(client.scheduler_info()["workers"])[:1])
             fut.result(timeout=TIMEOUT)
         assert not isinstance(info.value, (TimeoutError, asyncio.TimeoutError)), (kind, info.value)
-        client.cancel([fut])
+        if fut is not None:
+            client.cancel([fut])
         assert client.submit(sum, [1, 2], pure=False).result(timeout=TIMEOUT) == 3, kind
 
 

@@ -60,8 +60,10 @@ def test_shuffle_equal(runs):
     assert len(g["parts"]) == NPARTS
     assert sum(r for r, _, _ in g["parts"]) == g["input_rows"] == ROWS
     assert sum(h for _, h, _ in g["parts"]) % (1 << 64) == g["input_hash"]  # the same rows, none changed
-    for i, (rows, _, target) in enumerate(g["parts"]):
-        assert rows > 0 and target == i, (i, rows, target)  # only the keys of its own partition
+    # No key split between two partitions: their distinct keys add up to the
+    # input's (which partition a key goes to is Dask's own hashing).
+    assert all(rows > 0 for rows, _, _ in g["parts"]), g["parts"]
+    assert sum(keys for _, _, keys in g["parts"]) == g["input_keys"], (g["parts"], g["input_keys"])
 
 
 def test_gser_carried_it(runs):
@@ -75,10 +77,15 @@ def test_gser_carried_it(runs):
     for addr, w in facts["on_workers"].items():
         assert w["peers"] == ["gser"], (addr, w)
         assert w["fetched_bytes"] > 0 and w["gser"]["loads"] > 0 and w["gser"]["dumps"] > 0, (addr, w)
-    # distributed.comm.compression is "auto" (Dask's default): between
-    # nodes (another address, not loopback) gser:// compresses with lz4
+    # distributed.comm.compression as Dask's default has it: "auto" up to
+    # 2023.3, between nodes (another address, not loopback) gser://
+    # compresses with lz4; False since, and gser:// compresses nothing, as
+    # tcp:// then does not.
+    import dask.config
+
+    expected = ["lz4"] if dask.config.get("distributed.comm.compression") == "auto" else ["None"]
     for addr, w in facts["on_workers"].items():
-        assert w["codecs"] == ["lz4"], (addr, w)
+        assert w["codecs"] == expected, (addr, w)
     # and tcp:// is Dask's own: the same checks tell the two apart
     tfacts = runs["tcp"][0]["facts"]
     assert all(w.startswith("tcp://") for w in tfacts["workers"])

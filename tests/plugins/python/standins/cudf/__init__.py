@@ -11,7 +11,7 @@ import numpy as np
 
 import rmm
 
-__version__ = "0.0-standin"
+__version__ = "26.10.0+standin"  # PEP 440, as the real one's
 
 
 class Buffer:

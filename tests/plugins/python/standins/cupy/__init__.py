@@ -7,7 +7,7 @@ import numpy as np
 
 from _devmem import Allocation, host_view, memcpy
 
-__version__ = "0.0-standin"
+__version__ = "14.2.0+standin"  # PEP 440: current Dask parses cupy.__version__ (protocol/cupy.py)
 
 dtype = np.dtype
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from _devmem import Allocation, host_view, memcpy
 
-__version__ = "0.0-standin"
+__version__ = "26.10.0+standin"  # PEP 440, as the real one's
 
 #: The keyword arguments of the last reinitialize() (a test reads the pool size).
 _reinitialized = None
