@@ -33,6 +33,10 @@ alternating):
                                   links only). Target: >= 0.9 (tbf counts
                                   headers: a 1500-byte MTU leaves ~95 % of it
                                   to payload)
+  link_<link>_256mib_vs_ucxx      the same against Dask's own UCX comm,
+                                  ucxx:// (distributed-ucxx-cu12, UCX_TLS=tcp
+                                  as well), where it is installed: what a
+                                  RAPIDS user would pick instead (no target)
   link_<link>_256mib_vs_socket    the same against one plain TCP socket
                                   between the same processes (sendall of 256
                                   MiB, then a 1-byte reply): what one tcp
@@ -289,6 +293,9 @@ def python_case(ns, link, rate, args):
             ">= 0.9", runs["gser"])
     row(args.json, f"link_{link}_256mib_vs_socket", g, "GB/s", "one plain TCP socket, same bytes",
         max(runs["socket"]), None, runs["gser"], runs["socket"])
+    if "ucxx" in runs:
+        row(args.json, f"link_{link}_256mib_vs_ucxx", g, "GB/s", "Dask ucxx comm, same array (GB/s)",
+            max(runs["ucxx"]), None, runs["gser"], runs["ucxx"])
 
 
 def c_case(ns, link, rate, args):
