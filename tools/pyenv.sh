@@ -12,7 +12,7 @@ name=${1:?usage: tools/pyenv.sh NAME [DIR]}
 req=tests/plugins/python/requirements/$name.txt
 [ -f "$req" ] || { echo "tools/pyenv.sh: no $req" >&2; exit 2; }
 dir=${2:-build-venv/$name}
-stamp=$(sha256sum "$req" | cut -c1-16)
+stamp=$(cat "$req" "$0" | sha256sum | cut -c1-16)  # this script makes it too
 if [ -x "$dir/bin/python" ] && [ "$(cat "$dir/.gser-req" 2>/dev/null)" = "$stamp" ]; then
   echo "$dir"
   exit 0
@@ -21,5 +21,25 @@ rm -rf "$dir"
 /usr/bin/python3 -m venv "$dir" >&2
 # Quiet, but a failing install still says why on stderr.
 "$dir/bin/python" -m pip install -q --disable-pip-version-check --no-input -r "$req" >&2
+# PyPI's wheels and sdists of distributed carry no tests: a requirements file
+# may name the release tag's source (a `# tests-from: FILE` line, FILE in
+# ../shared/pydeps, the same version as the one pinned), whose tests
+# folders are laid into the installed package as Debian's package has them.
+# pip then still sees the version of PyPI's wheel, which is the same code.
+src=$(sed -n 's/^# tests-from: *//p' "$req")
+if [ -n "$src" ]; then
+  tarball=../shared/pydeps/$src
+  if [ -f "$tarball" ]; then
+    site=$("$dir/bin/python" -c 'import distributed, os; print(os.path.dirname(os.path.dirname(distributed.__file__)))')
+    top=${src%.tar.gz}  # git archive --prefix=NAME-VERSION/
+    # With the tag's conftest.py (--runslow, the resource-leak checks) and
+    # pytest settings (warnings are errors, 300 s per test) at the top, as
+    # in Dask's own checkout: its suites run under Dask's own rules.
+    tar xzf "$tarball" -C "$site" --strip-components=1 --wildcards "$top/distributed/*tests/*" \
+      "$top/conftest.py" "$top/pyproject.toml"
+  else
+    echo "tools/pyenv.sh: $tarball not found: $name has no Dask test suites" >&2
+  fi
+fi
 echo "$stamp" > "$dir/.gser-req"
 echo "$dir"

@@ -8,7 +8,7 @@ set -euo pipefail
 
 CORE_PKGS=(build-essential cmake ninja-build pkg-config libmsgpack-dev libucx-dev liblz4-dev libzstd-dev)
 ALL_PKGS=("${CORE_PKGS[@]}" libgtest-dev clang libclang-rt-14-dev ucx-utils
-          iproute2 python3-dev python3-pytest python3-numpy python3-pandas python3-distributed python3-msgpack
+          iproute2 python3-dev python3-venv python3-pytest python3-numpy python3-pandas python3-distributed python3-msgpack
           python3-hypothesis python3-cryptography python3-pytest-timeout
           python3-lz4 python3-zstandard)  # independent codecs for the wire reader (wire_reference.py)
 

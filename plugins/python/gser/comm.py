@@ -81,10 +81,11 @@ import weakref
 import dask
 from dask.utils import parse_timedelta
 from distributed.comm.addressing import get_address_host, parse_host_port, unparse_host_port
+from distributed.comm import core as _dask_comm_core
 from distributed.comm.core import Comm, CommClosedError, Connector, FatalCommClosedError, Listener
 from distributed.comm.registry import Backend, backends
 from distributed.comm.utils import OFFLOAD_THRESHOLD, ensure_concrete_host, from_frames, to_frames
-from distributed.utils import ensure_ip, get_ip, get_ipv6, nbytes, offload
+from distributed.utils import ensure_ip, get_ip, nbytes, offload
 
 import gser.ucx
 from gser import _alloc
@@ -210,14 +211,25 @@ def _release(worker: gser.ucx.Worker):
 
 
 def _local_ip_for(host: str) -> str:
-    """The local address this host reaches host from (a UDP connect sends nothing)."""
+    """The local address this host reaches host from (a UDP connect sends
+    nothing). Where no route leads there: IPv4 as Dask's get_ip() answers
+    (this host's address towards the internet, or its name's), IPv6 this
+    host's name's IPv6 address, else ::1. gser's own rather than Dask's
+    get_ipv6, which Dask deprecated (2024) and whose get_ip took no IPv6
+    host before that."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
         with socket.socket(family, socket.SOCK_DGRAM) as s:
             s.connect((host, 9))
             return s.getsockname()[0]
     except OSError:
-        return get_ipv6() if ":" in host else get_ip()
+        pass
+    if family == socket.AF_INET:
+        return get_ip()
+    try:
+        return socket.getaddrinfo(socket.gethostname(), 9, family, socket.SOCK_DGRAM)[0][4][0]
+    except OSError:
+        return "::1"
 
 
 _PLAIN = (str, bytes, int, float, bool, type(None))
@@ -288,14 +300,15 @@ class GserComm(Comm):
         # A comm dropped without close() must not keep its connection.
         self._finalizer = weakref.finalize(self, _drop_endpoint, ep)
 
-    @staticmethod
-    def handshake_info():
+    def handshake_info(self):
         # Comm's (with the gser family's key once it is registered), and that
         # this comm carries device frames as device memory: the family keeps
-        # device buffers in device frames towards such a peer.
+        # device buffers in device frames towards such a peer. Comm's is a
+        # staticmethod up to distributed 2023.4 and an instance method since:
+        # called through super(), either gets what it expects.
         from gser import dask as gser_dask
 
-        return {**Comm.handshake_info(), gser_dask.HANDSHAKE_DEVICE_KEY: True, _PARTS_KEY: 1}
+        return {**super().handshake_info(), gser_dask.HANDSHAKE_DEVICE_KEY: True, _PARTS_KEY: 1}
 
     @staticmethod
     def handshake_configuration(local, remote):
@@ -622,7 +635,13 @@ def _check_hello(msg):
     return msg["address"], msg["to"]
 
 
-class GserListener(Listener):
+# From distributed 2023.6.1 on, a stopping Server aborts the comms still in
+# their handshake (BaseListener.abort_handshaking_comms, which tracks them in
+# on_connection); before, Listener alone. Found by its presence.
+_ListenerBase = getattr(_dask_comm_core, "BaseListener", Listener)
+
+
+class GserListener(_ListenerBase):
     prefix = PREFIX
     comm_class = GserComm
     encrypted = False
@@ -631,6 +650,7 @@ class GserListener(Listener):
                  **connection_args):
         if address.startswith(PREFIX):
             address = address[len(PREFIX):]
+        super().__init__()
         _check_connection_args(address, connection_args, listener=True)
         self.ip, self._port = parse_host_port(address, connection_args.get("default_port") or 0)
         self.default_host = default_host
@@ -641,6 +661,7 @@ class GserListener(Listener):
         self.allow_offload = allow_offload
         self._listener = None
         self._worker = None
+        self._hellos = set()  # endpoints accepted whose gser hello has not come yet
         #: Connections dropped before they became comms (bad hello, dead peer).
         self.rejected = 0
 
@@ -700,14 +721,36 @@ class GserListener(Listener):
             lst.close()
             _release(self._worker)
 
+    def abort_handshaking_comms(self):
+        """Abort the connections accepted but not yet handed to Dask: those
+        still waiting for their gser hello, and (Dask's BaseListener, where
+        it exists) comms in Dask's handshake. A stopping Server calls it."""
+        hellos, self._hellos = self._hellos, set()
+        for ep in hellos:
+            ep.abort()
+        base = getattr(super(), "abort_handshaking_comms", None)
+        if base is not None:
+            base()
+
     async def _handle(self, ep: gser.ucx.Endpoint):
         timeout = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), default="seconds")
+        self._hellos.add(ep)
         try:
             hello = await asyncio.wait_for(ep.recv(), timeout)
             peer, local = _check_hello(hello)
         except Exception as e:
             self.rejected += 1
             logger.info("gser: dropped a connection to %s before its handshake: %s", self.contact_address, e)
+            ep.abort()
+            _release(ep.worker)
+            return
+        finally:
+            self._hellos.discard(ep)
+        if self._listener is None:
+            # Stopped after it accepted this connection: close it, as tcp://
+            # does, rather than start a handshake nobody will finish (the
+            # peer's handshake has no timeout of its own).
+            logger.info("gser: %s stopped before it handled a connection from %s", self.prefix, peer)
             ep.abort()
             _release(ep.worker)
             return
@@ -760,8 +803,7 @@ class GserBackend(Backend):
     def get_local_address_for(self, loc):
         host, port = parse_host_port(loc)
         host = ensure_ip(host)
-        local = get_ipv6(host) if ":" in host else get_ip(host)
-        return unparse_host_port(local, None)
+        return unparse_host_port(_local_ip_for(host), None)
 
 
 def register_backend():

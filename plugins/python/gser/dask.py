@@ -217,11 +217,25 @@ def _serialize_wrapper(original):
 
 
 def _handshake_wrapper(original):
-    def handshake_info():
-        return {**original(), HANDSHAKE_KEY: _HEADER_VERSION}
+    """Comm.handshake_info with the family's key added. original is the
+    attribute as Comm's class holds it: a staticmethod up to distributed
+    2023.4, a plain function (an instance method, which reads the comm's
+    same_host) from 2023.5 on (dask/distributed#7768). The wrapper keeps
+    its kind, so that every caller of either version gets what it expects."""
+    if isinstance(original, staticmethod):
+        function = original.__func__
+
+        def handshake_info():
+            return {**function(), HANDSHAKE_KEY: _HEADER_VERSION}
+
+        handshake_info.__wrapped__ = function
+        return staticmethod(handshake_info)
+
+    def handshake_info(self):
+        return {**original(self), HANDSHAKE_KEY: _HEADER_VERSION}
 
     handshake_info.__wrapped__ = original
-    return staticmethod(handshake_info)
+    return handshake_info
 
 
 def _comm_class():
@@ -282,7 +296,7 @@ def register(collections: bool = True, default: bool = False) -> None:
     if _state["original_handshake"] is None:
         comm = _comm_class()
         _state["original_handshake"] = comm.__dict__["handshake_info"]
-        comm.handshake_info = _handshake_wrapper(comm.handshake_info)
+        comm.handshake_info = _handshake_wrapper(_state["original_handshake"])
     if default:
         _add_preloads()
 

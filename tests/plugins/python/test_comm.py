@@ -35,8 +35,27 @@ import gser.comm  # noqa: E402
 import gser.dask  # noqa: E402,F401  (registers gser://)
 from distributed.comm import CommClosedError, connect, listen  # noqa: E402
 from distributed.comm.addressing import parse_host_port  # noqa: E402
-from distributed.comm.tests import test_comms as dask_tests  # noqa: E402
 from distributed.protocol import Serialized, deserialize, serialize, to_serialize  # noqa: E402
+
+try:  # Dask's comm contract tests: in Debian's package, not in PyPI's wheels
+    from distributed.comm.tests import test_comms as dask_tests  # noqa: E402
+except ImportError:
+    dask_tests = None
+need_dask_tests = pytest.mark.skipif(
+    dask_tests is None, reason="distributed.comm.tests is not installed (PyPI's distributed ships no tests; "
+    "they run where they are: Debian's package, and the venv tools/pyenv.sh dask-2026.7.1 lays them into)")
+
+
+async def get_comm_pair(listen_addr, listen_args=None, connect_args=None, **kwargs):
+    """A connected pair (client side, server side), as Dask's test helper makes it."""
+    q = asyncio.Queue()
+
+    async def handle_comm(comm):
+        await q.put(comm)
+
+    async with listen(listen_addr, handle_comm, **(listen_args or {}), **kwargs) as listener:
+        comm = await connect(listener.contact_address, **(connect_args or {}), **kwargs)
+    return comm, await q.get()
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PEER = os.path.join(HERE, "comm_peer.py")
@@ -66,14 +85,16 @@ CONTRACT = {
 }
 
 
+@need_dask_tests
 @pytest.mark.parametrize("name", sorted(CONTRACT))
 def test_dask_contract(name):
     run(CONTRACT[name]())
 
 
+@need_dask_tests
 def test_dask_contract_repr_and_addresses():
     async def main():
-        a, b = await dask_tests.get_comm_pair("gser://127.0.0.1")
+        a, b = await get_comm_pair("gser://127.0.0.1")
         assert a.local_address in repr(b) and b.local_address in repr(a)
         # As tcp:// does: the connecting side's address has its connection's
         # own port, which the listening side sees as its peer.
@@ -82,7 +103,7 @@ def test_dask_contract_repr_and_addresses():
             host, port = parse_host_port(c.local_address[len("gser://"):])
             assert host == "127.0.0.1" and port != 0, c.local_address
         await dask_tests.check_repr(a, b)
-        a, b = await dask_tests.get_comm_pair("gser://127.0.0.1")
+        a, b = await get_comm_pair("gser://127.0.0.1")
         assert a.extra_info == {"transport": "gser::ucx", "local_cuda": False, "peer_cuda": False,
                                 "device_frames": "staged"}
         await dask_tests.check_addresses(a, b)
@@ -136,7 +157,7 @@ def test_using_the_scheme_registers_the_family():
     gser.dask.unregister()  # as another test may have left it
 
     async def main():
-        a, b = await dask_tests.get_comm_pair("gser://127.0.0.1")
+        a, b = await get_comm_pair("gser://127.0.0.1")
         assert "gser" in ser.families and gser.dask.registered()
         # both ends said they read gser and carry device frames as device memory
         for c in (a, b):
@@ -206,7 +227,7 @@ def test_host_and_device_frames_in_one_message():
     host = np.arange(1000, dtype=np.float64)
 
     async def main():
-        a, b = await dask_tests.get_comm_pair("gser://127.0.0.1", deserialize=False)
+        a, b = await get_comm_pair("gser://127.0.0.1", deserialize=False)
         # frames Dask forwards as they are: a device frame among host ones
         msg = {"op": "x", "h": to_serialize(host), "d": Serialized({"serializer": "cuda-test"}, [Frame(dev)])}
         await a.write(msg)
@@ -251,7 +272,7 @@ class Peer:
 
 def test_close_ends_a_pending_read_and_abort_is_immediate():
     async def main():
-        a, b = await dask_tests.get_comm_pair("gser://127.0.0.1")
+        a, b = await get_comm_pair("gser://127.0.0.1")
         pending = asyncio.ensure_future(a.read())
         await asyncio.sleep(0.05)
         await a.close()
@@ -260,7 +281,7 @@ def test_close_ends_a_pending_read_and_abort_is_immediate():
         with pytest.raises(CommClosedError):
             await asyncio.wait_for(b.read(), 10)
         assert a.closed() and b.closed()
-        c, d = await dask_tests.get_comm_pair("gser://127.0.0.1")
+        c, d = await get_comm_pair("gser://127.0.0.1")
         pending = asyncio.ensure_future(d.read())
         await asyncio.sleep(0.05)
         c.abort()
@@ -277,7 +298,7 @@ def test_close_ends_a_pending_read_and_abort_is_immediate():
 
 def test_dropped_comm_closes_its_connection():
     async def main():
-        a, b = await dask_tests.get_comm_pair("gser://127.0.0.1")
+        a, b = await get_comm_pair("gser://127.0.0.1")
         pending = asyncio.ensure_future(b.read())
         await asyncio.sleep(0.05)
         del a  # never closed: its finalizer drops the connection
@@ -657,7 +678,12 @@ def test_local_cluster_array_workload(gser_client, tcp_client):
         return client.compute([y, z], sync=True)
 
     (y1, z1), (y2, z2) = workload(gser_client), workload(tcp_client)
-    assert y1 == y2 and np.array_equal(z1, z2)
+    assert y1 == y2
+    # x @ x.T goes through BLAS, whose sums' order follows its thread count:
+    # one in Dask's worker processes (the nanny sets OPENBLAS_NUM_THREADS=1),
+    # all cores in the threads of the tcp:// cluster here. numpy 2's
+    # OpenBLAS differs there in the last bits; the bytes gser moved do not.
+    np.testing.assert_allclose(z1, z2, rtol=1e-13, atol=0)
     # results that travel worker -> worker -> client through gser
     big = gser_client.submit(np.arange, 4_000_000, pure=False)
     total = gser_client.submit(np.sum, big, workers=[list(workers)[1]], allow_other_workers=False)
@@ -681,7 +707,11 @@ def test_local_cluster_dataframe_workload(gser_client, tcp_client):
 def test_dask_command_line_on_loopback(tmp_path):
     """`dask scheduler --protocol gser` and `dask worker gser://...`, no preload:
     the entry point finds the backend."""
-    dask_cli = shutil.which("dask") or "/usr/bin/dask"
+    # The dask command of the distributed this interpreter imports (a venv's,
+    # or Debian's), with that interpreter: not whichever is first on PATH.
+    dask_cli = os.path.join(os.path.dirname(sys.executable), "dask")
+    if not os.path.exists(dask_cli):
+        dask_cli = shutil.which("dask") or "/usr/bin/dask"
     sched_file = tmp_path / "scheduler.json"
     env = dict(os.environ, DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT="20s")
     sched = subprocess.Popen([dask_cli, "scheduler", "--protocol", "gser", "--host", "127.0.0.1", "--port", "0",

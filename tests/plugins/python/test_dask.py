@@ -194,13 +194,30 @@ def test_default_makes_gser_first_without_serializers():
     assert "gser.dask" not in (dask.config.get("distributed.worker.preload") or [])
 
 
+def _a_comm():
+    """A comm of Dask's own (tcp://), unconnected: what handshake_info is called on."""
+    from distributed.comm.tcp import TCP
+
+    class Unconnected(TCP):
+        def __init__(self):
+            comm_core.Comm.__init__(self)
+            self._local_addr, self._peer_addr = "tcp://127.0.0.1:1", "tcp://127.0.0.2:2"
+
+    return Unconnected()
+
+
 def test_register_is_idempotent_and_undone():
     original, handshake = ser.serialize, comm_core.Comm.__dict__["handshake_info"]
-    assert "gser" not in comm_core.Comm.handshake_info()
+    comm = _a_comm()
+    assert "gser" not in comm.handshake_info() and "python" in comm.handshake_info()
     gser.dask.register()
     gser.dask.register()
     assert "gser" in ser.families and ser.serialize.__wrapped__ is original and gser.dask.registered()
-    assert comm_core.Comm.handshake_info()["gser"] == 1  # peers learn that this process reads gser
+    # Peers learn that this process reads gser, whatever the kind of Dask's
+    # handshake_info (a staticmethod up to 2023.4, an instance method since).
+    info = comm.handshake_info()
+    assert info["gser"] == 1 and "python" in info and "compression" in info
+    assert isinstance(comm_core.Comm.__dict__["handshake_info"], staticmethod) == isinstance(handshake, staticmethod)
     gser.dask.unregister()
     assert "gser" not in ser.families and ser.serialize is original and not gser.dask.registered()
     assert comm_core.Comm.__dict__["handshake_info"] is handshake
