@@ -55,7 +55,7 @@ except ImportError as e:
         raise ImportError(
             f"gser: the extension module gser._gser needs UCX's shared libraries, which this machine lacks ({e}). "
             "Install them (Debian and Ubuntu: apt-get install libucx0; elsewhere UCX (libucp.so.0, libucs.so.0) on the "
-            "loader's path), or build gser without UCX: pip install . -C cmake.define.GSER_BUILD_UCX=OFF"
+            "loader's path), or build gser without UCX: pip install . --config-settings=cmake.define.GSER_BUILD_UCX=OFF"
         ) from e
     raise
 
