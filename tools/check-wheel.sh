@@ -44,9 +44,9 @@ echo "check-wheel: $(basename "$whl"), $(stat -c %s "$whl") bytes, built in $((S
 
 # ---- what is in it ---------------------------------------------------------------
 say "wheel contents"
-"$work/venv-build/bin/python" - "$whl" "$work/unpacked" <<'EOF'
-import os, re, shutil, subprocess, sys, zipfile
-whl, out = sys.argv[1], sys.argv[2]
+"$work/venv-build/bin/python" - "$whl" "$work/unpacked" "$src" <<'EOF'
+import glob, os, re, shutil, subprocess, sys, zipfile
+whl, out, src = sys.argv[1:4]
 z = zipfile.ZipFile(whl)
 names = z.namelist()
 bad = []
@@ -57,9 +57,10 @@ if top - {"gser"} - set(dist_infos) or len(dist_infos) != 1:
 sos = [n for n in names if n.endswith(".so") or ".so." in n]
 if not any(re.fullmatch(r"gser/_gser\.cpython-[^/]+\.so", n) for n in sos):
     bad.append("no gser/_gser.cpython-*.so")
-for f in ("__init__", "dask", "comm", "ucx", "spill", "_flatio", "_pandas", "_alloc"):
-    if f"gser/{f}.py" not in names:
-        bad.append(f"gser/{f}.py missing")
+# Every module of the source package (CMake's GSER_PY_SOURCES must list it).
+for f in sorted(glob.glob(os.path.join(src, "plugins/python/gser/*.py"))):
+    if f"gser/{os.path.basename(f)}" not in names:
+        bad.append(f"gser/{os.path.basename(f)} missing (not in GSER_PY_SOURCES?)")
 if any(n.endswith((".h", ".a", ".cmake", ".pc")) for n in names):
     bad.append("C headers, archives or CMake/pkg-config files in the wheel")
 eps = z.read(f"{dist_infos[0]}/entry_points.txt").decode()
