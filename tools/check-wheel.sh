@@ -195,7 +195,10 @@ for step in $steps; do
       say "offline: pip install --no-build-isolation --no-index ."
       venv=$work/venv-build
       "$venv/bin/python" -m pip uninstall -q -y gser >/dev/null 2>&1 || true
-      "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-input --no-build-isolation \
+      # Where a network namespace can be made (root), without any network.
+      nonet=()
+      if unshare -n true 2>/dev/null; then nonet=(unshare -n); fi
+      "${nonet[@]}" "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-input --no-build-isolation \
         --no-index --no-deps "$src" >"$work/offline.log" 2>&1 ||
         { tail -40 "$work/offline.log" >&2; echo "check-wheel: offline install failed" >&2; fail=1; continue; }
       # distributed is not in this venv (gser.comm needs it): gser is
@@ -207,7 +210,7 @@ eps = [e.value for e in md.entry_points(group="distributed.comm.backends") if e.
 assert eps == ["gser.comm:GserBackend"], eps
 print(f"  gser {gser.__version__} from {os.path.dirname(gser.__file__)}: import and entry point ok")') ||
         { echo "check-wheel: offline: import failed" >&2; fail=1; }
-      echo "check-wheel: offline: $((SECONDS - ts)) s" >&2
+      echo "check-wheel: offline${nonet:+ (no network: unshare -n)}: $((SECONDS - ts)) s" >&2
       continue
       ;;
     *) echo "check-wheel: unknown step $step" >&2; exit 2 ;;
