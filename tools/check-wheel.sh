@@ -6,7 +6,8 @@
 # checkout:
 #   current  tools/pyenv.sh current: dask/distributed 2026.8.0 from PyPI
 #   debian   --system-site-packages over /usr/bin/python3: Debian's
-#            distributed 2022.12
+#            distributed 2022.12; and with UCX's libucp hidden (root), that
+#            import gser fails saying what to install
 #   offline  `pip install --no-build-isolation --no-index .` into a venv that
 #            holds scikit-build-core (no network at install): import and
 #            entry point only
@@ -167,6 +168,27 @@ check() {
   (cd "$run_dir" && env -u PYTHONPATH -u PYTHONHOME PYTHONNOUSERSITE=1 PYTHONDONTWRITEBYTECODE=1 \
      timeout -k 10 "${GSER_CHECK_WHEEL_TIMEOUT:-300}" "$1/bin/python" -u -I check_installed.py "$src" "$1" "$2")
 }
+# noucx VENV: without UCX's libucp, import gser must fail saying what to
+# install. libucp is hidden behind /dev/null in a mount namespace of its own
+# (root; skipped, with a line, where none can be made).
+noucx() {
+  local lib out
+  lib=$(ldconfig -p | awk '/libucp\.so\.0 /{print $NF; exit}')
+  if [ -z "$lib" ] || ! unshare -m true 2>/dev/null; then
+    echo "  without libucp: skipped (no libucp.so.0 in ldconfig, or no mount namespace)"
+    return 0
+  fi
+  if out=$(cd "$run_dir" && unshare -m sh -c 'mount --bind /dev/null "$1" && exec "$2/bin/python" -I -c "import gser"' \
+             sh "$(realpath "$lib")" "$1" 2>&1); then
+    echo "check-wheel: import gser succeeded with libucp hidden" >&2
+    return 1
+  fi
+  if ! grep -q "needs UCX's shared libraries" <<<"$out" || ! grep -q "apt-get install libucx0" <<<"$out"; then
+    printf 'check-wheel: without libucp, import gser failed without saying what to install:\n%s\n' "$out" >&2
+    return 1
+  fi
+  echo "  without libucp: import gser says: $(tail -1 <<<"$out" | cut -c1-150)..."
+}
 install_wheel() {
   "$1/bin/python" -m pip uninstall -q -y gser >/dev/null 2>&1 || true
   "$1/bin/python" -m pip install -q --disable-pip-version-check --no-input --no-deps "$whl" >&2
@@ -215,7 +237,7 @@ print(f"  gser {gser.__version__} from {os.path.dirname(gser.__file__)}: import 
       ;;
     *) echo "check-wheel: unknown step $step" >&2; exit 2 ;;
   esac
-  if check "$venv" "$mode"; then
+  if check "$venv" "$mode" && { [ "$name" != debian ] || noucx "$venv"; }; then
     echo "check-wheel: $step: passed in $((SECONDS - ts)) s" >&2
   else
     echo "check-wheel: $step: FAILED" >&2
