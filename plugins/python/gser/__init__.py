@@ -45,6 +45,20 @@ processes with UCX (asyncio), and gser.comm is a Dask comm backend on it
 (gser://HOST:PORT; HAVE_UCX says whether this build has them).
 """
 
+# The extension links UCX's libucp and libucs (when built with gser::ucx, as
+# wheels are): on a machine without them it cannot load, and the loader's
+# message alone does not say what to install.
+try:
+    from gser import _gser
+except ImportError as e:
+    if "libuc" in str(e):
+        raise ImportError(
+            f"gser: the extension module gser._gser needs UCX's shared libraries, which this machine lacks ({e}). "
+            "Install them (Debian and Ubuntu: apt-get install libucx0; elsewhere UCX (libucp.so.0, libucs.so.0) on the "
+            "loader's path), or build gser without UCX: pip install . --config-settings=cmake.define.GSER_BUILD_UCX=OFF"
+        ) from e
+    raise
+
 from gser._gser import (  # noqa: F401
     DEPTH_MAX,
     DEVICE_BACKEND,
