@@ -652,9 +652,21 @@ def test_malformed_pyarrow_columns_are_errors_not_crashes():
         ("schema", chunks),
         (b"\x00" * 16, chunks),                                         # not an Arrow schema
     ]
+    falling = np.frombuffer(np.array([0, 2, 1, 3], dtype=np.int32).tobytes(), dtype=np.uint8)
+    bad += [
+        (schema, [(n, nulls, offset, [validity, falling, data])]),  # offsets that fall back
+        (schema, [(n, nulls, offset, [validity, offsets, np.frombuffer(b"ab\xc3", np.uint8)])]),  # a cut character
+        (schema, [(3, 0, 1, [None, offsets, data])]),  # offset 1 and three items: one past the offsets
+    ]
     for b in bad:
         with pytest.raises(ValueError, match="gser"):
             _pandas._dec_arrow(b)
+    # ASCII skips pyarrow's UTF-8 pass; other UTF-8, and a slice (offset 1), still come back
+    for strings in (["ab", None, "c"], ["é", "日本", None, "a" * 20], ["x" * 9, "y"]):
+        enc = _pandas._enc_arrow(pa.chunked_array([pa.array(strings, pa.large_string())]))
+        assert _pandas._dec_arrow(enc).to_pylist() == strings
+        (n2, nulls2, _, bufs2), = enc[1]
+        assert _pandas._dec_arrow((enc[0], [(n2 - 1, -1, 1, bufs2)])).to_pylist() == strings[1:]  # -1: nulls unknown
 
 
 # ---- property: random frames, the family against pickle ----------------------------------------
