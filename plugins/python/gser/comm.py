@@ -662,6 +662,7 @@ class GserListener(_ListenerBase):
         self._listener = None
         self._worker = None
         self._hellos = set()  # endpoints accepted whose gser hello has not come yet
+        self._handshaking = set()  # comms in Dask's handshake (BaseListener's own set, on every Dask)
         #: Connections dropped before they became comms (bad hello, dead peer).
         self.rejected = 0
 
@@ -723,11 +724,15 @@ class GserListener(_ListenerBase):
 
     def abort_handshaking_comms(self):
         """Abort the connections accepted but not yet handed to Dask: those
-        still waiting for their gser hello, and (Dask's BaseListener, where
-        it exists) comms in Dask's handshake. A stopping Server calls it."""
+        still waiting for their gser hello, and comms in Dask's handshake. A
+        stopping Server calls it (distributed 2023.6.1 on); gser keeps the
+        same sets on older Dask, where it can be called by hand."""
         hellos, self._hellos = self._hellos, set()
+        comms, self._handshaking = self._handshaking, set()
         for ep in hellos:
             ep.abort()
+        for comm in comms:
+            comm.abort()
         base = getattr(super(), "abort_handshaking_comms", None)
         if base is not None:
             base()
@@ -756,11 +761,14 @@ class GserListener(_ListenerBase):
             return
         comm = self.comm_class(ep, local, peer, self.deserialize)
         comm.allow_offload = self.allow_offload
+        self._handshaking.add(comm)
         try:
             await self.on_connection(comm, self.handshake_overrides)
         except CommClosedError:
             logger.info("gser: connection from %s closed before the Dask handshake completed", peer)
             return
+        finally:
+            self._handshaking.discard(comm)
         await self.comm_handler(comm)
 
     def get_host_port(self):

@@ -610,6 +610,69 @@ def test_listener_survives_bad_and_silent_peers():
     run(main())
 
 
+def test_a_listener_stopped_before_it_handles_a_connection_closes_it():
+    """As tcp:// does since distributed 2026.7: a listener stopped after it
+    accepted a connection, before it handled it, closes it, rather than
+    start a Dask handshake that nobody finishes (the connecting side's
+    handshake has no timeout of its own)."""
+
+    async def main():
+        handled = []
+        listener = gser.comm.GserBackend().get_listener("127.0.0.1:0", handled.append, True)
+        original = listener._handle
+
+        async def stop_then_handle(ep):
+            listener.stop()
+            await original(ep)
+
+        listener._handle = stop_then_handle  # before start(), which hands it to the transport
+        await listener.start()
+        with dask.config.set({"distributed.comm.timeouts.connect": "5s"}):
+            t0 = time.monotonic()
+            with pytest.raises((CommClosedError, OSError)):
+                await connect(listener.contact_address)
+        assert time.monotonic() - t0 < 10
+        assert handled == []
+
+    run(main())
+
+
+def test_abort_handshaking_comms_ends_connections_not_yet_handed_to_dask():
+    """What a stopping Server calls (distributed 2023.6.1 on): connections
+    waiting for their gser hello, and comms in Dask's handshake, are aborted;
+    the listener then takes new ones as before."""
+
+    async def main():
+        got = asyncio.Queue()
+        listener = await listen("gser://127.0.0.1:0", got.put)
+        host, port = listener.get_host_port()
+        w = gser.ucx.Worker()
+        silent = await w.connect(host, port)  # no gser hello
+        # a gser hello, and then no Dask handshake: the listener's side waits in on_connection
+        mute = await gser.comm.GserConnector().connect(f"{host}:{port}")
+        deadline = time.monotonic() + 30
+        while not (len(listener._hellos) == 1 and len(listener._handshaking) == 1):
+            assert time.monotonic() < deadline, (listener._hellos, listener._handshaking)
+            await asyncio.sleep(0.02)
+        listener.abort_handshaking_comms()
+        with pytest.raises(gser.ucx.ConnectionClosedError):
+            await asyncio.wait_for(silent.recv(), 10)
+        with pytest.raises(CommClosedError):
+            while True:  # the listener's side wrote its handshake before it waited
+                assert "pickle-protocol" in await asyncio.wait_for(mute.read(), 10)
+        comm = await connect(listener.contact_address)
+        server_side = await asyncio.wait_for(got.get(), 30)
+        await comm.write("fine")
+        assert await server_side.read() == "fine"
+        assert got.empty()  # neither aborted connection reached the handler
+        await comm.close()
+        await server_side.close()
+        w.close()
+        listener.stop()
+
+    run(main())
+
+
 def test_fds_and_memory_flat_over_1000_connections():
     async def main():
         async def handler(comm):
