@@ -56,6 +56,8 @@ void serve_sent(gser_ucx_request_t *, gser_status_t, void *ud)
 void serve_recv(gser_ucx_request_t *req, gser_status_t st, void *ud)
 {
     auto *ep = static_cast<gser_ucx_ep_t *>(ud);
+    if (st == GSER_ERR_CANCELED)
+        return; // our own close of a failed endpoint (it is in dead already)
     if (st != GSER_OK) {
         say("failed " + std::to_string((long long)mono_ms()) + " " + gser_status_str(st) + " | " +
             gser_ucx_get_last_error());
