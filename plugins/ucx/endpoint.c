@@ -1076,8 +1076,9 @@ static void ep_close_locked(gser_ucx_worker_t *w, gser_ucx_ep_t *ep)
     bool failed = ep->state == GUX_EP_FAILED;
     gux_ep_shutdown(ep, GSER_ERR_CANCELED);
     /* Sends complete once UCX hands their buffers back: the peer takes
-     * them, or the connection fails (bounded; docs/ucx.md). */
-    gux_wait(w, ep_closed, ep, failed ? GUX_SETTLE_MS : GUX_CLOSE_TIMEOUT_MS);
+     * them, or the connection fails; bounded, then they end canceled while
+     * UCX's endpoint waits on (docs/ucx.md, "Closing over tcp"). */
+    gux_wait(w, ep_closed, ep, failed ? GUX_SETTLE_MS : GUX_RELEASE_WAIT_MS);
     ep->ucp_abandon = true; /* the wait is over: what UCX still holds ends now */
     ep_abandon_sends(ep);
     gux_wait(w, ep_quiet, ep, ep->ucp ? 0 : GUX_CLOSE_TIMEOUT_MS);
