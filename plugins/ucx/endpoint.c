@@ -172,8 +172,20 @@ static void ep_ucp_release_step(gser_ucx_ep_t *ep)
         ep_ucp_close_now(ep); /* nothing of ours goes through it */
         return;
     }
-    if (ep->flush_req)
-        return; /* its callback comes back here */
+    if (ep->flush_req) {
+        /* A peer that said bye closed its side first: once its goodbye is
+         * in, this side's endpoint only sends, its flush never hears back,
+         * and UCX destroys it at once (no goodbye of its own): safe. A
+         * peer that is stopped gets no such bound (docs/ucx.md). */
+        if (!ep->peer_sent_known || gux_now_ms() < ep->flush_started + GUX_RELEASE_WAIT_MS) {
+            if (ep->peer_sent_known)
+                w->eps_dirty = true; /* look again */
+            return; /* else its callback comes back here */
+        }
+        ucp_request_free(ep->flush_req); /* no callback after this */
+        ep->flush_req = NULL;
+        ep->ucp_flushed = true;
+    }
     if (!ep->ucp_flushed) {
         if (ep_sends_held(ep))
             return; /* parked: gux_send_cb comes back here */
@@ -196,6 +208,9 @@ static void ep_ucp_release_step(gser_ucx_ep_t *ep)
         ucs_status_ptr_t sp = ucp_ep_flush_nbx(ep->ucp, &p);
         if (UCS_PTR_IS_PTR(sp)) {
             ep->flush_req = sp;
+            ep->flush_started = now;
+            if (ep->peer_sent_known)
+                w->eps_dirty = true;
             return;
         }
         ep->ucp_flushed = true; /* done at once, or failed (UCX failed the endpoint) */
