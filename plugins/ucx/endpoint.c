@@ -99,7 +99,11 @@ static void err_cb(void *arg, ucp_ep_h uep, ucs_status_t status)
  *      so every send buffer is empty and the goodbye goes at once;
  *   4. closed (FORCE: its lanes are idle by then).
  * An endpoint UCX reported failed is closed at once: UCX has torn its
- * lanes down itself (the path a killed peer takes, which never broke). */
+ * lanes down itself (the path a killed peer takes, which never broke); so
+ * is one without a tcp lane (shared memory has no such fault, and does not
+ * notice a killed peer). A flush after the peer's bye is bounded: the
+ * peer's goodbye leaves this side's endpoint send-only, which never hears
+ * the flush back and which UCX destroys at once, saying nothing. */
 
 static void close_cb(void *req, ucs_status_t status, void *user_data)
 {
@@ -162,13 +166,36 @@ static bool discards_running(const gser_ucx_worker_t *w)
     return false;
 }
 
+/* Whether UCX connected ep through its tcp transport (a lane of it):
+ * only that transport has the fault; over shared memory UCX does not see
+ * a killed peer, and the steps would wait for it for good. */
+static bool ep_on_tcp(gser_ucx_ep_t *ep)
+{
+    if (!ep->lanes_known && ep->wired && ep->ucp) {
+        char *text = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&text, &len);
+        ep->on_tcp = true; /* when in doubt: the steps are safe anywhere */
+        if (f) {
+            ucp_ep_print_info(ep->ucp, f);
+            fclose(f);
+            ep->on_tcp = text && strstr(text, ":tcp/") != NULL;
+            if (getenv("GSER_UCX_DEBUG_LANES"))
+                fprintf(stderr, "gser: endpoint lanes (tcp: %d):\n%s", ep->on_tcp, text ? text : "");
+        }
+        free(text);
+        ep->lanes_known = true;
+    }
+    return ep->on_tcp;
+}
+
 /* Take ep's UCX endpoint the next step towards its close (see above). */
 static void ep_ucp_release_step(gser_ucx_ep_t *ep)
 {
     gser_ucx_worker_t *w = ep->worker;
     if (!ep->ucp || !ep->ucp_release)
         return;
-    if (ep->ucx_failed || !ep->wired) {
+    if (ep->ucx_failed || !ep->wired || !ep_on_tcp(ep)) {
         ep_ucp_close_now(ep); /* nothing of ours goes through it */
         return;
     }
@@ -264,7 +291,7 @@ static void ep_abandon_sends(gser_ucx_ep_t *ep)
      * rest: its sends end now even while UCX's endpoint waits for its
      * close (endpoint.c's steps), bounded as before; UCX may still read
      * their buffers if the peer comes back (docs/ucx.md). */
-    bool parked = ep->ucp && ep->ucp_release && (ep->state == GUX_EP_FAILED || ep->ucp_abandon);
+    bool parked = ep->ucp && ep->ucp_release && ep->state == GUX_EP_FAILED;
     if ((ep->ucp && !parked) || ep->close_req)
         return;
     gux_list_t *n = ep->reqs.next;
@@ -1094,7 +1121,16 @@ static void ep_close_locked(gser_ucx_worker_t *w, gser_ucx_ep_t *ep)
      * them, or the connection fails; bounded, then they end canceled while
      * UCX's endpoint waits on (docs/ucx.md, "Closing over tcp"). */
     gux_wait(w, ep_closed, ep, failed ? GUX_SETTLE_MS : GUX_RELEASE_WAIT_MS);
-    ep->ucp_abandon = true; /* the wait is over: what UCX still holds ends now */
+    /* A healthy peer that took nothing more within the bound (one in this
+     * thread, not driven): closed at once, as before issue 38, so that
+     * the sends end with UCX done with their buffers. The fault needs that
+     * peer to close its side while this one's goodbye is stuck: the risk
+     * left (docs/ucx.md). A failed peer's sends ended already; its UCX
+     * endpoint keeps to its steps. */
+    if (!failed && ep->ucp) {
+        ep_ucp_close_now(ep);
+        gux_wait(w, ep_closed, ep, GUX_CLOSE_TIMEOUT_MS);
+    }
     ep_abandon_sends(ep);
     gux_wait(w, ep_quiet, ep, ep->ucp ? 0 : GUX_CLOSE_TIMEOUT_MS);
     /* What UCX kept of the sends comes back before the endpoint goes, so

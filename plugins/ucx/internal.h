@@ -333,9 +333,9 @@ struct gser_ucx_ep {
     bool ucp_release;
     void *flush_req;  /* the flush before the close */
     bool ucp_flushed; /* ... done (or failed: UCX failed the endpoint) */
-    bool ucp_abandon; /* its sends end even while UCX still holds them (a close's wait ran out) */
     double last_purge; /* when a message of the peer was last discarded */
     double flush_started;
+    bool lanes_known, on_tcp; /* UCX connected it through tcp (endpoint.c, ep_on_tcp) */
     bool drain;      /* failed by the peer: messages that fully arrived are still delivered */
     double lost_at;  /* the peer left (control connection): close UCX's endpoint when UCX sees it, or later */
     /* The peer closed after sending peer_sent messages whole (its bye):
