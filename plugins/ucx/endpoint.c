@@ -79,6 +79,32 @@ static void err_cb(void *arg, ucp_ep_h uep, ucs_status_t status)
     ep->worker->eps_dirty = true;
 }
 
+/* ---- UCX's endpoint: closed only when its tcp transport can take it ----------------------
+ *
+ * UCX's tcp transport (1.13.1, unchanged up to 1.22) cannot close an
+ * endpoint while a send is still going out through it: uct_tcp_ep_destroy
+ * then queues its goodbye (CONN_FIN) behind a send buffer that its purge
+ * marked done but never emptied, so the goodbye never goes and the
+ * endpoint stays registered for writing; when the peer's own goodbye (or
+ * its end of the socket) arrives, UCX frees the endpoint in the read half
+ * of that event and uses it in the write half, or aborts on the queued
+ * goodbye (docs/ucx.md, "Closing over tcp"). So UCX's endpoint is closed
+ * in steps:
+ *   1. wanted closed (ucp_release): nothing new is posted on it;
+ *   2. parked until UCX gave back every send posted on it (the peer read
+ *      or discarded them, or the connection failed) and, on the side that
+ *      discards, until the peer's messages stopped coming (a peer still
+ *      sending needs this side's endpoint to finish its sends);
+ *   3. flushed: a tcp flush ends when the peer acknowledged all it got,
+ *      so every send buffer is empty and the goodbye goes at once;
+ *   4. closed (FORCE: its lanes are idle by then).
+ * An endpoint UCX reported failed is closed at once: UCX has torn its
+ * lanes down itself (the path a killed peer takes, which never broke); so
+ * is one without a tcp lane (shared memory has no such fault, and does not
+ * notice a killed peer). A flush after the peer's bye is bounded: the
+ * peer's goodbye leaves this side's endpoint send-only, which never hears
+ * the flush back and which UCX destroys at once, saying nothing. */
+
 static void close_cb(void *req, ucs_status_t status, void *user_data)
 {
     (void)status;
@@ -88,24 +114,159 @@ static void close_cb(void *req, ucs_status_t status, void *user_data)
     ep->worker->eps_dirty = true;
 }
 
-/* Hand the UCX endpoint back. force: at once, purging what is in flight;
- * else after flushing what was sent. */
-static void ep_ucp_close(gser_ucx_ep_t *ep, bool force)
+static void ep_ucp_close_now(gser_ucx_ep_t *ep)
 {
     if (!ep->ucp)
         return;
     ucp_request_param_t p = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
-        .flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0,
+        .flags = UCP_EP_CLOSE_FLAG_FORCE,
         .cb.send = close_cb,
         .user_data = ep,
     };
     ucp_ep_h uep = ep->ucp;
     ep->ucp = NULL;
+    ep->ucp_release = false;
     ep->ucp_closed_round = ep->worker->rounds;
     ucs_status_ptr_t sp = ucp_ep_close_nbx(uep, &p);
     if (UCS_PTR_IS_PTR(sp))
         ep->close_req = sp;
+}
+
+static void release_flush_cb(void *req, ucs_status_t status, void *user_data)
+{
+    (void)status; /* failed: UCX failed the endpoint and tears its lanes down itself */
+    gser_ucx_ep_t *ep = user_data;
+    ucp_request_free(req);
+    ep->flush_req = NULL;
+    ep->ucp_flushed = true;
+    ep->worker->eps_dirty = true;
+}
+
+/* Whether UCX still holds a send posted on ep. */
+static bool ep_sends_held(const gser_ucx_ep_t *ep)
+{
+    for (const gux_list_t *n = ep->reqs.next; n != &ep->reqs; n = n->next) {
+        const gser_ucx_request_t *r = gux_container(n, gser_ucx_request_t, elink);
+        if (r->kind == GUX_REQ_SEND && r->outstanding)
+            return true;
+    }
+    return false;
+}
+
+/* Whether a discarded message is still being received: its sender's send
+ * ends only then. */
+static bool discards_running(const gser_ucx_worker_t *w)
+{
+    for (const gux_list_t *n = w->all.next; n != &w->all; n = n->next) {
+        const gser_ucx_request_t *r = gux_container(n, gser_ucx_request_t, alink);
+        if (r->stage == GUX_RECV_DISCARD && r->outstanding)
+            return true;
+    }
+    return false;
+}
+
+/* Whether UCX connected ep through its tcp transport (a lane of it):
+ * only that transport has the fault; over shared memory UCX does not see
+ * a killed peer, and the steps would wait for it for good. */
+static bool ep_on_tcp(gser_ucx_ep_t *ep)
+{
+    if (!ep->lanes_known && ep->wired && ep->ucp) {
+        char *text = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&text, &len);
+        ep->on_tcp = true; /* when in doubt: the steps are safe anywhere */
+        if (f) {
+            ucp_ep_print_info(ep->ucp, f);
+            fclose(f);
+            ep->on_tcp = text && strstr(text, ":tcp/") != NULL;
+            if (getenv("GSER_UCX_DEBUG_LANES"))
+                fprintf(stderr, "gser: endpoint lanes (tcp: %d):\n%s", ep->on_tcp, text ? text : "");
+        }
+        free(text);
+        ep->lanes_known = true;
+    }
+    return ep->on_tcp;
+}
+
+/* Take ep's UCX endpoint the next step towards its close (see above). */
+static void ep_ucp_release_step(gser_ucx_ep_t *ep)
+{
+    gser_ucx_worker_t *w = ep->worker;
+    if (!ep->ucp || !ep->ucp_release)
+        return;
+    if (ep->ucx_failed || !ep->wired || !ep_on_tcp(ep)) {
+        ep_ucp_close_now(ep); /* nothing of ours goes through it */
+        return;
+    }
+    if (ep->flush_req) {
+        /* A peer that said bye closed its side first: once its goodbye is
+         * in, this side's endpoint only sends, its flush never hears back,
+         * and UCX destroys it at once (no goodbye of its own): safe. A
+         * peer that is stopped gets no such bound (docs/ucx.md). */
+        if (!ep->peer_sent_known || gux_now_ms() < ep->flush_started + GUX_RELEASE_WAIT_MS) {
+            if (ep->peer_sent_known)
+                w->eps_dirty = true; /* look again */
+            return; /* else its callback comes back here */
+        }
+        ucp_request_free(ep->flush_req); /* no callback after this */
+        ep->flush_req = NULL;
+        ep->ucp_flushed = true;
+    }
+    if (!ep->ucp_flushed) {
+        if (ep_sends_held(ep))
+            return; /* parked: gux_send_cb comes back here */
+        /* What the peer still sends is read and dropped, so that its sends
+         * end before this side's goodbye (unless the caller still takes
+         * the messages the peer sent whole). */
+        double now = gux_now_ms();
+        bool unread = ep->state == GUX_EP_CLOSED || !ep->user_owned || ep->zombie || !ep->drain;
+        if (unread && !ep->drain_until && gux_recv_purge(w, gux_tag(ep->local_id, 0, 0), GUX_TAG_MASK_CONN))
+            ep->last_purge = now;
+        if (now < ep->last_purge + GUX_LOST_GRACE_MS || discards_running(w)) {
+            w->eps_dirty = true; /* look again */
+            return;
+        }
+        ucp_request_param_t p = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+            .cb.send = release_flush_cb,
+            .user_data = ep,
+        };
+        ucs_status_ptr_t sp = ucp_ep_flush_nbx(ep->ucp, &p);
+        if (UCS_PTR_IS_PTR(sp)) {
+            ep->flush_req = sp;
+            ep->flush_started = now;
+            if (ep->peer_sent_known)
+                w->eps_dirty = true;
+            return;
+        }
+        ep->ucp_flushed = true; /* done at once, or failed (UCX failed the endpoint) */
+    }
+    ep_ucp_close_now(ep);
+}
+
+/* Start closing UCX's endpoint of ep (the steps above). */
+static void ep_ucp_close(gser_ucx_ep_t *ep)
+{
+    if (!ep->ucp || ep->ucp_release)
+        return;
+    ep->ucp_release = true;
+    ep->ucp_closed_round = ep->worker->rounds; /* nothing of ours goes out on it any more */
+    /* The peer failed or left: what it sent before may still be on the
+     * way (a rendezvous whose sender waits for this side's answer), and it
+     * is taken and dropped before the goodbye. */
+    if (ep->state == GUX_EP_FAILED)
+        ep->last_purge = gux_now_ms();
+    ep_ucp_release_step(ep);
+}
+
+void gux_ep_ucp_drop(gser_ucx_ep_t *ep)
+{
+    if (ep->flush_req) {
+        ucp_request_free(ep->flush_req); /* no callback after this */
+        ep->flush_req = NULL;
+    }
+    ep_ucp_close_now(ep);
 }
 
 /* Whether a request on ep is still running. */
@@ -126,7 +287,12 @@ static bool ep_busy(const gser_ucx_ep_t *ep)
  * drain into the request, which lives until then or until the worker goes. */
 static void ep_abandon_sends(gser_ucx_ep_t *ep)
 {
-    if (ep->ucp || ep->close_req)
+    /* A peer that failed (silent, cut off, or gone) may never take the
+     * rest: its sends end now even while UCX's endpoint waits for its
+     * close (endpoint.c's steps), bounded as before; UCX may still read
+     * their buffers if the peer comes back (docs/ucx.md). */
+    bool parked = ep->ucp && ep->ucp_release && ep->state == GUX_EP_FAILED;
+    if ((ep->ucp && !parked) || ep->close_req)
         return;
     gux_list_t *n = ep->reqs.next;
     while (n != &ep->reqs) {
@@ -161,7 +327,7 @@ static bool ep_closed(void *arg)
 static bool ep_quiet(void *arg)
 {
     gser_ucx_ep_t *ep = arg;
-    return !ep->ucp && !ep->close_req && !ep->wireup_req && !ep_busy(ep);
+    return !ep->ucp && !ep->close_req && !ep->flush_req && !ep->wireup_req && !ep_busy(ep);
 }
 
 /* Whether message msg_no is one the peer said it sent whole before it
@@ -247,7 +413,7 @@ void gux_ep_fail_bye(gser_ucx_ep_t *ep, gser_status_t st, unsigned bye, uint64_t
     ep_abort_reqs(ep, st, ep->drain);
     gux_ctl_close(ep, bye, value); /* the peer hears why, if it still listens */
     if (bye || ep->ucx_failed || !ep->ucp)
-        ep_ucp_close(ep, true);
+        ep_ucp_close(ep);
     else if (!ep->drain_until)
         ep->lost_at = gux_now_ms(); /* see ep_process */
     gux_fail(st, "%s", msg);
@@ -264,7 +430,7 @@ void gux_ep_fail(gser_ucx_ep_t *ep, gser_status_t st)
     gux_ep_fail_bye(ep, st, GUX_BYE_ERROR, (uint64_t) - (int64_t)st);
 }
 
-void gux_ep_shutdown(gser_ucx_ep_t *ep, gser_status_t st, bool force)
+void gux_ep_shutdown(gser_ucx_ep_t *ep, gser_status_t st)
 {
     if (ep->state < GUX_EP_FAILED) {
         ep->state = GUX_EP_CLOSED;
@@ -278,7 +444,7 @@ void gux_ep_shutdown(gser_ucx_ep_t *ep, gser_status_t st, bool force)
     uint32_t sent = gux_ep_sent_whole(ep);
     ep_abort_reqs(ep, st, false);
     gux_ctl_close(ep, GUX_BYE_CLOSING, sent);
-    ep_ucp_close(ep, force);
+    ep_ucp_close(ep);
     gux_ep_admitted(ep);
     if (ep->listener) {
         gux_list_del(&ep->alink);
@@ -511,10 +677,11 @@ static bool ep_process(gser_ucx_ep_t *ep)
      * grace period when UCX does not notice (a stopped peer). */
     if (ep->state == GUX_EP_FAILED && ep->ucp && ep->lost_at) {
         if (ep->ucx_failed || gux_now_ms() >= ep->lost_at + GUX_LOST_GRACE_MS)
-            ep_ucp_close(ep, true);
+            ep_ucp_close(ep);
         else
             w->eps_dirty = true;
     }
+    ep_ucp_release_step(ep);
     if (ep->state >= GUX_EP_FAILED) {
         ep_abandon_sends(ep);
         ep_fail_torn(ep);
@@ -528,11 +695,12 @@ static bool ep_process(gser_ucx_ep_t *ep)
     /* Ours alone: not handed out (its listener went away or its handshake
      * failed) or destroyed by the caller while UCX still held parts of it. */
     if (ep->state < GUX_EP_FAILED)
-        gux_ep_shutdown(ep, GSER_ERR_CANCELED, true);
+        gux_ep_shutdown(ep, GSER_ERR_CANCELED);
     if (ep->state >= GUX_EP_FAILED && ep_quiet(ep))
         gux_ep_free(ep);
-    else
+    else if (!ep->ucp)
         w->eps_dirty = true; /* look again after the next progress */
+    /* (a UCX endpoint on its way to its close: its steps say when to look) */
     return false;
 }
 
@@ -945,15 +1113,30 @@ static void ep_flush_sent(gser_ucx_ep_t *ep)
 static void ep_close_locked(gser_ucx_worker_t *w, gser_ucx_ep_t *ep)
 {
     ep_flush_sent(ep);
-    gux_ep_shutdown(ep, GSER_ERR_CANCELED, true);
-    /* Sends complete once UCX hands their buffers back (bounded). */
-    gux_wait(w, ep_closed, ep, GUX_CLOSE_TIMEOUT_MS);
+    /* A peer that failed (or went silent) does not take the rest of what
+     * was sent: its UCX endpoint closes later, in the worker's progress. */
+    bool failed = ep->state == GUX_EP_FAILED;
+    gux_ep_shutdown(ep, GSER_ERR_CANCELED);
+    /* Sends complete once UCX hands their buffers back: the peer takes
+     * them, or the connection fails; bounded, then they end canceled while
+     * UCX's endpoint waits on (docs/ucx.md, "Closing over tcp"). */
+    gux_wait(w, ep_closed, ep, failed ? GUX_SETTLE_MS : GUX_RELEASE_WAIT_MS);
+    /* A healthy peer that took nothing more within the bound (one in this
+     * thread, not driven): closed at once, as before issue 38, so that
+     * the sends end with UCX done with their buffers. The fault needs that
+     * peer to close its side while this one's goodbye is stuck: the risk
+     * left (docs/ucx.md). A failed peer's sends ended already; its UCX
+     * endpoint keeps to its steps. */
+    if (!failed && ep->ucp) {
+        ep_ucp_close_now(ep);
+        gux_wait(w, ep_closed, ep, GUX_CLOSE_TIMEOUT_MS);
+    }
     ep_abandon_sends(ep);
-    gux_wait(w, ep_quiet, ep, GUX_CLOSE_TIMEOUT_MS);
+    gux_wait(w, ep_quiet, ep, ep->ucp ? 0 : GUX_CLOSE_TIMEOUT_MS);
     /* What UCX kept of the sends comes back before the endpoint goes, so
      * that nothing of it stays with the worker (bounded: a peer that does
      * not progress, its shared-memory queue full, holds it until it runs). */
-    gux_wait(w, ep_released, ep, GUX_RELEASE_WAIT_MS);
+    gux_wait(w, ep_released, ep, ep->ucp ? 0 : GUX_RELEASE_WAIT_MS);
     settle(w);
     gux_completions_run(w);
 }

@@ -327,6 +327,15 @@ struct gser_ucx_ep {
     gser_ucx_worker_t *worker;
     ucp_ep_h ucp; /* NULL before the handshake's end and once closed */
     void *close_req; /* ucp_ep_close_nbx still running */
+    /* UCX's endpoint goes in steps (endpoint.c, ep_ucp_release): wanted
+     * closed; then, once UCX gave back every send and no message of the
+     * peer came for a while, flushed; then closed. */
+    bool ucp_release;
+    void *flush_req;  /* the flush before the close */
+    bool ucp_flushed; /* ... done (or failed: UCX failed the endpoint) */
+    double last_purge; /* when a message of the peer was last discarded */
+    double flush_started;
+    bool lanes_known, on_tcp; /* UCX connected it through tcp (endpoint.c, ep_on_tcp) */
     bool drain;      /* failed by the peer: messages that fully arrived are still delivered */
     double lost_at;  /* the peer left (control connection): close UCX's endpoint when UCX sees it, or later */
     /* The peer closed after sending peer_sent messages whole (its bye):
@@ -567,7 +576,11 @@ GUX_INTERNAL void gux_probe_close(gser_ucx_worker_t *w);
  * still in flight (it and later ones are canceled when ep closes). */
 GUX_INTERNAL uint32_t gux_ep_sent_whole(const gser_ucx_ep_t *ep);
 /* Close ep from this side with st as its status; cancels what is in flight. */
-GUX_INTERNAL void gux_ep_shutdown(gser_ucx_ep_t *ep, gser_status_t st, bool force);
+GUX_INTERNAL void gux_ep_shutdown(gser_ucx_ep_t *ep, gser_status_t st);
+/* Worker teardown, once the wait for the steps of endpoint.c ran out
+ * (a peer that stays stopped): close UCX's endpoint now, whatever it still
+ * runs (docs/ucx.md says what this risks on UCX's tcp transport). */
+GUX_INTERNAL void gux_ep_ucp_drop(gser_ucx_ep_t *ep);
 GUX_INTERNAL void gux_ep_free(gser_ucx_ep_t *ep);
 
 /* ---- requests (request.c, send.c, recv.c) --------------------------------------------- */

@@ -141,8 +141,11 @@ void gux_send_cb(void *ucx_req, ucs_status_t st, void *user_data)
 {
     gser_ucx_request_t *r = user_data;
     ucp_request_free(ucx_req);
-    if (r->ep) /* UCX's queue to the peer moved: short heads may go at once again */
+    if (r->ep) { /* UCX's queue to the peer moved: short heads may go at once again */
         r->ep->short_queued = false;
+        if (r->ep->ucp_release) /* its UCX endpoint waits for its sends (endpoint.c) */
+            r->ep->worker->eps_dirty = true;
+    }
     gux_req_part_done(r, st);
 }
 
@@ -244,7 +247,7 @@ static void req_cancel(gser_ucx_request_t *r)
     if (r->kind == GUX_REQ_RECV && r->stage == GUX_RECV_WAIT_HEAD) {
         gux_req_complete(r, GSER_ERR_CANCELED); /* nothing taken from the stream yet */
     } else if (r->ep) {
-        gux_ep_shutdown(r->ep, GSER_ERR_CANCELED, true);
+        gux_ep_shutdown(r->ep, GSER_ERR_CANCELED);
         gux_wait(r->worker, req_done, r, GUX_CLOSE_TIMEOUT_MS);
     } else {
         gux_req_abort(r, GSER_ERR_CANCELED);

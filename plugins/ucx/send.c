@@ -316,7 +316,7 @@ static gser_status_t send_wait(gser_ucx_ep_t *ep, const gser_frame_t *frames, si
         gux_lock(w);
         /* Half a message may be out: close, and wait until UCX gives the
          * caller's buffers back before returning. */
-        gux_ep_shutdown(ep, GSER_ERR_TIMEOUT, true);
+        gux_ep_shutdown(ep, GSER_ERR_TIMEOUT);
         gux_wait(w, NULL, NULL, 0);
         gux_unlock(w);
         gser_ucx_request_wait(r, GUX_CLOSE_TIMEOUT_MS);

@@ -402,7 +402,7 @@ static void zslot_send(gux_stage_op_t *op, gux_slot_t *s, size_t c)
     s->xfer_done = false;
     s->xfer_status = UCS_OK;
     op->next_issue++;
-    if (!r->ep || !r->ep->ucp) { /* closed meanwhile: the rest is not sent */
+    if (!r->ep || !r->ep->ucp || r->ep->ucp_release) { /* closed meanwhile: the rest is not sent */
         op_error(op, UCS_ERR_CANCELED);
         return;
     }
@@ -628,7 +628,7 @@ static bool slot_step(gux_stage_op_t *op, gux_slot_t *s)
             op->done++;
             return true;
         }
-        if (op->aborting || !r->ep || !r->ep->ucp) {
+        if (op->aborting || !r->ep || !r->ep->ucp || r->ep->ucp_release) {
             s->state = SLOT_FREE;
             return true;
         }

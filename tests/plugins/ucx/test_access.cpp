@@ -40,6 +40,7 @@ struct Serve {
     ChildEnv e;
     ListenerPtr l;
     std::vector<gser_ucx_ep_t *> dead;
+    std::set<gser_ucx_ep_t *> gone; // destroyed, or in dead: never again
     bool quit = false;
 };
 Serve *g_serve;
@@ -56,9 +57,12 @@ void serve_sent(gser_ucx_request_t *, gser_status_t, void *ud)
 void serve_recv(gser_ucx_request_t *req, gser_status_t st, void *ud)
 {
     auto *ep = static_cast<gser_ucx_ep_t *>(ud);
+    if (g_serve->gone.count(ep))
+        return; // the end of a receive of an endpoint already given up
     if (st != GSER_OK) {
         say("failed " + std::to_string((long long)mono_ms()) + " " + gser_status_str(st) + " | " +
             gser_ucx_get_last_error());
+        g_serve->gone.insert(ep);
         g_serve->dead.push_back(ep);
         return;
     }
@@ -93,14 +97,16 @@ void serve_post(gser_ucx_ep_t *ep)
     gser_ucx_op_params_t p = GSER_UCX_OP_PARAMS_INIT;
     p.cb = serve_recv;
     p.user_data = ep;
-    if (gser_ucx_ep_recv_nb(ep, &p, nullptr) != GSER_OK)
+    if (gser_ucx_ep_recv_nb(ep, &p, nullptr) != GSER_OK && g_serve->gone.insert(ep).second)
         g_serve->dead.push_back(ep);
 }
 
 void serve_accept(gser_ucx_listener_t *, gser_ucx_ep_t *ep, gser_status_t st, void *)
 {
-    if (st == GSER_OK)
+    if (st == GSER_OK) {
+        g_serve->gone.erase(ep); // (a new endpoint where a destroyed one was)
         serve_post(ep);
+    }
     else
         say(std::string("refused ") + gser_status_str(st));
 }
@@ -124,8 +130,9 @@ int child_serve(const std::string &address, unsigned timeout_ms)
     while (!s.quit) {
         gser_ucx_worker_wait(s.e.worker.get(), 100);
         while (!s.dead.empty()) {
-            ep_close_destroy(s.dead.back());
-            s.dead.pop_back();
+            gser_ucx_ep_t *ep = s.dead.back();
+            s.dead.pop_back(); // first: its close may end receives that push more
+            ep_close_destroy(ep);
         }
     }
     return 0;

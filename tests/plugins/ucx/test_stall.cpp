@@ -139,13 +139,12 @@ bool ucx_warned(const std::string &out)
            out.find("not returned to mpool") != std::string::npos;
 }
 
-// Over tcp the peer stops before the transfers start: UCX 1.13's tcp
-// transport crashes in its progress (a stale event handler) when an
-// endpoint closed in the middle of a transfer meets its peer again.
+// Over tcp too the peer stops in the middle of a transfer: UCX 1.13's tcp
+// transport crashed there (a closed endpoint met its peer's goodbye) until
+// endpoint.c closed UCX's endpoints in steps (issue 38, docs/ucx.md).
 bool mid_transfer_ok()
 {
-    const char *tls = getenv("UCX_TLS");
-    return !(tls && std::string(tls) == "tcp");
+    return true;
 }
 
 class Stall : public ::testing::Test {
@@ -249,7 +248,10 @@ TEST_F(Stall, SendsToAStalledPeerEndBeforeTheEndpointGoes)
             // the endpoint go at once.
             ASSERT_EQ(kill(peer_->pid, SIGCONT), 0);
             gser_ucx_ep_destroy(ep.release());
-            EXPECT_EQ(held_by_ucx(client_.get()), 0u) << "cycle " << c << ": UCX still holds sends of the destroyed endpoint";
+            // UCX gives the sends back once the peer runs again: its
+            // endpoint closes only then (docs/ucx.md, "Closing over tcp").
+            EXPECT_TRUE(drive_until({client_.get()}, [&] { return held_by_ucx(client_.get()) == 0; }, 5000))
+                << "cycle " << c << ": UCX still holds sends of the destroyed endpoint";
             // Those the peer took whole before it stopped went out; the rest
             // ended with the endpoint.
             size_t failed = 0;
