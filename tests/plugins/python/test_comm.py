@@ -771,13 +771,11 @@ def test_dask_command_line_on_loopback(tmp_path):
     """`dask scheduler --protocol gser` and `dask worker gser://...`, no preload:
     the entry point finds the backend."""
     # The dask command of the distributed this interpreter imports (a venv's,
-    # or Debian's), with that interpreter: not whichever is first on PATH.
-    dask_cli = os.path.join(os.path.dirname(sys.executable), "dask")
-    if not os.path.exists(dask_cli):
-        dask_cli = shutil.which("dask") or "/usr/bin/dask"
+    # or Debian's): not whichever is first on PATH.
+    dask_cli = [sys.executable, "-m", "dask"]
     sched_file = tmp_path / "scheduler.json"
     env = dict(os.environ, DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT="20s")
-    sched = subprocess.Popen([dask_cli, "scheduler", "--protocol", "gser", "--host", "127.0.0.1", "--port", "0",
+    sched = subprocess.Popen([*dask_cli, "scheduler", "--protocol", "gser", "--host", "127.0.0.1", "--port", "0",
                               "--no-dashboard", "--scheduler-file", str(sched_file)],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     worker = None
@@ -791,7 +789,7 @@ def test_dask_command_line_on_loopback(tmp_path):
 
         address = json.loads(sched_file.read_text())["address"]
         assert address.startswith("gser://127.0.0.1:")
-        worker = subprocess.Popen([dask_cli, "worker", address, "--nthreads", "1", "--no-dashboard",
+        worker = subprocess.Popen([*dask_cli, "worker", address, "--nthreads", "1", "--no-dashboard",
                                    "--host", "127.0.0.1", "--no-nanny"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         from distributed import Client

@@ -9,7 +9,6 @@ A scheduler and two workers (no nanny) are processes of their own on
 60 s (so that it keeps the stopped worker)."""
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -32,7 +31,7 @@ def _start(argv, env, log):
 
 
 def test_a_worker_stopped_mid_transfer_past_the_peer_timeout(tmp_path):
-    dask_cli = shutil.which("dask") or "/usr/bin/dask"
+    dask_cli = [sys.executable, "-m", "dask"]  # this interpreter's Dask (a venv's or Debian's), not PATH's
     base = dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES="lo", DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT="20s",
                 DASK_DISTRIBUTED__COMM__GSER__TRANSPORTS="tcp")
     sched_file = tmp_path / "scheduler.json"
@@ -52,7 +51,7 @@ def test_a_worker_stopped_mid_transfer_past_the_peer_timeout(tmp_path):
         return "\n".join(out)
 
     try:
-        start("scheduler", [dask_cli, "scheduler", "--protocol", "gser", "--host", "127.0.0.1", "--port", "0",
+        start("scheduler", [*dask_cli, "scheduler", "--protocol", "gser", "--host", "127.0.0.1", "--port", "0",
                             "--no-dashboard", "--scheduler-file", str(sched_file)], "60s")
         deadline = time.monotonic() + 60
         while not sched_file.exists() or not sched_file.read_text().strip():
@@ -63,7 +62,7 @@ def test_a_worker_stopped_mid_transfer_past_the_peer_timeout(tmp_path):
 
         address = json.loads(sched_file.read_text())["address"]
         for name in ("a", "b"):
-            start(name, [dask_cli, "worker", address, "--nthreads", "1", "--no-dashboard", "--host", "127.0.0.1",
+            start(name, [*dask_cli, "worker", address, "--nthreads", "1", "--no-dashboard", "--host", "127.0.0.1",
                          "--no-nanny", "--name", name, "--memory-limit", "0"], "2s")
         from distributed import Client
 
