@@ -732,10 +732,7 @@ class GserListener(_ListenerBase):
         for ep in hellos:
             ep.abort()
         for comm in comms:
-            comm.abort()
-        base = getattr(super(), "abort_handshaking_comms", None)
-        if base is not None:
-            base()
+            comm.abort()  # the same comms BaseListener tracks, where Dask has it
 
     async def _handle(self, ep: gser.ucx.Endpoint):
         timeout = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), default="seconds")

@@ -341,10 +341,16 @@ def _shuffled(rows, npartitions, seed):
 
     ddf = dd.from_map(_part, range(npartitions), rows=rows // npartitions, seed=seed, meta=_part(0, 0, seed),
                       enforce_metadata=False)
-    try:  # method= from Dask 2023 on, shuffle= before
-        return ddf, ddf.shuffle(on="k", method="tasks", npartitions=npartitions)
+    return ddf, task_shuffle(ddf, "k", npartitions=npartitions)
+
+
+def task_shuffle(ddf, on, **kwargs):
+    """ddf's task shuffle on column on, by the keyword this Dask knows
+    (method= from 2023 on, shuffle= before)."""
+    try:
+        return ddf.shuffle(on=on, method="tasks", **kwargs)
     except TypeError:
-        return ddf, ddf.shuffle(on="k", shuffle="tasks", npartitions=npartitions)
+        return ddf.shuffle(on=on, shuffle="tasks", **kwargs)
 
 
 _DIGEST_META = {"rows": "i8", "hash": "u8", "keys": "i8"}

@@ -8,6 +8,7 @@ tools/test.sh makes)."""
 import pytest
 
 import gser
+from netcluster import task_shuffle  # tests/plugins/python: the suite's own folder
 
 np = pytest.importorskip("numpy")
 pd = pytest.importorskip("pandas")
@@ -33,22 +34,13 @@ def frames(n=40_000):
     return left, right
 
 
-def shuffled(ddf, on):
-    """A task shuffle, by the keyword this Dask knows (method= from 2023 on,
-    shuffle= before)."""
-    try:
-        return ddf.shuffle(on=on, method="tasks")
-    except TypeError:
-        return ddf.shuffle(on=on, shuffle="tasks")
-
-
 def workloads(client):
     left, right = frames()
     a = dd.from_pandas(left, npartitions=8)
     b = dd.from_pandas(right, npartitions=3)
     out = {
         "groupby": a.groupby("s").agg({"v": "sum", "i": "max", "k": "count"}),
-        "shuffle": shuffled(a, "k"),
+        "shuffle": task_shuffle(a, "k"),
         "merge": a.merge(b, on="k", how="inner"),
     }
     results = dict(zip(out, client.compute(list(out.values()), sync=True)))
