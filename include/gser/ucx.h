@@ -78,7 +78,11 @@ typedef enum gser_ucx_compression {
      *  cheaper than compressing them), AUTO towards any other host. */
     GSER_UCX_COMPRESSION_DEFAULT = 0,
     GSER_UCX_COMPRESSION_NONE = 1, /**< never */
-    GSER_UCX_COMPRESSION_AUTO = 2, /**< sampled, lz4 (zstd when the peer has no lz4), on every transport */
+    /** link-aware, on every transport: per message of 1 MiB or more, the
+     *  codec (none, lz4, zstd) that moves it fastest given the rate the
+     *  endpoint's sends achieve and each codec's measured speed and ratio
+     *  (docs/ucx.md 4.5); lz4 until the first measurement */
+    GSER_UCX_COMPRESSION_AUTO = 2,
     GSER_UCX_COMPRESSION_LZ4 = 3,  /**< sampled, lz4 only (nothing when the peer lacks it) */
     GSER_UCX_COMPRESSION_ZSTD = 4, /**< sampled, zstd only (nothing when the peer lacks it) */
 } gser_ucx_compression_t;
@@ -438,6 +442,51 @@ typedef struct gser_ucx_chunk_stats {
 
 /** Counts of the endpoint's chunked frames (any time; zero before). */
 GSER_API gser_status_t gser_ucx_ep_get_chunk_stats(const gser_ucx_ep_t *ep, gser_ucx_chunk_stats_t *out);
+
+/** What an endpoint's link-aware compression (GSER_UCX_COMPRESSION_AUTO,
+ *  or DEFAULT towards another host) measured and decided. Rates are 0 until
+ *  measured. Since 0.2. */
+typedef struct gser_ucx_link_stats {
+    size_t size; /**< sizeof(gser_ucx_link_stats_t): GSER_UCX_LINK_STATS_INIT sets it */
+    /** The codec of the last decision (a gser_compression_t); the forced
+     *  codec when compression is forced. */
+    int codec;
+    /** Whether the endpoint decides by the link (AUTO in effect). */
+    bool link_aware;
+    /** Bytes per second the endpoint's large sends achieved (moving
+     *  average of busy time: from post to completion, gaps excluded). */
+    double send_rate;
+    /** Per codec, [0] lz4 and [1] zstd, on the last sample: compressed
+     *  size / raw size, and raw bytes per second compressed and decompressed. */
+    double ratio[2];
+    double compress_rate[2];
+    double decompress_rate[2];
+    /** The model's estimate, in seconds, of the last decided message
+     *  [0] raw, [1] lz4, [2] zstd (0: not considered). */
+    double estimate[3];
+    uint64_t decisions;  /**< messages decided by the link */
+    uint64_t samples;    /**< codec samples timed */
+    uint64_t rate_samples; /**< send-rate measurements */
+    uint64_t probes;     /**< messages sent raw to re-measure while compressing */
+} gser_ucx_link_stats_t;
+
+#define GSER_UCX_LINK_STATS_INIT GSER_STRUCT_INIT(gser_ucx_link_stats_t)
+
+/** The link-aware compression's state (any time; zero before). */
+GSER_API gser_status_t gser_ucx_ep_get_link_stats(const gser_ucx_ep_t *ep, gser_ucx_link_stats_t *out);
+
+/** The codec to serialize the message of frames with (frames as they will
+ *  be sent: host frames of GSER_COMPRESS_MIN_SIZE bytes or more count):
+ *  with link-aware compression, decided from the endpoint's measurements,
+ *  after timing each codec on a sample of the frames when the last sample
+ *  is old; messages under 1 MiB get the last decision and cost nothing.
+ *  pipelined: the frames will be compressed in chunks pipelined with the
+ *  wire (route 3, messages in parts). zstd_level: the zstd level the
+ *  caller compresses with (0: zstd's default). Otherwise what
+ *  gser_ucx_ep_get_compression says. gser_ucx_ep_send_msg calls it.
+ *  GSER_ERR_STATE before the handshake is done. Since 0.2. */
+GSER_API gser_status_t gser_ucx_ep_choose_compression(gser_ucx_ep_t *ep, const gser_frame_t *frames, size_t nframes,
+                                                      bool pipelined, int zstd_level, int *codec_out);
 
 /** The worker an endpoint belongs to. */
 GSER_API gser_ucx_worker_t *gser_ucx_ep_get_worker(const gser_ucx_ep_t *ep);

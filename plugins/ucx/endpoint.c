@@ -973,6 +973,11 @@ int gux_ep_codec(const gser_ucx_ep_t *ep)
                                                                         : GSER_UCX_COMPRESSION_AUTO;
     switch (mode) {
     case GSER_UCX_COMPRESSION_AUTO:
+        /* the link's last decision (link.c), while its codec is still on */
+        if (ep->link.decided)
+            return ep->link.last == GSER_COMPRESSION_LZ4 && (both & GSER_UCX_CAP_LZ4)    ? GSER_COMPRESSION_LZ4
+                   : ep->link.last == GSER_COMPRESSION_ZSTD && (both & GSER_UCX_CAP_ZSTD) ? GSER_COMPRESSION_ZSTD
+                                                                                          : GSER_COMPRESSION_NONE;
         return (both & GSER_UCX_CAP_LZ4) ? GSER_COMPRESSION_LZ4
                : (both & GSER_UCX_CAP_ZSTD) ? GSER_COMPRESSION_ZSTD
                                             : GSER_COMPRESSION_NONE;

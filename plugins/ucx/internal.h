@@ -157,6 +157,61 @@ GUX_INTERNAL void gux_worker_set_announce_chunked(gser_ucx_worker_t *w, bool on)
 /* Whether ep sends frames of at least w->zchunk_min bytes in compressed
  * chunks when it compresses: both sides announced GSER_UCX_CAP_CHUNKED. */
 GUX_INTERNAL bool gux_ep_chunked(const gser_ucx_ep_t *ep);
+/* ---- link-aware compression (link.c) --------------------------------------------- */
+
+/* Sends of at least this many bytes are timed when UCX does not complete
+ * them at once (smaller ones say little: their completion says UCX took
+ * them, not that they crossed the link). */
+#define GUX_LINK_PART_MIN ((size_t)64 << 10)
+/* Messages with fewer candidate bytes keep the last decision, unsampled. */
+#define GUX_LINK_MSG_MIN ((size_t)1 << 20)
+
+/* What the model knows: the wire's rate and, per codec (0 lz4, 1 zstd),
+ * seconds per raw byte to compress and decompress and the ratio. */
+typedef struct gux_link_model {
+    double rate; /* wire bytes per second; 0: unknown */
+    struct {
+        bool known;
+        double ratio, ctime, dtime;
+    } codec[2];
+} gux_link_model_t;
+
+/* An endpoint's measurements and decisions (under the worker's lock). */
+typedef struct gux_link {
+    gux_link_model_t m;
+    unsigned inflight;     /* timed sends posted, not completed */
+    double busy_since;     /* ms: start of the busy time not yet counted */
+    double win_bytes;      /* bytes completed in the current window */
+    double win_ms;         /* busy ms in it */
+    double sampled_at;     /* ms: codecs last timed (0: never) */
+    double probed_at;      /* ms: last raw probe */
+    uint64_t since_probe;  /* compressed decisions since */
+    int last;              /* last decision (gser_compression_t) ... */
+    bool decided;          /* ... once there is one */
+    double estimate[3];
+    uint64_t decisions, samples, rate_samples, probes;
+} gux_link_t;
+
+/* The model's seconds to move bytes raw (codec NONE), or compressed with
+ * GSER_COMPRESSION_LZ4/_ZSTD: whole (chunk 0: compress, wire, decompress
+ * in turn) or in chunks of chunk bytes pipelined with the wire. Negative
+ * when the model cannot tell (rate or codec unknown). */
+GUX_INTERNAL double gux_link_time(const gux_link_model_t *m, int codec, size_t bytes, size_t chunk);
+/* The codec that moves bytes fastest among NONE and the codecs in allowed
+ * (GSER_UCX_CAP_LZ4/_ZSTD bits); a codec wins only when it saves
+ * GUX_LINK_MARGIN of the raw time. times (3, may be NULL): the estimates. */
+GUX_INTERNAL int gux_link_choose(const gux_link_model_t *m, size_t bytes, size_t chunk, uint32_t allowed,
+                                 double *times);
+/* Fold one measurement into the model (tests inject them so): a send
+ * rate (bytes per second), or a codec's ratio and speeds. */
+GUX_INTERNAL void gux_link_add_rate(gux_link_t *l, double rate);
+GUX_INTERNAL void gux_link_add_codec(gux_link_t *l, int codec, double ratio, double ctime, double dtime);
+/* A timed send (len >= GUX_LINK_PART_MIN) was posted / completed, at now_ms. */
+GUX_INTERNAL void gux_link_posted(gux_link_t *l, double now_ms);
+GUX_INTERNAL void gux_link_done(gux_link_t *l, size_t len, double now_ms);
+/* Whether ep decides by the link (AUTO in effect and a codec to choose). */
+GUX_INTERNAL bool gux_ep_link_aware(const gser_ucx_ep_t *ep);
+
 /* For tests: the gser wire version the worker announces (0: GSER_WIRE_VERSION). */
 GUX_INTERNAL void gux_worker_set_announce_gser_version(gser_ucx_worker_t *w, uint32_t version);
 
@@ -361,6 +416,7 @@ struct gser_ucx_ep {
     bool short_queued;
     uint32_t recv_seq;
     gser_ucx_chunk_stats_t zstats; /* compressed chunks sent and received */
+    gux_link_t link;               /* link-aware compression (link.c) */
     gux_list_t reqs;  /* requests in flight on it (req.elink) */
     gux_list_t wlink; /* in worker->eps */
 
@@ -445,6 +501,8 @@ struct gser_ucx_request {
     size_t head_len;
     uint32_t seq;
     int zcodec, zlevel; /* route 3's codec (GSER_COMPRESSION_*) and level */
+    size_t link_bytes;  /* bytes of its timed sends (link.c) ... */
+    unsigned link_parts; /* ... and how many */
 
     /* receive */
     bool short_head;      /* the head is of the short form (GUX_KIND_SHORT) */

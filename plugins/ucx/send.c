@@ -6,18 +6,42 @@
 
 #include "internal.h"
 
-/* Start one tagged send for r. */
+/* A large send of r completed: the link's rate counts it (link.c), each
+ * of r's timed sends as their average length. */
+static void send_cb_timed(void *ucx_req, ucs_status_t st, void *user_data)
+{
+    gser_ucx_request_t *r = user_data;
+    if (r->ep && r->link_parts && st == UCS_OK)
+        gux_link_done(&r->ep->link, r->link_bytes / r->link_parts, gux_now_ms());
+    gux_send_cb(ucx_req, st, user_data);
+}
+
+/* Start one tagged send for r; large host sends are timed for the link. */
 static gser_status_t post_send(gser_ucx_request_t *r, const void *buf, size_t len, uint64_t tag,
                                ucs_memory_type_t mem)
 {
+    bool timed = len >= GUX_LINK_PART_MIN && mem == UCS_MEMORY_TYPE_HOST;
     ucp_request_param_t p = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMORY_TYPE,
-        .cb.send = gux_send_cb,
+        .cb.send = timed ? send_cb_timed : gux_send_cb,
         .user_data = r,
         .memory_type = mem,
     };
+    gux_link_t *l = &r->ep->link;
+    if (timed) {
+        r->link_bytes += len;
+        r->link_parts++;
+        gux_link_posted(l, gux_now_ms());
+    }
     r->outstanding++;
-    return gux_req_track(r, ucp_tag_send_nbx(r->ep->ucp, buf, len, tag, &p), "send: ucp_tag_send_nbx", false);
+    ucs_status_ptr_t sp = ucp_tag_send_nbx(r->ep->ucp, buf, len, tag, &p);
+    if (timed && !UCS_PTR_IS_PTR(sp)) { /* done at once (or failed): it timed nothing */
+        r->link_bytes -= len;
+        r->link_parts--;
+        if (l->inflight)
+            l->inflight--;
+    }
+    return gux_req_track(r, sp, "send: ucp_tag_send_nbx", false);
 }
 
 /* Send a short head at once, or not at all (UCS_ERR_NO_RESOURCE: UCX's
@@ -332,8 +356,9 @@ gser_status_t gser_ucx_ep_send(gser_ucx_ep_t *ep, const gser_frame_t *frames, si
 }
 
 /* The codec a message sent on ep is serialized with: the endpoint's
- * negotiated one unless the caller's options name one the peer has. */
-static gser_status_t gux_send_codec(gser_ucx_ep_t *ep, gser_serialize_options_t *so)
+ * negotiated one unless the caller's options name one the peer has;
+ * *link_aware when the endpoint's link decides it per message. */
+static gser_status_t gux_send_codec(gser_ucx_ep_t *ep, gser_serialize_options_t *so, bool *link_aware)
 {
     gser_ucx_worker_t *w = ep->worker;
     gux_lock(w);
@@ -349,6 +374,7 @@ static gser_status_t gux_send_codec(gser_ucx_ep_t *ep, gser_serialize_options_t 
         so->compression = mine;
         if (!so->compression_level)
             so->compression_level = w->compression_level;
+        *link_aware = gux_ep_link_aware(ep);
         break;
     case GSER_COMPRESSION_AUTO:
         so->compression = (both & GSER_UCX_CAP_LZ4) ? GSER_COMPRESSION_LZ4
@@ -371,6 +397,50 @@ out:
     return st;
 }
 
+/* Serialize msg for a link-aware endpoint: raw first (the frames borrow
+ * the buffers: only the header is written) and, when the link's choice for
+ * these frames is raw, *f is that; else so->compression is the choice and
+ * *f stays NULL: the caller serializes with it. chunked: frames of
+ * zchunk_min or more would go in chunks, pipelined. */
+static gser_status_t send_link_serialize(gser_ucx_ep_t *ep, gser_context_t *ctx, const gser_msg_t *msg,
+                                         gser_serialize_options_t *so, bool chunked, gser_frames_t **f)
+{
+    gser_ucx_worker_t *w = ep->worker;
+    gser_serialize_options_t raw = *so;
+    raw.compression = GSER_COMPRESSION_NONE;
+    gser_frames_t *rf = NULL;
+    gser_status_t st = gser_serialize(ctx, msg, &raw, &rf);
+    if (st)
+        return gux_fail(st, "serialize: %s", gser_context_get_last_error(ctx));
+    if ((st = gser_frames_wait(rf))) {
+        gux_fail(st, "serialize: device work failed: %s", gser_context_get_last_error(ctx));
+        gser_frames_destroy(rf);
+        return st;
+    }
+    const gser_frame_t *fr = gser_frames_get_array(rf);
+    size_t n = gser_frames_get_count(rf);
+    bool pipelined = false, any = false;
+    for (size_t i = 1; i < n; i++) {
+        bool host = fr[i].memory == GSER_MEMORY_HOST && fr[i].size >= GSER_COMPRESS_MIN_SIZE;
+        any |= host;
+        pipelined |= host && chunked && fr[i].size >= w->zchunk_min;
+    }
+    /* zstd at its fast level 1 unless the worker names one (lz4: acceleration 1, its default) */
+    if (!so->compression_level)
+        so->compression_level = 1;
+    int codec = GSER_COMPRESSION_NONE; /* nothing to compress without a large host frame */
+    if (any && (st = gser_ucx_ep_choose_compression(ep, fr, n, pipelined, so->compression_level, &codec))) {
+        gser_frames_destroy(rf);
+        return st;
+    }
+    so->compression = codec;
+    if (codec == GSER_COMPRESSION_NONE)
+        *f = rf;
+    else
+        gser_frames_destroy(rf);
+    return GSER_OK;
+}
+
 gser_status_t gser_ucx_ep_send_msg(gser_ucx_ep_t *ep, gser_context_t *ctx, const gser_msg_t *msg,
                                    const gser_serialize_options_t *opts, int timeout_ms)
 {
@@ -380,24 +450,26 @@ gser_status_t gser_ucx_ep_send_msg(gser_ucx_ep_t *ep, gser_context_t *ctx, const
     gser_status_t st;
     if (opts && (st = gux_struct_read("gser_ucx_ep_send_msg", "gser_serialize_options_t", &so, sizeof so, opts)))
         return st;
-    if ((st = gux_send_codec(ep, &so)))
+    bool link_aware = false;
+    if ((st = gux_send_codec(ep, &so, &link_aware)))
         return st;
-    /* Frames the endpoint sends in compressed chunks, pipelined with the
-     * sending, are left uncompressed by the serializer. */
-    int zcodec = GSER_COMPRESSION_NONE;
     gser_ucx_worker_t *w = ep->worker;
     gux_lock(w);
     bool chunked = gux_ep_chunked(ep);
     gux_unlock(w);
+    gser_frames_t *f = NULL;
+    if (link_aware && (st = send_link_serialize(ep, ctx, msg, &so, chunked, &f)))
+        return st;
+    /* Frames the endpoint sends in compressed chunks, pipelined with the
+     * sending, are left uncompressed by the serializer. */
+    int zcodec = GSER_COMPRESSION_NONE;
     if (chunked && (so.compression == GSER_COMPRESSION_LZ4 || so.compression == GSER_COMPRESSION_ZSTD)) {
         zcodec = so.compression;
         size_t max = w->zchunk_min - 1; /* zchunk_min >= 1: 0 means the default */
         if (!so.compression_max_size || so.compression_max_size > max)
             so.compression_max_size = max;
     }
-    gser_frames_t *f = NULL;
-    st = gser_serialize(ctx, msg, &so, &f);
-    if (st)
+    if (!f && (st = gser_serialize(ctx, msg, &so, &f)))
         return gux_fail(st, "serialize: %s", gser_context_get_last_error(ctx));
     if ((st = gser_frames_wait(f))) {
         gux_fail(st, "serialize: device work failed: %s", gser_context_get_last_error(ctx));

@@ -48,6 +48,7 @@ typedef struct gux_slot {
     unsigned char *zbuf; /* compressed chunks: the flag byte and the chunk (malloc'd, zcap bytes) */
     size_t zcap;
     size_t zlen; /* received: the chunk message's length */
+    size_t timed; /* sent: its length when the link times it (link.c), else 0 */
 } gux_slot_t;
 
 /* Chunk buffers in flight per frame sent or received in compressed chunks. */
@@ -247,6 +248,10 @@ static void chunk_send_cb(void *ucx_req, ucs_status_t st, void *user_data)
     gux_slot_t *s = user_data;
     s->xfer_done = true;
     s->xfer_status = st;
+    gser_ucx_request_t *r = s->op->req;
+    if (s->timed && st == UCS_OK && r->ep)
+        gux_link_done(&r->ep->link, s->timed, gux_now_ms());
+    s->timed = 0;
 }
 
 static void chunk_recv_cb(void *ucx_req, ucs_status_t st, const ucp_tag_recv_info_t *info, void *user_data)
@@ -412,8 +417,17 @@ static void zslot_send(gux_stage_op_t *op, gux_slot_t *s, size_t c)
         .user_data = s,
         .memory_type = UCS_MEMORY_TYPE_HOST,
     };
+    /* large chunks are timed for the link's rate (link.c) */
+    s->timed = GUX_ZCHUNK_PREFIX + n >= GUX_LINK_PART_MIN ? GUX_ZCHUNK_PREFIX + n : 0;
+    if (s->timed)
+        gux_link_posted(&r->ep->link, gux_now_ms());
     ucs_status_ptr_t sp = ucp_tag_send_nbx(r->ep->ucp, s->zbuf, GUX_ZCHUNK_PREFIX + n,
                                            gux_tag(r->ep->peer_id, GUX_KIND_ZCHUNK, r->seq), &p);
+    if (s->timed && !UCS_PTR_IS_PTR(sp)) { /* done at once (or failed): it timed nothing */
+        s->timed = 0;
+        if (r->ep->link.inflight)
+            r->ep->link.inflight--;
+    }
     op->next_post++;
     if (UCS_PTR_IS_ERR(sp)) {
         GUX_CALL("send: ucp_tag_send_nbx of a compressed chunk", UCS_PTR_STATUS(sp));

@@ -1,0 +1,391 @@
+// Link-aware compression (docs/ucx.md 4.5): the model that picks raw, lz4 or
+// zstd from the measured send rate and codec speeds, with measurements
+// injected so that every decision is deterministic; the endpoint's rate
+// measurement from timed sends; and on real endpoints: the decision the
+// endpoint reports, a forced codec that stays forced, a peer without codecs
+// that gets raw frames, small messages that cost no sample.
+#include "ucx_common.hpp"
+
+#include <limits>
+#include <random>
+#include <thread>
+
+extern "C" {
+#include "internal.h"
+}
+
+namespace {
+
+constexpr double kMiB = 1 << 20;
+constexpr size_t k64M = 64u << 20;
+
+// Speeds of this kind of machine's cores (bytes per second).
+gux_link_model_t model(double rate)
+{
+    gux_link_model_t m{};
+    m.rate = rate;
+    m.codec[0] = {true, 0.5, 1 / 500e6, 1 / 2e9};  // lz4: halves, fast
+    m.codec[1] = {true, 0.3, 1 / 150e6, 1 / 800e6}; // zstd: smaller, slower
+    return m;
+}
+
+TEST(LinkModel, Times)
+{
+    gux_link_model_t m = model(100e6);
+    EXPECT_DOUBLE_EQ(gux_link_time(&m, GSER_COMPRESSION_NONE, 100000000, 0), 1.0);
+    // whole: compress, send, decompress in turn
+    EXPECT_NEAR(gux_link_time(&m, GSER_COMPRESSION_LZ4, 100000000, 0), 0.2 + 0.5 + 0.05, 1e-9);
+    // 4 chunks of 25 MB: the wire (0.125 s each) sets the pace, the first
+    // compression and the last decompression fill and drain the pipe
+    EXPECT_NEAR(gux_link_time(&m, GSER_COMPRESSION_LZ4, 100000000, 25000000), 3 * 0.125 + 0.05 + 0.125 + 0.0125,
+                1e-9);
+    gux_link_model_t unknown{};
+    EXPECT_LT(gux_link_time(&unknown, GSER_COMPRESSION_NONE, 1, 0), 0);
+    m.codec[1].known = false;
+    EXPECT_LT(gux_link_time(&m, GSER_COMPRESSION_ZSTD, 1, 0), 0);
+}
+
+TEST(LinkModel, UnmeasuredLinkCompressesAsDask)
+{
+    gux_link_model_t m = model(0);
+    EXPECT_EQ(gux_link_choose(&m, k64M, 0, GUX_CODECS, nullptr), GSER_COMPRESSION_LZ4);
+    EXPECT_EQ(gux_link_choose(&m, k64M, 0, GSER_UCX_CAP_ZSTD, nullptr), GSER_COMPRESSION_ZSTD);
+    EXPECT_EQ(gux_link_choose(&m, k64M, 0, 0, nullptr), GSER_COMPRESSION_NONE);
+}
+
+TEST(LinkModel, SlowLinkTakesTheSmallest)
+{
+    gux_link_model_t m = model(12.5e6); // 100 Mbit/s
+    double t[3];
+    EXPECT_EQ(gux_link_choose(&m, k64M, 4 << 20, GUX_CODECS, t), GSER_COMPRESSION_ZSTD);
+    EXPECT_LT(t[2], t[1]);
+    EXPECT_LT(t[1], t[0]);
+    // without zstd on both sides, lz4
+    EXPECT_EQ(gux_link_choose(&m, k64M, 4 << 20, GSER_UCX_CAP_LZ4, nullptr), GSER_COMPRESSION_LZ4);
+}
+
+TEST(LinkModel, FastLinkSendsRaw)
+{
+    gux_link_model_t m = model(2e9); // faster than either codec compresses
+    double t[3];
+    EXPECT_EQ(gux_link_choose(&m, k64M, 4 << 20, GUX_CODECS, t), GSER_COMPRESSION_NONE);
+    EXPECT_LT(t[0], t[1]);
+    EXPECT_LT(t[0], t[2]);
+}
+
+TEST(LinkModel, DataThatDoesNotShrinkGoesRaw)
+{
+    gux_link_model_t m = model(12.5e6);
+    m.codec[0].ratio = 1;
+    m.codec[1].ratio = 1;
+    EXPECT_EQ(gux_link_choose(&m, k64M, 4 << 20, GUX_CODECS, nullptr), GSER_COMPRESSION_NONE);
+}
+
+// At 1 Gbit/s lz4 compressing at 250 MB/s to half loses whole (4 + 4 + 1
+// ns a byte against 8) and wins pipelined (the slowest stage, 4).
+TEST(LinkModel, PipeliningCounts)
+{
+    gux_link_model_t m{};
+    m.rate = 125e6;
+    m.codec[0] = {true, 0.5, 1 / 250e6, 1 / 1e9};
+    EXPECT_EQ(gux_link_choose(&m, k64M, 0, GUX_CODECS, nullptr), GSER_COMPRESSION_NONE);
+    EXPECT_EQ(gux_link_choose(&m, k64M, 4 << 20, GUX_CODECS, nullptr), GSER_COMPRESSION_LZ4);
+}
+
+// A codec that saves less than the margin leaves the data raw (no CPU
+// spent on either side for nothing measurable).
+TEST(LinkModel, MarginKeepsRaw)
+{
+    gux_link_model_t m{};
+    m.rate = 100e6;
+    m.codec[0] = {true, 0.98, 1 / 1e12, 1 / 1e12}; // 2 % smaller, for free
+    EXPECT_EQ(gux_link_choose(&m, k64M, 0, GUX_CODECS, nullptr), GSER_COMPRESSION_NONE);
+    m.codec[0].ratio = 0.9;
+    EXPECT_EQ(gux_link_choose(&m, k64M, 0, GUX_CODECS, nullptr), GSER_COMPRESSION_LZ4);
+}
+
+// A link that gets busy: the rate's moving average follows it within a
+// few windows, and the choice turns from raw to zstd; and back.
+TEST(LinkModel, FollowsALinkThatGetsBusy)
+{
+    gux_link_t l{};
+    gux_link_model_t ref = model(0);
+    gux_link_add_codec(&l, GSER_COMPRESSION_LZ4, ref.codec[0].ratio, ref.codec[0].ctime, ref.codec[0].dtime);
+    gux_link_add_codec(&l, GSER_COMPRESSION_ZSTD, ref.codec[1].ratio, ref.codec[1].ctime, ref.codec[1].dtime);
+    for (int i = 0; i < 5; i++)
+        gux_link_add_rate(&l, 2e9);
+    EXPECT_EQ(gux_link_choose(&l.m, k64M, 4 << 20, GUX_CODECS, nullptr), GSER_COMPRESSION_NONE);
+    int n = 0;
+    while (gux_link_choose(&l.m, k64M, 4 << 20, GUX_CODECS, nullptr) != GSER_COMPRESSION_ZSTD && n < 100) {
+        gux_link_add_rate(&l, 12.5e6);
+        n++;
+    }
+    EXPECT_GE(n, 2);
+    EXPECT_LE(n, 12);
+    for (n = 0; gux_link_choose(&l.m, k64M, 4 << 20, GUX_CODECS, nullptr) != GSER_COMPRESSION_NONE && n < 100; n++)
+        gux_link_add_rate(&l, 2e9);
+    EXPECT_LE(n, 12);
+    EXPECT_GE(l.rate_samples, 7u);
+    // nonsense measurements are ignored
+    double before = l.m.rate;
+    gux_link_add_rate(&l, 0);
+    gux_link_add_rate(&l, -1);
+    gux_link_add_rate(&l, std::numeric_limits<double>::infinity());
+    EXPECT_EQ(l.m.rate, before);
+}
+
+// The rate of timed sends is bytes over busy time: sends queued behind
+// each other count from the previous completion, gaps with nothing in
+// flight (compressing, idle) not at all.
+TEST(LinkModel, RateFromTimedSends)
+{
+    gux_link_t l{};
+    gux_link_posted(&l, 0);
+    gux_link_posted(&l, 0);
+    gux_link_done(&l, 4 << 20, 10);
+    gux_link_done(&l, 4 << 20, 20); // 8 MiB in 20 ms
+    ASSERT_EQ(l.rate_samples, 1u);
+    EXPECT_NEAR(l.m.rate, 8 * kMiB / 0.020, 1);
+    // 980 ms idle, then the same rate again: the gap does not count
+    gux_link_posted(&l, 1000);
+    gux_link_done(&l, 8 << 20, 1020);
+    EXPECT_EQ(l.rate_samples, 2u);
+    EXPECT_NEAR(l.m.rate, 8 * kMiB / 0.020, 1);
+    // under a mebibyte the window stays open: no measurement yet
+    gux_link_posted(&l, 2000);
+    gux_link_done(&l, 512 << 10, 2010);
+    EXPECT_EQ(l.rate_samples, 2u);
+    EXPECT_EQ(l.inflight, 0u);
+}
+
+// ---- on endpoints (loopback; the mode forced to AUTO, since the default
+// compresses nothing towards this host) ----
+
+struct LinkPair {
+    Pair p;
+    void open(int client_mode, uint32_t server_codecs = GUX_CODECS)
+    {
+        gser_ucx_worker_options_t co = GSER_UCX_WORKER_OPTIONS_INIT;
+        co.compression = client_mode;
+        co.thread_mode = GSER_UCX_THREAD_SERIALIZED;
+        p.ctx = make_ucx_ctx();
+        ASSERT_TRUE(p.ctx);
+        p.server = make_worker(p.ctx.get(), nullptr);
+        p.client = make_worker(p.ctx.get(), &co);
+        ASSERT_TRUE(p.server && p.client);
+        gux_worker_set_announce_codecs(p.server.get(), server_codecs);
+        p.listener = listen_local(p.server.get());
+        ASSERT_TRUE(p.listener);
+        p.connect(&p.cep, &p.sep);
+    }
+    gser_ucx_link_stats_t stats()
+    {
+        gser_ucx_link_stats_t s = GSER_UCX_LINK_STATS_INIT;
+        EXPECT_EQ(gser_ucx_ep_get_link_stats(p.cep.get(), &s), GSER_OK) << gser_ucx_get_last_error();
+        return s;
+    }
+    // Inject the link's rate (the tests' only white-box step).
+    void set_rate(double rate)
+    {
+        gux_lock(p.client.get());
+        p.cep->link.m.rate = rate;
+        gux_unlock(p.client.get());
+    }
+};
+
+// Compressible bytes: runs of a counter, with a little noise.
+std::vector<unsigned char> runs(size_t n)
+{
+    std::vector<unsigned char> b(n);
+    for (size_t i = 0; i < n; i++)
+        b[i] = (unsigned char)(i / 4096 + (i % 7 == 0 ? i % 3 : 0));
+    return b;
+}
+
+gser_frame_t host_frame(const std::vector<unsigned char> &b)
+{
+    gser_frame_t f{};
+    f.data = const_cast<unsigned char *>(b.data());
+    f.size = b.size();
+    f.memory = GSER_MEMORY_HOST;
+    return f;
+}
+
+int choose(LinkPair &lp, const std::vector<unsigned char> &b, bool pipelined = true)
+{
+    gser_frame_t f[2] = {gser_frame_t{}, host_frame(b)};
+    int c = -1;
+    EXPECT_EQ(gser_ucx_ep_choose_compression(lp.p.cep.get(), f, 2, pipelined, 1, &c), GSER_OK)
+        << gser_ucx_get_last_error();
+    return c;
+}
+
+int codec_of(gser_ucx_ep_t *ep)
+{
+    int c = -1;
+    EXPECT_EQ(gser_ucx_ep_get_compression(ep, &c), GSER_OK) << gser_ucx_get_last_error();
+    return c;
+}
+
+TEST(Link, EndpointDecidesByItsLink)
+{
+    LinkPair lp;
+    ASSERT_NO_FATAL_FAILURE(lp.open(GSER_UCX_COMPRESSION_AUTO));
+    auto b = runs(8u << 20);
+    gser_ucx_link_stats_t s = lp.stats();
+    EXPECT_TRUE(s.link_aware);
+    EXPECT_EQ(s.decisions, 0u);
+    EXPECT_EQ(s.codec, GSER_COMPRESSION_LZ4); // not measured yet: as Dask's auto
+    lp.set_rate(1e6);                         // a slow link: a codec pays
+    int slow = choose(lp, b);
+    EXPECT_NE(slow, GSER_COMPRESSION_NONE);
+    EXPECT_EQ(codec_of(lp.p.cep.get()), slow); // what the endpoint reports (and the binding serializes with)
+    s = lp.stats();
+    EXPECT_EQ(s.decisions, 1u);
+    EXPECT_EQ(s.samples, 1u);
+    EXPECT_LT(s.ratio[0], 0.5);
+    EXPECT_LT(s.ratio[1], 0.5);
+    EXPECT_GT(s.compress_rate[0], 0);
+    EXPECT_GT(s.decompress_rate[1], 0);
+    EXPECT_GT(s.estimate[0], s.estimate[slow == GSER_COMPRESSION_LZ4 ? 1 : 2]);
+    lp.set_rate(1e12); // a link faster than any codec: raw
+    EXPECT_EQ(choose(lp, b), GSER_COMPRESSION_NONE);
+    EXPECT_EQ(codec_of(lp.p.cep.get()), GSER_COMPRESSION_NONE);
+    EXPECT_EQ(lp.stats().samples, 1u); // the codecs' speeds were fresh: not timed again
+    // random bytes do not shrink: raw, even on the slow link, once sampled
+    std::vector<unsigned char> rnd(8u << 20);
+    std::mt19937_64 g(1);
+    for (auto &x : rnd)
+        x = (unsigned char)g();
+    lp.set_rate(1e6);
+    std::this_thread::sleep_for(std::chrono::milliseconds(120));
+    EXPECT_EQ(choose(lp, rnd), GSER_COMPRESSION_NONE);
+    EXPECT_EQ(lp.stats().samples, 2u);
+}
+
+// Messages under a mebibyte keep the last decision and cost no sample.
+TEST(Link, SmallMessagesCostNothing)
+{
+    LinkPair lp;
+    ASSERT_NO_FATAL_FAILURE(lp.open(GSER_UCX_COMPRESSION_AUTO));
+    auto b = runs(512u << 10);
+    lp.set_rate(1e12);
+    EXPECT_EQ(choose(lp, b), GSER_COMPRESSION_LZ4); // the undecided default
+    gser_ucx_link_stats_t s = lp.stats();
+    EXPECT_EQ(s.decisions, 0u);
+    EXPECT_EQ(s.samples, 0u);
+}
+
+TEST(Link, ForcedCodecStaysForced)
+{
+    for (int mode : {GSER_UCX_COMPRESSION_LZ4, GSER_UCX_COMPRESSION_ZSTD, GSER_UCX_COMPRESSION_NONE}) {
+        SCOPED_TRACE("mode " + std::to_string(mode));
+        LinkPair lp;
+        ASSERT_NO_FATAL_FAILURE(lp.open(mode));
+        int want = mode == GSER_UCX_COMPRESSION_LZ4    ? GSER_COMPRESSION_LZ4
+                   : mode == GSER_UCX_COMPRESSION_ZSTD ? GSER_COMPRESSION_ZSTD
+                                                       : GSER_COMPRESSION_NONE;
+        auto b = runs(8u << 20);
+        for (double rate : {1e6, 1e12}) {
+            lp.set_rate(rate);
+            EXPECT_EQ(choose(lp, b), want);
+        }
+        gser_ucx_link_stats_t s = lp.stats();
+        EXPECT_FALSE(s.link_aware);
+        EXPECT_EQ(s.codec, want);
+        EXPECT_EQ(s.decisions, 0u);
+    }
+}
+
+// A peer that announces no codec gets raw frames, link or not.
+TEST(Link, PeerWithoutCodecsGetsRaw)
+{
+    LinkPair lp;
+    ASSERT_NO_FATAL_FAILURE(lp.open(GSER_UCX_COMPRESSION_AUTO, 0));
+    auto b = runs(8u << 20);
+    lp.set_rate(1e6);
+    EXPECT_EQ(choose(lp, b), GSER_COMPRESSION_NONE);
+    EXPECT_FALSE(lp.stats().link_aware);
+    // and what gser_ucx_ep_send_msg sends arrives uncompressed
+    auto ctx = make_ctx();
+    gser_msg_t *m = nullptr;
+    ASSERT_EQ(gser_msg_create(ctx.get(), &m), GSER_OK);
+    MsgPtr mp(m);
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
+    d.data = b.data();
+    d.nbytes = b.size();
+    gser_value_t *v;
+    ASSERT_EQ(gser_msg_new_buffer(m, &d, &v), GSER_OK);
+    ASSERT_EQ(gser_msg_set_root(m, v), GSER_OK);
+    std::atomic<int> sst{GSER_INPROGRESS};
+    std::thread t([&] { sst = gser_ucx_ep_send_msg(lp.p.cep.get(), ctx.get(), m, nullptr, kWaitMs); });
+    gser_ucx_request_t *rr = nullptr;
+    ASSERT_EQ(gser_ucx_ep_recv_nb(lp.p.sep.get(), nullptr, &rr), GSER_OK);
+    ReqPtr r(rr);
+    EXPECT_EQ(drive({lp.p.server.get()}, rr), GSER_OK);
+    t.join();
+    EXPECT_EQ(sst.load(), GSER_OK);
+    size_t wire = 0;
+    bool compressed = true;
+    ASSERT_EQ(gser_ucx_request_get_size(rr, &wire, &compressed), GSER_OK) << gser_ucx_get_last_error();
+    EXPECT_GE(wire, b.size()); // raw on the wire
+}
+
+// Large messages sent with gser_ucx_ep_send_msg are timed: the endpoint
+// measures a rate and decides per message; every message arrives whole.
+TEST(Link, SendsMeasureTheLink)
+{
+    LinkPair lp;
+    ASSERT_NO_FATAL_FAILURE(lp.open(GSER_UCX_COMPRESSION_AUTO));
+    auto ctx = make_ctx();
+    auto b = runs(12u << 20);
+    gser_msg_t *m = nullptr;
+    ASSERT_EQ(gser_msg_create(ctx.get(), &m), GSER_OK);
+    MsgPtr mp(m);
+    gser_buffer_desc_t d = GSER_BUFFER_DESC_INIT;
+    d.data = b.data();
+    d.nbytes = b.size();
+    gser_value_t *v;
+    ASSERT_EQ(gser_msg_new_buffer(m, &d, &v), GSER_OK);
+    ASSERT_EQ(gser_msg_set_root(m, v), GSER_OK);
+    constexpr int kN = 6;
+    std::atomic<int> sst{GSER_INPROGRESS};
+    std::thread t([&] {
+        int st = GSER_OK;
+        for (int i = 0; i < kN && st == GSER_OK; i++)
+            st = gser_ucx_ep_send_msg(lp.p.cep.get(), ctx.get(), m, nullptr, kWaitMs);
+        sst = st;
+    });
+    for (int i = 0; i < kN; i++) {
+        gser_ucx_request_t *rr = nullptr;
+        ASSERT_EQ(gser_ucx_ep_recv_nb(lp.p.sep.get(), nullptr, &rr), GSER_OK);
+        ReqPtr r(rr);
+        ASSERT_EQ(drive({lp.p.server.get()}, rr), GSER_OK) << gser_ucx_get_last_error();
+        gser_msg_t *got = nullptr;
+        ASSERT_EQ(gser_ucx_request_deserialize(rr, ctx.get(), nullptr, &got), GSER_OK);
+        MsgPtr g(got);
+        gser_buffer_desc_t gd = GSER_BUFFER_DESC_INIT;
+        ASSERT_EQ(gser_value_get_buffer(gser_msg_get_root(got), &gd), GSER_OK);
+        ASSERT_EQ(gd.nbytes, b.size());
+        EXPECT_EQ(std::memcmp(gd.data, b.data(), b.size()), 0);
+    }
+    t.join();
+    EXPECT_EQ(sst.load(), GSER_OK);
+    gser_ucx_link_stats_t s = lp.stats();
+    EXPECT_EQ(s.decisions, (uint64_t)kN);
+    EXPECT_GE(s.samples, 1u);
+    EXPECT_GE(s.rate_samples, 1u);
+    EXPECT_GT(s.send_rate, 0);
+    gux_lock(lp.p.client.get());
+    EXPECT_EQ(lp.p.cep->link.inflight, 0u); // every timed send was counted back
+    gux_unlock(lp.p.client.get());
+}
+
+TEST(Link, BadArguments)
+{
+    int c;
+    EXPECT_EQ(gser_ucx_ep_choose_compression(nullptr, nullptr, 0, false, 0, &c), GSER_ERR_INVALID_ARG);
+    EXPECT_EQ(gser_ucx_ep_get_link_stats(nullptr, nullptr), GSER_ERR_INVALID_ARG);
+}
+
+} // namespace
