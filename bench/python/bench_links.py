@@ -126,7 +126,8 @@ DEV = "gsl"  # the veth's name at both ends
 ADDR = ("10.77.0.1", "10.77.0.2")  # inside the namespaces only
 NS_PREFIX = "gser-links-"
 # name, tbf rate, payload bytes/s of that rate (None: not shaped)
-LINKS = {"1gbit": ("1gbit", 1e9 / 8), "10gbit": ("10gbit", 10e9 / 8), "unshaped": (None, None)}
+LINKS = {"100mbit": ("100mbit", 100e6 / 8), "1gbit": ("1gbit", 1e9 / 8), "10gbit": ("10gbit", 10e9 / 8),
+         "unshaped": (None, None)}
 
 
 # ---- namespaces -----------------------------------------------------------------------------------
@@ -323,23 +324,24 @@ def c_case(ns, link, rate, args):
 # name: (scheme, distributed.comm.compression in both processes). Dask's
 # tcp:// reads the key in its handshake, gser:// where its transport is made:
 # each setting gets a process pair of its own.
-VARIANTS = {"gser_auto": ("gser", "auto"), "gser_none": ("gser", None), "tcp_lz4": ("tcp", "lz4"),
-            "tcp_none": ("tcp", None)}
+VARIANTS = {"gser_auto": ("gser", "auto"), "gser_none": ("gser", None), "gser_lz4": ("gser", "lz4"),
+            "gser_zstd": ("gser", "zstd"), "tcp_lz4": ("tcp", "lz4"), "tcp_none": ("tcp", None)}
+FORCED = ("gser_none", "gser_lz4", "gser_zstd")
 DATASETS = ("columns", "random")
 
 
-def message_data(kind):
-    """One 256 MiB message: "columns", a DataFrame of the columns columnar
+def message_data(kind, size=BIG):
+    """One message of size bytes (256 MiB): "columns", a DataFrame of the columns columnar
     data is often made of (sorted int64 keys, a categorical's codes in runs,
     float64 with runs of repeated values); "random", random float64."""
     import numpy as np
 
     rng = np.random.default_rng(1)
     if kind == "random":
-        return rng.random(BIG // 8)
+        return rng.random(size // 8)
     import pandas as pd
 
-    rows = BIG // 17  # 8 + 1 + 8 bytes a row
+    rows = size // 17  # 8 + 1 + 8 bytes a row
     codes = np.repeat(rng.integers(0, 50, rows // 16 + 1), 16)[:rows].astype("int8")
     return pd.DataFrame({
         "key": np.cumsum(rng.integers(0, 8, rows)),
@@ -368,9 +370,10 @@ async def serve_message(host, scheme):
     await asyncio.Event().wait()
 
 
-async def message_client(address):
-    """For each dataset name read on stdin, send that message once and print
-    {"gbs": ...} (its in-memory bytes over the time until the ack is back)."""
+async def message_client(address, size):
+    """For each dataset name read on stdin, send that message (of size
+    bytes) once and print {"gbs": ...} (its in-memory bytes over the time
+    until the ack is back; for gser://, "codec": what the endpoint chose)."""
     from distributed.comm import connect
     from distributed.protocol import to_serialize
 
@@ -383,14 +386,18 @@ async def message_client(address):
             break
         if line != kind:
             kind, data = line, None
-            data = message_data(kind)
+            data = message_data(kind, size)
             nbytes = data.nbytes if kind == "random" else int(data.memory_usage(index=False).sum())
         t0 = time.perf_counter()
         await comm.write({"data": to_serialize(data)})
         ack = await comm.read()
         dt = time.perf_counter() - t0
         assert ack == {"ack": len(data)}, ack
-        print(json.dumps({"gbs": nbytes / dt / 1e9}), flush=True)
+        ep = getattr(comm, "_ep", None)
+        codec = ep.link_stats["codec"] if ep is not None and hasattr(ep, "link_stats") else None
+        if ep is not None and os.environ.get("GSER_BENCH_LINK_STATS"):
+            print(json.dumps(ep.link_stats), file=sys.stderr, flush=True)
+        print(json.dumps({"gbs": nbytes / dt / 1e9, "codec": codec}), flush=True)
     await comm.close()
 
 
@@ -399,8 +406,8 @@ class MessagePairs:
     second namespace, clients in the first (ns None: both here, on
     127.0.0.1, UCX as it comes: shared memory)."""
 
-    def __init__(self, ns, variants):
-        self.procs, self.clients = [], {}
+    def __init__(self, ns, variants, size=BIG):
+        self.procs, self.clients, self.codecs = [], {}, {}
         host = ADDR[1] if ns else "127.0.0.1"
         try:
             for v in variants:
@@ -415,7 +422,7 @@ class MessagePairs:
                                           env=env)
                 self.procs.append(server)
                 address = next(w for line in server.stdout for w in line.split() if w.startswith(scheme + "://"))
-                argv = [PY, HERE, "--message-client", address]
+                argv = [PY, HERE, "--message-client", address, "--message-mib", str(size >> 20)]
                 client = subprocess.Popen(ns.exec_argv(0, argv) if ns else argv, stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, text=True, env=env)
                 self.procs.append(client)
@@ -431,7 +438,9 @@ class MessagePairs:
         c.stdin.flush()
         for line in c.stdout:  # UCX may warn on stdout
             if line.startswith("{"):
-                return json.loads(line)["gbs"]
+                d = json.loads(line)
+                self.codecs.setdefault(variant, []).append(d.get("codec"))
+                return d["gbs"]
         raise RuntimeError(f"{variant}: the client ended (exit {c.wait()})")
 
     def runs(self, kind, reps):
@@ -452,33 +461,50 @@ class MessagePairs:
 
 
 def compression_case(ns, link, rate, args):
-    """One 256 MiB message, columns and random, each scheme with and without compression."""
+    """One message (--message-mib, 256 MiB), columns and random, each scheme
+    with and without compression, gser:// also with each codec forced."""
     if "compression" not in args.cases:
         return
-    pairs = MessagePairs(ns, list(VARIANTS))
+    variants = [v for v in VARIANTS if v in args.variants]
+    pairs = MessagePairs(ns, variants, args.message_mib << 20)
     try:
-        runs = {kind: pairs.runs(kind, args.reps) for kind in DATASETS}
+        runs = {kind: pairs.runs(kind, args.reps) for kind in args.datasets}
+        codecs = pairs.codecs
     finally:
         pairs.close()
     best = {kind: {v: max(r) for v, r in rs.items()} for kind, rs in runs.items()}
-    # the targets are for a 1 Gbit/s link: faster links leave compression no room on 2 cores
+    # the older targets are for a 1 Gbit/s link: faster links leave lz4 no room on 2 cores
     on = link == "1gbit"
-    # (row, data, measured, anchor, anchor's description, target on a 1 Gbit/s link)
-    for name, kind, v, a, title, target in (
-            ("cols_auto_vs_tcp_lz4", "columns", "gser_auto", "tcp_lz4", "Dask tcp:// with lz4, same frame", ">= 1.5"),
-            ("cols_auto_vs_tcp_none", "columns", "gser_auto", "tcp_none", "Dask tcp:// uncompressed", ">= 2"),
+    # (row, data, measured, anchor, anchor's description, target)
+    rows = [("cols_auto_vs_tcp_lz4", "columns", "gser_auto", "tcp_lz4", "Dask tcp:// with lz4, same frame",
+             ">= 1.5" if on else ">= 1.3" if link == "100mbit" else None),
+            ("cols_auto_vs_tcp_none", "columns", "gser_auto", "tcp_none", "Dask tcp:// uncompressed",
+             ">= 2" if on else None),
             ("cols_none_vs_tcp_lz4", "columns", "gser_none", "tcp_lz4", "Dask tcp:// with lz4, same frame", None),
-            ("random_auto_vs_none", "random", "gser_auto", "gser_none", "gser:// uncompressed, same array", ">= 0.95"),
-            ("random_auto_vs_tcp_lz4", "random", "gser_auto", "tcp_lz4", "Dask tcp:// with lz4, same array", None)):
-        row(args.json, f"link_{link}_{name}", best[kind][v], "GB/s", f"{title} (GB/s)", best[kind][a],
-            target if on else None, runs[kind][v], runs[kind][a])
+            ("random_auto_vs_none", "random", "gser_auto", "gser_none", "gser:// uncompressed, same array",
+             ">= 0.95" if on else None),
+            ("random_auto_vs_tcp_lz4", "random", "gser_auto", "tcp_lz4", "Dask tcp:// with lz4, same array", None)]
+    for name, kind, v, a, title, target in rows:
+        if kind in best and v in best[kind] and a in best[kind]:
+            row(args.json, f"link_{link}_{name}", best[kind][v], "GB/s", f"{title} (GB/s)", best[kind][a], target,
+                runs[kind][v], runs[kind][a])
+    # link-aware auto against the best codec forced (none, lz4, zstd) on this link, this run
+    for kind in best:
+        forced = {v: best[kind][v] for v in FORCED if v in best[kind]}
+        if "gser_auto" not in best[kind] or not forced:
+            continue
+        top = max(forced, key=forced.get)
+        row(args.json, f"link_{link}_{'cols' if kind == 'columns' else kind}_auto_vs_best_forced",
+            best[kind]["gser_auto"], "GB/s", f"gser:// best forced: {top[5:]} (GB/s)", forced[top], ">= 0.95",
+            runs[kind]["gser_auto"], runs[kind][top], auto_codecs=codecs.get("gser_auto"),
+            forced={v[5:]: round(x, 4) for v, x in forced.items()})
 
 
 def shm_case(args):
     """gser:// auto against gser:// uncompressed on one machine (shared memory)."""
-    pairs = MessagePairs(None, ["gser_auto", "gser_none"])
+    pairs = MessagePairs(None, ["gser_auto", "gser_none"], args.message_mib << 20)
     try:
-        runs = {kind: pairs.runs(kind, args.reps) for kind in DATASETS}
+        runs = {kind: pairs.runs(kind, args.reps) for kind in args.datasets}
     finally:
         pairs.close()
     for kind, rs in runs.items():
@@ -513,7 +539,8 @@ def cluster_case(ns, link, rate, args):
     equal = (not dead and all(r["parts"] == first["parts"] for r in results)
              and netcluster.shuffle_ok(first) and netcluster.shuffle_ok(results[1]))
     row(args.json, f"cluster_{link}_shuffle_{args.shuffle_rows // 1_000_000}m_vs_tcp_lz4", min(times["gser"]), "s",
-        "Dask tcp:// with lz4, same shuffle (s)", min(times["tcp"]), "<= 0.8" if link == "1gbit" else None,
+        "Dask tcp:// with lz4, same shuffle (s)", min(times["tcp"]),
+        "<= 0.8" if link in ("100mbit", "1gbit") else "<= 1.0" if link == "unshaped" else None,
         times["gser"], times["tcp"], equal=equal)
 
 
@@ -544,6 +571,13 @@ def main():
                     help="shuffles per scheme and link in the cluster case, best reported (default 2)")
     ap.add_argument("--shuffle-rows", type=int, default=SHUFFLE_ROWS,
                     help=f"rows of the cluster case's shuffle (default {SHUFFLE_ROWS:,})")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help=f"compression case: comma-separated, of {', '.join(VARIANTS)} (default: all; rows "
+                         "whose variants are left out are not printed)")
+    ap.add_argument("--datasets", default=",".join(DATASETS),
+                    help=f"compression case: comma-separated, of {', '.join(DATASETS)} (default: all)")
+    ap.add_argument("--message-mib", type=int, default=BIG >> 20,
+                    help="compression case: MiB per message (default 256; smaller keeps slow links short)")
     ap.add_argument("--serve", metavar="HOST", help=argparse.SUPPRESS)
     ap.add_argument("--serve-message", nargs=2, metavar=("HOST", "SCHEME"), help=argparse.SUPPRESS)
     ap.add_argument("--message-client", metavar="ADDRESS", help=argparse.SUPPRESS)
@@ -568,7 +602,7 @@ def main():
         elif args.serve_message:
             asyncio.run(serve_message(*args.serve_message))
         elif args.message_client:
-            asyncio.run(message_client(args.message_client))
+            asyncio.run(message_client(args.message_client, args.message_mib << 20))
         else:
             print(json.dumps(asyncio.run(client(args.client, args.addresses, args.reps))), flush=True)
         return 0
@@ -581,6 +615,12 @@ def main():
     for x in args.cases:
         if x not in ALL_CASES:
             ap.error(f"--cases: {x!r} is none of {', '.join(ALL_CASES)}")
+    args.variants = [x for x in args.variants.split(",") if x]
+    args.datasets = [x for x in args.datasets.split(",") if x]
+    for opt, got, known in (("--variants", args.variants, VARIANTS), ("--datasets", args.datasets, DATASETS)):
+        for x in got:
+            if x not in known:
+                ap.error(f"{opt}: {x!r} is none of {', '.join(known)}")
     if args.gser_bench_ucx == "none":
         args.gser_bench_ucx = None
     if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):

@@ -178,19 +178,30 @@ typedef struct gux_link_model {
 
 /* An endpoint's measurements and decisions (under the worker's lock). */
 typedef struct gux_link {
-    gux_link_model_t m;
+    gux_link_model_t m;    /* m.rate: of raw sends (compressed ones only raise it) */
+    double zrate;          /* bytes per second of compressed sends (their wire may wait on CPU) */
     unsigned inflight;     /* timed sends posted, not completed */
     double busy_since;     /* ms: start of the busy time not yet counted */
     double win_bytes;      /* bytes completed in the current window */
     double win_ms;         /* busy ms in it */
+    int win_kind;          /* its sends: 0 none yet, 1 raw, 2 compressed, 3 both (not counted) */
     double sampled_at;     /* ms: codecs last timed (0: never) */
-    double probed_at;      /* ms: last raw probe */
+    double probed_at;      /* ms: last raw probe (or first decision) */
     uint64_t since_probe;  /* compressed decisions since */
     int last;              /* last decision (gser_compression_t) ... */
     bool decided;          /* ... once there is one */
     double estimate[3];
     uint64_t decisions, samples, rate_samples, probes;
 } gux_link_t;
+
+/* What a worker learnt of the links to a peer host, for its next
+ * endpoints there (Dask opens many comms to each peer). */
+#define GUX_LINK_HOSTS 16
+typedef struct gux_link_host {
+    char host[48];
+    gux_link_model_t m;
+    double at; /* ms: last written (0: free) */
+} gux_link_host_t;
 
 /* The model's seconds to move bytes raw (codec NONE), or compressed with
  * GSER_COMPRESSION_LZ4/_ZSTD: whole (chunk 0: compress, wire, decompress
@@ -204,10 +215,10 @@ GUX_INTERNAL int gux_link_choose(const gux_link_model_t *m, size_t bytes, size_t
                                  double *times);
 /* Fold one measurement into the model (tests inject them so): a send
  * rate (bytes per second), or a codec's ratio and speeds. */
-GUX_INTERNAL void gux_link_add_rate(gux_link_t *l, double rate);
+GUX_INTERNAL void gux_link_add_rate(gux_link_t *l, double rate, bool raw);
 GUX_INTERNAL void gux_link_add_codec(gux_link_t *l, int codec, double ratio, double ctime, double dtime);
 /* A timed send (len >= GUX_LINK_PART_MIN) was posted / completed, at now_ms. */
-GUX_INTERNAL void gux_link_posted(gux_link_t *l, double now_ms);
+GUX_INTERNAL void gux_link_posted(gux_link_t *l, double now_ms, bool raw);
 GUX_INTERNAL void gux_link_done(gux_link_t *l, size_t len, double now_ms);
 /* Whether ep decides by the link (AUTO in effect and a codec to choose). */
 GUX_INTERNAL bool gux_ep_link_aware(const gser_ucx_ep_t *ep);
@@ -346,6 +357,7 @@ struct gser_ucx_worker {
     bool announce_chunked;    /* GSER_UCX_CAP_CHUNKED in its hellos (tests turn it off) */
     size_t zchunk_min;        /* frames from this size go in compressed chunks (SIZE_MAX: never) */
     size_t zchunk;            /* bytes per compressed chunk */
+    gux_link_host_t link_hosts[GUX_LINK_HOSTS]; /* link.c */
     gux_pool_t *pool; /* cache of host receive buffers */
 
     gux_list_t eps;       /* every endpoint (gser_ucx_ep_t.wlink) */

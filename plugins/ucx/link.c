@@ -3,6 +3,7 @@
  * what it sends, and per message picks what moves it fastest: raw, or
  * compressed with lz4 or zstd, whole or in chunks pipelined with the wire. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +15,10 @@
 /* A codec is chosen only when the model says it saves this much of the raw
  * time: within it, raw costs no CPU on either side. */
 #define GUX_LINK_MARGIN 0.03
+/* A codec's time on a sample (a few cached kilobytes, on a quiet core)
+ * times this is its time on a message's data (BENCHMARKS.md, 2026-12-05:
+ * lz4 sampled at 1.2-1.5 GB/s moved 64 MiB messages at 0.5 GB/s). */
+#define GUX_LINK_CPU_FACTOR 1.5
 /* A send-rate measurement closes after this much busy time (or when no
  * timed send is left in flight) with at least GUX_LINK_WIN_BYTES. */
 #define GUX_LINK_WIN_MS 20.0
@@ -26,14 +31,15 @@
 #define GUX_LINK_SPEED_ALPHA 0.5
 /* Codecs are timed again on a message after this long. */
 #define GUX_LINK_SAMPLE_MS 100.0
-/* While compressing, one message goes raw to re-measure when the model puts
- * raw within this factor of the best, after GUX_LINK_PROBE_EVERY compressed
- * ones and GUX_LINK_PROBE_MS. */
-#define GUX_LINK_PROBE_FACTOR 1.5
-#define GUX_LINK_PROBE_EVERY 16u
-#define GUX_LINK_PROBE_MS 2000.0
-/* While the rate is unknown, every this many compressed messages one goes raw. */
-#define GUX_LINK_PROBE_UNKNOWN 4u
+/* While compressing, one message goes raw to measure the raw rate again:
+ * after GUX_LINK_PROBE_EVERY compressed ones, and after at least
+ * GUX_LINK_PROBE_MS or GUX_LINK_PROBE_COST times what the model says the
+ * probe costs over the codec (so that probes cost at most about 2 %). */
+#define GUX_LINK_PROBE_EVERY 4u
+#define GUX_LINK_PROBE_MS 1000.0
+#define GUX_LINK_PROBE_COST 50.0
+/* What a worker remembers of a peer host stays good this long. */
+#define GUX_LINK_HOST_MS 60000.0
 
 enum { SAMPLE_PIECE = GSER_COMPRESS_SAMPLE_SIZE, SAMPLE_PIECES = GSER_COMPRESS_NSAMPLES };
 
@@ -52,15 +58,19 @@ double gux_link_time(const gux_link_model_t *m, int codec, size_t bytes, size_t 
     int i = codec_index(codec);
     if (i < 0 || !m->codec[i].known)
         return -1;
-    double c = m->codec[i].ctime, d = m->codec[i].dtime, w = m->codec[i].ratio / m->rate;
+    double c = GUX_LINK_CPU_FACTOR * m->codec[i].ctime, d = GUX_LINK_CPU_FACTOR * m->codec[i].dtime;
+    double w = m->codec[i].ratio / m->rate;
     if (!chunk || bytes <= chunk)
         return b * (c + w + d); /* compressed, sent, decompressed in turn */
-    /* n chunks: the slowest stage sets the pace, the others fill the pipe
-     * before the first chunk and drain it after the last */
+    /* n chunks: the wire overlaps the codecs, and the slower of the two
+     * sets the pace; the first chunk's compression and the last one's
+     * decompression fill and drain the pipe. Compressing and decompressing
+     * count as one stage: where both ends share cores (and the transport's
+     * own copies use them too) they do not overlap, and where they would,
+     * this errs towards raw, whose cost is bounded by the link. */
     double n = ceil(b / (double)chunk), k = b / n;
     double tc = k * c, tw = k * w, td = k * d;
-    double slow = fmax(tc, fmax(tw, td));
-    return (n - 1) * slow + tc + tw + td;
+    return (n - 1) * fmax(tc + td, tw) + tc + tw + td;
 }
 
 int gux_link_choose(const gux_link_model_t *m, size_t bytes, size_t chunk, uint32_t allowed, double *times)
@@ -72,10 +82,8 @@ int gux_link_choose(const gux_link_model_t *m, size_t bytes, size_t chunk, uint3
         t[i + 1] = (allowed & bits[i]) ? gux_link_time(m, codecs[i], bytes, chunk) : 0;
     if (times)
         memcpy(times, t, sizeof t);
-    if (t[0] < 0) /* the link is not measured yet: compress, as Dask does */
-        return (allowed & GSER_UCX_CAP_LZ4) ? GSER_COMPRESSION_LZ4
-               : (allowed & GSER_UCX_CAP_ZSTD) ? GSER_COMPRESSION_ZSTD
-                                               : GSER_COMPRESSION_NONE;
+    if (t[0] < 0) /* the link is not measured yet: raw, which measures it */
+        return GSER_COMPRESSION_NONE;
     int best = GSER_COMPRESSION_NONE;
     double best_t = t[0] * (1 - GUX_LINK_MARGIN);
     for (int i = 0; i < 2; i++)
@@ -86,12 +94,20 @@ int gux_link_choose(const gux_link_model_t *m, size_t bytes, size_t chunk, uint3
     return best;
 }
 
-void gux_link_add_rate(gux_link_t *l, double rate)
+void gux_link_add_rate(gux_link_t *l, double rate, bool raw)
 {
     if (!(rate > 0) || !isfinite(rate))
         return;
-    l->m.rate = l->m.rate > 0 ? (1 - GUX_LINK_RATE_ALPHA) * l->m.rate + GUX_LINK_RATE_ALPHA * rate : rate;
     l->rate_samples++;
+    if (!raw) {
+        /* A compressed send's wire may have waited on either end's CPU: its
+         * rate says the link is at least that fast, never slower. */
+        l->zrate = l->zrate > 0 ? (1 - GUX_LINK_RATE_ALPHA) * l->zrate + GUX_LINK_RATE_ALPHA * rate : rate;
+        if (l->zrate > l->m.rate)
+            l->m.rate = l->zrate;
+        return;
+    }
+    l->m.rate = l->m.rate > 0 ? (1 - GUX_LINK_RATE_ALPHA) * l->m.rate + GUX_LINK_RATE_ALPHA * rate : rate;
 }
 
 void gux_link_add_codec(gux_link_t *l, int codec, double ratio, double ctime, double dtime)
@@ -111,10 +127,11 @@ void gux_link_add_codec(gux_link_t *l, int codec, double ratio, double ctime, do
     l->m.codec[i].dtime = dtime;
 }
 
-void gux_link_posted(gux_link_t *l, double now_ms)
+void gux_link_posted(gux_link_t *l, double now_ms, bool raw)
 {
     if (l->inflight++ == 0)
         l->busy_since = now_ms;
+    l->win_kind |= raw ? 1 : 2;
 }
 
 void gux_link_done(gux_link_t *l, size_t len, double now_ms)
@@ -130,10 +147,43 @@ void gux_link_done(gux_link_t *l, size_t len, double now_ms)
     l->win_ms += busy > 0 ? busy : 0;
     l->busy_since = now_ms;
     if (l->win_bytes >= GUX_LINK_WIN_BYTES && l->win_ms > 0) {
-        gux_link_add_rate(l, l->win_bytes / (l->win_ms / 1e3));
+        if (l->win_kind == 1 || l->win_kind == 2) /* raw and compressed mixed: neither's rate */
+            gux_link_add_rate(l, l->win_bytes / (l->win_ms / 1e3), l->win_kind == 1);
         l->win_bytes = 0;
         l->win_ms = 0;
+        l->win_kind = l->inflight ? l->win_kind : 0;
     }
+}
+
+/* Share what ep learnt with the worker's next endpoints to the same host
+ * (put), or start from what an earlier one learnt (get). */
+static void link_host(gser_ucx_ep_t *ep, bool put, double now)
+{
+    gser_ucx_worker_t *w = ep->worker;
+    const char *host = ep->peer.peer_host;
+    if (!host[0])
+        return;
+    gux_link_host_t *slot = NULL, *oldest = &w->link_hosts[0];
+    for (int i = 0; i < GUX_LINK_HOSTS; i++) {
+        gux_link_host_t *h = &w->link_hosts[i];
+        if (h->at > 0 && strcmp(h->host, host) == 0)
+            slot = h;
+        if (h->at < oldest->at)
+            oldest = h;
+    }
+    if (!put) {
+        if (slot && now - slot->at < GUX_LINK_HOST_MS)
+            ep->link.m = slot->m;
+        return;
+    }
+    if (!(ep->link.m.rate > 0))
+        return;
+    if (!slot) {
+        slot = oldest;
+        snprintf(slot->host, sizeof slot->host, "%s", host);
+    }
+    slot->m = ep->link.m;
+    slot->at = now;
 }
 
 bool gux_ep_link_aware(const gser_ucx_ep_t *ep)
@@ -274,6 +324,8 @@ gser_status_t gser_ucx_ep_choose_compression(gser_ucx_ep_t *ep, const gser_frame
 
     gux_lock(w);
     gux_link_t *l = &ep->link;
+    if (!l->decided && !(l->m.rate > 0))
+        link_host(ep, false, now); /* an earlier endpoint to this host measured it */
     if (sample) {
         l->sampled_at = now;
         l->samples++;
@@ -283,21 +335,15 @@ gser_status_t gser_ucx_ep_choose_compression(gser_ucx_ep_t *ep, const gser_frame
                                    cs[i].dtime);
     }
     int codec = gux_link_choose(&l->m, total, chunk, both, l->estimate);
-    if (codec != GSER_COMPRESSION_NONE && !(l->m.rate > 0)) {
-        /* Compressed sends too small to time leave the rate unknown: one
-         * message goes raw to measure it. */
-        if (++l->since_probe >= GUX_LINK_PROBE_UNKNOWN) {
-            codec = GSER_COMPRESSION_NONE;
-            l->since_probe = 0;
-            l->probed_at = now;
-            l->probes++;
-        }
-    } else if (codec != GSER_COMPRESSION_NONE) {
-        /* Compressed sends measure the wire too; raw goes now and then
-         * where raw could plausibly win, in case they measure it short. */
+    if (!l->decided)
+        l->probed_at = now;
+    if (codec != GSER_COMPRESSION_NONE) {
+        /* Compressed sends say the link is at least as fast as they went;
+         * raw goes now and then to measure it, the more rarely the more
+         * that costs. */
         double best = l->estimate[codec == GSER_COMPRESSION_LZ4 ? 1 : 2];
-        if (++l->since_probe >= GUX_LINK_PROBE_EVERY && now - l->probed_at >= GUX_LINK_PROBE_MS &&
-            l->estimate[0] <= GUX_LINK_PROBE_FACTOR * best) {
+        double wait = fmax(GUX_LINK_PROBE_MS, GUX_LINK_PROBE_COST * (l->estimate[0] - best) * 1e3);
+        if (++l->since_probe >= GUX_LINK_PROBE_EVERY && now - l->probed_at >= wait) {
             codec = GSER_COMPRESSION_NONE;
             l->since_probe = 0;
             l->probed_at = now;
@@ -307,6 +353,7 @@ gser_status_t gser_ucx_ep_choose_compression(gser_ucx_ep_t *ep, const gser_frame
     l->last = codec;
     l->decided = true;
     l->decisions++;
+    link_host(ep, true, now);
     gux_unlock(w);
     *codec_out = codec;
     return GSER_OK;

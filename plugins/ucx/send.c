@@ -31,7 +31,7 @@ static gser_status_t post_send(gser_ucx_request_t *r, const void *buf, size_t le
     if (timed) {
         r->link_bytes += len;
         r->link_parts++;
-        gux_link_posted(l, gux_now_ms());
+        gux_link_posted(l, gux_now_ms(), !l->decided || l->last == GSER_COMPRESSION_NONE);
     }
     r->outstanding++;
     ucs_status_ptr_t sp = ucp_tag_send_nbx(r->ep->ucp, buf, len, tag, &p);

@@ -420,7 +420,7 @@ static void zslot_send(gux_stage_op_t *op, gux_slot_t *s, size_t c)
     /* large chunks are timed for the link's rate (link.c) */
     s->timed = GUX_ZCHUNK_PREFIX + n >= GUX_LINK_PART_MIN ? GUX_ZCHUNK_PREFIX + n : 0;
     if (s->timed)
-        gux_link_posted(&r->ep->link, gux_now_ms());
+        gux_link_posted(&r->ep->link, gux_now_ms(), false);
     ucs_status_ptr_t sp = ucp_tag_send_nbx(r->ep->ucp, s->zbuf, GUX_ZCHUNK_PREFIX + n,
                                            gux_tag(r->ep->peer_id, GUX_KIND_ZCHUNK, r->seq), &p);
     if (s->timed && !UCS_PTR_IS_PTR(sp)) { /* done at once (or failed): it timed nothing */

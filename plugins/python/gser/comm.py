@@ -235,11 +235,20 @@ def _local_ip_for(host: str) -> str:
 _PLAIN = (str, bytes, int, float, bool, type(None))
 
 
-def _compresses(frames, codec) -> bool:
+# Messages from this size get the endpoint's choice for them (its
+# gser_ucx_ep_choose_compression's threshold); smaller ones its last one.
+_LINK_MIN = 1 << 20
+
+
+def _compresses(frames, codec, ep=None) -> bool:
     """Whether a sample of the message's large host frames shrinks with
     codec to gser's threshold (0.9), as the transport's own sampling would
     decide: a message that does not compress is sent whole, with nothing
-    to join on the other side."""
+    to join on the other side. An endpoint that decides by its link chose
+    codec on a sample of these frames already: one that does not shrink is
+    never chosen."""
+    if ep is not None and ep.link_stats["link_aware"]:
+        return True
     samples = []
     for f in frames:
         if type(f) is memoryview or isinstance(f, (bytes, bytearray)):
@@ -356,9 +365,7 @@ class GserComm(Comm):
         if gser_codec != self._compression:
             ep.set_compression(gser_codec)
             self._compression = gser_codec
-        codec = ep.compression if not ep.closed else None
-        in_parts = bool(self.handshake_options.get(_PARTS_KEY) and codec is not None and self.allow_offload
-                        and OFFLOAD_THRESHOLD)
+        in_parts = bool(self.handshake_options.get(_PARTS_KEY) and self.allow_offload and OFFLOAD_THRESHOLD)
         frames = await to_frames(
             msg,
             allow_offload=self.allow_offload and not _small(msg),
@@ -375,7 +382,11 @@ class GserComm(Comm):
             frame_split_size=_NO_SPLIT,
         )
         size = sum(map(nbytes, frames))
-        if in_parts and size > 2 * _PART_BYTES and _compresses(frames, codec):
+        in_parts = in_parts and size > 2 * _PART_BYTES
+        # "auto" between hosts: the endpoint picks the codec (or none) that
+        # moves this message fastest on its link (docs/ucx.md 4.5)
+        codec = None if ep.closed else ep.choose_compression(frames, in_parts) if size >= _LINK_MIN else ep.compression
+        if in_parts and codec is not None and _compresses(frames, codec, ep):
             await self._write_parts(ep, frames, codec)
             return size
         prepared = None

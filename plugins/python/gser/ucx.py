@@ -509,6 +509,29 @@ class Endpoint:
         as they are."""
         return self._c.compression
 
+    def choose_compression(self, frames, pipelined=False):
+        """The codec to send these frames with: "lz4", "zstd" or None. With
+        link-aware compression ("auto" between hosts), decided from what the
+        endpoint measured of its link and of each codec on a sample of the
+        frames (messages under 1 MiB get the last decision, unsampled);
+        pipelined: they will be compressed in parts sent as they are ready.
+        Otherwise the compression property. docs/ucx.md 4.5."""
+        try:
+            return self._c.choose_compression(frames, pipelined)
+        except GserError as e:
+            raise _translate(e) from None
+
+    @property
+    def link_stats(self) -> dict:
+        """The link-aware compression's measurements and last decision:
+        codec, link_aware, send_rate (bytes/s), per codec (lz4, zstd) ratio,
+        compress_rate and decompress_rate, estimate (seconds: raw, lz4, zstd),
+        and counts (decisions, samples, rate_samples, probes)."""
+        try:
+            return self._c.link_stats
+        except GserError as e:
+            raise _translate(e) from None
+
     def set_compression(self, compression) -> None:
         """What this endpoint compresses, over its worker's option (see Worker)."""
         self._c.set_compression(compression)

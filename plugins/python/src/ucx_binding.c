@@ -870,6 +870,8 @@ static PyObject *endpoint_set_compression(PgUcxEndpoint *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+static PyObject *codec_object(int codec);
+
 static PyObject *endpoint_compression(PgUcxEndpoint *self, void *closure)
 {
     (void)closure;
@@ -879,11 +881,86 @@ static PyObject *endpoint_compression(PgUcxEndpoint *self, void *closure)
     gser_status_t st = gser_ucx_ep_get_compression(self->ep, &codec);
     if (st)
         return ucx_raise(ucx_state(self), st, "gser_ucx_ep_get_compression");
+    return codec_object(codec);
+}
+
+/* "lz4", "zstd" or None for a gser_compression_t. */
+static PyObject *codec_object(int codec)
+{
     if (codec == GSER_COMPRESSION_LZ4)
         return PyUnicode_FromString("lz4");
     if (codec == GSER_COMPRESSION_ZSTD)
         return PyUnicode_FromString("zstd");
     Py_RETURN_NONE;
+}
+
+static PyObject *endpoint_choose_compression(PgUcxEndpoint *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"frames", "pipelined", NULL};
+    PyObject *frames;
+    int pipelined = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|p:choose_compression", kwlist, &frames, &pipelined))
+        return NULL;
+    if (!self->ep)
+        return closed_error(ucx_state(self), "_UcxEndpoint.choose_compression");
+    PyObject *seq = PySequence_Fast(frames, "choose_compression: frames must be a sequence");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    Py_buffer *views = PyMem_Calloc(n ? (size_t)n : 1, sizeof *views);
+    gser_frame_t *fr = PyMem_Calloc(n ? (size_t)n : 1, sizeof *fr);
+    bool *held = PyMem_Calloc(n ? (size_t)n : 1, sizeof *held);
+    PyObject *result = NULL;
+    if (!views || !fr || !held) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        /* host buffers are sampled; anything else (a device frame) is not a candidate */
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, i), &views[i], PyBUF_ANY_CONTIGUOUS) < 0) {
+            PyErr_Clear();
+            continue;
+        }
+        held[i] = true;
+        fr[i].data = views[i].buf;
+        fr[i].size = (size_t)views[i].len;
+        fr[i].memory = GSER_MEMORY_HOST;
+    }
+    int codec = GSER_COMPRESSION_NONE;
+    /* the GIL stays held: a sample is timed at most every 100 ms, and the
+     * endpoint must not be destroyed meanwhile */
+    gser_status_t st = gser_ucx_ep_choose_compression(self->ep, fr, (size_t)n, pipelined != 0, 0, &codec);
+    result = st ? ucx_raise(ucx_state(self), st, "gser_ucx_ep_choose_compression") : codec_object(codec);
+out:
+    for (Py_ssize_t i = 0; held && i < n; i++)
+        if (held[i])
+            PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    PyMem_Free(fr);
+    PyMem_Free(held);
+    Py_DECREF(seq);
+    return result;
+}
+
+static PyObject *endpoint_link_stats(PgUcxEndpoint *self, void *closure)
+{
+    (void)closure;
+    if (!self->ep)
+        return closed_error(ucx_state(self), "_UcxEndpoint.link_stats");
+    gser_ucx_link_stats_t s = GSER_UCX_LINK_STATS_INIT;
+    gser_status_t st = gser_ucx_ep_get_link_stats(self->ep, &s);
+    if (st)
+        return ucx_raise(ucx_state(self), st, "gser_ucx_ep_get_link_stats");
+    PyObject *codec = codec_object(s.codec);
+    if (!codec)
+        return NULL;
+    return Py_BuildValue("{s:N,s:O,s:d,s:(dd),s:(dd),s:(dd),s:(ddd),s:K,s:K,s:K,s:K}", "codec", codec, "link_aware",
+                         s.link_aware ? Py_True : Py_False, "send_rate", s.send_rate, "ratio", s.ratio[0], s.ratio[1],
+                         "compress_rate", s.compress_rate[0], s.compress_rate[1], "decompress_rate",
+                         s.decompress_rate[0], s.decompress_rate[1], "estimate", s.estimate[0], s.estimate[1],
+                         s.estimate[2], "decisions", (unsigned long long)s.decisions, "samples",
+                         (unsigned long long)s.samples, "rate_samples", (unsigned long long)s.rate_samples, "probes",
+                         (unsigned long long)s.probes);
 }
 
 static PgUcxRequest *request_new(PgUcxEndpoint *ep, PyObject *user, bool recv)
@@ -1011,6 +1088,10 @@ static PyMethodDef endpoint_methods[] = {
     {"prepare", (PyCFunction)(void (*)(void))endpoint_prepare, METH_VARARGS | METH_KEYWORDS,
      "prepare(obj, families=None, compression=None) -> a serialized message for send(): the\n"
      "serializing and compressing (GIL released) of send(), on any thread."},
+    {"choose_compression", (PyCFunction)(void (*)(void))endpoint_choose_compression, METH_VARARGS | METH_KEYWORDS,
+     "choose_compression(frames, pipelined=False) -> \"lz4\", \"zstd\" or None: the codec to send these\n"
+     "frames with (gser_ucx_ep_choose_compression: by the link's measurements when the endpoint\n"
+     "decides by its link, else the compression property)."},
     {"set_compression", (PyCFunction)endpoint_set_compression, METH_O,
      "set_compression(c): what this endpoint compresses (\"auto\": by transport, None/False,\n"
      "\"lz4\", \"zstd\"), over its worker's; only codecs the peer announced are used."},
@@ -1023,6 +1104,10 @@ static PyMethodDef endpoint_methods[] = {
 static PyGetSetDef endpoint_getset[] = {
     {"state", (getter)endpoint_state, NULL, "'connecting', 'ready', 'failed', 'closed' or 'destroyed'.", NULL},
     {"status", (getter)endpoint_status_get, NULL, "gser_ucx_ep_get_status (GSER_ERR_CANCELED once destroyed).",
+     NULL},
+    {"link_stats", (getter)endpoint_link_stats, NULL,
+     "dict: the link-aware compression's measurements and last decision (gser_ucx_ep_get_link_stats;\n"
+     "ratio, compress_rate, decompress_rate: (lz4, zstd); estimate: seconds (raw, lz4, zstd)).",
      NULL},
     {"compression", (getter)endpoint_compression, NULL,
      "The codec its sends are compressed with after negotiation: \"lz4\", \"zstd\" or None\n"

@@ -33,24 +33,30 @@ TEST(LinkModel, Times)
 {
     gux_link_model_t m = model(100e6);
     EXPECT_DOUBLE_EQ(gux_link_time(&m, GSER_COMPRESSION_NONE, 100000000, 0), 1.0);
-    // whole: compress, send, decompress in turn
-    EXPECT_NEAR(gux_link_time(&m, GSER_COMPRESSION_LZ4, 100000000, 0), 0.2 + 0.5 + 0.05, 1e-9);
-    // 4 chunks of 25 MB: the wire (0.125 s each) sets the pace, the first
-    // compression and the last decompression fill and drain the pipe
-    EXPECT_NEAR(gux_link_time(&m, GSER_COMPRESSION_LZ4, 100000000, 25000000), 3 * 0.125 + 0.05 + 0.125 + 0.0125,
+    // whole: compress, send, decompress in turn (the codecs' sampled times
+    // 1.5 times: a sample is small and cached)
+    EXPECT_NEAR(gux_link_time(&m, GSER_COMPRESSION_LZ4, 100000000, 0), 0.3 + 0.5 + 0.075, 1e-9);
+    // 4 chunks of 25 MB: the wire (0.125 s each) sets the pace against the
+    // codecs (0.075 + 0.01875), the first compression and the last
+    // decompression fill and drain the pipe
+    EXPECT_NEAR(gux_link_time(&m, GSER_COMPRESSION_LZ4, 100000000, 25000000), 3 * 0.125 + 0.075 + 0.125 + 0.01875,
                 1e-9);
+    // where the codecs are slower than the wire, they set the pace
+    m.rate = 1e9;
+    EXPECT_NEAR(gux_link_time(&m, GSER_COMPRESSION_LZ4, 100000000, 25000000),
+                3 * (0.075 + 0.01875) + 0.075 + 0.0125 + 0.01875, 1e-9);
     gux_link_model_t unknown{};
     EXPECT_LT(gux_link_time(&unknown, GSER_COMPRESSION_NONE, 1, 0), 0);
     m.codec[1].known = false;
     EXPECT_LT(gux_link_time(&m, GSER_COMPRESSION_ZSTD, 1, 0), 0);
 }
 
-TEST(LinkModel, UnmeasuredLinkCompressesAsDask)
+// The first large message goes raw: it measures the link.
+TEST(LinkModel, UnmeasuredLinkGoesRaw)
 {
     gux_link_model_t m = model(0);
-    EXPECT_EQ(gux_link_choose(&m, k64M, 0, GUX_CODECS, nullptr), GSER_COMPRESSION_LZ4);
-    EXPECT_EQ(gux_link_choose(&m, k64M, 0, GSER_UCX_CAP_ZSTD, nullptr), GSER_COMPRESSION_ZSTD);
-    EXPECT_EQ(gux_link_choose(&m, k64M, 0, 0, nullptr), GSER_COMPRESSION_NONE);
+    EXPECT_EQ(gux_link_choose(&m, k64M, 0, GUX_CODECS, nullptr), GSER_COMPRESSION_NONE);
+    EXPECT_EQ(gux_link_choose(&m, k64M, 4 << 20, GSER_UCX_CAP_ZSTD, nullptr), GSER_COMPRESSION_NONE);
 }
 
 TEST(LinkModel, SlowLinkTakesTheSmallest)
@@ -81,13 +87,14 @@ TEST(LinkModel, DataThatDoesNotShrinkGoesRaw)
     EXPECT_EQ(gux_link_choose(&m, k64M, 4 << 20, GUX_CODECS, nullptr), GSER_COMPRESSION_NONE);
 }
 
-// At 1 Gbit/s lz4 compressing at 250 MB/s to half loses whole (4 + 4 + 1
-// ns a byte against 8) and wins pipelined (the slowest stage, 4).
+// At 1 Gbit/s lz4 compressing to half loses whole (5 + 4 + 1.5 ns a byte,
+// the codecs' sampled 3.3 and 1 times 1.5, against 8) and wins pipelined
+// (the codecs, 6.5, against the wire's 4).
 TEST(LinkModel, PipeliningCounts)
 {
     gux_link_model_t m{};
     m.rate = 125e6;
-    m.codec[0] = {true, 0.5, 1 / 250e6, 1 / 1e9};
+    m.codec[0] = {true, 0.5, 1 / 300e6, 1 / 1e9};
     EXPECT_EQ(gux_link_choose(&m, k64M, 0, GUX_CODECS, nullptr), GSER_COMPRESSION_NONE);
     EXPECT_EQ(gux_link_choose(&m, k64M, 4 << 20, GUX_CODECS, nullptr), GSER_COMPRESSION_LZ4);
 }
@@ -113,25 +120,40 @@ TEST(LinkModel, FollowsALinkThatGetsBusy)
     gux_link_add_codec(&l, GSER_COMPRESSION_LZ4, ref.codec[0].ratio, ref.codec[0].ctime, ref.codec[0].dtime);
     gux_link_add_codec(&l, GSER_COMPRESSION_ZSTD, ref.codec[1].ratio, ref.codec[1].ctime, ref.codec[1].dtime);
     for (int i = 0; i < 5; i++)
-        gux_link_add_rate(&l, 2e9);
+        gux_link_add_rate(&l, 2e9, true);
     EXPECT_EQ(gux_link_choose(&l.m, k64M, 4 << 20, GUX_CODECS, nullptr), GSER_COMPRESSION_NONE);
     int n = 0;
     while (gux_link_choose(&l.m, k64M, 4 << 20, GUX_CODECS, nullptr) != GSER_COMPRESSION_ZSTD && n < 100) {
-        gux_link_add_rate(&l, 12.5e6);
+        gux_link_add_rate(&l, 12.5e6, true);
         n++;
     }
     EXPECT_GE(n, 2);
     EXPECT_LE(n, 12);
     for (n = 0; gux_link_choose(&l.m, k64M, 4 << 20, GUX_CODECS, nullptr) != GSER_COMPRESSION_NONE && n < 100; n++)
-        gux_link_add_rate(&l, 2e9);
+        gux_link_add_rate(&l, 2e9, true);
     EXPECT_LE(n, 12);
     EXPECT_GE(l.rate_samples, 7u);
     // nonsense measurements are ignored
     double before = l.m.rate;
-    gux_link_add_rate(&l, 0);
-    gux_link_add_rate(&l, -1);
-    gux_link_add_rate(&l, std::numeric_limits<double>::infinity());
+    gux_link_add_rate(&l, 0, true);
+    gux_link_add_rate(&l, -1, true);
+    gux_link_add_rate(&l, std::numeric_limits<double>::infinity(), true);
     EXPECT_EQ(l.m.rate, before);
+}
+
+// Compressed sends may have waited on CPU: their rate never lowers the
+// link's (raw sends measure that), it only raises it when they went faster.
+TEST(LinkModel, CompressedSendsOnlyRaiseTheRate)
+{
+    gux_link_t l{};
+    gux_link_add_rate(&l, 1e9, true);
+    for (int i = 0; i < 10; i++)
+        gux_link_add_rate(&l, 1e8, false);
+    EXPECT_DOUBLE_EQ(l.m.rate, 1e9);
+    for (int i = 0; i < 20; i++)
+        gux_link_add_rate(&l, 2e9, false);
+    EXPECT_GT(l.m.rate, 1.9e9);
+    EXPECT_EQ(l.rate_samples, 31u);
 }
 
 // The rate of timed sends is bytes over busy time: sends queued behind
@@ -140,22 +162,34 @@ TEST(LinkModel, FollowsALinkThatGetsBusy)
 TEST(LinkModel, RateFromTimedSends)
 {
     gux_link_t l{};
-    gux_link_posted(&l, 0);
-    gux_link_posted(&l, 0);
+    gux_link_posted(&l, 0, true);
+    gux_link_posted(&l, 0, true);
     gux_link_done(&l, 4 << 20, 10);
     gux_link_done(&l, 4 << 20, 20); // 8 MiB in 20 ms
     ASSERT_EQ(l.rate_samples, 1u);
     EXPECT_NEAR(l.m.rate, 8 * kMiB / 0.020, 1);
     // 980 ms idle, then the same rate again: the gap does not count
-    gux_link_posted(&l, 1000);
+    gux_link_posted(&l, 1000, true);
     gux_link_done(&l, 8 << 20, 1020);
     EXPECT_EQ(l.rate_samples, 2u);
     EXPECT_NEAR(l.m.rate, 8 * kMiB / 0.020, 1);
     // under a mebibyte the window stays open: no measurement yet
-    gux_link_posted(&l, 2000);
+    gux_link_posted(&l, 2000, true);
     gux_link_done(&l, 512 << 10, 2010);
     EXPECT_EQ(l.rate_samples, 2u);
     EXPECT_EQ(l.inflight, 0u);
+    // a window of raw and compressed sends measures neither
+    gux_link_t m{};
+    gux_link_posted(&m, 0, true);
+    gux_link_posted(&m, 0, false);
+    gux_link_done(&m, 4 << 20, 10);
+    gux_link_done(&m, 4 << 20, 20);
+    EXPECT_EQ(m.rate_samples, 0u);
+    EXPECT_EQ(m.win_bytes, 0);
+    gux_link_posted(&m, 30, false);
+    gux_link_done(&m, 2 << 20, 40);
+    EXPECT_EQ(m.rate_samples, 1u);
+    EXPECT_NEAR(m.zrate, 2 * kMiB / 0.010, 1);
 }
 
 // ---- on endpoints (loopback; the mode forced to AUTO, since the default
