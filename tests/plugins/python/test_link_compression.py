@@ -1,0 +1,88 @@
+"""Link-aware "auto" compression of gser:// between two hosts (network
+namespaces joined by a veth pair, UCX over tcp; docs/ucx.md 4.5): on a link
+shaped to 100 Mbit/s the endpoint compresses, on the unshaped veth (faster
+than these cores compress) it sends raw; a codec Dask's setting forces stays
+forced. The decision model itself, with injected measurements, and a peer
+that announces no codec: tests/plugins/ucx/test_link.cpp."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import gser
+
+pytestmark = [pytest.mark.skipif(not gser.HAVE_UCX, reason="gser built without gser::ucx (libucx-dev)"),
+              pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+NS = ("gcl-a", "gcl-b")
+VETH = ("gcl-va", "gcl-vb")
+ADDR = ("10.213.79.1", "10.213.79.2")
+
+
+@pytest.fixture
+def two_hosts():
+    pytest.importorskip("distributed")
+    pytest.importorskip("numpy")
+    from netpair import veth_namespaces
+
+    with veth_namespaces(NS, VETH, ADDR):
+        yield
+
+
+def shape(rate):
+    """tbf at rate on both ends of the veth pair (burst: 5 ms of it)."""
+    for ns, dev in zip(NS, VETH):
+        subprocess.run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", "64kb",
+                        "latency", "20ms"], check=True, capture_output=True, timeout=30)
+
+
+def exchange(count, mib, compression="auto"):
+    """link_peer.py's report after count messages of mib MiB from the second
+    namespace to an echo server in the first, both with compression."""
+    from test_comm import PEER, Peer
+
+    env = dict(os.environ, UCX_TLS="tcp", DASK_DISTRIBUTED__COMM__COMPRESSION=compression)
+    with Peer("serve", ADDR[0], prefix=("ip", "netns", "exec", NS[0]), env=env) as server:
+        assert server.address.startswith("gser://"), server.address
+        out = subprocess.run(["ip", "netns", "exec", NS[1], sys.executable, os.path.join(HERE, "link_peer.py"),
+                              server.address, str(count), str(mib)],
+                             capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(next(line for line in out.stdout.splitlines() if line.startswith("{")))
+
+
+def test_slow_link_compresses(two_hosts):
+    """100 Mbit/s: after the first large message (raw: it measures the link),
+    compressible columns go compressed, and the rate measured is the link's."""
+    shape("100mbit")
+    got = exchange(4, 8)
+    stats = got["stats"]
+    assert stats["link_aware"] and stats["decisions"] == 4, got
+    assert got["codecs"][0] is None, got  # the first measures the link
+    assert all(c in ("lz4", "zstd") for c in got["codecs"][1:]), got
+    assert 5e6 < stats["send_rate"] < 40e6, got  # 12.5 MB/s; what buffers take in early counts too
+    assert stats["estimate"][0] > stats["estimate"][1 if got["codecs"][-1] == "lz4" else 2], got
+
+
+def test_unshaped_link_sends_raw(two_hosts):
+    """The unshaped veth moves bytes faster than these cores compress them:
+    raw, though the columns would shrink to a quarter."""
+    got = exchange(4, 8)
+    stats = got["stats"]
+    assert stats["link_aware"] and stats["decisions"] == 4, got
+    assert got["codecs"] == [None] * 4, got
+    assert stats["ratio"][0] < 0.5, got  # it would compress
+    assert stats["send_rate"] > 200e6, got
+
+
+def test_forced_codec_stays_forced(two_hosts):
+    """Dask's setting names a codec: every message goes with it, even on a
+    link where raw is faster; None: never compressed."""
+    for setting, want in (("lz4", "lz4"), ("zstd", "zstd"), ("None", None)):
+        got = exchange(2, 8, setting)
+        assert got["codecs"] == [want, want], (setting, got)
+        assert not got["stats"]["link_aware"] and got["stats"]["decisions"] == 0, (setting, got)
