@@ -163,8 +163,9 @@ GUX_INTERNAL bool gux_ep_chunked(const gser_ucx_ep_t *ep);
  * them at once (smaller ones say little: their completion says UCX took
  * them, not that they crossed the link). */
 #define GUX_LINK_PART_MIN ((size_t)64 << 10)
-/* Messages with fewer candidate bytes keep the last decision, unsampled. */
-#define GUX_LINK_MSG_MIN ((size_t)1 << 20)
+/* Messages with fewer candidate bytes keep the last decision, unsampled
+ * (a Dask shuffle's messages are often a few hundred KiB). */
+#define GUX_LINK_MSG_MIN ((size_t)256 << 10)
 
 /* What the model knows: the wire's rate and, per codec (0 lz4, 1 zstd),
  * seconds per raw byte to compress and decompress and the ratio. */

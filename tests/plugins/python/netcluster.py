@@ -45,7 +45,7 @@ SUBNET = "10.78.0"  # bench_links.py's veth pair uses 10.77.0.x
 DEV = "gnc"  # a node's end of its veth
 BRIDGE = "gncbr"
 #: tbf rates by name, and the payload bytes/s they stand for
-RATES = {"1gbit": 1e9 / 8, "10gbit": 10e9 / 8}
+RATES = {"100mbit": 100e6 / 8, "1gbit": 1e9 / 8, "10gbit": 10e9 / 8}
 
 
 def available() -> str | None:

@@ -296,12 +296,12 @@ TEST(Link, EndpointDecidesByItsLink)
     EXPECT_EQ(lp.stats().samples, 2u);
 }
 
-// Messages under a mebibyte keep the last decision and cost no sample.
+// Messages under 256 KiB keep the last decision and cost no sample.
 TEST(Link, SmallMessagesCostNothing)
 {
     LinkPair lp;
     ASSERT_NO_FATAL_FAILURE(lp.open(GSER_UCX_COMPRESSION_AUTO));
-    auto b = runs(512u << 10);
+    auto b = runs(200u << 10);
     lp.set_rate(1e12);
     EXPECT_EQ(choose(lp, b), GSER_COMPRESSION_LZ4); // the undecided default
     gser_ucx_link_stats_t s = lp.stats();
