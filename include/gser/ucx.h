@@ -78,7 +78,7 @@ typedef enum gser_ucx_compression {
      *  cheaper than compressing them), AUTO towards any other host. */
     GSER_UCX_COMPRESSION_DEFAULT = 0,
     GSER_UCX_COMPRESSION_NONE = 1, /**< never */
-    /** link-aware, on every transport: per message of 256 KiB or more, the
+    /** link-aware, on every transport: per message of 1 MiB or more, the
      *  codec (none, lz4, zstd) that moves it fastest given the rate the
      *  endpoint's sends achieve and each codec's measured speed and ratio
      *  (docs/ucx.md 4.5); lz4 until the first measurement */
@@ -479,7 +479,7 @@ GSER_API gser_status_t gser_ucx_ep_get_link_stats(const gser_ucx_ep_t *ep, gser_
  *  be sent: host frames of GSER_COMPRESS_MIN_SIZE bytes or more count):
  *  with link-aware compression, decided from the endpoint's measurements,
  *  after timing each codec on a sample of the frames when the last sample
- *  is old; messages under 256 KiB get the last decision and cost nothing.
+ *  is old; messages under 1 MiB get the last decision and cost nothing.
  *  pipelined: the frames will be compressed in chunks pipelined with the
  *  wire (route 3, messages in parts). zstd_level: the zstd level the
  *  caller compresses with (0: zstd's default). Otherwise what

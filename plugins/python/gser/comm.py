@@ -237,7 +237,7 @@ _PLAIN = (str, bytes, int, float, bool, type(None))
 
 # Messages from this size get the endpoint's choice for them (its
 # gser_ucx_ep_choose_compression's threshold); smaller ones its last one.
-_LINK_MIN = 256 << 10
+_LINK_MIN = 1 << 20
 
 
 def _compresses(frames, codec, ep=None) -> bool:

@@ -513,7 +513,7 @@ class Endpoint:
         """The codec to send these frames with: "lz4", "zstd" or None. With
         link-aware compression ("auto" between hosts), decided from what the
         endpoint measured of its link and of each codec on a sample of the
-        frames (messages under 256 KiB get the last decision, unsampled);
+        frames (messages under 1 MiB get the last decision, unsampled);
         pipelined: they will be compressed in parts sent as they are ready.
         Otherwise the compression property. docs/ucx.md 4.5."""
         try:

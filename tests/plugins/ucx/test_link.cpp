@@ -296,7 +296,7 @@ TEST(Link, EndpointDecidesByItsLink)
     EXPECT_EQ(lp.stats().samples, 2u);
 }
 
-// Messages under 256 KiB keep the last decision and cost no sample.
+// Messages under a mebibyte keep the last decision and cost no sample.
 TEST(Link, SmallMessagesCostNothing)
 {
     LinkPair lp;
