@@ -78,14 +78,16 @@ def test_gser_carried_it(runs):
         assert w["peers"] == ["gser"], (addr, w)
         assert w["fetched_bytes"] > 0 and w["gser"]["loads"] > 0 and w["gser"]["dumps"] > 0, (addr, w)
     # distributed.comm.compression as Dask's default has it: "auto" up to
-    # 2023.3, between nodes (another address, not loopback) gser://
-    # compresses with lz4; False since, and gser:// compresses nothing, as
-    # tcp:// then does not.
+    # 2023.3, between nodes (another address, not loopback) gser:// is
+    # link-aware: lz4 (as Dask's "auto") until a message of 1 MiB or more,
+    # then what the link chose (on this unshaped bridge, faster than these
+    # cores compress: raw; docs/ucx.md 4.5); False since, and gser://
+    # compresses nothing, as tcp:// then does not.
     import dask.config
 
-    expected = ["lz4"] if dask.config.get("distributed.comm.compression") == "auto" else ["None"]
+    auto = dask.config.get("distributed.comm.compression") == "auto"
     for addr, w in facts["on_workers"].items():
-        assert w["codecs"] == expected, (addr, w)
+        assert w["codecs"] and set(w["codecs"]) <= ({"lz4", "None"} if auto else {"None"}), (addr, w)
     # and tcp:// is Dask's own: the same checks tell the two apart
     tfacts = runs["tcp"][0]["facts"]
     assert all(w.startswith("tcp://") for w in tfacts["workers"])
