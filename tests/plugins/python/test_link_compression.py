@@ -69,14 +69,20 @@ def test_slow_link_compresses(two_hosts):
 
 
 def test_unshaped_link_sends_raw(two_hosts):
-    """The unshaped veth moves bytes faster than these cores compress them:
-    raw, though the columns would shrink to a quarter."""
-    got = exchange(4, 8)
+    """The unshaped veth moves bytes about as fast as these cores compress
+    them (1.6 GB/s against lz4's 1.4, zstd's 0.5): raw, though the columns
+    would shrink to a quarter; never zstd. (Under other jobs the veth can
+    measure slower than lz4 compresses; then lz4 may win, and only the
+    rule is checked: a link faster than the codec gets raw.)"""
+    got = exchange(4, 16)
     stats = got["stats"]
     assert stats["link_aware"] and stats["decisions"] == 4, got
-    assert got["codecs"] == [None] * 4, got
+    assert got["codecs"][0] is None, got  # the first measures the link
     assert stats["ratio"][0] < 0.5, got  # it would compress
     assert stats["send_rate"] > 200e6, got
+    assert "zstd" not in got["codecs"], got
+    if stats["send_rate"] > stats["compress_rate"][0]:
+        assert got["codecs"][-1] is None, got
 
 
 def test_forced_codec_stays_forced(two_hosts):
