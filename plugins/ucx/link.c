@@ -336,9 +336,8 @@ gser_status_t gser_ucx_ep_choose_compression(gser_ucx_ep_t *ep, const gser_frame
     if (!l->decided)
         l->probed_at = now;
     if (codec != GSER_COMPRESSION_NONE) {
-        /* Compressed sends say the link is at least as fast as they went;
-         * raw goes now and then to measure it, the more rarely the more
-         * that costs. */
+        /* Compressed sends do not measure the link: raw goes now and then
+         * to measure it again, the more rarely the more that costs. */
         double best = l->estimate[codec == GSER_COMPRESSION_LZ4 ? 1 : 2];
         double wait = fmax(GUX_LINK_PROBE_MS, GUX_LINK_PROBE_COST * (l->estimate[0] - best) * 1e3);
         if (++l->since_probe >= GUX_LINK_PROBE_EVERY && now - l->probed_at >= wait) {
