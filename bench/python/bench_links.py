@@ -3,8 +3,10 @@
 given rates, measured in the same run.
 
     PYTHONPATH=<build>/plugins/python /usr/bin/python3 bench/python/bench_links.py [--json]
-        [--links 1gbit,10gbit,unshaped] [--reps 3] [--gser-bench-ucx PATH]
+        [--links 100mbit,1gbit,10gbit,unshaped] [--reps 3] [--gser-bench-ucx PATH]
         [--cases transfer,c,compression,cluster,shm] [--cluster-reps 2] [--shuffle-rows N]
+        [--variants gser_auto,gser_none,gser_lz4,gser_zstd,tcp_lz4,tcp_none] [--datasets columns,random]
+        [--message-mib 256]
     (or: ninja -C <build> bench-python-links)
 
 Needs root (ip netns, tc). Two network namespaces of its own stand for two
@@ -49,16 +51,19 @@ alternating):
                                   links only). Target: >= 0.9
 
 Compression (--cases compression), for each link over the same veth pair:
-one 256 MiB message one way, of "columns" (a DataFrame: sorted int64 keys, a
+one 256 MiB message (--message-mib) one way, of "columns" (a DataFrame: sorted int64 keys, a
 categorical's int8 codes in runs of 16, float64 in runs of 64; lz4 makes it
 about 4x smaller) and of "random" float64. Each setting of Dask's
 distributed.comm.compression gets a server and a client process of its own
 (both sides set it: Dask's tcp:// agrees on it in its handshake), the
-settings alternating: gser:// "auto" and None, Dask's tcp:// "lz4" and None.
-GB/s of the message's in-memory bytes, best of --reps:
+settings alternating: gser:// "auto", None, "lz4" and "zstd", Dask's tcp://
+"lz4" and None (--variants picks some; rows whose variants are left out
+are not printed; --datasets likewise). GB/s of the message's in-memory
+bytes, best of --reps:
 
   link_<link>_cols_auto_vs_tcp_lz4   columns, gser:// auto against tcp:// with
-                                     lz4. Target (1 Gbit/s): >= 1.5
+                                     lz4. Target (1 Gbit/s): >= 1.5;
+                                     (100 Mbit/s): >= 1.3
   link_<link>_cols_auto_vs_tcp_none  the same against tcp:// uncompressed.
                                      Target (1 Gbit/s): >= 2
   link_<link>_cols_none_vs_tcp_lz4   gser:// uncompressed against tcp:// with
@@ -71,7 +76,22 @@ GB/s of the message's in-memory bytes, best of --reps:
   link_<link>_random_auto_vs_tcp_lz4 random, against tcp:// with lz4 (no target)
 
 On faster links these rows have no target: two cores compress slower than
-10 Gbit/s moves.
+10 Gbit/s moves. And on every link (issue 40: "auto" is link-aware):
+
+  link_<link>_<cols|random>_auto_vs_best_forced
+                                     gser:// auto against the fastest of
+                                     gser:// with None, "lz4" and "zstd"
+                                     forced, same data, same run (the anchor
+                                     names which). Target: >= 0.95. Extra
+                                     fields: auto_codecs (what auto's
+                                     endpoint chose for each message, the
+                                     warm-ups included), forced (each forced
+                                     variant's GB/s). GSER_BENCH_LINK_STATS=1
+                                     prints each client's Endpoint.link_stats
+                                     on stderr.
+
+At 100 Mbit/s a 256 MiB message takes 21 s raw: --message-mib 64 keeps a
+run of the rows to minutes.
 
   shm_<columns|random>_256mib_auto_vs_none  (--cases shm, once, no
                                      namespaces: 127.0.0.1, UCX as it comes,
@@ -93,7 +113,8 @@ link shaped to the rate (tests/plugins/python/netcluster.py; 10.78.0.0/24):
                                      "equal": every run's output partitions
                                      equal (rows and an order-free hash of
                                      them) and exactly the input's rows.
-                                     Target (1 Gbit/s): <= 0.8 and equal
+                                     Target (100 Mbit/s, 1 Gbit/s): <= 0.8,
+                                     (unshaped): <= 1.0; and equal
 
 --cases picks cases (transfer, c, compression, cluster, shm; default all).
 --json prints one object per line: name, value, unit, anchor, anchor_value,
