@@ -81,7 +81,8 @@ typedef enum gser_ucx_compression {
     /** link-aware, on every transport: per message of 1 MiB or more, the
      *  codec (none, lz4, zstd) that moves it fastest given the rate the
      *  endpoint's sends achieve and each codec's measured speed and ratio
-     *  (docs/ucx.md 4.5); lz4 until the first measurement */
+     *  (docs/ucx.md 4.5); the first such message goes raw (it measures
+     *  the link), smaller ones before it lz4 */
     GSER_UCX_COMPRESSION_AUTO = 2,
     GSER_UCX_COMPRESSION_LZ4 = 3,  /**< sampled, lz4 only (nothing when the peer lacks it) */
     GSER_UCX_COMPRESSION_ZSTD = 4, /**< sampled, zstd only (nothing when the peer lacks it) */
@@ -423,8 +424,9 @@ GSER_API gser_status_t gser_ucx_ep_set_compression(gser_ucx_ep_t *ep, int compre
 
 /** The codec the endpoint compresses with after negotiation: a
  *  gser_compression_t, GSER_COMPRESSION_LZ4 or _ZSTD (sampled: frames that
- *  do not shrink stay as they are) or GSER_COMPRESSION_NONE. GSER_ERR_STATE
- *  before its handshake is done. */
+ *  do not shrink stay as they are) or GSER_COMPRESSION_NONE; with
+ *  link-aware compression, its last decision. GSER_ERR_STATE before its
+ *  handshake is done. */
 GSER_API gser_status_t gser_ucx_ep_get_compression(const gser_ucx_ep_t *ep, int *codec_out);
 
 /** What an endpoint moved in compressed chunks (GSER_UCX_CAP_CHUNKED). */
