@@ -43,6 +43,12 @@
 
 enum { SAMPLE_PIECE = GSER_COMPRESS_SAMPLE_SIZE, SAMPLE_PIECES = GSER_COMPRESS_NSAMPLES };
 
+/* (no libm: the static library's consumers do not link it) */
+static double dmax(double a, double b)
+{
+    return a > b ? a : b;
+}
+
 static int codec_index(int codec)
 {
     return codec == GSER_COMPRESSION_LZ4 ? 0 : codec == GSER_COMPRESSION_ZSTD ? 1 : -1;
@@ -66,9 +72,9 @@ double gux_link_time(const gux_link_model_t *m, int codec, size_t bytes, size_t 
      * overlap, and the slowest sets the pace; the first chunk's
      * compression and the last one's decompression fill and drain the
      * pipe. */
-    double n = ceil(b / (double)chunk), k = b / n;
+    double n = (double)(bytes / chunk + (bytes % chunk != 0)), k = b / n;
     double tc = k * c, tw = k * w, td = k * d;
-    return (n - 1) * fmax(fmax(tc, td), tw) + tc + tw + td;
+    return (n - 1) * dmax(dmax(tc, td), tw) + tc + tw + td;
 }
 
 int gux_link_choose(const gux_link_model_t *m, size_t bytes, size_t chunk, uint32_t allowed, double *times)
@@ -271,8 +277,8 @@ static codec_sample_t sample_time(int i, int level, const char *src, size_t n, c
         zn = r;
     }
     /* the clock's resolution is far below a sample's time; keep it positive */
-    s.ctime = fmax(t1 - t0, 1e-6) / 1e3 / (double)n;
-    s.dtime = fmax(t2 - t1, 1e-6) / 1e3 / (double)n;
+    s.ctime = dmax(t1 - t0, 1e-6) / 1e3 / (double)n;
+    s.dtime = dmax(t2 - t1, 1e-6) / 1e3 / (double)n;
     s.ratio = (double)zn / (double)n;
     s.ok = true;
     return s;
@@ -339,7 +345,7 @@ gser_status_t gser_ucx_ep_choose_compression(gser_ucx_ep_t *ep, const gser_frame
         /* Compressed sends do not measure the link: raw goes now and then
          * to measure it again, the more rarely the more that costs. */
         double best = l->estimate[codec == GSER_COMPRESSION_LZ4 ? 1 : 2];
-        double wait = fmax(GUX_LINK_PROBE_MS, GUX_LINK_PROBE_COST * (l->estimate[0] - best) * 1e3);
+        double wait = dmax(GUX_LINK_PROBE_MS, GUX_LINK_PROBE_COST * (l->estimate[0] - best) * 1e3);
         if (++l->since_probe >= GUX_LINK_PROBE_EVERY && now - l->probed_at >= wait) {
             codec = GSER_COMPRESSION_NONE;
             l->since_probe = 0;
