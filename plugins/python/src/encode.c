@@ -1312,11 +1312,8 @@ static int enc_packed(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_t
             return 0;
     if (tag == PG_TAG_INT) { /* a list of ints within 64 bits went the fast way */
         bool big = false;
-        for (Py_ssize_t i = 0; i < n && !big; i++) {
-            int overflow = 0;
-            PyLong_AsLongLongAndOverflow(items[i], &overflow);
-            big = overflow != 0;
-        }
+        for (Py_ssize_t i = 0; i < n && !big; i++)
+            big = !is_map_key(items[i]); /* beyond int64 and uint64 */
         if (!big)
             return 0;
     }
