@@ -930,6 +930,184 @@ static PyObject *make_uuid(dec_t *d, uint64_t tag, const unsigned char *p, PyObj
     return u;
 }
 
+/* (PACKED, SCALARS, tuple, codes, int64s, float64s, str lengths, str bytes) */
+static PyObject *dec_scalars(dec_t *d, gser_value_t *v, bool tuple, int depth)
+{
+    const uint64_t T = PG_TAG_PACKED;
+    gser_value_t *cv = std_field(d, v, T, 3, GSER_KIND_BYTES), *f[3];
+    gser_value_t *bv = cv ? std_field(d, v, T, 7, GSER_KIND_BYTES) : NULL;
+    gser_value_t *ov = bv ? std_field(d, v, T, 8, GSER_KIND_LIST) : NULL;
+    if (!ov)
+        return NULL;
+    size_t no = gser_value_get_len(ov);
+    vec_t ints, flts, lens;
+    const void *cp, *bp;
+    size_t n, nb;
+    for (int i = 0; i < 3; i++)
+        if (!(f[i] = std_field(d, v, T, 4 + (size_t)i, -1)))
+            return NULL;
+    if (gser_value_get_bytes(cv, &cp, &n) || gser_value_get_bytes(bv, &bp, &nb) ||
+        vec_open(d, f[0], T, GSER_KIND_INT, &ints) < 0 || vec_open(d, f[1], T, GSER_KIND_FLOAT, &flts) < 0 ||
+        vec_open(d, f[2], T, GSER_KIND_INT, &lens) < 0)
+        return PyErr_Occurred() ? NULL : bad_std(d, T, "bad columns");
+    if (n > (size_t)PY_SSIZE_T_MAX || charge_objects(d, n, PG_COST_VALUE) < 0)
+        return NULL;
+    const unsigned char *codes = cp;
+    const char *blob = bp;
+    PyObject *seq = tuple ? PyTuple_New((Py_ssize_t)n) : PyList_New((Py_ssize_t)n);
+    if (!seq)
+        return NULL;
+    size_t ai = 0, af = 0, as = 0, at = 0, ao = 0;
+    int slot = d->path.len++;
+    d->path.seg[slot].key = NULL;
+    for (size_t i = 0; i < n; i++) {
+        PyObject *x = NULL;
+        int64_t bits = 0;
+        d->path.seg[slot].index = (Py_ssize_t)i;
+        switch (codes[i]) {
+        case PG_SC_OTHER: {
+            gser_value_t *item;
+            if (ao >= no) {
+                bad_std(d, T, "more other items than the list holds");
+                break;
+            }
+            if (gser_list_get(ov, ao++, &item) == GSER_OK)
+                x = dec_value(d, item, depth + 1);
+            break;
+        }
+        case PG_SC_NONE: x = Py_NewRef(Py_None); break;
+        case PG_SC_FALSE: x = Py_NewRef(Py_False); break;
+        case PG_SC_TRUE: x = Py_NewRef(Py_True); break;
+        case PG_SC_INT:
+        case PG_SC_UINT:
+            if (ai >= ints.n) {
+                bad_std(d, T, "more ints than the column holds");
+                break;
+            }
+            if (vec_get(d, &ints, T, ai++, &bits) == 0)
+                x = codes[i] == PG_SC_INT ? PyLong_FromLongLong(bits)
+                                          : PyLong_FromUnsignedLongLong((unsigned long long)(uint64_t)bits);
+            break;
+        case PG_SC_FLOAT:
+            if (af >= flts.n) {
+                bad_std(d, T, "more floats than the column holds");
+                break;
+            }
+            if (vec_get(d, &flts, T, af++, &bits) == 0) {
+                double fl;
+                memcpy(&fl, &bits, 8);
+                x = PyFloat_FromDouble(fl);
+            }
+            break;
+        case PG_SC_STR:
+            if (as >= lens.n) {
+                bad_std(d, T, "more strs than the column holds");
+                break;
+            }
+            if (vec_get(d, &lens, T, as++, &bits) < 0)
+                break;
+            if (bits < 0 || (uint64_t)bits > nb - at) {
+                bad_std(d, T, "str lengths that do not fit the bytes");
+                break;
+            }
+            x = PyUnicode_DecodeUTF8(blob + at, (Py_ssize_t)bits, NULL);
+            at += (size_t)bits;
+            if (!x)
+                bad_std(d, T, "a str that is not valid UTF-8");
+            break;
+        default: bad_std(d, T, "an unknown scalar code");
+        }
+        if (!x) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        if (tuple)
+            PyTuple_SET_ITEM(seq, (Py_ssize_t)i, x);
+        else
+            PyList_SET_ITEM(seq, (Py_ssize_t)i, x);
+    }
+    d->path.len--;
+    if (ai != ints.n || af != flts.n || as != lens.n || at != nb || ao != no) {
+        Py_DECREF(seq);
+        return bad_std(d, T, "columns longer than the codes say");
+    }
+    return seq;
+}
+
+/* (PACKED, RECORDS, tuple, [keys], [columns]) and (PACKED, ROWS, tuple, width, [columns]) */
+static PyObject *dec_columns(dec_t *d, gser_value_t *v, uint64_t kind, bool tuple, int depth)
+{
+    const uint64_t T = PG_TAG_PACKED;
+    bool rec = kind == PG_TAG_RECORDS;
+    gser_value_t *colsv = std_field(d, v, T, 4, GSER_KIND_LIST);
+    if (!colsv)
+        return NULL;
+    PyObject *keys = NULL, *cols = NULL, *seq = NULL;
+    Py_ssize_t k;
+    if (rec) {
+        if (!std_field(d, v, T, 3, GSER_KIND_LIST) || !(keys = std_obj(d, v, T, 3, depth)))
+            return NULL;
+        k = PyList_GET_SIZE(keys);
+        for (Py_ssize_t j = 0; j < k; j++)
+            if (!PyUnicode_CheckExact(PyList_GET_ITEM(keys, j))) {
+                Py_DECREF(keys);
+                return bad_std(d, T, "a record key that is not a str");
+            }
+    } else {
+        int64_t w;
+        if (std_i64(d, v, T, 3, &w) < 0)
+            return NULL;
+        if (w < 1 || (uint64_t)w != gser_value_get_len(colsv))
+            return bad_std(d, T, "a width that is not the number of columns");
+        k = (Py_ssize_t)w;
+    }
+    if ((size_t)k != gser_value_get_len(colsv) || k == 0) {
+        Py_XDECREF(keys);
+        return bad_std(d, T, "not one column per key");
+    }
+    cols = std_obj(d, v, T, 4, depth);
+    if (!cols)
+        goto fail;
+    Py_ssize_t n = -1;
+    for (Py_ssize_t j = 0; j < k; j++) {
+        PyObject *c = PyList_GET_ITEM(cols, j);
+        if (!PyList_CheckExact(c) || (n >= 0 && PyList_GET_SIZE(c) != n)) {
+            bad_std(d, T, "columns that are not lists of one length");
+            goto fail;
+        }
+        n = PyList_GET_SIZE(c);
+    }
+    if (charge_objects(d, (uint64_t)n, PG_COST_VALUE * 2) < 0)
+        goto fail;
+    seq = tuple ? PyTuple_New(n) : PyList_New(n);
+    for (Py_ssize_t i = 0; seq && i < n; i++) {
+        PyObject *x = rec ? _PyDict_NewPresized(k) : PyTuple_New(k);
+        for (Py_ssize_t j = 0; x && j < k; j++) {
+            PyObject *y = PyList_GET_ITEM(PyList_GET_ITEM(cols, j), i);
+            if (!rec)
+                PyTuple_SET_ITEM(x, j, Py_NewRef(y));
+            else if (PyDict_SetItem(x, PyList_GET_ITEM(keys, j), y) < 0)
+                Py_CLEAR(x);
+        }
+        if (!x)
+            goto fail;
+        if (tuple)
+            PyTuple_SET_ITEM(seq, i, x);
+        else
+            PyList_SET_ITEM(seq, i, x);
+    }
+    if (!seq)
+        goto fail;
+    Py_XDECREF(keys);
+    Py_DECREF(cols);
+    return seq;
+fail:
+    Py_XDECREF(keys);
+    Py_XDECREF(cols);
+    Py_XDECREF(seq);
+    return NULL;
+}
+
 static PyObject *dec_packed(dec_t *d, gser_value_t *v, size_t n, int depth)
 {
     const uint64_t T = PG_TAG_PACKED;
@@ -940,9 +1118,13 @@ static PyObject *dec_packed(dec_t *d, gser_value_t *v, size_t n, int depth)
     if (!cv || gser_value_get_uint(kv, &kind) || gser_value_get_bool(cv, &tuple))
         return cv ? bad_std(d, T, "bad kind") : NULL;
     bool has_tz = kind == PG_TAG_DATETIME || kind == PG_TAG_TIME;
-    size_t nf = kind == PG_TAG_INT || has_tz ? 5 : 4;
+    size_t nf = kind == PG_TAG_SCALARS ? 9 : kind == PG_TAG_INT || has_tz || kind >= PG_TAG_RECORDS ? 5 : 4;
     if (n != nf)
         return bad_std(d, T, "the wrong number of fields for its kind");
+    if (kind == PG_TAG_SCALARS)
+        return dec_scalars(d, v, tuple, depth);
+    if (kind == PG_TAG_RECORDS || kind == PG_TAG_ROWS)
+        return dec_columns(d, v, kind, tuple, depth);
     PyObject *tz = NULL, *seq = NULL;
     gser_value_t *pv = std_field(d, v, T, nf - 1, -1);
     if (!pv)
@@ -1151,19 +1333,24 @@ static PyObject *dec_std(dec_t *d, gser_value_t *v, gser_value_t *first, size_t 
     }
     case PG_TAG_SET:
     case PG_TAG_FROZENSET: {
-        gser_value_t *f = std_field(d, v, tag, 1, GSER_KIND_LIST);
-        if (!f || !(a = std_obj(d, v, tag, 1, depth)))
+        if (!(a = std_obj(d, v, tag, 1, depth)))
             return NULL;
+        if (!PyList_CheckExact(a)) {
+            bad_std(d, tag, "the items are not a list");
+            break;
+        }
         x = tag == PG_TAG_SET ? PySet_New(a) : PyFrozenSet_New(a);
         if (!x)
             std_refused(d, tag);
         break;
     }
     case PG_TAG_DICT: {
-        if (!std_field(d, v, tag, 1, GSER_KIND_LIST) || !std_field(d, v, tag, 2, GSER_KIND_LIST))
-            return NULL;
         if (!(a = std_obj(d, v, tag, 1, depth)) || !(b = std_obj(d, v, tag, 2, depth)))
             break;
+        if (!PyList_CheckExact(a) || !PyList_CheckExact(b)) {
+            bad_std(d, tag, "keys or values that are not a list");
+            break;
+        }
         if (PyList_GET_SIZE(a) != PyList_GET_SIZE(b)) {
             bad_std(d, tag, "not as many keys as values");
             break;

@@ -59,6 +59,8 @@ typedef struct enc {
  * one such type. */
 #define PG_COST_STD 150
 #define PG_COST_PACKED 0
+/* An item of a packed list of mixed scalars (what pickle costs more). */
+#define PG_GAIN_PACKED 10
 
 /* Count ns of extra cost (negative: savings) for an item at depth; -1 with
  * gser.Declined set once gser is behind. No path: declining must be cheap. */
@@ -1291,6 +1293,252 @@ static int enc_std_dict(enc_t *e, PyObject *o, int depth, gser_value_t **out)
     return r;
 }
 
+/* ---- packed lists of scalars, records and rows (in a "python.tree") ----------------- */
+
+/* Lists at least this long of mixed scalars (None, bool, int, float, str),
+ * of dicts with the same str keys, or of tuples of one length go packed:
+ * the core carries a few typed columns instead of a value per item. */
+#define PG_PACK_MIN 16
+
+
+static int sc_code(PyObject *x, uint64_t *bits)
+{
+    PyTypeObject *t = Py_TYPE(x);
+    if (t == &PyFloat_Type) {
+        double f = PyFloat_AS_DOUBLE(x);
+        memcpy(bits, &f, 8);
+        return PG_SC_FLOAT;
+    }
+    if (t == &PyUnicode_Type)
+        return PG_SC_STR;
+    if (t == &PyLong_Type) {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(x, &overflow);
+        if (!overflow) {
+            *bits = (uint64_t)v;
+            return PG_SC_INT;
+        }
+        if (overflow < 0)
+            return -1;
+        unsigned long long u = PyLong_AsUnsignedLongLong(x);
+        if (u == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return -1;
+        }
+        *bits = u;
+        return PG_SC_UINT;
+    }
+    if (x == Py_None)
+        return PG_SC_NONE;
+    if (x == Py_False)
+        return PG_SC_FALSE;
+    if (x == Py_True)
+        return PG_SC_TRUE;
+    return -1;
+}
+
+/* (PG_TAG_PACKED, PG_TAG_SCALARS, tuple, codes, int64s, float64s, str byte
+ * lengths, str bytes, [other items]): a list of mixed scalars, and at most
+ * as many other items. 1 done, 0 not such a list. */
+static int enc_scalars(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_t **out)
+{
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+    PyObject **items = PySequence_Fast_ITEMS(o);
+    if (n < PG_PACK_MIN)
+        return 0;
+    size_t nint = 0, nflt = 0, nstr = 0, sbytes = 0, nother = 0;
+    unsigned seen = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t bits;
+        int c = sc_code(items[i], &bits);
+        if (c < 0) {
+            c = PG_SC_OTHER;
+            if (++nother * 2 > (size_t)n)
+                return 0; /* mostly containers or objects: item by item */
+        }
+        seen |= 1u << c;
+        nint += c == PG_SC_INT || c == PG_SC_UINT;
+        nflt += c == PG_SC_FLOAT;
+        if (c == PG_SC_STR) {
+            Py_ssize_t len;
+            if (!PyUnicode_AsUTF8AndSize(items[i], &len)) {
+                PyErr_Clear(); /* surrogates: the item by item path says where */
+                return 0;
+            }
+            nstr++;
+            sbytes += (size_t)len;
+        }
+    }
+    if (!(seen & (seen - 1)))
+        return 0; /* one kind: a typed array or a list of str already */
+    if (!e->ext)
+        return need_ext(e);
+    if (charge(e, depth + 1, -(int64_t)n * PG_GAIN_PACKED) < 0)
+        return -1;
+    /* codes, int64s, str lengths, float64s, str bytes: freed with the message */
+    size_t sizes[5] = {(size_t)n, nint * 8, nstr * 8, nflt * 8, sbytes};
+    void *all[5];
+    for (int i = 0; i < 5; i++) {
+        if (!(all[i] = malloc(sizes[i] ? sizes[i] : 1))) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        if (pg_owner_hold_alloc(e->owner, all[i]) < 0)
+            return -1;
+    }
+    unsigned char *codes = all[0];
+    int64_t *ints = all[1], *lens = all[2];
+    double *flts = all[3];
+    char *blob = all[4];
+    size_t ai = 0, af = 0, as = 0, at = 0;
+    gser_value_t *others;
+    gser_status_t st = gser_msg_new_list(e->msg, &others);
+    if (st)
+        return fail_st(e, st, "gser_msg_new_list");
+    if (check_depth(e, depth + 1) < 0)
+        return -1;
+    int slot = e->path.len++;
+    e->path.seg[slot].key = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t bits = 0;
+        int c = sc_code(items[i], &bits);
+        if (c < 0) { /* anything else, in a list of its own */
+            gser_value_t *ov;
+            e->path.seg[slot].index = i;
+            PyObject *x = Py_NewRef(items[i]);
+            int r = enc_value(e, x, depth + 2, &ov);
+            Py_DECREF(x);
+            if (r < 0)
+                return -1;
+            if ((st = gser_list_append(others, ov)))
+                return fail_st(e, st, "gser_list_append");
+            c = PG_SC_OTHER;
+        }
+        codes[i] = (unsigned char)c;
+        if (c == PG_SC_INT || c == PG_SC_UINT)
+            memcpy(&ints[ai++], &bits, 8);
+        else if (c == PG_SC_FLOAT)
+            memcpy(&flts[af++], &bits, 8);
+        else if (c == PG_SC_STR) {
+            Py_ssize_t len;
+            const char *s = PyUnicode_AsUTF8AndSize(items[i], &len);
+            memcpy(blob + at, s, (size_t)len);
+            lens[as++] = len;
+            at += (size_t)len;
+        }
+    }
+    e->path.len--;
+    gser_value_t *pk, *v;
+    if (esc_new(e, PG_TAG_PACKED, &pk) < 0)
+        return -1;
+    if ((st = gser_list_append_uint(pk, PG_TAG_SCALARS)) || (st = gser_list_append_bool(pk, tuple)) ||
+        (st = gser_msg_new_bytes(e->msg, codes, (size_t)n, &v)) || (st = gser_list_append(pk, v)) ||
+        (st = gser_msg_new_array(e->msg, GSER_KIND_INT, ints, nint, 0, &v)) || (st = gser_list_append(pk, v)) ||
+        (st = gser_msg_new_array(e->msg, GSER_KIND_FLOAT, flts, nflt, 0, &v)) || (st = gser_list_append(pk, v)) ||
+        (st = gser_msg_new_array(e->msg, GSER_KIND_INT, lens, nstr, 0, &v)) || (st = gser_list_append(pk, v)) ||
+        (st = gser_msg_new_bytes(e->msg, blob, sbytes, &v)) || (st = gser_list_append(pk, v)) ||
+        (st = gser_list_append(pk, others)))
+        return fail_st(e, st, "a packed list");
+    *out = pk;
+    return 1;
+}
+
+/* (PG_TAG_PACKED, PG_TAG_RECORDS, tuple, [keys], [column lists]): a list of
+ * dicts with the same str keys in the same order; (PG_TAG_PACKED,
+ * PG_TAG_ROWS, tuple, width, [column lists]): a list of tuples of one
+ * length. 1 done, 0 not such a list. */
+static int enc_columns(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_t **out)
+{
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+    PyObject **items = PySequence_Fast_ITEMS(o);
+    PyTypeObject *t = Py_TYPE(items[0]);
+    bool rec = t == &PyDict_Type;
+    if (n < PG_PACK_MIN || (!rec && t != &PyTuple_Type))
+        return 0;
+    Py_ssize_t k = rec ? PyDict_GET_SIZE(items[0]) : PyTuple_GET_SIZE(items[0]);
+    if (k == 0 || k > 4096)
+        return 0;
+    PyObject *keys = NULL;
+    if (rec) {
+        keys = PyDict_Keys(items[0]);
+        if (!keys)
+            return -1;
+        for (Py_ssize_t j = 0; j < k; j++)
+            if (!PyUnicode_CheckExact(PyList_GET_ITEM(keys, j))) {
+                Py_DECREF(keys);
+                return 0;
+            }
+    }
+    for (Py_ssize_t i = 1; i < n; i++) {
+        PyObject *x = items[i];
+        bool ok = Py_TYPE(x) == t && (rec ? PyDict_GET_SIZE(x) : PyTuple_GET_SIZE(x)) == k;
+        if (ok && rec) {
+            Py_ssize_t pos = 0, j = 0;
+            PyObject *key, *val;
+            while (ok && PyDict_Next(x, &pos, &key, &val)) {
+                PyObject *want = PyList_GET_ITEM(keys, j++);
+                ok = key == want || (PyUnicode_CheckExact(key) && PyUnicode_Compare(key, want) == 0);
+            }
+        }
+        if (!ok) {
+            Py_XDECREF(keys);
+            return 0;
+        }
+    }
+    if (!e->ext) {
+        Py_XDECREF(keys);
+        return need_ext(e);
+    }
+    /* Each dict or tuple saves its container's cost (charged by the columns' items). */
+    int r = charge(e, depth + 1, -(int64_t)n * (rec ? PG_COST_DICT : PG_COST_SEQ));
+    gser_value_t *pk = NULL, *cols = NULL, *v;
+    gser_status_t st = GSER_OK;
+    if (r == 0 && (r = check_depth(e, depth + 1)) == 0 && (r = esc_new(e, PG_TAG_PACKED, &pk)) == 0 &&
+        ((st = gser_list_append_uint(pk, rec ? PG_TAG_RECORDS : PG_TAG_ROWS)) ||
+         (st = gser_list_append_bool(pk, tuple)) || (st = gser_msg_new_list(e->msg, &cols))))
+        r = fail_st(e, st, "a packed list");
+    if (r == 0) {
+        if (rec)
+            r = enc_seq(e, keys, false, depth + 1, &v);
+        else
+            r = (st = gser_msg_new_int(e->msg, k, &v)) ? fail_st(e, st, "gser_msg_new_int") : 0;
+        if (r == 0)
+            r = esc_append(e, pk, v);
+    }
+    /* One column at a time, as a list of its own (its items kept alive by it). */
+    int slot = e->path.len++;
+    for (Py_ssize_t j = 0; r == 0 && j < k; j++) {
+        e->path.seg[slot].key = rec ? PyList_GET_ITEM(keys, j) : NULL;
+        e->path.seg[slot].index = j;
+        PyObject *col = PyList_New(n);
+        if (!col) {
+            r = -1;
+            break;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *x = rec ? PyDict_GetItemWithError(items[i], PyList_GET_ITEM(keys, j)) : PyTuple_GET_ITEM(items[i], j);
+            if (!x) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_RuntimeError, "a dict changed while it was being serialized");
+                r = -1;
+                break;
+            }
+            PyList_SET_ITEM(col, i, Py_NewRef(x));
+        }
+        if (r == 0)
+            r = enc_seq(e, col, false, depth + 2, &v);
+        Py_DECREF(col);
+        if (r == 0)
+            r = esc_append(e, cols, v);
+    }
+    if (r == 0)
+        e->path.len--;
+    Py_XDECREF(keys);
+    if (r == 0 && (r = esc_append(e, pk, cols)) == 0)
+        *out = pk;
+    return r < 0 ? -1 : 1;
+}
+
 /* A list or tuple of at least 2 items of one standard type (datetimes with
  * one tzinfo, dates, times with one tzinfo, timedeltas, complex numbers,
  * Decimals, UUIDs whose is_safe is unknown, ints not all within 64 bits):
@@ -1301,6 +1549,13 @@ static int enc_packed(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_t
     Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
     PyObject **items = PySequence_Fast_ITEMS(o);
     PyTypeObject *t = Py_TYPE(items[0]);
+    if (t == &PyDict_Type || t == &PyTuple_Type)
+        return enc_columns(e, o, tuple, depth, out);
+    if (n >= PG_PACK_MIN) {
+        int r = enc_scalars(e, o, tuple, depth, out);
+        if (r)
+            return r;
+    }
     int tag = t == &PyLong_Type ? PG_TAG_INT : std_kind(e, items[0]);
     if (tag != PG_TAG_INT && tag != PG_TAG_DATETIME && tag != PG_TAG_DATE && tag != PG_TAG_TIME &&
         tag != PG_TAG_TIMEDELTA && tag != PG_TAG_COMPLEX && tag != PG_TAG_DECIMAL && tag != PG_TAG_UUID)
