@@ -1192,6 +1192,7 @@ static int enc_std(enc_t *e, PyObject *o, int tag, int depth, gser_value_t **out
     case PG_TAG_SET:
     case PG_TAG_FROZENSET: {
         PyObject *items = PySequence_List(o);
+        e->budget += PG_COST_SEQ; /* the list of the items is not the user's */
         r = items ? enc_seq(e, items, false, depth + 1, &v) : -1;
         Py_XDECREF(items);
         if (r == 0)
@@ -1282,6 +1283,7 @@ static int enc_std_dict(enc_t *e, PyObject *o, int depth, gser_value_t **out)
     PyObject *keys = PyDict_Keys(o), *values = keys ? PyDict_Values(o) : NULL;
     gser_value_t *t, *kv, *vv;
     int r = values ? esc_new(e, PG_TAG_DICT, &t) : -1;
+    e->budget += 2 * PG_COST_SEQ; /* the lists of keys and values are not the user's */
     if (r == 0)
         r = enc_seq(e, keys, false, depth + 1, &kv);
     if (r == 0)
@@ -1520,6 +1522,7 @@ static int enc_columns(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_
             }
             PyList_SET_ITEM(col, i, Py_NewRef(x));
         }
+        e->budget += PG_COST_SEQ; /* a column is not a list of the user's */
         if (r == 0)
             r = enc_seq(e, col, false, depth + 2, &v);
         Py_DECREF(col);
