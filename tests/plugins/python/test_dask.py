@@ -170,26 +170,35 @@ def mixed_list(n):
 
 
 def test_declines_what_pickle_carries_faster(registered):
-    # a long list of mixed scalars, on its own: pickle is faster (BENCHMARKS.md)
+    # many small lists of varying length: pickle is faster (BENCHMARKS.md)
     with pytest.raises(gser.Declined):
-        gser.dask.dumps(mixed_list(5000))
+        gser.dask.dumps([[i, 1.5] * (1 + i % 3) for i in range(2000)])
     with pytest.raises(NotImplementedError):  # Declined is one, so Dask falls through
-        gser.dask.dumps({"a": [{"k": i, "v": 1.5} for i in range(2000)]})
-    h, f = ser.serialize(mixed_list(5000), serializers=list(gser.dask.SERIALIZERS))
+        gser.dask.dumps({"a": [[i, 1.5] * (1 + i % 3) for i in range(2000)]})
+    h, f = ser.serialize([[i, 1.5] * (1 + i % 3) for i in range(2000)], serializers=list(gser.dask.SERIALIZERS))
     assert h["serializer"] == "pickle"
+    # long lists of mixed scalars and of records go as typed columns: kept
+    for obj in (mixed_list(5000), {"a": [{"k": i, "v": 1.5} for i in range(2000)]}):
+        assert gser.dask.dumps(obj)[0]["gser"] == 1
     # what gser carries faster it keeps: arrays, strings, numpy, small messages
     for obj in ([1.5] * 5000, list(range(5000)), [f"s{i}" for i in range(5000)], np.arange(100_000),
                 {"op": "task-finished", "key": "x", "nbytes": 8, "startstops": ({"start": 1.5, "stop": 2.0},)}):
         assert gser.dask.dumps(obj)[0]["gser"] == 1
     # items Dask would serialize one by one: gser saves each one's cost, so a
-    # mixed list at the top is kept, and lists of mixed lists are declined
-    frames = dask_dumps({"data": to_serialize(mixed_list(5000))}, serializers=list(gser.dask.SERIALIZERS))
+    # list of lists of small lists at the top is kept, and lists of them
+    # are declined item by item
+    small = [[[i, 1.5] * (1 + i % 3) for i in range(2000)] for _ in range(4)]
+    frames = dask_dumps({"data": to_serialize(small[0])}, serializers=list(gser.dask.SERIALIZERS))
     assert msgpack.unpackb(frames[1])["serializer"] == "gser"
-    bag = [mixed_list(5000) for _ in range(4)]
-    frames = dask_dumps({"data": to_serialize(bag)}, serializers=list(gser.dask.SERIALIZERS))
+    frames = dask_dumps({"data": to_serialize(small)}, serializers=list(gser.dask.SERIALIZERS))
     sub = msgpack.unpackb(frames[1])
     assert sub.get("is-collection") and {h["serializer"] for h in sub["sub-headers"]} == {"pickle"}
-    assert dask_loads(frames, deserializers=WITH_PICKLE)["data"] == bag
+    assert dask_loads(frames, deserializers=WITH_PICKLE)["data"] == small
+    # a bag of mixed lists (floats, ints, strs) is one gser message now
+    bag = [mixed_list(5000) for _ in range(4)]
+    frames = dask_dumps({"data": to_serialize(bag)}, serializers=list(gser.dask.SERIALIZERS))
+    assert msgpack.unpackb(frames[1])["serializer"] == "gser"
+    assert dask_loads(frames, deserializers=list(gser.dask.DESERIALIZERS))["data"] == bag
 
 
 def test_without_collections_dask_iterates():
