@@ -2,8 +2,12 @@
 and flattened messages raise exceptions. Reference counts and memory stay
 flat over many round trips. Threads may share the module."""
 
+import datetime as dt
+import decimal
+import fractions
 import gc
 import os
+import uuid
 import random
 import sys
 import threading
@@ -30,6 +34,13 @@ def sample():
         "small": np.arange(6, dtype=np.int32),
         "bytes": bytearray(range(256)) * 2,
         "nested": {"a": {"b": {"c": [{"d": 1}]}}},
+        # Python's standard types: a "python.tree" object, its tagged tuples
+        # and packed columns under the same corruption as the rest
+        "std": [{(1, "k"): {2**70, -3}}, dt.datetime(2020, 1, 2, 3, tzinfo=dt.timezone.utc), dt.date(2021, 5, 6),
+                decimal.Decimal("-1.25E+7"), uuid.UUID(int=2**127 + 5), fractions.Fraction(-3, 8), range(1, 9, 2),
+                slice(1, None), ..., 2 + 3j, frozenset({"x"}), dt.timedelta(days=-2, microseconds=3)],
+        "packed": [[dt.datetime(2020, 1, 1, i) for i in range(20)], [(1.5, i, f"s{i}", None)[i % 4] for i in range(20)],
+                   [{"a": i, "b": f"v{i}"} for i in range(20)], [("k", i) for i in range(20)]],
     }
 
 
