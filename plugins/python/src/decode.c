@@ -957,7 +957,8 @@ static PyObject *dec_scalars(dec_t *d, gser_value_t *v, bool tuple, int depth)
     PyObject *seq = tuple ? PyTuple_New((Py_ssize_t)n) : PyList_New((Py_ssize_t)n);
     if (!seq)
         return NULL;
-    size_t ai = 0, af = 0, as = 0, at = 0, ao = 0;
+    size_t ai = 0, af = 0, as = 0, at = 0, ao = 0, prev_at = 0, prev_len = 0;
+    PyObject *prev_str = NULL; /* borrowed: the list holds it */
     int slot = d->path.len++;
     d->path.seg[slot].key = NULL;
     for (size_t i = 0; i < n; i++) {
@@ -1010,10 +1011,20 @@ static PyObject *dec_scalars(dec_t *d, gser_value_t *v, bool tuple, int depth)
                 bad_std(d, T, "str lengths that do not fit the bytes");
                 break;
             }
-            x = PyUnicode_DecodeUTF8(blob + at, (Py_ssize_t)bits, NULL);
+            /* The same str as the one before (a repeated key): one object, as pickle's memo gives. */
+            if (prev_str && (size_t)bits == prev_len && memcmp(blob + at, blob + prev_at, prev_len) == 0) {
+                x = Py_NewRef(prev_str);
+            } else {
+                x = PyUnicode_DecodeUTF8(blob + at, (Py_ssize_t)bits, NULL);
+                if (!x) {
+                    bad_std(d, T, "a str that is not valid UTF-8");
+                    break;
+                }
+                prev_str = x;
+                prev_at = at;
+                prev_len = (size_t)bits;
+            }
             at += (size_t)bits;
-            if (!x)
-                bad_std(d, T, "a str that is not valid UTF-8");
             break;
         default: bad_std(d, T, "an unknown scalar code");
         }
@@ -1333,6 +1344,32 @@ static PyObject *dec_std(dec_t *d, gser_value_t *v, gser_value_t *first, size_t 
     }
     case PG_TAG_SET:
     case PG_TAG_FROZENSET: {
+        gser_value_t *iv = std_field(d, v, tag, 1, -1);
+        gser_kind_t ak;
+        const void *data;
+        size_t count;
+        if (!iv)
+            return NULL;
+        if (gser_value_get_kind(iv) == GSER_KIND_LIST && gser_list_get_array(iv, &ak, &data, &count) == GSER_OK &&
+            count == gser_value_get_len(iv) && ak != GSER_KIND_BOOL) {
+            /* numbers in a typed array: straight into the set, no list between */
+            if (charge_objects(d, count, PG_COST_VALUE) < 0)
+                return NULL;
+            x = tag == PG_TAG_SET ? PySet_New(NULL) : PyFrozenSet_New(NULL);
+            for (size_t i = 0; x && i < count; i++) {
+                uint64_t bits;
+                memcpy(&bits, (const unsigned char *)data + 8 * i, 8);
+                double f;
+                memcpy(&f, &bits, 8);
+                PyObject *y = ak == GSER_KIND_FLOAT ? PyFloat_FromDouble(f)
+                              : ak == GSER_KIND_INT ? PyLong_FromLongLong((long long)(int64_t)bits)
+                                                    : PyLong_FromUnsignedLongLong((unsigned long long)bits);
+                if (!y || PySet_Add(x, y) < 0)
+                    Py_CLEAR(x);
+                Py_XDECREF(y);
+            }
+            return x;
+        }
         if (!(a = std_obj(d, v, tag, 1, depth)))
             return NULL;
         if (!PyList_CheckExact(a)) {

@@ -1366,8 +1366,10 @@ static int enc_scalars(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_
             sbytes += (size_t)len;
         }
     }
-    if (!(seen & (seen - 1)))
-        return 0; /* one kind: a typed array or a list of str already */
+    /* One kind: a typed array already, or a list of str (packed too inside
+     * a "python.tree", where it is no reason to start one). */
+    if (!(seen & (seen - 1)) && !(e->ext && seen == 1u << PG_SC_STR))
+        return 0;
     if (!e->ext)
         return need_ext(e);
     if (charge(e, depth + 1, -(int64_t)n * PG_GAIN_PACKED) < 0)
