@@ -979,6 +979,7 @@ static PyObject *dec_scalars(dec_t *d, gser_value_t *v, bool tuple, int depth)
         case PG_SC_NONE: x = Py_NewRef(Py_None); break;
         case PG_SC_FALSE: x = Py_NewRef(Py_False); break;
         case PG_SC_TRUE: x = Py_NewRef(Py_True); break;
+        case PG_SC_ELLIPSIS: x = Py_NewRef(Py_Ellipsis); break;
         case PG_SC_INT:
         case PG_SC_UINT:
             if (ai >= ints.n) {

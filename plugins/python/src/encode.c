@@ -1331,6 +1331,8 @@ static int sc_code(PyObject *x, uint64_t *bits)
         return PG_SC_FALSE;
     if (x == Py_True)
         return PG_SC_TRUE;
+    if (x == Py_Ellipsis)
+        return PG_SC_ELLIPSIS;
     return -1;
 }
 
@@ -1368,7 +1370,7 @@ static int enc_scalars(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_
     }
     /* One kind: a typed array already, or a list of str (packed too inside
      * a "python.tree", where it is no reason to start one). */
-    if (!(seen & (seen - 1)) && !(e->ext && seen == 1u << PG_SC_STR))
+    if (!(seen & (seen - 1)) && !(e->ext && seen == 1u << PG_SC_STR) && seen != 1u << PG_SC_ELLIPSIS)
         return 0;
     if (!e->ext)
         return need_ext(e);
@@ -1551,27 +1553,22 @@ static int enc_packed(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_t
     PyTypeObject *t = Py_TYPE(items[0]);
     if (t == &PyDict_Type || t == &PyTuple_Type)
         return enc_columns(e, o, tuple, depth, out);
-    if (n >= PG_PACK_MIN) {
-        int r = enc_scalars(e, o, tuple, depth, out);
-        if (r)
-            return r;
-    }
     int tag = t == &PyLong_Type ? PG_TAG_INT : std_kind(e, items[0]);
-    if (tag != PG_TAG_INT && tag != PG_TAG_DATETIME && tag != PG_TAG_DATE && tag != PG_TAG_TIME &&
-        tag != PG_TAG_TIMEDELTA && tag != PG_TAG_COMPLEX && tag != PG_TAG_DECIMAL && tag != PG_TAG_UUID)
-        return 0;
+    bool one = tag == PG_TAG_INT || tag == PG_TAG_DATETIME || tag == PG_TAG_DATE || tag == PG_TAG_TIME ||
+               tag == PG_TAG_TIMEDELTA || tag == PG_TAG_COMPLEX || tag == PG_TAG_DECIMAL || tag == PG_TAG_UUID;
     bool is_time = tag == PG_TAG_TIME;
-    PyObject *tz = tag == PG_TAG_DATETIME || is_time ? dt_tzinfo(items[0], is_time) : NULL;
-    for (Py_ssize_t i = 1; i < n; i++)
+    PyObject *tz = one && (tag == PG_TAG_DATETIME || is_time) ? dt_tzinfo(items[0], is_time) : NULL;
+    for (Py_ssize_t i = 1; one && i < n; i++)
         if (Py_TYPE(items[i]) != t || (tz && dt_tzinfo(items[i], is_time) != tz))
-            return 0;
-    if (tag == PG_TAG_INT) { /* a list of ints within 64 bits went the fast way */
+            one = false;
+    if (one && tag == PG_TAG_INT) { /* ints within 64 bits (uints among them): mixed scalars */
         bool big = false;
         for (Py_ssize_t i = 0; i < n && !big; i++)
             big = !is_map_key(items[i]); /* beyond int64 and uint64 */
-        if (!big)
-            return 0;
+        one = big;
     }
+    if (!one) /* not all of one standard type: mixed scalars, maybe */
+        return n >= PG_PACK_MIN ? enc_scalars(e, o, tuple, depth, out) : 0;
     if (!e->ext)
         return need_ext(e);
     if (charge(e, depth + 1, (int64_t)n * PG_COST_PACKED) < 0 || check_depth(e, depth) < 0)

@@ -456,14 +456,14 @@ typedef enum pg_tag {
     PG_TAG_ELLIPSIS = 17, /* (17,) */
     PG_TAG_PACKED = 18,   /* (18, kind tag, tuple, payload...): a list of one kind */
     /* Kinds of packed lists only: */
-    PG_TAG_SCALARS = 19,  /* mixed None, bool, int, float, str */
+    PG_TAG_SCALARS = 19,  /* mixed None, bool, int, float, str, Ellipsis (and others aside) */
     PG_TAG_RECORDS = 20,  /* dicts with the same str keys */
     PG_TAG_ROWS = 21,     /* tuples of one length */
     PG_TAG_COUNT
 } pg_tag_t;
 
 /* The item codes of a packed list of mixed scalars (PG_TAG_SCALARS). */
-enum { PG_SC_NONE, PG_SC_FALSE, PG_SC_TRUE, PG_SC_INT, PG_SC_FLOAT, PG_SC_STR, PG_SC_UINT, PG_SC_OTHER };
+enum { PG_SC_NONE, PG_SC_FALSE, PG_SC_TRUE, PG_SC_INT, PG_SC_FLOAT, PG_SC_STR, PG_SC_UINT, PG_SC_OTHER, PG_SC_ELLIPSIS };
 
 /* The most bytes of a Fraction's numerator or denominator: rebuilding one
  * normalizes it (a gcd, quadratic in the size), so a hostile message could
