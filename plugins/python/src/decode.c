@@ -9,7 +9,10 @@
  * one exporter per frame, which keeps the message and its input alive.
  * Device buffers become gser.DeviceArray objects; "arrow.array" objects are
  * taken out of the message into gser.ArrowArray objects; the module's own
- * typed objects (pytypes.c) become what they were sent as.
+ * typed objects (pytypes.c) become what they were sent as. Inside a
+ * "python.tree" (d->ext), tuples that start with a uint are Python's
+ * standard types (dec_std) and packed lists (dec_packed), each rebuilt
+ * with its own constructor, never with code the data names.
  */
 #include "pygser.h" /* first: Python.h sets the feature macros */
 

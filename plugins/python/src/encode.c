@@ -2,7 +2,13 @@
  *
  * Exact built-in types only, so that what comes back is of the same type:
  * None, bool, int (int64, or uint64 above INT64_MAX), float, str, bytes,
- * list, tuple, dict with scalar keys; then buffer-protocol objects (host
+ * list, tuple, dict with scalar keys; Python's standard data types (ints
+ * beyond 64 bits, complex, set, frozenset, dicts with other keys, datetime,
+ * date, time, timedelta, timezone, ZoneInfo, Decimal, UUID, Fraction, range,
+ * slice, Ellipsis) as tagged tuples inside a "python.tree" object, where
+ * long lists of one such type, of mixed scalars, of records or of rows are
+ * packed into typed columns (enc_scope, enc_std, enc_packed; the layouts in
+ * docs/wire-format.md 4.9); then buffer-protocol objects (host
  * buffers with dtype and shape, borrowed zero-copy when C-contiguous, copied
  * to C order otherwise), Arrow PyCapsule producers ("arrow.array" values,
  * arrow_capsule.c), __cuda_array_interface__ objects (device buffers, borrowed) and
