@@ -25,6 +25,18 @@ Rows (target: ratio <= 1.0; [1.5]*1_000_000 <= 0.01):
   sched_msg       a ~100-byte scheduler-like message
   numpy_8mb       numpy.arange(1_000_000, dtype=float64)
   const_list_1m   [1.5] * 1_000_000
+Python's standard types, std_<kind>_<n> for n in --std-sizes (default 10,
+1,000 and 1,000,000): the family's dumps + loads (gser.dask.dumps/loads, as
+Dask calls it on a whole object; where it declines, Dask's next family is
+pickle, timed as such) against pickle protocol 5's dumps + loads of the same
+object, in the same run (target: ratio <= 1.0):
+  complex, bigint (2**70 + i), set (of ints), frozenset (of strs),
+  tuplekey_dict ({("x", i): i}), datetime, datetime_tz (a fixed offset),
+  datetime_zi (zoneinfo), date, time, timedelta, decimal, uuid, fraction,
+  range, slice, ellipsis: a list of n of them (or one set or dict of n);
+  mixed (floats, ints, strs, None: a bag partition), mixed_std (floats,
+  ints, strs, datetimes, Decimals), dicts (n records of five fields with a
+  datetime), tuples ((str, int, float) rows).
 End to end on a LocalCluster (2 worker processes, TCP), with gser preloaded
 everywhere against no gser (--no-cluster skips them):
   e2e_dict_lists  client.submit(task returning a dict of 20 lists of 10,000 ints).result()
@@ -84,6 +96,88 @@ def kinds():
         "sched_msg": {"op": "task-finished", "key": "inc-5e2c4f", "status": "OK", "nbytes": 800,
                       "thread": 140, "startstops": ({"action": "compute", "start": 1.5, "stop": 2.5},)},
     }
+
+
+def std_kinds(n):
+    """The std_* rows' objects of n elements."""
+    import datetime as dt
+    import decimal
+    import fractions
+    import uuid
+    import zoneinfo
+
+    rng = random.Random(n)
+    base = dt.datetime(2020, 1, 1)
+    tz = dt.timezone(dt.timedelta(hours=2))
+    zi = zoneinfo.ZoneInfo("Europe/Paris")
+
+    def t(i):
+        return base + dt.timedelta(seconds=i)
+    return {
+        "complex": [complex(rng.random(), i) for i in range(n)],
+        "bigint": [2**70 + i for i in range(n)],
+        "set": set(range(n)),
+        "frozenset": frozenset(f"s{i}" for i in range(n)),
+        "tuplekey_dict": {("x", i): i for i in range(n)},
+        "datetime": [t(i) for i in range(n)],
+        "datetime_tz": [t(i).replace(tzinfo=tz) for i in range(n)],
+        "datetime_zi": [t(i).replace(tzinfo=zi) for i in range(n)],
+        "date": [dt.date(2000, 1, 1) + dt.timedelta(days=i % 3000) for i in range(n)],
+        "time": [dt.time(i % 24, i % 60, i % 60, i % 1000) for i in range(n)],
+        "timedelta": [dt.timedelta(seconds=i, microseconds=7) for i in range(n)],
+        "decimal": [decimal.Decimal(i) / 8 for i in range(n)],
+        "uuid": [uuid.UUID(int=rng.getrandbits(128)) for _ in range(n)],
+        "fraction": [fractions.Fraction(i, 7) for i in range(n)],
+        "range": [range(i) for i in range(n)],
+        "slice": [slice(i, None, 2) for i in range(n)],
+        "ellipsis": [...] * n,
+        "mixed": [(rng.random(), i, f"s{i}", None)[i % 4] for i in range(n)],
+        "mixed_std": [(rng.random(), i, f"s{i}", t(i), decimal.Decimal(i))[i % 5] for i in range(n)],
+        "dicts": [{"id": i, "name": f"n{i}", "t": t(i), "v": i / 3, "ok": i % 2 == 0} for i in range(n)],
+        "tuples": [(f"k{i % 100}", i, i / 3) for i in range(n)],
+    }
+
+
+def family_roundtrip(obj):
+    """The family's dumps + loads (Dask's next family, pickle, where it declines)."""
+    import pickle
+
+    import gser.dask
+
+    def run():
+        try:
+            h, f = gser.dask.dumps(obj)
+        except NotImplementedError:
+            out = pickle.loads(pickle.dumps(obj, protocol=5))
+        else:
+            out = gser.dask.loads(h, f)
+        assert type(out) is type(obj)
+    return run
+
+
+def pickle_roundtrip(obj):
+    import pickle
+
+    def run():
+        pickle.loads(pickle.dumps(obj, protocol=5))
+    return run
+
+
+def alternating_pair_ms(a, b, reps):
+    """Medians of a and b run alternately after a warm-up of each (one run
+    each when one takes more than SLOW_S)."""
+    def once(fn):
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    ta, tb = [once(a)], [once(b)]
+    if ta[0] > SLOW_S * 1e3 or tb[0] > SLOW_S * 1e3:
+        return ta[0], tb[0], 1
+    ta, tb = [], []
+    for _ in range(reps):
+        ta.append(once(a))
+        tb.append(once(b))
+    return statistics.median(ta), statistics.median(tb), reps
 
 
 def mixed_lists(rng):
@@ -174,6 +268,8 @@ def main():
     ap.add_argument("--no-cluster", action="store_true", help="skip the LocalCluster rows")
     ap.add_argument("--rounds", type=int, default=2, help="LocalCluster pairs, alternating (default 2)")
     ap.add_argument("--only", nargs="*", help="only these rows")
+    ap.add_argument("--std-sizes", default="10,1000,1000000",
+                    help="the std_* rows' sizes, comma-separated (default 10,1000,1000000; empty: none)")
     args = ap.parse_args()
 
     import logging
@@ -200,6 +296,18 @@ def main():
         gser_ms, dask_ms, runs = alternating_ms(message_roundtrip(obj), args.reps)
         rep.add(name, gser_ms, anchor, dask_ms, "<= 0.01" if name == "const_list_1m" else "<= 1.0",
                 note="" if runs > 1 else "Dask ran once (> 10 s)")
+
+    sizes = [int(x) for x in args.std_sizes.split(",") if x]
+    for n in sizes:
+        for kind, obj in std_kinds(n).items():
+            name = f"std_{kind}_{n}"
+            if args.only and name not in args.only:
+                continue
+            reps = args.reps if n <= 100_000 else max(3, args.reps // 3)
+            gser_ms, pickle_ms, runs = alternating_pair_ms(family_roundtrip(obj), pickle_roundtrip(obj), reps)
+            rep.add(name, gser_ms, "pickle protocol 5 dumps+loads of the same object (ms)", pickle_ms, "<= 1.0",
+                    note="" if runs > 1 else "one run each (> 10 s)")
+            del obj
 
     if not args.no_cluster and (not args.only or any(n.startswith("e2e") for n in args.only)):
         # Clusters with and without gser, alternately, args.rounds times each.

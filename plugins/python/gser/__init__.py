@@ -8,9 +8,11 @@
     obj = gser.load(file, mmap=True)          # arrays view the mapped file
 
 Types, exactly (subclasses are refused, so that what comes back is of the
-same type): None, bool, int (int64, or up to 2**64-1; larger raises
-OverflowError), float, str, bytes, list, tuple (kept distinct from list),
-dict with None/bool/int/float/str/bytes keys, bytearray and memoryview
+same type): None, bool, int (of any size), float, complex, str, bytes, list,
+tuple (kept distinct from list), dict (with keys of any of these types), set,
+frozenset, datetime.datetime, date, time and timedelta (tzinfo None, a
+datetime.timezone or a zoneinfo.ZoneInfo by key; fold kept), decimal.Decimal,
+uuid.UUID, fractions.Fraction, range, slice, Ellipsis, bytearray and memoryview
 (large bytes travel as frames of their own), numpy arrays of any dtype but
 objects (dtype, shape, strides and writability kept, not copied; views that
 are neither C nor Fortran order nor broadcasts are copied once into C order,
@@ -28,12 +30,19 @@ pickles.
 
 Lists and tuples of ints, floats or bools travel as one contiguous typed
 array and come back as lists/tuples of the same Python types; mixed ones
-keep every item's type.
+keep every item's type. Python's standard types (complex, ints beyond 64
+bits, sets, datetimes, Decimal, ...) travel inside a "python.tree" object
+(docs/wire-format.md), where long lists of one such type, of mixed scalars,
+of dicts with the same str keys or of tuples of one length go as a few
+typed columns. Namedtuples and dataclasses travel only once registered by
+name (register_namedtuple, register_dataclass): nothing of the data names
+code to run.
 
 Other types travel as themselves once registered: register_type(cls,
 to_gser, from_gser) sends what to_gser returns (a device array, an Arrow
 table, a numpy array, a dict...) and the receiver's from_gser rebuilds the
-object from it; register_lazy(toplevel, loader) defers the import until an
+object from it (register_dataclass and register_namedtuple do that for their
+fields); register_lazy(toplevel, loader) defers the import until an
 object of that package is met. CuPy, Numba device arrays, PyTorch tensors,
 pyarrow arrays and record batches, and pandas DataFrame, Series, indexes and
 scalars (gser._pandas) are registered that way here, lazily.
@@ -108,13 +117,56 @@ __all__ = [
     "from_bytes",
     "load",
     "loads",
+    "register_dataclass",
     "register_lazy",
+    "register_namedtuple",
     "register_type",
     "registered",
     "set_device_allocator",
     "to_bytes",
     "unregister_type",
 ]
+
+
+def register_namedtuple(cls, *, name=None):
+    """Send instances of exactly the namedtuple class cls as themselves: their
+    fields as a tuple under name (default "<module>.<qualname>"), rebuilt by
+    the receiver's cls._make. The receiver must register the same class under
+    the same name; unregistered namedtuples are refused (NotImplementedError:
+    Dask's next family), like every type gser does not know."""
+    if not (isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_make") and hasattr(cls, "_fields")):
+        raise TypeError(f"register_namedtuple: {cls!r} is not a namedtuple class")
+    register_type(cls, tuple, cls._make, name=name)
+
+
+def register_dataclass(cls, *, name=None):
+    """Send instances of exactly the dataclass cls as themselves: a dict of
+    its fields (dataclasses.fields, init or not) under name (default
+    "<module>.<qualname>"); the receiver makes the instance without calling
+    __init__ or __post_init__ (as pickle does) and sets the fields, frozen
+    or not. The receiver must register the same class under the same name;
+    unregistered dataclasses are refused (NotImplementedError: Dask's next
+    family). Fields that are not in the message are left unset."""
+    import dataclasses
+
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        raise TypeError(f"register_dataclass: {cls!r} is not a dataclass")
+    names = tuple(f.name for f in dataclasses.fields(cls))
+    fields = frozenset(names)
+    setattr_ = object.__setattr__
+
+    def to_gser(obj):
+        return {n: getattr(obj, n) for n in names}
+
+    def from_gser(value):
+        if type(value) is not dict or not fields.issuperset(value):
+            raise GserError(f"a {cls.__qualname__} whose fields are not the registered class's")
+        obj = cls.__new__(cls)
+        for k, v in value.items():
+            setattr_(obj, k, v)
+        return obj
+
+    register_type(cls, to_gser, from_gser, name=name)
 
 
 # ---- libraries registered lazily (see register_type) ------------------------------------------

@@ -15,8 +15,9 @@ an error that names gser and the fix, before they hold or receive any data.
 
 The family follows Dask's contract: dumps(x) returns a msgpack-serializable
 header and a list of frames, and raises NotImplementedError for what gser
-cannot carry as the same type (a set, an arbitrary object, a pandas column
-of arbitrary objects, an int above 2**64-1, a device array or an Arrow table
+cannot carry as the same type (an arbitrary object, an unregistered
+namedtuple or dataclass, a subclass of a standard type, a pandas column of
+arbitrary objects, a device array or an Arrow table
 whose type is not registered with gser.register_type, ...) and, as gser.Declined, for what gser would carry
 more slowly than Dask's own path (many small items, which pickle carries
 faster); Dask then tries its next family. gser never pickles.

@@ -9,10 +9,14 @@
  * one exporter per frame, which keeps the message and its input alive.
  * Device buffers become gser.DeviceArray objects; "arrow.array" objects are
  * taken out of the message into gser.ArrowArray objects; the module's own
- * typed objects (pytypes.c) become what they were sent as.
+ * typed objects (pytypes.c) become what they were sent as. Inside a
+ * "python.tree" (d->ext), tuples that start with a uint are Python's
+ * standard types (dec_std) and packed lists (dec_packed), each rebuilt
+ * with its own constructor, never with code the data names.
  */
 #include "pygser.h" /* first: Python.h sets the feature macros */
 
+#include <datetime.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,6 +27,7 @@ typedef struct dec {
     pg_state_t *s; /* the owner's */
     pg_path_t path;
     uint64_t cost, budget; /* what the objects built so far cost (estimated), and the most they may */
+    bool ext; /* inside a "python.tree": tuples starting with a uint are tagged (pg_tag_t) */
 } dec_t;
 
 /* The estimated cost of what one value becomes in Python: a buffer, array
@@ -259,10 +264,16 @@ static int dec_array(PyObject *seq, bool tuple, gser_kind_t kind, const void *da
     return 0;
 }
 
+static PyObject *dec_std(dec_t *d, gser_value_t *v, gser_value_t *first, size_t n, int depth);
+
 static PyObject *dec_list(dec_t *d, gser_value_t *v, int depth)
 {
     bool tuple = gser_value_get_kind(v) == GSER_KIND_TUPLE;
     size_t n = gser_value_get_len(v);
+    gser_value_t *first;
+    if (d->ext && tuple && n && gser_list_get(v, 0, &first) == GSER_OK &&
+        gser_value_get_kind(first) == GSER_KIND_UINT)
+        return dec_std(d, v, first, n, depth);
     if (n > (size_t)PY_SSIZE_T_MAX)
         return PyErr_NoMemory();
     PyObject *seq = tuple ? PyTuple_New((Py_ssize_t)n) : PyList_New((Py_ssize_t)n);
@@ -666,9 +677,10 @@ static PyObject *dec_npscalar(dec_t *d, gser_value_t *tree, int depth)
     return out || !why ? out : bad_tree(d, T, why);
 }
 
-static PyObject *dec_module_type(dec_t *d, pg_type_t t, gser_value_t *tree, int depth)
+static PyObject *dec_module_type_in(dec_t *d, pg_type_t t, gser_value_t *tree, int depth)
 {
     switch (t) {
+    case PG_T_TREE: return dec_value(d, tree, depth + 1);
     case PG_T_NDARRAY: return dec_ndarray(d, tree, depth);
     case PG_T_BYTES:
     case PG_T_BYTEARRAY: return dec_bytes_like(d, t, tree);
@@ -677,6 +689,16 @@ static PyObject *dec_module_type(dec_t *d, pg_type_t t, gser_value_t *tree, int 
     case PG_T_NPSCALAR: return dec_npscalar(d, tree, depth);
     default: return bad_tree(d, t, "unknown");
     }
+}
+
+/* A module type's sub-tree: tagged tuples inside a "python.tree" only. */
+static PyObject *dec_module_type(dec_t *d, pg_type_t t, gser_value_t *tree, int depth)
+{
+    bool ext = d->ext;
+    d->ext = t == PG_T_TREE;
+    PyObject *x = dec_module_type_in(d, t, tree, depth);
+    d->ext = ext;
+    return x;
 }
 
 /* Typed objects: the module's own, "arrow.array", or one Python cannot load. */
@@ -712,6 +734,775 @@ static PyObject *dec_object(dec_t *d, gser_value_t *v, int depth)
                                 name);
     Py_DECREF(name);
     return r;
+}
+
+/* ---- Python's standard types ("python.tree") ---------------------------------------- */
+
+static int dt_ready(void)
+{
+    if (!PyDateTimeAPI)
+        PyDateTime_IMPORT;
+    return PyDateTimeAPI ? 0 : -1;
+}
+
+/* A malformed tagged tuple. */
+static PyObject *bad_std(dec_t *d, uint64_t tag, const char *what)
+{
+    return pg_path_raise(d->s, d->s->GserError, GSER_ERR_FORMAT, &d->path,
+                         "a \"%s\" value with tag %llu: %s", pg_type_names[PG_T_TREE], (unsigned long long)tag, what);
+}
+
+/* A Python constructor refused the fields: GserError (the cause chained),
+ * MemoryError as it is. */
+static PyObject *std_refused(dec_t *d, uint64_t tag)
+{
+    if (PyErr_ExceptionMatches(PyExc_MemoryError))
+        return NULL;
+    return bad_std(d, tag, "its fields are out of range for the type");
+}
+
+/* Count n more objects against the decoder's budget. */
+static int charge_objects(dec_t *d, uint64_t n, uint64_t each)
+{
+    d->cost += n * each;
+    if (d->cost <= d->budget)
+        return 0;
+    pg_path_raise(d->s, d->s->GserError, GSER_ERR_LIMIT_BYTES, &d->path,
+                  "the Python objects of this message would take more than %llu bytes (estimated)",
+                  (unsigned long long)d->budget);
+    return -1;
+}
+
+/* Field i of tagged tuple v, of kind kind (-1: any). */
+static gser_value_t *std_field(dec_t *d, gser_value_t *v, uint64_t tag, size_t i, int kind)
+{
+    gser_value_t *f = NULL;
+    if (gser_list_get(v, i, &f) || (kind >= 0 && gser_value_get_kind(f) != (gser_kind_t)kind)) {
+        bad_std(d, tag, "a field is missing or of the wrong kind");
+        return NULL;
+    }
+    return f;
+}
+
+/* Field i decoded (into a Python object). */
+static PyObject *std_obj(dec_t *d, gser_value_t *v, uint64_t tag, size_t i, int depth)
+{
+    gser_value_t *f = std_field(d, v, tag, i, -1);
+    if (!f)
+        return NULL;
+    int slot = d->path.len++;
+    d->path.seg[slot].key = NULL;
+    d->path.seg[slot].index = (Py_ssize_t)i;
+    PyObject *x = dec_value(d, f, depth + 1);
+    if (x)
+        d->path.len--;
+    return x;
+}
+
+/* Field i as an exact int (of any size). */
+static PyObject *std_int(dec_t *d, gser_value_t *v, uint64_t tag, size_t i, int depth)
+{
+    PyObject *x = std_obj(d, v, tag, i, depth);
+    if (x && !PyLong_CheckExact(x)) {
+        Py_DECREF(x);
+        return bad_std(d, tag, "a field that should be an int is not");
+    }
+    return x;
+}
+
+static int std_i64(dec_t *d, gser_value_t *v, uint64_t tag, size_t i, int64_t *out)
+{
+    gser_value_t *f = std_field(d, v, tag, i, -1);
+    if (!f)
+        return -1;
+    if (gser_value_get_kind(f) != GSER_KIND_INT || gser_value_get_int(f, out)) {
+        bad_std(d, tag, "a field that should be an int64 is not");
+        return -1;
+    }
+    return 0;
+}
+
+/* A list of count int64 or float64 items: the array behind it, or its items one by one. */
+typedef struct vec {
+    gser_value_t *list;
+    const unsigned char *data; /* NULL: item by item */
+    size_t n;
+    gser_kind_t kind;
+} vec_t;
+
+static int vec_open(dec_t *d, gser_value_t *v, uint64_t tag, gser_kind_t kind, vec_t *out)
+{
+    gser_kind_t k = gser_value_get_kind(v);
+    if (k != GSER_KIND_LIST && k != GSER_KIND_TUPLE) {
+        bad_std(d, tag, "a packed field is not a list");
+        return -1;
+    }
+    out->list = v;
+    out->kind = kind;
+    out->n = gser_value_get_len(v);
+    const void *data;
+    size_t count;
+    out->data = NULL;
+    if (gser_list_get_array(v, &k, &data, &count) == GSER_OK && count == out->n) {
+        if (k != kind && count) {
+            bad_std(d, tag, "a packed field has items of the wrong kind");
+            return -1;
+        }
+        out->data = data;
+    }
+    return 0;
+}
+
+/* Item i (int64 bits, or a float's bits). */
+static int vec_get(dec_t *d, vec_t *vc, uint64_t tag, size_t i, int64_t *out)
+{
+    if (vc->data) {
+        memcpy(out, vc->data + 8 * i, 8);
+        return 0;
+    }
+    gser_value_t *f;
+    double x;
+    if (gser_list_get(vc->list, i, &f) || gser_value_get_kind(f) != vc->kind ||
+        (vc->kind == GSER_KIND_INT ? gser_value_get_int(f, out) : gser_value_get_float(f, &x))) {
+        bad_std(d, tag, "a packed field has items of the wrong kind");
+        return -1;
+    }
+    if (vc->kind == GSER_KIND_FLOAT)
+        memcpy(out, &x, 8);
+    return 0;
+}
+
+/* A tzinfo value: None, a timezone, a ZoneInfo. */
+static PyObject *dec_tz(dec_t *d, gser_value_t *v, uint64_t tag, int depth)
+{
+    if (gser_value_get_kind(v) == GSER_KIND_NIL)
+        return Py_NewRef(Py_None);
+    PyObject *tz = dec_value(d, v, depth + 1);
+    if (!tz)
+        return NULL;
+    if (tz != Py_None && Py_TYPE(tz) != Py_TYPE(PyDateTime_TimeZone_UTC) &&
+        (PyObject *)Py_TYPE(tz) != d->s->std.ZoneInfo) {
+        Py_DECREF(tz);
+        return bad_std(d, tag, "a tzinfo that is not a timezone or a ZoneInfo");
+    }
+    return tz;
+}
+
+static PyObject *make_datetime(dec_t *d, uint64_t tag, int64_t bits, PyObject *tz)
+{
+    int y, mo, dd, h, mi, s, us, fold;
+    PyObject *x;
+    if (tag == PG_TAG_DATETIME) {
+        pg_unpack_datetime(bits, &y, &mo, &dd, &h, &mi, &s, &us, &fold);
+        x = PyDateTimeAPI->DateTime_FromDateAndTimeAndFold(y, mo, dd, h, mi, s, us, tz, fold,
+                                                            PyDateTimeAPI->DateTimeType);
+    } else if (tag == PG_TAG_TIME) {
+        pg_unpack_time(bits, &h, &mi, &s, &us, &fold);
+        x = PyDateTimeAPI->Time_FromTimeAndFold(h, mi, s, us, tz, fold, PyDateTimeAPI->TimeType);
+    } else {
+        if (bits < 0 || bits >> 23)
+            return bad_std(d, tag, "a date out of range");
+        x = PyDateTimeAPI->Date_FromDate((int)(bits >> 9), (int)(bits >> 5 & 0xf), (int)(bits & 0x1f),
+                                         PyDateTimeAPI->DateType);
+    }
+    return x ? x : std_refused(d, tag);
+}
+
+static PyObject *make_delta(dec_t *d, uint64_t tag, int64_t days, int64_t us)
+{
+    if (days < -999999999 || days > 999999999 || us < 0 || us >= 86400LL * 1000000)
+        return bad_std(d, tag, "a timedelta out of range");
+    PyObject *x = PyDateTimeAPI->Delta_FromDelta((int)days, (int)(us / 1000000), (int)(us % 1000000), 1,
+                                                 PyDateTimeAPI->DeltaType);
+    return x ? x : std_refused(d, tag);
+}
+
+static PyObject *make_uuid(dec_t *d, uint64_t tag, const unsigned char *p, PyObject *safe)
+{
+    /* As pickle rebuilds one (UUID.__setstate__): no __init__, the two slots set. */
+    PyObject *i = NULL, *empty = PyTuple_New(0);
+    PyObject *u = empty ? PyBaseObject_Type.tp_new((PyTypeObject *)d->s->std.UUID, empty, NULL) : NULL;
+    Py_XDECREF(empty);
+    if (u)
+        i = pg_long_from_be16(p);
+    if (!i || PyObject_GenericSetAttr(u, d->s->std.str_int, i) < 0 ||
+        PyObject_GenericSetAttr(u, d->s->std.str_is_safe, safe) < 0)
+        Py_CLEAR(u);
+    Py_XDECREF(i);
+    (void)tag;
+    return u;
+}
+
+/* (PACKED, SCALARS, tuple, codes, int64s, float64s, str lengths, str bytes) */
+static PyObject *dec_scalars(dec_t *d, gser_value_t *v, bool tuple, int depth)
+{
+    const uint64_t T = PG_TAG_PACKED;
+    gser_value_t *cv = std_field(d, v, T, 3, GSER_KIND_BYTES), *f[3];
+    gser_value_t *bv = cv ? std_field(d, v, T, 7, GSER_KIND_BYTES) : NULL;
+    gser_value_t *ov = bv ? std_field(d, v, T, 8, GSER_KIND_LIST) : NULL;
+    if (!ov)
+        return NULL;
+    size_t no = gser_value_get_len(ov);
+    vec_t ints, flts, lens;
+    const void *cp, *bp;
+    size_t n, nb;
+    for (int i = 0; i < 3; i++)
+        if (!(f[i] = std_field(d, v, T, 4 + (size_t)i, -1)))
+            return NULL;
+    if (gser_value_get_bytes(cv, &cp, &n) || gser_value_get_bytes(bv, &bp, &nb) ||
+        vec_open(d, f[0], T, GSER_KIND_INT, &ints) < 0 || vec_open(d, f[1], T, GSER_KIND_FLOAT, &flts) < 0 ||
+        vec_open(d, f[2], T, GSER_KIND_INT, &lens) < 0)
+        return PyErr_Occurred() ? NULL : bad_std(d, T, "bad columns");
+    if (n > (size_t)PY_SSIZE_T_MAX || charge_objects(d, n, PG_COST_VALUE) < 0)
+        return NULL;
+    const unsigned char *codes = cp;
+    const char *blob = bp;
+    PyObject *seq = tuple ? PyTuple_New((Py_ssize_t)n) : PyList_New((Py_ssize_t)n);
+    if (!seq)
+        return NULL;
+    size_t ai = 0, af = 0, as = 0, at = 0, ao = 0, prev_at = 0, prev_len = 0;
+    PyObject *prev_str = NULL; /* borrowed: the list holds it */
+    int slot = d->path.len++;
+    d->path.seg[slot].key = NULL;
+    for (size_t i = 0; i < n; i++) {
+        PyObject *x = NULL;
+        int64_t bits = 0;
+        d->path.seg[slot].index = (Py_ssize_t)i;
+        switch (codes[i]) {
+        case PG_SC_OTHER: {
+            gser_value_t *item;
+            if (ao >= no) {
+                bad_std(d, T, "more other items than the list holds");
+                break;
+            }
+            if (gser_list_get(ov, ao++, &item) == GSER_OK)
+                x = dec_value(d, item, depth + 1);
+            break;
+        }
+        case PG_SC_NONE: x = Py_NewRef(Py_None); break;
+        case PG_SC_FALSE: x = Py_NewRef(Py_False); break;
+        case PG_SC_TRUE: x = Py_NewRef(Py_True); break;
+        case PG_SC_ELLIPSIS: x = Py_NewRef(Py_Ellipsis); break;
+        case PG_SC_INT:
+        case PG_SC_UINT:
+            if (ai >= ints.n) {
+                bad_std(d, T, "more ints than the column holds");
+                break;
+            }
+            if (vec_get(d, &ints, T, ai++, &bits) == 0)
+                x = codes[i] == PG_SC_INT ? PyLong_FromLongLong(bits)
+                                          : PyLong_FromUnsignedLongLong((unsigned long long)(uint64_t)bits);
+            break;
+        case PG_SC_FLOAT:
+            if (af >= flts.n) {
+                bad_std(d, T, "more floats than the column holds");
+                break;
+            }
+            if (vec_get(d, &flts, T, af++, &bits) == 0) {
+                double fl;
+                memcpy(&fl, &bits, 8);
+                x = PyFloat_FromDouble(fl);
+            }
+            break;
+        case PG_SC_STR:
+            if (as >= lens.n) {
+                bad_std(d, T, "more strs than the column holds");
+                break;
+            }
+            if (vec_get(d, &lens, T, as++, &bits) < 0)
+                break;
+            if (bits < 0 || (uint64_t)bits > nb - at) {
+                bad_std(d, T, "str lengths that do not fit the bytes");
+                break;
+            }
+            /* The same str as the one before (a repeated key): one object, as pickle's memo gives. */
+            if (prev_str && (size_t)bits == prev_len && memcmp(blob + at, blob + prev_at, prev_len) == 0) {
+                x = Py_NewRef(prev_str);
+            } else {
+                x = PyUnicode_DecodeUTF8(blob + at, (Py_ssize_t)bits, NULL);
+                if (!x) {
+                    bad_std(d, T, "a str that is not valid UTF-8");
+                    break;
+                }
+                prev_str = x;
+                prev_at = at;
+                prev_len = (size_t)bits;
+            }
+            at += (size_t)bits;
+            break;
+        default: bad_std(d, T, "an unknown scalar code");
+        }
+        if (!x) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        if (tuple)
+            PyTuple_SET_ITEM(seq, (Py_ssize_t)i, x);
+        else
+            PyList_SET_ITEM(seq, (Py_ssize_t)i, x);
+    }
+    d->path.len--;
+    if (ai != ints.n || af != flts.n || as != lens.n || at != nb || ao != no) {
+        Py_DECREF(seq);
+        return bad_std(d, T, "columns longer than the codes say");
+    }
+    return seq;
+}
+
+/* (PACKED, RECORDS, tuple, [keys], [columns]) and (PACKED, ROWS, tuple, width, [columns]) */
+static PyObject *dec_columns(dec_t *d, gser_value_t *v, uint64_t kind, bool tuple, int depth)
+{
+    const uint64_t T = PG_TAG_PACKED;
+    bool rec = kind == PG_TAG_RECORDS;
+    gser_value_t *colsv = std_field(d, v, T, 4, GSER_KIND_LIST);
+    if (!colsv)
+        return NULL;
+    PyObject *keys = NULL, *cols = NULL, *seq = NULL;
+    Py_ssize_t k;
+    if (rec) {
+        if (!std_field(d, v, T, 3, GSER_KIND_LIST) || !(keys = std_obj(d, v, T, 3, depth)))
+            return NULL;
+        k = PyList_GET_SIZE(keys);
+        for (Py_ssize_t j = 0; j < k; j++)
+            if (!PyUnicode_CheckExact(PyList_GET_ITEM(keys, j))) {
+                Py_DECREF(keys);
+                return bad_std(d, T, "a record key that is not a str");
+            }
+    } else {
+        int64_t w;
+        if (std_i64(d, v, T, 3, &w) < 0)
+            return NULL;
+        if (w < 1 || (uint64_t)w != gser_value_get_len(colsv))
+            return bad_std(d, T, "a width that is not the number of columns");
+        k = (Py_ssize_t)w;
+    }
+    if ((size_t)k != gser_value_get_len(colsv) || k == 0) {
+        Py_XDECREF(keys);
+        return bad_std(d, T, "not one column per key");
+    }
+    cols = std_obj(d, v, T, 4, depth);
+    if (!cols)
+        goto fail;
+    Py_ssize_t n = -1;
+    for (Py_ssize_t j = 0; j < k; j++) {
+        PyObject *c = PyList_GET_ITEM(cols, j);
+        if (!PyList_CheckExact(c) || (n >= 0 && PyList_GET_SIZE(c) != n)) {
+            bad_std(d, T, "columns that are not lists of one length");
+            goto fail;
+        }
+        n = PyList_GET_SIZE(c);
+    }
+    if (charge_objects(d, (uint64_t)n, PG_COST_VALUE * 2) < 0)
+        goto fail;
+    seq = tuple ? PyTuple_New(n) : PyList_New(n);
+    for (Py_ssize_t i = 0; seq && i < n; i++) {
+        PyObject *x = rec ? _PyDict_NewPresized(k) : PyTuple_New(k);
+        for (Py_ssize_t j = 0; x && j < k; j++) {
+            PyObject *y = PyList_GET_ITEM(PyList_GET_ITEM(cols, j), i);
+            if (!rec)
+                PyTuple_SET_ITEM(x, j, Py_NewRef(y));
+            else if (PyDict_SetItem(x, PyList_GET_ITEM(keys, j), y) < 0)
+                Py_CLEAR(x);
+        }
+        if (!x)
+            goto fail;
+        if (tuple)
+            PyTuple_SET_ITEM(seq, i, x);
+        else
+            PyList_SET_ITEM(seq, i, x);
+    }
+    if (!seq)
+        goto fail;
+    Py_XDECREF(keys);
+    Py_DECREF(cols);
+    return seq;
+fail:
+    Py_XDECREF(keys);
+    Py_XDECREF(cols);
+    Py_XDECREF(seq);
+    return NULL;
+}
+
+static PyObject *dec_packed(dec_t *d, gser_value_t *v, size_t n, int depth)
+{
+    const uint64_t T = PG_TAG_PACKED;
+    gser_value_t *kv = std_field(d, v, T, 1, GSER_KIND_UINT);
+    gser_value_t *cv = kv ? std_field(d, v, T, 2, GSER_KIND_BOOL) : NULL;
+    uint64_t kind = 0;
+    bool tuple = false;
+    if (!cv || gser_value_get_uint(kv, &kind) || gser_value_get_bool(cv, &tuple))
+        return cv ? bad_std(d, T, "bad kind") : NULL;
+    bool has_tz = kind == PG_TAG_DATETIME || kind == PG_TAG_TIME;
+    size_t nf = kind == PG_TAG_SCALARS ? 9 : kind == PG_TAG_INT || has_tz || kind >= PG_TAG_RECORDS ? 5 : 4;
+    if (n != nf)
+        return bad_std(d, T, "the wrong number of fields for its kind");
+    if (kind == PG_TAG_SCALARS)
+        return dec_scalars(d, v, tuple, depth);
+    if (kind == PG_TAG_RECORDS || kind == PG_TAG_ROWS)
+        return dec_columns(d, v, kind, tuple, depth);
+    PyObject *tz = NULL, *seq = NULL;
+    gser_value_t *pv = std_field(d, v, T, nf - 1, -1);
+    if (!pv)
+        return NULL;
+    if (has_tz) {
+        gser_value_t *tv = std_field(d, v, T, 3, -1);
+        if (!tv || !(tz = dec_tz(d, tv, T, depth)))
+            return NULL;
+    }
+    size_t count = 0;
+    vec_t vc, lens;
+    const void *bytes = NULL;
+    size_t nbytes = 0;
+    switch (kind) {
+    case PG_TAG_DATETIME:
+    case PG_TAG_DATE:
+    case PG_TAG_TIME:
+    case PG_TAG_TIMEDELTA:
+    case PG_TAG_COMPLEX:
+        if (vec_open(d, pv, T, kind == PG_TAG_COMPLEX ? GSER_KIND_FLOAT : GSER_KIND_INT, &vc) < 0)
+            goto fail;
+        count = kind == PG_TAG_TIMEDELTA || kind == PG_TAG_COMPLEX ? vc.n / 2 : vc.n;
+        if (count * (kind == PG_TAG_TIMEDELTA || kind == PG_TAG_COMPLEX ? 2 : 1) != vc.n) {
+            bad_std(d, T, "an odd number of packed items");
+            goto fail;
+        }
+        break;
+    case PG_TAG_DECIMAL:
+        if (gser_value_get_kind(pv) != GSER_KIND_LIST) {
+            bad_std(d, T, "Decimals not in a list");
+            goto fail;
+        }
+        count = gser_value_get_len(pv);
+        break;
+    case PG_TAG_UUID:
+        if (gser_value_get_kind(pv) != GSER_KIND_BYTES || gser_value_get_bytes(pv, &bytes, &nbytes) || nbytes % 16) {
+            bad_std(d, T, "UUIDs not in bytes of 16 each");
+            goto fail;
+        }
+        count = nbytes / 16;
+        break;
+    case PG_TAG_INT: {
+        gser_value_t *lv = std_field(d, v, T, 3, -1);
+        if (!lv || vec_open(d, lv, T, GSER_KIND_INT, &lens) < 0)
+            goto fail;
+        if (gser_value_get_kind(pv) != GSER_KIND_BYTES || gser_value_get_bytes(pv, &bytes, &nbytes)) {
+            bad_std(d, T, "ints not in bytes");
+            goto fail;
+        }
+        count = lens.n;
+        break;
+    }
+    default: bad_std(d, T, "an unknown kind"); goto fail;
+    }
+    if (count > (size_t)PY_SSIZE_T_MAX || charge_objects(d, count, PG_COST_VALUE) < 0)
+        goto fail;
+    if (kind == PG_TAG_UUID || kind == PG_TAG_DECIMAL) {
+        if (pg_std_ready(d->s) < 0)
+            goto fail;
+    }
+    seq = tuple ? PyTuple_New((Py_ssize_t)count) : PyList_New((Py_ssize_t)count);
+    if (!seq)
+        goto fail;
+    size_t at = 0;
+    int slot = d->path.len++;
+    d->path.seg[slot].key = NULL;
+    for (size_t i = 0; i < count; i++) {
+        d->path.seg[slot].index = (Py_ssize_t)i;
+        PyObject *x = NULL;
+        int64_t a = 0, b = 0;
+        switch (kind) {
+        case PG_TAG_DATETIME:
+        case PG_TAG_DATE:
+        case PG_TAG_TIME:
+            if (vec_get(d, &vc, T, i, &a) == 0)
+                x = make_datetime(d, kind, a, tz);
+            break;
+        case PG_TAG_TIMEDELTA:
+            if (vec_get(d, &vc, T, 2 * i, &a) == 0 && vec_get(d, &vc, T, 2 * i + 1, &b) == 0)
+                x = make_delta(d, kind, a, b);
+            break;
+        case PG_TAG_COMPLEX:
+            if (vec_get(d, &vc, T, 2 * i, &a) == 0 && vec_get(d, &vc, T, 2 * i + 1, &b) == 0) {
+                double re, im;
+                memcpy(&re, &a, 8);
+                memcpy(&im, &b, 8);
+                x = PyComplex_FromDoubles(re, im);
+            }
+            break;
+        case PG_TAG_DECIMAL: {
+            gser_value_t *sv;
+            const char *s;
+            size_t len;
+            if (gser_list_get(pv, i, &sv) || gser_value_get_str(sv, &s, &len)) {
+                bad_std(d, kind, "a Decimal that is not a str");
+                break;
+            }
+            PyObject *str = PyUnicode_DecodeUTF8(s, (Py_ssize_t)len, NULL);
+            x = str ? PyObject_CallOneArg(d->s->std.Decimal, str) : NULL;
+            Py_XDECREF(str);
+            if (!x)
+                std_refused(d, kind);
+            break;
+        }
+        case PG_TAG_UUID: x = make_uuid(d, kind, (const unsigned char *)bytes + 16 * i, d->s->std.SafeUUID_unknown); break;
+        case PG_TAG_INT:
+            if (vec_get(d, &lens, T, i, &a) < 0)
+                break;
+            if (a <= 0 || (uint64_t)a > nbytes - at) {
+                bad_std(d, kind, "int lengths that do not fit the bytes");
+                break;
+            }
+            x = pg_long_from_le((const unsigned char *)bytes + at, (size_t)a, true);
+            at += (size_t)a;
+            break;
+        }
+        if (!x)
+            goto fail;
+        if (tuple)
+            PyTuple_SET_ITEM(seq, (Py_ssize_t)i, x);
+        else
+            PyList_SET_ITEM(seq, (Py_ssize_t)i, x);
+    }
+    if (kind == PG_TAG_INT && at != nbytes) {
+        bad_std(d, kind, "int lengths that do not fit the bytes");
+        goto fail;
+    }
+    d->path.len--;
+    Py_XDECREF(tz);
+    return seq;
+fail:
+    Py_XDECREF(tz);
+    Py_XDECREF(seq);
+    return NULL;
+}
+
+/* A tuple of a "python.tree" whose first item is a uint: (tag, fields...). */
+static PyObject *dec_std(dec_t *d, gser_value_t *v, gser_value_t *first, size_t n, int depth)
+{
+    uint64_t tag = 0;
+    if (gser_value_get_uint(first, &tag))
+        return bad_std(d, tag, "a bad tag");
+    if (dt_ready() < 0)
+        return NULL;
+    if (tag >= PG_TAG_DATETIME && pg_std_ready(d->s) < 0) /* ZoneInfo, Decimal, UUID, Fraction */
+        return NULL;
+    static const unsigned char fields[PG_TAG_COUNT] = {
+        [PG_TAG_INT] = 2,      [PG_TAG_COMPLEX] = 3,  [PG_TAG_SET] = 2,    [PG_TAG_FROZENSET] = 2,
+        [PG_TAG_DICT] = 3,     [PG_TAG_DATETIME] = 3, [PG_TAG_DATE] = 2,   [PG_TAG_TIME] = 3,
+        [PG_TAG_TIMEDELTA] = 3, [PG_TAG_TZ] = 3,      [PG_TAG_ZONEINFO] = 2, [PG_TAG_DECIMAL] = 2,
+        [PG_TAG_UUID] = 3,     [PG_TAG_FRACTION] = 3, [PG_TAG_RANGE] = 4,  [PG_TAG_SLICE] = 4,
+        [PG_TAG_ELLIPSIS] = 1,
+    };
+    if (tag >= PG_TAG_COUNT)
+        return bad_std(d, tag, "an unknown tag");
+    if (tag != PG_TAG_TUPLE && tag != PG_TAG_PACKED && n != fields[tag])
+        return bad_std(d, tag, "the wrong number of fields");
+    PyObject *a = NULL, *b = NULL, *c = NULL, *x = NULL;
+    int64_t i1 = 0, i2 = 0;
+    switch (tag) {
+    case PG_TAG_TUPLE: {
+        PyObject *t = PyTuple_New((Py_ssize_t)(n - 1));
+        if (!t)
+            return NULL;
+        gser_kind_t kind;
+        const void *data;
+        size_t count;
+        if (gser_list_get_array(v, &kind, &data, &count) == GSER_OK && count == n) {
+            if (dec_array(t, true, kind, (const unsigned char *)data + 8, count - 1) < 0)
+                Py_CLEAR(t);
+            return t;
+        }
+        int slot = d->path.len++;
+        d->path.seg[slot].key = NULL;
+        for (size_t i = 1; i < n; i++) {
+            d->path.seg[slot].index = (Py_ssize_t)(i - 1);
+            gser_value_t *item;
+            gser_status_t st = gser_list_get(v, i, &item);
+            PyObject *y = st ? fail_st(d, st, "gser_list_get") : dec_value(d, item, depth + 1);
+            if (!y) {
+                Py_DECREF(t);
+                return NULL;
+            }
+            PyTuple_SET_ITEM(t, (Py_ssize_t)(i - 1), y);
+        }
+        d->path.len--;
+        return t;
+    }
+    case PG_TAG_INT: {
+        gser_value_t *f = std_field(d, v, tag, 1, GSER_KIND_BYTES);
+        const void *p;
+        size_t len;
+        if (!f || gser_value_get_bytes(f, &p, &len))
+            return f ? bad_std(d, tag, "bad bytes") : NULL;
+        if (!len)
+            return bad_std(d, tag, "no bytes");
+        return pg_long_from_le(p, len, true);
+    }
+    case PG_TAG_COMPLEX: {
+        gser_value_t *re = std_field(d, v, tag, 1, GSER_KIND_FLOAT);
+        gser_value_t *im = re ? std_field(d, v, tag, 2, GSER_KIND_FLOAT) : NULL;
+        double r = 0, j = 0;
+        if (!im || gser_value_get_float(re, &r) || gser_value_get_float(im, &j))
+            return NULL;
+        return PyComplex_FromDoubles(r, j);
+    }
+    case PG_TAG_SET:
+    case PG_TAG_FROZENSET: {
+        gser_value_t *iv = std_field(d, v, tag, 1, -1);
+        gser_kind_t ak;
+        const void *data;
+        size_t count;
+        if (!iv)
+            return NULL;
+        if (gser_value_get_kind(iv) == GSER_KIND_LIST && gser_list_get_array(iv, &ak, &data, &count) == GSER_OK &&
+            count == gser_value_get_len(iv) && ak != GSER_KIND_BOOL) {
+            /* numbers in a typed array: straight into the set, no list between */
+            if (charge_objects(d, count, PG_COST_VALUE) < 0)
+                return NULL;
+            x = tag == PG_TAG_SET ? PySet_New(NULL) : PyFrozenSet_New(NULL);
+            for (size_t i = 0; x && i < count; i++) {
+                uint64_t bits;
+                memcpy(&bits, (const unsigned char *)data + 8 * i, 8);
+                double f;
+                memcpy(&f, &bits, 8);
+                PyObject *y = ak == GSER_KIND_FLOAT ? PyFloat_FromDouble(f)
+                              : ak == GSER_KIND_INT ? PyLong_FromLongLong((long long)(int64_t)bits)
+                                                    : PyLong_FromUnsignedLongLong((unsigned long long)bits);
+                if (!y || PySet_Add(x, y) < 0)
+                    Py_CLEAR(x);
+                Py_XDECREF(y);
+            }
+            return x;
+        }
+        if (!(a = std_obj(d, v, tag, 1, depth)))
+            return NULL;
+        if (!PyList_CheckExact(a)) {
+            bad_std(d, tag, "the items are not a list");
+            break;
+        }
+        x = tag == PG_TAG_SET ? PySet_New(a) : PyFrozenSet_New(a);
+        if (!x)
+            std_refused(d, tag);
+        break;
+    }
+    case PG_TAG_DICT: {
+        if (!(a = std_obj(d, v, tag, 1, depth)) || !(b = std_obj(d, v, tag, 2, depth)))
+            break;
+        if (!PyList_CheckExact(a) || !PyList_CheckExact(b)) {
+            bad_std(d, tag, "keys or values that are not a list");
+            break;
+        }
+        if (PyList_GET_SIZE(a) != PyList_GET_SIZE(b)) {
+            bad_std(d, tag, "not as many keys as values");
+            break;
+        }
+        x = PyDict_New();
+        for (Py_ssize_t i = 0; x && i < PyList_GET_SIZE(a); i++)
+            if (PyDict_SetItem(x, PyList_GET_ITEM(a, i), PyList_GET_ITEM(b, i)) < 0) {
+                Py_CLEAR(x);
+                std_refused(d, tag);
+            }
+        break;
+    }
+    case PG_TAG_DATETIME:
+    case PG_TAG_TIME:
+    case PG_TAG_DATE: {
+        if (std_i64(d, v, tag, 1, &i1) < 0)
+            return NULL;
+        gser_value_t *tv = tag == PG_TAG_DATE ? NULL : std_field(d, v, tag, 2, -1);
+        if (tag != PG_TAG_DATE && (!tv || !(a = dec_tz(d, tv, tag, depth))))
+            return NULL;
+        x = make_datetime(d, tag, i1, a);
+        break;
+    }
+    case PG_TAG_TIMEDELTA:
+        if (std_i64(d, v, tag, 1, &i1) < 0 || std_i64(d, v, tag, 2, &i2) < 0)
+            return NULL;
+        return make_delta(d, tag, i1, i2);
+    case PG_TAG_TZ: {
+        if (std_i64(d, v, tag, 1, &i1) < 0)
+            return NULL;
+        gser_value_t *nv = std_field(d, v, tag, 2, -1);
+        if (!nv)
+            return NULL;
+        gser_kind_t nk = gser_value_get_kind(nv);
+        if (nk != GSER_KIND_NIL && nk != GSER_KIND_STR)
+            return bad_std(d, tag, "a name that is not a str");
+        if (i1 <= -86400LL * 1000000 || i1 >= 86400LL * 1000000)
+            return bad_std(d, tag, "an offset of a day or more");
+        int64_t days = i1 < 0 ? -1 : 0, us = i1 - days * 86400LL * 1000000;
+        a = make_delta(d, tag, days, us);
+        if (a && nk == GSER_KIND_STR)
+            b = dec_value(d, nv, depth + 1);
+        if (a && (nk == GSER_KIND_NIL || b))
+            x = b ? PyTimeZone_FromOffsetAndName(a, b) : PyTimeZone_FromOffset(a);
+        if (a && (nk == GSER_KIND_NIL || b) && !x)
+            std_refused(d, tag);
+        break;
+    }
+    case PG_TAG_ZONEINFO:
+        if (!std_field(d, v, tag, 1, GSER_KIND_STR) || !(a = std_obj(d, v, tag, 1, depth)))
+            return NULL;
+        /* ZoneInfo(key) reads the tz database (no code); a key it refuses (a
+         * path) is an error of the message. */
+        x = PyObject_CallOneArg(d->s->std.ZoneInfo, a);
+        if (!x)
+            std_refused(d, tag);
+        break;
+    case PG_TAG_DECIMAL:
+        if (!std_field(d, v, tag, 1, GSER_KIND_STR) || !(a = std_obj(d, v, tag, 1, depth)))
+            return NULL;
+        x = PyObject_CallOneArg(d->s->std.Decimal, a);
+        if (!x)
+            std_refused(d, tag);
+        break;
+    case PG_TAG_UUID: {
+        gser_value_t *bv = std_field(d, v, tag, 1, GSER_KIND_BYTES);
+        const void *p;
+        size_t len;
+        if (!bv || gser_value_get_bytes(bv, &p, &len) || len != 16)
+            return bv ? bad_std(d, tag, "not 16 bytes") : NULL;
+        gser_value_t *sv = std_field(d, v, tag, 2, -1);
+        if (!sv)
+            return NULL;
+        if (gser_value_get_kind(sv) == GSER_KIND_NIL) {
+            a = Py_NewRef(d->s->std.SafeUUID_unknown);
+        } else if (gser_value_get_kind(sv) != GSER_KIND_INT || !(b = dec_value(d, sv, depth + 1))) {
+            return b ? NULL : bad_std(d, tag, "is_safe is not None or an int");
+        } else if (!(a = PyObject_CallOneArg(d->s->std.SafeUUID, b))) {
+            std_refused(d, tag);
+            break;
+        }
+        x = make_uuid(d, tag, p, a);
+        break;
+    }
+    case PG_TAG_FRACTION:
+    case PG_TAG_RANGE:
+        if (!(a = std_int(d, v, tag, 1, depth)) || !(b = std_int(d, v, tag, 2, depth)) ||
+            (tag == PG_TAG_RANGE && !(c = std_int(d, v, tag, 3, depth))))
+            break;
+        if (tag == PG_TAG_FRACTION && (_PyLong_NumBits(a) / 8 >= PG_FRACTION_MAX_BYTES ||
+                                       _PyLong_NumBits(b) / 8 >= PG_FRACTION_MAX_BYTES)) {
+            bad_std(d, tag, "a numerator or denominator of 2 KiB or more");
+            break;
+        }
+        x = tag == PG_TAG_RANGE ? PyObject_CallFunctionObjArgs((PyObject *)&PyRange_Type, a, b, c, NULL)
+                                : PyObject_CallFunctionObjArgs(d->s->std.Fraction, a, b, NULL);
+        if (!x)
+            std_refused(d, tag);
+        break;
+    case PG_TAG_SLICE:
+        if ((a = std_obj(d, v, tag, 1, depth)) && (b = std_obj(d, v, tag, 2, depth)) &&
+            (c = std_obj(d, v, tag, 3, depth)))
+            x = PySlice_New(a, b, c);
+        break;
+    case PG_TAG_ELLIPSIS: return Py_NewRef(Py_Ellipsis);
+    case PG_TAG_PACKED: return dec_packed(d, v, n, depth);
+    }
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    Py_XDECREF(c);
+    return x;
 }
 
 /* ---- dispatch ------------------------------------------------------------------------ */
@@ -796,6 +1587,7 @@ PyObject *pg_decode(pg_decode_ctx_t *dc, gser_value_t *root)
     d.s = dc->owner->state;
     d.path.len = 0;
     d.cost = 0;
+    d.ext = false;
     /* The same bound as the core's: max_expansion times the message's size. */
     gser_limits_t lim = GSER_LIMITS_INIT;
     uint64_t size = 0;

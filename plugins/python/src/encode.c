@@ -2,7 +2,13 @@
  *
  * Exact built-in types only, so that what comes back is of the same type:
  * None, bool, int (int64, or uint64 above INT64_MAX), float, str, bytes,
- * list, tuple, dict with scalar keys; then buffer-protocol objects (host
+ * list, tuple, dict with scalar keys; Python's standard data types (ints
+ * beyond 64 bits, complex, set, frozenset, dicts with other keys, datetime,
+ * date, time, timedelta, timezone, ZoneInfo, Decimal, UUID, Fraction, range,
+ * slice, Ellipsis) as tagged tuples inside a "python.tree" object, where
+ * long lists of one such type, of mixed scalars, of records or of rows are
+ * packed into typed columns (enc_scope, enc_std, enc_packed; the layouts in
+ * docs/wire-format.md 4.9); then buffer-protocol objects (host
  * buffers with dtype and shape, borrowed zero-copy when C-contiguous, copied
  * to C order otherwise), Arrow PyCapsule producers ("arrow.array" values,
  * arrow_capsule.c), __cuda_array_interface__ objects (device buffers, borrowed) and
@@ -13,6 +19,7 @@
  */
 #include "pygser.h" /* first: Python.h sets the feature macros */
 
+#include <datetime.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +35,16 @@ typedef struct enc {
     int charge_depth;
     int64_t budget;
     pg_path_t path;
+    /* Inside a "python.tree" sub-tree: Python's standard types are tagged
+     * tuples (pg_tag_t). Outside one, meeting such a value sets need_ext and
+     * returns -1 with no exception: the scope is encoded again as a
+     * "python.tree" (enc_scope), so messages without them are unchanged. */
+    bool ext;
+    bool need_ext;
+    /* The last datetime.timezone met and its fields (a timezone's name is
+     * only had from __getinitargs__, a call per object otherwise). */
+    PyObject *tz_obj, *tz_name;
+    int64_t tz_off;
 } enc_t;
 
 /* What gser costs more than pickle (dumps + loads), in ns per item, as
@@ -43,6 +60,11 @@ typedef struct enc {
 /* A top-level item of a collection that Dask would serialize on its own
  * (10..27 us: a serialize call, a sub-header, a frame). */
 #define PG_GAIN_DASK_ITEM 10000
+/* An item of a packed list of one standard type (pickle calls a
+ * constructor or __reduce__ per item: -300..-2800). */
+#define PG_COST_PACKED (-100)
+/* An item of a packed list of mixed scalars (what pickle costs more). */
+#define PG_GAIN_PACKED 10
 
 /* Count ns of extra cost (negative: savings) for an item at depth; -1 with
  * gser.Declined set once gser is behind. No path: declining must be cheap. */
@@ -58,6 +80,7 @@ static int charge(enc_t *e, int depth, int64_t ns)
 }
 
 static int enc_value(enc_t *e, PyObject *o, int depth, gser_value_t **out);
+static int enc_scope(enc_t *e, PyObject *o, int depth, gser_value_t **out);
 static int enc_interfaces(enc_t *e, PyObject *o, gser_value_t **out);
 
 /* A failed builder call: out of memory, in practice. */
@@ -76,7 +99,8 @@ static int not_impl(enc_t *e, PyObject *o, const char *why)
 
 /* ---- scalars ------------------------------------------------------------------ */
 
-/* An exact int as int64 (kind INT) or, above INT64_MAX, uint64 (kind UINT). */
+/* An exact int as int64 (kind INT) or, above INT64_MAX, uint64 (kind UINT):
+ * 0; 1 for an int beyond 64 bits; -1 with an exception set. */
 static int enc_int(enc_t *e, PyObject *o, gser_kind_t *kind, int64_t *i, uint64_t *u)
 {
     int overflow = 0;
@@ -88,7 +112,7 @@ static int enc_int(enc_t *e, PyObject *o, gser_kind_t *kind, int64_t *i, uint64_
         *i = (int64_t)v;
         return 0;
     }
-    if (overflow > 0) {
+    if (overflow > 0 && _PyLong_NumBits(o) <= 64) {
         unsigned long long uv = PyLong_AsUnsignedLongLong(o);
         if (!(uv == (unsigned long long)-1 && PyErr_Occurred())) {
             *kind = GSER_KIND_UINT;
@@ -97,11 +121,16 @@ static int enc_int(enc_t *e, PyObject *o, gser_kind_t *kind, int64_t *i, uint64_
         }
         PyErr_Clear();
     }
-    pg_path_raise(e->s, PyExc_OverflowError, GSER_OK, &e->path,
-                  "int %s does not fit in 64 bits (gser ints are int64, or uint64 up to 2**64-1)",
-                  overflow > 0 ? "above 2**64-1" : "below -2**63");
+    (void)e;
+    return 1; /* beyond 64 bits: a "python.tree" int (enc_bigint) */
+}
+
+static int need_ext(enc_t *e)
+{
+    e->need_ext = true;
     return -1;
 }
+static int enc_bigint(enc_t *e, PyObject *o, gser_value_t **out);
 
 static int enc_str(enc_t *e, PyObject *o, gser_value_t **out)
 {
@@ -143,8 +172,9 @@ static int enc_scalar(enc_t *e, PyObject *o, gser_value_t **out)
         gser_kind_t k;
         int64_t i = 0;
         uint64_t u = 0;
-        if (enc_int(e, o, &k, &i, &u) < 0)
-            return -1;
+        int r = enc_int(e, o, &k, &i, &u);
+        if (r)
+            return r < 0 ? -1 : !e->ext ? need_ext(e) : enc_bigint(e, o, out) < 0 ? -1 : 1;
         st = k == GSER_KIND_INT ? gser_msg_new_int(e->msg, i, out) : gser_msg_new_uint(e->msg, u, out);
     } else if (t == &PyUnicode_Type)
         return enc_str(e, o, out) < 0 ? -1 : 1;
@@ -181,9 +211,19 @@ static int enc_append(enc_t *e, gser_value_t *list, PyObject *item, int depth)
         gser_kind_t k;
         int64_t i = 0;
         uint64_t u = 0;
-        if (enc_int(e, item, &k, &i, &u) < 0)
+        int r = enc_int(e, item, &k, &i, &u);
+        if (r > 0) {
+            gser_value_t *v;
+            if (!e->ext)
+                return need_ext(e);
+            if (enc_bigint(e, item, &v) < 0)
+                return -1;
+            st = gser_list_append(list, v);
+        } else if (r < 0) {
             return -1;
-        st = k == GSER_KIND_INT ? gser_list_append_int(list, i) : gser_list_append_uint(list, u);
+        } else {
+            st = k == GSER_KIND_INT ? gser_list_append_int(list, i) : gser_list_append_uint(list, u);
+        }
     } else if (item == Py_True || item == Py_False) {
         st = gser_list_append_bool(list, item == Py_True);
     } else if (item == Py_None) {
@@ -273,6 +313,8 @@ nomem:
     return -1;
 }
 
+static int enc_packed(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_t **out);
+
 static int enc_seq(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_t **out)
 {
     gser_kind_t kind;
@@ -283,6 +325,12 @@ static int enc_seq(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_t **
         Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
         return charge(e, depth + 1, -(int64_t)n * (kind == GSER_KIND_FLOAT ? PG_GAIN_FLOAT : PG_GAIN_INT));
     }
+    Py_ssize_t n = tuple ? PyTuple_GET_SIZE(o) : PyList_GET_SIZE(o);
+    if (n >= 2) {
+        int packed = enc_packed(e, o, tuple, depth, out);
+        if (packed)
+            return packed < 0 ? -1 : 0;
+    }
     if (charge(e, depth, PG_COST_SEQ) < 0)
         return -1;
 
@@ -290,7 +338,14 @@ static int enc_seq(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_t **
     gser_status_t st = tuple ? gser_msg_new_tuple(e->msg, &list) : gser_msg_new_list(e->msg, &list);
     if (st)
         return fail_st(e, st, "gser_msg_new_list");
-    Py_ssize_t n = tuple ? PyTuple_GET_SIZE(o) : PyList_GET_SIZE(o);
+    /* In a "python.tree", a tuple whose first item is a uint would read as a
+     * tag: it is escaped as (PG_TAG_TUPLE, items...). */
+    if (tuple && n && e->ext && Py_TYPE(PyTuple_GET_ITEM(o, 0)) == &PyLong_Type) {
+        int overflow = 0;
+        PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(o, 0), &overflow);
+        if (overflow > 0 && (st = gser_list_append_uint(list, PG_TAG_TUPLE)))
+            return fail_st(e, st, "gser_list_append_uint");
+    }
     if (n && check_depth(e, depth) < 0)
         return -1;
     int slot = e->path.len++;
@@ -308,8 +363,34 @@ static int enc_seq(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_t **
     return 0;
 }
 
+/* Whether o is a gser map key as it is (a scalar; large bytes are typed objects). */
+static bool is_map_key(PyObject *o)
+{
+    PyTypeObject *t = Py_TYPE(o);
+    if (t == &PyUnicode_Type || o == Py_None || t == &PyBool_Type || t == &PyFloat_Type)
+        return true;
+    if (t == &PyBytes_Type)
+        return PyBytes_GET_SIZE(o) < PG_BYTES_FRAME_MIN;
+    if (t != &PyLong_Type)
+        return false;
+    int overflow = 0;
+    PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow <= 0)
+        return overflow == 0;
+    return _PyLong_NumBits(o) <= 64; /* no exception to raise and clear */
+}
+
+static int enc_std_dict(enc_t *e, PyObject *o, int depth, gser_value_t **out);
+
 static int enc_dict(enc_t *e, PyObject *o, int depth, gser_value_t **out)
 {
+    if (e->ext) { /* keys that are not scalars: (PG_TAG_DICT, keys, values) */
+        Py_ssize_t pos = 0;
+        PyObject *key, *value;
+        while (PyDict_Next(o, &pos, &key, &value))
+            if (!is_map_key(key))
+                return enc_std_dict(e, o, depth, out);
+    }
     gser_value_t *map;
     gser_status_t st = gser_msg_new_map(e->msg, &map);
     if (st)
@@ -340,8 +421,10 @@ static int enc_dict(enc_t *e, PyObject *o, int depth, gser_value_t **out)
             Py_DECREF(value);
             return -1;
         }
-        int sc = enc_scalar(e, key, &k);
-        if (sc == 0) {
+        int sc = is_map_key(key) ? enc_scalar(e, key, &k) : 0;
+        if (sc == 0 && !e->ext) {
+            r = need_ext(e); /* a key the "python.tree" form may carry */
+        } else if (sc == 0) {
             e->path.seg[slot].key = NULL; /* the key itself cannot be shown as a path */
             pg_path_raise(e->s, PyExc_NotImplementedError, GSER_OK, &e->path,
                           "dict key of type %s: gser map keys are None, bool, int, float, str or bytes",
@@ -687,8 +770,12 @@ static int enc_ndarray_typed(enc_t *e, PyObject *o, int depth, gser_value_t **ou
     } else {
         PyBuffer_Release(&view);
     }
-    if (r == 0)
+    if (r == 0) { /* data of its own: no "python.tree" tags */
+        bool ext = e->ext;
+        e->ext = false;
         r = enc_value(e, descr, depth + 1, &dv);
+        e->ext = ext;
+    }
     Py_DECREF(descr);
     if (r == 0 && ((st = gser_list_append(tree, buf)) || (st = gser_list_append(tree, dv)) ||
                    (st = gser_list_append_bool(tree, writeable)) || (st = gser_list_append_int(tree, ndim))))
@@ -769,7 +856,7 @@ static int enc_registered(enc_t *e, PyObject *o, PyObject *entry, int depth, gse
     /* to_gser may hand back the object itself, or one of its type (a
      * contiguous copy): that one goes by its interfaces, not the registry. */
     if (r == 0)
-        r = Py_TYPE(value) == Py_TYPE(o) ? enc_interfaces(e, value, &payload) : enc_value(e, value, depth + 1, &payload);
+        r = Py_TYPE(value) == Py_TYPE(o) ? enc_interfaces(e, value, &payload) : enc_scope(e, value, depth + 1, &payload);
     e->strict = strict;
     e->decline = decline;
     Py_DECREF(value);
@@ -857,6 +944,793 @@ static int enc_npscalar(enc_t *e, PyObject *o, gser_value_t **out)
     return enc_typed(e, PG_T_NPSCALAR, tree, out);
 }
 
+/* ---- Python's standard types ("python.tree") ---------------------------------------- */
+
+/* The datetime C API, imported on first use (datetime.h's PyDateTimeAPI is
+ * per translation unit). */
+static int dt_ready(void)
+{
+    if (!PyDateTimeAPI)
+        PyDateTime_IMPORT;
+    return PyDateTimeAPI ? 0 : -1;
+}
+
+/* Which standard type o is exactly (a pg_tag_t), or -1: subclasses are not
+ * these types (they come back as themselves only through the registry). */
+static int std_kind(enc_t *e, PyObject *o)
+{
+    PyTypeObject *t = Py_TYPE(o);
+    if (t == &PyComplex_Type)
+        return PG_TAG_COMPLEX;
+    if (t == &PySet_Type)
+        return PG_TAG_SET;
+    if (t == &PyFrozenSet_Type)
+        return PG_TAG_FROZENSET;
+    if (t == &PyRange_Type)
+        return PG_TAG_RANGE;
+    if (t == &PySlice_Type)
+        return PG_TAG_SLICE;
+    if (o == Py_Ellipsis)
+        return PG_TAG_ELLIPSIS;
+    if (dt_ready() < 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    if (t == PyDateTimeAPI->DateTimeType)
+        return PG_TAG_DATETIME;
+    if (t == PyDateTimeAPI->DateType)
+        return PG_TAG_DATE;
+    if (t == PyDateTimeAPI->TimeType)
+        return PG_TAG_TIME;
+    if (t == PyDateTimeAPI->DeltaType)
+        return PG_TAG_TIMEDELTA;
+    if (t == Py_TYPE(PyDateTime_TimeZone_UTC))
+        return PG_TAG_TZ;
+    if (pg_std_ready(e->s) < 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    const pg_std_t *sd = &e->s->std;
+    if ((PyObject *)t == sd->Decimal)
+        return PG_TAG_DECIMAL;
+    if ((PyObject *)t == sd->UUID)
+        return PG_TAG_UUID;
+    if ((PyObject *)t == sd->Fraction)
+        return PG_TAG_FRACTION;
+    if ((PyObject *)t == sd->ZoneInfo)
+        return PG_TAG_ZONEINFO;
+    return -1;
+}
+
+/* A new tagged tuple (tag, ...). */
+static int esc_new(enc_t *e, pg_tag_t tag, gser_value_t **out)
+{
+    gser_status_t st = gser_msg_new_tuple(e->msg, out);
+    if (!st)
+        st = gser_list_append_uint(*out, tag);
+    return st ? fail_st(e, st, "gser_msg_new_tuple") : 0;
+}
+
+static int esc_append(enc_t *e, gser_value_t *t, gser_value_t *v)
+{
+    gser_status_t st = gser_list_append(t, v);
+    return st ? fail_st(e, st, "gser_list_append") : 0;
+}
+
+/* bytes the message borrows from a bytes object it keeps. */
+static int held_bytes(enc_t *e, PyObject *b, gser_value_t **out)
+{
+    if (pg_owner_hold_ref(e->owner, b) < 0)
+        return -1;
+    gser_status_t st = gser_msg_new_bytes(e->msg, PyBytes_AS_STRING(b), (size_t)PyBytes_GET_SIZE(b), out);
+    return st ? fail_st(e, st, "gser_msg_new_bytes") : 0;
+}
+
+/* (PG_TAG_INT, bytes) */
+static int enc_bigint(enc_t *e, PyObject *o, gser_value_t **out)
+{
+    PyObject *b = pg_long_to_le(o);
+    gser_value_t *bv;
+    int r = b ? held_bytes(e, b, &bv) : -1;
+    Py_XDECREF(b);
+    if (r == 0 && (r = esc_new(e, PG_TAG_INT, out)) == 0)
+        r = esc_append(e, *out, bv);
+    return r;
+}
+
+/* An exact int of any size (an attribute of a range or a Fraction). */
+static int enc_anyint(enc_t *e, PyObject *o, gser_value_t **out)
+{
+    if (!PyLong_CheckExact(o)) {
+        pg_path_raise(e->s, PyExc_NotImplementedError, GSER_OK, &e->path, "an int field of type %s",
+                      Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    int r = enc_scalar(e, o, out);
+    return r < 0 ? -1 : 0;
+}
+
+/* A tzinfo: None, (PG_TAG_TZ, offset us, name or None), (PG_TAG_ZONEINFO, key). */
+static int enc_tz(enc_t *e, PyObject *tz, gser_value_t **out)
+{
+    gser_status_t st;
+    if (tz == Py_None) {
+        st = gser_msg_new_nil(e->msg, out);
+        return st ? fail_st(e, st, "gser_msg_new_nil") : 0;
+    }
+    if (Py_TYPE(tz) == Py_TYPE(PyDateTime_TimeZone_UTC)) {
+        if (tz != e->tz_obj) {
+            PyObject *args = PyObject_CallMethod(tz, "__getinitargs__", NULL);
+            if (!args)
+                return -1;
+            if (!PyTuple_Check(args) || PyTuple_GET_SIZE(args) < 1 || !PyDelta_Check(PyTuple_GET_ITEM(args, 0))) {
+                Py_DECREF(args);
+                return not_impl(e, tz, ": its __getinitargs__ is not (offset[, name])");
+            }
+            PyObject *off = PyTuple_GET_ITEM(args, 0);
+            Py_XSETREF(e->tz_name, PyTuple_GET_SIZE(args) > 1 ? Py_NewRef(PyTuple_GET_ITEM(args, 1)) : NULL);
+            e->tz_off = ((int64_t)PyDateTime_DELTA_GET_DAYS(off) * 86400 + PyDateTime_DELTA_GET_SECONDS(off)) *
+                            1000000 + PyDateTime_DELTA_GET_MICROSECONDS(off);
+            Py_XSETREF(e->tz_obj, Py_NewRef(tz));
+            Py_DECREF(args);
+        }
+        gser_value_t *name = NULL;
+        int r = esc_new(e, PG_TAG_TZ, out);
+        if (r == 0 && (st = gser_list_append_int(*out, e->tz_off)))
+            r = fail_st(e, st, "gser_list_append_int");
+        if (r == 0 && e->tz_name && !PyUnicode_CheckExact(e->tz_name))
+            r = not_impl(e, tz, ": a timezone whose name is not a str");
+        if (r == 0)
+            r = e->tz_name ? enc_str(e, e->tz_name, &name) : (st = gser_msg_new_nil(e->msg, &name)) ? fail_st(e, st, "nil") : 0;
+        return r ? r : esc_append(e, *out, name);
+    }
+    if (pg_std_ready(e->s) < 0)
+        return -1;
+    if ((PyObject *)Py_TYPE(tz) == e->s->std.ZoneInfo) {
+        PyObject *key = PyObject_GetAttrString(tz, "key");
+        if (!key)
+            return -1;
+        gser_value_t *kv;
+        int r = PyUnicode_CheckExact(key) ? enc_str(e, key, &kv) : not_impl(e, tz, " without a key (ZoneInfo.from_file)");
+        Py_DECREF(key);
+        if (r == 0 && (r = esc_new(e, PG_TAG_ZONEINFO, out)) == 0)
+            r = esc_append(e, *out, kv);
+        return r;
+    }
+    pg_path_raise(e->s, PyExc_NotImplementedError, GSER_OK, &e->path,
+                  "a tzinfo of type %s (gser carries datetime.timezone and zoneinfo.ZoneInfo)", Py_TYPE(tz)->tp_name);
+    return -1;
+}
+
+static PyObject *dt_tzinfo(PyObject *o, bool is_time)
+{
+    if (is_time)
+        return ((_PyDateTime_BaseTZInfo *)o)->hastzinfo ? ((PyDateTime_Time *)o)->tzinfo : Py_None;
+    return ((_PyDateTime_BaseTZInfo *)o)->hastzinfo ? ((PyDateTime_DateTime *)o)->tzinfo : Py_None;
+}
+
+static int64_t pack_dt(PyObject *o)
+{
+    return pg_pack_datetime(PyDateTime_GET_YEAR(o), PyDateTime_GET_MONTH(o), PyDateTime_GET_DAY(o),
+                            PyDateTime_DATE_GET_HOUR(o), PyDateTime_DATE_GET_MINUTE(o),
+                            PyDateTime_DATE_GET_SECOND(o), PyDateTime_DATE_GET_MICROSECOND(o),
+                            PyDateTime_DATE_GET_FOLD(o));
+}
+
+static int64_t pack_date(PyObject *o)
+{
+    return (int64_t)PyDateTime_GET_YEAR(o) << 9 | PyDateTime_GET_MONTH(o) << 5 | PyDateTime_GET_DAY(o);
+}
+
+static int64_t pack_time(PyObject *o)
+{
+    return pg_pack_time(PyDateTime_TIME_GET_HOUR(o), PyDateTime_TIME_GET_MINUTE(o), PyDateTime_TIME_GET_SECOND(o),
+                        PyDateTime_TIME_GET_MICROSECOND(o), PyDateTime_TIME_GET_FOLD(o));
+}
+
+/* The 16 bytes of a UUID (big-endian, as UUID.bytes) into p; its is_safe
+ * as None (unknown) or an int in *safe (a new reference). */
+static int uuid_fields(enc_t *e, PyObject *o, unsigned char *p, PyObject **safe)
+{
+    PyObject *i = PyObject_GetAttrString(o, "int");
+    if (!i)
+        return -1;
+    int r;
+    if (!PyLong_CheckExact(i)) {
+        r = not_impl(e, o, ": its int is not an int");
+    } else {
+#if PY_VERSION_HEX >= 0x030D0000
+        Py_ssize_t w = PyLong_AsNativeBytes(i, p, 16, Py_ASNATIVEBYTES_BIG_ENDIAN | Py_ASNATIVEBYTES_UNSIGNED_BUFFER);
+        r = w < 0 ? -1 : w > 16 ? not_impl(e, o, ": its int has more than 128 bits") : 0;
+#else
+        r = _PyLong_AsByteArray((PyLongObject *)i, p, 16, 0, 0);
+#endif
+    }
+    Py_DECREF(i);
+    if (r < 0 || !safe)
+        return r;
+    PyObject *s = PyObject_GetAttrString(o, "is_safe");
+    if (!s)
+        return -1;
+    if (s == e->s->std.SafeUUID_unknown) {
+        *safe = Py_NewRef(Py_None);
+    } else {
+        *safe = PyObject_GetAttrString(s, "value");
+        if (*safe && !PyLong_CheckExact(*safe)) {
+            Py_CLEAR(*safe);
+            not_impl(e, o, ": its is_safe is not a SafeUUID");
+        }
+    }
+    Py_DECREF(s);
+    return *safe ? 0 : -1;
+}
+
+/* A standard type (std_kind's tag) as a tagged tuple. */
+static int enc_std(enc_t *e, PyObject *o, int tag, int depth, gser_value_t **out)
+{
+    /* What one costs more than pickle, in ns (bench_family.py's std_* rows;
+     * a tagged tuple costs about what a tuple does, pickle calls a
+     * constructor or __reduce__ per object); a set's or dict's items are
+     * charged on their own. Rounded toward declining. */
+    static const int16_t cost[PG_TAG_COUNT] = {
+        [PG_TAG_COMPLEX] = -200,  [PG_TAG_DATETIME] = -200, [PG_TAG_DATE] = -200,   [PG_TAG_TIME] = -200,
+        [PG_TAG_TIMEDELTA] = -200, [PG_TAG_DECIMAL] = -150, [PG_TAG_UUID] = -800,   [PG_TAG_FRACTION] = 100,
+        [PG_TAG_RANGE] = 50,      [PG_TAG_SLICE] = -100,    [PG_TAG_SET] = 100,     [PG_TAG_FROZENSET] = 100,
+    };
+    if (charge(e, depth, cost[tag]) < 0)
+        return -1;
+    if (check_depth(e, depth) < 0)
+        return -1;
+    gser_value_t *t, *v;
+    gser_status_t st = GSER_OK;
+    if (tag == PG_TAG_TZ || tag == PG_TAG_ZONEINFO)
+        return enc_tz(e, o, out);
+    if (esc_new(e, tag, &t) < 0)
+        return -1;
+    int r = 0;
+    switch (tag) {
+    case PG_TAG_COMPLEX: {
+        Py_complex c = ((PyComplexObject *)o)->cval;
+        if ((st = gser_list_append_float(t, c.real)) || (st = gser_list_append_float(t, c.imag)))
+            r = fail_st(e, st, "gser_list_append_float");
+        break;
+    }
+    case PG_TAG_SET:
+    case PG_TAG_FROZENSET: {
+        PyObject *items = PySequence_List(o);
+        e->budget += PG_COST_SEQ; /* the list of the items is not the user's */
+        r = items ? enc_seq(e, items, false, depth + 1, &v) : -1;
+        Py_XDECREF(items);
+        if (r == 0)
+            r = esc_append(e, t, v);
+        break;
+    }
+    case PG_TAG_DATETIME:
+    case PG_TAG_TIME:
+        if ((st = gser_list_append_int(t, tag == PG_TAG_TIME ? pack_time(o) : pack_dt(o))))
+            r = fail_st(e, st, "gser_list_append_int");
+        else if ((r = enc_tz(e, dt_tzinfo(o, tag == PG_TAG_TIME), &v)) == 0)
+            r = esc_append(e, t, v);
+        break;
+    case PG_TAG_DATE:
+        if ((st = gser_list_append_int(t, pack_date(o))))
+            r = fail_st(e, st, "gser_list_append_int");
+        break;
+    case PG_TAG_TIMEDELTA:
+        if ((st = gser_list_append_int(t, PyDateTime_DELTA_GET_DAYS(o))) ||
+            (st = gser_list_append_int(t, (int64_t)PyDateTime_DELTA_GET_SECONDS(o) * 1000000 +
+                                              PyDateTime_DELTA_GET_MICROSECONDS(o))))
+            r = fail_st(e, st, "gser_list_append_int");
+        break;
+    case PG_TAG_DECIMAL: {
+        PyObject *str = PyObject_Str(o);
+        r = str ? enc_str(e, str, &v) : -1;
+        Py_XDECREF(str);
+        if (r == 0)
+            r = esc_append(e, t, v);
+        break;
+    }
+    case PG_TAG_UUID: {
+        PyObject *safe = NULL, *b = PyBytes_FromStringAndSize(NULL, 16);
+        gser_value_t *sv;
+        r = b ? uuid_fields(e, o, (unsigned char *)PyBytes_AS_STRING(b), &safe) : -1;
+        if (r == 0 && (r = held_bytes(e, b, &v)) == 0 && (r = esc_append(e, t, v)) == 0 &&
+            (r = enc_scalar(e, safe, &sv) < 0 ? -1 : 0) == 0)
+            r = esc_append(e, t, sv);
+        Py_XDECREF(b);
+        Py_XDECREF(safe);
+        break;
+    }
+    case PG_TAG_FRACTION:
+    case PG_TAG_RANGE: {
+        static const char *const frac[] = {"numerator", "denominator", NULL};
+        static const char *const rng[] = {"start", "stop", "step", NULL};
+        for (const char *const *a = tag == PG_TAG_RANGE ? rng : frac; r == 0 && *a; a++) {
+            PyObject *x = PyObject_GetAttrString(o, *a);
+            if (!x) {
+                r = -1;
+                break;
+            }
+            if (tag == PG_TAG_FRACTION && PyLong_CheckExact(x) &&
+                _PyLong_NumBits(x) / 8 >= PG_FRACTION_MAX_BYTES)
+                r = not_impl(e, o, ": a numerator or denominator of 2 KiB or more (rebuilding it would cost a "
+                                   "gcd of that size)");
+            if (r == 0 && (r = enc_anyint(e, x, &v)) == 0)
+                r = esc_append(e, t, v);
+            Py_DECREF(x);
+        }
+        break;
+    }
+    case PG_TAG_SLICE: {
+        PySliceObject *sl = (PySliceObject *)o;
+        PyObject *parts[3] = {sl->start, sl->stop, sl->step};
+        for (int i = 0; r == 0 && i < 3; i++) {
+            Py_INCREF(parts[i]);
+            r = enc_value(e, parts[i], depth + 1, &v);
+            Py_DECREF(parts[i]);
+            if (r == 0)
+                r = esc_append(e, t, v);
+        }
+        break;
+    }
+    case PG_TAG_ELLIPSIS: break;
+    default: r = not_impl(e, o, ": no encoding");
+    }
+    if (r == 0)
+        *out = t;
+    return r;
+}
+
+/* (PG_TAG_DICT, [keys], [values]): a dict with a key that is not a scalar. */
+static int enc_std_dict(enc_t *e, PyObject *o, int depth, gser_value_t **out)
+{
+    if (charge(e, depth, PG_COST_DICT) < 0 || check_depth(e, depth) < 0)
+        return -1;
+    PyObject *keys = PyDict_Keys(o), *values = keys ? PyDict_Values(o) : NULL;
+    gser_value_t *t, *kv, *vv;
+    int r = values ? esc_new(e, PG_TAG_DICT, &t) : -1;
+    e->budget += 2 * PG_COST_SEQ; /* the lists of keys and values are not the user's */
+    if (r == 0)
+        r = enc_seq(e, keys, false, depth + 1, &kv);
+    if (r == 0)
+        r = enc_seq(e, values, false, depth + 1, &vv);
+    Py_XDECREF(keys);
+    Py_XDECREF(values);
+    if (r == 0 && (r = esc_append(e, t, kv)) == 0 && (r = esc_append(e, t, vv)) == 0)
+        *out = t;
+    return r;
+}
+
+/* ---- packed lists of scalars, records and rows (in a "python.tree") ----------------- */
+
+/* Lists at least this long of mixed scalars (None, bool, int, float, str),
+ * of dicts with the same str keys, or of tuples of one length go packed:
+ * the core carries a few typed columns instead of a value per item. */
+#define PG_PACK_MIN 16
+
+
+static int sc_code(PyObject *x, uint64_t *bits)
+{
+    PyTypeObject *t = Py_TYPE(x);
+    if (t == &PyFloat_Type) {
+        double f = PyFloat_AS_DOUBLE(x);
+        memcpy(bits, &f, 8);
+        return PG_SC_FLOAT;
+    }
+    if (t == &PyUnicode_Type)
+        return PG_SC_STR;
+    if (t == &PyLong_Type) {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(x, &overflow);
+        if (!overflow) {
+            *bits = (uint64_t)v;
+            return PG_SC_INT;
+        }
+        if (overflow < 0 || _PyLong_NumBits(x) > 64)
+            return -1;
+        *bits = PyLong_AsUnsignedLongLong(x);
+        return PG_SC_UINT;
+    }
+    if (x == Py_None)
+        return PG_SC_NONE;
+    if (x == Py_False)
+        return PG_SC_FALSE;
+    if (x == Py_True)
+        return PG_SC_TRUE;
+    if (x == Py_Ellipsis)
+        return PG_SC_ELLIPSIS;
+    return -1;
+}
+
+/* (PG_TAG_PACKED, PG_TAG_SCALARS, tuple, codes, int64s, float64s, str byte
+ * lengths, str bytes, [other items]): a list of mixed scalars, and at most
+ * as many other items. 1 done, 0 not such a list. */
+static int enc_scalars(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_t **out)
+{
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+    PyObject **items = PySequence_Fast_ITEMS(o);
+    if (n < PG_PACK_MIN)
+        return 0;
+    size_t nint = 0, nflt = 0, nstr = 0, sbytes = 0, nother = 0;
+    unsigned seen = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t bits;
+        int c = sc_code(items[i], &bits);
+        if (c < 0) {
+            c = PG_SC_OTHER;
+            if (++nother * 2 > (size_t)n)
+                return 0; /* mostly containers or objects: item by item */
+        }
+        seen |= 1u << c;
+        nint += c == PG_SC_INT || c == PG_SC_UINT;
+        nflt += c == PG_SC_FLOAT;
+        if (c == PG_SC_STR) {
+            Py_ssize_t len;
+            if (!PyUnicode_AsUTF8AndSize(items[i], &len)) {
+                PyErr_Clear(); /* surrogates: the item by item path says where */
+                return 0;
+            }
+            nstr++;
+            sbytes += (size_t)len;
+        }
+    }
+    /* One kind: a typed array already, or a list of str (packed too inside
+     * a "python.tree", where it is no reason to start one). */
+    if (!(seen & (seen - 1)) && !(e->ext && seen == 1u << PG_SC_STR) && seen != 1u << PG_SC_ELLIPSIS)
+        return 0;
+    if (!e->ext)
+        return need_ext(e);
+    if (charge(e, depth + 1, -(int64_t)n * PG_GAIN_PACKED) < 0)
+        return -1;
+    /* codes, int64s, str lengths, float64s, str bytes: freed with the message */
+    size_t sizes[5] = {(size_t)n, nint * 8, nstr * 8, nflt * 8, sbytes};
+    void *all[5];
+    for (int i = 0; i < 5; i++) {
+        if (!(all[i] = malloc(sizes[i] ? sizes[i] : 1))) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        if (pg_owner_hold_alloc(e->owner, all[i]) < 0)
+            return -1;
+    }
+    unsigned char *codes = all[0];
+    int64_t *ints = all[1], *lens = all[2];
+    double *flts = all[3];
+    char *blob = all[4];
+    size_t ai = 0, af = 0, as = 0, at = 0;
+    gser_value_t *others;
+    gser_status_t st = gser_msg_new_list(e->msg, &others);
+    if (st)
+        return fail_st(e, st, "gser_msg_new_list");
+    if (check_depth(e, depth + 1) < 0)
+        return -1;
+    int slot = e->path.len++;
+    e->path.seg[slot].key = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t bits = 0;
+        int c = sc_code(items[i], &bits);
+        if (c < 0) { /* anything else, in a list of its own */
+            gser_value_t *ov;
+            e->path.seg[slot].index = i;
+            PyObject *x = Py_NewRef(items[i]);
+            int r = enc_value(e, x, depth + 2, &ov);
+            Py_DECREF(x);
+            if (r < 0)
+                return -1;
+            if ((st = gser_list_append(others, ov)))
+                return fail_st(e, st, "gser_list_append");
+            c = PG_SC_OTHER;
+        }
+        codes[i] = (unsigned char)c;
+        if (c == PG_SC_INT || c == PG_SC_UINT)
+            memcpy(&ints[ai++], &bits, 8);
+        else if (c == PG_SC_FLOAT)
+            memcpy(&flts[af++], &bits, 8);
+        else if (c == PG_SC_STR) {
+            Py_ssize_t len;
+            const char *s = PyUnicode_AsUTF8AndSize(items[i], &len);
+            memcpy(blob + at, s, (size_t)len);
+            lens[as++] = len;
+            at += (size_t)len;
+        }
+    }
+    e->path.len--;
+    gser_value_t *pk, *v;
+    if (esc_new(e, PG_TAG_PACKED, &pk) < 0)
+        return -1;
+    if ((st = gser_list_append_uint(pk, PG_TAG_SCALARS)) || (st = gser_list_append_bool(pk, tuple)) ||
+        (st = gser_msg_new_bytes(e->msg, codes, (size_t)n, &v)) || (st = gser_list_append(pk, v)) ||
+        (st = gser_msg_new_array(e->msg, GSER_KIND_INT, ints, nint, 0, &v)) || (st = gser_list_append(pk, v)) ||
+        (st = gser_msg_new_array(e->msg, GSER_KIND_FLOAT, flts, nflt, 0, &v)) || (st = gser_list_append(pk, v)) ||
+        (st = gser_msg_new_array(e->msg, GSER_KIND_INT, lens, nstr, 0, &v)) || (st = gser_list_append(pk, v)) ||
+        (st = gser_msg_new_bytes(e->msg, blob, sbytes, &v)) || (st = gser_list_append(pk, v)) ||
+        (st = gser_list_append(pk, others)))
+        return fail_st(e, st, "a packed list");
+    *out = pk;
+    return 1;
+}
+
+/* (PG_TAG_PACKED, PG_TAG_RECORDS, tuple, [keys], [column lists]): a list of
+ * dicts with the same str keys in the same order; (PG_TAG_PACKED,
+ * PG_TAG_ROWS, tuple, width, [column lists]): a list of tuples of one
+ * length. 1 done, 0 not such a list. */
+static int enc_columns(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_t **out)
+{
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+    PyObject **items = PySequence_Fast_ITEMS(o);
+    PyTypeObject *t = Py_TYPE(items[0]);
+    bool rec = t == &PyDict_Type;
+    if (n < PG_PACK_MIN || (!rec && t != &PyTuple_Type))
+        return 0;
+    Py_ssize_t k = rec ? PyDict_GET_SIZE(items[0]) : PyTuple_GET_SIZE(items[0]);
+    if (k == 0 || k > 4096)
+        return 0;
+    PyObject *keys = NULL;
+    if (rec) {
+        keys = PyDict_Keys(items[0]);
+        if (!keys)
+            return -1;
+        for (Py_ssize_t j = 0; j < k; j++)
+            if (!PyUnicode_CheckExact(PyList_GET_ITEM(keys, j))) {
+                Py_DECREF(keys);
+                return 0;
+            }
+    }
+    for (Py_ssize_t i = 1; i < n; i++) {
+        PyObject *x = items[i];
+        bool ok = Py_TYPE(x) == t && (rec ? PyDict_GET_SIZE(x) : PyTuple_GET_SIZE(x)) == k;
+        if (ok && rec) {
+            Py_ssize_t pos = 0, j = 0;
+            PyObject *key, *val;
+            while (ok && PyDict_Next(x, &pos, &key, &val)) {
+                PyObject *want = PyList_GET_ITEM(keys, j++);
+                ok = key == want || (PyUnicode_CheckExact(key) && PyUnicode_Compare(key, want) == 0);
+            }
+        }
+        if (!ok) {
+            Py_XDECREF(keys);
+            return 0;
+        }
+    }
+    if (!e->ext) {
+        Py_XDECREF(keys);
+        return need_ext(e);
+    }
+    /* Each dict or tuple saves its container's cost (charged by the columns' items). */
+    int r = charge(e, depth + 1, -(int64_t)n * (rec ? PG_COST_DICT : PG_COST_SEQ));
+    gser_value_t *pk = NULL, *cols = NULL, *v;
+    gser_status_t st = GSER_OK;
+    if (r == 0 && (r = check_depth(e, depth + 1)) == 0 && (r = esc_new(e, PG_TAG_PACKED, &pk)) == 0 &&
+        ((st = gser_list_append_uint(pk, rec ? PG_TAG_RECORDS : PG_TAG_ROWS)) ||
+         (st = gser_list_append_bool(pk, tuple)) || (st = gser_msg_new_list(e->msg, &cols))))
+        r = fail_st(e, st, "a packed list");
+    if (r == 0) {
+        if (rec)
+            r = enc_seq(e, keys, false, depth + 1, &v);
+        else
+            r = (st = gser_msg_new_int(e->msg, k, &v)) ? fail_st(e, st, "gser_msg_new_int") : 0;
+        if (r == 0)
+            r = esc_append(e, pk, v);
+    }
+    /* One column at a time, as a list of its own (its items kept alive by it). */
+    int slot = e->path.len++;
+    for (Py_ssize_t j = 0; r == 0 && j < k; j++) {
+        e->path.seg[slot].key = rec ? PyList_GET_ITEM(keys, j) : NULL;
+        e->path.seg[slot].index = j;
+        PyObject *col = PyList_New(n);
+        if (!col) {
+            r = -1;
+            break;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *x = rec ? PyDict_GetItemWithError(items[i], PyList_GET_ITEM(keys, j)) : PyTuple_GET_ITEM(items[i], j);
+            if (!x) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_RuntimeError, "a dict changed while it was being serialized");
+                r = -1;
+                break;
+            }
+            PyList_SET_ITEM(col, i, Py_NewRef(x));
+        }
+        e->budget += PG_COST_SEQ; /* a column is not a list of the user's */
+        if (r == 0)
+            r = enc_seq(e, col, false, depth + 2, &v);
+        Py_DECREF(col);
+        if (r == 0)
+            r = esc_append(e, cols, v);
+    }
+    if (r == 0)
+        e->path.len--;
+    Py_XDECREF(keys);
+    if (r == 0 && (r = esc_append(e, pk, cols)) == 0)
+        *out = pk;
+    return r < 0 ? -1 : 1;
+}
+
+/* A list or tuple of at least 2 items of one standard type (datetimes with
+ * one tzinfo, dates, times with one tzinfo, timedeltas, complex numbers,
+ * Decimals, UUIDs whose is_safe is unknown, ints not all within 64 bits):
+ * (PG_TAG_PACKED, kind tag, tuple, payload...), one value for all items.
+ * 1 if done, 0 if the items are not all of one such kind, -1 on error. */
+static int enc_packed(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_t **out)
+{
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+    PyObject **items = PySequence_Fast_ITEMS(o);
+    PyTypeObject *t = Py_TYPE(items[0]);
+    if (t == &PyDict_Type || t == &PyTuple_Type)
+        return enc_columns(e, o, tuple, depth, out);
+    int tag = t == &PyLong_Type ? PG_TAG_INT : std_kind(e, items[0]);
+    bool one = tag == PG_TAG_INT || tag == PG_TAG_DATETIME || tag == PG_TAG_DATE || tag == PG_TAG_TIME ||
+               tag == PG_TAG_TIMEDELTA || tag == PG_TAG_COMPLEX || tag == PG_TAG_DECIMAL || tag == PG_TAG_UUID;
+    bool is_time = tag == PG_TAG_TIME;
+    PyObject *tz = one && (tag == PG_TAG_DATETIME || is_time) ? dt_tzinfo(items[0], is_time) : NULL;
+    for (Py_ssize_t i = 1; one && i < n; i++)
+        if (Py_TYPE(items[i]) != t || (tz && dt_tzinfo(items[i], is_time) != tz))
+            one = false;
+    if (one && tag == PG_TAG_INT) { /* ints within 64 bits (uints among them): mixed scalars */
+        bool big = false;
+        for (Py_ssize_t i = 0; i < n && !big; i++)
+            big = !is_map_key(items[i]); /* beyond int64 and uint64 */
+        one = big;
+    }
+    if (!one) /* not all of one standard type: mixed scalars, maybe */
+        return n >= PG_PACK_MIN ? enc_scalars(e, o, tuple, depth, out) : 0;
+    if (!e->ext)
+        return need_ext(e);
+    if (charge(e, depth + 1, (int64_t)n * PG_COST_PACKED) < 0 || check_depth(e, depth) < 0)
+        return -1;
+    gser_value_t *pk, *v = NULL;
+    gser_status_t st;
+    if (esc_new(e, PG_TAG_PACKED, &pk) < 0)
+        return -1;
+    if ((st = gser_list_append_uint(pk, (uint64_t)tag)) || (st = gser_list_append_bool(pk, tuple)))
+        return fail_st(e, st, "gser_list_append");
+    if (tz) {
+        if (enc_tz(e, tz, &v) < 0 || esc_append(e, pk, v) < 0)
+            return -1;
+    }
+    int r = 0;
+    switch (tag) {
+    case PG_TAG_DATETIME:
+    case PG_TAG_DATE:
+    case PG_TAG_TIME:
+    case PG_TAG_TIMEDELTA:
+    case PG_TAG_COMPLEX: {
+        size_t per = tag == PG_TAG_TIMEDELTA || tag == PG_TAG_COMPLEX ? 2 : 1;
+        int64_t *a = malloc((size_t)n * per * sizeof *a);
+        if (!a) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *x = items[i];
+            if (tag == PG_TAG_DATETIME)
+                a[i] = pack_dt(x);
+            else if (tag == PG_TAG_DATE)
+                a[i] = pack_date(x);
+            else if (tag == PG_TAG_TIME)
+                a[i] = pack_time(x);
+            else if (tag == PG_TAG_TIMEDELTA) {
+                a[2 * i] = PyDateTime_DELTA_GET_DAYS(x);
+                a[2 * i + 1] = (int64_t)PyDateTime_DELTA_GET_SECONDS(x) * 1000000 + PyDateTime_DELTA_GET_MICROSECONDS(x);
+            } else {
+                Py_complex c = ((PyComplexObject *)x)->cval;
+                memcpy(&a[2 * i], &c.real, 8);
+                memcpy(&a[2 * i + 1], &c.imag, 8);
+            }
+        }
+        if (pg_owner_hold_alloc(e->owner, a) < 0)
+            return -1;
+        st = gser_msg_new_array(e->msg, tag == PG_TAG_COMPLEX ? GSER_KIND_FLOAT : GSER_KIND_INT, a, (size_t)n * per, 0,
+                                &v);
+        r = st ? fail_st(e, st, "gser_msg_new_array") : 0;
+        break;
+    }
+    case PG_TAG_DECIMAL:
+        if ((st = gser_msg_new_list(e->msg, &v)))
+            return fail_st(e, st, "gser_msg_new_list");
+        for (Py_ssize_t i = 0; r == 0 && i < n; i++) {
+            PyObject *str = PyObject_Str(items[i]);
+            gser_value_t *sv;
+            r = str ? enc_str(e, str, &sv) : -1;
+            Py_XDECREF(str);
+            if (r == 0)
+                r = esc_append(e, v, sv);
+        }
+        break;
+    case PG_TAG_UUID: {
+        unsigned char *b = malloc((size_t)n * 16);
+        if (!b || pg_owner_hold_alloc(e->owner, b) < 0) {
+            if (!b)
+                PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t i = 0; r == 0 && i < n; i++) {
+            PyObject *safe = PyObject_GetAttrString(items[i], "is_safe");
+            if (!safe)
+                return -1;
+            Py_DECREF(safe);
+            if (safe != e->s->std.SafeUUID_unknown)
+                return 0; /* each with its own is_safe */
+            r = uuid_fields(e, items[i], b + 16 * i, NULL);
+        }
+        if (r == 0 && (st = gser_msg_new_bytes(e->msg, b, (size_t)n * 16, &v)))
+            r = fail_st(e, st, "gser_msg_new_bytes");
+        break;
+    }
+    case PG_TAG_INT: { /* the byte lengths, then every int's bytes */
+        int64_t *lens = malloc((size_t)n * sizeof *lens);
+        if (!lens) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        if (pg_owner_hold_alloc(e->owner, lens) < 0)
+            return -1;
+        size_t total = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            size_t bits = _PyLong_NumBits(items[i]);
+            if (bits == (size_t)-1 && PyErr_Occurred())
+                return -1;
+            lens[i] = (int64_t)(bits / 8 + 1);
+            total += bits / 8 + 1;
+        }
+        unsigned char *b = malloc(total ? total : 1);
+        if (!b) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        if (pg_owner_hold_alloc(e->owner, b) < 0)
+            return -1;
+        size_t at = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (pg_long_write_le(items[i], b + at, (size_t)lens[i]) < 0)
+                return -1;
+            at += (size_t)lens[i];
+        }
+        gser_value_t *lv;
+        st = gser_msg_new_array(e->msg, GSER_KIND_INT, lens, (size_t)n, 0, &lv);
+        r = st ? fail_st(e, st, "gser_msg_new_array") : esc_append(e, pk, lv);
+        if (r == 0 && (st = gser_msg_new_bytes(e->msg, b, total, &v)))
+            r = fail_st(e, st, "gser_msg_new_bytes");
+        break;
+    }
+    }
+    if (r < 0 || esc_append(e, pk, v) < 0)
+        return -1;
+    *out = pk;
+    return 1;
+}
+
+/* Encode o as a value of a scope of its own (the message's root, a
+ * registered type's payload): as it is when it holds none of Python's
+ * standard types, else again as a "python.tree" object. */
+static int enc_scope(enc_t *e, PyObject *o, int depth, gser_value_t **out)
+{
+    bool ext = e->ext;
+    int plen = e->path.len;
+    int64_t budget = e->budget;
+    Py_ssize_t nfobjs = e->owner->nfobjs;
+    e->ext = false;
+    e->need_ext = false;
+    int r = enc_value(e, o, depth, out);
+    if (r < 0 && e->need_ext && !PyErr_Occurred()) {
+        /* The first try's values stay in the message unused; the frames it
+         * noted (large bytes) are forgotten, as they will be noted again. */
+        while (e->owner->nfobjs > nfobjs)
+            Py_CLEAR(e->owner->fobjs[--e->owner->nfobjs].obj);
+        e->need_ext = false;
+        e->ext = true;
+        e->path.len = plen;
+        e->budget = budget;
+        gser_value_t *inner;
+        r = enc_value(e, o, depth + 1, &inner);
+        if (r == 0)
+            r = enc_typed(e, PG_T_TREE, inner, out);
+    }
+    e->ext = ext;
+    return r;
+}
+
 /* ---- dispatch ------------------------------------------------------------------------ */
 
 static int enc_value(enc_t *e, PyObject *o, int depth, gser_value_t **out)
@@ -871,6 +1745,9 @@ static int enc_value(enc_t *e, PyObject *o, int depth, gser_value_t **out)
     int sc = enc_scalar(e, o, out);
     if (sc)
         return sc < 0 ? -1 : 0;
+    int tag = std_kind(e, o);
+    if (tag >= 0)
+        return e->ext ? enc_std(e, o, tag, depth, out) : need_ext(e);
     if (t == &PyByteArray_Type)
         return enc_bytes_like(e, o, PG_T_BYTEARRAY, out);
     if (t == &PyMemoryView_Type)
@@ -930,6 +1807,8 @@ int pg_encode(PgOwner *owner, PyObject *obj, const pg_encode_options_t *opts)
     e.charge_depth = opts && opts->decline == PG_DECLINE_COLLECTION ? 3 : 2;
     e.budget = PG_COST_SLACK;
     e.path.len = 0;
+    e.ext = e.need_ext = false;
+    e.tz_obj = e.tz_name = NULL;
     /* A collection Dask would serialize item by item: each top-level item
      * gser carries in the one message saves Dask's per-item work. */
     if (e.decline && opts->decline == PG_DECLINE_COLLECTION) {
@@ -939,7 +1818,10 @@ int pg_encode(PgOwner *owner, PyObject *obj, const pg_encode_options_t *opts)
         e.budget += (int64_t)n * PG_GAIN_DASK_ITEM;
     }
     gser_value_t *root;
-    if (enc_value(&e, obj, 1, &root) < 0)
+    int r = enc_scope(&e, obj, 1, &root);
+    Py_XDECREF(e.tz_obj);
+    Py_XDECREF(e.tz_name);
+    if (r < 0)
         return -1;
     st = gser_msg_set_root(owner->msg, root);
     return st ? fail_st(&e, st, "gser_msg_set_root") : 0;

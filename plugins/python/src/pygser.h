@@ -76,6 +76,15 @@ typedef struct pg_nps {
     PyObject *dtype_of;       /* cache: descr (str) -> dtype */
 } pg_nps_t;
 
+/* The standard library's classes the family carries (stdtypes.c), imported
+ * on first use: decimal.Decimal, uuid.UUID (and uuid.SafeUUID with its
+ * member unknown), fractions.Fraction, zoneinfo.ZoneInfo. */
+typedef struct pg_std {
+    bool tried;
+    PyObject *Decimal, *UUID, *SafeUUID, *SafeUUID_unknown, *Fraction, *ZoneInfo;
+    PyObject *str_int, *str_is_safe; /* interned attribute names */
+} pg_std_t;
+
 typedef struct pg_state {
     /* gser.GserError, a subclass of ValueError. */
     PyObject *GserError;
@@ -94,6 +103,8 @@ typedef struct pg_state {
     pg_numpy_t np;
     pg_nps_t nps;
     PyObject *np_dtype_to_descr; /* numpy.lib.format.dtype_to_descr, for typed arrays (encode.c) */
+    /* The standard library's data types ("python.tree", stdtypes.c). */
+    pg_std_t std;
 } pg_state_t;
 
 /* The state of module m (an instance of gser._gser). */
@@ -386,6 +397,7 @@ typedef enum pg_type {
     PG_T_MEMORYVIEW, /* memoryview: a buffer (with its format and shape) */
     PG_T_PYTYPE,     /* gser.register_type: (name, what to_gser returned) */
     PG_T_NPSCALAR,   /* numpy scalars: (dtype description, the item's bytes) */
+    PG_T_TREE,       /* a value holding the standard types below: tuples starting with a uint tag */
     PG_T_COUNT
 } pg_type_t;
 
@@ -417,6 +429,64 @@ int pg_npscalar_encode(pg_state_t *s, gser_msg_t *msg, PyObject *o, const char *
 PyObject *pg_npscalar_decode(pg_state_t *s, PyObject *descr, const void *p, size_t n, const char **why);
 /* str, int, and lists and tuples of them, as gser values (dtype descriptions). */
 int pg_encode_plain(pg_state_t *s, gser_msg_t *msg, PyObject *o, gser_value_t **out);
+
+/* ---- the standard data types ("python.tree": encode.c, decode.c, stdtypes.c) -------------- */
+
+/* Inside a "python.tree" object's sub-tree, a tuple whose first item is a
+ * uint (never an int: the core keeps the two kinds apart) is one of these
+ * (docs/wire-format.md, "Python's standard types"): (tag, fields...). */
+typedef enum pg_tag {
+    PG_TAG_TUPLE = 0,     /* (0, items...): a user tuple whose first item is a uint */
+    PG_TAG_INT = 1,       /* (1, bytes): an int beyond 64 bits, little-endian two's complement */
+    PG_TAG_COMPLEX = 2,   /* (2, real, imag) */
+    PG_TAG_SET = 3,       /* (3, [items]) */
+    PG_TAG_FROZENSET = 4, /* (4, [items]) */
+    PG_TAG_DICT = 5,      /* (5, [keys], [values]): a dict with a key that is not a scalar */
+    PG_TAG_DATETIME = 6,  /* (6, packed fields, tz) */
+    PG_TAG_DATE = 7,      /* (7, packed fields) */
+    PG_TAG_TIME = 8,      /* (8, packed fields, tz) */
+    PG_TAG_TIMEDELTA = 9, /* (9, days, microseconds of the day) */
+    PG_TAG_TZ = 10,       /* (10, offset in microseconds, name or None): datetime.timezone */
+    PG_TAG_ZONEINFO = 11, /* (11, key): zoneinfo.ZoneInfo(key) */
+    PG_TAG_DECIMAL = 12,  /* (12, str) */
+    PG_TAG_UUID = 13,     /* (13, 16 bytes big-endian, is_safe: None or int) */
+    PG_TAG_FRACTION = 14, /* (14, numerator, denominator) */
+    PG_TAG_RANGE = 15,    /* (15, start, stop, step) */
+    PG_TAG_SLICE = 16,    /* (16, start, stop, step) */
+    PG_TAG_ELLIPSIS = 17, /* (17,) */
+    PG_TAG_PACKED = 18,   /* (18, kind tag, tuple, payload...): a list of one kind */
+    /* Kinds of packed lists only: */
+    PG_TAG_SCALARS = 19,  /* mixed None, bool, int, float, str, Ellipsis (and others aside) */
+    PG_TAG_RECORDS = 20,  /* dicts with the same str keys */
+    PG_TAG_ROWS = 21,     /* tuples of one length */
+    PG_TAG_COUNT
+} pg_tag_t;
+
+/* The item codes of a packed list of mixed scalars (PG_TAG_SCALARS). */
+enum { PG_SC_NONE, PG_SC_FALSE, PG_SC_TRUE, PG_SC_INT, PG_SC_FLOAT, PG_SC_STR, PG_SC_UINT, PG_SC_OTHER, PG_SC_ELLIPSIS };
+
+/* The most bytes of a Fraction's numerator or denominator: rebuilding one
+ * normalizes it (a gcd, quadratic in the size), so a hostile message could
+ * otherwise cost seconds per item. 2 KiB: about 4,900 decimal digits,
+ * Python's own int_max_str_digits bound is 4,300. */
+#define PG_FRACTION_MAX_BYTES 2048
+
+/* Import the classes of pg_std_t (once): 0, or -1 with an exception set. */
+int pg_std_ready(pg_state_t *s);
+/* An int of n little-endian two's complement bytes, and the other way: the
+ * fewest bytes that hold o (an exact int), in a new bytes object. */
+PyObject *pg_long_from_le(const unsigned char *p, size_t n, bool is_signed);
+PyObject *pg_long_to_le(PyObject *o);
+/* Write exact int o as n little-endian two's complement bytes: 0, or -1 (OverflowError). */
+int pg_long_write_le(PyObject *o, unsigned char *p, size_t n);
+/* The unsigned int of 16 big-endian bytes (a UUID's). */
+PyObject *pg_long_from_be16(const unsigned char *p);
+/* Pack and unpack datetime fields into an int64 (the layouts in
+ * docs/wire-format.md). */
+int64_t pg_pack_datetime(int y, int mo, int d, int h, int mi, int s, int us, int fold);
+int64_t pg_pack_time(int h, int mi, int s, int us, int fold);
+void pg_unpack_datetime(int64_t v, int *y, int *mo, int *d, int *h, int *mi, int *s, int *us, int *fold);
+void pg_unpack_time(int64_t v, int *h, int *mi, int *s, int *us, int *fold);
 
 /* ---- pandas columns (strcol.c) ----------------------------------------------------------- */
 

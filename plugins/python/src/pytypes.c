@@ -21,6 +21,7 @@ const char *const pg_type_names[PG_T_COUNT] = {
     [PG_T_MEMORYVIEW] = "python.memoryview",
     [PG_T_PYTYPE] = "python.type",
     [PG_T_NPSCALAR] = "numpy.scalar",
+    [PG_T_TREE] = "python.tree",
 };
 
 static gser_status_t tree_serialize(gser_context_t *ctx, const void *obj, gser_writer_t *w, void *user_data)

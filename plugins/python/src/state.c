@@ -52,7 +52,9 @@ int pg_type_add(PyObject *m, PyType_Spec *spec, PyTypeObject **slot, const char 
     X((s)->UcxListener) X((s)->UcxEndpoint) X((s)->UcxRequest) X((s)->reg_by_type) X((s)->reg_by_name)          \
     X((s)->reg_lazy) X((s)->np.ndarray) X((s)->np.require) X((s)->np.descr_to_dtype) X((s)->nps.generic)        \
     X((s)->nps.scalar) X((s)->nps.dtype_to_descr) X((s)->nps.descr_to_dtype) X((s)->nps.descr_of)               \
-    X((s)->nps.dtype_of) X((s)->np_dtype_to_descr)
+    X((s)->nps.dtype_of) X((s)->np_dtype_to_descr) X((s)->std.Decimal) X((s)->std.UUID)          \
+    X((s)->std.SafeUUID) X((s)->std.SafeUUID_unknown) X((s)->std.Fraction) X((s)->std.ZoneInfo)  \
+    X((s)->std.str_int) X((s)->std.str_is_safe)
 
 int pg_state_traverse(pg_state_t *s, visitproc visit, void *arg)
 {

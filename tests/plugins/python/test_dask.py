@@ -3,6 +3,10 @@ to Dask's other families (for what gser cannot carry, and for what it would
 carry more slowly), the peer check of the comm handshake, and end-to-end runs
 on local clusters."""
 
+import collections
+import dataclasses
+import datetime
+import decimal
 import importlib
 
 import pytest
@@ -65,6 +69,24 @@ def test_family_contract():
     assert np.array_equal(out["b"], obj["b"]) and out["b"].flags.writeable
 
 
+#: Types of the user's: carried only when registered by name.
+Pair = collections.namedtuple("Pair", "a b")
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    x: int
+    y: float
+
+
+class MyDatetime(datetime.datetime):
+    pass
+
+
+class MyDecimal(decimal.Decimal):
+    pass
+
+
 def nested(depth):
     obj = 1
     for _ in range(depth):
@@ -74,8 +96,11 @@ def nested(depth):
 
 @pytest.mark.parametrize(
     "obj",
-    [{1, 2}, 2**70, [1, 2**70], np.zeros(1, dtype=[("o", object)])[0], object(), "\ud800", nested(40)],
-    ids=["set", "bigint", "bigint_in_list", "np_object_scalar", "object", "surrogate", "deep"],
+    [{1, Pair(1, 2)}, Pair(1, 2), Point(1, 2.0), [1, Point(1, 2.0)], MyDatetime(2020, 1, 1), MyDecimal("1.5"),
+     {(1, 2): datetime.datetime(2020, 1, 1, tzinfo=datetime.tzinfo())},
+     np.zeros(1, dtype=[("o", object)])[0], object(), "\ud800", nested(40)],
+    ids=["set_of_namedtuple", "namedtuple", "dataclass", "dataclass_in_list", "datetime_subclass", "decimal_subclass",
+         "tzinfo_base", "np_object_scalar", "object", "surrogate", "deep"],
 )
 def test_family_refuses_with_not_implemented(obj):
     with pytest.raises(NotImplementedError):
@@ -115,8 +140,11 @@ def test_serialize_uses_gser_first_and_falls_through(registered):
     assert h["serializer"] == "gser"
     assert ser.deserialize(h, f) == [1.5] * 1000
     h, f = ser.serialize({1, 2, 3}, serializers=["gser", "pickle"])
-    assert h["serializer"] == "pickle"
+    assert h["serializer"] == "gser"
     assert ser.deserialize(h, f) == {1, 2, 3}
+    h, f = ser.serialize({1, Pair(2, 3)}, serializers=["gser", "pickle"])
+    assert h["serializer"] == "pickle"
+    assert ser.deserialize(h, f) == {1, Pair(2, 3)}
     h, f = ser.serialize(b"raw", serializers=["dask", "gser"])
     assert h["serializer"] == "dask"
 
@@ -131,10 +159,10 @@ def test_to_serialize_collection_is_one_message(registered):
     frames = dask_dumps({"data": to_serialize(mixed)}, serializers=list(gser.dask.SERIALIZERS))
     assert dask_loads(frames)["data"] == mixed
     # a collection gser cannot carry goes item by item, as Dask does it
-    odd = [1.5, {1, 2}, np.arange(3)]
+    odd = [1.5, Pair(1, 2), np.arange(3)]
     frames = dask_dumps({"data": to_serialize(odd)}, serializers=list(gser.dask.SERIALIZERS))
     out = dask_loads(frames)["data"]
-    assert out[0] == 1.5 and out[1] == {1, 2} and np.array_equal(out[2], np.arange(3))
+    assert out[0] == 1.5 and out[1] == Pair(1, 2) and np.array_equal(out[2], np.arange(3))
 
 
 def mixed_list(n):
@@ -142,26 +170,35 @@ def mixed_list(n):
 
 
 def test_declines_what_pickle_carries_faster(registered):
-    # a long list of mixed scalars, on its own: pickle is faster (BENCHMARKS.md)
+    # many small lists of varying length: pickle is faster (BENCHMARKS.md)
     with pytest.raises(gser.Declined):
-        gser.dask.dumps(mixed_list(5000))
+        gser.dask.dumps([[i, 1.5] * (1 + i % 3) for i in range(2000)])
     with pytest.raises(NotImplementedError):  # Declined is one, so Dask falls through
-        gser.dask.dumps({"a": [{"k": i, "v": 1.5} for i in range(2000)]})
-    h, f = ser.serialize(mixed_list(5000), serializers=list(gser.dask.SERIALIZERS))
+        gser.dask.dumps({"a": [[i, 1.5] * (1 + i % 3) for i in range(2000)]})
+    h, f = ser.serialize([[i, 1.5] * (1 + i % 3) for i in range(2000)], serializers=list(gser.dask.SERIALIZERS))
     assert h["serializer"] == "pickle"
+    # long lists of mixed scalars and of records go as typed columns: kept
+    for obj in (mixed_list(5000), {"a": [{"k": i, "v": 1.5} for i in range(2000)]}):
+        assert gser.dask.dumps(obj)[0]["gser"] == 1
     # what gser carries faster it keeps: arrays, strings, numpy, small messages
     for obj in ([1.5] * 5000, list(range(5000)), [f"s{i}" for i in range(5000)], np.arange(100_000),
                 {"op": "task-finished", "key": "x", "nbytes": 8, "startstops": ({"start": 1.5, "stop": 2.0},)}):
         assert gser.dask.dumps(obj)[0]["gser"] == 1
     # items Dask would serialize one by one: gser saves each one's cost, so a
-    # mixed list at the top is kept, and lists of mixed lists are declined
-    frames = dask_dumps({"data": to_serialize(mixed_list(5000))}, serializers=list(gser.dask.SERIALIZERS))
+    # list of lists of small lists at the top is kept, and lists of them
+    # are declined item by item
+    small = [[[i, 1.5] * (1 + i % 3) for i in range(2000)] for _ in range(4)]
+    frames = dask_dumps({"data": to_serialize(small[0])}, serializers=list(gser.dask.SERIALIZERS))
     assert msgpack.unpackb(frames[1])["serializer"] == "gser"
-    bag = [mixed_list(5000) for _ in range(4)]
-    frames = dask_dumps({"data": to_serialize(bag)}, serializers=list(gser.dask.SERIALIZERS))
+    frames = dask_dumps({"data": to_serialize(small)}, serializers=list(gser.dask.SERIALIZERS))
     sub = msgpack.unpackb(frames[1])
     assert sub.get("is-collection") and {h["serializer"] for h in sub["sub-headers"]} == {"pickle"}
-    assert dask_loads(frames, deserializers=WITH_PICKLE)["data"] == bag
+    assert dask_loads(frames, deserializers=WITH_PICKLE)["data"] == small
+    # a bag of mixed lists (floats, ints, strs) is one gser message now
+    bag = [mixed_list(5000) for _ in range(4)]
+    frames = dask_dumps({"data": to_serialize(bag)}, serializers=list(gser.dask.SERIALIZERS))
+    assert msgpack.unpackb(frames[1])["serializer"] == "gser"
+    assert dask_loads(frames, deserializers=list(gser.dask.DESERIALIZERS))["data"] == bag
 
 
 def test_without_collections_dask_iterates():
@@ -183,6 +220,8 @@ def test_default_makes_gser_first_without_serializers():
         assert h["serializer"] == "gser"
         assert ser.deserialize(h, f) == [2.5] * 1000
         h, f = ser.serialize({1, 2})
+        assert h["serializer"] == "gser"
+        h, f = ser.serialize(Pair(1, 2))
         assert h["serializer"] == "pickle"
         # clusters started from here load gser.dask too
         assert "gser.dask" in dask.config.get("distributed.worker.preload")

@@ -91,19 +91,17 @@ def test_int_range_edges():
     for v in (INT64_MAX + 1, UINT64_MAX):
         out = roundtrip(v)
         assert out == v and type(out) is int
-    for v in (UINT64_MAX + 1, INT64_MIN - 1, 10**40, -(10**40)):
-        with pytest.raises(OverflowError, match="64 bits"):
-            gser.dumps(v)
+    # beyond 64 bits: a "python.tree" int (two's complement bytes)
+    for v in (UINT64_MAX + 1, INT64_MIN - 1, 10**40, -(10**40), 2**10000, -(2**10000) + 1):
+        out = roundtrip(v)
+        assert out == v and type(out) is int
 
 
-def test_big_int_error_names_path():
-    with pytest.raises(OverflowError) as e:
-        gser.dumps([0, 1, {"payload": [1, 2**64]}])
-    assert str(e.value).startswith("$[2].payload[1]:"), str(e.value)
-    # in a list of more than 16 ints too (the contiguous fast path)
-    with pytest.raises(OverflowError) as e:
-        gser.dumps({"ids": list(range(100)) + [2**70]})
-    assert str(e.value).startswith("$.ids[100]:"), str(e.value)
+def test_big_ints_anywhere():
+    for v in ([0, 1, {"payload": [1, 2**64]}], {"ids": list(range(100)) + [2**70]}, (2**64, -(2**64)),
+              {2**80: "key"}, [[2**65] * 3, -(2**63) - 1]):
+        out = roundtrip(v)
+        assert out == v and repr(out) == repr(v)
 
 
 NESTED = {
@@ -183,18 +181,14 @@ class MyStr(str):
 @pytest.mark.parametrize(
     "obj",
     [
-        {1, 2},
-        frozenset(),
         object(),
         len,
         lambda: 1,
-        1j,
         Point(1, 2),
         OrderedDict(a=1),
         Color.RED,
         MyList([1]),
         MyStr("s"),
-        range(3),
         Exception("x"),
     ],
     ids=lambda o: type(o).__name__,
@@ -208,17 +202,21 @@ def test_unsupported_types_raise_not_implemented(obj):
 
 def test_unsupported_error_names_path():
     with pytest.raises(NotImplementedError) as e:
-        gser.dumps([0, 1, {"payload": {1, 2}}])
-    assert str(e.value).startswith("$[2].payload: gser cannot serialize an object of type set"), str(e.value)
+        gser.dumps([0, 1, {"payload": Color.RED}])
+    assert str(e.value).startswith("$[2].payload: gser cannot serialize an object of type Color"), str(e.value)
     with pytest.raises(NotImplementedError) as e:
         gser.dumps({"a b": [{"c": object()}]})
     assert str(e.value).startswith("$['a b'][0].c:"), str(e.value)
 
 
-def test_dict_keys_must_be_scalars():
-    for key in [(1, 2), frozenset([1]), Color.RED]:
-        with pytest.raises(NotImplementedError, match="dict key"):
-            gser.dumps({key: 1})
+def test_dict_keys_of_any_carried_type():
+    # keys that are not scalars: a "python.tree" dict of (keys, values)
+    for key in [(1, 2), frozenset([1]), ("x", (1, 2.5)), 2**70, None]:
+        d = {key: 1, "other": [key]}
+        out = roundtrip(d)
+        assert out == d and list(out) == list(d) and type(list(out)[0]) is type(key)
+    with pytest.raises(NotImplementedError, match="gser cannot serialize an object of type Color"):
+        gser.dumps({(1, 2): 0, Color.RED: 1})
 
 
 def test_str_with_surrogates_is_an_error():
@@ -286,7 +284,9 @@ def test_large_homogeneous_list_is_one_array(make):
 def test_large_mixed_list_keeps_item_types(make):
     obj = make()
     header, frames = gser.dumps(obj)
-    assert frames == []  # element-wise in the header: not converted
+    # not converted: element-wise, or (16 items and more of mixed scalars) a
+    # "python.tree" packed list of typed columns, codes saying each item's type
+    assert b"python.tree" in bytes(header) or frames == []
     out = gser.loads(header, frames)
     assert out == obj
     assert [type(x) for x in out] == [type(x) for x in obj]

@@ -2,8 +2,12 @@
 and flattened messages raise exceptions. Reference counts and memory stay
 flat over many round trips. Threads may share the module."""
 
+import datetime as dt
+import decimal
+import fractions
 import gc
 import os
+import uuid
 import random
 import sys
 import threading
@@ -30,6 +34,13 @@ def sample():
         "small": np.arange(6, dtype=np.int32),
         "bytes": bytearray(range(256)) * 2,
         "nested": {"a": {"b": {"c": [{"d": 1}]}}},
+        # Python's standard types: a "python.tree" object, its tagged tuples
+        # and packed columns under the same corruption as the rest
+        "std": [{(1, "k"): {2**70, -3}}, dt.datetime(2020, 1, 2, 3, tzinfo=dt.timezone.utc), dt.date(2021, 5, 6),
+                decimal.Decimal("-1.25E+7"), uuid.UUID(int=2**127 + 5), fractions.Fraction(-3, 8), range(1, 9, 2),
+                slice(1, None), ..., 2 + 3j, frozenset({"x"}), dt.timedelta(days=-2, microseconds=3)],
+        "packed": [[dt.datetime(2020, 1, 1, i) for i in range(20)], [(1.5, i, f"s{i}", None)[i % 4] for i in range(20)],
+                   [{"a": i, "b": f"v{i}"} for i in range(20)], [("k", i) for i in range(20)]],
     }
 
 
@@ -406,3 +417,47 @@ def test_threads_share_the_module():
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+# ---- Python's standard types ("python.tree") -----------------------------------------------------
+
+
+def test_standard_types_mutated_are_gser_errors():
+    # The fuzz seeds of the "python.tree" object (tests/fuzz/corpus), and
+    # the sample's standard types: every byte changed at random, a few at a
+    # time, gives a value or GserError, never another exception.
+    corpus = os.path.join(os.path.dirname(__file__), "..", "..", "fuzz", "corpus")
+    seeds = [open(os.path.join(corpus, f), "rb").read() for f in sorted(os.listdir(corpus))
+             if f.startswith("python-tree-")]
+    assert len(seeds) == 4
+    seeds.append(bytes(gser.to_bytes({"std": sample()["std"], "packed": sample()["packed"]})))
+    rng = random.Random(39)
+    for seed in seeds:
+        for _ in range(1000 if not SANITIZED else 200):
+            m = bytearray(seed)
+            for _ in range(rng.choice((1, 1, 2, 3))):
+                m[rng.randrange(len(m))] = rng.choice((0, 1, 0x7F, 0x80, 0xFF, 0xC0, 0xC3, 0x90, 0xA1, rng.randrange(256)))
+            try:
+                gser.from_bytes(bytes(m))
+            except gser.GserError:
+                pass
+
+
+def test_standard_types_hostile_fields():
+    # A few by hand (test_stdtypes.py has the full list): each a GserError
+    # naming the path, nothing else.
+    def u(n):
+        return ext(3, n.to_bytes(8, "little"))
+
+    def tree(root):
+        return {"v": [ext(6), "python.tree", "host", 1, 0, 0, msgpack.packb(root, use_bin_type=True)]}
+
+    for root in ([ext(2), u(6), -1, None],                    # a datetime out of range
+                 [ext(2), u(3), [[1], [2]]],                  # unhashable set items
+                 [ext(2), u(11), "../../etc/passwd"],        # a ZoneInfo key that is a path
+                 [ext(2), u(12), "NaN(1)"],                   # a Decimal str Decimal refuses
+                 [ext(2), u(18), u(19), False, b"\x05", [], [], [99], b"x", []]):  # a str past its bytes
+        with pytest.raises(gser.GserError) as e:
+            gser.loads(handmade(tree(root)), [])
+        # the module reads the tree (an older one says GSER_ERR_UNSUPPORTED)
+        assert "$.v" in str(e.value) and e.value.status_name == "GSER_ERR_FORMAT", str(e.value)

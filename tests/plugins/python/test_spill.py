@@ -2,6 +2,7 @@
 back, Dask's path for what gser declines, a full disk, files removed, and a
 worker whose data spills. Sizes are small: the GiB cases belong in benchmarks."""
 
+import collections
 import gc
 import os
 
@@ -118,12 +119,12 @@ def test_what_gser_declines_spills_with_dasks_path(tmp_path):
     store = SpillStore(memory_limit=1, local_directory=tmp_path)
     df = pd.DataFrame({"a": np.arange(1000), "b": np.arange(1000) / 7, "c": [f"s{i}" for i in range(1000)]})
     store["df"] = df
-    store["set"] = {1, 2, 3}
+    store["odict"] = collections.OrderedDict(a=1)  # a dict subclass: gser refuses it (a set it carries now)
     store["arr"] = arr(1)
-    assert store.tiers["disk"] == ["df", "set", "arr"] and not store.tiers["host"][:-1]
+    assert store.tiers["disk"] == ["df", "odict", "arr"] and not store.tiers["host"][:-1]
     assert {v[2] for v in store._disk.values()} >= {"dask", "gser"}
     pd.testing.assert_frame_equal(store["df"], df)
-    assert store["set"] == {1, 2, 3}
+    assert store["odict"] == collections.OrderedDict(a=1) and type(store["odict"]) is collections.OrderedDict
     assert np.array_equal(store["arr"], arr(1))
 
 

@@ -6,6 +6,7 @@ same values, and headers that python3-msgpack writes by the spec must load
 in gser as the spec says.
 """
 
+import datetime
 import struct
 
 import msgpack
@@ -26,6 +27,8 @@ def plain(v):
     if isinstance(v, ref.Object) and v.type == "numpy.ndarray":
         buf, descr = v.tree[0], v.tree[1]
         return buf.array if descr is None else buf.array.view(np.lib.format.descr_to_dtype(descr))
+    if isinstance(v, ref.Object) and v.type == "python.tree":
+        return untree(v.tree)
     if isinstance(v, ref.Uint):
         return v.value
     if isinstance(v, ref.Buffer):
@@ -39,6 +42,50 @@ def plain(v):
     if isinstance(v, tuple):
         return tuple(plain(x) for x in v)
     return v
+
+
+def untree(v):
+    """docs/wire-format.md 4.9, read from the spec: in a "python.tree", a
+    tuple whose first item is a uint is a tag (the kinds these tests send:
+    a user tuple, a big int, a set, a date, packed mixed scalars, records)."""
+    if isinstance(v, tuple) and v and isinstance(v[0], ref.Uint):
+        tag, f = v[0].value, v[1:]
+        if tag == 0:
+            return tuple(untree(x) for x in f)
+        if tag == 1:
+            return int.from_bytes(f[0], "little", signed=True)
+        if tag == 3:
+            return set(untree(f[0]))
+        if tag == 7:
+            return datetime.date(f[0] >> 9, f[0] >> 5 & 15, f[0] & 31)
+        assert tag == 18, tag
+        kind, container, cols = f[0].value, f[1], f[2:]
+        if kind == 19:
+            codes, ints, floats, lens, blob, others = cols
+            ints, floats, lens, others = iter(ints), iter(floats), iter(lens), iter(others)
+            out, at = [], 0
+            for c in codes:
+                if c == 5:
+                    n = next(lens)
+                    out.append(blob[at:at + n].decode())
+                    at += n
+                else:
+                    out.append({0: None, 1: False, 2: True, 8: ...}.get(c) if c in (0, 1, 2, 8) else
+                               next(ints) if c == 3 else next(ints) % 2**64 if c == 6 else
+                               next(floats) if c == 4 else untree(next(others)))
+        else:
+            assert kind == 20, kind
+            keys, columns = cols
+            columns = [untree(c) for c in columns]
+            out = [dict(zip(keys, row)) for row in zip(*columns)]
+        return tuple(out) if container else out
+    if isinstance(v, dict):
+        return {untree(k): untree(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [untree(x) for x in v]
+    if isinstance(v, tuple):
+        return tuple(untree(x) for x in v)
+    return plain(v)
 
 
 def same(a, b):
@@ -68,7 +115,11 @@ CASES = {
     "float_list": [0.5 * i for i in range(1000)],
     "int_tuple": tuple(range(-50, 50)),
     "bool_list": [i % 3 == 0 for i in range(64)],
-    "mixed_list": [1, "two", 3.0, None, [4], (5,)] * 10,
+    "mixed_list": [1, "two", 3.0, None, [4], (5,)] * 2,
+    # a "python.tree" (section 4.9): packed scalars and others, records, a set, a date, a big int, a tuple tag
+    "mixed_list_packed": [1, "two", 3.0, None, [4], (5,), True, 2**64 - 1, ..., "é"] * 10,
+    "python_tree": {"big": -(2**70), "set": {1, 2}, "date": datetime.date(2024, 2, 29), "uint_tuple": (2**63, 1),
+                    "records": [{"a": i, "b": f"s{i}"} for i in range(20)]},
     "bytes": [b"", b"x" * 10, bytes(range(256)) * 1000],
     "arrays": [np.arange(24, dtype=np.int32).reshape(2, 3, 4), rng.random((5, 7)),
                np.array([1 + 2j, 3 - 4j], dtype=np.complex128), np.zeros(0, dtype=np.float32),
