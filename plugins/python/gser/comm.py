@@ -73,7 +73,9 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import logging
+import math
 import socket
 import struct
 import weakref
@@ -85,11 +87,17 @@ from distributed.comm import core as _dask_comm_core
 from distributed.comm.core import Comm, CommClosedError, Connector, FatalCommClosedError, Listener
 from distributed.comm.registry import Backend, backends
 from distributed.comm.utils import OFFLOAD_THRESHOLD, ensure_concrete_host, from_frames, to_frames
+from distributed.comm import utils as _dask_comm_utils
+from distributed.protocol import core as _dask_protocol
+from distributed.protocol.serialize import Pickled, Serialize, Serialized, ToPickle
+from distributed.sizeof import sizeof
 from distributed.utils import ensure_ip, get_ip, nbytes, offload
+import msgpack
 
 import gser.ucx
 from gser import _alloc
-from gser._gser import GserError
+from gser._gser import DeviceArray, GserError
+from gser.ucx import ConnectionClosedError, _bytes_of
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +129,82 @@ _PARTS_MAX = 1 << 16
 _PARTS_MAGIC = b"\xc1gser-parts"  # 0xc1 begins no msgpack value: no Dask frame starts so
 _PARTS_HEAD = struct.Struct(f"<{len(_PARTS_MAGIC)}sII")
 _SAMPLE_BYTES = 10_000  # a sample of each large frame, as gser's own sampling takes
+
+# A whole Dask message encoded by gser in C (a "dask.msg": its dicts, lists,
+# tuples and scalars as gser values) instead of Dask's to_frames and
+# from_frames, between comms whose handshakes both announce _MSG_KEY. Its
+# parts (Serialize, Serialized, ToPickle, Pickled) are made and rebuilt by
+# Dask's own protocol.dumps and loads, one part at a time ("dask.part": the
+# part's kind, its sub-header and its frames, as Dask's frames would carry
+# them), so that families, on_error, context, pass-through on the scheduler
+# (deserialize=False) and unpickling are Dask's, in each Dask version. What
+# gser does not carry as Dask's msgpack would give it back (another type, a
+# subclass, a dict key Dask's protocol acts on, an int beyond 64 bits, deep
+# nesting) sends that message as Dask's frames: the receiver tells the two
+# apart by the root ("dask.msg" or a list of frames). Lists arrive as
+# tuples, as Dask's msgpack (use_list=False) gives them.
+_MSG_KEY = "gser-msg"
+_PART_TYPES = (Serialize, Serialized, ToPickle, Pickled)
+# Dask's first frame for a message that is one part (kind 0, 1).
+_PART_HEADS = (msgpack.dumps({"__Serialized__": 1}, use_bin_type=True),
+               msgpack.dumps({"__Pickled__": 1}, use_bin_type=True))
+_PART_KINDS = {h: k for k, h in enumerate(_PART_HEADS)}
+
+
+def _part_dumper(serializers, on_error, context, failed):
+    """The encoder's callback: a part as (kind, sub-header, sub-frames...),
+    made by Dask's dumps. What it raises is noted in failed (Dask's error,
+    not a message gser declines)."""
+    def dump(obj):
+        try:
+            frames = _dask_protocol.dumps(obj, serializers=serializers, on_error=on_error, context=context,
+                                          frame_split_size=_NO_SPLIT)
+            return (_PART_KINDS[bytes(frames[0])], *frames[1:])
+        except BaseException as e:
+            failed.append(e)
+            raise
+    return dump
+
+
+def _part_loader(deserialize, deserializers, failed):
+    """The decoder's callback: a part as Dask's loads gives it back (in this
+    Dask version) from the frames Dask would have sent."""
+    alloc = _alloc_state["fn"]
+
+    def load(kind, header, frames):
+        if alloc is not None:
+            frames = [_received(f, alloc) if type(f) is DeviceArray else f for f in frames]
+        try:
+            return _dask_protocol.loads([_PART_HEADS[kind], header, *frames], deserialize=deserialize,
+                                        deserializers=deserializers)
+        except BaseException as e:
+            failed.append(e)
+            raise
+    return load
+
+
+def _msg_size(msg):
+    """The size Dask's to_frames measures a message by (to offload it)."""
+    try:
+        return sizeof(msg)
+    except Exception:  # RecursionError: Dask offloads such a message
+        return math.inf
+
+
+def _frames_of(out) -> list:
+    """A received list of Dask's frames, as gser.ucx.Endpoint.recv_frames
+    checks it."""
+    if type(out) is not list:
+        raise GserError(f"gser://: expected a list of frames, got a message of type {type(out).__name__}")
+    for i, f in enumerate(out):
+        t = type(f)
+        if t is memoryview or t is DeviceArray:
+            continue
+        if t.__name__ == "ndarray" and t.__module__ == "numpy":
+            out[i] = _bytes_of(memoryview(f))  # a typed host frame (a CPU DLPack tensor): its bytes
+            continue
+        raise GserError(f"gser://: expected a list of frames, got a list with an item of type {t.__name__}")
+    return out
 
 
 # ---- process state: one UCX context, one worker per event loop ----------------------------
@@ -308,12 +392,13 @@ class GserComm(Comm):
         # called through super(), either gets what it expects.
         from gser import dask as gser_dask
 
-        return {**super().handshake_info(), gser_dask.HANDSHAKE_DEVICE_KEY: True, _PARTS_KEY: 1}
+        return {**super().handshake_info(), gser_dask.HANDSHAKE_DEVICE_KEY: True, _PARTS_KEY: 1, _MSG_KEY: 1}
 
     @staticmethod
     def handshake_configuration(local, remote):
         out = Comm.handshake_configuration(local, remote)
         out[_PARTS_KEY] = bool(local.get(_PARTS_KEY) and remote.get(_PARTS_KEY))
+        out[_MSG_KEY] = bool(local.get(_MSG_KEY) and remote.get(_MSG_KEY))
         return out
 
     @property
@@ -359,19 +444,26 @@ class GserComm(Comm):
         codec = ep.compression if not ep.closed else None
         in_parts = bool(self.handshake_options.get(_PARTS_KEY) and codec is not None and self.allow_offload
                         and OFFLOAD_THRESHOLD)
+        small = _small(msg)
+        serializers = serializers if serializers is not None else SERIALIZERS
+        context = {
+            "sender": self.local_info,
+            "recipient": self.remote_info,
+            **self.handshake_options,
+            # The transport compresses (and the peer's decompresses):
+            # Dask's frames stay as they are, their entries None.
+            "compression": dask_codec,
+        }
+        if self.handshake_options.get(_MSG_KEY):
+            size = await self._write_msg(ep, msg, small, serializers, on_error, context, codec, in_parts)
+            if size is not None:
+                return size
         frames = await to_frames(
             msg,
-            allow_offload=self.allow_offload and not _small(msg),
-            serializers=serializers if serializers is not None else SERIALIZERS,
+            allow_offload=self.allow_offload and not small,
+            serializers=serializers,
             on_error=on_error,
-            context={
-                "sender": self.local_info,
-                "recipient": self.remote_info,
-                **self.handshake_options,
-                # The transport compresses (and the peer's decompresses):
-                # Dask's frames stay as they are, their entries None.
-                "compression": dask_codec,
-            },
+            context=context,
             frame_split_size=_NO_SPLIT,
         )
         size = sum(map(nbytes, frames))
@@ -393,6 +485,34 @@ class GserComm(Comm):
             self._post(ep.send_nowait, prepared)
         else:
             self._post(ep.send_frames_nowait, frames)
+        return size
+
+    async def _write_msg(self, ep, msg, small, serializers, on_error, context, codec, in_parts):
+        """msg sent whole as gser encodes it (a "dask.msg"): the bytes sent,
+        or None where gser declines it (Dask's frames carry it then). As
+        Dask's to_frames: a message larger than distributed.comm.offload
+        (dask.sizeof) is serialized on the offload thread."""
+        offloaded = False
+        if self.allow_offload and OFFLOAD_THRESHOLD and not small:
+            size = _msg_size(msg)
+            if in_parts and size > 2 * _PART_BYTES:
+                return None  # perhaps compressible: Dask's frames, in parts (_write_parts)
+            offloaded = size > OFFLOAD_THRESHOLD
+        failed = []
+        parts = (_PART_TYPES, _part_dumper(serializers, on_error, context, failed))
+        try:
+            if offloaded:
+                owner, size = await offload(ep._c.prepare, msg, None, codec, parts=parts)
+            else:
+                owner, size = ep._c.prepare(msg, None, codec, parts=parts)
+        except Exception as e:
+            if failed and e is failed[0]:
+                # Dask's own serialization failed: as to_frames reports it.
+                _dask_comm_utils.logger.info("Unserializable Message: %s", msg)
+                _dask_comm_utils.logger.exception(e)
+                raise
+            return None
+        self._post(ep.send_nowait, owner)
         return size
 
     async def _prepare(self, ep, frames, codec):
@@ -473,25 +593,40 @@ class GserComm(Comm):
 
     async def read(self, deserializers=None):
         ep = self._endpoint("read")
+        failed = []
         try:
             # A large message is deserialized on Dask's offload thread, as
             # Dask offloads deserializing messages of more than
             # distributed.comm.offload bytes: decompressing its frames
-            # (the GIL released) is its cost. Small ones here.
-            if self.allow_offload and OFFLOAD_THRESHOLD:
-                frames = await ep.recv_frames(offload=offload, offload_bytes=OFFLOAD_THRESHOLD)
+            # (the GIL released) and, for a whole Dask message, Dask's
+            # deserializers are its cost. Small ones here.
+            req = await ep._wait(ep._c.recv())
+            loader = _part_loader(self.deserialize, deserializers, failed)
+            nbytes_in, compressed = req.size
+            if (self.allow_offload and OFFLOAD_THRESHOLD and nbytes_in > OFFLOAD_THRESHOLD
+                    and (compressed or (self.deserialize and self.handshake_options.get(_MSG_KEY)))):
+                ep.offloaded += 1
+                out = await offload(functools.partial(req.result, parts=loader))
             else:
-                frames = await ep.recv_frames()
+                out = req.result(parts=loader)
+            if type(out) is tuple:  # a whole Dask message
+                return out[0]
+            frames = _frames_of(out)
             if (self.handshake_options.get(_PARTS_KEY) and frames and type(frames[0]) is memoryview
                     and nbytes(frames[0]) >= _PARTS_HEAD.size
                     and bytes(frames[0][:len(_PARTS_MAGIC)]) == _PARTS_MAGIC):
                 frames = await self._read_parts(ep, frames)
-        except (gser.ucx.ConnectionClosedError, GserError) as e:
-            # A failed endpoint, or a message that is not a list of frames.
+        except BaseException as e:
+            if failed and e is failed[0]:
+                # Dask's loads raised, for a part: as from_frames would.
+                if isinstance(e, EOFError):
+                    self.abort()
+                    raise _closed_error(self, "read: truncated data") from e
+                raise
             self.abort()
-            raise _closed_error(self, "read", e) from e
-        except BaseException:
-            self.abort()
+            if isinstance(e, (ConnectionClosedError, GserError)):
+                # A failed endpoint, or a message that is not a Dask message.
+                raise _closed_error(self, "read", e) from e
             raise
         alloc = _alloc_state["fn"]
         if alloc is not None:
