@@ -183,6 +183,37 @@ def _part_loader(deserialize, deserializers, failed):
     return load
 
 
+def _offload_threshold():
+    """distributed.comm.offload as Dask's to_frames and from_frames read it
+    now (distributed.comm.utils.OFFLOAD_THRESHOLD, which tests change), or
+    this module's copy where that one was changed; 0: never offload."""
+    a, b = _dask_comm_utils.OFFLOAD_THRESHOLD, OFFLOAD_THRESHOLD
+    return min(a, b) if a and b else 0
+
+
+def _parts_size(msg, budget=256):
+    """The bytes msg's parts and strings carry (what the transport may
+    compress), or None for a message of more than budget items."""
+    total, stack = 0, [msg]
+    while stack:
+        budget -= 1
+        if budget < 0:
+            return None
+        x = stack.pop()
+        t = type(x)
+        if t is dict:
+            stack.extend(x.values())
+        elif t is list or t is tuple:
+            stack.extend(x)
+        elif t is str or t is bytes:
+            total += len(x)
+        elif t is Serialize or t is ToPickle:
+            total += sizeof(x.data)
+        elif t is Serialized or t is Pickled:
+            total += sum(map(nbytes, x.frames))
+    return total
+
+
 def _msg_size(msg):
     """The size Dask's to_frames measures a message by (to offload it)."""
     try:
@@ -493,16 +524,21 @@ class GserComm(Comm):
         Dask's to_frames: a message larger than distributed.comm.offload
         (dask.sizeof) is serialized on the offload thread."""
         offloaded = False
-        if self.allow_offload and OFFLOAD_THRESHOLD and not small:
-            size = _msg_size(msg)
-            if in_parts and size > 2 * _PART_BYTES:
-                return None  # perhaps compressible: Dask's frames, in parts (_write_parts)
-            offloaded = size > OFFLOAD_THRESHOLD
+        threshold = _offload_threshold()
+        if self.allow_offload and threshold and not small:
+            if codec is not None:
+                # A large message the transport compresses goes as Dask's
+                # frames: compressed off the loop, in parts where it
+                # compresses (_write_parts).
+                size = _parts_size(msg)
+                if size is None or size > threshold:
+                    return None
+            offloaded = _msg_size(msg) > threshold
         failed = []
         parts = (_PART_TYPES, _part_dumper(serializers, on_error, context, failed))
         try:
-            if offloaded:
-                owner, size = await offload(ep._c.prepare, msg, None, codec, parts=parts)
+            if offloaded:  # as to_frames offloads (its name for Dask's offload)
+                owner, size = await _dask_comm_utils.offload(ep._c.prepare, msg, None, codec, parts=parts)
             else:
                 owner, size = ep._c.prepare(msg, None, codec, parts=parts)
         except Exception as e:
@@ -603,10 +639,15 @@ class GserComm(Comm):
             req = await ep._wait(ep._c.recv())
             loader = _part_loader(self.deserialize, deserializers, failed)
             nbytes_in, compressed = req.size
-            if (self.allow_offload and OFFLOAD_THRESHOLD and nbytes_in > OFFLOAD_THRESHOLD
-                    and (compressed or (self.deserialize and self.handshake_options.get(_MSG_KEY)))):
+            threshold = _offload_threshold()
+            if self.allow_offload and threshold and nbytes_in > threshold and compressed:
                 ep.offloaded += 1
                 out = await offload(functools.partial(req.result, parts=loader))
+            elif (self.allow_offload and threshold and nbytes_in > threshold and self.deserialize
+                  and self.handshake_options.get(_MSG_KEY)):
+                # Perhaps a whole Dask message, deserialized as from_frames
+                # offloads it (its name for Dask's offload).
+                out = await _dask_comm_utils.offload(functools.partial(req.result, parts=loader))
             else:
                 out = req.result(parts=loader)
             if type(out) is tuple:  # a whole Dask message

@@ -276,12 +276,12 @@ def test_offload_large(paths, monkeypatch):
     import threading
 
     used = []
-    offload = gser.comm.offload
+    offload = gser.comm._dask_comm_utils.offload
 
     async def counted(fn, *a, **k):
         used.append(fn)
         return await offload(fn, *a, **k)
-    monkeypatch.setattr(gser.comm, "offload", counted)
+    monkeypatch.setattr(gser.comm._dask_comm_utils, "offload", counted)
     threads = []
 
     class Rec:
@@ -307,7 +307,7 @@ def test_offload_large(paths, monkeypatch):
     assert paths.to == paths.frm == 0
     assert type(got[0]["x"]) is Rec and got[0]["pad"] == tcp[0]["pad"]
     assert threads == on_tcp == [("s", False), ("d", False), ("s", True), ("d", True)]
-    assert len(used) == 2
+    assert len(used) == 2 + 2  # tcp's to_frames and from_frames, gser's two
 
 
 def test_old_peer_gets_dask_frames(paths, monkeypatch):
