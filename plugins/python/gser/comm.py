@@ -151,13 +151,17 @@ _PART_HEADS = (msgpack.dumps({"__Serialized__": 1}, use_bin_type=True),
 _PART_KINDS = {h: k for k, h in enumerate(_PART_HEADS)}
 
 
-def _part_dumper(serializers, on_error, context, failed):
+def _part_dumper(serializers, on_error, make_context, failed):
     """The encoder's callback: a part as (kind, sub-header, sub-frames...),
-    made by Dask's dumps. What it raises is noted in failed (Dask's error,
-    not a message gser declines)."""
+    made by Dask's dumps (with the context make_context() makes, once). What
+    it raises is noted in failed (Dask's error, not a message gser declines)."""
+    context = []
+
     def dump(obj):
         try:
-            frames = _dask_protocol.dumps(obj, serializers=serializers, on_error=on_error, context=context,
+            if not context:
+                context.append(make_context())
+            frames = _dask_protocol.dumps(obj, serializers=serializers, on_error=on_error, context=context[0],
                                           frame_split_size=_NO_SPLIT)
             return (_PART_KINDS[bytes(frames[0])], *frames[1:])
         except BaseException as e:
@@ -477,16 +481,8 @@ class GserComm(Comm):
                         and OFFLOAD_THRESHOLD)
         small = _small(msg)
         serializers = serializers if serializers is not None else SERIALIZERS
-        context = {
-            "sender": self.local_info,
-            "recipient": self.remote_info,
-            **self.handshake_options,
-            # The transport compresses (and the peer's decompresses):
-            # Dask's frames stay as they are, their entries None.
-            "compression": dask_codec,
-        }
         if self.handshake_options.get(_MSG_KEY):
-            size = await self._write_msg(ep, msg, small, serializers, on_error, context, codec, in_parts)
+            size = await self._write_msg(ep, msg, small, serializers, on_error, dask_codec, codec)
             if size is not None:
                 return size
         frames = await to_frames(
@@ -494,7 +490,7 @@ class GserComm(Comm):
             allow_offload=self.allow_offload and not small,
             serializers=serializers,
             on_error=on_error,
-            context=context,
+            context=self._serialize_context(dask_codec),
             frame_split_size=_NO_SPLIT,
         )
         size = sum(map(nbytes, frames))
@@ -518,7 +514,18 @@ class GserComm(Comm):
             self._post(ep.send_frames_nowait, frames)
         return size
 
-    async def _write_msg(self, ep, msg, small, serializers, on_error, context, codec, in_parts):
+    def _serialize_context(self, dask_codec):
+        """The context Dask's serializers get from this comm."""
+        return {
+            "sender": self.local_info,
+            "recipient": self.remote_info,
+            **self.handshake_options,
+            # The transport compresses (and the peer's decompresses):
+            # Dask's frames stay as they are, their entries None.
+            "compression": dask_codec,
+        }
+
+    async def _write_msg(self, ep, msg, small, serializers, on_error, dask_codec, codec):
         """msg sent whole as gser encodes it (a "dask.msg"): the bytes sent,
         or None where gser declines it (Dask's frames carry it then). As
         Dask's to_frames: a message larger than distributed.comm.offload
@@ -535,7 +542,8 @@ class GserComm(Comm):
                     return None
             offloaded = _msg_size(msg) > threshold
         failed = []
-        parts = (_PART_TYPES, _part_dumper(serializers, on_error, context, failed))
+        parts = (_PART_TYPES, _part_dumper(serializers, on_error, functools.partial(self._serialize_context,
+                                                                                     dask_codec), failed))
         try:
             if offloaded:  # as to_frames offloads (its name for Dask's offload)
                 owner, size = await _dask_comm_utils.offload(ep._c.prepare, msg, None, codec, parts=parts)
@@ -665,8 +673,9 @@ class GserComm(Comm):
                     raise _closed_error(self, "read: truncated data") from e
                 raise
             self.abort()
-            if isinstance(e, (ConnectionClosedError, GserError)):
-                # A failed endpoint, or a message that is not a Dask message.
+            if isinstance(e, Exception):
+                # A failed endpoint, or a message that is not a Dask message
+                # (GserError; anything else its decoding raised).
                 raise _closed_error(self, "read", e) from e
             raise
         alloc = _alloc_state["fn"]
