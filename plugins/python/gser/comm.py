@@ -151,16 +151,25 @@ _PART_HEADS = (msgpack.dumps({"__Serialized__": 1}, use_bin_type=True),
 _PART_KINDS = {h: k for k, h in enumerate(_PART_HEADS)}
 
 
-def _part_dumper(serializers, on_error, make_context, failed):
+class _Redo(Exception):
+    """From the encoder's callback, before the first part: the message goes
+    another way ("offload": encoded on the offload thread; "frames": as
+    Dask's frames)."""
+
+
+def _part_dumper(serializers, on_error, make_context, failed, first=None):
     """The encoder's callback: a part as (kind, sub-header, sub-frames...),
-    made by Dask's dumps (with the context make_context() makes, once). What
-    it raises is noted in failed (Dask's error, not a message gser declines)."""
+    made by Dask's dumps (with the context make_context() makes, once),
+    after first() (which may raise _Redo). What Dask raises is noted in
+    failed (Dask's error, not a message gser declines)."""
     context = []
 
     def dump(obj):
+        if not context:
+            if first is not None:
+                first()
+            context.append(make_context())
         try:
-            if not context:
-                context.append(make_context())
             frames = _dask_protocol.dumps(obj, serializers=serializers, on_error=on_error, context=context[0],
                                           frame_split_size=_NO_SPLIT)
             return (_PART_KINDS[bytes(frames[0])], *frames[1:])
@@ -479,15 +488,14 @@ class GserComm(Comm):
         codec = ep.compression if not ep.closed else None
         in_parts = bool(self.handshake_options.get(_PARTS_KEY) and codec is not None and self.allow_offload
                         and OFFLOAD_THRESHOLD)
-        small = _small(msg)
         serializers = serializers if serializers is not None else SERIALIZERS
         if self.handshake_options.get(_MSG_KEY):
-            size = await self._write_msg(ep, msg, small, serializers, on_error, dask_codec, codec)
+            size = await self._write_msg(ep, msg, serializers, on_error, dask_codec, codec)
             if size is not None:
                 return size
         frames = await to_frames(
             msg,
-            allow_offload=self.allow_offload and not small,
+            allow_offload=self.allow_offload and not _small(msg),
             serializers=serializers,
             on_error=on_error,
             context=self._serialize_context(dask_codec),
@@ -525,30 +533,39 @@ class GserComm(Comm):
             "compression": dask_codec,
         }
 
-    async def _write_msg(self, ep, msg, small, serializers, on_error, dask_codec, codec):
+    async def _write_msg(self, ep, msg, serializers, on_error, dask_codec, codec):
         """msg sent whole as gser encodes it (a "dask.msg"): the bytes sent,
-        or None where gser declines it (Dask's frames carry it then). As
-        Dask's to_frames: a message larger than distributed.comm.offload
-        (dask.sizeof) is serialized on the offload thread."""
-        offloaded = False
-        threshold = _offload_threshold()
-        if self.allow_offload and threshold and not small:
+        or None where gser declines it (Dask's frames carry it then). A
+        message with parts that Dask's to_frames would offload (dask.sizeof
+        over distributed.comm.offload) is encoded again on the offload
+        thread; one whose parts the transport compresses, and that is
+        large, goes as Dask's frames (compressed off the loop, in parts:
+        _write_parts). A message without parts is encoded here: gser copies
+        its strings once and borrows its bytes (Dask's sizeof() of it
+        would cost more than that)."""
+        threshold = _offload_threshold() if self.allow_offload else 0
+
+        def first():  # before the first part is serialized, with the GIL on the loop
             if codec is not None:
-                # A large message the transport compresses goes as Dask's
-                # frames: compressed off the loop, in parts where it
-                # compresses (_write_parts).
                 size = _parts_size(msg)
                 if size is None or size > threshold:
-                    return None
-            offloaded = _msg_size(msg) > threshold
+                    raise _Redo("frames")
+            if _msg_size(msg) > threshold:
+                raise _Redo("offload")
+
         failed = []
-        parts = (_PART_TYPES, _part_dumper(serializers, on_error, functools.partial(self._serialize_context,
-                                                                                     dask_codec), failed))
+        make_context = functools.partial(self._serialize_context, dask_codec)
         try:
-            if offloaded:  # as to_frames offloads (its name for Dask's offload)
-                owner, size = await _dask_comm_utils.offload(ep._c.prepare, msg, None, codec, parts=parts)
-            else:
-                owner, size = ep._c.prepare(msg, None, codec, parts=parts)
+            try:
+                dump = _part_dumper(serializers, on_error, make_context, failed, first if threshold else None)
+                owner, size = ep._c.prepare(msg, None, codec, parts=(_PART_TYPES, dump))
+            except _Redo as redo:
+                if redo.args[0] == "frames":
+                    return None
+                dump = _part_dumper(serializers, on_error, make_context, failed)
+                # as to_frames offloads (its name for Dask's offload)
+                owner, size = await _dask_comm_utils.offload(ep._c.prepare, msg, None, codec,
+                                                             parts=(_PART_TYPES, dump))
         except Exception as e:
             if failed and e is failed[0]:
                 # Dask's own serialization failed: as to_frames reports it.
