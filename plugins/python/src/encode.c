@@ -876,6 +876,7 @@ typedef struct enc_dask {
     PyObject *pending;    /* the parts met, in order */
     gser_value_t **slots; /* their trees, to fill in */
     size_t n, cap;
+    bool filling;         /* in enc_dask_fill: a part's items hold no parts */
     PyObject *magic[4];   /* the dict keys Dask's loads acts on */
 } enc_dask_t;
 
@@ -899,8 +900,8 @@ static int enc_dask_part(enc_t *e, PyObject *o, gser_value_t **out)
     Py_ssize_t nt = PyTuple_GET_SIZE(k->types), i = 0;
     while (i < nt && (PyObject *)Py_TYPE(o) != PyTuple_GET_ITEM(k->types, i))
         i++;
-    if (i == nt)
-        return not_impl(e, o, " in a Dask message (Dask's own frames carry it)");
+    if (i == nt || k->filling)
+        return not_impl(e, o, i == nt ? " in a Dask message (Dask's own frames carry it)" : " inside a Dask part");
     if (k->n == k->cap) {
         size_t cap = k->cap ? 2 * k->cap : 8;
         gser_value_t **s = realloc(k->slots, cap * sizeof *s);
@@ -945,6 +946,7 @@ static int enc_dask_frame(enc_t *e, PyObject *f, gser_value_t **out)
 static int enc_dask_fill(enc_t *e)
 {
     enc_dask_t *k = e->dask;
+    k->filling = true;
     for (size_t i = 0; i < k->n; i++) {
         PyObject *r = PyObject_CallOneArg(k->cb, PyList_GET_ITEM(k->pending, (Py_ssize_t)i));
         if (!r)
