@@ -153,8 +153,11 @@ _PART_KINDS = {h: k for k, h in enumerate(_PART_HEADS)}
 
 class _Redo(Exception):
     """From the encoder's callback, before the first part: the message goes
-    another way ("offload": encoded on the offload thread; "frames": as
-    Dask's frames)."""
+    another way (_OFFLOAD: encoded on the offload thread; None: as Dask's
+    frames)."""
+
+
+_OFFLOAD = object()  # _encode_msg: encode again on the offload thread
 
 
 def _part_dumper(serializers, on_error, make_context, failed, first=None):
@@ -490,8 +493,13 @@ class GserComm(Comm):
                         and OFFLOAD_THRESHOLD)
         serializers = serializers if serializers is not None else SERIALIZERS
         if self.handshake_options.get(_MSG_KEY):
-            size = await self._write_msg(ep, msg, serializers, on_error, dask_codec, codec)
-            if size is not None:
+            encoded = self._encode_msg(ep, msg, serializers, on_error, dask_codec, codec, False)
+            if encoded is _OFFLOAD:  # as to_frames offloads (its name for Dask's offload)
+                encoded = await _dask_comm_utils.offload(self._encode_msg, ep, msg, serializers, on_error,
+                                                         dask_codec, codec, True)
+            if encoded is not None:
+                owner, size = encoded
+                self._post(ep.send_nowait, owner)
                 return size
         frames = await to_frames(
             msg,
@@ -533,39 +541,34 @@ class GserComm(Comm):
             "compression": dask_codec,
         }
 
-    async def _write_msg(self, ep, msg, serializers, on_error, dask_codec, codec):
-        """msg sent whole as gser encodes it (a "dask.msg"): the bytes sent,
-        or None where gser declines it (Dask's frames carry it then). A
-        message with parts that Dask's to_frames would offload (dask.sizeof
-        over distributed.comm.offload) is encoded again on the offload
-        thread; one whose parts the transport compresses, and that is
+    def _encode_msg(self, ep, msg, serializers, on_error, dask_codec, codec, offloaded):
+        """msg encoded whole by gser (a "dask.msg"): (what to send, its
+        bytes), or None where gser declines it (Dask's frames carry it
+        then), or _OFFLOAD. A message with parts that Dask's to_frames would
+        offload (dask.sizeof over distributed.comm.offload) is _OFFLOAD: to
+        be encoded again on the offload thread (offloaded: that is where
+        this runs); one whose parts the transport compresses, and that is
         large, goes as Dask's frames (compressed off the loop, in parts:
         _write_parts). A message without parts is encoded here: gser copies
         its strings once and borrows its bytes (Dask's sizeof() of it
         would cost more than that)."""
-        threshold = _offload_threshold() if self.allow_offload else 0
+        threshold = 0 if offloaded or not self.allow_offload else _offload_threshold()
 
-        def first():  # before the first part is serialized, with the GIL on the loop
+        def first():  # before the first part is serialized
             if codec is not None:
                 size = _parts_size(msg)
                 if size is None or size > threshold:
-                    raise _Redo("frames")
+                    raise _Redo(None)
             if _msg_size(msg) > threshold:
-                raise _Redo("offload")
+                raise _Redo(_OFFLOAD)
 
         failed = []
-        make_context = functools.partial(self._serialize_context, dask_codec)
+        dump = _part_dumper(serializers, on_error, functools.partial(self._serialize_context, dask_codec), failed,
+                            first if threshold else None)
         try:
-            try:
-                dump = _part_dumper(serializers, on_error, make_context, failed, first if threshold else None)
-                owner, size = ep._c.prepare(msg, None, codec, parts=(_PART_TYPES, dump))
-            except _Redo as redo:
-                if redo.args[0] == "frames":
-                    return None
-                dump = _part_dumper(serializers, on_error, make_context, failed)
-                # as to_frames offloads (its name for Dask's offload)
-                owner, size = await _dask_comm_utils.offload(ep._c.prepare, msg, None, codec,
-                                                             parts=(_PART_TYPES, dump))
+            return ep._c.prepare(msg, None, codec, parts=(_PART_TYPES, dump))
+        except _Redo as redo:
+            return redo.args[0]
         except Exception as e:
             if failed and e is failed[0]:
                 # Dask's own serialization failed: as to_frames reports it.
@@ -573,8 +576,6 @@ class GserComm(Comm):
                 _dask_comm_utils.logger.exception(e)
                 raise
             return None
-        self._post(ep.send_nowait, owner)
-        return size
 
     async def _prepare(self, ep, frames, codec):
         """frames serialized and compressed for one send, on the offload thread."""
