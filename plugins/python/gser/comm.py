@@ -73,7 +73,9 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import logging
+import math
 import socket
 import struct
 import weakref
@@ -85,11 +87,17 @@ from distributed.comm import core as _dask_comm_core
 from distributed.comm.core import Comm, CommClosedError, Connector, FatalCommClosedError, Listener
 from distributed.comm.registry import Backend, backends
 from distributed.comm.utils import OFFLOAD_THRESHOLD, ensure_concrete_host, from_frames, to_frames
+from distributed.comm import utils as _dask_comm_utils
+from distributed.protocol import core as _dask_protocol
+from distributed.protocol.serialize import Pickled, Serialize, Serialized, ToPickle
+from distributed.sizeof import sizeof
 from distributed.utils import ensure_ip, get_ip, nbytes, offload
+import msgpack
 
 import gser.ucx
 from gser import _alloc
-from gser._gser import GserError
+from gser._gser import DeviceArray, GserError
+from gser.ucx import ConnectionClosedError, _bytes_of
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +129,129 @@ _PARTS_MAX = 1 << 16
 _PARTS_MAGIC = b"\xc1gser-parts"  # 0xc1 begins no msgpack value: no Dask frame starts so
 _PARTS_HEAD = struct.Struct(f"<{len(_PARTS_MAGIC)}sII")
 _SAMPLE_BYTES = 10_000  # a sample of each large frame, as gser's own sampling takes
+
+# A whole Dask message encoded by gser in C (a "dask.msg": its dicts, lists,
+# tuples and scalars as gser values) instead of Dask's to_frames and
+# from_frames, between comms whose handshakes both announce _MSG_KEY. Its
+# parts (Serialize, Serialized, ToPickle, Pickled) are made and rebuilt by
+# Dask's own protocol.dumps and loads, one part at a time ("dask.part": the
+# part's kind, its sub-header and its frames, as Dask's frames would carry
+# them), so that families, on_error, context, pass-through on the scheduler
+# (deserialize=False) and unpickling are Dask's, in each Dask version. What
+# gser does not carry as Dask's msgpack would give it back (another type, a
+# subclass, a dict key Dask's protocol acts on, an int beyond 64 bits, deep
+# nesting) sends that message as Dask's frames: the receiver tells the two
+# apart by the root ("dask.msg" or a list of frames). Lists arrive as
+# tuples, as Dask's msgpack (use_list=False) gives them.
+_MSG_KEY = "gser-msg"
+_PART_TYPES = (Serialize, Serialized, ToPickle, Pickled)
+# Dask's first frame for a message that is one part (kind 0, 1).
+_PART_HEADS = (msgpack.dumps({"__Serialized__": 1}, use_bin_type=True),
+               msgpack.dumps({"__Pickled__": 1}, use_bin_type=True))
+_PART_KINDS = {h: k for k, h in enumerate(_PART_HEADS)}
+
+
+class _Redo(Exception):
+    """From the encoder's callback, before the first part: the message goes
+    another way (_OFFLOAD: encoded on the offload thread; None: as Dask's
+    frames)."""
+
+
+_OFFLOAD = object()  # _encode_msg: encode again on the offload thread
+
+
+def _part_dumper(serializers, on_error, make_context, failed, first=None):
+    """The encoder's callback: a part as (kind, sub-header, sub-frames...),
+    made by Dask's dumps (with the context make_context() makes, once),
+    after first() (which may raise _Redo). What Dask raises is noted in
+    failed (Dask's error, not a message gser declines)."""
+    context = []
+
+    def dump(obj):
+        if not context:
+            if first is not None:
+                first()
+            context.append(make_context())
+        try:
+            frames = _dask_protocol.dumps(obj, serializers=serializers, on_error=on_error, context=context[0],
+                                          frame_split_size=_NO_SPLIT)
+            return (_PART_KINDS[bytes(frames[0])], *frames[1:])
+        except BaseException as e:
+            failed.append(e)
+            raise
+    return dump
+
+
+def _part_loader(deserialize, deserializers, failed):
+    """The decoder's callback: a part as Dask's loads gives it back (in this
+    Dask version) from the frames Dask would have sent."""
+    alloc = _alloc_state["fn"]
+
+    def load(kind, header, frames):
+        if alloc is not None:
+            frames = [_received(f, alloc) if type(f) is DeviceArray else f for f in frames]
+        try:
+            return _dask_protocol.loads([_PART_HEADS[kind], header, *frames], deserialize=deserialize,
+                                        deserializers=deserializers)
+        except BaseException as e:
+            failed.append(e)
+            raise
+    return load
+
+
+def _offload_threshold():
+    """distributed.comm.offload as Dask's to_frames and from_frames read it
+    now (distributed.comm.utils.OFFLOAD_THRESHOLD, which tests change), or
+    this module's copy where that one was changed; 0: never offload."""
+    a, b = _dask_comm_utils.OFFLOAD_THRESHOLD, OFFLOAD_THRESHOLD
+    return min(a, b) if a and b else 0
+
+
+def _parts_size(msg, budget=256):
+    """The bytes msg's parts and strings carry (what the transport may
+    compress), or None for a message of more than budget items."""
+    total, stack = 0, [msg]
+    while stack:
+        budget -= 1
+        if budget < 0:
+            return None
+        x = stack.pop()
+        t = type(x)
+        if t is dict:
+            stack.extend(x.values())
+        elif t is list or t is tuple:
+            stack.extend(x)
+        elif t is str or t is bytes:
+            total += len(x)
+        elif t is Serialize or t is ToPickle:
+            total += sizeof(x.data)
+        elif t is Serialized or t is Pickled:
+            total += sum(map(nbytes, x.frames))
+    return total
+
+
+def _msg_size(msg):
+    """The size Dask's to_frames measures a message by (to offload it)."""
+    try:
+        return sizeof(msg)
+    except Exception:  # RecursionError: Dask offloads such a message
+        return math.inf
+
+
+def _frames_of(out) -> list:
+    """A received list of Dask's frames, as gser.ucx.Endpoint.recv_frames
+    checks it."""
+    if type(out) is not list:
+        raise GserError(f"gser://: expected a list of frames, got a message of type {type(out).__name__}")
+    for i, f in enumerate(out):
+        t = type(f)
+        if t is memoryview or t is DeviceArray:
+            continue
+        if t.__name__ == "ndarray" and t.__module__ == "numpy":
+            out[i] = _bytes_of(memoryview(f))  # a typed host frame (a CPU DLPack tensor): its bytes
+            continue
+        raise GserError(f"gser://: expected a list of frames, got a list with an item of type {t.__name__}")
+    return out
 
 
 # ---- process state: one UCX context, one worker per event loop ----------------------------
@@ -304,6 +435,7 @@ class GserComm(Comm):
         self._local_addr = local_addr
         self._peer_addr = peer_addr
         self._compression = "auto"  # what the endpoint was told (its worker's default)
+        self._link_aware = None  # whether it then chooses its codec by the link (asked once)
         self._sending = 0  # sends the transport still holds buffers of
         self._drained = None  # a future close() waits on until _sending is 0
         # A comm dropped without close() must not keep its connection.
@@ -317,12 +449,13 @@ class GserComm(Comm):
         # called through super(), either gets what it expects.
         from gser import dask as gser_dask
 
-        return {**super().handshake_info(), gser_dask.HANDSHAKE_DEVICE_KEY: True, _PARTS_KEY: 1}
+        return {**super().handshake_info(), gser_dask.HANDSHAKE_DEVICE_KEY: True, _PARTS_KEY: 1, _MSG_KEY: 1}
 
     @staticmethod
     def handshake_configuration(local, remote):
         out = Comm.handshake_configuration(local, remote)
         out[_PARTS_KEY] = bool(local.get(_PARTS_KEY) and remote.get(_PARTS_KEY))
+        out[_MSG_KEY] = bool(local.get(_MSG_KEY) and remote.get(_MSG_KEY))
         return out
 
     @property
@@ -365,20 +498,30 @@ class GserComm(Comm):
         if gser_codec != self._compression:
             ep.set_compression(gser_codec)
             self._compression = gser_codec
+            self._link_aware = None
         in_parts = bool(self.handshake_options.get(_PARTS_KEY) and self.allow_offload and OFFLOAD_THRESHOLD)
+        serializers = serializers if serializers is not None else SERIALIZERS
+        if self.handshake_options.get(_MSG_KEY):
+            codec = ep.compression if not ep.closed else None  # the last choice: small messages keep it
+            if self._link_aware is None:
+                self._link_aware = not ep.closed and ep.link_stats["link_aware"]
+            # A large message the transport may compress goes as Dask's
+            # frames below, where the endpoint chooses its codec by the link.
+            compressible = codec is not None or self._link_aware
+            encoded = self._encode_msg(ep, msg, serializers, on_error, dask_codec, codec, compressible, False)
+            if encoded is _OFFLOAD:  # as to_frames offloads (its name for Dask's offload)
+                encoded = await _dask_comm_utils.offload(self._encode_msg, ep, msg, serializers, on_error,
+                                                         dask_codec, codec, compressible, True)
+            if encoded is not None:
+                owner, size = encoded
+                self._post(ep.send_nowait, owner)
+                return size
         frames = await to_frames(
             msg,
             allow_offload=self.allow_offload and not _small(msg),
-            serializers=serializers if serializers is not None else SERIALIZERS,
+            serializers=serializers,
             on_error=on_error,
-            context={
-                "sender": self.local_info,
-                "recipient": self.remote_info,
-                **self.handshake_options,
-                # The transport compresses (and the peer's decompresses):
-                # Dask's frames stay as they are, their entries None.
-                "compression": dask_codec,
-            },
+            context=self._serialize_context(dask_codec),
             frame_split_size=_NO_SPLIT,
         )
         size = sum(map(nbytes, frames))
@@ -405,6 +548,53 @@ class GserComm(Comm):
         else:
             self._post(ep.send_frames_nowait, frames)
         return size
+
+    def _serialize_context(self, dask_codec):
+        """The context Dask's serializers get from this comm."""
+        return {
+            "sender": self.local_info,
+            "recipient": self.remote_info,
+            **self.handshake_options,
+            # The transport compresses (and the peer's decompresses):
+            # Dask's frames stay as they are, their entries None.
+            "compression": dask_codec,
+        }
+
+    def _encode_msg(self, ep, msg, serializers, on_error, dask_codec, codec, compressible, offloaded):
+        """msg encoded whole by gser (a "dask.msg"): (what to send, its
+        bytes), or None where gser declines it (Dask's frames carry it
+        then), or _OFFLOAD. A message with parts that Dask's to_frames would
+        offload (dask.sizeof over distributed.comm.offload) is _OFFLOAD: to
+        be encoded again on the offload thread (offloaded: that is where
+        this runs); one whose parts the transport compresses, and that is
+        large, goes as Dask's frames (compressed off the loop, in parts:
+        _write_parts). A message without parts is encoded here: gser copies
+        its strings once and borrows its bytes (Dask's sizeof() of it
+        would cost more than that)."""
+        threshold = 0 if offloaded or not self.allow_offload else _offload_threshold()
+
+        def first():  # before the first part is serialized
+            if compressible:
+                size = _parts_size(msg)
+                if size is None or size > threshold:
+                    raise _Redo(None)
+            if _msg_size(msg) > threshold:
+                raise _Redo(_OFFLOAD)
+
+        failed = []
+        dump = _part_dumper(serializers, on_error, functools.partial(self._serialize_context, dask_codec), failed,
+                            first if threshold else None)
+        try:
+            return ep._c.prepare(msg, None, codec, parts=(_PART_TYPES, dump))
+        except _Redo as redo:
+            return redo.args[0]
+        except Exception as e:
+            if failed and e is failed[0]:
+                # Dask's own serialization failed: as to_frames reports it.
+                _dask_comm_utils.logger.info("Unserializable Message: %s", msg)
+                _dask_comm_utils.logger.exception(e)
+                raise
+            return None
 
     async def _prepare(self, ep, frames, codec):
         """frames serialized and compressed for one send, on the offload thread."""
@@ -484,25 +674,46 @@ class GserComm(Comm):
 
     async def read(self, deserializers=None):
         ep = self._endpoint("read")
+        failed = []
         try:
             # A large message is deserialized on Dask's offload thread, as
             # Dask offloads deserializing messages of more than
             # distributed.comm.offload bytes: decompressing its frames
-            # (the GIL released) is its cost. Small ones here.
-            if self.allow_offload and OFFLOAD_THRESHOLD:
-                frames = await ep.recv_frames(offload=offload, offload_bytes=OFFLOAD_THRESHOLD)
+            # (the GIL released) and, for a whole Dask message, Dask's
+            # deserializers are its cost. Small ones here.
+            req = await ep._wait(ep._c.recv())
+            loader = _part_loader(self.deserialize, deserializers, failed)
+            nbytes_in, compressed = req.size
+            threshold = _offload_threshold()
+            if self.allow_offload and threshold and nbytes_in > threshold and compressed:
+                ep.offloaded += 1
+                out = await offload(functools.partial(req.result, parts=loader))
+            elif (self.allow_offload and threshold and nbytes_in > threshold and self.deserialize
+                  and self.handshake_options.get(_MSG_KEY)):
+                # Perhaps a whole Dask message, deserialized as from_frames
+                # offloads it (its name for Dask's offload).
+                out = await _dask_comm_utils.offload(functools.partial(req.result, parts=loader))
             else:
-                frames = await ep.recv_frames()
+                out = req.result(parts=loader)
+            if type(out) is tuple:  # a whole Dask message
+                return out[0]
+            frames = _frames_of(out)
             if (self.handshake_options.get(_PARTS_KEY) and frames and type(frames[0]) is memoryview
                     and nbytes(frames[0]) >= _PARTS_HEAD.size
                     and bytes(frames[0][:len(_PARTS_MAGIC)]) == _PARTS_MAGIC):
                 frames = await self._read_parts(ep, frames)
-        except (gser.ucx.ConnectionClosedError, GserError) as e:
-            # A failed endpoint, or a message that is not a list of frames.
+        except BaseException as e:
+            if failed and e is failed[0]:
+                # Dask's loads raised, for a part: as from_frames would.
+                if isinstance(e, EOFError):
+                    self.abort()
+                    raise _closed_error(self, "read: truncated data") from e
+                raise
             self.abort()
-            raise _closed_error(self, "read", e) from e
-        except BaseException:
-            self.abort()
+            if isinstance(e, Exception):
+                # A failed endpoint, or a message that is not a Dask message
+                # (GserError; anything else its decoding raised).
+                raise _closed_error(self, "read", e) from e
             raise
         alloc = _alloc_state["fn"]
         if alloc is not None:

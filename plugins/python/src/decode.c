@@ -677,6 +677,63 @@ static PyObject *dec_npscalar(dec_t *d, gser_value_t *tree, int depth)
     return out || !why ? out : bad_tree(d, T, why);
 }
 
+/* ---- whole Dask messages on gser:// ("dask.msg", "dask.part"; encode.c) ------------------------ */
+
+/* ("dask.msg") the message's tree, at the root only, and only for a
+ * receiver that rebuilds the parts (a Dask comm). */
+static PyObject *dec_dask_msg(dec_t *d, gser_value_t *tree, int depth)
+{
+    if (!d->dc->dask_parts || depth != 1)
+        return bad_tree(d, PG_T_DASK_MSG, d->dc->dask_parts ? "not at the root of the message"
+                                                             : "a Dask message, to a receiver that is not a Dask comm");
+    d->dc->dask_msg = true;
+    return dec_value(d, tree, depth + 1);
+}
+
+/* ("dask.part") (kind 0 or 1, header bytes, frames...): what the callback
+ * makes of it (Dask's own loads), the frames as memoryviews (host) or
+ * gser.DeviceArray (device), as Dask's comms hand frames over. */
+static PyObject *dec_dask_part(dec_t *d, gser_value_t *tree, int depth)
+{
+    const pg_type_t T = PG_T_DASK_PART;
+    if (!d->dc->dask_msg)
+        return bad_tree(d, T, "a Dask part outside a Dask message");
+    size_t n = gser_value_get_kind(tree) == GSER_KIND_TUPLE ? gser_value_get_len(tree) : 0;
+    if (n < 2)
+        return bad_tree(d, T, "the sub-tree is not a tuple of (kind, header, frames...)");
+    gser_value_t *kv = tree_item(d, T, tree, 0, GSER_KIND_INT);
+    int64_t kind = -1;
+    if (!kv)
+        return NULL;
+    if (gser_value_get_int(kv, &kind) || (kind != 0 && kind != 1))
+        return bad_tree(d, T, "a kind other than 0 (serialized) or 1 (pickled)");
+    gser_value_t *hv = tree_item(d, T, tree, 1, -1);
+    PyObject *header = hv ? dec_value(d, hv, depth + 1) : NULL;
+    if (!header)
+        return NULL;
+    if (!PyBytes_CheckExact(header)) {
+        Py_DECREF(header);
+        return bad_tree(d, T, "a header that is not bytes");
+    }
+    PyObject *frames = PyList_New((Py_ssize_t)(n - 2));
+    for (size_t i = 2; frames && i < n; i++) {
+        gser_value_t *fv = tree_item(d, T, tree, i, GSER_KIND_BUFFER);
+        PyObject *f = fv ? dec_buffer(d, fv) : NULL;
+        if (f && !PyMemoryView_Check(f) && !Py_IS_TYPE(f, d->s->DeviceArray)) {
+            Py_DECREF(f);
+            f = bad_tree(d, T, "a frame that is not flat bytes or device memory");
+        }
+        if (!f)
+            Py_CLEAR(frames);
+        else
+            PyList_SET_ITEM(frames, (Py_ssize_t)(i - 2), f);
+    }
+    PyObject *out = frames ? PyObject_CallFunction(d->dc->dask_parts, "LOO", (long long)kind, header, frames) : NULL;
+    Py_DECREF(header);
+    Py_XDECREF(frames);
+    return out;
+}
+
 static PyObject *dec_module_type_in(dec_t *d, pg_type_t t, gser_value_t *tree, int depth)
 {
     switch (t) {
@@ -687,6 +744,8 @@ static PyObject *dec_module_type_in(dec_t *d, pg_type_t t, gser_value_t *tree, i
     case PG_T_MEMORYVIEW: return dec_memoryview(d, tree);
     case PG_T_PYTYPE: return dec_pytype(d, tree, depth);
     case PG_T_NPSCALAR: return dec_npscalar(d, tree, depth);
+    case PG_T_DASK_MSG: return dec_dask_msg(d, tree, depth);
+    case PG_T_DASK_PART: return dec_dask_part(d, tree, depth);
     default: return bad_tree(d, t, "unknown");
     }
 }

@@ -45,6 +45,7 @@ typedef struct enc {
      * only had from __getinitargs__, a call per object otherwise). */
     PyObject *tz_obj, *tz_name;
     int64_t tz_off;
+    struct enc_dask *dask; /* a whole Dask message ("dask.msg", below), or NULL */
 } enc_t;
 
 /* What gser costs more than pickle (dumps + loads), in ns per item, as
@@ -305,7 +306,9 @@ static int enc_seq_array(enc_t *e, PyObject *o, bool tuple, gser_value_t **out, 
     }
     if (pg_owner_hold_alloc(e->owner, buf) < 0)
         return -1;
-    gser_status_t st = gser_msg_new_array(e->msg, kind, buf, (size_t)n, tuple ? GSER_ARRAY_TUPLE : 0, out);
+    /* A Dask message's lists go as tuples: Dask's msgpack gives them back so. */
+    bool as_tuple = tuple || e->dask;
+    gser_status_t st = gser_msg_new_array(e->msg, kind, buf, (size_t)n, as_tuple ? GSER_ARRAY_TUPLE : 0, out);
     *kind_out = kind;
     return st ? fail_st(e, st, "gser_msg_new_array") : 1;
 nomem:
@@ -335,7 +338,7 @@ static int enc_seq(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_t **
         return -1;
 
     gser_value_t *list;
-    gser_status_t st = tuple ? gser_msg_new_tuple(e->msg, &list) : gser_msg_new_list(e->msg, &list);
+    gser_status_t st = tuple || e->dask ? gser_msg_new_tuple(e->msg, &list) : gser_msg_new_list(e->msg, &list);
     if (st)
         return fail_st(e, st, "gser_msg_new_list");
     /* In a "python.tree", a tuple whose first item is a uint would read as a
@@ -1731,6 +1734,119 @@ static int enc_scope(enc_t *e, PyObject *o, int depth, gser_value_t **out)
     return r;
 }
 
+/* ---- whole Dask messages on gser:// ("dask.msg", "dask.part") ----------------------------
+ *
+ * The message's dicts, lists (as tuples: Dask's msgpack gives them back as
+ * tuples), tuples and plain scalars are gser values; its parts (objects of
+ * exactly one of the types given: Serialize, Serialized, ToPickle, Pickled)
+ * are "dask.part" objects, (kind, header, frames...) as the callback makes
+ * them with Dask's own dumps, filled in once the tree is built, so that a
+ * message gser declines costs no serialization. Anything else (a dict with
+ * keys Dask's msgpack hooks act on, other types, subclasses) raises
+ * NotImplementedError: the comm sends Dask's own frames for that message. */
+
+typedef struct enc_dask {
+    PyObject *types, *cb; /* borrowed */
+    PyObject *pending;    /* the parts met, in order */
+    gser_value_t **slots; /* their trees, to fill in */
+    size_t n, cap;
+    bool filling;         /* in enc_dask_fill: a part's items hold no parts */
+    PyObject *magic[4];   /* the dict keys Dask's loads acts on */
+} enc_dask_t;
+
+static const char *const dask_magic_keys[4] = {"__Serialized__", "__Pickled__", "__Enum__", "__Set__"};
+
+/* 1 if dict o has a key Dask's loads would act on (it would not come back as
+ * it went), 0 if not, -1 on error. */
+static int dask_magic(enc_dask_t *k, PyObject *o)
+{
+    for (int i = 0; i < 4; i++) {
+        int r = PyDict_Contains(o, k->magic[i]);
+        if (r)
+            return r;
+    }
+    return 0;
+}
+
+static int enc_dask_part(enc_t *e, PyObject *o, gser_value_t **out)
+{
+    enc_dask_t *k = e->dask;
+    Py_ssize_t nt = PyTuple_GET_SIZE(k->types), i = 0;
+    while (i < nt && (PyObject *)Py_TYPE(o) != PyTuple_GET_ITEM(k->types, i))
+        i++;
+    if (i == nt || k->filling)
+        return not_impl(e, o, i == nt ? " in a Dask message (Dask's own frames carry it)" : " inside a Dask part");
+    if (k->n == k->cap) {
+        size_t cap = k->cap ? 2 * k->cap : 8;
+        gser_value_t **s = realloc(k->slots, cap * sizeof *s);
+        if (!s) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        k->slots = s;
+        k->cap = cap;
+    }
+    gser_value_t *tree;
+    gser_status_t st = gser_msg_new_tuple(e->msg, &tree);
+    if (st)
+        return fail_st(e, st, "gser_msg_new_tuple");
+    if (PyList_Append(k->pending, o) < 0)
+        return -1;
+    k->slots[k->n++] = tree;
+    return enc_typed(e, PG_T_DASK_PART, tree, out);
+}
+
+/* A frame of a part: host bytes as one flat buffer (borrowed; a copy when
+ * not contiguous), device memory as a device buffer. */
+static int enc_dask_frame(enc_t *e, PyObject *f, gser_value_t **out)
+{
+    if (!PyObject_CheckBuffer(f))
+        return Py_TYPE(f) == &PyLong_Type || Py_TYPE(f) == &PyUnicode_Type || f == Py_None
+                   ? enc_value(e, f, 1, out) /* for tests of what a receiver refuses */
+                   : enc_interfaces(e, f, out);
+    Py_buffer view;
+    if (PyObject_GetBuffer(f, &view, PyBUF_SIMPLE) == 0)
+        return enc_host_view(e, &view, GSER_DTYPE_BYTES, 0, 0, out, NULL, NULL);
+    PyErr_Clear();
+    PyObject *c = PyMemoryView_GetContiguous(f, PyBUF_READ, 'C');
+    if (!c)
+        return -1;
+    int r = PyObject_GetBuffer(c, &view, PyBUF_SIMPLE);
+    Py_DECREF(c); /* the view holds it */
+    return r < 0 ? -1 : enc_host_view(e, &view, GSER_DTYPE_BYTES, 0, 0, out, NULL, NULL);
+}
+
+/* Fill in the parts: the callback's (kind, header, frames...) for each. */
+static int enc_dask_fill(enc_t *e)
+{
+    enc_dask_t *k = e->dask;
+    k->filling = true;
+    for (size_t i = 0; i < k->n; i++) {
+        PyObject *r = PyObject_CallOneArg(k->cb, PyList_GET_ITEM(k->pending, (Py_ssize_t)i));
+        if (!r)
+            return -1;
+        if (!PyTuple_CheckExact(r) || PyTuple_GET_SIZE(r) < 2) {
+            PyErr_Format(PyExc_TypeError, "gser: a Dask part's callback returned %.100s, not (kind, header, frames...)",
+                         Py_TYPE(r)->tp_name);
+            Py_DECREF(r);
+            return -1;
+        }
+        int rc = 0;
+        for (Py_ssize_t j = 0; rc == 0 && j < PyTuple_GET_SIZE(r); j++) {
+            gser_value_t *v;
+            PyObject *item = PyTuple_GET_ITEM(r, j);
+            gser_status_t st;
+            rc = j < 2 ? enc_value(e, item, 1, &v) : enc_dask_frame(e, item, &v);
+            if (rc == 0 && (st = gser_list_append(k->slots[i], v)))
+                rc = fail_st(e, st, "gser_list_append");
+        }
+        Py_DECREF(r);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
 /* ---- dispatch ------------------------------------------------------------------------ */
 
 static int enc_value(enc_t *e, PyObject *o, int depth, gser_value_t **out)
@@ -1740,11 +1856,17 @@ static int enc_value(enc_t *e, PyObject *o, int depth, gser_value_t **out)
         return enc_seq(e, o, false, depth, out);
     if (t == &PyTuple_Type)
         return enc_seq(e, o, true, depth, out);
-    if (t == &PyDict_Type)
+    if (t == &PyDict_Type) {
+        int magic = e->dask ? dask_magic(e->dask, o) : 0;
+        if (magic)
+            return magic < 0 ? -1 : not_impl(e, o, " with a key Dask's protocol acts on, in a Dask message");
         return enc_dict(e, o, depth, out);
+    }
     int sc = enc_scalar(e, o, out);
     if (sc)
         return sc < 0 ? -1 : 0;
+    if (e->dask) /* a whole Dask message: its parts, nothing else */
+        return enc_dask_part(e, o, out);
     int tag = std_kind(e, o);
     if (tag >= 0)
         return e->ext ? enc_std(e, o, tag, depth, out) : need_ext(e);
@@ -1791,6 +1913,41 @@ static int enc_interfaces(enc_t *e, PyObject *o, gser_value_t **out)
                           "gser.register_type)");
 }
 
+/* A whole Dask message: parts is (types, callback). */
+static int enc_dask_msg(enc_t *e, PyObject *obj, PyObject *parts)
+{
+    enc_dask_t k = {0};
+    if (!PyTuple_Check(parts) || PyTuple_GET_SIZE(parts) != 2 || !PyTuple_Check(PyTuple_GET_ITEM(parts, 0))) {
+        PyErr_SetString(PyExc_TypeError, "gser: parts must be (a tuple of types, a callback)");
+        return -1;
+    }
+    k.types = PyTuple_GET_ITEM(parts, 0);
+    k.cb = PyTuple_GET_ITEM(parts, 1);
+    int r = (k.pending = PyList_New(0)) ? 0 : -1;
+    for (int i = 0; r == 0 && i < 4; i++)
+        r = (k.magic[i] = PyUnicode_InternFromString(dask_magic_keys[i])) ? 0 : -1;
+    e->dask = &k;
+    gser_value_t *root;
+    gser_status_t st;
+    if (r == 0)
+        r = enc_value(e, obj, 1, &root);
+    if (r < 0 && e->need_ext && !PyErr_Occurred())
+        r = not_impl(e, obj, ": a message holding Python's standard types (a tuple dict key, an int beyond 64 bits)"
+                             " goes as Dask's frames");
+    if (r == 0)
+        r = enc_dask_fill(e);
+    if (r == 0)
+        r = enc_typed(e, PG_T_DASK_MSG, root, &root);
+    if (r == 0 && (st = gser_msg_set_root(e->msg, root)))
+        r = fail_st(e, st, "gser_msg_set_root");
+    e->dask = NULL;
+    Py_XDECREF(k.pending);
+    for (int i = 0; i < 4; i++)
+        Py_XDECREF(k.magic[i]);
+    free(k.slots);
+    return r;
+}
+
 int pg_encode(PgOwner *owner, PyObject *obj, const pg_encode_options_t *opts)
 {
     gser_status_t st = gser_msg_create(pg_ctx, &owner->msg);
@@ -1818,6 +1975,9 @@ int pg_encode(PgOwner *owner, PyObject *obj, const pg_encode_options_t *opts)
         e.budget += (int64_t)n * PG_GAIN_DASK_ITEM;
     }
     gser_value_t *root;
+    e.dask = NULL;
+    if (opts && opts->dask_parts)
+        return enc_dask_msg(&e, obj, opts->dask_parts);
     int r = enc_scope(&e, obj, 1, &root);
     Py_XDECREF(e.tz_obj);
     Py_XDECREF(e.tz_name);

@@ -273,6 +273,9 @@ typedef struct pg_encode_options {
      * .compression_chunk_size (0: whole frames). */
     double compression_threshold;
     size_t compression_chunk_size;
+    /* A whole Dask message (gser://; see "dask.msg" in encode.c): (types,
+     * callback), borrowed, or NULL. */
+    PyObject *dask_parts;
 } pg_encode_options_t;
 
 /* Build the tree of obj as the root of owner->msg (created here). */
@@ -343,6 +346,10 @@ typedef struct pg_decode_ctx {
     /* Dask's numpy flags: an array that was writable at the sender but views a
      * read-only frame is copied (numpy.require(x, requirements="W")). */
     bool copy_readonly;
+    /* A whole Dask message (gser://): the callback that rebuilds its parts
+     * (borrowed), or NULL: "dask.msg" and "dask.part" are refused. */
+    PyObject *dask_parts;
+    bool dask_msg; /* the root was a "dask.msg" */
 } pg_decode_ctx_t;
 
 /* Allocate room for nframes frames (zeroed); the caller fills them in. */
@@ -398,6 +405,8 @@ typedef enum pg_type {
     PG_T_PYTYPE,     /* gser.register_type: (name, what to_gser returned) */
     PG_T_NPSCALAR,   /* numpy scalars: (dtype description, the item's bytes) */
     PG_T_TREE,       /* a value holding the standard types below: tuples starting with a uint tag */
+    PG_T_DASK_MSG,   /* a whole Dask message on gser:// (the root): its tree */
+    PG_T_DASK_PART,  /* its Serialize/Serialized (0) and ToPickle/Pickled (1) parts: (kind, header, frames...) */
     PG_T_COUNT
 } pg_type_t;
 
@@ -603,6 +612,9 @@ int pg_msg_wait(pg_state_t *s, gser_msg_t *msg);
  * to no Python object (readonly: whether their memory may not be written),
  * once the device copies it carries are done. NULL with an exception set. */
 PyObject *pg_decode_msg(PgOwner *owner, bool readonly);
+/* The same for a Dask comm: dask_parts (or NULL) rebuilds the parts of a
+ * whole Dask message ("dask.msg"), which comes back as (message,). */
+PyObject *pg_decode_msg_dask(PgOwner *owner, bool readonly, PyObject *dask_parts);
 /* The end of a load into owner: st the status of the deserializing call
  * what (msg its message); the objects as pg_decode_msg gives them, or NULL
  * with an exception set. */

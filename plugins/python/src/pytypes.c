@@ -22,6 +22,8 @@ const char *const pg_type_names[PG_T_COUNT] = {
     [PG_T_PYTYPE] = "python.type",
     [PG_T_NPSCALAR] = "numpy.scalar",
     [PG_T_TREE] = "python.tree",
+    [PG_T_DASK_MSG] = "dask.msg",
+    [PG_T_DASK_PART] = "dask.part",
 };
 
 static gser_status_t tree_serialize(gser_context_t *ctx, const void *obj, gser_writer_t *w, void *user_data)

@@ -273,7 +273,7 @@ int pg_msg_wait(pg_state_t *s, gser_msg_t *msg)
     return 0;
 }
 
-PyObject *pg_decode_msg(PgOwner *owner, bool readonly)
+PyObject *pg_decode_msg_dask(PgOwner *owner, bool readonly, PyObject *dask_parts)
 {
     if (pg_msg_wait(owner->state, owner->msg) < 0)
         return NULL;
@@ -283,12 +283,22 @@ PyObject *pg_decode_msg(PgOwner *owner, bool readonly)
     PyObject *out = NULL;
     if (pg_decode_ctx_init(&dc, owner, n) == 0) {
         dc.any_readonly = readonly;
+        dc.dask_parts = dask_parts;
         for (size_t i = 0; i < n; i++)
             pg_decode_ctx_set_frame(&dc, i, &fr[i], readonly, NULL); /* no objects of their own */
         out = pg_decode(&dc, gser_msg_get_root(owner->msg));
     }
+    if (out && dc.dask_msg) { /* (message,): a whole Dask message, not a list of Dask's frames */
+        PyObject *t = PyTuple_Pack(1, out);
+        Py_SETREF(out, t);
+    }
     pg_decode_ctx_clear(&dc);
     return out;
+}
+
+PyObject *pg_decode_msg(PgOwner *owner, bool readonly)
+{
+    return pg_decode_msg_dask(owner, readonly, NULL);
 }
 
 PyObject *pg_load_finish(PgOwner *owner, gser_status_t st, gser_msg_t *msg, bool readonly, const char *what)

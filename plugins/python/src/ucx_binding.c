@@ -847,14 +847,26 @@ static PyObject *endpoint_peer_info(PgUcxEndpoint *self, PyObject *unused)
  * so that large frames are compressed off the event loop. */
 static PyObject *endpoint_prepare(PgUcxEndpoint *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"obj", "families", "compression", NULL};
-    PyObject *obj, *families = NULL, *compression = NULL;
+    static char *kwlist[] = {"obj", "families", "compression", "parts", NULL};
+    PyObject *obj, *families = NULL, *compression = NULL, *parts = NULL;
     int codec;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OO:prepare", kwlist, &obj, &families, &compression) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OO$O:prepare", kwlist, &obj, &families, &compression, &parts) ||
         pg_compression_parse(compression, &codec) < 0)
         return NULL;
     pg_encode_options_t eo = {0};
-    return (PyObject *)pg_serialize(ucx_state(self), obj, families, &eo, false, codec);
+    eo.dask_parts = parts != Py_None ? parts : NULL;
+    PgOwner *owner = pg_serialize(ucx_state(self), obj, families, &eo, false, codec);
+    if (!owner || !eo.dask_parts)
+        return (PyObject *)owner;
+    /* A whole Dask message (parts: (types, callback)): (owner, the bytes it
+     * sends), the size a Dask comm's write returns. */
+    size_t n = gser_frames_get_count(owner->frames), total = 0;
+    const gser_frame_t *fr = gser_frames_get_array(owner->frames);
+    for (size_t i = 0; i < n; i++)
+        total += fr[i].size;
+    PyObject *out = Py_BuildValue("(On)", (PyObject *)owner, (Py_ssize_t)total);
+    Py_DECREF(owner);
+    return out;
 }
 
 static PyObject *endpoint_set_compression(PgUcxEndpoint *self, PyObject *arg)
@@ -1190,9 +1202,10 @@ static PyObject *request_raise(PgUcxRequest *self)
 
 static PyObject *request_result(PgUcxRequest *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"device", NULL};
+    static char *kwlist[] = {"device", "parts", NULL};
     int device = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$p:result", kwlist, &device))
+    PyObject *parts = NULL; /* a Dask comm's: rebuilds a whole Dask message's parts (pg_decode_msg_dask) */
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$pO:result", kwlist, &device, &parts))
         return NULL;
     if (self->status == GSER_INPROGRESS)
         return pg_raise_text(ucx_state(self), GSER_ERR_STATE,
@@ -1232,7 +1245,8 @@ static PyObject *request_result(PgUcxRequest *self, PyObject *args, PyObject *kw
         st = gser_ucx_request_deserialize(self->req, pg_ctx, &o, &owner->msg);
     }
     /* Received frames are ours: arrays over them are writable. */
-    PyObject *out = st ? ucx_raise(ucx_state(self), st, "gser_ucx_request_deserialize") : pg_decode_msg(owner, false);
+    PyObject *out = st ? ucx_raise(ucx_state(self), st, "gser_ucx_request_deserialize")
+                       : pg_decode_msg_dask(owner, false, parts != Py_None ? parts : NULL);
     Py_DECREF(owner);
     return out;
 }

@@ -1,0 +1,388 @@
+"""Whole Dask messages encoded by gser on gser:// ("dask.msg", gser.comm):
+the receiver gets what Dask's tcp:// gives it, message by message, in the
+Dask version installed: plain values (lists back as tuples), to_serialize,
+ToPickle, Serialized and Pickled parts, pass-through on a deserialize=False
+comm (the scheduler's), the "error" family, on_error, offloading, messages
+gser declines (Dask's frames, marked on the wire), a peer that does not
+speak it, and hostile parts."""
+
+import asyncio
+import logging
+import pickle
+
+import pytest
+
+import gser
+
+np = pytest.importorskip("numpy")
+distributed = pytest.importorskip("distributed")
+pytestmark = [
+    pytest.mark.skipif(not gser.HAVE_UCX, reason="gser built without gser::ucx (libucx-dev)"),
+    pytest.mark.filterwarnings("ignore:make_current is deprecated:DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:There is no current event loop:DeprecationWarning"),
+]
+
+import dask  # noqa: E402
+import gser.comm  # noqa: E402
+import gser.dask  # noqa: E402,F401  (registers gser://)
+from distributed.comm import CommClosedError, connect, listen  # noqa: E402
+from distributed.comm.utils import OFFLOAD_THRESHOLD  # noqa: E402
+from distributed.protocol import Serialized, to_serialize  # noqa: E402
+from distributed.protocol.serialize import Pickled, Serialize, ToPickle, serialize  # noqa: E402
+
+
+def run(coro, timeout=60):
+    async def bounded():
+        return await asyncio.wait_for(coro, timeout)
+
+    return asyncio.run(bounded())
+
+
+async def pair(scheme, deserialize=True):
+    """(client side, server side), Dask's handshake done."""
+    q = asyncio.Queue()
+
+    async def handle(comm):
+        await q.put(comm)
+
+    async with listen(f"{scheme}://127.0.0.1", handle, deserialize=deserialize) as listener:
+        client = await connect(listener.contact_address, deserialize=deserialize)
+    return client, await q.get()
+
+
+def _handshake(msg):
+    return type(msg) is dict and "pickle-protocol" in msg
+
+
+class Paths:
+    """Counts the messages that took Dask's frames (to_frames/from_frames) in
+    gser.comm, Dask's handshakes (always Dask's frames) aside."""
+
+    def __init__(self, monkeypatch):
+        self.to = self.frm = 0
+        to_frames, from_frames = gser.comm.to_frames, gser.comm.from_frames
+
+        async def counted_to(msg, *a, **k):
+            self.to += not _handshake(msg)
+            return await to_frames(msg, *a, **k)
+
+        async def counted_from(*a, **k):
+            out = await from_frames(*a, **k)
+            self.frm += not _handshake(out)
+            return out
+
+        monkeypatch.setattr(gser.comm, "to_frames", counted_to)
+        monkeypatch.setattr(gser.comm, "from_frames", counted_from)
+
+
+@pytest.fixture
+def paths(monkeypatch):
+    return Paths(monkeypatch)
+
+
+async def through(scheme, msgs, deserialize=True, **write_kw):
+    """What the server side reads of each message (or the exception), the
+    comm still open after each."""
+    client, server = await pair(scheme, deserialize)
+    out = []
+    try:
+        for m in msgs:
+            try:
+                await client.write(m, **write_kw)
+                out.append(await server.read())
+            except Exception as e:  # noqa: BLE001 (compared with tcp's)
+                out.append(e)
+            assert not server.closed()
+    finally:
+        await client.close()
+        await server.close()
+    return out
+
+
+def same(a, b):
+    """Equal, and of the same types all the way down (tuples stay tuples)."""
+    if isinstance(a, Exception) or isinstance(b, Exception):
+        return type(a) is type(b) and str(a) == str(b)
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(map(same, a, b))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(type(k) is type(j) for k, j in zip(a, b)) and all(
+            same(a[k], b[k]) for k in a)
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b) and (
+            a.flags.writeable == b.flags.writeable)
+    if isinstance(a, Serialized):
+        return same(a.header, b.header) and [bytes(f) for f in a.frames] == [bytes(f) for f in b.frames]
+    if isinstance(a, memoryview):
+        return bytes(a) == bytes(b)
+    return a == b
+
+
+PLAIN = [
+    {"op": "plain", "a": [1, 2, [3, "s"]], "b": (1.5, None, True), "c": b"bytes", "s": "\u00e9t\u00e9"},
+    {"keys": {1: "int key", None: 2.0, 2.5: False, b"k": [], "": ()}, "deep": [[[[{"x": [()]}]]]]},
+    {"ints": list(range(100)), "floats": [float(i) for i in range(50)], "bools": [True] * 20,
+     "mixed": [1, "a", 2.0, None, b"b"] * 10, "big": 2**64 - 1, "neg": -2**63},
+    {"large bytes": b"x" * (1 << 17), "nested tuple": ((1, 2), [3, (4,)])},
+    [1, "list root"],
+    "a str root",
+    None,
+]
+
+
+@pytest.mark.parametrize("deserialize", [True, False])
+def test_plain_messages_as_tcp(paths, deserialize):
+    tcp = run(through("tcp", PLAIN, deserialize))
+    got = run(through("gser", PLAIN, deserialize))
+    assert paths.to == paths.frm == 0  # every message went whole through gser
+    for m, t, g in zip(PLAIN, tcp, got):
+        assert same(t, g), (m, t, g)
+    assert type(got[0]["a"]) is tuple and type(got[0]["c"]) is bytes  # Dask's msgpack: use_list=False
+
+
+class Opaque:  # picklable, no gser or dask family
+    def __init__(self, x):
+        self.x = x
+
+    def __eq__(self, other):
+        return type(other) is Opaque and other.x == self.x
+
+
+def parts():
+    arr = np.arange(1000, dtype="f8").reshape(10, 100)
+    ser = serialize(np.arange(5), serializers=("dask", "pickle"))
+    return [
+        {"op": "s", "x": to_serialize(arr), "y": [to_serialize(np.int64(7)), to_serialize(Opaque(1))]},
+        {"op": "p", "x": ToPickle(Opaque(2)), "y": Pickled(*_pickled(Opaque(3)))},
+        {"op": "sd", "x": Serialized(*ser), "nested": {"k": (to_serialize({"a": b"b"}), 1)}},
+        {"op": "big", "x": to_serialize(np.ones(1 << 18))},
+    ]
+
+
+def _pickled(obj):
+    frames = []
+    header = {"pickled-obj": pickle.dumps(obj, protocol=5, buffer_callback=lambda b: frames.append(b.raw()))}
+    return header, frames
+
+
+@pytest.mark.parametrize("deserialize", [True, False])
+def test_parts_as_tcp(paths, deserialize):
+    # The serializers and Dask's compression tcp:// uses (gser:// prefers the
+    # gser family and compresses in the transport): the same sub-headers and
+    # frames, for Serialized parts.
+    kw = {"serializers": ("dask", "pickle")}
+    with dask.config.set({"distributed.comm.compression": None}):
+        tcp = run(through("tcp", parts(), deserialize, **kw))
+        got = run(through("gser", parts(), deserialize, **kw))
+    assert paths.to == paths.frm == 0
+    for t, g in zip(tcp, got):
+        assert same(t, g), (t, g)
+    if deserialize:
+        assert got[0]["x"].shape == (10, 100) and got[1]["x"] == Opaque(2) and got[1]["y"] == Opaque(3)
+    else:  # the scheduler's side: passed through, never deserialized; pickles unpickled as Dask does
+        assert type(got[0]["x"]) is Serialized and type(got[2]["nested"]["k"][0]) is Serialized
+
+
+@pytest.mark.parametrize("deserialize", [True, False])
+def test_parts_default_serializers(paths, deserialize):
+    """With the comm's own serializers (the gser family first)."""
+    got = run(through("gser", parts(), deserialize))
+    assert paths.to == paths.frm == 0
+    if deserialize:
+        assert np.array_equal(got[0]["x"], np.arange(1000, dtype="f8").reshape(10, 100))
+        assert got[0]["y"][1] == Opaque(1) and got[1]["x"] == Opaque(2) and got[2]["nested"]["k"][0] == {"a": b"b"}
+    else:
+        assert type(got[0]["x"]) is Serialized and got[0]["x"].header["serializer"] == "gser"
+
+
+def test_scheduler_forwards_serialized(paths):
+    """Serialized parts read on a deserialize=False comm and written on to a
+    worker come back as the objects, as through tcp://."""
+    async def go():
+        c1, sched = await pair("gser", deserialize=False)
+        c2, worker = await pair("gser", deserialize=True)
+        arr = np.arange(12, dtype="i4").reshape(3, 4)
+        await c1.write({"op": "task", "run": to_serialize(arr), "o": to_serialize(Opaque(5))})
+        msg = await sched.read()
+        assert type(msg["run"]) is Serialized
+        await c2.write(msg)
+        out = await worker.read()
+        for c in (c1, sched, c2, worker):
+            await c.close()
+        return out
+    out = run(go())
+    assert paths.to == paths.frm == 0
+    assert np.array_equal(out["run"], np.arange(12, dtype="i4").reshape(3, 4)) and out["o"] == Opaque(5)
+
+
+class Unserializable:
+    def __reduce__(self):
+        raise TypeError("cannot pickle this")
+
+
+@pytest.mark.parametrize("on_error", ["message", "raise"])
+def test_error_family_as_tcp(paths, on_error):
+    msgs = [{"op": "bad", "x": to_serialize(Unserializable())}, {"op": "after"}]
+    tcp = run(through("tcp", msgs, on_error=on_error))
+    got = run(through("gser", msgs, on_error=on_error))
+    assert type(got[0]) is type(tcp[0]) and isinstance(got[0], Exception)
+    assert same(got[1], tcp[1]) and got[1] == {"op": "after"}  # the comm goes on
+    if on_error == "message":  # written as the "error" family; the reader raises Dask's TypeError
+        assert isinstance(got[0], TypeError) and str(got[0]) == str(tcp[0])
+    assert paths.to == 0  # the error is Dask's own, not a message gser declined
+
+
+DECLINED = [
+    {("tuple", 0): 1, "op": "tuple keys"},
+    {"op": "set", "s": {1, 2, 3}},
+    {"op": "huge int", "i": 2**70},
+    {"op": "np scalar", "f": np.float64(1.5)},
+    {"__Set__": True, "as-list": [1, 2]},  # a dict Dask's loads acts on
+    {"op": "subclass", "x": type("D", (dict,), {})(a=1)},
+]
+
+
+def test_declined_go_as_dask_frames(paths):
+    tcp = run(through("tcp", DECLINED))
+    paths.to = paths.frm = 0
+    got = run(through("gser", DECLINED))
+    for m, t, g in zip(DECLINED, tcp, got):
+        assert same(t, g), (m, t, g)
+    assert paths.to == len(DECLINED)
+    assert paths.frm == sum(not isinstance(t, Exception) for t in tcp)
+
+
+def test_declined_after_parts_serializes_once(paths, monkeypatch):
+    """A message declined after a part was met costs no serialization of it
+    on gser's side (parts are serialized once the tree is built)."""
+    calls = []
+    dumps = gser.comm._dask_protocol.dumps
+
+    def counted(*a, **k):
+        calls.append(a[0])
+        return dumps(*a, **k)
+    monkeypatch.setattr(gser.comm._dask_protocol, "dumps", counted)
+    got = run(through("gser", [{"x": to_serialize(np.arange(3)), "k": {("t", 1): 1}}]))
+    assert np.array_equal(got[0]["x"], np.arange(3)) and got[0]["k"] == {("t", 1): 1}
+    assert calls == [] and paths.to == 1
+
+
+def test_offload_large(paths, monkeypatch):
+    """A message larger than distributed.comm.offload (by dask.sizeof, as
+    Dask measures it) is serialized and deserialized on Dask's offload
+    thread, as tcp:// does it; a small one on the event loop."""
+    import threading
+
+    used = []
+    offload = gser.comm._dask_comm_utils.offload
+
+    async def counted(fn, *a, **k):
+        used.append(fn)
+        return await offload(fn, *a, **k)
+    monkeypatch.setattr(gser.comm._dask_comm_utils, "offload", counted)
+    threads = []
+
+    class Rec:
+        pass
+
+    from distributed.protocol.serialize import dask_deserialize, dask_serialize
+
+    @dask_serialize.register(Rec)
+    def _s(x):
+        threads.append(("s", threading.current_thread() is threading.main_thread()))
+        return {}, [b"r"]
+
+    @dask_deserialize.register(Rec)
+    def _d(header, frames):
+        threads.append(("d", threading.current_thread() is threading.main_thread()))
+        return Rec()
+
+    msgs = [{"op": "big", "pad": b"x" * (OFFLOAD_THRESHOLD + 1), "x": to_serialize(Rec())},
+            {"op": "small", "x": to_serialize(Rec())}]
+    tcp = run(through("tcp", msgs, serializers=("dask",)))
+    on_tcp, threads[:] = list(threads), []
+    got = run(through("gser", msgs, serializers=("dask",)))
+    assert paths.to == paths.frm == 0
+    assert type(got[0]["x"]) is Rec and got[0]["pad"] == tcp[0]["pad"]
+    assert threads == on_tcp == [("s", False), ("d", False), ("s", True), ("d", True)]
+    assert len(used) == 2 + 2  # tcp's to_frames and from_frames, gser's two
+
+
+def test_old_peer_gets_dask_frames(paths, monkeypatch):
+    """A peer whose handshake does not announce gser-msg (an older gser)
+    gets, and sends, Dask's frames; both ways work."""
+    class Old(gser.comm.GserComm):
+        def handshake_info(self):
+            info = super().handshake_info()
+            del info[gser.comm._MSG_KEY]
+            return info
+    monkeypatch.setattr(gser.comm.GserConnector, "comm_class", Old)
+
+    async def go():
+        client, server = await pair("gser")
+        assert client.handshake_options[gser.comm._MSG_KEY] is False
+        assert server.handshake_options[gser.comm._MSG_KEY] is False
+        await client.write({"a": [1], "x": to_serialize(np.arange(3))})
+        a = await server.read()
+        await server.write({"b": (2,)})
+        b = await client.read()
+        await client.close()
+        await server.close()
+        return a, b
+    a, b = run(go())
+    assert a["a"] == (1,) and np.array_equal(a["x"], np.arange(3)) and b == {"b": (2,)}
+    assert paths.to == paths.frm == 2
+
+
+HOSTILE = [
+    (7, b"\x80"),                    # a kind that is neither
+    (0, "a str header"),
+    (0, b"\x81", 12),                # a frame that is not bytes
+    (1, b"\x81", "a str frame"),
+    ("kind", b"h"),
+    (0,),                            # too short (refused by the sender's encoder: not sent)
+    (0, ToPickle(1)),                # a part inside a part (refused by the sender's encoder: not sent)
+]
+
+
+@pytest.mark.parametrize("reply", HOSTILE, ids=[repr(h)[:30] for h in HOSTILE])
+def test_hostile_parts_close_the_comm(reply, caplog):
+    """A peer that sends malformed parts closes the comm (CommClosedError on
+    read, a GserError inside), never a crash or an exception of its making."""
+    async def go():
+        client, server = await pair("gser")
+        ep = client._ep
+        try:
+            owner, _ = ep._c.prepare({"x": ToPickle(1)}, None, None, parts=(gser.comm._PART_TYPES, lambda o: reply))
+        except TypeError:
+            assert len(reply) < 2
+            return None
+        except NotImplementedError as e:
+            assert "inside a Dask part" in str(e)
+            return None
+        client._post(ep.send_nowait, owner)
+        with pytest.raises(CommClosedError) as e:
+            await server.read()
+        assert server.closed()
+        await client.close()
+        return e.value
+    with caplog.at_level(logging.CRITICAL):
+        e = run(go())
+    if e is not None:
+        assert "dask.part" in str(e)
+
+
+def test_plain_loads_refuses_dask_msg():
+    """A "dask.msg" is loaded only by a Dask comm: elsewhere GserError."""
+    async def go():
+        client, server = await pair("gser")
+        ep = client._ep
+        owner, _ = ep._c.prepare({"x": 1}, None, None, parts=(gser.comm._PART_TYPES, None))
+        client._post(ep.send_nowait, owner)
+        with pytest.raises(gser.GserError, match="dask.msg"):
+            await server._ep.recv()  # a plain endpoint receive
+        await client.close()
+        server.abort()
+    run(go())
