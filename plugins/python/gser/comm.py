@@ -573,10 +573,14 @@ class GserComm(Comm):
         would cost more than that)."""
         threshold = 0 if offloaded or not self.allow_offload else _offload_threshold()
 
+        # An endpoint that chooses by its link chooses for messages from
+        # _LINK_MIN: those go as frames, where it is asked.
+        limit = min(threshold, _LINK_MIN) if self._link_aware else threshold
+
         def first():  # before the first part is serialized
             if compressible:
                 size = _parts_size(msg)
-                if size is None or size > threshold:
+                if size is None or size > limit:
                     raise _Redo(None)
             if _msg_size(msg) > threshold:
                 raise _Redo(_OFFLOAD)

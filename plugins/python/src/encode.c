@@ -329,7 +329,8 @@ static int enc_seq(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_t **
         return charge(e, depth + 1, -(int64_t)n * (kind == GSER_KIND_FLOAT ? PG_GAIN_FLOAT : PG_GAIN_INT));
     }
     Py_ssize_t n = tuple ? PyTuple_GET_SIZE(o) : PyList_GET_SIZE(o);
-    if (n >= 2) {
+    /* Not in a Dask message: its lists come back as tuples, whatever they hold. */
+    if (n >= 2 && !e->dask) {
         int packed = enc_packed(e, o, tuple, depth, out);
         if (packed)
             return packed < 0 ? -1 : 0;
