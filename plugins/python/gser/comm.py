@@ -97,7 +97,7 @@ import msgpack
 import gser.ucx
 from gser import _alloc
 from gser._gser import DeviceArray, GserError
-from gser.ucx import ConnectionClosedError, _bytes_of
+from gser.ucx import frames_of
 
 logger = logging.getLogger(__name__)
 
@@ -238,20 +238,6 @@ def _msg_size(msg):
         return math.inf
 
 
-def _frames_of(out) -> list:
-    """A received list of Dask's frames, as gser.ucx.Endpoint.recv_frames
-    checks it."""
-    if type(out) is not list:
-        raise GserError(f"gser://: expected a list of frames, got a message of type {type(out).__name__}")
-    for i, f in enumerate(out):
-        t = type(f)
-        if t is memoryview or t is DeviceArray:
-            continue
-        if t.__name__ == "ndarray" and t.__module__ == "numpy":
-            out[i] = _bytes_of(memoryview(f))  # a typed host frame (a CPU DLPack tensor): its bytes
-            continue
-        raise GserError(f"gser://: expected a list of frames, got a list with an item of type {t.__name__}")
-    return out
 
 
 # ---- process state: one UCX context, one worker per event loop ----------------------------
@@ -701,7 +687,7 @@ class GserComm(Comm):
                 out = req.result(parts=loader)
             if type(out) is tuple:  # a whole Dask message
                 return out[0]
-            frames = _frames_of(out)
+            frames = frames_of(out, "gser://")
             if (self.handshake_options.get(_PARTS_KEY) and frames and type(frames[0]) is memoryview
                     and nbytes(frames[0]) >= _PARTS_HEAD.size
                     and bytes(frames[0][:len(_PARTS_MAGIC)]) == _PARTS_MAGIC):

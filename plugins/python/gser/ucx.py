@@ -369,6 +369,24 @@ class Worker:
         self._connecting.clear()
 
 
+def frames_of(out, who="gser.ucx") -> list:
+    """out, a received message, as a list of frames: memoryviews of bytes
+    over host frames, gser.DeviceArray for device frames (a typed host frame,
+    a CPU DLPack tensor, becomes its bytes). Anything else raises GserError
+    naming who received it."""
+    if type(out) is not list:
+        raise GserError(f"{who}: expected a list of frames, got a message of type {type(out).__name__}")
+    for i, f in enumerate(out):
+        t = type(f)
+        if t is memoryview or t is _gser.DeviceArray:
+            continue
+        if t.__name__ == "ndarray" and t.__module__ == "numpy":
+            out[i] = _bytes_of(memoryview(f))
+            continue
+        raise GserError(f"{who}: expected a list of frames, got a list with an item of type {t.__name__}")
+    return out
+
+
 def _complete(req):
     """A request completed: resolve its future, or call its callback."""
     user, req.user = req.user, None
@@ -644,18 +662,7 @@ class Endpoint:
         host frames, gser.DeviceArray for device frames. Anything else (a peer
         that sent some other message) raises GserError. offload and
         offload_bytes: as for recv()."""
-        out = await self.recv(offload=offload, offload_bytes=offload_bytes)
-        if type(out) is not list:
-            raise GserError(f"gser.ucx: expected a list of frames, got a message of type {type(out).__name__}")
-        for i, f in enumerate(out):
-            t = type(f)
-            if t is memoryview or t is _gser.DeviceArray:
-                continue
-            if t.__name__ == "ndarray" and t.__module__ == "numpy":
-                out[i] = _bytes_of(memoryview(f))  # a typed host frame (a CPU DLPack tensor): its bytes
-                continue
-            raise GserError(f"gser.ucx: expected a list of frames, got a list with an item of type {t.__name__}")
-        return out
+        return frames_of(await self.recv(offload=offload, offload_bytes=offload_bytes))
 
     # -- teardown ------------------------------------------------------------------------
 
