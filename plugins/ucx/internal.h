@@ -199,6 +199,7 @@ typedef struct gux_link {
      * them (uncorrected), to learn that codec's fix. */
     struct {
         bool open;
+        bool tried; /* its codec went to be tried (explore) */
         int codec;
         double start, last_done; /* ms */
         double est;              /* s: the model's (uncorrected) */
@@ -208,6 +209,7 @@ typedef struct gux_link {
     double probed_at;      /* ms: last raw probe (or first decision) */
     uint64_t since_probe;  /* compressed decisions since */
     bool cold_probed;      /* the probe that re-measures a cold rate went */
+    bool warm;             /* a codec run ended: the first is cold, not measured */
     int last;              /* last decision (gser_compression_t) ... */
     bool decided;          /* ... once there is one */
     double estimate[3];

@@ -242,6 +242,7 @@ TEST(LinkModel, CodecSlowerThanItsSampleIsDerated)
     gux_link_add_codec(&l, GSER_COMPRESSION_LZ4, ref.codec[0].ratio, ref.codec[0].ctime, ref.codec[0].dtime);
     gux_link_add_codec(&l, GSER_COMPRESSION_ZSTD, ref.codec[1].ratio, ref.codec[1].ctime, ref.codec[1].dtime);
     gux_link_add_rate(&l, 60e6, true);
+    l.warm = true; // past the endpoint's first, cold, compressed message (ColdRunIsNotMeasured)
     const size_t chunk = 4 << 20;
     double t[3];
     ASSERT_EQ(gux_link_choose(&l.m, k64M, chunk, GUX_CODECS, t), GSER_COMPRESSION_LZ4);
@@ -283,6 +284,30 @@ TEST(LinkModel, CodecSlowerThanItsSampleIsDerated)
     EXPECT_EQ(l.runs, 3u);
 }
 
+// An endpoint's first compressed message is cold (its compression path's
+// first buffers, threads and pages): its run is not measured, and a codec
+// tried in it is tried again; the next run is.
+TEST(LinkModel, ColdRunIsNotMeasured)
+{
+    gux_link_t l{};
+    gux_link_model_t ref = model(0);
+    gux_link_add_codec(&l, GSER_COMPRESSION_ZSTD, ref.codec[1].ratio, ref.codec[1].ctime, ref.codec[1].dtime);
+    l.m.codec[1].tried = true;
+    gux_link_run_note(&l, GSER_COMPRESSION_ZSTD, (double)k64M, 1.0, 0);
+    l.run.tried = true;
+    gux_link_posted(&l, 1, false);
+    gux_link_done(&l, 20 << 20, 3000);
+    EXPECT_FALSE(l.run.open);
+    EXPECT_EQ(l.runs, 0u);
+    EXPECT_TRUE(l.warm);
+    EXPECT_FALSE(l.m.codec[1].tried);
+    gux_link_run_note(&l, GSER_COMPRESSION_ZSTD, (double)k64M, 1.0, 4000);
+    gux_link_posted(&l, 4001, false);
+    gux_link_done(&l, 20 << 20, 5500);
+    ASSERT_EQ(l.runs, 1u);
+    EXPECT_NEAR(l.m.codec[1].fix, 1.5, 1e-9);
+}
+
 // A run whose sends queue behind another codec's is not measured, nor one
 // that starts with sends in flight; a run's bytes finer than the sample's
 // ratio said close at the next decision.
@@ -292,6 +317,7 @@ TEST(LinkModel, MixedRunsAreNotMeasured)
     gux_link_model_t ref = model(0);
     gux_link_add_codec(&l, GSER_COMPRESSION_LZ4, ref.codec[0].ratio, ref.codec[0].ctime, ref.codec[0].dtime);
     gux_link_add_codec(&l, GSER_COMPRESSION_ZSTD, ref.codec[1].ratio, ref.codec[1].ctime, ref.codec[1].dtime);
+    l.warm = true;
     gux_link_run_note(&l, GSER_COMPRESSION_LZ4, (double)k64M, 1.0, 0);
     gux_link_posted(&l, 1, false);
     gux_link_run_note(&l, GSER_COMPRESSION_ZSTD, (double)k64M, 1.0, 5);
