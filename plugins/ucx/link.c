@@ -265,6 +265,8 @@ void gux_link_at_once(gux_link_t *l, size_t len, double now_ms, bool ok)
 {
     if (l->inflight)
         l->inflight--;
+    if (!l->inflight)
+        l->win_kind = 0; /* it added nothing to the window, which a completion on an empty pipe resets */
     if (ok)
         run_done(l, len, now_ms);
 }

@@ -202,6 +202,14 @@ TEST(LinkModel, RateFromTimedSends)
     gux_link_done(&m, 8 << 20, 40);
     EXPECT_EQ(m.rate_samples, 1u);
     EXPECT_NEAR(m.zrate, 8 * kMiB / 0.010, 1);
+    // compressed sends that UCX completed at once leave no trace in the
+    // next raw message's window
+    gux_link_posted(&m, 100, false);
+    gux_link_at_once(&m, 1 << 20, 100, true);
+    gux_link_posted(&m, 200, true);
+    gux_link_done(&m, 8 << 20, 220);
+    EXPECT_EQ(m.rate_samples, 2u);
+    EXPECT_NEAR(m.m.rate, 8 * kMiB / 0.020, 1);
 }
 
 // After idle, the sockets' buffers take a buffer-full at once and sends
