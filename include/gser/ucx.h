@@ -470,6 +470,11 @@ typedef struct gser_ucx_link_stats {
     uint64_t samples;    /**< codec samples timed */
     uint64_t rate_samples; /**< send-rate measurements */
     uint64_t probes;     /**< messages sent raw to re-measure while compressing */
+    /** Per codec, [0] lz4 and [1] zstd: what its messages really took over
+     *  what the model said (0: not measured yet). Since 0.2. */
+    double fix[2];
+    uint64_t runs;     /**< codec runs measured (they set fix) */
+    uint64_t explores; /**< messages sent with a codec to learn its fix */
 } gser_ucx_link_stats_t;
 
 #define GSER_UCX_LINK_STATS_INIT GSER_STRUCT_INIT(gser_ucx_link_stats_t)

@@ -173,9 +173,15 @@ GUX_INTERNAL bool gux_ep_chunked(const gser_ucx_ep_t *ep);
  * seconds per raw byte to compress and decompress and the ratio. */
 typedef struct gux_link_model {
     double rate; /* wire bytes per second; 0: unknown */
+    bool cold;   /* rate is one measurement, of a cold connection: the next replaces it */
     struct {
         bool known;
         double ratio, ctime, dtime;
+        /* What the codec's messages really took over what the model said
+         * (0: none measured yet: 1), learnt from its own sends (link.c) */
+        double fix;
+        unsigned runs;  /* measurements folded into fix */
+        bool tried;     /* sent once to learn fix (explore) */
     } codec[2];
 } gux_link_model_t;
 
@@ -188,13 +194,26 @@ typedef struct gux_link {
     double win_bytes;      /* bytes completed in the current window */
     double win_ms;         /* busy ms in it */
     int win_kind;          /* its sends: 0 none yet, 1 raw, 2 compressed, 3 both (not counted) */
+    /* A codec run: compressed messages with one codec, from the first's
+     * decision to the last timed completion, against the model's time for
+     * them (uncorrected), to learn that codec's fix. */
+    struct {
+        bool open;
+        bool tried; /* its codec went to be tried (explore) */
+        int codec;
+        double start, last_done; /* ms */
+        double est;              /* s: the model's (uncorrected) */
+        double raw, wire, expect; /* bytes: decided, completed, predicted on the wire */
+    } run;
     double sampled_at;     /* ms: codecs last timed (0: never) */
     double probed_at;      /* ms: last raw probe (or first decision) */
     uint64_t since_probe;  /* compressed decisions since */
+    bool cold_probed;      /* the probe that re-measures a cold rate went */
+    bool warm;             /* a codec run ended: the first is cold, not measured */
     int last;              /* last decision (gser_compression_t) ... */
     bool decided;          /* ... once there is one */
     double estimate[3];
-    uint64_t decisions, samples, rate_samples, probes;
+    uint64_t decisions, samples, rate_samples, probes, runs, explores;
 } gux_link_t;
 
 /* What a worker learnt of the links to a peer host, for its next
@@ -220,9 +239,21 @@ GUX_INTERNAL int gux_link_choose(const gux_link_model_t *m, size_t bytes, size_t
  * rate (bytes per second), or a codec's ratio and speeds. */
 GUX_INTERNAL void gux_link_add_rate(gux_link_t *l, double rate, bool raw);
 GUX_INTERNAL void gux_link_add_codec(gux_link_t *l, int codec, double ratio, double ctime, double dtime);
+/* A message of raw bytes was decided to go as codec at now_ms, the model
+ * saying est seconds (uncorrected): opens, extends or closes the codec run
+ * that learns the codec's fix. */
+GUX_INTERNAL void gux_link_run_note(gux_link_t *l, int codec, double raw, double est, double now_ms);
+/* One codec run's measurement folded in: real seconds where the model
+ * said est (tests inject them so). */
+GUX_INTERNAL void gux_link_add_fix(gux_link_t *l, int codec, double real, double est);
 /* A timed send (len >= GUX_LINK_PART_MIN) was posted / completed, at now_ms. */
 GUX_INTERNAL void gux_link_posted(gux_link_t *l, double now_ms, bool raw);
 GUX_INTERNAL void gux_link_done(gux_link_t *l, size_t len, double now_ms);
+/* A timed send that was posted completed at once (ok) or failed: it says
+ * nothing of the wire, but ends a codec run's work as a completion does. */
+GUX_INTERNAL void gux_link_at_once(gux_link_t *l, size_t len, double now_ms, bool ok);
+/* Measure the open codec run if all it sent completed (before deciding). */
+GUX_INTERNAL void gux_link_run_settle(gux_link_t *l);
 /* Whether ep decides by the link (AUTO in effect and a codec to choose). */
 GUX_INTERNAL bool gux_ep_link_aware(const gser_ucx_ep_t *ep);
 

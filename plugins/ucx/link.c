@@ -16,13 +16,19 @@
  * time: within it, raw costs no CPU on either side. */
 #define GUX_LINK_MARGIN 0.03
 /* A codec's time on a sample (a few cached kilobytes, on a quiet core)
- * times this is its time on a message's data (BENCHMARKS.md, 2026-12-05:
- * lz4 sampled at 1.2-1.5 GB/s moved 64 MiB messages at 0.5 GB/s). */
+ * times this is the prior of its time on a message's data, until the
+ * codec's own messages set its fix (BENCHMARKS.md, 2026-12-05: lz4
+ * sampled at 1.2-1.5 GB/s moved 64 MiB messages at 0.5 GB/s). */
 #define GUX_LINK_CPU_FACTOR 1.5
 /* A send-rate measurement closes after this much busy time (or when no
- * timed send is left in flight) with at least GUX_LINK_WIN_BYTES. */
-#define GUX_LINK_WIN_MS 20.0
-#define GUX_LINK_WIN_BYTES ((double)(1u << 20))
+ * timed send is left in flight) with at least GUX_LINK_WIN_BYTES: twice
+ * Linux's largest default socket send buffer (tcp_wmem, 4 MiB). In 20 ms
+ * windows of 1 MiB, a 64 MiB message at 1 Gbit/s (0.54 s) measured 494
+ * MB/s: its second 22 MB send completed 34 ms after the first. */
+#define GUX_LINK_WIN_MS 1000.0
+#define GUX_LINK_WIN_BYTES ((double)(8u << 20))
+/* Before any measurement, a busy period of this much is measured. */
+#define GUX_LINK_FIRST_BYTES ((double)(1u << 20))
 /* Weight of a new rate measurement: a link that gets busy shows within a
  * few windows. */
 #define GUX_LINK_RATE_ALPHA 0.3
@@ -38,8 +44,30 @@
 #define GUX_LINK_PROBE_EVERY 4u
 #define GUX_LINK_PROBE_MS 1000.0
 #define GUX_LINK_PROBE_COST 50.0
+/* A rate of one (cold) measurement is re-measured by a probe after one
+ * compressed message where raw is modelled within this factor of the codec. */
+#define GUX_LINK_COLD_PROBE 3.0
 /* What a worker remembers of a peer host stays good this long. */
 #define GUX_LINK_HOST_MS 60000.0
+/* A codec's fix (its messages' real time over the model's) is a moving
+ * average of its runs, each within these bounds (a run that waited on
+ * something else says little more). */
+#define GUX_LINK_FIX_ALPHA 0.5
+#define GUX_LINK_FIX_MIN 0.25
+#define GUX_LINK_FIX_MAX 8.0
+/* A codec run is measured once nothing is in flight and this share of the
+ * wire bytes its samples' ratios predict completed; runs of fewer raw
+ * bytes are not measured. */
+#define GUX_LINK_RUN_FULL 0.9
+#define GUX_LINK_RUN_BYTES ((double)(1u << 20))
+/* A codec never run on this link is tried once, instead of the codec
+ * chosen, when the model puts it within this factor of that: its sample
+ * may be what misleads (zstd at 1 Gbit/s: modelled 0.20 s, took 0.15).
+ * Never instead of raw: a codec's sample errs fast (lz4 on the unshaped
+ * veth: modelled 1.15 times raw, took 5 times). */
+#define GUX_LINK_EXPLORE 1.6
+/* ... if it shrinks the data at least this much (gser's own threshold) */
+#define GUX_LINK_EXPLORE_RATIO 0.9
 
 enum { SAMPLE_PIECE = GSER_COMPRESS_SAMPLE_SIZE, SAMPLE_PIECES = GSER_COMPRESS_NSAMPLES };
 
@@ -54,7 +82,8 @@ static int codec_index(int codec)
     return codec == GSER_COMPRESSION_LZ4 ? 0 : codec == GSER_COMPRESSION_ZSTD ? 1 : -1;
 }
 
-double gux_link_time(const gux_link_model_t *m, int codec, size_t bytes, size_t chunk)
+/* The model's time without the codecs' fixes. */
+static double link_time_base(const gux_link_model_t *m, int codec, size_t bytes, size_t chunk)
 {
     if (!(m->rate > 0))
         return -1;
@@ -75,6 +104,15 @@ double gux_link_time(const gux_link_model_t *m, int codec, size_t bytes, size_t 
     double n = (double)(bytes / chunk + (bytes % chunk != 0)), k = b / n;
     double tc = k * c, tw = k * w, td = k * d;
     return (n - 1) * dmax(dmax(tc, td), tw) + tc + tw + td;
+}
+
+double gux_link_time(const gux_link_model_t *m, int codec, size_t bytes, size_t chunk)
+{
+    double t = link_time_base(m, codec, bytes, chunk);
+    int i = codec_index(codec);
+    if (t > 0 && i >= 0 && m->codec[i].fix > 0)
+        t *= m->codec[i].fix;
+    return t;
 }
 
 int gux_link_choose(const gux_link_model_t *m, size_t bytes, size_t chunk, uint32_t allowed, double *times)
@@ -111,7 +149,13 @@ void gux_link_add_rate(gux_link_t *l, double rate, bool raw)
         l->zrate = l->zrate > 0 ? (1 - GUX_LINK_RATE_ALPHA) * l->zrate + GUX_LINK_RATE_ALPHA * rate : rate;
         return;
     }
-    l->m.rate = l->m.rate > 0 ? (1 - GUX_LINK_RATE_ALPHA) * l->m.rate + GUX_LINK_RATE_ALPHA * rate : rate;
+    /* A connection's first large message is slow (slow start, the
+     * receiver's first allocations: 0.38 GB/s at 10 Gbit/s, later ones
+     * 1.2): the first measurement stands until the next replaces it. */
+    bool first = !(l->m.rate > 0);
+    l->m.rate = l->m.rate > 0 && !l->m.cold ? (1 - GUX_LINK_RATE_ALPHA) * l->m.rate + GUX_LINK_RATE_ALPHA * rate
+                                            : rate;
+    l->m.cold = first;
 }
 
 void gux_link_add_codec(gux_link_t *l, int codec, double ratio, double ctime, double dtime)
@@ -131,6 +175,72 @@ void gux_link_add_codec(gux_link_t *l, int codec, double ratio, double ctime, do
     l->m.codec[i].dtime = dtime;
 }
 
+void gux_link_add_fix(gux_link_t *l, int codec, double real, double est)
+{
+    int i = codec_index(codec);
+    if (i < 0 || !(real > 0) || !(est > 0) || !isfinite(real / est))
+        return;
+    double f = real / est;
+    f = f < GUX_LINK_FIX_MIN ? GUX_LINK_FIX_MIN : f > GUX_LINK_FIX_MAX ? GUX_LINK_FIX_MAX : f;
+    double *fix = &l->m.codec[i].fix;
+    *fix = *fix > 0 ? (1 - GUX_LINK_FIX_ALPHA) * *fix + GUX_LINK_FIX_ALPHA * f : f;
+    l->m.codec[i].runs++;
+    l->runs++;
+}
+
+/* The open run measured: from its first decision to its last completion.
+ * An endpoint's first compressed message is cold, as its first raw one is
+ * (buffers, threads and pages its compression path touches for the first
+ * time: at 1 Gbit/s zstd's took 0.26 s where later ones took 0.15): not
+ * measured, and a codec tried in it is tried again. */
+static void run_close(gux_link_t *l)
+{
+    if (l->run.last_done > l->run.start && l->run.raw >= GUX_LINK_RUN_BYTES) {
+        int i = codec_index(l->run.codec);
+        if (l->warm)
+            gux_link_add_fix(l, l->run.codec, (l->run.last_done - l->run.start) / 1e3, l->run.est);
+        else if (l->run.tried && i >= 0)
+            l->m.codec[i].tried = false;
+        l->warm = true;
+    }
+    l->run.open = false;
+}
+
+void gux_link_run_settle(gux_link_t *l)
+{
+    if (l->run.open && !l->inflight)
+        run_close(l); /* all it sent completed */
+}
+
+void gux_link_run_note(gux_link_t *l, int codec, double raw, double est, double now_ms)
+{
+    gux_link_run_settle(l);
+    if (l->run.open) {
+        if (codec == l->run.codec) { /* queued behind it: one run */
+            int i = codec_index(codec);
+            l->run.raw += raw;
+            l->run.est += est;
+            l->run.expect += raw * l->m.codec[i].ratio;
+        } else {
+            l->run.open = false; /* one codec's sends would wait on the other's: neither measured */
+        }
+        return;
+    }
+    int i = codec_index(codec);
+    /* a run starts on an idle pipe: sends in flight would delay its own */
+    if (i < 0 || !(est > 0) || l->inflight)
+        return;
+    l->run.open = true;
+    l->run.tried = false;
+    l->run.codec = codec;
+    l->run.start = now_ms;
+    l->run.last_done = 0;
+    l->run.raw = raw;
+    l->run.est = est;
+    l->run.wire = 0;
+    l->run.expect = raw * l->m.codec[i].ratio;
+}
+
 void gux_link_posted(gux_link_t *l, double now_ms, bool raw)
 {
     if (l->inflight++ == 0)
@@ -138,10 +248,34 @@ void gux_link_posted(gux_link_t *l, double now_ms, bool raw)
     l->win_kind |= raw ? 1 : 2;
 }
 
+/* A send of the open run completed. */
+static void run_done(gux_link_t *l, size_t len, double now_ms)
+{
+    if (!l->run.open)
+        return;
+    l->run.last_done = now_ms;
+    l->run.wire += (double)len;
+    /* the pipe drained with the run's bytes across (drained earlier, the
+     * sender is still compressing the rest) */
+    if (!l->inflight && l->run.wire >= GUX_LINK_RUN_FULL * l->run.expect)
+        run_close(l);
+}
+
+void gux_link_at_once(gux_link_t *l, size_t len, double now_ms, bool ok)
+{
+    if (l->inflight)
+        l->inflight--;
+    if (!l->inflight)
+        l->win_kind = 0; /* it added nothing to the window, which a completion on an empty pipe resets */
+    if (ok)
+        run_done(l, len, now_ms);
+}
+
 void gux_link_done(gux_link_t *l, size_t len, double now_ms)
 {
     if (l->inflight)
         l->inflight--;
+    run_done(l, len, now_ms);
     l->win_bytes += (double)len;
     double busy = now_ms - l->busy_since;
     if (l->inflight && busy < GUX_LINK_WIN_MS)
@@ -150,13 +284,21 @@ void gux_link_done(gux_link_t *l, size_t len, double now_ms)
      * compressing or idle) does not */
     l->win_ms += busy > 0 ? busy : 0;
     l->busy_since = now_ms;
-    if (l->win_bytes >= GUX_LINK_WIN_BYTES && l->win_ms > 0) {
+    /* After idle, the sockets' buffers take a buffer-full of bytes at
+     * once: a window is a whole busy period (or GUX_LINK_WIN_MS of one),
+     * measured only with bytes well beyond that; a shorter period is
+     * dropped, not joined to the next (each would start with a
+     * buffer-full), unless nothing is measured yet. */
+    bool first = !(l->m.rate > 0) && !l->inflight && l->win_bytes >= GUX_LINK_FIRST_BYTES;
+    if ((l->win_bytes >= GUX_LINK_WIN_BYTES || first) && l->win_ms > 0) {
         if (l->win_kind == 1 || l->win_kind == 2) /* raw and compressed mixed: neither's rate */
             gux_link_add_rate(l, l->win_bytes / (l->win_ms / 1e3), l->win_kind == 1);
-        l->win_bytes = 0;
-        l->win_ms = 0;
-        l->win_kind = l->inflight ? l->win_kind : 0;
+    } else if (l->inflight) {
+        return; /* the period goes on: the window stays open */
     }
+    l->win_bytes = 0;
+    l->win_ms = 0;
+    l->win_kind = l->inflight ? l->win_kind : 0;
 }
 
 /* Share what ep learnt with the worker's next endpoints to the same host
@@ -243,44 +385,50 @@ typedef struct {
 } codec_sample_t;
 
 /* Time codec (index 0 lz4, 1 zstd at level) on the sample: compress, then
- * decompress what it made. */
+ * decompress what it made. Three times, the faster of the last two timed:
+ * zstd's first call on a fresh context builds its tables (sampled cold at
+ * level 3, zstd timed 18-330 MB/s on these cores, warm 0.7; its 64 MiB
+ * messages compressed at 0.47 GB/s). */
 static codec_sample_t sample_time(int i, int level, const char *src, size_t n, char *z, size_t zcap, char *back)
 {
     codec_sample_t s = {0};
-    double t0, t1, t2;
-    size_t zn;
-    if (i == 0) {
-        t0 = gux_now_ms();
-        int r = LZ4_compress_default(src, z, (int)n, (int)zcap);
-        t1 = gux_now_ms();
-        if (r <= 0 || LZ4_decompress_safe(z, back, r, (int)n) != (int)n)
-            return s;
-        t2 = gux_now_ms();
-        zn = (size_t)r;
-    } else {
-        ZSTD_CCtx *cc = ZSTD_createCCtx();
-        ZSTD_DCtx *dc = ZSTD_createDCtx();
-        if (!cc || !dc) {
-            ZSTD_freeCCtx(cc);
-            ZSTD_freeDCtx(dc);
-            return s;
+    double t0 = 0, t1 = 0, t2 = 0, ct = 1e300, dt = 1e300;
+    size_t zn = 0;
+    ZSTD_CCtx *cc = NULL;
+    ZSTD_DCtx *dc = NULL;
+    if (i == 1 && (!(cc = ZSTD_createCCtx()) || !(dc = ZSTD_createDCtx())))
+        goto out;
+    for (int pass = 0; pass < 3; pass++) {
+        if (i == 0) {
+            t0 = gux_now_ms();
+            int r = LZ4_compress_default(src, z, (int)n, (int)zcap);
+            t1 = gux_now_ms();
+            if (r <= 0 || LZ4_decompress_safe(z, back, r, (int)n) != (int)n)
+                goto out;
+            t2 = gux_now_ms();
+            zn = (size_t)r;
+        } else {
+            t0 = gux_now_ms();
+            size_t r = ZSTD_compressCCtx(cc, z, zcap, src, n, level ? level : ZSTD_CLEVEL_DEFAULT);
+            t1 = gux_now_ms();
+            if (ZSTD_isError(r) || ZSTD_decompressDCtx(dc, back, n, z, r) != n)
+                goto out;
+            t2 = gux_now_ms();
+            zn = r;
         }
-        t0 = gux_now_ms();
-        size_t r = ZSTD_compressCCtx(cc, z, zcap, src, n, level ? level : ZSTD_CLEVEL_DEFAULT);
-        t1 = gux_now_ms();
-        bool good = !ZSTD_isError(r) && ZSTD_decompressDCtx(dc, back, n, z, r) == n;
-        t2 = gux_now_ms();
-        ZSTD_freeCCtx(cc);
-        ZSTD_freeDCtx(dc);
-        if (!good)
-            return s;
-        zn = r;
+        if (pass) { /* the faster of two warm passes: a busy core stalls one now and then */
+            ct = t1 - t0 < ct ? t1 - t0 : ct;
+            dt = t2 - t1 < dt ? t2 - t1 : dt;
+        }
     }
     /* the clock's resolution is far below a sample's time; keep it positive */
-    s.ctime = dmax(t1 - t0, 1e-6) / 1e3 / (double)n;
-    s.dtime = dmax(t2 - t1, 1e-6) / 1e3 / (double)n;
+    s.ctime = dmax(ct, 1e-6) / 1e3 / (double)n;
+    s.dtime = dmax(dt, 1e-6) / 1e3 / (double)n;
     s.ratio = (double)zn / (double)n;
     s.ok = true;
+out:
+    ZSTD_freeCCtx(cc);
+    ZSTD_freeDCtx(dc);
     return s;
 }
 
@@ -330,6 +478,7 @@ gser_status_t gser_ucx_ep_choose_compression(gser_ucx_ep_t *ep, const gser_frame
     gux_link_t *l = &ep->link;
     if (!l->decided && !(l->m.rate > 0))
         link_host(ep, false, now); /* an earlier endpoint to this host measured it */
+    gux_link_run_settle(l); /* what the last messages took, before the model decides */
     if (sample) {
         l->sampled_at = now;
         l->samples++;
@@ -341,12 +490,37 @@ gser_status_t gser_ucx_ep_choose_compression(gser_ucx_ep_t *ep, const gser_frame
     int codec = gux_link_choose(&l->m, total, chunk, both, l->estimate);
     if (!l->decided)
         l->probed_at = now;
-    if (codec != GSER_COMPRESSION_NONE) {
+    bool explore = false;
+    double chosen_t = l->estimate[codec == GSER_COMPRESSION_LZ4 ? 1 : codec == GSER_COMPRESSION_ZSTD ? 2 : 0];
+    for (int i = 0; i < 2 && codec != GSER_COMPRESSION_NONE && chosen_t > 0; i++) {
+        /* a codec whose messages were never timed on this link, close to
+         * the choice: its sample may be what misleads the model (lz4's
+         * sampled speed did not hold at 64 MiB, zstd's did), so it goes
+         * once to learn its fix */
+        int c = i ? GSER_COMPRESSION_ZSTD : GSER_COMPRESSION_LZ4;
+        if (c != codec && (both & (i ? GSER_UCX_CAP_ZSTD : GSER_UCX_CAP_LZ4)) && l->m.codec[i].known &&
+            !l->m.codec[i].runs && !l->m.codec[i].tried && l->m.codec[i].ratio < GUX_LINK_EXPLORE_RATIO &&
+            l->estimate[i + 1] > 0 &&
+            l->estimate[i + 1] < GUX_LINK_EXPLORE * chosen_t) {
+            l->m.codec[i].tried = true;
+            codec = c;
+            explore = true;
+            l->explores++;
+            break;
+        }
+    }
+    if (codec != GSER_COMPRESSION_NONE && !explore) {
         /* Compressed sends do not measure the link: raw goes now and then
          * to measure it again, the more rarely the more that costs. */
         double best = l->estimate[codec == GSER_COMPRESSION_LZ4 ? 1 : 2];
         double wait = dmax(GUX_LINK_PROBE_MS, GUX_LINK_PROBE_COST * (l->estimate[0] - best) * 1e3);
-        if (++l->since_probe >= GUX_LINK_PROBE_EVERY && now - l->probed_at >= wait) {
+        /* a cold rate is re-measured after one compressed message where
+         * that costs little (the faster the link, the colder its first
+         * message looks) */
+        bool cold = l->m.cold && !l->cold_probed && l->since_probe >= 1 &&
+                    l->estimate[0] < GUX_LINK_COLD_PROBE * best;
+        l->cold_probed |= cold;
+        if (cold || (++l->since_probe >= GUX_LINK_PROBE_EVERY && now - l->probed_at >= wait)) {
             codec = GSER_COMPRESSION_NONE;
             l->since_probe = 0;
             l->probed_at = now;
@@ -356,6 +530,9 @@ gser_status_t gser_ucx_ep_choose_compression(gser_ucx_ep_t *ep, const gser_frame
     l->last = codec;
     l->decided = true;
     l->decisions++;
+    gux_link_run_note(l, codec, (double)total, link_time_base(&l->m, codec, total, chunk), now);
+    if (explore && l->run.open && l->run.codec == codec)
+        l->run.tried = true;
     link_host(ep, true, now);
     gux_unlock(w);
     *codec_out = codec;
@@ -384,6 +561,10 @@ gser_status_t gser_ucx_ep_get_link_stats(const gser_ucx_ep_t *ep, gser_ucx_link_
     s.samples = l->samples;
     s.rate_samples = l->rate_samples;
     s.probes = l->probes;
+    for (int i = 0; i < 2; i++)
+        s.fix[i] = l->m.codec[i].fix;
+    s.runs = l->runs;
+    s.explores = l->explores;
     gux_unlock(w);
     return gux_struct_write("gser_ucx_ep_get_link_stats", "out", "GSER_UCX_LINK_STATS_INIT", out, &s, sizeof s);
 }

@@ -35,11 +35,10 @@ static gser_status_t post_send(gser_ucx_request_t *r, const void *buf, size_t le
     }
     r->outstanding++;
     ucs_status_ptr_t sp = ucp_tag_send_nbx(r->ep->ucp, buf, len, tag, &p);
-    if (timed && !UCS_PTR_IS_PTR(sp)) { /* done at once (or failed): it timed nothing */
+    if (timed && !UCS_PTR_IS_PTR(sp)) { /* done at once (or failed): no rate, a codec run's time */
         r->link_bytes -= len;
         r->link_parts--;
-        if (l->inflight)
-            l->inflight--;
+        gux_link_at_once(l, len, gux_now_ms(), UCS_PTR_STATUS(sp) == UCS_OK);
     }
     return gux_req_track(r, sp, "send: ucp_tag_send_nbx", false);
 }

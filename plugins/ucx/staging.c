@@ -423,10 +423,9 @@ static void zslot_send(gux_stage_op_t *op, gux_slot_t *s, size_t c)
         gux_link_posted(&r->ep->link, gux_now_ms(), false);
     ucs_status_ptr_t sp = ucp_tag_send_nbx(r->ep->ucp, s->zbuf, GUX_ZCHUNK_PREFIX + n,
                                            gux_tag(r->ep->peer_id, GUX_KIND_ZCHUNK, r->seq), &p);
-    if (s->timed && !UCS_PTR_IS_PTR(sp)) { /* done at once (or failed): it timed nothing */
+    if (s->timed && !UCS_PTR_IS_PTR(sp)) { /* done at once (or failed): no rate, a codec run's time */
+        gux_link_at_once(&r->ep->link, s->timed, gux_now_ms(), UCS_PTR_STATUS(sp) == UCS_OK);
         s->timed = 0;
-        if (r->ep->link.inflight)
-            r->ep->link.inflight--;
     }
     op->next_post++;
     if (UCS_PTR_IS_ERR(sp)) {
