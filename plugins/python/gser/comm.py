@@ -269,8 +269,31 @@ _GSER_COMPRESSION = {"auto": "auto", None: None, False: None, "none": None, "Non
 
 def _compression():
     """(what the transport compresses, what Dask compresses) for
-    distributed.comm.compression now."""
-    setting = dask.config.get("distributed.comm.compression", "auto")
+    distributed.comm.compression now. Read at every write, so that
+    dask.config.set in a context holds for the writes inside it: straight
+    from the config dict (what dask.config.get reads, without its key
+    parsing, a third of a small write's own time), the mapping cached by
+    the setting's value."""
+    try:
+        setting = dask.config.config["distributed"]["comm"].get("compression", "auto")
+    except (KeyError, TypeError, AttributeError):  # not the usual layout: Dask's own lookup
+        setting = dask.config.get("distributed.comm.compression", "auto")
+    try:
+        key = (type(setting), setting)  # False and 0 apart
+        return _compression_of[key]
+    except KeyError:
+        out = _compression_of[key] = _compression_for(setting)
+        if len(_compression_of) > 64:  # settings are few; never grow without bound
+            _compression_of.clear()
+        return out
+    except TypeError:  # unhashable: not a codec name
+        return _compression_for(setting)
+
+
+_compression_of: dict = {}
+
+
+def _compression_for(setting):
     if isinstance(setting, str):
         setting = setting.strip().lower() if setting.strip().lower() in _GSER_COMPRESSION else setting
     try:

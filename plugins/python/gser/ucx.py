@@ -204,8 +204,12 @@ class Worker:
             if self._w is None:
                 return
             if w.arm():
-                self._wait_for_peer(False)
-                self._check_failed()
+                # Most calls end here, twice a message: nothing more than
+                # needed (an armed worker costs one look at its fd, C's arm).
+                if self._waiting:
+                    self._wait_for_peer(False)
+                if self._failed is None and w.status()[0] < 0:
+                    self._check_failed()
                 return
         self._wait_for_peer(not moved)
         self._check_failed()
@@ -271,7 +275,15 @@ class Worker:
     def _dispatch(self, events):
         for ev in events:
             if type(ev) is _gser._UcxRequest:
-                _complete(ev)
+                # _complete, inline: a completed send or receive is most events
+                user, ev.user = ev.user, None
+                if user is None:
+                    continue
+                if type(user) is _Future:
+                    if not user.done():
+                        user.set_result(ev)
+                else:
+                    _complete_user(ev, user)
             else:  # an accepted _UcxEndpoint
                 listener = ev.listener.user()
                 if listener is None or listener.closed:
@@ -390,13 +402,20 @@ def frames_of(out, who="gser.ucx") -> list:
 def _complete(req):
     """A request completed: resolve its future, or call its callback."""
     user, req.user = req.user, None
-    if user is None:
-        return
+    if user is not None:
+        _complete_user(req, user)
+
+
+def _complete_user(req, user):
     if isinstance(user, asyncio.Future):
         if not user.done():
             user.set_result(req)
     else:
         user(req)
+
+
+# The loop's own futures (asyncio's C Future); others go through isinstance.
+_Future = asyncio.Future
 
 
 class Listener:
