@@ -29,6 +29,9 @@
  * that long. */
 #define GUX_CTL_EVERY 64
 #define GUX_CTL_GAP_MS 0.05
+/* Requests and endpoints an arm looks at, at most, to find UCX still armed
+ * (worker.c, ucx_quiet). */
+#define GUX_QUIET_WALK 256
 /* Epoll tags of UCX's event fd and the timer (see control.c). */
 #define GUX_TAG_UCX ((uint64_t)1 << 40)
 #define GUX_TAG_TIMER ((uint64_t)2 << 40)
@@ -704,14 +707,17 @@ static void arm_timer(gser_ucx_worker_t *w)
  * message are quiet: an arrival wakes the fd. */
 static bool ucx_quiet(gser_ucx_worker_t *w)
 {
+    /* A worker with many connections (a scheduler's) takes UCX's arm
+     * rather than walk them all at every arm. */
+    unsigned budget = GUX_QUIET_WALK;
     for (gux_list_t *n = w->all.next; n != &w->all; n = n->next) {
         gser_ucx_request_t *r = gux_container(n, gser_ucx_request_t, alink);
-        if (r->outstanding || r->posting)
+        if (r->outstanding || r->posting || !--budget)
             return false;
     }
     for (gux_list_t *n = w->eps.next; n != &w->eps; n = n->next) {
         gser_ucx_ep_t *ep = gux_container(n, gser_ucx_ep_t, wlink);
-        if (ep->state != GUX_EP_READY || ep->close_req || ep->flush_req || ep->ucp_release)
+        if (ep->state != GUX_EP_READY || ep->close_req || ep->flush_req || ep->ucp_release || !--budget)
             return false;
     }
     return true;

@@ -499,7 +499,9 @@ class GserComm(Comm):
         return ep
 
     async def write(self, msg, serializers=None, on_error="message"):
-        ep = self._endpoint("write")
+        ep = self._ep
+        if ep is None:
+            raise _closed_error(self, "write on a closed comm")
         if ep.closed:
             self.abort()
             raise _closed_error(self, "write", ep.error())
@@ -508,10 +510,9 @@ class GserComm(Comm):
             ep.set_compression(gser_codec)
             self._compression = gser_codec
             self._link_aware = None
-        in_parts = bool(self.handshake_options.get(_PARTS_KEY) and self.allow_offload and OFFLOAD_THRESHOLD)
         serializers = serializers if serializers is not None else SERIALIZERS
         if self.handshake_options.get(_MSG_KEY):
-            codec = ep.compression if not ep.closed else None  # the last choice: small messages keep it
+            codec = ep.compression  # the last choice: small messages keep it (open: checked above)
             if self._link_aware is None:
                 self._link_aware = not ep.closed and ep.link_stats["link_aware"]
             # A large message the transport may compress goes as Dask's
@@ -525,6 +526,7 @@ class GserComm(Comm):
                 owner, size = encoded
                 self._post(ep.send_nowait, owner)
                 return size
+        in_parts = bool(self.handshake_options.get(_PARTS_KEY) and self.allow_offload and OFFLOAD_THRESHOLD)
         frames = await to_frames(
             msg,
             allow_offload=self.allow_offload and not _small(msg),

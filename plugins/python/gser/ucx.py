@@ -167,6 +167,7 @@ class Worker:
         self._w = _gser._UcxWorker(self.context._c, **options)
         self._fd = self._w.fileno()
         self._scheduled = False
+        self._armed = False  # arm() said so, and the fd has not woken the loop since
         self._waiting = False  # not armed, and nothing moved: the fd is not watched, _timer looks
         self._timer = None
         self._connecting: dict = {}  # _UcxEndpoint -> Future
@@ -175,9 +176,14 @@ class Worker:
         #: Called with the worker once it failed for good (see failed).
         self.on_failed: list = []
         self._failed = None
-        self._loop.add_reader(self._fd, self._progress)
+        self._loop.add_reader(self._fd, self._on_fd)
 
     # -- driving it -------------------------------------------------------------------
+
+    def _on_fd(self):
+        """The fd woke the loop: the worker is no longer armed."""
+        self._armed = False
+        self._progress()
 
     def _progress(self):
         """Progress until the worker can be armed (then the fd wakes the loop).
@@ -203,14 +209,21 @@ class Worker:
                 self._check_connecting()
             if self._w is None:
                 return
+            if self._armed and not moved:
+                # Armed by the last call, nothing moved since, and the fd has
+                # not fired (_on_fd would have said so): still armed. A send
+                # or receive just posted needs no arm then.
+                return
             if w.arm():
-                # Most calls end here, twice a message: nothing more than
-                # needed (an armed worker costs one look at its fd, C's arm).
+                # Most calls end here: nothing more than needed (an armed
+                # worker costs one look at its fd, C's arm).
+                self._armed = True
                 if self._waiting:
                     self._wait_for_peer(False)
                 if self._failed is None and w.status()[0] < 0:
                     self._check_failed()
                 return
+            self._armed = False
         self._wait_for_peer(not moved)
         self._check_failed()
         if moved:
@@ -255,7 +268,7 @@ class Worker:
             if waiting:
                 self._loop.remove_reader(self._fd)
             else:
-                self._loop.add_reader(self._fd, self._progress)
+                self._loop.add_reader(self._fd, self._on_fd)
                 if self._timer is not None:
                     self._timer.cancel()
                     self._timer = None
@@ -268,6 +281,7 @@ class Worker:
 
     def kick(self):
         """Progress soon: work was posted that the event fd may not announce."""
+        self._armed = False  # what was posted may need UCX's arm (a connection, a close)
         if not self._scheduled and self._w is not None and not self._loop.is_closed():
             self._scheduled = True
             self._loop.call_soon(self._progress)
@@ -310,6 +324,7 @@ class Worker:
             c = self._w.listen(address, port)
         except GserError as e:
             raise _translate(e) from None
+        self._armed = False  # the first listen creates UCX's worker: not armed yet
         lst = Listener(self, c, callback)
         self.listeners.add(lst)
         return lst
