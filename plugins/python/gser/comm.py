@@ -426,6 +426,9 @@ def _small(msg, budget=64) -> bool:
     return True
 
 
+_send_then = gser.ucx.Endpoint._send_then
+
+
 def _closed_error(comm, what, e=None) -> CommClosedError:
     msg = f"{what}: {comm!r}"
     if e is not None:
@@ -524,7 +527,7 @@ class GserComm(Comm):
                                                          dask_codec, codec, compressible, True)
             if encoded is not None:
                 owner, size = encoded
-                self._post(ep.send_nowait, owner)
+                self._post(ep._send_then, owner)
                 return size
         in_parts = bool(self.handshake_options.get(_PARTS_KEY) and self.allow_offload and OFFLOAD_THRESHOLD)
         frames = await to_frames(
@@ -621,16 +624,28 @@ class GserComm(Comm):
 
     def _post(self, send, obj):
         """One send posted (send: the endpoint's send_nowait or
-        send_frames_nowait); a failure to post aborts the comm."""
+        send_frames_nowait, or _send_then, whose callback takes the request:
+        a small message's path, one call less); a failure to post aborts
+        the comm."""
         self._sending += 1
         try:
-            send(obj, callback=self._sent)
+            if getattr(send, "__func__", None) is _send_then:
+                send(obj, self._sent_req)
+            else:
+                send(obj, callback=self._sent)
         except BaseException as e:
             self._sending -= 1
             self.abort()
             if isinstance(e, gser.ucx.ConnectionClosedError):
                 raise _closed_error(self, "write", e) from e
             raise
+
+    def _sent_req(self, req):
+        # _sent for _send_then (req.result() would say how it failed: the
+        # endpoint says so too).
+        self._sending -= 1
+        if self._sending == 0 and self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
 
     def _sent(self, error):
         # A failed send failed the endpoint: the next read or write says so.

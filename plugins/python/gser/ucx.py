@@ -666,6 +666,15 @@ class Endpoint:
         self.worker._progress()
         return fut
 
+    def _send_then(self, obj, done):
+        """send_nowait for gser.comm's small messages: done(req) once the
+        send completed, well or not (req.result() raises the failure)."""
+        try:
+            self._c.send(obj, None, user=done)
+        except GserError as e:
+            raise _translate(e) from None
+        self.worker._progress()
+
     def send_frames_nowait(self, frames, *, callback=None):
         """send_frames without waiting: see send_nowait."""
         return self.send_nowait([_frame(f) for f in frames], callback=callback)
