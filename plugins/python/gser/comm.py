@@ -57,7 +57,7 @@ Dask offloads serializing and deserializing them; small ones on the loop.
 
 UCX settings come from the environment (UCX_TLS, UCX_NET_DEVICES, ...) and
 from Dask's configuration, distributed.comm.gser.{transports, net-devices,
-peer-timeout, secret} (DASK_DISTRIBUTED__COMM__GSER__TRANSPORTS=tcp, ...).
+peer-timeout, secret, spin-us} (DASK_DISTRIBUTED__COMM__GSER__TRANSPORTS=tcp, ...).
 With a secret (that key, or the GSER_UCX_SECRET environment variable) every
 connection proves it both ways before UCX or Dask sees a byte of it; the
 secret never crosses the wire, nothing is encrypted (docs/ucx.md). So a
@@ -323,6 +323,15 @@ def _register_family():
         gser_dask.register()
 
 
+# distributed.comm.gser.spin-us by default: a receive that finds nothing
+# polls this long before the loop sleeps (gser.ucx.Endpoint._spin). Between
+# processes on cores of their own, a request's reply then comes without two
+# wake-ups of an idle CPU (bench_comm.py comm_rtt_100B: 18 us instead of
+# 100 us here); on one shared core a poll that finds nothing costs that
+# long once in 65 receives of the endpoint. 0 turns it off.
+_SPIN_US = 100
+
+
 def _worker() -> gser.ucx.Worker:
     loop = asyncio.get_running_loop()
     for old in [lp for lp in _workers if lp.is_closed()]:
@@ -333,7 +342,8 @@ def _worker() -> gser.ucx.Worker:
     if w is None or w.closed or w.failed is not None:
         # A failed worker (its receive queue blocked) stays with what still
         # uses it until they let go; new comms get a new one.
-        w = _workers[loop] = gser.ucx.Worker(_context(), loop=loop, compression="auto")
+        w = _workers[loop] = gser.ucx.Worker(_context(), loop=loop, compression="auto",
+                                             spin_us=float(_config("spin-us", _SPIN_US) or 0))
     return w
 
 
