@@ -368,6 +368,8 @@ struct gser_ucx_worker {
     uint64_t head_max;        /* gux_head_max of the limits below */
     uint64_t rounds;          /* UCX progress rounds so far */
     bool ctl_now;             /* look at them in the next round */
+    double timer_set;         /* the deadline the timer fd holds (NAN: unknown): arm() skips setting it again */
+    ucp_worker_h armed_ucp;   /* armed (worker.c, arm) with this UCX worker, and not woken since; NULL: not armed */
     int ucx_lfds[16];         /* UCX's listening sockets, which the admission filter guards */
     size_t nucx_lfds;
     gux_allow_t *allow;       /* addresses the filter lets through */

@@ -29,6 +29,9 @@
  * that long. */
 #define GUX_CTL_EVERY 64
 #define GUX_CTL_GAP_MS 0.05
+/* Requests and endpoints an arm looks at, at most, to find UCX still armed
+ * (worker.c, ucx_quiet). */
+#define GUX_QUIET_WALK 256
 /* Epoll tags of UCX's event fd and the timer (see control.c). */
 #define GUX_TAG_UCX ((uint64_t)1 << 40)
 #define GUX_TAG_TIMER ((uint64_t)2 << 40)
@@ -309,6 +312,7 @@ static gser_status_t worker_fds_init(gser_ucx_worker_t *w)
     w->efd = epoll_create1(EPOLL_CLOEXEC);
     w->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     w->timer_next = INFINITY;
+    w->timer_set = NAN;
     struct epoll_event tev = {.events = EPOLLIN, .data.u64 = GUX_TAG_TIMER};
     if (w->efd < 0 || w->tfd < 0 || epoll_ctl(w->efd, EPOLL_CTL_ADD, w->tfd, &tev) != 0)
         return gux_fail(GSER_ERR_IO, "gser_ucx_worker_create: epoll or timerfd: %s", strerror(errno));
@@ -686,6 +690,39 @@ gser_status_t gser_ucx_worker_get_efd(gser_ucx_worker_t *w, int *fd_out)
     return GSER_OK;
 }
 
+/* The timer fd set to timer_next, unless it holds that deadline already
+ * (one system call less per arm: most arms find it unchanged). */
+static void arm_timer(gser_ucx_worker_t *w)
+{
+    if (w->timer_next == w->timer_set && (isinf(w->timer_next) || w->timer_next > gux_now_ms()))
+        return;
+    gux_ctl_arm_timer(w);
+    w->timer_set = w->timer_next;
+}
+
+/* Whether nothing UCX does needs progress that its event fd would not
+ * announce: no operation of a request under way (a send that UCX queued for
+ * lack of resources, frames of a receive on the way) and every endpoint
+ * ready, none connecting, flushing or closing. Receives waiting for a
+ * message are quiet: an arrival wakes the fd. */
+static bool ucx_quiet(gser_ucx_worker_t *w)
+{
+    /* A worker with many connections (a scheduler's) takes UCX's arm
+     * rather than walk them all at every arm. */
+    unsigned budget = GUX_QUIET_WALK;
+    for (gux_list_t *n = w->all.next; n != &w->all; n = n->next) {
+        gser_ucx_request_t *r = gux_container(n, gser_ucx_request_t, alink);
+        if (r->outstanding || r->posting || !--budget)
+            return false;
+    }
+    for (gux_list_t *n = w->eps.next; n != &w->eps; n = n->next) {
+        gser_ucx_ep_t *ep = gux_container(n, gser_ucx_ep_t, wlink);
+        if (ep->state != GUX_EP_READY || ep->close_req || ep->flush_req || ep->ucp_release || !--budget)
+            return false;
+    }
+    return true;
+}
+
 /* Lock held. */
 static gser_status_t arm(gser_ucx_worker_t *w)
 {
@@ -694,6 +731,18 @@ static gser_status_t arm(gser_ucx_worker_t *w)
     if (!gux_list_empty(&w->ready) || !gux_list_empty(&w->done) || w->eps_dirty || w->ctl_now ||
         gux_staging_copying(w))
         return GSER_INPROGRESS;
+    struct epoll_event ev;
+    if (w->ucp && w->armed_ucp == w->ucp && ucx_quiet(w)) {
+        /* Armed before, and the fd has not fired since: UCX is still armed
+         * (what arrived since would have made the fd readable), so one
+         * look at the fd replaces UCX's arm, which drains its fds (two or
+         * three system calls). Every send and receive arms again, most of
+         * them right after the last arm. */
+        arm_timer(w);
+        if (epoll_wait(w->efd, &ev, 1, 0) == 0)
+            return GSER_OK;
+    }
+    w->armed_ucp = NULL;
     if (w->ucp) {
         ucs_status_t s = ucp_worker_arm(w->ucp);
         if (s == UCS_ERR_BUSY)
@@ -701,13 +750,16 @@ static gser_status_t arm(gser_ucx_worker_t *w)
         if (s != UCS_OK)
             return GUX_CALL("ucp_worker_arm", s);
     }
-    gux_ctl_arm_timer(w);
-    /* Whoever wakes on the fd next looks at gser's sockets at once; if one
-     * is ready already, there is work now. */
-    w->ctl_now = true;
-    struct epoll_event ev;
-    if (epoll_wait(w->efd, &ev, 1, 0) > 0)
+    arm_timer(w);
+    /* Something ready already (a socket of gser's, the timer, UCX's fd):
+     * work now, and the next round looks at gser's sockets. The set is
+     * level-triggered, so a wake-up by a socket is seen here too: the
+     * rounds between wake-ups (a send, a receive posted) need no look. */
+    if (epoll_wait(w->efd, &ev, 1, 0) > 0) {
+        w->ctl_now = true;
         return GSER_INPROGRESS;
+    }
+    w->armed_ucp = w->ucp;
     return GSER_OK;
 }
 
@@ -731,6 +783,7 @@ static void sleep_on_fd(gser_ucx_worker_t *w, double ms)
     gux_unlock(w);
     poll(&p, 1, t);
     gux_lock(w);
+    w->ctl_now = true; /* woken: whatever woke it gets looked at in the next round */
 }
 
 gser_status_t gux_wait(gser_ucx_worker_t *w, bool (*done)(void *arg), void *arg, int timeout_ms)

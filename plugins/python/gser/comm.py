@@ -57,7 +57,7 @@ Dask offloads serializing and deserializing them; small ones on the loop.
 
 UCX settings come from the environment (UCX_TLS, UCX_NET_DEVICES, ...) and
 from Dask's configuration, distributed.comm.gser.{transports, net-devices,
-peer-timeout, secret} (DASK_DISTRIBUTED__COMM__GSER__TRANSPORTS=tcp, ...).
+peer-timeout, secret, spin-us} (DASK_DISTRIBUTED__COMM__GSER__TRANSPORTS=tcp, ...).
 With a secret (that key, or the GSER_UCX_SECRET environment variable) every
 connection proves it both ways before UCX or Dask sees a byte of it; the
 secret never crosses the wire, nothing is encrypted (docs/ucx.md). So a
@@ -269,8 +269,31 @@ _GSER_COMPRESSION = {"auto": "auto", None: None, False: None, "none": None, "Non
 
 def _compression():
     """(what the transport compresses, what Dask compresses) for
-    distributed.comm.compression now."""
-    setting = dask.config.get("distributed.comm.compression", "auto")
+    distributed.comm.compression now. Read at every write, so that
+    dask.config.set in a context holds for the writes inside it: straight
+    from the config dict (what dask.config.get reads, without its key
+    parsing, a third of a small write's own time), the mapping cached by
+    the setting's value."""
+    try:
+        setting = dask.config.config["distributed"]["comm"].get("compression", "auto")
+    except (KeyError, TypeError, AttributeError):  # not the usual layout: Dask's own lookup
+        setting = dask.config.get("distributed.comm.compression", "auto")
+    try:
+        key = (type(setting), setting)  # False and 0 apart
+        return _compression_of[key]
+    except KeyError:
+        out = _compression_of[key] = _compression_for(setting)
+        if len(_compression_of) > 64:  # settings are few; never grow without bound
+            _compression_of.clear()
+        return out
+    except TypeError:  # unhashable: not a codec name
+        return _compression_for(setting)
+
+
+_compression_of: dict = {}
+
+
+def _compression_for(setting):
     if isinstance(setting, str):
         setting = setting.strip().lower() if setting.strip().lower() in _GSER_COMPRESSION else setting
     try:
@@ -300,6 +323,15 @@ def _register_family():
         gser_dask.register()
 
 
+# distributed.comm.gser.spin-us by default: a receive that finds nothing
+# polls this long before the loop sleeps (gser.ucx.Endpoint._spin). Between
+# processes on cores of their own, a request's reply then comes without two
+# wake-ups of an idle CPU (bench_comm.py comm_rtt_100B: 18 us instead of
+# 100 us here); on one shared core a poll that finds nothing costs that
+# long once in 65 receives of the endpoint. 0 turns it off.
+_SPIN_US = 100
+
+
 def _worker() -> gser.ucx.Worker:
     loop = asyncio.get_running_loop()
     for old in [lp for lp in _workers if lp.is_closed()]:
@@ -310,7 +342,8 @@ def _worker() -> gser.ucx.Worker:
     if w is None or w.closed or w.failed is not None:
         # A failed worker (its receive queue blocked) stays with what still
         # uses it until they let go; new comms get a new one.
-        w = _workers[loop] = gser.ucx.Worker(_context(), loop=loop, compression="auto")
+        w = _workers[loop] = gser.ucx.Worker(_context(), loop=loop, compression="auto",
+                                             spin_us=float(_config("spin-us", _SPIN_US) or 0))
     return w
 
 
@@ -403,6 +436,9 @@ def _small(msg, budget=64) -> bool:
     return True
 
 
+_send_then = gser.ucx.Endpoint._send_then
+
+
 def _closed_error(comm, what, e=None) -> CommClosedError:
     msg = f"{what}: {comm!r}"
     if e is not None:
@@ -476,7 +512,9 @@ class GserComm(Comm):
         return ep
 
     async def write(self, msg, serializers=None, on_error="message"):
-        ep = self._endpoint("write")
+        ep = self._ep
+        if ep is None:
+            raise _closed_error(self, "write on a closed comm")
         if ep.closed:
             self.abort()
             raise _closed_error(self, "write", ep.error())
@@ -485,10 +523,9 @@ class GserComm(Comm):
             ep.set_compression(gser_codec)
             self._compression = gser_codec
             self._link_aware = None
-        in_parts = bool(self.handshake_options.get(_PARTS_KEY) and self.allow_offload and OFFLOAD_THRESHOLD)
         serializers = serializers if serializers is not None else SERIALIZERS
         if self.handshake_options.get(_MSG_KEY):
-            codec = ep.compression if not ep.closed else None  # the last choice: small messages keep it
+            codec = ep.compression  # the last choice: small messages keep it (open: checked above)
             if self._link_aware is None:
                 self._link_aware = not ep.closed and ep.link_stats["link_aware"]
             # A large message the transport may compress goes as Dask's
@@ -500,8 +537,9 @@ class GserComm(Comm):
                                                          dask_codec, codec, compressible, True)
             if encoded is not None:
                 owner, size = encoded
-                self._post(ep.send_nowait, owner)
+                self._post(ep._send_then, owner)
                 return size
+        in_parts = bool(self.handshake_options.get(_PARTS_KEY) and self.allow_offload and OFFLOAD_THRESHOLD)
         frames = await to_frames(
             msg,
             allow_offload=self.allow_offload and not _small(msg),
@@ -596,16 +634,28 @@ class GserComm(Comm):
 
     def _post(self, send, obj):
         """One send posted (send: the endpoint's send_nowait or
-        send_frames_nowait); a failure to post aborts the comm."""
+        send_frames_nowait, or _send_then, whose callback takes the request:
+        a small message's path, one call less); a failure to post aborts
+        the comm."""
         self._sending += 1
         try:
-            send(obj, callback=self._sent)
+            if getattr(send, "__func__", None) is _send_then:
+                send(obj, self._sent_req)
+            else:
+                send(obj, callback=self._sent)
         except BaseException as e:
             self._sending -= 1
             self.abort()
             if isinstance(e, gser.ucx.ConnectionClosedError):
                 raise _closed_error(self, "write", e) from e
             raise
+
+    def _sent_req(self, req):
+        # _sent for _send_then (req.result() would say how it failed: the
+        # endpoint says so too).
+        self._sending -= 1
+        if self._sending == 0 and self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
 
     def _sent(self, error):
         # A failed send failed the endpoint: the next read or write says so.

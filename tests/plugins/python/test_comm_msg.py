@@ -386,3 +386,46 @@ def test_plain_loads_refuses_dask_msg():
         await client.close()
         server.abort()
     run(go())
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_compression_setting_followed_write_by_write():
+    """distributed.comm.compression is read at every write (gser.comm caches
+    what a setting means, never the setting): dask.config.set in a context,
+    nested ones, leaving them, and a change made in Dask's config dict itself
+    each hold from the next write on, on one comm."""
+    cfg = dask.config.config["distributed"]["comm"]
+
+    async def main():
+        client, server = await pair("gser")
+        seen = []
+
+        async def write():
+            msg = {"op": "x", "data": b"abc" * 100}
+            await client.write(msg)
+            assert same(await server.read(), msg)
+            seen.append(client._ep.compression)
+
+        try:
+            await write()  # "auto" on loopback: none
+            with dask.config.set({"distributed.comm.compression": "zstd"}):
+                await write()
+                with dask.config.set({"distributed.comm.compression": "lz4"}):
+                    await write()
+                await write()
+            await write()
+            old = cfg.get("compression", "auto")
+            cfg["compression"] = "LZ4 "  # as Dask compares it: stripped, case-insensitive
+            try:
+                await write()
+            finally:
+                cfg["compression"] = old
+            await write()
+            with dask.config.set({"distributed.comm.compression": False}):
+                await write()
+        finally:
+            await client.close()
+            await server.close()
+        return seen
+
+    assert run(main()) == [None, "zstd", "lz4", "zstd", None, "lz4", None, None]

@@ -263,6 +263,41 @@ def test_idle_worker_sleeps():
     run(main())
 
 
+def test_spin_polls_once_then_sleeps():
+    """Worker(spin_us=...): a receive that finds nothing polls that long
+    before the loop sleeps, then the endpoint's next receives sleep at once
+    (_SPIN_BACKOFF of them); an idle worker with a receive posted still
+    costs no CPU, and messages arrive as without polling."""
+    async def main():
+        w, lst, a, b = await pair(gser.ucx.Worker(spin_us=20000))
+        assert w.spin_s == pytest.approx(0.02)
+        start = cpu_seconds()
+        t0 = asyncio.get_running_loop().time()
+        pending = asyncio.ensure_future(b.recv())
+        await asyncio.sleep(0)  # the receive is posted, polls 20 ms, finds nothing
+        assert asyncio.get_running_loop().time() - t0 >= 0.019
+        assert b._spin_skip == gser.ucx._SPIN_BACKOFF
+        await asyncio.sleep(1.0)
+        used = cpu_seconds() - start
+        assert used < 0.25, f"{used:.3f} s of CPU in 1 s idle"
+        await a.send("wake")
+        assert await asyncio.wait_for(pending, 10) == "wake"
+        # The next receive sleeps at once (one of the backoff's).
+        t0 = asyncio.get_running_loop().time()
+        pending = asyncio.ensure_future(b.recv())
+        await asyncio.sleep(0)
+        assert asyncio.get_running_loop().time() - t0 < 0.015
+        assert b._spin_skip == gser.ucx._SPIN_BACKOFF - 1
+        for i in range(5):
+            await a.send({"i": i})
+        assert await asyncio.wait_for(pending, 10) == {"i": 0}
+        for i in range(1, 5):
+            assert await b.recv() == {"i": i}
+        w.close()
+
+    run(main())
+
+
 def test_objects_do_not_leak():
     async def cycle_async():
         w, lst, a, b = await pair()
