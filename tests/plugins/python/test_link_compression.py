@@ -66,6 +66,10 @@ def test_slow_link_compresses(two_hosts):
     assert all(c in ("lz4", "zstd") for c in got["codecs"][1:]), got
     assert 5e6 < stats["send_rate"] < 40e6, got  # 12.5 MB/s; what buffers take in early counts too
     assert stats["estimate"][0] > stats["estimate"][1 if got["codecs"][-1] == "lz4" else 2], got
+    # The first compressed message is cold and not measured; a later one is,
+    # and its fix (real time over the model's) is what later estimates use.
+    assert stats["runs"] >= 1, got
+    assert any(f > 0 for f in stats["fix"]), got
 
 
 def test_unshaped_link_sends_raw(two_hosts):
