@@ -107,7 +107,7 @@ def _is_ndarray(x) -> bool:
 
 def _families(context):
     recipient = context.get("recipient") if context else None
-    return ("device", "host") if recipient and recipient.get(HANDSHAKE_DEVICE_KEY) else ("host",)
+    return _DEVICE_HOST if recipient and recipient.get(HANDSHAKE_DEVICE_KEY) else _HOST
 
 
 #: Whether loads puts what was device memory at the sender back on the device.
@@ -121,13 +121,17 @@ def dumps(x, context=None):
     gser.Declined (a NotImplementedError) for what Dask's own path carries
     faster, and NotImplementedError for a peer without gser.
     """
-    if not _peer_has_gser(context):
+    # _peer_has_gser and _families inline: this is on the path of every
+    # object Dask serializes (a tiny one's whole dumps is ~1 us).
+    recipient = context.get("recipient") if context else None
+    if recipient is not None and HANDSHAKE_KEY not in recipient:
         raise NotImplementedError("gser: the receiving process has not loaded gser")
+    device = bool(recipient and recipient.get(HANDSHAKE_DEVICE_KEY))
     try:
         # An array's header frame is writable, as Dask's numpy frames: small
         # arrays inside it load writable and zero-copy (in-process) as Dask's do.
         # Other objects' headers stay bytes (Dask deep-copies and pickles those).
-        header, frames = _gser.dumps(x, _families(context), strict=True, decline="object",
+        header, frames = _gser.dumps(x, _DEVICE_HOST if device else _HOST, strict=True, decline="object",
                                      writable_header=_is_ndarray(x))
     except Declined:
         _stats["declined"] += 1
@@ -139,17 +143,18 @@ def dumps(x, context=None):
         _stats["refused"] += 1
         raise NotImplementedError(f"gser cannot serialize this {type(x).__name__}: {e}") from e
     _stats["dumps"] += 1
-    frames = [header, *frames]
-    return {_HEADER_KEY: _HEADER_VERSION, "compression": _compression(frames)}, frames
+    frames.insert(0, header)
+    # Host families make host frames only (no device frame to mark).
+    return {_HEADER_KEY: _HEADER_VERSION, "compression": _compression(frames) if device else _nones(len(frames))}, frames
 
 
-def _compression(frames) -> tuple:
-    """The header's "compression" entry, which Dask's serialize_and_split and
-    its compression read per frame: False (never split, compressed or wrapped
-    in memoryview) for device frames, as Dask's "cuda" family says of all of
-    its frames; None (Dask's default handling) for host frames."""
-    return tuple(False if type(f) is _gser.DeviceFrame or hasattr(f, "__cuda_array_interface__") else None
-                 for f in frames)
+_HOST = ("host",)
+_DEVICE_HOST = ("device", "host")
+_NONES = [(None,) * n for n in range(9)]
+
+
+def _nones(n) -> tuple:
+    return _NONES[n] if n < 9 else (None,) * n
 
 
 def loads(header, frames):

@@ -46,6 +46,10 @@ typedef struct enc {
     PyObject *tz_obj, *tz_name;
     int64_t tz_off;
     struct enc_dask *dask; /* a whole Dask message ("dask.msg", below), or NULL */
+    size_t work; /* what serializing the message will cost, roughly in values (pg_encode's *work) */
+    /* to_gser's results in this encode, {id: (obj, value)}, or NULL: a scope
+     * encoded again as a "python.tree" does not call a user's to_gser twice. */
+    PyObject *memo;
 } enc_t;
 
 /* How enc_seq writes a sequence: a Python list or tuple as it is (in a Dask
@@ -164,6 +168,7 @@ static int enc_str(enc_t *e, PyObject *o, gser_value_t **out)
 {
     Py_ssize_t len;
     const char *s = PyUnicode_AsUTF8AndSize(o, &len);
+    e->work += (size_t)len >> 4;
     if (!s) {
         pg_path_raise(e->s, e->s->GserError, GSER_ERR_INVALID_ARG, &e->path, "str cannot be encoded as UTF-8");
         return -1;
@@ -178,6 +183,7 @@ static int enc_bytes(enc_t *e, PyObject *o, gser_value_t **out)
 {
     if (PyBytes_GET_SIZE(o) >= PG_BYTES_FRAME_MIN)
         return enc_large_bytes(e, o, out);
+    e->work += (size_t)PyBytes_GET_SIZE(o) >> 4;
     /* The message borrows the bytes: keep them alive as long as it lives. */
     if (pg_owner_hold_ref(e->owner, o) < 0)
         return -1;
@@ -281,6 +287,7 @@ static int enc_seq_array(enc_t *e, PyObject *o, bool as_tuple, gser_value_t **ou
     Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
     if (n < PG_ARRAY_MIN)
         return 0;
+    e->work += (size_t)n;
     PyObject **items = PySequence_Fast_ITEMS(o);
     PyObject *first = items[0];
     gser_kind_t kind;
@@ -355,6 +362,7 @@ static int enc_seq(enc_t *e, PyObject *o, pg_seq_t mode, int depth, gser_value_t
         return charge(e, depth + 1, -(int64_t)n * (kind == GSER_KIND_FLOAT ? PG_GAIN_FLOAT : PG_GAIN_INT));
     }
     Py_ssize_t n = tuple ? PyTuple_GET_SIZE(o) : PyList_GET_SIZE(o);
+    e->work += (size_t)n;
     /* Not in a Dask message: its lists come back as tuples, whatever they hold. */
     if (n >= 2 && !e->dask) {
         int packed = enc_packed(e, o, tuple, depth, out);
@@ -428,6 +436,7 @@ static int enc_dict(enc_t *e, PyObject *o, int depth, gser_value_t **out)
         return fail_st(e, st, "gser_msg_new_map");
     if (charge(e, depth, PG_COST_DICT) < 0)
         return -1;
+    e->work += (size_t)PyDict_GET_SIZE(o);
     if (PyDict_GET_SIZE(o) && check_depth(e, depth) < 0)
         return -1;
     int slot = e->path.len++;
@@ -665,6 +674,7 @@ static int enc_typed(enc_t *e, pg_type_t t, gser_value_t *tree, gser_value_t **o
  * frame of its own (the bytes object itself, in dumps' frame list). */
 static int enc_large_bytes(enc_t *e, PyObject *o, gser_value_t **out)
 {
+    e->work += PG_WORK_BUFFER;
     Py_buffer view;
     if (PyObject_GetBuffer(o, &view, PyBUF_SIMPLE) < 0)
         return -1;
@@ -873,7 +883,20 @@ static int enc_registered(enc_t *e, PyObject *o, PyObject *entry, int depth, gse
 {
     if (check_depth(e, depth) < 0)
         return -1;
-    PyObject *value = PyObject_CallOneArg(PyTuple_GET_ITEM(entry, 1), o);
+    PyObject *key = PyLong_FromVoidPtr(o), *hit = NULL, *value = NULL;
+    if (!key || (!e->memo && !(e->memo = PyDict_New())))
+        goto fail;
+    hit = PyDict_GetItemWithError(e->memo, key); /* borrowed */
+    if (hit && PyTuple_GET_ITEM(hit, 0) == o) { /* the object itself, kept alive by the entry */
+        value = Py_NewRef(PyTuple_GET_ITEM(hit, 1));
+    } else if (!PyErr_Occurred() && (value = PyObject_CallOneArg(PyTuple_GET_ITEM(entry, 1), o))) {
+        PyObject *pair = PyTuple_Pack(2, o, value);
+        if (!pair || PyDict_SetItem(e->memo, key, pair) < 0)
+            Py_CLEAR(value);
+        Py_XDECREF(pair);
+    }
+fail:
+    Py_XDECREF(key);
     if (!value)
         return -1;
     gser_value_t *tree, *name, *payload;
@@ -1828,6 +1851,7 @@ static int enc_dask_part(enc_t *e, PyObject *o, gser_value_t **out)
  * not contiguous), device memory as a device buffer. */
 static int enc_dask_frame(enc_t *e, PyObject *f, gser_value_t **out)
 {
+    e->work += PG_WORK_BUFFER;
     if (!PyObject_CheckBuffer(f))
         return Py_TYPE(f) == &PyLong_Type || Py_TYPE(f) == &PyUnicode_Type || f == Py_None
                    ? enc_value(e, f, 1, out) /* for tests of what a receiver refuses */
@@ -1918,6 +1942,7 @@ static int enc_value(enc_t *e, PyObject *o, int depth, gser_value_t **out)
         return tag >= 0 ? enc_dask_std(e, o, tag, depth, out) : enc_dask_part(e, o, out);
     if (tag >= 0)
         return e->ext ? enc_std(e, o, tag, depth, out) : need_ext(e);
+    e->work += PG_WORK_BUFFER; /* buffers, typed objects: frames to pack, stage or compress */
     if (t == &PyByteArray_Type)
         return enc_bytes_like(e, o, PG_T_BYTEARRAY, out);
     if (t == &PyMemoryView_Type)
@@ -2014,7 +2039,7 @@ static int enc_dask_msg(enc_t *e, PyObject *obj, PyObject *parts)
     return r;
 }
 
-int pg_encode(PgOwner *owner, PyObject *obj, const pg_encode_options_t *opts)
+int pg_encode(PgOwner *owner, PyObject *obj, const pg_encode_options_t *opts, size_t *work)
 {
     gser_status_t st = gser_msg_create(pg_ctx, &owner->msg);
     if (st) {
@@ -2032,6 +2057,8 @@ int pg_encode(PgOwner *owner, PyObject *obj, const pg_encode_options_t *opts)
     e.path.len = 0;
     e.ext = e.need_ext = false;
     e.tz_obj = e.tz_name = NULL;
+    e.work = 0;
+    e.memo = NULL;
     /* A collection Dask would serialize item by item: each top-level item
      * gser carries in the one message saves Dask's per-item work. */
     if (e.decline && opts->decline == PG_DECLINE_COLLECTION) {
@@ -2045,6 +2072,9 @@ int pg_encode(PgOwner *owner, PyObject *obj, const pg_encode_options_t *opts)
     int r = opts && opts->dask_parts ? enc_dask_msg(&e, obj, opts->dask_parts) : enc_scope(&e, obj, 1, &root);
     Py_XDECREF(e.tz_obj);
     Py_XDECREF(e.tz_name);
+    Py_XDECREF(e.memo);
+    if (work)
+        *work = e.work;
     if (r < 0 || (opts && opts->dask_parts))
         return r < 0 ? -1 : 0;
     st = gser_msg_set_root(owner->msg, root);

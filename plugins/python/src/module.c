@@ -256,25 +256,34 @@ static PyObject *py_loads(PyObject *self, PyObject *args, PyObject *kw)
     if (pg_decode_ctx_init(&dc, owner, (size_t)nf + 1) < 0)
         goto done;
     dc.copy_readonly = copy_readonly;
+    size_t total = 0; /* a small host message is decoded keeping the GIL */
+    bool release = device;
     for (Py_ssize_t i = 0; i <= nf; i++) {
         PyObject *o = i ? PyTuple_GET_ITEM(seq, i - 1) : header;
         bool ro = false;
         if (frame_get(owner, o, i, &fr[i], &ro) < 0)
             goto done;
         pg_decode_ctx_set_frame(&dc, (size_t)i, &fr[i], ro, o);
+        total += fr[i].size;
+        release |= fr[i].memory != GSER_MEMORY_HOST;
     }
+    release |= total >= PG_GIL_BYTES;
     gser_deserialize_options_t opts = {.size = sizeof(gser_deserialize_options_t), .flags = device ? GSER_DESERIALIZE_RESTORE_DEVICE : 0};
     gser_status_t st;
     gser_msg_t *msg = NULL;
-    Py_BEGIN_ALLOW_THREADS
-    st = gser_deserialize(pg_ctx, fr, (size_t)nf + 1, &opts, &msg);
-    Py_END_ALLOW_THREADS
+    if (release) {
+        Py_BEGIN_ALLOW_THREADS
+        st = gser_deserialize(pg_ctx, fr, (size_t)nf + 1, &opts, &msg);
+        Py_END_ALLOW_THREADS
+    } else {
+        st = gser_deserialize(pg_ctx, fr, (size_t)nf + 1, &opts, &msg);
+    }
     if (st) {
         pg_raise(s, st, true, "gser_deserialize");
         goto done;
     }
     owner->msg = msg;
-    if (pg_msg_wait(s, msg) == 0)
+    if (pg_msg_wait_gil(s, msg, release) == 0)
         out = pg_decode(&dc, gser_msg_get_root(msg));
 done:
     pg_decode_ctx_clear(&dc);
