@@ -41,9 +41,10 @@ def registered():
 
 @pytest.fixture
 def spy(monkeypatch, registered):
-    """Count the calls into gser's core: the family's and the collection path's."""
+    """Count the calls into gser's core: the family's and the collection path's
+    (its one-call entry points, _gser._dask_dumps and _dask_loads)."""
     calls = {"dumps": 0, "loads": 0}
-    real_dumps, real_loads = gser.dask._gser.dumps, gser.dask._gser.loads
+    real_dumps, real_loads = gser.dask._dask_dumps, gser.dask._dask_loads
 
     def dumps(*a, **k):
         calls["dumps"] += 1
@@ -53,8 +54,8 @@ def spy(monkeypatch, registered):
         calls["loads"] += 1
         return real_loads(*a, **k)
 
-    monkeypatch.setattr(gser.dask._gser, "dumps", dumps)
-    monkeypatch.setattr(gser.dask._gser, "loads", loads)
+    monkeypatch.setattr(gser.dask, "_dask_dumps", dumps)
+    monkeypatch.setattr(gser.dask, "_dask_loads", loads)
     return calls
 
 
