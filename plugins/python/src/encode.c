@@ -1761,11 +1761,50 @@ static int enc_packed(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_t
     return 1;
 }
 
+/* Whether x is one of Python's standard types that only a "python.tree"
+ * carries (an int beyond 64 bits included). */
+static bool is_std(enc_t *e, PyObject *x)
+{
+    if (Py_TYPE(x) == &PyLong_Type) {
+        int overflow = 0;
+        PyLong_AsLongLongAndOverflow(x, &overflow);
+        return overflow < 0 || (overflow > 0 && _PyLong_NumBits(x) > 64); /* as enc_int decides */
+    }
+    return std_kind(e, x) >= 0;
+}
+
+/* A look at o and its first item (a shallow pre-scan): true when o will
+ * need a "python.tree" (a set, a list of datetimes, a dict with tuple keys),
+ * so that the scope starts as one instead of running up to the first such
+ * value twice. Deeper ones are still found by the first try. */
+static bool scope_needs_ext(enc_t *e, PyObject *o)
+{
+    PyTypeObject *t = Py_TYPE(o);
+    if (t == &PyList_Type || t == &PyTuple_Type)
+        return PySequence_Fast_GET_SIZE(o) && is_std(e, PySequence_Fast_ITEMS(o)[0]);
+    if (t == &PyDict_Type) {
+        Py_ssize_t pos = 0;
+        PyObject *key, *value;
+        return PyDict_Next(o, &pos, &key, &value) && (!is_map_key(key) || is_std(e, value));
+    }
+    return t != &PyUnicode_Type && t != &PyFloat_Type && t != &PyBytes_Type && is_std(e, o);
+}
+
 /* Encode o as a value of a scope of its own (the message's root, a
  * registered type's payload): as it is when it holds none of Python's
  * standard types, else again as a "python.tree" object. */
 static int enc_scope(enc_t *e, PyObject *o, int depth, gser_value_t **out)
 {
+    if (scope_needs_ext(e, o)) {
+        bool ext = e->ext;
+        gser_value_t *inner;
+        e->ext = true;
+        int r = enc_value(e, o, depth + 1, &inner);
+        if (r == 0)
+            r = enc_typed(e, PG_T_TREE, inner, out);
+        e->ext = ext;
+        return r;
+    }
     bool ext = e->ext;
     int plen = e->path.len;
     int64_t budget = e->budget;
