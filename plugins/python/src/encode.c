@@ -379,7 +379,7 @@ static int enc_seq(enc_t *e, PyObject *o, pg_seq_t mode, int depth, gser_value_t
     /* In a "python.tree", a tuple whose first item is a uint would read as a
      * tag: it is escaped as (PG_TAG_TUPLE, items...). */
     PyObject *first = n ? PySequence_Fast_ITEMS(o)[0] : NULL;
-    if (as_tuple && n && e->ext && Py_TYPE(first) == &PyLong_Type) {
+    if (as_tuple && n && e->ext && PyLong_Check(first)) { /* an int subclass: one in a Dask message */
         int overflow = 0;
         PyLong_AsLongLongAndOverflow(first, &overflow);
         if (overflow > 0 && (st = gser_list_append_uint(list, PG_TAG_TUPLE)))
@@ -1927,6 +1927,42 @@ static int enc_dask_std(enc_t *e, PyObject *o, int tag, int depth, gser_value_t 
     return r;
 }
 
+/* Anything else in a Dask message: what Dask's msgpack packs as its base
+ * type (it does not ask for strict types), so that the receiver gets the base
+ * type: subclasses of dict (a Counter in 2026's heartbeats, an OrderedDict),
+ * list, tuple (a namedtuple), int (an IntEnum), float and str; else a part. */
+static int enc_dask_other(enc_t *e, PyObject *o, int depth, gser_value_t **out)
+{
+    gser_status_t st;
+    if (PyDict_Check(o)) {
+        int magic = dask_magic(e->dask, o);
+        return magic ? magic < 0 ? -1 : not_impl(e, o, " with a key Dask's protocol acts on, in a Dask message")
+                     : enc_dict(e, o, depth, out);
+    }
+    if (PyList_Check(o) || PyTuple_Check(o))
+        return enc_seq(e, o, PyList_Check(o) ? PG_SEQ_LIST : PG_SEQ_TUPLE, depth, out);
+    if (PyUnicode_Check(o))
+        return enc_str(e, o, out);
+    if (PyFloat_Check(o)) {
+        double d = PyFloat_AsDouble(o);
+        if (d == -1.0 && PyErr_Occurred())
+            return -1;
+        st = gser_msg_new_float(e->msg, d, out);
+        return st ? fail_st(e, st, "gser_msg_new_float") : 0;
+    }
+    if (PyLong_Check(o)) {
+        gser_kind_t k;
+        int64_t i = 0;
+        uint64_t u = 0;
+        int r = enc_int(e, o, &k, &i, &u);
+        if (r)
+            return r < 0 ? -1 : enc_big(e, o, out);
+        st = k == GSER_KIND_INT ? gser_msg_new_int(e->msg, i, out) : gser_msg_new_uint(e->msg, u, out);
+        return st ? fail_st(e, st, "gser_msg_new_int") : 0;
+    }
+    return enc_dask_part(e, o, out);
+}
+
 /* Fill in the parts: the callback's (kind, header, frames...) for each. */
 static int enc_dask_fill(enc_t *e)
 {
@@ -1978,7 +2014,7 @@ static int enc_value(enc_t *e, PyObject *o, int depth, gser_value_t **out)
         return sc < 0 ? -1 : 0;
     int tag = std_kind(e, o);
     if (e->dask) /* a whole Dask message: its parts, and standard types as Dask gives them */
-        return tag >= 0 ? enc_dask_std(e, o, tag, depth, out) : enc_dask_part(e, o, out);
+        return tag >= 0 ? enc_dask_std(e, o, tag, depth, out) : enc_dask_other(e, o, depth, out);
     if (tag >= 0)
         return e->ext ? enc_std(e, o, tag, depth, out) : need_ext(e);
     e->work += PG_WORK_BUFFER; /* buffers, typed objects: frames to pack, stage or compress */
