@@ -139,11 +139,12 @@ _SAMPLE_BYTES = 10_000  # a sample of each large frame, as gser's own sampling t
 # them), so that families, on_error, context, pass-through on the scheduler
 # (deserialize=False) and unpickling are Dask's, in each Dask version. What
 # gser does not carry as Dask's msgpack would give it back (another type, a
-# subclass, a dict key Dask's protocol acts on, an int beyond 64 bits, deep
-# nesting) sends that message as Dask's frames: the receiver tells the two
-# apart by the root ("dask.msg" or a list of frames). Lists arrive as
-# tuples, as Dask's msgpack (use_list=False) gives them; tuple dict keys and
-# sets as Dask's msgpack gives them; the standard types Dask 2026.x pickles
+# dict key Dask's protocol acts on, an int beyond 64 bits, deep nesting)
+# sends that message as Dask's frames: the receiver tells the two apart by
+# the root ("dask.msg" or a list of frames). Lists arrive as tuples, as
+# Dask's msgpack (use_list=False) gives them; tuple dict keys and sets as
+# Dask's msgpack gives them; subclasses of dict, list, tuple, int, float and
+# str as their base type (msgpack packs them so); the standard types Dask 2026.x pickles
 # where its msgpack refuses them (a datetime, a frozenset: the fallback in its
 # protocol.dumps) exactly as they went, in a "python.tree" (never pickled),
 # and as Dask's frames in 2022.12, which raises on them.
