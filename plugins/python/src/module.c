@@ -155,7 +155,10 @@ static PyObject *py_dask_dumps(PyObject *self, PyObject *const *args, Py_ssize_t
     }
     pg_state_t *s = pg_state_of_module(self);
     PyObject *obj = args[0];
-    pg_encode_options_t eo = {.strict = 1, .decline = PyObject_IsTrue(args[2]) ? PG_DECLINE_COLLECTION : PG_DECLINE_OBJECT};
+    int collection = PyObject_IsTrue(args[2]);
+    if (collection < 0)
+        return NULL;
+    pg_encode_options_t eo = {.strict = 1, .decline = collection ? PG_DECLINE_COLLECTION : PG_DECLINE_OBJECT};
     PgOwner *owner = pg_serialize(s, obj, args[1], &eo, false, GSER_COMPRESSION_NONE);
     if (!owner)
         return NULL;
@@ -320,14 +323,15 @@ static PyObject *py_dask_loads(PyObject *self, PyObject *const *args, Py_ssize_t
         PyErr_SetString(PyExc_TypeError, "_dask_loads(frames, device)");
         return NULL;
     }
-    PyObject *seq = frames_tuple(args[0]);
+    int device = PyObject_IsTrue(args[1]);
+    PyObject *seq = device < 0 ? NULL : frames_tuple(args[0]);
     if (!seq)
         return NULL;
     PyObject *out = NULL;
     if (PyTuple_GET_SIZE(seq) == 0)
         PyErr_SetString(PyExc_ValueError, "gser.dask: no frames (the first frame is gser's header)");
     else
-        out = loads_frames(pg_state_of_module(self), PyTuple_GET_ITEM(seq, 0), seq, 1, PyObject_IsTrue(args[1]), true);
+        out = loads_frames(pg_state_of_module(self), PyTuple_GET_ITEM(seq, 0), seq, 1, device, true);
     Py_DECREF(seq);
     return out;
 }
