@@ -139,12 +139,18 @@ _SAMPLE_BYTES = 10_000  # a sample of each large frame, as gser's own sampling t
 # them), so that families, on_error, context, pass-through on the scheduler
 # (deserialize=False) and unpickling are Dask's, in each Dask version. What
 # gser does not carry as Dask's msgpack would give it back (another type, a
-# subclass, a dict key Dask's protocol acts on, an int beyond 64 bits, deep
-# nesting) sends that message as Dask's frames: the receiver tells the two
-# apart by the root ("dask.msg" or a list of frames). Lists arrive as
-# tuples, as Dask's msgpack (use_list=False) gives them.
+# dict key Dask's protocol acts on, an int beyond 64 bits, deep nesting)
+# sends that message as Dask's frames: the receiver tells the two apart by
+# the root ("dask.msg" or a list of frames). Lists arrive as tuples, as
+# Dask's msgpack (use_list=False) gives them; tuple dict keys and sets as
+# Dask's msgpack gives them; subclasses of dict, list, tuple, int, float and
+# str as their base type (msgpack packs them so); the standard types Dask 2026.x pickles
+# where its msgpack refuses them (a datetime, a frozenset: the fallback in its
+# protocol.dumps) exactly as they went, in a "python.tree" (never pickled),
+# and as Dask's frames in 2022.12, which raises on them.
 _MSG_KEY = "gser-msg"
 _PART_TYPES = (Serialize, Serialized, ToPickle, Pickled)
+_DASK_PICKLES = hasattr(_dask_protocol, "_is_msgpack_serializable")
 # Dask's first frame for a message that is one part (kind 0, 1).
 _PART_HEADS = (msgpack.dumps({"__Serialized__": 1}, use_bin_type=True),
                msgpack.dumps({"__Pickled__": 1}, use_bin_type=True))
@@ -613,7 +619,7 @@ class GserComm(Comm):
         dump = _part_dumper(serializers, on_error, functools.partial(self._serialize_context, dask_codec), failed,
                             first if threshold else None)
         try:
-            return ep._c.prepare(msg, None, codec, parts=(_PART_TYPES, dump))
+            return ep._c.prepare(msg, None, codec, parts=(_PART_TYPES, dump, _DASK_PICKLES))
         except _Redo as redo:
             return redo.args[0]
         except Exception as e:

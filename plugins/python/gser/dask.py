@@ -100,14 +100,9 @@ def _peer_has_gser(context) -> bool:
     return recipient is None or HANDSHAKE_KEY in recipient
 
 
-def _is_ndarray(x) -> bool:
-    t = type(x)
-    return t.__name__ == "ndarray" and t.__module__ == "numpy"
-
-
 def _families(context):
     recipient = context.get("recipient") if context else None
-    return ("device", "host") if recipient and recipient.get(HANDSHAKE_DEVICE_KEY) else ("host",)
+    return _DEVICE_HOST if recipient and recipient.get(HANDSHAKE_DEVICE_KEY) else _HOST
 
 
 #: Whether loads puts what was device memory at the sender back on the device.
@@ -121,14 +116,21 @@ def dumps(x, context=None):
     gser.Declined (a NotImplementedError) for what Dask's own path carries
     faster, and NotImplementedError for a peer without gser.
     """
-    if not _peer_has_gser(context):
+    # _peer_has_gser and _families inline: this is on the path of every
+    # object Dask serializes (a tiny one's whole dumps is ~1 us).
+    recipient = context.get("recipient") if context else None
+    if recipient is not None and HANDSHAKE_KEY not in recipient:
         raise NotImplementedError("gser: the receiving process has not loaded gser")
     try:
         # An array's header frame is writable, as Dask's numpy frames: small
         # arrays inside it load writable and zero-copy (in-process) as Dask's do.
         # Other objects' headers stay bytes (Dask deep-copies and pickles those).
-        header, frames = _gser.dumps(x, _families(context), strict=True, decline="object",
-                                     writable_header=_is_ndarray(x))
+        # compression, the header's entry that Dask's serialize_and_split and its
+        # compression read per frame: False (never split, compressed or wrapped
+        # in memoryview) for device frames, as Dask's "cuda" family says of all
+        # of its frames; None (Dask's default handling) for host frames.
+        frames, compression = _dask_dumps(
+            x, _DEVICE_HOST if recipient and recipient.get(HANDSHAKE_DEVICE_KEY) else _HOST, False)
     except Declined:
         _stats["declined"] += 1
         raise
@@ -139,17 +141,13 @@ def dumps(x, context=None):
         _stats["refused"] += 1
         raise NotImplementedError(f"gser cannot serialize this {type(x).__name__}: {e}") from e
     _stats["dumps"] += 1
-    frames = [header, *frames]
-    return {_HEADER_KEY: _HEADER_VERSION, "compression": _compression(frames)}, frames
+    return {_HEADER_KEY: _HEADER_VERSION, "compression": compression}, frames
 
 
-def _compression(frames) -> tuple:
-    """The header's "compression" entry, which Dask's serialize_and_split and
-    its compression read per frame: False (never split, compressed or wrapped
-    in memoryview) for device frames, as Dask's "cuda" family says of all of
-    its frames; None (Dask's default handling) for host frames."""
-    return tuple(False if type(f) is _gser.DeviceFrame or hasattr(f, "__cuda_array_interface__") else None
-                 for f in frames)
+_HOST = ("host",)
+_DEVICE_HOST = ("device", "host")
+_dask_dumps = _gser._dask_dumps
+_dask_loads = _gser._dask_loads
 
 
 def loads(header, frames):
@@ -165,12 +163,10 @@ def loads(header, frames):
     version = header.get(_HEADER_KEY)
     if version != _HEADER_VERSION:
         raise ValueError(f"gser.dask: header version {version!r}, this gser reads {_HEADER_VERSION}")
-    if not frames:
-        raise ValueError("gser.dask: no frames (the first frame is gser's header)")
     _stats["loads"] += 1
     if _RESTORE_DEVICE:
         _alloc.setup()  # device buffers restored here live where Dask's ucx:// puts them (RMM, ...)
-    return _gser.loads(frames[0], frames[1:], copy_readonly=True, device=_RESTORE_DEVICE)
+    return _dask_loads(frames, _RESTORE_DEVICE)  # ValueError without frames
 
 
 def _serialize_homes():
@@ -196,8 +192,7 @@ def _serialize_wrapper(original):
                 if type(data) in (list, tuple, dict):
                     try:
                         # Wrapped, Dask would serialize each item on its own.
-                        header, frames = _gser.dumps(data, _families(context), strict=True,
-                                                     decline="collection" if wrapped else "object")
+                        frames, compression = _dask_dumps(data, _families(context), wrapped)
                     except Declined:
                         # Dask's path is faster for this one: all of it, gser
                         # included, would only try (and decline) item by item.
@@ -207,9 +202,7 @@ def _serialize_wrapper(original):
                         _stats["refused"] += 1
                     else:
                         _stats["dumps"] += 1
-                        frames = [header, *frames]
-                        return {_HEADER_KEY: _HEADER_VERSION, "serializer": FAMILY,
-                                "compression": _compression(frames)}, frames
+                        return {_HEADER_KEY: _HEADER_VERSION, "serializer": FAMILY, "compression": compression}, frames
         return original(x, serializers, on_error, context, iterate_collection)
 
     serialize.__wrapped__ = original

@@ -46,7 +46,28 @@ typedef struct enc {
     PyObject *tz_obj, *tz_name;
     int64_t tz_off;
     struct enc_dask *dask; /* a whole Dask message ("dask.msg", below), or NULL */
+    size_t work; /* what serializing the message will cost, roughly in values (pg_encode's *work) */
+    /* to_gser's results in this encode, {id: (obj, value)}, or NULL: a scope
+     * encoded again as a "python.tree" does not call a user's to_gser twice. */
+    PyObject *memo;
 } enc_t;
+
+/* How enc_seq writes a sequence: a Python list or tuple as it is (in a Dask
+ * message a list goes as a tuple: Dask's msgpack gives it back so), or a
+ * list of gser's own (a set's items, a dict's keys): a list always. */
+typedef enum { PG_SEQ_LIST, PG_SEQ_TUPLE, PG_SEQ_INNER } pg_seq_t;
+
+/* A whole Dask message being encoded ("dask.msg", below). */
+typedef struct enc_dask {
+    PyObject *types, *cb; /* borrowed */
+    PyObject *pending;    /* the parts met, in order */
+    gser_value_t **slots; /* their trees, to fill in */
+    size_t n, cap;
+    bool filling;         /* in enc_dask_fill: a part's items hold no parts */
+    bool pickles;         /* Dask pickles what its msgpack refuses (2026.x's fallback), else raises (2022.12) */
+    int in_keys;          /* encoding a dict's keys: no parts there */
+    PyObject *magic[4];   /* the dict keys Dask's loads acts on */
+} enc_dask_t;
 
 /* What gser costs more than pickle (dumps + loads), in ns per item, as
  * bench/python measures it (the runs are in BENCHMARKS.md); negative: what it
@@ -133,10 +154,21 @@ static int need_ext(enc_t *e)
 }
 static int enc_bigint(enc_t *e, PyObject *o, gser_value_t **out);
 
+/* An int beyond 64 bits: a "python.tree" int, except in a Dask message,
+ * where Dask's msgpack raises OverflowError (in 2022.12 and 2026.x alike):
+ * declined, so that Dask's frames raise it. */
+static int enc_big(enc_t *e, PyObject *o, gser_value_t **out)
+{
+    if (e->dask)
+        return not_impl(e, o, ": an int beyond 64 bits in a Dask message (Dask's msgpack refuses it)");
+    return !e->ext ? need_ext(e) : enc_bigint(e, o, out);
+}
+
 static int enc_str(enc_t *e, PyObject *o, gser_value_t **out)
 {
     Py_ssize_t len;
     const char *s = PyUnicode_AsUTF8AndSize(o, &len);
+    e->work += (size_t)len >> 4;
     if (!s) {
         pg_path_raise(e->s, e->s->GserError, GSER_ERR_INVALID_ARG, &e->path, "str cannot be encoded as UTF-8");
         return -1;
@@ -151,6 +183,7 @@ static int enc_bytes(enc_t *e, PyObject *o, gser_value_t **out)
 {
     if (PyBytes_GET_SIZE(o) >= PG_BYTES_FRAME_MIN)
         return enc_large_bytes(e, o, out);
+    e->work += (size_t)PyBytes_GET_SIZE(o) >> 4;
     /* The message borrows the bytes: keep them alive as long as it lives. */
     if (pg_owner_hold_ref(e->owner, o) < 0)
         return -1;
@@ -175,7 +208,7 @@ static int enc_scalar(enc_t *e, PyObject *o, gser_value_t **out)
         uint64_t u = 0;
         int r = enc_int(e, o, &k, &i, &u);
         if (r)
-            return r < 0 ? -1 : !e->ext ? need_ext(e) : enc_bigint(e, o, out) < 0 ? -1 : 1;
+            return r < 0 ? -1 : enc_big(e, o, out) < 0 ? -1 : 1;
         st = k == GSER_KIND_INT ? gser_msg_new_int(e->msg, i, out) : gser_msg_new_uint(e->msg, u, out);
     } else if (t == &PyUnicode_Type)
         return enc_str(e, o, out) < 0 ? -1 : 1;
@@ -215,9 +248,7 @@ static int enc_append(enc_t *e, gser_value_t *list, PyObject *item, int depth)
         int r = enc_int(e, item, &k, &i, &u);
         if (r > 0) {
             gser_value_t *v;
-            if (!e->ext)
-                return need_ext(e);
-            if (enc_bigint(e, item, &v) < 0)
+            if (enc_big(e, item, &v) < 0)
                 return -1;
             st = gser_list_append(list, v);
         } else if (r < 0) {
@@ -251,11 +282,12 @@ static int enc_append(enc_t *e, gser_value_t *list, PyObject *item, int depth)
  * bools, or all ints that fit in int64: one pass into a C array the message
  * borrows (gser_msg_new_array), the same typed array the appends would build.
  * 1 if done, 0 if the items are not all of one such kind, -1 on error. */
-static int enc_seq_array(enc_t *e, PyObject *o, bool tuple, gser_value_t **out, gser_kind_t *kind_out)
+static int enc_seq_array(enc_t *e, PyObject *o, bool as_tuple, gser_value_t **out, gser_kind_t *kind_out)
 {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
     if (n < PG_ARRAY_MIN)
         return 0;
+    e->work += (size_t)n;
     PyObject **items = PySequence_Fast_ITEMS(o);
     PyObject *first = items[0];
     gser_kind_t kind;
@@ -306,8 +338,6 @@ static int enc_seq_array(enc_t *e, PyObject *o, bool tuple, gser_value_t **out, 
     }
     if (pg_owner_hold_alloc(e->owner, buf) < 0)
         return -1;
-    /* A Dask message's lists go as tuples: Dask's msgpack gives them back so. */
-    bool as_tuple = tuple || e->dask;
     gser_status_t st = gser_msg_new_array(e->msg, kind, buf, (size_t)n, as_tuple ? GSER_ARRAY_TUPLE : 0, out);
     *kind_out = kind;
     return st ? fail_st(e, st, "gser_msg_new_array") : 1;
@@ -318,10 +348,13 @@ nomem:
 
 static int enc_packed(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_t **out);
 
-static int enc_seq(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_t **out)
+static int enc_seq(enc_t *e, PyObject *o, pg_seq_t mode, int depth, gser_value_t **out)
 {
+    bool tuple = mode == PG_SEQ_TUPLE;
+    /* A Dask message's lists go as tuples: Dask's msgpack gives them back so. */
+    bool as_tuple = tuple || (e->dask && mode == PG_SEQ_LIST);
     gser_kind_t kind;
-    int fast = enc_seq_array(e, o, tuple, out, &kind);
+    int fast = enc_seq_array(e, o, as_tuple, out, &kind);
     if (fast < 0)
         return -1;
     if (fast) {
@@ -329,6 +362,7 @@ static int enc_seq(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_t **
         return charge(e, depth + 1, -(int64_t)n * (kind == GSER_KIND_FLOAT ? PG_GAIN_FLOAT : PG_GAIN_INT));
     }
     Py_ssize_t n = tuple ? PyTuple_GET_SIZE(o) : PyList_GET_SIZE(o);
+    e->work += (size_t)n;
     /* Not in a Dask message: its lists come back as tuples, whatever they hold. */
     if (n >= 2 && !e->dask) {
         int packed = enc_packed(e, o, tuple, depth, out);
@@ -339,14 +373,15 @@ static int enc_seq(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_t **
         return -1;
 
     gser_value_t *list;
-    gser_status_t st = tuple || e->dask ? gser_msg_new_tuple(e->msg, &list) : gser_msg_new_list(e->msg, &list);
+    gser_status_t st = as_tuple ? gser_msg_new_tuple(e->msg, &list) : gser_msg_new_list(e->msg, &list);
     if (st)
         return fail_st(e, st, "gser_msg_new_list");
     /* In a "python.tree", a tuple whose first item is a uint would read as a
      * tag: it is escaped as (PG_TAG_TUPLE, items...). */
-    if (tuple && n && e->ext && Py_TYPE(PyTuple_GET_ITEM(o, 0)) == &PyLong_Type) {
+    PyObject *first = n ? PySequence_Fast_ITEMS(o)[0] : NULL;
+    if (as_tuple && n && e->ext && PyLong_Check(first)) { /* an int subclass: one in a Dask message */
         int overflow = 0;
-        PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(o, 0), &overflow);
+        PyLong_AsLongLongAndOverflow(first, &overflow);
         if (overflow > 0 && (st = gser_list_append_uint(list, PG_TAG_TUPLE)))
             return fail_st(e, st, "gser_list_append_uint");
     }
@@ -401,6 +436,7 @@ static int enc_dict(enc_t *e, PyObject *o, int depth, gser_value_t **out)
         return fail_st(e, st, "gser_msg_new_map");
     if (charge(e, depth, PG_COST_DICT) < 0)
         return -1;
+    e->work += (size_t)PyDict_GET_SIZE(o);
     if (PyDict_GET_SIZE(o) && check_depth(e, depth) < 0)
         return -1;
     int slot = e->path.len++;
@@ -638,6 +674,7 @@ static int enc_typed(enc_t *e, pg_type_t t, gser_value_t *tree, gser_value_t **o
  * frame of its own (the bytes object itself, in dumps' frame list). */
 static int enc_large_bytes(enc_t *e, PyObject *o, gser_value_t **out)
 {
+    e->work += PG_WORK_BUFFER;
     Py_buffer view;
     if (PyObject_GetBuffer(o, &view, PyBUF_SIMPLE) < 0)
         return -1;
@@ -846,7 +883,20 @@ static int enc_registered(enc_t *e, PyObject *o, PyObject *entry, int depth, gse
 {
     if (check_depth(e, depth) < 0)
         return -1;
-    PyObject *value = PyObject_CallOneArg(PyTuple_GET_ITEM(entry, 1), o);
+    PyObject *key = PyLong_FromVoidPtr(o), *hit = NULL, *value = NULL;
+    if (!key || (!e->memo && !(e->memo = PyDict_New())))
+        goto fail;
+    hit = PyDict_GetItemWithError(e->memo, key); /* borrowed */
+    if (hit && PyTuple_GET_ITEM(hit, 0) == o) { /* the object itself, kept alive by the entry */
+        value = Py_NewRef(PyTuple_GET_ITEM(hit, 1));
+    } else if (!PyErr_Occurred() && (value = PyObject_CallOneArg(PyTuple_GET_ITEM(entry, 1), o))) {
+        PyObject *pair = PyTuple_Pack(2, o, value);
+        if (!pair || PyDict_SetItem(e->memo, key, pair) < 0)
+            Py_CLEAR(value);
+        Py_XDECREF(pair);
+    }
+fail:
+    Py_XDECREF(key);
     if (!value)
         return -1;
     gser_value_t *tree, *name, *payload;
@@ -1203,7 +1253,7 @@ static int enc_std(enc_t *e, PyObject *o, int tag, int depth, gser_value_t **out
     case PG_TAG_FROZENSET: {
         PyObject *items = PySequence_List(o);
         e->budget += PG_COST_SEQ; /* the list of the items is not the user's */
-        r = items ? enc_seq(e, items, false, depth + 1, &v) : -1;
+        r = items ? enc_seq(e, items, PG_SEQ_INNER, depth + 1, &v) : -1;
         Py_XDECREF(items);
         if (r == 0)
             r = esc_append(e, t, v);
@@ -1294,10 +1344,16 @@ static int enc_std_dict(enc_t *e, PyObject *o, int depth, gser_value_t **out)
     gser_value_t *t, *kv, *vv;
     int r = values ? esc_new(e, PG_TAG_DICT, &t) : -1;
     e->budget += 2 * PG_COST_SEQ; /* the lists of keys and values are not the user's */
+    /* Keys hold no Dask parts (msgpack would make dicts of them). */
+    if (r == 0 && e->dask) {
+        e->dask->in_keys++;
+        r = enc_seq(e, keys, PG_SEQ_INNER, depth + 1, &kv);
+        e->dask->in_keys--;
+    } else if (r == 0) {
+        r = enc_seq(e, keys, PG_SEQ_INNER, depth + 1, &kv);
+    }
     if (r == 0)
-        r = enc_seq(e, keys, false, depth + 1, &kv);
-    if (r == 0)
-        r = enc_seq(e, values, false, depth + 1, &vv);
+        r = enc_seq(e, values, PG_SEQ_INNER, depth + 1, &vv);
     Py_XDECREF(keys);
     Py_XDECREF(values);
     if (r == 0 && (r = esc_append(e, t, kv)) == 0 && (r = esc_append(e, t, vv)) == 0)
@@ -1510,7 +1566,7 @@ static int enc_columns(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_
         r = fail_st(e, st, "a packed list");
     if (r == 0) {
         if (rec)
-            r = enc_seq(e, keys, false, depth + 1, &v);
+            r = enc_seq(e, keys, PG_SEQ_INNER, depth + 1, &v);
         else
             r = (st = gser_msg_new_int(e->msg, k, &v)) ? fail_st(e, st, "gser_msg_new_int") : 0;
         if (r == 0)
@@ -1538,7 +1594,7 @@ static int enc_columns(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_
         }
         e->budget += PG_COST_SEQ; /* a column is not a list of the user's */
         if (r == 0)
-            r = enc_seq(e, col, false, depth + 2, &v);
+            r = enc_seq(e, col, PG_SEQ_INNER, depth + 2, &v);
         Py_DECREF(col);
         if (r == 0)
             r = esc_append(e, cols, v);
@@ -1705,11 +1761,50 @@ static int enc_packed(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_t
     return 1;
 }
 
+/* Whether x is one of Python's standard types that only a "python.tree"
+ * carries (an int beyond 64 bits included). */
+static bool is_std(enc_t *e, PyObject *x)
+{
+    if (Py_TYPE(x) == &PyLong_Type) {
+        int overflow = 0;
+        PyLong_AsLongLongAndOverflow(x, &overflow);
+        return overflow < 0 || (overflow > 0 && _PyLong_NumBits(x) > 64); /* as enc_int decides */
+    }
+    return std_kind(e, x) >= 0;
+}
+
+/* A look at o and its first item (a shallow pre-scan): true when o will
+ * need a "python.tree" (a set, a list of datetimes, a dict with tuple keys),
+ * so that the scope starts as one instead of running up to the first such
+ * value twice. Deeper ones are still found by the first try. */
+static bool scope_needs_ext(enc_t *e, PyObject *o)
+{
+    PyTypeObject *t = Py_TYPE(o);
+    if (t == &PyList_Type || t == &PyTuple_Type)
+        return PySequence_Fast_GET_SIZE(o) && is_std(e, PySequence_Fast_ITEMS(o)[0]);
+    if (t == &PyDict_Type) {
+        Py_ssize_t pos = 0;
+        PyObject *key, *value;
+        return PyDict_Next(o, &pos, &key, &value) && (!is_map_key(key) || is_std(e, value));
+    }
+    return t != &PyUnicode_Type && t != &PyFloat_Type && t != &PyBytes_Type && is_std(e, o);
+}
+
 /* Encode o as a value of a scope of its own (the message's root, a
  * registered type's payload): as it is when it holds none of Python's
  * standard types, else again as a "python.tree" object. */
 static int enc_scope(enc_t *e, PyObject *o, int depth, gser_value_t **out)
 {
+    if (scope_needs_ext(e, o)) {
+        bool ext = e->ext;
+        gser_value_t *inner;
+        e->ext = true;
+        int r = enc_value(e, o, depth + 1, &inner);
+        if (r == 0)
+            r = enc_typed(e, PG_T_TREE, inner, out);
+        e->ext = ext;
+        return r;
+    }
     bool ext = e->ext;
     int plen = e->path.len;
     int64_t budget = e->budget;
@@ -1746,14 +1841,6 @@ static int enc_scope(enc_t *e, PyObject *o, int depth, gser_value_t **out)
  * keys Dask's msgpack hooks act on, other types, subclasses) raises
  * NotImplementedError: the comm sends Dask's own frames for that message. */
 
-typedef struct enc_dask {
-    PyObject *types, *cb; /* borrowed */
-    PyObject *pending;    /* the parts met, in order */
-    gser_value_t **slots; /* their trees, to fill in */
-    size_t n, cap;
-    bool filling;         /* in enc_dask_fill: a part's items hold no parts */
-    PyObject *magic[4];   /* the dict keys Dask's loads acts on */
-} enc_dask_t;
 
 static const char *const dask_magic_keys[4] = {"__Serialized__", "__Pickled__", "__Enum__", "__Set__"};
 
@@ -1775,8 +1862,10 @@ static int enc_dask_part(enc_t *e, PyObject *o, gser_value_t **out)
     Py_ssize_t nt = PyTuple_GET_SIZE(k->types), i = 0;
     while (i < nt && (PyObject *)Py_TYPE(o) != PyTuple_GET_ITEM(k->types, i))
         i++;
-    if (i == nt || k->filling)
-        return not_impl(e, o, i == nt ? " in a Dask message (Dask's own frames carry it)" : " inside a Dask part");
+    if (i == nt || k->filling || k->in_keys)
+        return not_impl(e, o, i == nt       ? " in a Dask message (Dask's own frames carry it)"
+                              : k->filling ? " inside a Dask part"
+                                           : " as a dict key in a Dask message");
     if (k->n == k->cap) {
         size_t cap = k->cap ? 2 * k->cap : 8;
         gser_value_t **s = realloc(k->slots, cap * sizeof *s);
@@ -1801,6 +1890,7 @@ static int enc_dask_part(enc_t *e, PyObject *o, gser_value_t **out)
  * not contiguous), device memory as a device buffer. */
 static int enc_dask_frame(enc_t *e, PyObject *f, gser_value_t **out)
 {
+    e->work += PG_WORK_BUFFER;
     if (!PyObject_CheckBuffer(f))
         return Py_TYPE(f) == &PyLong_Type || Py_TYPE(f) == &PyUnicode_Type || f == Py_None
                    ? enc_value(e, f, 1, out) /* for tests of what a receiver refuses */
@@ -1815,6 +1905,62 @@ static int enc_dask_frame(enc_t *e, PyObject *f, gser_value_t **out)
     int r = PyObject_GetBuffer(c, &view, PyBUF_SIMPLE);
     Py_DECREF(c); /* the view holds it */
     return r < 0 ? -1 : enc_host_view(e, &view, GSER_DTYPE_BYTES, 0, 0, out, NULL, NULL);
+}
+
+/* A standard type in a Dask message, as Dask's protocol gives it to the
+ * receiver: a set as a set (its msgpack hook; its items as msgpack gives
+ * them), anything else, where Dask pickles what its msgpack refuses (2026.x),
+ * exactly as it went (lists stay lists in it); declined where Dask raises
+ * (2022.12). Dicts with tuple keys are enc_dict's (msgpack carries them). */
+static int enc_dask_std(enc_t *e, PyObject *o, int tag, int depth, gser_value_t **out)
+{
+    enc_dask_t *k = e->dask;
+    if (tag != PG_TAG_SET && !k->pickles)
+        return not_impl(e, o, " in a Dask message (Dask's msgpack refuses it in this version)");
+    if (!e->ext)
+        return need_ext(e);
+    if (tag == PG_TAG_SET)
+        return enc_std(e, o, tag, depth, out);
+    e->dask = NULL; /* what Dask pickles: the plain "python.tree" rules, no parts in it */
+    int r = enc_std(e, o, tag, depth, out);
+    e->dask = k;
+    return r;
+}
+
+/* Anything else in a Dask message: what Dask's msgpack packs as its base
+ * type (it does not ask for strict types), so that the receiver gets the base
+ * type: subclasses of dict (a Counter in 2026's heartbeats, an OrderedDict),
+ * list, tuple (a namedtuple), int (an IntEnum), float and str; else a part. */
+static int enc_dask_other(enc_t *e, PyObject *o, int depth, gser_value_t **out)
+{
+    gser_status_t st;
+    if (PyDict_Check(o)) {
+        int magic = dask_magic(e->dask, o);
+        return magic ? magic < 0 ? -1 : not_impl(e, o, " with a key Dask's protocol acts on, in a Dask message")
+                     : enc_dict(e, o, depth, out);
+    }
+    if (PyList_Check(o) || PyTuple_Check(o))
+        return enc_seq(e, o, PyList_Check(o) ? PG_SEQ_LIST : PG_SEQ_TUPLE, depth, out);
+    if (PyUnicode_Check(o))
+        return enc_str(e, o, out);
+    if (PyFloat_Check(o)) {
+        double d = PyFloat_AsDouble(o);
+        if (d == -1.0 && PyErr_Occurred())
+            return -1;
+        st = gser_msg_new_float(e->msg, d, out);
+        return st ? fail_st(e, st, "gser_msg_new_float") : 0;
+    }
+    if (PyLong_Check(o)) {
+        gser_kind_t k;
+        int64_t i = 0;
+        uint64_t u = 0;
+        int r = enc_int(e, o, &k, &i, &u);
+        if (r)
+            return r < 0 ? -1 : enc_big(e, o, out);
+        st = k == GSER_KIND_INT ? gser_msg_new_int(e->msg, i, out) : gser_msg_new_uint(e->msg, u, out);
+        return st ? fail_st(e, st, "gser_msg_new_int") : 0;
+    }
+    return enc_dask_part(e, o, out);
 }
 
 /* Fill in the parts: the callback's (kind, header, frames...) for each. */
@@ -1854,9 +2000,9 @@ static int enc_value(enc_t *e, PyObject *o, int depth, gser_value_t **out)
 {
     PyTypeObject *t = Py_TYPE(o);
     if (t == &PyList_Type)
-        return enc_seq(e, o, false, depth, out);
+        return enc_seq(e, o, PG_SEQ_LIST, depth, out);
     if (t == &PyTuple_Type)
-        return enc_seq(e, o, true, depth, out);
+        return enc_seq(e, o, PG_SEQ_TUPLE, depth, out);
     if (t == &PyDict_Type) {
         int magic = e->dask ? dask_magic(e->dask, o) : 0;
         if (magic)
@@ -1866,11 +2012,12 @@ static int enc_value(enc_t *e, PyObject *o, int depth, gser_value_t **out)
     int sc = enc_scalar(e, o, out);
     if (sc)
         return sc < 0 ? -1 : 0;
-    if (e->dask) /* a whole Dask message: its parts, nothing else */
-        return enc_dask_part(e, o, out);
     int tag = std_kind(e, o);
+    if (e->dask) /* a whole Dask message: its parts, and standard types as Dask gives them */
+        return tag >= 0 ? enc_dask_std(e, o, tag, depth, out) : enc_dask_other(e, o, depth, out);
     if (tag >= 0)
         return e->ext ? enc_std(e, o, tag, depth, out) : need_ext(e);
+    e->work += PG_WORK_BUFFER; /* buffers, typed objects: frames to pack, stage or compress */
     if (t == &PyByteArray_Type)
         return enc_bytes_like(e, o, PG_T_BYTEARRAY, out);
     if (t == &PyMemoryView_Type)
@@ -1918,23 +2065,41 @@ static int enc_interfaces(enc_t *e, PyObject *o, gser_value_t **out)
 static int enc_dask_msg(enc_t *e, PyObject *obj, PyObject *parts)
 {
     enc_dask_t k = {0};
-    if (!PyTuple_Check(parts) || PyTuple_GET_SIZE(parts) != 2 || !PyTuple_Check(PyTuple_GET_ITEM(parts, 0))) {
-        PyErr_SetString(PyExc_TypeError, "gser: parts must be (a tuple of types, a callback)");
+    Py_ssize_t np = PyTuple_Check(parts) ? PyTuple_GET_SIZE(parts) : 0;
+    if ((np != 2 && np != 3) || !PyTuple_Check(PyTuple_GET_ITEM(parts, 0)) ||
+        (np == 3 && !PyBool_Check(PyTuple_GET_ITEM(parts, 2)))) {
+        PyErr_SetString(PyExc_TypeError, "gser: parts must be (a tuple of types, a callback[, Dask pickles what "
+                                         "its msgpack refuses])");
         return -1;
     }
     k.types = PyTuple_GET_ITEM(parts, 0);
     k.cb = PyTuple_GET_ITEM(parts, 1);
+    k.pickles = np == 3 && PyTuple_GET_ITEM(parts, 2) == Py_True;
     int r = (k.pending = PyList_New(0)) ? 0 : -1;
     for (int i = 0; r == 0 && i < 4; i++)
         r = (k.magic[i] = PyUnicode_InternFromString(dask_magic_keys[i])) ? 0 : -1;
     e->dask = &k;
     gser_value_t *root;
     gser_status_t st;
+    Py_ssize_t nfobjs = e->owner->nfobjs;
     if (r == 0)
         r = enc_value(e, obj, 1, &root);
-    if (r < 0 && e->need_ext && !PyErr_Occurred())
-        r = not_impl(e, obj, ": a message holding Python's standard types (a tuple dict key, an int beyond 64 bits)"
-                             " goes as Dask's frames");
+    if (r < 0 && e->need_ext && !PyErr_Occurred()) {
+        /* Standard types (a tuple dict key, a set): the message again as a
+         * "python.tree", its parts met again (enc_scope's way). */
+        while (e->owner->nfobjs > nfobjs)
+            Py_CLEAR(e->owner->fobjs[--e->owner->nfobjs].obj);
+        r = PyList_SetSlice(k.pending, 0, PY_SSIZE_T_MAX, NULL);
+        k.n = 0;
+        e->need_ext = false;
+        e->ext = true;
+        e->path.len = 0;
+        gser_value_t *inner;
+        if (r == 0)
+            r = enc_value(e, obj, 2, &inner);
+        if (r == 0)
+            r = enc_typed(e, PG_T_TREE, inner, &root);
+    }
     if (r == 0)
         r = enc_dask_fill(e);
     if (r == 0)
@@ -1949,7 +2114,7 @@ static int enc_dask_msg(enc_t *e, PyObject *obj, PyObject *parts)
     return r;
 }
 
-int pg_encode(PgOwner *owner, PyObject *obj, const pg_encode_options_t *opts)
+int pg_encode(PgOwner *owner, PyObject *obj, const pg_encode_options_t *opts, size_t *work)
 {
     gser_status_t st = gser_msg_create(pg_ctx, &owner->msg);
     if (st) {
@@ -1967,6 +2132,8 @@ int pg_encode(PgOwner *owner, PyObject *obj, const pg_encode_options_t *opts)
     e.path.len = 0;
     e.ext = e.need_ext = false;
     e.tz_obj = e.tz_name = NULL;
+    e.work = 0;
+    e.memo = NULL;
     /* A collection Dask would serialize item by item: each top-level item
      * gser carries in the one message saves Dask's per-item work. */
     if (e.decline && opts->decline == PG_DECLINE_COLLECTION) {
@@ -1977,13 +2144,14 @@ int pg_encode(PgOwner *owner, PyObject *obj, const pg_encode_options_t *opts)
     }
     gser_value_t *root;
     e.dask = NULL;
-    if (opts && opts->dask_parts)
-        return enc_dask_msg(&e, obj, opts->dask_parts);
-    int r = enc_scope(&e, obj, 1, &root);
+    int r = opts && opts->dask_parts ? enc_dask_msg(&e, obj, opts->dask_parts) : enc_scope(&e, obj, 1, &root);
     Py_XDECREF(e.tz_obj);
     Py_XDECREF(e.tz_name);
-    if (r < 0)
-        return -1;
+    Py_XDECREF(e.memo);
+    if (work)
+        *work = e.work;
+    if (r < 0 || (opts && opts->dask_parts))
+        return r < 0 ? -1 : 0;
     st = gser_msg_set_root(owner->msg, root);
     return st ? fail_st(&e, st, "gser_msg_set_root") : 0;
 }

@@ -54,6 +54,52 @@ PyDoc_STRVAR(dumps_doc,
 "compress, costs codec time only where the codec pays. Only gser builds\n"
 "that know chunks (wire codecs 3 and 4) read such frames.");
 
+/* owner's frames as a list, the header first (gser's own memory, writable,
+ * zero-copy when writable_header; else bytes). */
+static PyObject *dumps_frames(PgOwner *owner, bool writable_header)
+{
+    size_t n = gser_frames_get_count(owner->frames);
+    const gser_frame_t *fr = gser_frames_get_array(owner->frames);
+    PyObject *header;
+    if (writable_header) { /* gser's own header memory, zero-copy */
+        PyObject *exp = pg_frame_new(owner, fr[0].data, (Py_ssize_t)fr[0].size, false, "B", 1, 0, NULL);
+        header = exp ? PyMemoryView_FromObject(exp) : NULL;
+        Py_XDECREF(exp);
+    } else {
+        header = PyBytes_FromStringAndSize(fr[0].data, (Py_ssize_t)fr[0].size);
+    }
+    PyObject *list = header ? PyList_New((Py_ssize_t)n) : NULL;
+    if (!list) {
+        Py_XDECREF(header);
+        return NULL;
+    }
+    PyList_SET_ITEM(list, 0, header);
+    Py_ssize_t next_obj = 0; /* frames come in the order their data was encoded */
+    for (size_t i = 1; list && i < n; i++) {
+        PyObject *f;
+        const pg_frame_obj_t *fo = next_obj < owner->nfobjs ? &owner->fobjs[next_obj] : NULL;
+        bool mine = fo && fr[i].memory == GSER_MEMORY_HOST && fo->ptr == fr[i].data && fo->len == fr[i].size;
+        next_obj += mine;
+        if (mine && fo->obj) {
+            f = Py_NewRef(fo->obj); /* bytes, bytearray, memoryview: the object itself, as Dask's frame */
+        } else if (fr[i].memory == GSER_MEMORY_HOST) {
+            /* Writable when the memory is a writable array's or gser's copy
+             * of one, as Dask's frames of a writable array; else read-only. */
+            PyObject *exp = pg_frame_new(owner, fr[i].data, (Py_ssize_t)fr[i].size, !mine || fo->readonly, "B", 1, 0,
+                                         NULL);
+            f = exp ? PyMemoryView_FromObject(exp) : NULL;
+            Py_XDECREF(exp);
+        } else {
+            f = pg_device_frame_new(owner, fr[i].data, fr[i].size, fr[i].device);
+        }
+        if (!f)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, (Py_ssize_t)i, f);
+    }
+    return list;
+}
+
 static PyObject *py_dumps(PyObject *self, PyObject *args, PyObject *kw)
 {
     pg_state_t *s = pg_state_of_module(self);
@@ -77,46 +123,56 @@ static PyObject *py_dumps(PyObject *self, PyObject *args, PyObject *kw)
     PgOwner *owner = pg_serialize(s, obj, families, &eo, false, codec);
     if (!owner)
         return NULL;
-    size_t n = gser_frames_get_count(owner->frames);
-    const gser_frame_t *fr = gser_frames_get_array(owner->frames);
-    PyObject *header;
-    if (writable_header) { /* gser's own header memory, zero-copy */
-        PyObject *exp = pg_frame_new(owner, fr[0].data, (Py_ssize_t)fr[0].size, false, "B", 1, 0, NULL);
-        header = exp ? PyMemoryView_FromObject(exp) : NULL;
-        Py_XDECREF(exp);
-    } else {
-        header = PyBytes_FromStringAndSize(fr[0].data, (Py_ssize_t)fr[0].size);
-    }
-    PyObject *list = header ? PyList_New((Py_ssize_t)(n - 1)) : NULL;
-    Py_ssize_t next_obj = 0; /* frames come in the order their data was encoded */
-    for (size_t i = 1; list && i < n; i++) {
-        PyObject *f;
-        const pg_frame_obj_t *fo = next_obj < owner->nfobjs ? &owner->fobjs[next_obj] : NULL;
-        bool mine = fo && fr[i].memory == GSER_MEMORY_HOST && fo->ptr == fr[i].data && fo->len == fr[i].size;
-        next_obj += mine;
-        if (mine && fo->obj) {
-            f = Py_NewRef(fo->obj); /* bytes, bytearray, memoryview: the object itself, as Dask's frame */
-        } else if (fr[i].memory == GSER_MEMORY_HOST) {
-            /* Writable when the memory is a writable array's or gser's copy
-             * of one, as Dask's frames of a writable array; else read-only. */
-            PyObject *exp = pg_frame_new(owner, fr[i].data, (Py_ssize_t)fr[i].size, !mine || fo->readonly, "B", 1, 0,
-                                         NULL);
-            f = exp ? PyMemoryView_FromObject(exp) : NULL;
-            Py_XDECREF(exp);
-        } else {
-            f = pg_device_frame_new(owner, fr[i].data, fr[i].size, fr[i].device);
-        }
-        if (!f)
-            Py_CLEAR(list);
-        else
-            PyList_SET_ITEM(list, (Py_ssize_t)(i - 1), f);
-    }
+    PyObject *list = dumps_frames(owner, writable_header);
     Py_DECREF(owner);
-    if (!list) {
-        Py_XDECREF(header);
+    if (!list)
+        return NULL;
+    /* The header went first into the list: hand it out on its own. */
+    PyObject *header = Py_NewRef(PyList_GET_ITEM(list, 0));
+    if (PySequence_DelItem(list, 0) < 0) {
+        Py_DECREF(header);
+        Py_DECREF(list);
         return NULL;
     }
     return Py_BuildValue("(NN)", header, list);
+}
+
+PyDoc_STRVAR(dask_dumps_doc,
+"_dask_dumps(obj, families, collection) -> (frames, compression)\n\n"
+"gser.dask's dumps in one call (a tiny object's whole dumps costs about a\n"
+"microsecond, so the keyword parsing and list and tuple building of the\n"
+"general entry point show): strict, declining (gser.Declined) as\n"
+"decline=\"collection\" (collection true) or \"object\" does; frames: the\n"
+"header first (writable when obj is a numpy array), then the data frames;\n"
+"compression: False for a device frame, None for a host frame, as Dask's\n"
+"header entry wants it.");
+
+static PyObject *py_dask_dumps(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "_dask_dumps(obj, families, collection)");
+        return NULL;
+    }
+    pg_state_t *s = pg_state_of_module(self);
+    PyObject *obj = args[0];
+    int collection = PyObject_IsTrue(args[2]);
+    if (collection < 0)
+        return NULL;
+    pg_encode_options_t eo = {.strict = 1, .decline = collection ? PG_DECLINE_COLLECTION : PG_DECLINE_OBJECT};
+    PgOwner *owner = pg_serialize(s, obj, args[1], &eo, false, GSER_COMPRESSION_NONE);
+    if (!owner)
+        return NULL;
+    PyObject *list = dumps_frames(owner, strcmp(Py_TYPE(obj)->tp_name, "numpy.ndarray") == 0);
+    Py_DECREF(owner);
+    Py_ssize_t n = list ? PyList_GET_SIZE(list) : 0;
+    PyObject *comp = list ? PyTuple_New(n) : NULL;
+    for (Py_ssize_t i = 0; comp && i < n; i++)
+        PyTuple_SET_ITEM(comp, i, Py_NewRef(Py_IS_TYPE(PyList_GET_ITEM(list, i), s->DeviceFrame) ? Py_False : Py_None));
+    if (!comp) {
+        Py_XDECREF(list);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", list, comp);
 }
 
 PyDoc_STRVAR(to_bytes_doc,
@@ -224,6 +280,21 @@ PyDoc_STRVAR(loads_doc,
 "views a read-only frame is copied (only then). Malformed input raises\n"
 "GserError.");
 
+/* frames_obj as a tuple, a snapshot: reading a frame may run Python code
+ * (a __cuda_array_interface__ property) that changes the caller's list. */
+static PyObject *frames_tuple(PyObject *frames_obj)
+{
+    PyObject *seq = PySequence_Check(frames_obj) ? PySequence_Tuple(frames_obj) : NULL;
+    if (!seq && (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError))) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "gser.loads: frames must be a sequence");
+    }
+    return seq;
+}
+
+static PyObject *loads_frames(pg_state_t *s, PyObject *header, PyObject *seq, Py_ssize_t first, bool device,
+                              bool copy_readonly);
+
 static PyObject *py_loads(PyObject *self, PyObject *args, PyObject *kw)
 {
     pg_state_t *s = pg_state_of_module(self);
@@ -233,17 +304,43 @@ static PyObject *py_loads(PyObject *self, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$pp:loads", kwlist, &header, &frames_obj, &device,
                                      &copy_readonly))
         return NULL;
-    /* A snapshot: reading a frame may run Python code (a __cuda_array_interface__
-     * property) that changes the caller's list. */
-    PyObject *seq = PySequence_Check(frames_obj) ? PySequence_Tuple(frames_obj) : NULL;
-    if (!seq) {
-        if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
-            PyErr_Clear();
-            PyErr_SetString(PyExc_TypeError, "gser.loads: frames must be a sequence");
-        }
+    PyObject *seq = frames_tuple(frames_obj);
+    if (!seq)
+        return NULL;
+    PyObject *out = loads_frames(s, header, seq, 0, device, copy_readonly);
+    Py_DECREF(seq);
+    return out;
+}
+
+PyDoc_STRVAR(dask_loads_doc,
+"_dask_loads(frames, device) -> object\n\n"
+"gser.dask's loads in one call: frames[0] is the header, the rest the data\n"
+"frames; read-only frames of writable arrays are copied (copy_readonly).");
+
+static PyObject *py_dask_loads(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "_dask_loads(frames, device)");
         return NULL;
     }
-    Py_ssize_t nf = PyTuple_GET_SIZE(seq);
+    int device = PyObject_IsTrue(args[1]);
+    PyObject *seq = device < 0 ? NULL : frames_tuple(args[0]);
+    if (!seq)
+        return NULL;
+    PyObject *out = NULL;
+    if (PyTuple_GET_SIZE(seq) == 0)
+        PyErr_SetString(PyExc_ValueError, "gser.dask: no frames (the first frame is gser's header)");
+    else
+        out = loads_frames(pg_state_of_module(self), PyTuple_GET_ITEM(seq, 0), seq, 1, device, true);
+    Py_DECREF(seq);
+    return out;
+}
+
+/* Load header and the frames seq[first:]. */
+static PyObject *loads_frames(pg_state_t *s, PyObject *header, PyObject *seq, Py_ssize_t first, bool device,
+                              bool copy_readonly)
+{
+    Py_ssize_t nf = PyTuple_GET_SIZE(seq) - first;
     PyObject *out = NULL;
     pg_decode_ctx_t dc = {0};
     gser_frame_t *fr = PyMem_Calloc((size_t)nf + 1, sizeof *fr);
@@ -256,31 +353,39 @@ static PyObject *py_loads(PyObject *self, PyObject *args, PyObject *kw)
     if (pg_decode_ctx_init(&dc, owner, (size_t)nf + 1) < 0)
         goto done;
     dc.copy_readonly = copy_readonly;
+    size_t total = 0; /* a small host message is decoded keeping the GIL */
+    bool release = device;
     for (Py_ssize_t i = 0; i <= nf; i++) {
-        PyObject *o = i ? PyTuple_GET_ITEM(seq, i - 1) : header;
+        PyObject *o = i ? PyTuple_GET_ITEM(seq, first + i - 1) : header;
         bool ro = false;
         if (frame_get(owner, o, i, &fr[i], &ro) < 0)
             goto done;
         pg_decode_ctx_set_frame(&dc, (size_t)i, &fr[i], ro, o);
+        total += fr[i].size;
+        release |= fr[i].memory != GSER_MEMORY_HOST;
     }
+    release |= total >= PG_GIL_BYTES;
     gser_deserialize_options_t opts = {.size = sizeof(gser_deserialize_options_t), .flags = device ? GSER_DESERIALIZE_RESTORE_DEVICE : 0};
     gser_status_t st;
     gser_msg_t *msg = NULL;
-    Py_BEGIN_ALLOW_THREADS
-    st = gser_deserialize(pg_ctx, fr, (size_t)nf + 1, &opts, &msg);
-    Py_END_ALLOW_THREADS
+    if (release) {
+        Py_BEGIN_ALLOW_THREADS
+        st = gser_deserialize(pg_ctx, fr, (size_t)nf + 1, &opts, &msg);
+        Py_END_ALLOW_THREADS
+    } else {
+        st = gser_deserialize(pg_ctx, fr, (size_t)nf + 1, &opts, &msg);
+    }
     if (st) {
         pg_raise(s, st, true, "gser_deserialize");
         goto done;
     }
     owner->msg = msg;
-    if (pg_msg_wait(s, msg) == 0)
+    if (pg_msg_wait_gil(s, msg, release) == 0)
         out = pg_decode(&dc, gser_msg_get_root(msg));
 done:
     pg_decode_ctx_clear(&dc);
     Py_XDECREF(owner);
     PyMem_Free(fr);
-    Py_DECREF(seq);
     return out;
 }
 
@@ -330,6 +435,8 @@ done:
 static PyMethodDef methods[] = {
     {"dumps", (PyCFunction)(void (*)(void))py_dumps, METH_VARARGS | METH_KEYWORDS, dumps_doc},
     {"loads", (PyCFunction)(void (*)(void))py_loads, METH_VARARGS | METH_KEYWORDS, loads_doc},
+    {"_dask_dumps", (PyCFunction)(void (*)(void))py_dask_dumps, METH_FASTCALL, dask_dumps_doc},
+    {"_dask_loads", (PyCFunction)(void (*)(void))py_dask_loads, METH_FASTCALL, dask_loads_doc},
     {"to_bytes", (PyCFunction)(void (*)(void))py_to_bytes, METH_VARARGS | METH_KEYWORDS, to_bytes_doc},
     {"_device_stats", pg_device_stats, METH_VARARGS,
      "_device_stats(reset=False) -> dict: what the emulated device backend copied (tests only)"},

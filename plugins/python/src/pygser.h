@@ -278,8 +278,16 @@ typedef struct pg_encode_options {
     PyObject *dask_parts;
 } pg_encode_options_t;
 
-/* Build the tree of obj as the root of owner->msg (created here). */
-int pg_encode(PgOwner *owner, PyObject *obj, const pg_encode_options_t *opts);
+/* Build the tree of obj as the root of owner->msg (created here); *work
+ * (when work is not NULL): what serializing it will cost, roughly in values
+ * (a buffer or typed object counts PG_WORK_BUFFER). */
+int pg_encode(PgOwner *owner, PyObject *obj, const pg_encode_options_t *opts, size_t *work);
+#define PG_WORK_BUFFER ((size_t)1 << 20)
+/* Serializing or deserializing less than this (values; header and frame
+ * bytes) keeps the GIL: releasing and taking it again costs more than the
+ * work (0.1-0.2 us a switch, as much as a tiny object's whole dumps). */
+#define PG_GIL_WORK 4096
+#define PG_GIL_BYTES 65536
 
 /* ---- __cuda_array_interface__ (cai.c) -------------------------------------------------- */
 
@@ -608,6 +616,8 @@ int pg_flat_prepare(pg_state_t *s, PyObject *obj, PyObject *families, PyObject *
 /* Wait for the device copies gser made while deserializing msg. 0, or -1
  * with an exception set. */
 int pg_msg_wait(pg_state_t *s, gser_msg_t *msg);
+/* The same, keeping the GIL (a small host message: nothing to wait for). */
+int pg_msg_wait_gil(pg_state_t *s, gser_msg_t *msg, bool release);
 /* The objects of owner->msg, a deserialized message whose frames belong
  * to no Python object (readonly: whether their memory may not be written),
  * once the device copies it carries are done. NULL with an exception set. */

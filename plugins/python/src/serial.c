@@ -159,8 +159,10 @@ PgOwner *pg_serialize(pg_state_t *s, PyObject *obj, PyObject *families, const pg
         Py_XDECREF(fam.keep);
         return NULL;
     }
-    if (pg_encode(owner, obj, eo) < 0)
+    size_t work = 0;
+    if (pg_encode(owner, obj, eo, &work) < 0)
         goto fail;
+    bool release = work >= PG_GIL_WORK || compression != GSER_COMPRESSION_NONE;
     gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
     so.compression = compression;
     so.compression_threshold = eo->compression_threshold;
@@ -171,18 +173,24 @@ PgOwner *pg_serialize(pg_state_t *s, PyObject *obj, PyObject *families, const pg
     }
     gser_status_t st;
     gser_frames_t *frames = NULL;
-    Py_BEGIN_ALLOW_THREADS
-    st = gser_serialize(pg_ctx, owner->msg, &so, &frames);
-    Py_END_ALLOW_THREADS
+    if (release) {
+        Py_BEGIN_ALLOW_THREADS
+        st = gser_serialize(pg_ctx, owner->msg, &so, &frames);
+        Py_END_ALLOW_THREADS
+    } else {
+        st = gser_serialize(pg_ctx, owner->msg, &so, &frames);
+    }
     if (st) {
         pg_raise(s, st, true, "gser_serialize");
         goto fail;
     }
     /* Packing and device-to-host staging run on a stream: frames handed to
      * Python must be complete. */
-    Py_BEGIN_ALLOW_THREADS
-    st = gser_frames_wait(frames);
-    Py_END_ALLOW_THREADS
+    if (gser_frames_query(frames) != GSER_OK) { /* work on a stream, or an error wait reports */
+        Py_BEGIN_ALLOW_THREADS
+        st = gser_frames_wait(frames);
+        Py_END_ALLOW_THREADS
+    }
     if (st) {
         gser_frames_destroy(frames);
         pg_raise(s, st, true, "gser_frames_wait");
@@ -209,7 +217,7 @@ int pg_serialize_flat(pg_state_t *s, PyObject *obj, PyObject *families, int code
         return -1;
     }
     int rc = -1;
-    if (pg_encode(owner, obj, eo) == 0) {
+    if (pg_encode(owner, obj, eo, NULL) == 0) {
         gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
         so.compression = codec;
         so.compression_threshold = eo->compression_threshold;
@@ -262,10 +270,19 @@ int pg_flat_prepare(pg_state_t *s, PyObject *obj, PyObject *families, PyObject *
  * no synchronization (their __cuda_array_interface__ has no stream). */
 int pg_msg_wait(pg_state_t *s, gser_msg_t *msg)
 {
+    return pg_msg_wait_gil(s, msg, true);
+}
+
+int pg_msg_wait_gil(pg_state_t *s, gser_msg_t *msg, bool release)
+{
     gser_status_t st;
-    Py_BEGIN_ALLOW_THREADS
-    st = gser_msg_wait(msg);
-    Py_END_ALLOW_THREADS
+    if (release) {
+        Py_BEGIN_ALLOW_THREADS
+        st = gser_msg_wait(msg);
+        Py_END_ALLOW_THREADS
+    } else {
+        st = gser_msg_wait(msg);
+    }
     if (st) {
         pg_raise(s, st, true, "gser_msg_wait");
         return -1;

@@ -7,6 +7,8 @@ gser declines (Dask's frames, marked on the wire), a peer that does not
 speak it, and hostile parts."""
 
 import asyncio
+import collections
+import enum
 import logging
 import pickle
 
@@ -235,12 +237,14 @@ def test_error_family_as_tcp(paths, on_error):
 
 
 DECLINED = [
-    {("tuple", 0): 1, "op": "tuple keys"},
-    {"op": "set", "s": {1, 2, 3}},
     {"op": "huge int", "i": 2**70},
-    {"op": "np scalar", "f": np.float64(1.5)},
+    {"op": "huge int key", "k": {2**70: 1}},
+    {"op": "huge int in a set", "s": {2**70}},
+    {"op": "np scalar", "i": np.int64(7)},  # not an int subclass: Dask raises (2022.12) or pickles it (2026)
     {"__Set__": True, "as-list": [1, 2]},  # a dict Dask's loads acts on
-    {"op": "subclass", "x": type("D", (dict,), {})(a=1)},
+    {"op": "magic subclass", "x": collections.Counter({"__Set__": 1})},  # Dask's loads fails on it
+    {"op": "str subclass in a frozenset", "x": frozenset({type("S", (str,), {})("a")})},  # 2026: pickled as it is
+    {"op": "bytearray", "x": bytearray(b"ab")},
 ]
 
 
@@ -254,6 +258,141 @@ def test_declined_go_as_dask_frames(paths):
     assert paths.frm == sum(not isinstance(t, Exception) for t in tcp)
 
 
+def _std_msgs():
+    """Messages holding Python's standard types: what Dask's msgpack carries
+    itself (tuple dict keys, sets), and what Dask 2026.x pickles and 2022.12
+    refuses (the rest)."""
+    import datetime
+    import decimal
+    import fractions
+    import uuid
+    import zoneinfo
+
+    dt = datetime.datetime(2020, 1, 2, 3, 4, 5, 6)
+    return [
+        # Dask 2026's heartbeats and update-graph: metrics keyed by tuples
+        {"op": "heartbeat", "metrics": {("execute", "x", "thread-cpu", "seconds"): 1.5, ("a", ("b", 1)): [2, [3]]}},
+        {"op": "set", "s": {1, 2, 3}, "l": [1, [2]], "st": {(1, "a"), ("b", (2,))}, "empty": set()},
+        [{1}, {("t", 1): "v"}, ({"nested": {("k",): [1]}},)],
+        {"tags": {(2**64 - 1, 1): (2**64 - 1, "x")}, "u": [2**64 - 1, 2]},  # uint first: not a tag
+        {"fs": frozenset({1, (2, 3)}), "c": 1 + 2j, "l": [[1]]},
+        {"dt": dt, "tz": dt.replace(tzinfo=datetime.timezone(datetime.timedelta(hours=2), "X")),
+         "zi": dt.replace(tzinfo=zoneinfo.ZoneInfo("Europe/Paris")), "d": dt.date(), "t": dt.time(),
+         "td": datetime.timedelta(3, 4, 5)},
+        {"dec": decimal.Decimal("-1.25E+7"), "uuid": uuid.UUID(int=12345), "frac": fractions.Fraction(-2, 3),
+         "range": range(1, 10, 3), "slice": slice(1, [2, [3]], None), "ell": ...},
+        {"keys": {frozenset({1}): 1, (datetime.date(2020, 1, 1), 1): [2]}, "sf": {frozenset({2**70})}},
+        {"pickled exactly": slice({"__Set__": True, "as-list": [1]}, 2**70)},  # no Dask hook inside
+    ]
+
+
+# What Dask's msgpack carries in every version (no pickling, no error).
+_STD_MSGPACK = 4
+
+
+@pytest.mark.parametrize("deserialize", [True, False])
+def test_standard_types_as_tcp(paths, deserialize):
+    """Standard types inside a Dask message: the receiver gets what tcp://
+    gives it in this Dask version (tuple keys and sets as Dask's msgpack
+    gives them, lists in them as tuples; in 2026.x what Dask pickles exactly
+    as it went, in 2022.12 Dask's error), gser carrying every message Dask
+    does not refuse, never pickling."""
+    msgs = _std_msgs()
+    tcp = run(through("tcp", msgs, deserialize))
+    paths.to = paths.frm = 0
+    got = run(through("gser", msgs, deserialize))
+    for m, t, g in zip(msgs, tcp, got):
+        assert same(t, g), (m, t, g)
+    refused = sum(isinstance(t, Exception) for t in tcp)
+    assert not any(isinstance(t, Exception) for t in tcp[:_STD_MSGPACK])
+    assert refused == (0 if gser.comm._DASK_PICKLES else len(msgs) - _STD_MSGPACK)
+    assert paths.to == refused and paths.frm == 0  # only what Dask refuses took Dask's frames
+    assert type(got[0]["metrics"][("a", ("b", 1))]) is tuple and type(got[1]["s"]) is set
+
+
+def test_standard_types_never_pickled(paths, monkeypatch):
+    """What Dask 2026.x would pickle, gser carries as data: no pickle.dumps
+    or loads on either side."""
+    if not gser.comm._DASK_PICKLES:
+        pytest.skip("this Dask refuses them (tested above)")
+    import datetime
+
+    def refuse(*a, **k):
+        raise AssertionError("pickled")
+    monkeypatch.setattr(gser.comm._dask_protocol.pickle, "dumps", refuse)
+    monkeypatch.setattr(gser.comm._dask_protocol.pickle, "loads", refuse)
+    msg = {"dt": datetime.date(2020, 1, 1), "fs": frozenset({1}), "c": 1j, "l": [1]}
+    got = run(through("gser", [msg]))[0]
+    assert got == {"dt": datetime.date(2020, 1, 1), "fs": frozenset({1}), "c": 1j, "l": (1,)}
+    assert paths.to == paths.frm == 0
+
+
+@pytest.mark.parametrize("deserialize", [True, False])
+def test_standard_types_with_parts(paths, deserialize):
+    """Parts beside standard types: met again when the message is encoded
+    again as a "python.tree", serialized once, rebuilt as Dask does."""
+    calls = []
+    dumps = gser.comm._dask_protocol.dumps
+
+    def counted(*a, **k):
+        calls.append(a[0])
+        return dumps(*a, **k)
+    msg = {"op": "update", "x": to_serialize(np.arange(4)), "keys": {("x", 0): to_serialize(Opaque(1))},
+           "s": {("x", 1)}, "p": [ToPickle(Opaque(2))]}
+    tcp = run(through("tcp", [msg], deserialize, serializers=("dask", "pickle")))
+    paths.to = 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gser.comm._dask_protocol, "dumps", counted)
+        got = run(through("gser", [msg], deserialize, serializers=("dask", "pickle")))
+    assert paths.to == 0 and len(calls) == 3  # one dumps per part
+    t, g = tcp[0], got[0]
+    assert g["s"] == t["s"] == {("x", 1)} and list(g["keys"]) == [("x", 0)]
+    if deserialize:
+        assert np.array_equal(g["x"], np.arange(4)) and g["keys"][("x", 0)] == Opaque(1) and g["p"] == (Opaque(2),)
+    else:
+        assert type(g["x"]) is Serialized and type(g["keys"][("x", 0)]) is Serialized
+        assert same(t["x"], g["x"])
+
+
+class _IE(enum.IntEnum):
+    A = 1
+    BIG = 2**64 - 1
+
+
+_NT = collections.namedtuple("_NT", "a b")
+
+
+@pytest.mark.parametrize("deserialize", [True, False])
+def test_subclasses_as_base_types(paths, deserialize):
+    """What Dask's msgpack packs as its base type (it does not ask for strict
+    types) arrives as the base type through gser too: Dask 2026's heartbeats
+    carry a Counter."""
+    msgs = [
+        {"op": "heartbeat_worker", "metrics": {"task_counts": collections.Counter("aab"), ("a", 1): 2.0}},
+        {"o": collections.OrderedDict(b=1, a=[2]), "d": collections.defaultdict(list, {"x": [1]})},
+        {"nt": _NT(1, [2]), "sub": type("L", (list,), {})([1, (2,)])},
+        {"ie": _IE.A, "l": [_IE.A, 3], "s": type("S", (str,), {})("x"), "f": type("F", (float,), {})(1.5),
+         "np": np.float64(2.5)},  # a float subclass
+        {"keys": {(type("S", (str,), {})("a"), _IE.A): 1}, "big": (_IE.BIG, "x")},  # a uint first: not a tag
+    ]
+    tcp = run(through("tcp", msgs, deserialize))
+    paths.to = paths.frm = 0
+    got = run(through("gser", msgs, deserialize))
+    for m, t, g in zip(msgs, tcp, got):
+        assert same(t, g), (m, t, g)
+    assert paths.to == paths.frm == 0
+    assert type(got[0]["metrics"]["task_counts"]) is dict and type(got[3]["ie"]) is int
+
+
+def test_part_as_dict_key_declined(paths):
+    """A part as (in) a dict key is left to Dask's frames."""
+    msgs = [{"k": {(1, ToPickle(2)): 1}}]
+    tcp = run(through("tcp", msgs))
+    paths.to = 0
+    got = run(through("gser", msgs))
+    assert same(tcp[0], got[0]) and paths.to == 1
+
+
 def test_declined_after_parts_serializes_once(paths, monkeypatch):
     """A message declined after a part was met costs no serialization of it
     on gser's side (parts are serialized once the tree is built)."""
@@ -264,8 +403,8 @@ def test_declined_after_parts_serializes_once(paths, monkeypatch):
         calls.append(a[0])
         return dumps(*a, **k)
     monkeypatch.setattr(gser.comm._dask_protocol, "dumps", counted)
-    got = run(through("gser", [{"x": to_serialize(np.arange(3)), "k": {("t", 1): 1}}]))
-    assert np.array_equal(got[0]["x"], np.arange(3)) and got[0]["k"] == {("t", 1): 1}
+    got = run(through("gser", [{"x": to_serialize(np.arange(3)), "k": {("t", 1): 1}, "big": 2**70}]))
+    assert isinstance(got[0], OverflowError)  # Dask's msgpack refuses the int (after gser met the part)
     assert calls == [] and paths.to == 1
 
 

@@ -41,9 +41,10 @@ def registered():
 
 @pytest.fixture
 def spy(monkeypatch, registered):
-    """Count the calls into gser's core: the family's and the collection path's."""
+    """Count the calls into gser's core: the family's and the collection path's
+    (its one-call entry points, _gser._dask_dumps and _dask_loads)."""
     calls = {"dumps": 0, "loads": 0}
-    real_dumps, real_loads = gser.dask._gser.dumps, gser.dask._gser.loads
+    real_dumps, real_loads = gser.dask._dask_dumps, gser.dask._dask_loads
 
     def dumps(*a, **k):
         calls["dumps"] += 1
@@ -53,8 +54,8 @@ def spy(monkeypatch, registered):
         calls["loads"] += 1
         return real_loads(*a, **k)
 
-    monkeypatch.setattr(gser.dask._gser, "dumps", dumps)
-    monkeypatch.setattr(gser.dask._gser, "loads", loads)
+    monkeypatch.setattr(gser.dask, "_dask_dumps", dumps)
+    monkeypatch.setattr(gser.dask, "_dask_loads", loads)
     return calls
 
 
@@ -67,6 +68,33 @@ def test_family_contract():
     out = gser.dask.loads(header, frames)
     assert out["a"] == obj["a"] and out["c"] == obj["c"] and out["d"] is obj["d"]
     assert np.array_equal(out["b"], obj["b"]) and out["b"].flags.writeable
+
+
+def test_family_one_call_entry_points():
+    """dumps/loads go through _gser._dask_dumps/_dask_loads: the same
+    header and frames as the general dumps, errors as before."""
+    arr = np.arange(6, dtype="i4").reshape(2, 3)
+    header, frames = gser.dask.dumps(arr)
+    assert header == {"gser": 1, "compression": (None,) * len(frames)}
+    assert isinstance(frames[0], memoryview) and not frames[0].readonly  # an array's header: writable, as Dask's
+    gh, gf = gser.dumps(arr, strict=True, writable_header=True)
+    assert bytes(frames[0]) == bytes(gh) and [bytes(f) for f in frames[1:]] == [bytes(f) for f in gf]
+    out = gser.dask.loads(header, frames)
+    assert np.array_equal(out, arr) and out.flags.writeable
+    header, frames = gser.dask.dumps({"a": 1})
+    assert type(frames[0]) is bytes and header["compression"] == (None,)
+    with pytest.raises(ValueError, match="no frames"):
+        gser.dask.loads(header, [])
+    with pytest.raises(ValueError, match="header version"):
+        gser.dask.loads({"gser": 2}, frames)
+    with pytest.raises(gser.GserError):
+        gser.dask.loads(header, [b"not a gser header"])
+    with pytest.raises(TypeError):
+        gser.dask._dask_loads(None, False)
+    with pytest.raises(gser.Declined):
+        gser.dask.dumps([1] * 20 + [{"k": i} for i in range(200)])  # many small dicts: Dask's path is faster
+    with pytest.raises(NotImplementedError, match="has not loaded gser"):
+        gser.dask.dumps(1, context={"recipient": {}})
 
 
 #: Types of the user's: carried only when registered by name.

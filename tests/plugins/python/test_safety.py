@@ -461,3 +461,21 @@ def test_standard_types_hostile_fields():
             gser.loads(handmade(tree(root)), [])
         # the module reads the tree (an older one says GSER_ERR_UNSUPPORTED)
         assert "$.v" in str(e.value) and e.value.status_name == "GSER_ERR_FORMAT", str(e.value)
+
+
+def test_dask_family_loads_mutated_are_gser_errors():
+    # The Dask family's one-call loads (_gser._dask_loads): mutated headers
+    # of a message with standard types and packed lists give a value or
+    # GserError, never another exception.
+    gd = pytest.importorskip("gser.dask")
+    header, frames = gd.dumps({"std": sample()["std"], "packed": sample()["packed"]})
+    head = bytes(frames[0])
+    rng = random.Random(3939)
+    for _ in range(600 if not SANITIZED else 150):
+        m = bytearray(head)
+        for _ in range(rng.choice((1, 2, 3))):
+            m[rng.randrange(len(m))] = rng.choice((0, 1, 0x7F, 0x80, 0xFF, 0xC0, 0xC3, 0x90, rng.randrange(256)))
+        try:
+            gd.loads(header, [bytes(m), *frames[1:]])
+        except gser.GserError:
+            pass

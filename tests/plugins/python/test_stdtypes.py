@@ -448,3 +448,32 @@ def test_property_against_pickle():
             assert same(gser.dask.loads(h, f), want)
 
     check()
+
+
+def test_to_gser_runs_once_when_the_scope_restarts():
+    """A registered type met before a standard type: the scope is encoded
+    again as a "python.tree", reusing to_gser's result (a user's to_gser may
+    be costly or have effects)."""
+    class Reg:
+        def __init__(self, v):
+            self.v = v
+
+    calls = []
+
+    def to_gser(r):
+        calls.append(r.v)
+        return [r.v, {"inner": r.v}]
+
+    gser.register_type(Reg, to_gser, lambda t: Reg(t[0]), name="test.Reg.once")
+    try:
+        a, b = Reg(1), Reg(2)
+        obj = [a, {"k": b}, {3, 4}, dt.date(2020, 1, 2), a]  # a twice: one call for the one object
+        out = gser.loads(*gser.dumps(obj))
+        assert calls == [1, 2]
+        assert [type(x) for x in out] == [Reg, dict, set, dt.date, Reg] and out[0].v == 1 and out[1]["k"].v == 2
+        assert out[2] == {3, 4} and out[4].v == 1
+        calls.clear()
+        gser.loads(*gser.dumps(obj))
+        assert calls == [1, 2]  # the memo lives for one dumps only
+    finally:
+        gser.unregister_type(Reg)
