@@ -442,9 +442,6 @@ def _small(msg, budget=64) -> bool:
     return True
 
 
-_send_then = gser.ucx.Endpoint._send_then
-
-
 def _closed_error(comm, what, e=None) -> CommClosedError:
     msg = f"{what}: {comm!r}"
     if e is not None:
@@ -543,7 +540,7 @@ class GserComm(Comm):
                                                          dask_codec, codec, compressible, True)
             if encoded is not None:
                 owner, size = encoded
-                self._post(ep._send_then, owner)
+                self._post(ep._send_then, owner, True)
                 return size
         in_parts = bool(self.handshake_options.get(_PARTS_KEY) and self.allow_offload and OFFLOAD_THRESHOLD)
         frames = await to_frames(
@@ -638,15 +635,15 @@ class GserComm(Comm):
             self.abort()
             raise _closed_error(self, "write", e) from e
 
-    def _post(self, send, obj):
+    def _post(self, send, obj, then=False):
         """One send posted (send: the endpoint's send_nowait or
-        send_frames_nowait, or _send_then, whose callback takes the request:
-        a small message's path, one call less); a failure to post aborts
-        the comm."""
+        send_frames_nowait; then: it is _send_then, whose callback is
+        positional and takes the request: a small message's path, one call
+        less); a failure to post aborts the comm."""
         self._sending += 1
         try:
-            if getattr(send, "__func__", None) is _send_then:
-                send(obj, self._sent_req)
+            if then:
+                send(obj, self._sent)
             else:
                 send(obj, callback=self._sent)
         except BaseException as e:
@@ -656,15 +653,9 @@ class GserComm(Comm):
                 raise _closed_error(self, "write", e) from e
             raise
 
-    def _sent_req(self, req):
-        # _sent for _send_then (req.result() would say how it failed: the
-        # endpoint says so too).
-        self._sending -= 1
-        if self._sending == 0 and self._drained is not None and not self._drained.done():
-            self._drained.set_result(None)
-
-    def _sent(self, error):
-        # A failed send failed the endpoint: the next read or write says so.
+    def _sent(self, _):
+        # send_nowait gives the error, _send_then the request; either way a
+        # failed send failed the endpoint: the next read or write says so.
         self._sending -= 1
         if self._sending == 0 and self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
