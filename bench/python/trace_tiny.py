@@ -1,0 +1,496 @@
+#!/usr/bin/python3
+"""Where a cycle of bench_comm.py's cluster_tiny_5000 goes, per comm (issue 39).
+
+    PYTHONPATH=<build>/plugins/python /usr/bin/python3 bench/python/trace_tiny.py [--schemes gser,tcp] [--reps 2]
+
+The row's workload (LocalCluster(n_workers=2, threads_per_worker=1,
+processes=True), client.map of a tiny function over 5,000 ints, gather),
+traced: Dask is not changed, its classes are wrapped in each process
+(scheduler and client here, the workers through client.run) for the traced
+runs only, the clusters of all schemes up at once and their runs
+alternating, as in bench_comm.py. Recorded, with time.time() (one clock for
+all processes on a host; Dask's BatchedSend deadlines use it too):
+
+  - each BatchedSend.send (which stream, the ops and task keys enqueued);
+  - each comm write (call and return) and read (return), on every comm,
+    with the ops and keys of the message, so each compute-task and
+    task-finished is followed from the scheduler's enqueue to the worker's
+    read, and from the worker's enqueue to the scheduler's read;
+  - each write of a BatchedSend: its interval, whether the batch waited for
+    the deadline (its first message came before the previous write's
+    deadline) and how late after that deadline it went, or how long it
+    waited though sent at once;
+  - each task's execution (start and end in the worker's thread).
+
+Printed per scheme (median and the 10/90th percentiles over the tasks of
+all runs): the phases of a task's round (scheduler enqueue -> batch write ->
+worker read -> execution -> worker enqueue -> batch write -> scheduler read
+-> the next task's enqueue), the interval between consecutive batches to a
+worker (the cycle) and tasks per batch, where the run's time goes outside
+the cycles (submission until the first compute-task, the last task-finished
+until gather returned), and the floor that Dask's pacing gives.
+--json prints the same as one JSON object per scheme.
+"""
+
+import argparse
+import collections
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+
+N_TASKS = 5000
+
+
+# ---- runs in every process (the scheduler's and client's here, each worker's via client.run) -------------------
+
+def install():
+    """Wrap BatchedSend.send and the comms' read and write (classes: every
+    comm of the process, also those made later) and tag the process's
+    running BatchedSends. Idempotent. Records go to sys.modules["_gser_trace"]."""
+    import sys
+    import time
+    import types
+
+    mod = sys.modules.get("_gser_trace")
+    if mod is None:
+        mod = sys.modules["_gser_trace"] = types.ModuleType("_gser_trace")
+        mod.on = False
+        mod.enq, mod.writes, mod.reads, mod.execs = [], [], [], []
+        mod.bs_state = {}  # id(BatchedSend) -> deadline after its last write
+
+        def ops_of(msg):
+            if isinstance(msg, dict):
+                msg = (msg,)
+            elif not isinstance(msg, (list, tuple)):
+                return ()
+            out = []
+            for m in msg:
+                if isinstance(m, dict):
+                    k = m.get("key")
+                    out.append((m.get("op", "-"), str(k) if k is not None and not isinstance(k, (list, dict)) else None))
+            return out
+
+        from distributed.batched import BatchedSend
+        orig_send = BatchedSend.send
+
+        def send(self, *msgs):
+            if mod.on:
+                mod.enq.append((time.time(), id(self), ops_of(list(msgs))))
+            return orig_send(self, *msgs)
+        BatchedSend.send = send
+
+        orig_start = BatchedSend.start
+
+        def start(self, comm):
+            comm._gser_trace_bs = self
+            return orig_start(self, comm)
+        BatchedSend.start = start
+
+        classes = []
+        from distributed.comm.tcp import TCP
+        classes.append(TCP)
+        try:
+            from gser.comm import GserComm
+            classes.append(GserComm)
+        except Exception:
+            pass
+        for cls in classes:
+            orig_write, orig_read = cls.write, cls.read
+
+            def make(orig_write, orig_read):
+                async def write(self, msg, *a, **k):
+                    if not mod.on:
+                        return await orig_write(self, msg, *a, **k)
+                    t0 = time.time()
+                    n = await orig_write(self, msg, *a, **k)
+                    t1 = time.time()
+                    bs = getattr(self, "_gser_trace_bs", None)
+                    info = None
+                    if bs is not None and bs.comm is self:
+                        prev = mod.bs_state.get(id(bs))
+                        mod.bs_state[id(bs)] = bs.next_deadline
+                        info = (id(bs), bs.interval, prev)
+                    mod.writes.append((t0, t1, id(self), info, ops_of(msg), n))
+                    return n
+
+                async def read(self, *a, **k):
+                    msg = await orig_read(self, *a, **k)
+                    if mod.on:
+                        mod.reads.append((time.time(), id(self), ops_of(msg)))
+                    return msg
+                return write, read
+            cls.write, cls.read = make(orig_write, orig_read)
+
+    return True
+
+
+def install_worker(dask_worker):
+    """install(), and tag the worker's stream to the scheduler (started before)."""
+    install()
+    bs = dask_worker.batched_stream
+    if bs.comm is not None:
+        bs.comm._gser_trace_bs = bs
+    return True
+
+
+def install_scheduler(dask_scheduler):
+    """install(), and tag the scheduler's streams to workers and clients."""
+    install()
+    for bs in list(dask_scheduler.stream_comms.values()) + list(dask_scheduler.client_comms.values()):
+        if getattr(bs, "comm", None) is not None:
+            bs.comm._gser_trace_bs = bs
+    return True
+
+
+def switch(on):
+    import sys
+    mod = sys.modules["_gser_trace"]
+    mod.on = on
+    if on:
+        mod.enq.clear()
+        mod.writes.clear()
+        mod.reads.clear()
+        mod.execs.clear()
+        mod.bs_state.clear()
+    return True
+
+
+def collect():
+    import sys
+    mod = sys.modules["_gser_trace"]
+    return {"enq": list(mod.enq), "writes": list(mod.writes), "reads": list(mod.reads), "execs": list(mod.execs)}
+
+
+def traced_inc(x):
+    import sys
+    import time
+    t0 = time.time()
+    y = x + 1
+    mod = sys.modules.get("_gser_trace")
+    if mod is not None and mod.on:
+        mod.execs.append((x, t0, time.time()))
+    return y
+
+
+# ---- the measuring side ----------------------------------------------------------------------------------------
+
+def _scheduler_busy(dask_scheduler):
+    return len(dask_scheduler.tasks)
+
+
+def settle(clients):
+    """Wait until every cluster let go of its last run's tasks (the releases
+    after a run cascade client -> scheduler -> workers for a while; all
+    clusters' schedulers and clients share this process and its CPU), so
+    that no run is traced beside another cluster's clean-up."""
+    end = time.time() + 30
+    while time.time() < end and any(c.run_on_scheduler(_scheduler_busy) for c in clients):
+        time.sleep(0.05)
+    time.sleep(0.2)
+
+
+def one_run(client, traced):
+    t_map = time.time()
+    futures = client.map(traced_inc, range(N_TASKS), pure=False)
+    keys = [str(f.key) for f in futures]
+    assert sum(client.gather(futures)) == sum(range(1, N_TASKS + 1))
+    t_end = time.time()
+    del futures
+    return t_map, t_end, keys
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    return xs[min(len(xs) - 1, int(q * (len(xs) - 1) + 0.5))]
+
+
+def summary(xs, scale=1e3):
+    """median, p10, p90 (ms), count"""
+    if not xs:
+        return None
+    return {"median": round(statistics.median(xs) * scale, 3), "p10": round(pct(xs, 0.1) * scale, 3),
+            "p90": round(pct(xs, 0.9) * scale, 3), "mean": round(statistics.fmean(xs) * scale, 3), "n": len(xs)}
+
+
+def analyse(run, main_rec, worker_recs):
+    """Per task phases, per batch stats, from the records of one run."""
+    t_map, t_end, keys = run
+    keyset = set(keys)
+    index = {k: i for i, k in enumerate(keys)}
+    recs = [("main", main_rec)] + [(f"w{i}", r) for i, r in enumerate(worker_recs)]
+
+    # task key -> time per event
+    s_enq, s_write, w_read, w_enq, w_write, s_read, c_read = {}, {}, {}, {}, {}, {}, {}
+    execs = {}
+    slack = []
+    batches = collections.defaultdict(list)  # (proc, bs id) -> [(t0, t1, ntasks, waited_deadline, late, wait)]
+    for proc, r in recs:
+        first_enq = {}  # (bs id) -> time of the first message since its last write
+        enq_by_bs = collections.defaultdict(list)
+        for t, bs, ops in r["enq"]:
+            enq_by_bs[bs].append((t, ops))
+            for op, k in ops:
+                if k in keyset:
+                    if op == "compute-task" and proc == "main":
+                        s_enq.setdefault(k, t)
+                    elif op == "task-finished" and proc != "main":
+                        w_enq.setdefault(k, t)
+        for t0, t1, cid, info, ops, n in r["writes"]:
+            for op, k in ops:
+                if k in keyset:
+                    if op == "compute-task" and proc == "main":
+                        s_write.setdefault(k, t0)
+                    elif op == "task-finished" and proc != "main":
+                        w_write.setdefault(k, t0)
+            if info is not None:
+                bs, interval, prev_deadline = info
+                # the first enqueue of this batch: the earliest enqueue after the previous write of this bs
+                prev_writes = [b[0] for b in batches[(proc, bs)]]
+                after = prev_writes[-1] if prev_writes else 0
+                firsts = [t for t, _ in enq_by_bs[bs] if after <= t <= t0]
+                first = firsts[0] if firsts else t0
+                waited = prev_deadline is not None and first < prev_deadline
+                late = (t0 - prev_deadline) if waited else None
+                ntasks = sum(1 for op, k in ops if k in keyset and op in ("compute-task", "task-finished"))
+                if waited and proc == "main" and ntasks:
+                    # how long before the deadline the batch's last task was ready: time that a faster
+                    # chain (the comm included) could not have saved; < 0: it came in the lateness
+                    slack.append(prev_deadline - firsts[-1])
+                batches[(proc, bs)].append((t0, t1, ntasks, waited, late, t0 - first, interval, len(ops)))
+        for t, cid, ops in r["reads"]:
+            for op, k in ops:
+                if k in keyset:
+                    if op == "compute-task" and proc != "main":
+                        w_read.setdefault(k, t)
+                    elif op == "task-finished" and proc == "main":
+                        s_read.setdefault(k, t)
+                    elif op == "key-in-memory" and proc == "main":
+                        c_read.setdefault(k, t)
+        for x, t0, t1 in r["execs"]:
+            if 0 <= x < len(keys):
+                execs[keys[x]] = (t0, t1)
+
+    phases = collections.defaultdict(list)
+    for k in keys:
+        try:
+            a, b, c, (e0, e1), d, e, f = s_enq[k], s_write[k], w_read[k], execs[k], w_enq[k], w_write[k], s_read[k]
+        except KeyError:
+            continue
+        phases["1 scheduler: enqueue -> batch write (5 ms pacing)"].append(b - a)
+        phases["2 comm scheduler->worker: write call -> read returns"].append(c - b)
+        phases["3 worker: read -> execution starts"].append(e0 - c)
+        phases["4 execution"].append(e1 - e0)
+        phases["5 worker: execution ends -> task-finished enqueued"].append(d - e1)
+        phases["6 worker: enqueue -> batch write (2 ms pacing)"].append(e - d)
+        phases["7 comm worker->scheduler: write call -> read returns"].append(f - e)
+        phases["0 task round: scheduler enqueue -> scheduler read of task-finished"].append(f - a)
+    # scheduler: task-finished read -> the enqueue of a later task (transitions, stealing, ...): the next
+    # compute-task enqueued after each task-finished read
+    enq_times = sorted(s_enq.values())
+    import bisect
+    for k, t in s_read.items():
+        i = bisect.bisect_left(enq_times, t)
+        if i < len(enq_times):
+            phases["8 scheduler: task-finished read -> next compute-task enqueued"].append(enq_times[i] - t)
+
+    cycles, per_batch, late, immediate_wait = [], [], [], []
+    waited_n = immediate_n = 0
+    wbatch = []
+    for (proc, bs), bl in batches.items():
+        tasks = sum(b[2] for b in bl)
+        if proc == "main" and tasks > 0:  # a scheduler -> worker stream with the run's tasks
+            bl = [b for b in bl if b[2] > 0]
+            for prev, cur in zip(bl, bl[1:]):
+                cycles.append(cur[0] - prev[0])
+            for b in bl:
+                per_batch.append(b[2])
+                if b[3]:
+                    waited_n += 1
+                    late.append(b[4])
+                else:
+                    immediate_n += 1
+                    immediate_wait.append(b[5])
+        elif proc != "main" and tasks > 0:
+            wbatch.extend(b[2] for b in bl if b[2] > 0)
+    first_write = min(s_write.values()) if s_write else float("nan")
+    last_read = max(s_read.values()) if s_read else float("nan")
+    return {
+        "wall_s": t_end - t_map,
+        "submit_to_first_compute_task_s": first_write - t_map,
+        "first_compute_task_to_last_task_finished_s": last_read - first_write,
+        "last_task_finished_to_gather_done_s": t_end - last_read,
+        "tasks_traced": len(phases["0 task round: scheduler enqueue -> scheduler read of task-finished"]),
+        "phases": phases,
+        "cycles": cycles,
+        "tasks_per_scheduler_batch": per_batch,
+        "tasks_per_worker_batch": wbatch,
+        "scheduler_batches_waited_for_deadline": waited_n,
+        "scheduler_batches_sent_at_once": immediate_n,
+        "late_after_deadline": late,
+        "slack_before_deadline": slack,
+        "wait_when_sent_at_once": immediate_wait,
+    }
+
+
+def merge(results):
+    out = {k: [] for k in ("wall_s", "submit_to_first_compute_task_s", "first_compute_task_to_last_task_finished_s",
+                           "last_task_finished_to_gather_done_s")}
+    phases = collections.defaultdict(list)
+    cycles, per_batch, wbatch, late, imm, slack = [], [], [], [], [], []
+    waited = at_once = 0
+    for r in results:
+        for k in out:
+            out[k].append(round(r[k], 4))
+        for k, v in r["phases"].items():
+            phases[k].extend(v)
+        cycles += r["cycles"]
+        per_batch += r["tasks_per_scheduler_batch"]
+        wbatch += r["tasks_per_worker_batch"]
+        late += r["late_after_deadline"]
+        imm += r["wait_when_sent_at_once"]
+        slack += r["slack_before_deadline"]
+        waited += r["scheduler_batches_waited_for_deadline"]
+        at_once += r["scheduler_batches_sent_at_once"]
+    out["phases_ms"] = {k: summary(v) for k, v in sorted(phases.items())}
+    out["cycle_ms"] = summary(cycles)
+    out["cycle_ms_histogram"] = dict(sorted(collections.Counter(min(int(c * 1e3), 20) for c in cycles).items()))
+    out["tasks_per_scheduler_batch"] = dict(sorted(collections.Counter(per_batch).items()))
+    out["tasks_per_worker_batch"] = dict(sorted(collections.Counter(wbatch).items()))
+    out["scheduler_batches_waited_for_deadline"] = waited
+    out["scheduler_batches_sent_at_once"] = at_once
+    out["late_after_deadline_ms"] = summary(late)
+    out["wait_when_sent_at_once_ms"] = summary(imm)
+    out["slack_before_deadline_ms"] = summary(slack)
+    out["slack_under_0.5ms_share"] = round(sum(x < 0.5e-3 for x in slack) / max(1, len(slack)), 4)
+    # Dask's pacing: at most one batch per worker per 5 ms; the run's tasks per batch give the floor
+    nb = len(per_batch) / max(1, len(results))
+    out["scheduler_batches_per_run"] = round(nb, 1)
+    return out
+
+
+def timer_lateness(n=400, delay=0.005, woken=False):
+    """How late asyncio runs call_later(delay) in this process, on an
+    otherwise idle loop: the lateness every BatchedSend deadline starts
+    from, before any work. The selector rounds its timeout up to whole
+    milliseconds (epoll), counted from the loop's last wake-up: woken, the
+    loop wakes once at a random moment before the deadline (as the
+    scheduler's loop does for its other comms), which moves the rounding.
+    ms: median, p10, p90, mean."""
+    import asyncio
+    import random
+    import threading
+
+    rng = random.Random(1)
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        out = []
+        for _ in range(n):
+            fut = loop.create_future()
+            t0 = time.time()
+            loop.call_later(delay, fut.set_result, None)
+            if woken:  # by an fd (the loop's self-pipe), as a comm's read wakes it
+                threading.Timer(rng.uniform(0, delay), loop.call_soon_threadsafe, (lambda: None,)).start()
+            await fut
+            out.append(time.time() - t0 - delay)
+        return out
+    return summary(asyncio.run(go()))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--schemes", default="gser,tcp")
+    ap.add_argument("--reps", type=int, default=2, help="traced runs per scheme (default 2)")
+    ap.add_argument("--plain-reps", type=int, default=1, help="untraced runs per scheme, for the wall time (default 1)")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--dump", help="also pickle each traced run's raw records to this file (to look further)")
+    args = ap.parse_args()
+
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    import distributed
+    from distributed import Client, LocalCluster
+
+    import gser.dask  # noqa: F401
+
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("distributed"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    schemes = args.schemes.split(",")
+    print(f"# distributed {distributed.__version__}, python {sys.executable}, load {os.getloadavg()}",
+          file=sys.stderr, flush=True)
+    with contextlib.ExitStack() as stack:
+        clients = {}
+        for s in schemes:
+            cluster = stack.enter_context(LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                                       protocol=s, dashboard_address=":0"))
+            clients[s] = stack.enter_context(Client(cluster))
+        for s, c in clients.items():
+            install()
+            c.run(install_worker)
+            c.run_on_scheduler(install_scheduler)
+            one_run(c, False)  # warm-up
+        plain = {s: [] for s in schemes}
+        results = {s: [] for s in schemes}
+        raw = {s: [] for s in schemes}
+        for _ in range(args.plain_reps):
+            for s, c in clients.items():
+                settle(clients.values())
+                t0, t1, _ = one_run(c, False)
+                plain[s].append(round(t1 - t0, 3))
+        for _ in range(args.reps):
+            for s, c in clients.items():
+                settle(clients.values())
+                c.run(switch, True)
+                switch(True)
+                run = one_run(c, True)
+                switch(False)
+                c.run(switch, False)
+                main_rec = collect()
+                worker_recs = list(c.run(collect).values())
+                results[s].append(analyse(run, main_rec, worker_recs))
+                raw[s].append((run, main_rec, worker_recs))
+    if args.dump:
+        import pickle
+        with open(args.dump, "wb") as f:
+            pickle.dump(raw, f)
+    timer = {"idle": timer_lateness(), "woken once before": timer_lateness(woken=True)}
+    for s in schemes:
+        m = merge(results[s])
+        m["idle_loop_call_later_5ms_lateness_ms"] = timer
+        m["scheme"] = s
+        m["untraced_wall_s"] = plain[s]
+        m["distributed"] = distributed.__version__
+        m["load"] = [round(x, 2) for x in os.getloadavg()]
+        if args.json:
+            print(json.dumps(m), flush=True)
+        else:
+            print(f"== {s}:// (distributed {distributed.__version__}) untraced wall {plain[s]} s, traced {m['wall_s']} s")
+            for k in ("submit_to_first_compute_task_s", "first_compute_task_to_last_task_finished_s",
+                      "last_task_finished_to_gather_done_s"):
+                print(f"   {k:<45} {m[k]}")
+            print(f"   cycle (consecutive scheduler batches to a worker) ms: {m['cycle_ms']}")
+            print(f"   cycle histogram (ms floor: count): {m['cycle_ms_histogram']}")
+            print(f"   tasks per scheduler batch: {m['tasks_per_scheduler_batch']}, per worker batch: "
+                  f"{m['tasks_per_worker_batch']}, scheduler batches per run {m['scheduler_batches_per_run']}")
+            print(f"   scheduler batches: waited for the deadline {m['scheduler_batches_waited_for_deadline']} "
+                  f"(late after it, ms: {m['late_after_deadline_ms']}), sent at once "
+                  f"{m['scheduler_batches_sent_at_once']} (waited ms: {m['wait_when_sent_at_once_ms']})")
+            print(f"   scheduler batches that waited: their last task was ready this long before the deadline, ms: "
+                  f"{m['slack_before_deadline_ms']} (share under 0.5 ms: {m['slack_under_0.5ms_share']})")
+            if timer is not None:
+                print(f"   this process's event loop alone, call_later(5 ms) lateness ms: {timer}")
+            for k, v in m["phases_ms"].items():
+                print(f"   {k:<70} {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
