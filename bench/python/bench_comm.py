@@ -27,7 +27,10 @@ the two schemes round by round:
                          over 5,000 ints (pure=False) and gather, median of
                          --reps runs, in seconds: Dask's small messages
                          (scheduler <-> workers, client). Target: <= 0.9x
-                         the tcp cluster.
+                         the tcp cluster. Paced by Dask's BatchedSend
+                         (one batch per worker per 5 ms, 2 tasks each)
+                         rather than by the comm: trace_tiny.py shows
+                         where each cycle's time goes.
 
 Where Dask's own UCX comm is installed (distributed-ucxx-cu12 from PyPI:
 it runs without a GPU, host memory over UCX), ucxx:// is measured in the

@@ -408,6 +408,8 @@ def main():
     ap.add_argument("--reps", type=int, default=2, help="traced runs per scheme (default 2)")
     ap.add_argument("--plain-reps", type=int, default=1, help="untraced runs per scheme, for the wall time (default 1)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--saturation", help="distributed.scheduler.worker-saturation for a diagnostic run (e.g. inf: "
+                    "no queuing, where the comm is on the critical path); not the benchmark row's setting")
     ap.add_argument("--dump", help="also pickle each traced run's raw records to this file (to look further)")
     args = ap.parse_args()
 
@@ -424,6 +426,9 @@ def main():
         if name.startswith("distributed"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
     schemes = args.schemes.split(",")
+    if args.saturation is not None:
+        import dask
+        dask.config.set({"distributed.scheduler.worker-saturation": float(args.saturation)})
     print(f"# distributed {distributed.__version__}, python {sys.executable}, load {os.getloadavg()}",
           file=sys.stderr, flush=True)
     with contextlib.ExitStack() as stack:
