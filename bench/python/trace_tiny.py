@@ -402,6 +402,80 @@ def timer_lateness(n=400, delay=0.005, woken=False):
     return summary(asyncio.run(go()))
 
 
+def _spec_inc(x):
+    return x + 1
+
+
+def batch_check(schemes, n, reps):
+    """One scheduler batch of n compute-task messages (what the scheduler
+    sends at once without queuing; in 2026.x each run_spec a ToPickle)
+    through each comm, both ends in this process: the write's and the
+    read's times (ms, median and p10-p90 over reps), and encoding alone
+    (Dask's to_frames for tcp://, gser's whole-message encoder for gser://)."""
+    import asyncio
+
+    from distributed.comm import connect, listen
+    from distributed.comm.utils import to_frames
+    from distributed.protocol.serialize import ToPickle
+
+    try:
+        from dask._task_spec import Task  # 2026.x: the run_spec is a Task
+
+        def spec(i):
+            return Task(f"k-{i}", _spec_inc, i)
+    except ImportError:
+        def spec(i):
+            return (_spec_inc, i)
+
+    def batch():
+        return [{"op": "compute-task", "key": f"inc-{i:032x}", "run_spec": ToPickle(spec(i)), "priority": (0, i),
+                 "duration": 0.5, "who_has": {}, "nbytes": {}, "resource_restrictions": {}, "actor": False,
+                 "annotations": {}, "stimulus_id": f"compute-{i}"} for i in range(n)]
+
+    async def go():
+        import gser.comm
+        from distributed.comm.core import CommClosedError
+
+        got = asyncio.Queue()
+
+        async def handle(comm):
+            try:
+                while True:
+                    m = await comm.read()
+                    await got.put((time.perf_counter(), len(m)))
+            except CommClosedError:
+                pass
+        out = {}
+        for s in schemes:
+            lst = await listen(f"{s}://127.0.0.1:0", handle)
+            c = await connect(lst.contact_address)
+            writes, reads = [], []
+            for _ in range(reps + 1):  # the first warms up
+                msg = batch()
+                t0 = time.perf_counter()
+                await c.write(msg)
+                tw = time.perf_counter()
+                t1, k = await got.get()
+                assert k == n, k
+                writes.append(tw - t0)
+                reads.append(t1 - t0)
+            msg = batch()
+            t0 = time.perf_counter()
+            if s == "gser":
+                ep = c._ep
+                _, dask_codec = gser.comm._compression()
+                assert c._encode_msg(ep, msg, gser.comm.SERIALIZERS, "raise", dask_codec, None, False, True)
+            else:
+                await to_frames(msg, allow_offload=False, serializers=gser.comm.SERIALIZERS, on_error="raise",
+                                context={})
+            enc = time.perf_counter() - t0
+            await c.close()
+            lst.stop()
+            out[s] = {"write_ms": summary(writes[1:]), "read_ms": summary(reads[1:]), "encode_ms": round(enc * 1e3, 3)}
+        return out
+    return asyncio.run(go())
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--schemes", default="gser,tcp")
@@ -410,6 +484,8 @@ def main():
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--saturation", help="distributed.scheduler.worker-saturation for a diagnostic run (e.g. inf: "
                     "no queuing, where the comm is on the critical path); not the benchmark row's setting")
+    ap.add_argument("--batch", type=int, metavar="N", help="instead: one N-task compute-task batch through each "
+                    "comm in this process, write -> read (e.g. 2500, what --saturation inf sends at once)")
     ap.add_argument("--dump", help="also pickle each traced run's raw records to this file (to look further)")
     args = ap.parse_args()
 
@@ -426,6 +502,11 @@ def main():
         if name.startswith("distributed"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
     schemes = args.schemes.split(",")
+    if args.batch:
+        for s, row in batch_check(schemes, args.batch, max(args.reps, 5)).items():
+            row.update(scheme=s, tasks=args.batch, distributed=distributed.__version__)
+            print(json.dumps(row) if args.json else f"{s}:// one {args.batch}-task batch: {row}", flush=True)
+        return 0
     if args.saturation is not None:
         import dask
         dask.config.set({"distributed.scheduler.worker-saturation": float(args.saturation)})
