@@ -408,7 +408,8 @@ def _spec_inc(x):
 
 def batch_check(schemes, n, reps):
     """One scheduler batch of n compute-task messages (what the scheduler
-    sends at once without queuing; in 2026.x each run_spec a ToPickle)
+    sends at once without queuing), each run_spec a ToPickle as 2026.x
+    sends it (2022.12 sends bytes there; the same message is used for both)
     through each comm, both ends in this process: the write's and the
     read's times (ms, median and p10-p90 over reps), and encoding alone
     (Dask's to_frames for tcp://, gser's whole-message encoder for gser://)."""
