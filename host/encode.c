@@ -328,6 +328,12 @@ static void int_narrow(const int64_t *v, size_t n, size_t es, void *out)
             ((int32_t *)out)[i] = (int32_t)v[i];
 }
 
+/* Int arrays narrower than this many bytes as int64 stay int64 under
+ * narrow_ints: below Dask's (and gser's) smallest compressed frame there is
+ * no compression to spare, and the copy and the reader's widening cost more
+ * than the bytes saved (the family's 1,000-item rows measured it). */
+#define NARROW_MIN_BYTES GSER_COMPRESS_MIN_SIZE
+
 static gser_status_t enc_array(enc_t *e, obuf_t *pk, bool tuple, gser_kind_t kind, const void *data,
                                size_t count, size_t base)
 {
@@ -337,13 +343,12 @@ static gser_status_t enc_array(enc_t *e, obuf_t *pk, bool tuple, gser_kind_t kin
      * and nothing left for a transport's compression to find in the high
      * zero bytes (Dask compresses int64 frames ~2:1, which costs more than
      * it saves on a fast link). The items come back as int64 either way. */
-    unsigned char small[256];
-    if (kind == GSER_KIND_INT && e->narrow_ints && (es = int_width(data, count)) < 8) {
+    if (kind == GSER_KIND_INT && e->narrow_ints && count * 8 >= NARROW_MIN_BYTES &&
+        (es = int_width(data, count)) < 8) {
         code = GSER_ARRAY_INT8 + (es == 1 ? 0 : es == 2 ? 1 : 2);
-        void *narrow = small;
+        void *narrow;
         gser_msg_t *scratch;
-        if ((count * es > sizeof small || count * es >= e->inline_max) &&
-            (scratch_msg(e, &scratch) || !(narrow = gser__msg_alloc(scratch, count * es, 16))))
+        if (scratch_msg(e, &scratch) || !(narrow = gser__msg_alloc(scratch, count * es, 16)))
             return enc_fail(e, GSER_ERR_NO_MEMORY, "out of memory narrowing an int array");
         int_narrow(data, count, es, narrow);
         data = narrow;
@@ -354,7 +359,6 @@ static gser_status_t enc_array(enc_t *e, obuf_t *pk, bool tuple, gser_kind_t kin
     pk_uint8(pk, tuple ? 1 : 0);
     pk_uint8(pk, (uint8_t)code);
     pk_uint64(pk, count);
-    /* small[] is copied into the header at once: only inline data is put there */
     gser_status_t st = enc_data(e, pk, data, nbytes, GSER_MEMORY_HOST, 0, base, where, sizeof where);
     if (st == GSER_OK && e->trace)
         enc_trace(e, "%s array<%s%s> n=%zu bytes=%zu %s", tuple ? "tuple" : "list", kind_c_type[kind],

@@ -350,7 +350,7 @@ TEST_F(RoundTrip, NarrowIntsGoAsNarrowAsTheirRangeAndComeBackAsInt64)
     co.inline_max = 1; // the data in a frame, whose size says the width
     ctx_ = make_ctx(&co);
     for (const Case &c : cases) {
-        for (size_t n : {size_t(16), size_t(5000)}) {
+        for (size_t n : {size_t(1249), size_t(1250), size_t(5000)}) { // from 10,000 bytes as int64
             for (bool narrow : {false, true}) {
                 auto m = new_msg();
                 gser_value_t *l;
@@ -363,7 +363,8 @@ TEST_F(RoundTrip, NarrowIntsGoAsNarrowAsTheirRangeAndComeBackAsInt64)
                 auto back = round_trip(m.get(), &so); // equal to the original, from frames and flattened
                 ASSERT_TRUE(back) << gser_context_get_last_error(ctx());
                 ASSERT_EQ(gser_frames_get_count(frames_.get()), 2u);
-                EXPECT_EQ(gser_frames_get_array(frames_.get())[1].size, n * (narrow ? c.es : 8)) << c.v[0] << " " << n;
+                EXPECT_EQ(gser_frames_get_array(frames_.get())[1].size, n * (narrow && n >= 1250 ? c.es : 8))
+                    << c.v[0] << " " << n;
                 gser_kind_t k;
                 const void *got;
                 size_t count;
@@ -375,21 +376,6 @@ TEST_F(RoundTrip, NarrowIntsGoAsNarrowAsTheirRangeAndComeBackAsInt64)
             }
         }
     }
-    // Small arrays go inline, narrowed too: 16 int8 items are 16 bytes of header, not 128.
-    frames_.reset(); // before the context they came from
-    ctx_ = make_ctx();
-    auto m = new_msg();
-    gser_value_t *l;
-    ASSERT_EQ(gser_msg_new_list(m.get(), &l), GSER_OK);
-    for (int i = 0; i < 16; i++)
-        ASSERT_EQ(gser_list_append_int(l, -i), GSER_OK);
-    gser_msg_set_root(m.get(), l);
-    gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
-    so.narrow_ints = true;
-    ASSERT_TRUE(round_trip(m.get(), &so));
-    size_t narrow_header = gser_frames_get_array(frames_.get())[0].size;
-    ASSERT_TRUE(round_trip(m.get()));
-    EXPECT_EQ(gser_frames_get_array(frames_.get())[0].size, narrow_header + 16 * 7);
 }
 
 TEST_F(RoundTrip, TuplesStayTuplesListsStayLists)
