@@ -56,6 +56,21 @@ PyDoc_STRVAR(dumps_doc,
 
 /* owner's frames as a list, the header first (gser's own memory, writable,
  * zero-copy when writable_header; else bytes). */
+/* (a, b), taking both references (also on failure): what Py_BuildValue("(NN)")
+ * does without parsing a format string on every call. */
+static PyObject *pair_steal(PyObject *a, PyObject *b)
+{
+    PyObject *t = PyTuple_New(2);
+    if (!t) {
+        Py_DECREF(a);
+        Py_DECREF(b);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(t, 0, a);
+    PyTuple_SET_ITEM(t, 1, b);
+    return t;
+}
+
 static PyObject *dumps_frames(PgOwner *owner, bool writable_header)
 {
     size_t n = gser_frames_get_count(owner->frames);
@@ -172,7 +187,7 @@ static PyObject *py_dask_dumps(PyObject *self, PyObject *const *args, Py_ssize_t
         Py_XDECREF(list);
         return NULL;
     }
-    return Py_BuildValue("(NN)", list, comp);
+    return pair_steal(list, comp);
 }
 
 /* ---- the Dask family's entry points (gser.dask.dumps / loads) ------------------------------- */
@@ -297,7 +312,7 @@ static PyObject *py_family_dumps(PyObject *self, PyObject *const *args, Py_ssize
     }
     Py_DECREF(comp);
     s->fam_count[PG_FAM_DUMPS]++;
-    return Py_BuildValue("(NN)", header, list);
+    return pair_steal(header, list);
 }
 
 PyDoc_STRVAR(to_bytes_doc,
