@@ -398,12 +398,18 @@ static gser_status_t dec_array(mp_unit_t *u, gser_value_t *v, gser_value_t *cons
 {
     dec_t *d = u->d;
     uint64_t container, kind, count;
-    if (nf != 4 || !get_u64(f[0], &container) || container > 1 || !get_u64(f[1], &kind) ||
-        !gser__kind_is_array_elem((gser_kind_t)kind) || !get_u64(f[2], &count))
+    size_t es = 0;
+    if (nf == 4 && get_u64(f[1], &kind)) {
+        if (kind >= GSER_ARRAY_INT8 && kind <= GSER_ARRAY_INT32) /* narrow ints: 1, 2, 4 bytes */
+            es = (size_t)1 << (kind - GSER_ARRAY_INT8);
+        else if (kind <= GSER_KIND_FLOAT)
+            es = gser__scalar_kind_size((gser_kind_t)kind);
+    }
+    if (es == 0 || !get_u64(f[0], &container) || container > 1 || !get_u64(f[2], &count))
         return gser__mp_unit_fail(u, GSER_ERR_FORMAT,
-                                  "array marker needs [marker, 0|1, bool|int|uint|float kind, count, data]");
-    size_t es = gser__scalar_kind_size((gser_kind_t)kind);
-    if (count > SIZE_MAX / es)
+                                  "array marker needs [marker, 0|1, bool|int|uint|float|int8|int16|int32 kind, "
+                                  "count, data]");
+    if (count > SIZE_MAX / (kind >= GSER_ARRAY_INT8 ? 8 : es)) /* narrow ints are widened to 8 bytes */
         return gser__mp_unit_fail(u, GSER_ERR_FORMAT, "array of %llu elements is too large", (unsigned long long)count);
     size_t nbytes = (size_t)count * es;
     const void *raw, *data = NULL;
@@ -415,8 +421,30 @@ static gser_status_t dec_array(mp_unit_t *u, gser_value_t *v, gser_value_t *cons
     if (frame != SIZE_MAX && d->frames[frame].memory != GSER_MEMORY_HOST)
         return gser__mp_unit_fail(u, GSER_ERR_FRAME, "array data is in %s memory, arrays live in host memory",
                                   gser_memory_str(d->frames[frame].memory));
-    if ((st = host_aligned(d, raw, nbytes, es, &data)))
+    if (kind >= GSER_ARRAY_INT8) {
+        /* widened to the int64 items of the value model, in the message's
+         * memory (bounded by the limits' max_expansion like any other) */
+        int64_t *wide = gser__msg_alloc(d->msg, (size_t)count * 8, 16);
+        if (!wide)
+            return nomem(d);
+        const unsigned char *b = raw;
+        for (size_t i = 0; i < (size_t)count; i++) {
+            if (es == 1) {
+                wide[i] = (int8_t)b[i];
+            } else if (es == 2) {
+                int16_t x;
+                memcpy(&x, b + 2 * i, 2);
+                wide[i] = x;
+            } else {
+                int32_t x;
+                memcpy(&x, b + 4 * i, 4);
+                wide[i] = x;
+            }
+        }
+        data = wide;
+    } else if ((st = host_aligned(d, raw, nbytes, es, &data))) {
         return st;
+    }
     if (kind == GSER_KIND_BOOL) {
         const unsigned char *b = data;
         for (size_t i = 0; i < nbytes; i++)
@@ -426,15 +454,20 @@ static gser_status_t dec_array(mp_unit_t *u, gser_value_t *v, gser_value_t *cons
     /* the marker's array becomes the list, backed by the data (borrowed) */
     gser_list_t *l = v->u.list;
     *l = (gser_list_t){.mode = LIST_ARRAY,
-                       .arr_kind = (gser_kind_t)kind,
+                       .arr_kind = kind >= GSER_ARRAY_INT8 ? GSER_KIND_INT : (gser_kind_t)kind,
                        .explicit_array = true,
                        .arr_borrowed = true,
                        .len = (size_t)count,
                        .arr = (void *)data};
     v->kind = container ? GSER_KIND_TUPLE : GSER_KIND_LIST;
     if (d->trace)
-        gser__mp_unit_trace(u, "%s array<%s> n=%zu bytes=%zu %s", container ? "tuple" : "list",
-                            gser_kind_str((gser_kind_t)kind), (size_t)count, nbytes, where);
+        gser__mp_unit_trace(u, "%s array<%s%s> n=%zu bytes=%zu %s", container ? "tuple" : "list",
+                            gser_kind_str(l->arr_kind),
+                            kind == GSER_ARRAY_INT8    ? "8"
+                            : kind == GSER_ARRAY_INT16 ? "16"
+                            : kind == GSER_ARRAY_INT32 ? "32"
+                                                       : "",
+                            (size_t)count, nbytes, where);
     return GSER_OK;
 }
 

@@ -63,6 +63,10 @@ enum {
     GSER_EXT_OBJECT = 6, /* first element of [marker, type, family, version, base, n, sub-header] */
 };
 
+/* An array marker's element codes besides the kinds bool, int, uint, float:
+ * ints written narrower (int8, int16, int32), read back as int64. */
+enum { GSER_ARRAY_INT8 = 32, GSER_ARRAY_INT16 = 33, GSER_ARRAY_INT32 = 34 };
+
 /* ---- arena ------------------------------------------------------------- */
 
 typedef struct arena_chunk {

@@ -116,6 +116,15 @@ typedef struct gser_serialize_options {
      *  uncompressed: for a transport that compresses them itself as it
      *  sends them (gser::ucx's chunked route, docs/ucx.md 4.6). Since 0.2. */
     size_t compression_max_size;
+    /** false (the default): int arrays go as int64, the frame being the
+     *  list's own memory (zero-copy). true: an int array of at least
+     *  GSER_COMPRESS_MIN_SIZE bytes as int64 whose items all fit int8, int16
+     *  or int32 is written that narrow (one copy; the reader widens it back
+     *  to int64, docs/wire-format.md 4.6): fewer bytes, and no high zero
+     *  bytes for a transport's compression to spend time on (what the Python
+     *  module asks for). Readers from before this field refuse such arrays.
+     *  Since 0.2. */
+    bool narrow_ints;
 } gser_serialize_options_t;
 
 #define GSER_SERIALIZE_OPTIONS_INIT GSER_STRUCT_INIT(gser_serialize_options_t)

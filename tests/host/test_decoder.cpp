@@ -315,3 +315,58 @@ TEST(Decoder, ReusedMessagesAndFramesStartClean)
         th.join();
     EXPECT_EQ(bad.load(), 0);
 }
+
+TEST_F(DecoderValues, NarrowIntArraysAreWidenedAndCheckedLikeOthers)
+{
+    // [ext(5), container, kind, count, data] with the data inline.
+    auto array = [](uint8_t kind, uint64_t count, std::string data) {
+        return craft([=](msgpack_packer *pk) {
+            msgpack_pack_array(pk, 5);
+            msgpack_pack_ext(pk, 0, 5);
+            msgpack_pack_uint8(pk, 1); // a tuple
+            msgpack_pack_uint8(pk, kind);
+            msgpack_pack_uint64(pk, count);
+            msgpack_pack_bin_with_body(pk, data.data(), data.size());
+        });
+    };
+    // Sign-extended: 0xff is -1 in each width, little-endian.
+    struct Case {
+        uint8_t kind;
+        std::string data;
+        std::vector<int64_t> want;
+    };
+    for (const Case &c : {Case{32, std::string("\x80\xff\x7f", 3), {-128, -1, 127}},
+                          Case{33, std::string("\x00\x80\xff\xff\x01\x00", 6), {-32768, -1, 1}},
+                          Case{34, std::string("\x00\x00\x00\x80\xfe\xff\xff\xff\xff\xff\xff\x7f", 12),
+                               {INT32_MIN, -2, INT32_MAX}}}) {
+        MsgPtr back;
+        ASSERT_EQ(decode_with(ctx(), array(c.kind, 3, c.data), nullptr, &back), GSER_OK)
+            << gser_context_get_last_error(ctx());
+        gser_value_t *r = gser_msg_get_root(back.get());
+        EXPECT_EQ(gser_value_get_kind(r), GSER_KIND_TUPLE);
+        gser_kind_t k;
+        const void *got;
+        size_t count;
+        ASSERT_EQ(gser_list_get_array(r, &k, &got, &count), GSER_OK);
+        EXPECT_EQ(k, GSER_KIND_INT) << "the value model has int64 only";
+        ASSERT_EQ(count, 3u);
+        for (size_t i = 0; i < 3; i++)
+            EXPECT_EQ(static_cast<const int64_t *>(got)[i], c.want[i]) << int(c.kind) << " " << i;
+    }
+    std::string err;
+    // A byte length that is not count x the width, and codes around the new ones.
+    EXPECT_EQ(decode_crafted(ctx(), array(33, 3, std::string(5, '\0')), &err), GSER_ERR_FORMAT);
+    EXPECT_EQ(decode_crafted(ctx(), array(34, 2, std::string(16, '\0')), &err), GSER_ERR_FORMAT);
+    for (uint8_t kind : {0, 5, 31, 35, 255}) {
+        EXPECT_EQ(decode_crafted(ctx(), array(kind, 1, std::string(1, '\0')), &err), GSER_ERR_FORMAT) << int(kind);
+        EXPECT_NE(err.find("array marker needs"), std::string::npos) << err;
+    }
+    // Widening counts against max_expansion: 1,000,000 int8 items are 8 MB decoded.
+    gser_limits_t lim = GSER_LIMITS_INIT;
+    lim.max_expansion = 1;
+    std::string mb(1000000, '\x01');
+    EXPECT_EQ(decode_with(ctx(), array(32, mb.size(), mb), &lim), GSER_ERR_LIMIT_BYTES)
+        << gser_context_get_last_error(ctx());
+    lim.max_expansion = 16;
+    EXPECT_EQ(decode_with(ctx(), array(32, mb.size(), mb), &lim), GSER_OK) << gser_context_get_last_error(ctx());
+}

@@ -327,6 +327,57 @@ TEST_F(RoundTrip, ArrayThresholdIsConfigurable)
     EXPECT_EQ(gser_frames_get_count(frames.get()), 1u) << "conversion disabled";
 }
 
+TEST_F(RoundTrip, NarrowIntsGoAsNarrowAsTheirRangeAndComeBackAsInt64)
+{
+    // Each case: the items, and the element size narrow_ints writes.
+    struct Case {
+        std::vector<int64_t> v;
+        size_t es;
+    };
+    std::vector<Case> cases = {
+        {{0, 127, -128}, 1},
+        {{0, 128}, 2},
+        {{-129, 5}, 2},
+        {{32767, -32768}, 2},
+        {{32768}, 4},
+        {{-32769}, 4},
+        {{INT32_MAX, INT32_MIN}, 4},
+        {{(int64_t)INT32_MAX + 1}, 8},
+        {{(int64_t)INT32_MIN - 1}, 8},
+        {{INT64_MIN, INT64_MAX}, 8},
+    };
+    gser_context_options_t co = GSER_CONTEXT_OPTIONS_INIT;
+    co.inline_max = 1; // the data in a frame, whose size says the width
+    ctx_ = make_ctx(&co);
+    for (const Case &c : cases) {
+        for (size_t n : {size_t(1249), size_t(1250), size_t(5000)}) { // from 10,000 bytes as int64
+            for (bool narrow : {false, true}) {
+                auto m = new_msg();
+                gser_value_t *l;
+                ASSERT_EQ(gser_msg_new_list(m.get(), &l), GSER_OK);
+                for (size_t i = 0; i < n; i++)
+                    ASSERT_EQ(gser_list_append_int(l, c.v[i % c.v.size()]), GSER_OK);
+                gser_msg_set_root(m.get(), l);
+                gser_serialize_options_t so = GSER_SERIALIZE_OPTIONS_INIT;
+                so.narrow_ints = narrow;
+                auto back = round_trip(m.get(), &so); // equal to the original, from frames and flattened
+                ASSERT_TRUE(back) << gser_context_get_last_error(ctx());
+                ASSERT_EQ(gser_frames_get_count(frames_.get()), 2u);
+                EXPECT_EQ(gser_frames_get_array(frames_.get())[1].size, n * (narrow && n >= 1250 ? c.es : 8))
+                    << c.v[0] << " " << n;
+                gser_kind_t k;
+                const void *got;
+                size_t count;
+                ASSERT_EQ(gser_list_get_array(gser_msg_get_root(back.get()), &k, &got, &count), GSER_OK);
+                EXPECT_EQ(k, GSER_KIND_INT);
+                ASSERT_EQ(count, n);
+                for (size_t i = 0; i < n; i++)
+                    ASSERT_EQ(static_cast<const int64_t *>(got)[i], c.v[i % c.v.size()]) << i;
+            }
+        }
+    }
+}
+
 TEST_F(RoundTrip, TuplesStayTuplesListsStayLists)
 {
     auto m = new_msg();

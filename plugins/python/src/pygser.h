@@ -105,6 +105,11 @@ typedef struct pg_state {
     PyObject *np_dtype_to_descr; /* numpy.lib.format.dtype_to_descr, for typed arrays (encode.c) */
     /* The standard library's data types ("python.tree", stdtypes.c). */
     pg_std_t std;
+    /* The Dask family's entry points (gser.dask.dumps / loads, module.c):
+     * its families, header and context keys, and what it did (dumps,
+     * declined, refused, loads), which gser.dask.stats() adds up. */
+    PyObject *fam_host, *fam_device_host, *str_gser, *str_compression, *str_recipient, *str_gser_device;
+    unsigned long long fam_count[4];
 } pg_state_t;
 
 /* The state of module m (an instance of gser._gser). */

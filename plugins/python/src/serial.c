@@ -167,6 +167,7 @@ PgOwner *pg_serialize(pg_state_t *s, PyObject *obj, PyObject *families, const pg
     so.compression = compression;
     so.compression_threshold = eo->compression_threshold;
     so.compression_chunk_size = eo->compression_chunk_size;
+    so.narrow_ints = true; /* a list's ints are copied out of their boxes anyway */
     if (fam.n) {
         so.families = fam.names;
         so.nfamilies = fam.n;
@@ -222,6 +223,7 @@ int pg_serialize_flat(pg_state_t *s, PyObject *obj, PyObject *families, int code
         so.compression = codec;
         so.compression_threshold = eo->compression_threshold;
         so.compression_chunk_size = eo->compression_chunk_size;
+        so.narrow_ints = true; /* a list's ints are copied out of their boxes anyway */
         if (fam.n) {
             so.families = fam.names;
             so.nfamilies = fam.n;

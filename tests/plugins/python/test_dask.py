@@ -41,17 +41,24 @@ def registered():
 
 @pytest.fixture
 def spy(monkeypatch, registered):
-    """Count the calls into gser's core: the family's and the collection path's
-    (its one-call entry points, _gser._dask_dumps and _dask_loads)."""
-    calls = {"dumps": 0, "loads": 0}
+    """Count the calls into gser's core: the collection path's (its one-call
+    entry points, _gser._dask_dumps and _dask_loads) and the family's (C
+    functions that count themselves: _gser._family_stats)."""
+    base = gser._gser._family_stats()
+
+    class Calls(dict):
+        def __getitem__(self, key):
+            return dict.__getitem__(self, key) + gser._gser._family_stats()[key] - base[key]
+
+    calls = Calls(dumps=0, loads=0)
     real_dumps, real_loads = gser.dask._dask_dumps, gser.dask._dask_loads
 
     def dumps(*a, **k):
-        calls["dumps"] += 1
+        dict.__setitem__(calls, "dumps", dict.__getitem__(calls, "dumps") + 1)
         return real_dumps(*a, **k)
 
     def loads(*a, **k):
-        calls["loads"] += 1
+        dict.__setitem__(calls, "loads", dict.__getitem__(calls, "loads") + 1)
         return real_loads(*a, **k)
 
     monkeypatch.setattr(gser.dask, "_dask_dumps", dumps)

@@ -479,3 +479,36 @@ def test_dask_family_loads_mutated_are_gser_errors():
             gd.loads(header, [bytes(m), *frames[1:]])
         except gser.GserError:
             pass
+
+
+def test_dask_msg_seed_mutated_are_gser_errors():
+    # The fuzz seed of a "dask.msg" holding a "python.tree" (with a set, a
+    # datetime, tuple keys, a narrow int array and a "dask.part"): read by
+    # anything but a Dask comm it is refused, naming the type; mutated, it
+    # gives a value or GserError, never another exception.
+    corpus = os.path.join(os.path.dirname(__file__), "..", "..", "fuzz", "corpus")
+    seed = open(os.path.join(corpus, "dask-msg-python-tree.gser"), "rb").read()
+    with pytest.raises(gser.GserError, match='"dask.msg" object: a Dask message, to a receiver that is not a Dask comm'):
+        gser.from_bytes(seed)
+    # Its "python.tree" alone (the dask.msg marker cut off) reads up to the
+    # "dask.part", which is refused outside a "dask.msg".
+    head = seed[24:24 + int.from_bytes(seed[16:24], "little")]
+    top = msgpack.unpackb(head, raw=False, strict_map_key=False, use_list=True)
+    tree = msgpack.unpackb(top[2][6], raw=False, strict_map_key=False, use_list=True)
+    inner = msgpack.unpackb(tree[6], raw=False, strict_map_key=False, use_list=True)
+    with pytest.raises(gser.GserError, match="dask.part"):
+        gser.loads(b"\x94\xd6\x01GSER\x02" + msgpack.packb(tree, use_bin_type=True) + b"\x90", [])
+    del inner["data"]
+    tree[6] = msgpack.packb(inner, use_bin_type=True)
+    out = gser.loads(b"\x94\xd6\x01GSER\x02" + msgpack.packb(tree, use_bin_type=True) + b"\x90", [])
+    assert out["s"] == {1, 2, 3} and out["keys"] == {("x", 0): 1, ("x", 1): 2} and out["key"] == ("inc", 1)
+    assert out["ints"] == list(range(-20, 20)) and all(type(i) is int for i in out["ints"])
+    rng = random.Random(3940)
+    for _ in range(1000 if not SANITIZED else 200):
+        m = bytearray(seed)
+        for _ in range(rng.choice((1, 1, 2, 3))):
+            m[24 + rng.randrange(len(m) - 24)] = rng.choice((0, 1, 0x7F, 0x80, 0xFF, 0xC0, 0xC3, 0x90, rng.randrange(256)))
+        try:
+            gser.from_bytes(bytes(m))
+        except gser.GserError:
+            pass

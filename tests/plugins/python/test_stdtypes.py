@@ -477,3 +477,21 @@ def test_to_gser_runs_once_when_the_scope_restarts():
         assert calls == [1, 2]  # the memo lives for one dumps only
     finally:
         gser.unregister_type(Reg)
+
+
+@pytest.mark.parametrize("lo, hi, width", [(-128, 128, 1), (0, 20_000, 2), (-32_768, 32_768, 2),
+                                           (200_000, 220_000, 4), (-2**31, -2**31 + 20_000, 4),
+                                           (2**31, 2**31 + 20_000, 8), (-2**63, -2**63 + 20_000, 8)])
+def test_int_lists_go_as_narrow_as_their_range(lo, hi, width):
+    # A list of 1,250 ints or more is an array of the narrowest int that
+    # holds them all (wire-format 4.6): its frame is width bytes an item,
+    # and it comes back as the same Python ints (not numpy scalars), in a
+    # list or a tuple. Shorter ones stay int64.
+    gd = pytest.importorskip("gser.dask")
+    items = list(range(lo, hi)) * (1 + 1250 // (hi - lo))
+    for x, w in ((items, width), (tuple(reversed(items)), width), (items[:1249], 8)):
+        header, frames = gd.dumps({"x": x})
+        assert [memoryview(f).nbytes for f in frames[1:]] == [len(x) * w]
+        out = gd.loads(header, frames)["x"]
+        assert type(out) is type(x) and out == x and {type(i) for i in out} == {int}
+        assert gser.loads(*gser.dumps(x)) == x and gser.from_bytes(gser.to_bytes(x)) == x
