@@ -182,6 +182,7 @@ typedef struct gux_link_model {
         double fix;
         unsigned runs;  /* measurements folded into fix */
         bool tried;     /* sent once to learn fix (explore) */
+        bool cold_fix;  /* fix is a cold run's bound (link.c): a warm run replaces it */
     } codec[2];
 } gux_link_model_t;
 
@@ -214,6 +215,7 @@ typedef struct gux_link {
     bool decided;          /* ... once there is one */
     double estimate[3];
     uint64_t decisions, samples, rate_samples, probes, runs, explores;
+    uint64_t cold_runs; /* cold runs that bounded a codec's fix */
 } gux_link_t;
 
 /* What a worker learnt of the links to a peer host, for its next

@@ -68,6 +68,15 @@
 #define GUX_LINK_EXPLORE 1.6
 /* ... if it shrinks the data at least this much (gser's own threshold) */
 #define GUX_LINK_EXPLORE_RATIO 0.9
+/* An endpoint's first compressed message is cold: it took up to this many
+ * times what the same codec's next messages took (BENCHMARKS.md,
+ * 2026-12-05: zstd 0.26 s then 0.15 at 1 Gbit/s; lz4 0.43 s then 0.20). So
+ * its run bounds the codec's fix: a codec faster than modelled even cold
+ * is at least that fast (its fix is the cold one, until a warm run), and
+ * one slower than this many times the model even cold is at least that
+ * many times slower warm (its fix is the cold one over this); in between
+ * the cold run says nothing a warm one would not (tried again). */
+#define GUX_LINK_COLD_MAX 2.5
 
 enum { SAMPLE_PIECE = GSER_COMPRESS_SAMPLE_SIZE, SAMPLE_PIECES = GSER_COMPRESS_NSAMPLES };
 
@@ -183,24 +192,45 @@ void gux_link_add_fix(gux_link_t *l, int codec, double real, double est)
     double f = real / est;
     f = f < GUX_LINK_FIX_MIN ? GUX_LINK_FIX_MIN : f > GUX_LINK_FIX_MAX ? GUX_LINK_FIX_MAX : f;
     double *fix = &l->m.codec[i].fix;
-    *fix = *fix > 0 ? (1 - GUX_LINK_FIX_ALPHA) * *fix + GUX_LINK_FIX_ALPHA * f : f;
+    /* a warm run replaces what a cold one bounded */
+    *fix = *fix > 0 && !l->m.codec[i].cold_fix ? (1 - GUX_LINK_FIX_ALPHA) * *fix + GUX_LINK_FIX_ALPHA * f : f;
+    l->m.codec[i].cold_fix = false;
     l->m.codec[i].runs++;
     l->runs++;
+}
+
+/* What codec i's cold run (real s, where the model said est) bounds
+ * (GUX_LINK_COLD_MAX): its fix where it tells, else nothing, and a codec
+ * tried in it is tried again. A fix a warm run set stays. */
+static void cold_bound(gux_link_t *l, int i, double real, double est, bool tried)
+{
+    double f = est > 0 ? real / est : 0;
+    bool warm_fix = l->m.codec[i].fix > 0 && !l->m.codec[i].cold_fix;
+    if (!(f > 0) || !isfinite(f) || warm_fix || (f >= 1 && f <= GUX_LINK_COLD_MAX)) {
+        if (tried && !warm_fix)
+            l->m.codec[i].tried = false;
+        return;
+    }
+    f = f < 1 ? f : f / GUX_LINK_COLD_MAX;
+    l->m.codec[i].fix = f < GUX_LINK_FIX_MIN ? GUX_LINK_FIX_MIN : f > GUX_LINK_FIX_MAX ? GUX_LINK_FIX_MAX : f;
+    l->m.codec[i].cold_fix = true;
+    l->cold_runs++;
 }
 
 /* The open run measured: from its first decision to its last completion.
  * An endpoint's first compressed message is cold, as its first raw one is
  * (buffers, threads and pages its compression path touches for the first
- * time: at 1 Gbit/s zstd's took 0.26 s where later ones took 0.15): not
- * measured, and a codec tried in it is tried again. */
+ * time: at 1 Gbit/s zstd's took 0.26 s where later ones took 0.15): it
+ * only bounds the codec's fix (cold_bound). */
 static void run_close(gux_link_t *l)
 {
     if (l->run.last_done > l->run.start && l->run.raw >= GUX_LINK_RUN_BYTES) {
         int i = codec_index(l->run.codec);
+        double real = (l->run.last_done - l->run.start) / 1e3;
         if (l->warm)
-            gux_link_add_fix(l, l->run.codec, (l->run.last_done - l->run.start) / 1e3, l->run.est);
-        else if (l->run.tried && i >= 0)
-            l->m.codec[i].tried = false;
+            gux_link_add_fix(l, l->run.codec, real, l->run.est);
+        else if (i >= 0)
+            cold_bound(l, i, real, l->run.est, l->run.tried);
         l->warm = true;
     }
     l->run.open = false;
