@@ -594,6 +594,39 @@ TEST(Link, CloseCodecTriedOnceAndColdRateProbedOnce)
     EXPECT_EQ(fast.stats().explores, 0u);
 }
 
+// A connection's first measured period whose sends after the first
+// completion went more than 1.5 times faster than the whole waited at its
+// start (the receiver's first receive, slow start): their rate is the
+// link's. On a slow link the sockets' buffers make the rest look faster,
+// but not that much: the whole period's rate stands.
+TEST(LinkModel, FirstRateSkipsAColdStart)
+{
+    const double col = 22.4e6; // a 64 MiB message's three columns
+    gux_link_t cold{};
+    for (int i = 0; i < 3; i++)
+        gux_link_posted(&cold, 0, true);
+    gux_link_done(&cold, (size_t)col, 200);
+    gux_link_done(&cold, (size_t)col, 215);
+    gux_link_done(&cold, (size_t)col, 230);
+    EXPECT_NEAR(cold.m.rate, 2 * col / 0.030, 1e3); // 1.49 GB/s, not 0.29 over the whole
+    EXPECT_TRUE(cold.m.cold);
+    gux_link_t slow{}; // measured at 1 Gbit/s
+    for (int i = 0; i < 3; i++)
+        gux_link_posted(&slow, 0, true);
+    gux_link_done(&slow, (size_t)col, 238);
+    gux_link_done(&slow, (size_t)col, 272);
+    gux_link_done(&slow, (size_t)col, 541);
+    EXPECT_NEAR(slow.m.rate, 3 * col / 0.541, 1e3);
+    // later periods are whole ones
+    for (int i = 0; i < 3; i++)
+        gux_link_posted(&cold, 1000, true);
+    gux_link_done(&cold, (size_t)col, 1200);
+    gux_link_done(&cold, (size_t)col, 1215);
+    gux_link_done(&cold, (size_t)col, 1230);
+    EXPECT_NEAR(cold.m.rate, 3 * col / 0.230, 1e3);
+    EXPECT_FALSE(cold.m.cold);
+}
+
 // The first measurement of a link is taken as it is and replaced by the
 // next (a connection's first message is slow); later ones are averaged.
 TEST(LinkModel, ColdRateIsReplaced)
