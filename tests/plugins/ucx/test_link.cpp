@@ -627,6 +627,45 @@ TEST(LinkModel, FirstRateSkipsAColdStart)
     EXPECT_FALSE(cold.m.cold);
 }
 
+// A chosen codec whose messages went as fast as modelled or faster (its
+// fix 1 or less, from a warm run or a cold run's bound) is not left for a
+// try of the other; one that went slower than modelled is.
+TEST(Link, NoTryWhileTheChoiceDeliversAsModelled)
+{
+    auto b = runs(8u << 20);
+    gux_link_model_t m = model(60e6); // lz4 the model's choice, zstd close to it
+    double t[3];
+    ASSERT_EQ(gux_link_choose(&m, 8u << 20, 4u << 20, GUX_CODECS, t), GSER_COMPRESSION_LZ4);
+    ASSERT_LT(t[2], 1.6 * t[1]);
+    for (double fix : {0.9, 1.0}) {
+        SCOPED_TRACE("fix " + std::to_string(fix));
+        LinkPair lp;
+        ASSERT_NO_FATAL_FAILURE(lp.open(GSER_UCX_COMPRESSION_AUTO));
+        lp.set_rate(1e12);
+        EXPECT_EQ(choose(lp, b), GSER_COMPRESSION_NONE); // decided once: sampled
+        gux_link_model_t k = m;
+        k.codec[0].fix = fix;
+        k.codec[0].runs = 1;
+        inject(lp, k);
+        for (int i = 0; i < 3; i++)
+            EXPECT_EQ(choose(lp, b), GSER_COMPRESSION_LZ4);
+        EXPECT_EQ(lp.stats().explores, 0u);
+    }
+    // slower than modelled, still the choice: zstd is tried once
+    LinkPair lp;
+    ASSERT_NO_FATAL_FAILURE(lp.open(GSER_UCX_COMPRESSION_AUTO));
+    lp.set_rate(1e12);
+    EXPECT_EQ(choose(lp, b), GSER_COMPRESSION_NONE);
+    gux_link_model_t k = m;
+    k.codec[0].fix = 1 + (t[2] / t[1] - 1) / 2;
+    k.codec[0].runs = 1;
+    ASSERT_EQ(gux_link_choose(&k, 8u << 20, 4u << 20, GUX_CODECS, nullptr), GSER_COMPRESSION_LZ4);
+    inject(lp, k);
+    EXPECT_EQ(choose(lp, b), GSER_COMPRESSION_ZSTD);
+    EXPECT_EQ(choose(lp, b), GSER_COMPRESSION_LZ4);
+    EXPECT_EQ(lp.stats().explores, 1u);
+}
+
 // The first measurement of a link is taken as it is and replaced by the
 // next (a connection's first message is slow); later ones are averaged.
 TEST(LinkModel, ColdRateIsReplaced)
