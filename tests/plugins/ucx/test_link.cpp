@@ -85,6 +85,19 @@ TEST(LinkModel, DataThatDoesNotShrinkGoesRaw)
     m.codec[0].ratio = 1;
     m.codec[1].ratio = 1;
     EXPECT_EQ(gux_link_choose(&m, k64M, 4 << 20, GUX_CODECS, nullptr), GSER_COMPRESSION_NONE);
+    // shrinking, but not to gser's threshold (0.9: the serializer and the
+    // chunks would send it as it is), on a link where the model would
+    // still have it pay: raw
+    m = model(125e6);
+    m.codec[0].ratio = 1;
+    m.codec[1] = {true, 0.94, 1 / 2e9, 1 / 4e9, 0, 0, false, false}; // random float64 under zstd
+    gux_link_model_t pays = m;
+    pays.codec[1].ratio = 0.9;
+    double t[3];
+    ASSERT_EQ(gux_link_choose(&pays, k64M, 4 << 20, GUX_CODECS, t), GSER_COMPRESSION_ZSTD);
+    ASSERT_LT(gux_link_time(&m, GSER_COMPRESSION_ZSTD, k64M, 4 << 20), 0.97 * t[0]);
+    EXPECT_EQ(gux_link_choose(&m, k64M, 4 << 20, GUX_CODECS, t), GSER_COMPRESSION_NONE);
+    EXPECT_EQ(t[2], 0);
 }
 
 // At 1 Gbit/s lz4 compressing to half loses whole (5 + 4 + 1.5 ns a byte,
