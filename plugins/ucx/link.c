@@ -312,7 +312,7 @@ void gux_link_at_once(gux_link_t *l, size_t len, double now_ms, bool ok)
 
 /* The rate of a connection's first measured period (rate: over all of it).
  * Its start may wait on the receiver's first receive and TCP's slow start
- * (at 10 Gbit/s and on the unshaped veth, first messages measured 0.21-
+ * (at 10 Gbit/s and on the unshaped veth, first messages measured 0.19-
  * 0.46 GB/s where later ones moved 1.2-1.5): where its sends after the
  * first completion went more than GUX_LINK_FIRST_FAST times faster than
  * the whole, the start waited, and their rate is the link's. A slow link
