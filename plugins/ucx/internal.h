@@ -182,6 +182,7 @@ typedef struct gux_link_model {
         double fix;
         unsigned runs;  /* measurements folded into fix */
         bool tried;     /* sent once to learn fix (explore) */
+        bool cold_fix;  /* fix is a cold run's bound (link.c): a warm run replaces it */
     } codec[2];
 } gux_link_model_t;
 
@@ -194,6 +195,8 @@ typedef struct gux_link {
     double win_bytes;      /* bytes completed in the current window */
     double win_ms;         /* busy ms in it */
     int win_kind;          /* its sends: 0 none yet, 1 raw, 2 compressed, 3 both (not counted) */
+    double win_first_ms;   /* its first completion (0: none yet) ... */
+    double win_first_bytes; /* ... and the bytes completed with it */
     /* A codec run: compressed messages with one codec, from the first's
      * decision to the last timed completion, against the model's time for
      * them (uncorrected), to learn that codec's fix. */
@@ -214,6 +217,7 @@ typedef struct gux_link {
     bool decided;          /* ... once there is one */
     double estimate[3];
     uint64_t decisions, samples, rate_samples, probes, runs, explores;
+    uint64_t cold_runs; /* cold runs that bounded a codec's fix */
 } gux_link_t;
 
 /* What a worker learnt of the links to a peer host, for its next

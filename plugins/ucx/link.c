@@ -29,6 +29,8 @@
 #define GUX_LINK_WIN_BYTES ((double)(8u << 20))
 /* Before any measurement, a busy period of this much is measured. */
 #define GUX_LINK_FIRST_BYTES ((double)(1u << 20))
+/* (first_rate) */
+#define GUX_LINK_FIRST_FAST 1.5
 /* Weight of a new rate measurement: a link that gets busy shows within a
  * few windows. */
 #define GUX_LINK_RATE_ALPHA 0.3
@@ -68,6 +70,15 @@
 #define GUX_LINK_EXPLORE 1.6
 /* ... if it shrinks the data at least this much (gser's own threshold) */
 #define GUX_LINK_EXPLORE_RATIO 0.9
+/* An endpoint's first compressed message is cold: it took up to this many
+ * times what the same codec's next messages took (BENCHMARKS.md,
+ * 2026-12-05: zstd 0.26 s then 0.15 at 1 Gbit/s; lz4 0.43 s then 0.20). So
+ * its run bounds the codec's fix: a codec faster than modelled even cold
+ * is at least that fast (its fix is the cold one, until a warm run), and
+ * one slower than this many times the model even cold is at least that
+ * many times slower warm (its fix is the cold one over this); in between
+ * the cold run says nothing a warm one would not (tried again). */
+#define GUX_LINK_COLD_MAX 2.5
 
 enum { SAMPLE_PIECE = GSER_COMPRESS_SAMPLE_SIZE, SAMPLE_PIECES = GSER_COMPRESS_NSAMPLES };
 
@@ -120,8 +131,15 @@ int gux_link_choose(const gux_link_model_t *m, size_t bytes, size_t chunk, uint3
     static const int codecs[2] = {GSER_COMPRESSION_LZ4, GSER_COMPRESSION_ZSTD};
     static const uint32_t bits[2] = {GSER_UCX_CAP_LZ4, GSER_UCX_CAP_ZSTD};
     double t[3] = {gux_link_time(m, GSER_COMPRESSION_NONE, bytes, chunk), 0, 0};
+    /* Data a codec does not shrink to gser's threshold is not compressed
+     * (the serializer and the chunk pipeline send it as it is): that
+     * codec would only add its sampling and the parts path (random
+     * float64, zstd's sample at 0.94: modelled 6 % faster than raw at 1
+     * Gbit/s, went 6 % slower). */
     for (int i = 0; i < 2; i++)
-        t[i + 1] = (allowed & bits[i]) ? gux_link_time(m, codecs[i], bytes, chunk) : 0;
+        t[i + 1] = (allowed & bits[i]) && m->codec[i].ratio <= GSER_COMPRESS_THRESHOLD
+                       ? gux_link_time(m, codecs[i], bytes, chunk)
+                       : 0;
     if (times)
         memcpy(times, t, sizeof t);
     if (t[0] < 0) /* the link is not measured yet: raw, which measures it */
@@ -183,24 +201,45 @@ void gux_link_add_fix(gux_link_t *l, int codec, double real, double est)
     double f = real / est;
     f = f < GUX_LINK_FIX_MIN ? GUX_LINK_FIX_MIN : f > GUX_LINK_FIX_MAX ? GUX_LINK_FIX_MAX : f;
     double *fix = &l->m.codec[i].fix;
-    *fix = *fix > 0 ? (1 - GUX_LINK_FIX_ALPHA) * *fix + GUX_LINK_FIX_ALPHA * f : f;
+    /* a warm run replaces what a cold one bounded */
+    *fix = *fix > 0 && !l->m.codec[i].cold_fix ? (1 - GUX_LINK_FIX_ALPHA) * *fix + GUX_LINK_FIX_ALPHA * f : f;
+    l->m.codec[i].cold_fix = false;
     l->m.codec[i].runs++;
     l->runs++;
+}
+
+/* What codec i's cold run (real s, where the model said est) bounds
+ * (GUX_LINK_COLD_MAX): its fix where it tells, else nothing, and a codec
+ * tried in it is tried again. A fix a warm run set stays. */
+static void cold_bound(gux_link_t *l, int i, double real, double est, bool tried)
+{
+    double f = est > 0 ? real / est : 0;
+    bool warm_fix = l->m.codec[i].fix > 0 && !l->m.codec[i].cold_fix;
+    if (!(f > 0) || !isfinite(f) || warm_fix || (f >= 1 && f <= GUX_LINK_COLD_MAX)) {
+        if (tried && !warm_fix)
+            l->m.codec[i].tried = false;
+        return;
+    }
+    f = f < 1 ? f : f / GUX_LINK_COLD_MAX;
+    l->m.codec[i].fix = f < GUX_LINK_FIX_MIN ? GUX_LINK_FIX_MIN : f > GUX_LINK_FIX_MAX ? GUX_LINK_FIX_MAX : f;
+    l->m.codec[i].cold_fix = true;
+    l->cold_runs++;
 }
 
 /* The open run measured: from its first decision to its last completion.
  * An endpoint's first compressed message is cold, as its first raw one is
  * (buffers, threads and pages its compression path touches for the first
- * time: at 1 Gbit/s zstd's took 0.26 s where later ones took 0.15): not
- * measured, and a codec tried in it is tried again. */
+ * time: at 1 Gbit/s zstd's took 0.26 s where later ones took 0.15): it
+ * only bounds the codec's fix (cold_bound). */
 static void run_close(gux_link_t *l)
 {
     if (l->run.last_done > l->run.start && l->run.raw >= GUX_LINK_RUN_BYTES) {
         int i = codec_index(l->run.codec);
+        double real = (l->run.last_done - l->run.start) / 1e3;
         if (l->warm)
-            gux_link_add_fix(l, l->run.codec, (l->run.last_done - l->run.start) / 1e3, l->run.est);
-        else if (l->run.tried && i >= 0)
-            l->m.codec[i].tried = false;
+            gux_link_add_fix(l, l->run.codec, real, l->run.est);
+        else if (i >= 0)
+            cold_bound(l, i, real, l->run.est, l->run.tried);
         l->warm = true;
     }
     l->run.open = false;
@@ -271,12 +310,34 @@ void gux_link_at_once(gux_link_t *l, size_t len, double now_ms, bool ok)
         run_done(l, len, now_ms);
 }
 
+/* The rate of a connection's first measured period (rate: over all of it).
+ * Its start may wait on the receiver's first receive and TCP's slow start
+ * (at 10 Gbit/s and on the unshaped veth, first messages measured 0.19-
+ * 0.46 GB/s where later ones moved 1.2-1.5): where its sends after the
+ * first completion went more than GUX_LINK_FIRST_FAST times faster than
+ * the whole, the start waited, and their rate is the link's. A slow link
+ * does not trip it: the sockets' buffers make the rest look faster, but
+ * not that much (the three 22 MB sends of a 64 MiB message at 1 Gbit/s
+ * completed 238, 272 and 541 ms after posting: 148 MB/s after the first,
+ * 124 over the whole). */
+static double first_rate(const gux_link_t *l, double rate, double now_ms)
+{
+    double b = l->win_bytes - l->win_first_bytes, ms = now_ms - l->win_first_ms;
+    if (l->win_first_ms > 0 && b >= GUX_LINK_FIRST_BYTES && ms > 0 && b / (ms / 1e3) > GUX_LINK_FIRST_FAST * rate)
+        return b / (ms / 1e3);
+    return rate;
+}
+
 void gux_link_done(gux_link_t *l, size_t len, double now_ms)
 {
     if (l->inflight)
         l->inflight--;
     run_done(l, len, now_ms);
     l->win_bytes += (double)len;
+    if (!(l->win_first_ms > 0)) {
+        l->win_first_ms = now_ms;
+        l->win_first_bytes = l->win_bytes;
+    }
     double busy = now_ms - l->busy_since;
     if (l->inflight && busy < GUX_LINK_WIN_MS)
         return;
@@ -291,13 +352,18 @@ void gux_link_done(gux_link_t *l, size_t len, double now_ms)
      * buffer-full), unless nothing is measured yet. */
     bool first = !(l->m.rate > 0) && !l->inflight && l->win_bytes >= GUX_LINK_FIRST_BYTES;
     if ((l->win_bytes >= GUX_LINK_WIN_BYTES || first) && l->win_ms > 0) {
+        double rate = l->win_bytes / (l->win_ms / 1e3);
+        if (!(l->m.rate > 0))
+            rate = first_rate(l, rate, now_ms);
         if (l->win_kind == 1 || l->win_kind == 2) /* raw and compressed mixed: neither's rate */
-            gux_link_add_rate(l, l->win_bytes / (l->win_ms / 1e3), l->win_kind == 1);
+            gux_link_add_rate(l, rate, l->win_kind == 1);
     } else if (l->inflight) {
         return; /* the period goes on: the window stays open */
     }
     l->win_bytes = 0;
     l->win_ms = 0;
+    l->win_first_ms = 0;
+    l->win_first_bytes = 0;
     l->win_kind = l->inflight ? l->win_kind : 0;
 }
 
@@ -492,7 +558,15 @@ gser_status_t gser_ucx_ep_choose_compression(gser_ucx_ep_t *ep, const gser_frame
         l->probed_at = now;
     bool explore = false;
     double chosen_t = l->estimate[codec == GSER_COMPRESSION_LZ4 ? 1 : codec == GSER_COMPRESSION_ZSTD ? 2 : 0];
-    for (int i = 0; i < 2 && codec != GSER_COMPRESSION_NONE && chosen_t > 0; i++) {
+    /* A chosen codec whose messages went as fast as modelled or faster
+     * (a warm run's fix, or a cold run's bound, of 1 or less) has nothing
+     * to be told apart from: the other is not tried (at 1 Gbit/s lz4's
+     * try, after zstd's cold run bounded its fix at 0.94, took 0.28 GB/s
+     * against zstd's 0.44). */
+    int ci = codec_index(codec);
+    double chosen_fix = ci >= 0 ? l->m.codec[ci].fix : 0;
+    bool delivers = chosen_fix > 0 && chosen_fix <= 1;
+    for (int i = 0; i < 2 && codec != GSER_COMPRESSION_NONE && chosen_t > 0 && !delivers; i++) {
         /* a codec whose messages were never timed on this link, close to
          * the choice: its sample may be what misleads the model (lz4's
          * sampled speed did not hold at 64 MiB, zstd's did), so it goes
