@@ -17,7 +17,8 @@ them, as between two nodes without RDMA. The namespaces are removed at the
 end, also when the run is interrupted (and those of earlier runs that were
 killed outright, at the start).
 
-For each link, the rows (values: best of --reps, a busy machine only ever
+For each link, the rows (values: best of --reps, more rounds up to 4 x
+--reps on a link where a round takes under 0.5 s; a busy machine only ever
 slows a transfer down; every anchor measured in the same run, the schemes
 alternating):
 
@@ -465,14 +466,22 @@ class MessagePairs:
         raise RuntimeError(f"{variant}: the client ended (exit {c.wait()})")
 
     def runs(self, kind, reps):
-        """{variant: [GB/s, ...]}: reps transfers after a warm-up, the variants alternating."""
+        """{variant: [GB/s, ...]}: reps transfers after a warm-up, the variants
+        alternating (their order rotated round by round); more rounds (up to 4 x reps) while a round takes under
+        0.5 s, because on a fast link one transfer is tens of ms and best of 3
+        of two identical raw sends differed by 20% on this shared machine."""
         runs = {v: [] for v in self.clients}
-        for i in range(reps + 1):
-            for v in self.clients:
+        i = 0
+        while True:
+            t0 = time.perf_counter()
+            order = list(self.clients)
+            for v in order[i % len(order):] + order[:i % len(order)]:  # no variant always first
                 x = self.send(v, kind)
                 if i:
                     runs[v].append(x)
-        return runs
+            i += 1
+            if i > reps and (i > 4 * reps or time.perf_counter() - t0 >= 0.5):
+                return runs
 
     def close(self):
         for p in self.procs:
