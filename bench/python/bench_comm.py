@@ -58,7 +58,7 @@ import subprocess
 import sys
 import time
 
-from benchlib import machine_line  # bench/python: the script's own folder
+from benchlib import machine_line, row_clients  # bench/python: the script's own folder
 
 def _has_ucxx():
     """Dask's own UCX comm, ucxx:// (PyPI's distributed-ucxx-cu12, which
@@ -154,14 +154,9 @@ def cluster_seconds(reps):
     import contextlib
 
     import dask.array as da
-    from distributed import Client, LocalCluster
 
     with contextlib.ExitStack() as stack:
-        clients = {}
-        for protocol in SCHEMES:
-            cluster = stack.enter_context(LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                                       protocol=protocol, dashboard_address=":0"))
-            clients[protocol] = stack.enter_context(Client(cluster))
+        clients = row_clients(stack, SCHEMES)
 
         def run(client):
             x = da.random.random((8000, 8000), chunks=1000)

@@ -50,3 +50,17 @@ def machine_line(extra):
 
     print(f"# {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
           f"gser {gser.__version__}, {extra}")
+
+
+def row_clients(stack, schemes):
+    """{scheme: Client} of the comm rows' clusters, one per scheme, all up at
+    once (their runs alternate): LocalCluster(n_workers=2,
+    threads_per_worker=1, processes=True), entered on stack (an ExitStack)."""
+    from distributed import Client, LocalCluster
+
+    clients = {}
+    for scheme in schemes:
+        cluster = stack.enter_context(LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                                   protocol=scheme, dashboard_address=":0"))
+        clients[scheme] = stack.enter_context(Client(cluster))
+    return clients

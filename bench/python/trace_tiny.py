@@ -41,6 +41,8 @@ import statistics
 import sys
 import time
 
+from benchlib import row_clients  # bench/python: the script's own folder
+
 N_TASKS = 5000
 
 
@@ -495,7 +497,6 @@ def main():
 
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     import distributed
-    from distributed import Client, LocalCluster
 
     import gser.dask  # noqa: F401
 
@@ -514,11 +515,7 @@ def main():
     print(f"# distributed {distributed.__version__}, python {sys.executable}, load {os.getloadavg()}",
           file=sys.stderr, flush=True)
     with contextlib.ExitStack() as stack:
-        clients = {}
-        for s in schemes:
-            cluster = stack.enter_context(LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                                       protocol=s, dashboard_address=":0"))
-            clients[s] = stack.enter_context(Client(cluster))
+        clients = row_clients(stack, schemes)  # bench_comm.py's clusters
         for s, c in clients.items():
             install()
             c.run(install_worker)

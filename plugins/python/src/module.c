@@ -152,6 +152,26 @@ static PyObject *py_dumps(PyObject *self, PyObject *args, PyObject *kw)
     return Py_BuildValue("(NN)", header, list);
 }
 
+/* The Dask family's frames of obj (its gser header first, writable when obj
+ * is a numpy array) and *comp, the header's "compression" entry for them:
+ * False (never split or compressed) for a device frame, as Dask's "cuda"
+ * family says of its frames, None for a host frame. Takes owner. */
+static PyObject *family_frames(pg_state_t *s, PgOwner *owner, PyObject *obj, PyObject **comp)
+{
+    PyObject *list = dumps_frames(owner, strcmp(Py_TYPE(obj)->tp_name, "numpy.ndarray") == 0);
+    Py_DECREF(owner);
+    Py_ssize_t n = list ? PyList_GET_SIZE(list) : 0;
+    PyObject *c = list ? PyTuple_New(n) : NULL;
+    for (Py_ssize_t i = 0; c && i < n; i++)
+        PyTuple_SET_ITEM(c, i, Py_NewRef(Py_IS_TYPE(PyList_GET_ITEM(list, i), s->DeviceFrame) ? Py_False : Py_None));
+    if (!c) {
+        Py_XDECREF(list);
+        return NULL;
+    }
+    *comp = c;
+    return list;
+}
+
 PyDoc_STRVAR(dask_dumps_doc,
 "_dask_dumps(obj, families, collection) -> (frames, compression)\n\n"
 "gser.dask's dumps in one call (a tiny object's whole dumps costs about a\n"
@@ -175,19 +195,9 @@ static PyObject *py_dask_dumps(PyObject *self, PyObject *const *args, Py_ssize_t
         return NULL;
     pg_encode_options_t eo = {.strict = 1, .decline = collection ? PG_DECLINE_COLLECTION : PG_DECLINE_OBJECT};
     PgOwner *owner = pg_serialize(s, obj, args[1], &eo, false, GSER_COMPRESSION_NONE);
-    if (!owner)
-        return NULL;
-    PyObject *list = dumps_frames(owner, strcmp(Py_TYPE(obj)->tp_name, "numpy.ndarray") == 0);
-    Py_DECREF(owner);
-    Py_ssize_t n = list ? PyList_GET_SIZE(list) : 0;
-    PyObject *comp = list ? PyTuple_New(n) : NULL;
-    for (Py_ssize_t i = 0; comp && i < n; i++)
-        PyTuple_SET_ITEM(comp, i, Py_NewRef(Py_IS_TYPE(PyList_GET_ITEM(list, i), s->DeviceFrame) ? Py_False : Py_None));
-    if (!comp) {
-        Py_XDECREF(list);
-        return NULL;
-    }
-    return pair_steal(list, comp);
+    PyObject *comp;
+    PyObject *list = owner ? family_frames(s, owner, obj, &comp) : NULL;
+    return list ? pair_steal(list, comp) : NULL;
 }
 
 /* ---- the Dask family's entry points (gser.dask.dumps / loads) ------------------------------- */
@@ -291,17 +301,10 @@ static PyObject *py_family_dumps(PyObject *self, PyObject *const *args, Py_ssize
         }
         return NULL;
     }
-    PyObject *list = dumps_frames(owner, strcmp(Py_TYPE(obj)->tp_name, "numpy.ndarray") == 0);
-    Py_DECREF(owner);
-    Py_ssize_t n = list ? PyList_GET_SIZE(list) : 0;
-    PyObject *comp = list ? PyTuple_New(n) : NULL;
-    for (Py_ssize_t i = 0; comp && i < n; i++)
-        PyTuple_SET_ITEM(comp, i, Py_NewRef(Py_IS_TYPE(PyList_GET_ITEM(list, i), s->DeviceFrame) ? Py_False : Py_None));
-    /* compression, the entry Dask's serialize_and_split and compression read
-     * per frame: False (never split or compressed) for device frames, as
-     * Dask's "cuda" family says of its frames; None for host frames. A new
-     * dict each time: Dask adds "serializer" to it. */
-    PyObject *header = comp ? PyDict_New() : NULL, *one = header ? PyLong_FromLong(1) : NULL;
+    PyObject *comp = NULL;
+    PyObject *list = family_frames(s, owner, obj, &comp);
+    /* A new header dict each time: Dask adds "serializer" to it. */
+    PyObject *header = list ? PyDict_New() : NULL, *one = header ? PyLong_FromLong(1) : NULL;
     int bad = !one || PyDict_SetItem(header, s->str_gser, one) < 0 || PyDict_SetItem(header, s->str_compression, comp) < 0;
     Py_XDECREF(one);
     if (bad) {
@@ -452,6 +455,22 @@ static PyObject *py_loads(PyObject *self, PyObject *args, PyObject *kw)
     return out;
 }
 
+/* The object of the Dask family's frames (the gser header first); read-only
+ * frames of writable arrays are copied. */
+static PyObject *family_loads(pg_state_t *s, PyObject *frames, bool device)
+{
+    PyObject *seq = frames_tuple(frames);
+    if (!seq)
+        return NULL;
+    PyObject *out = NULL;
+    if (PyTuple_GET_SIZE(seq) == 0)
+        PyErr_SetString(PyExc_ValueError, "gser.dask: no frames (the first frame is gser's header)");
+    else
+        out = loads_frames(s, PyTuple_GET_ITEM(seq, 0), seq, 1, device, true);
+    Py_DECREF(seq);
+    return out;
+}
+
 PyDoc_STRVAR(dask_loads_doc,
 "_dask_loads(frames, device) -> object\n\n"
 "gser.dask's loads in one call: frames[0] is the header, the rest the data\n"
@@ -464,16 +483,7 @@ static PyObject *py_dask_loads(PyObject *self, PyObject *const *args, Py_ssize_t
         return NULL;
     }
     int device = PyObject_IsTrue(args[1]);
-    PyObject *seq = device < 0 ? NULL : frames_tuple(args[0]);
-    if (!seq)
-        return NULL;
-    PyObject *out = NULL;
-    if (PyTuple_GET_SIZE(seq) == 0)
-        PyErr_SetString(PyExc_ValueError, "gser.dask: no frames (the first frame is gser's header)");
-    else
-        out = loads_frames(pg_state_of_module(self), PyTuple_GET_ITEM(seq, 0), seq, 1, device, true);
-    Py_DECREF(seq);
-    return out;
+    return device < 0 ? NULL : family_loads(pg_state_of_module(self), args[0], device);
 }
 
 PyDoc_STRVAR(family_loads_doc,
@@ -507,16 +517,7 @@ static PyObject *py_family_loads(PyObject *self, PyObject *const *args, Py_ssize
     }
     Py_DECREF(version);
     s->fam_count[PG_FAM_LOADS]++;
-    PyObject *seq = frames_tuple(args[1]);
-    if (!seq)
-        return NULL;
-    PyObject *out = NULL;
-    if (PyTuple_GET_SIZE(seq) == 0)
-        PyErr_SetString(PyExc_ValueError, "gser.dask: no frames (the first frame is gser's header)");
-    else
-        out = loads_frames(s, PyTuple_GET_ITEM(seq, 0), seq, 1, false, true);
-    Py_DECREF(seq);
-    return out;
+    return family_loads(s, args[1], false);
 }
 
 static PyObject *py_family_stats(PyObject *self, PyObject *unused)

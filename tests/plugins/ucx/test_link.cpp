@@ -29,6 +29,14 @@ gux_link_model_t model(double rate)
     return m;
 }
 
+// lz4 and zstd sampled at model()'s speeds.
+void add_model_codecs(gux_link_t *l)
+{
+    gux_link_model_t ref = model(0);
+    gux_link_add_codec(l, GSER_COMPRESSION_LZ4, ref.codec[0].ratio, ref.codec[0].ctime, ref.codec[0].dtime);
+    gux_link_add_codec(l, GSER_COMPRESSION_ZSTD, ref.codec[1].ratio, ref.codec[1].ctime, ref.codec[1].dtime);
+}
+
 TEST(LinkModel, Times)
 {
     gux_link_model_t m = model(100e6);
@@ -129,9 +137,7 @@ TEST(LinkModel, MarginKeepsRaw)
 TEST(LinkModel, FollowsALinkThatGetsBusy)
 {
     gux_link_t l{};
-    gux_link_model_t ref = model(0);
-    gux_link_add_codec(&l, GSER_COMPRESSION_LZ4, ref.codec[0].ratio, ref.codec[0].ctime, ref.codec[0].dtime);
-    gux_link_add_codec(&l, GSER_COMPRESSION_ZSTD, ref.codec[1].ratio, ref.codec[1].ctime, ref.codec[1].dtime);
+    add_model_codecs(&l);
     for (int i = 0; i < 5; i++)
         gux_link_add_rate(&l, 2e9, true);
     EXPECT_EQ(gux_link_choose(&l.m, k64M, 4 << 20, GUX_CODECS, nullptr), GSER_COMPRESSION_NONE);
@@ -259,9 +265,7 @@ TEST(LinkModel, BufferBurstIsNotTheLinksRate)
 TEST(LinkModel, CodecSlowerThanItsSampleIsDerated)
 {
     gux_link_t l{};
-    gux_link_model_t ref = model(0);
-    gux_link_add_codec(&l, GSER_COMPRESSION_LZ4, ref.codec[0].ratio, ref.codec[0].ctime, ref.codec[0].dtime);
-    gux_link_add_codec(&l, GSER_COMPRESSION_ZSTD, ref.codec[1].ratio, ref.codec[1].ctime, ref.codec[1].dtime);
+    add_model_codecs(&l);
     gux_link_add_rate(&l, 60e6, true);
     l.warm = true; // past the endpoint's first, cold, compressed message (ColdRunIsNotMeasured)
     const size_t chunk = 4 << 20;
@@ -376,9 +380,7 @@ TEST(LinkModel, ColdRunFarSlowerThanModelledTurnsTheCodecAway)
 TEST(LinkModel, ColdRunFasterThanModelledCounts)
 {
     gux_link_t l{};
-    gux_link_model_t ref = model(0);
-    gux_link_add_codec(&l, GSER_COMPRESSION_LZ4, ref.codec[0].ratio, ref.codec[0].ctime, ref.codec[0].dtime);
-    gux_link_add_codec(&l, GSER_COMPRESSION_ZSTD, ref.codec[1].ratio, ref.codec[1].ctime, ref.codec[1].dtime);
+    add_model_codecs(&l);
     gux_link_add_rate(&l, 60e6, true);
     const size_t chunk = 4 << 20;
     double t[3];
@@ -412,9 +414,7 @@ TEST(LinkModel, ColdRunFasterThanModelledCounts)
 TEST(LinkModel, MixedRunsAreNotMeasured)
 {
     gux_link_t l{};
-    gux_link_model_t ref = model(0);
-    gux_link_add_codec(&l, GSER_COMPRESSION_LZ4, ref.codec[0].ratio, ref.codec[0].ctime, ref.codec[0].dtime);
-    gux_link_add_codec(&l, GSER_COMPRESSION_ZSTD, ref.codec[1].ratio, ref.codec[1].ctime, ref.codec[1].dtime);
+    add_model_codecs(&l);
     l.warm = true;
     gux_link_run_note(&l, GSER_COMPRESSION_LZ4, (double)k64M, 1.0, 0);
     gux_link_posted(&l, 1, false);
