@@ -500,11 +500,14 @@ int pg_direct_dumps(PyObject *obj, PyObject **header_out)
 
 /* An empty ext where a marker starts, the magic, or a uint just read are
  * told apart from values by these addresses (never objects, never freed). */
-static char sentinel[4];
+static char sentinel[5];
 #define S_TUPLE ((PyObject *)&sentinel[0])
 #define S_OBJECT ((PyObject *)&sentinel[1])
 #define S_MAGIC ((PyObject *)&sentinel[2])
 #define S_ARRAY ((PyObject *)&sentinel[3])
+/* A container whose first item has not come yet: made then, as a list or,
+ * after a tuple marker, straight as a tuple. */
+#define S_PENDING ((PyObject *)&sentinel[4])
 #define IS_SENTINEL(o) ((char *)(o) >= sentinel && (char *)(o) < sentinel + sizeof sentinel)
 
 /* What an open container is, set at its first item. */
@@ -525,6 +528,8 @@ typedef struct dunit {
     size_t open;       /* open containers */
     size_t bytes_left; /* bytes a container's items may still take */
     uint8_t kind[MSGPACK_EMBED_STACK_SIZE];
+    uint8_t names[MSGPACK_EMBED_STACK_SIZE];  /* an object's type and family were "python.tree", "host" */
+    unsigned int n[MSGPACK_EMBED_STACK_SIZE]; /* items the open containers declared */
     uint8_t uints[MSGPACK_EMBED_STACK_SIZE];  /* bit i: item i was a uint (i < 8) */
     uint8_t intarr[MSGPACK_EMBED_STACK_SIZE]; /* bit i: item i was an int array marker */
 } dunit_t;
@@ -656,6 +661,15 @@ static inline int rcb_false(dunit_t *u, PyObject **o)
 static inline int rcb_str(dunit_t *u, const char *b, const char *p, unsigned int l, PyObject **o)
 {
     (void)b;
+    if (u->open && u->kind[u->open - 1] == C_OBJECT) {
+        /* an object's type and family: compared, not made */
+        size_t level = u->open - 1, i = u->n[level] - stack_of(u)[level].count;
+        if ((i == 1 && l == 11 && memcmp(p, "python.tree", 11) == 0) || (i == 2 && l == 4 && memcmp(p, "host", 4) == 0)) {
+            u->names[level] |= (uint8_t)i;
+            return put(u, Py_NewRef(Py_None), false, o);
+        }
+        return R_FAIL; /* another type or family: the general path's */
+    }
     return put(u, PyUnicode_DecodeUTF8(p, (Py_ssize_t)l, NULL), false, o);
 }
 
@@ -711,13 +725,15 @@ static inline int rcb_array(dunit_t *u, unsigned int n, PyObject **o)
 {
     if (container_ok(u, n))
         return R_FAIL;
-    PyObject *l = PyList_New((Py_ssize_t)n);
-    if (!l)
-        return give_up();
-    *o = l;
-    u->kind[u->open] = C_LIST; /* its level once open; its first item may change it */
     u->last = O_OTHER;
-    u->open += n != 0;
+    if (n == 0) {
+        PyObject *l = PyList_New(0);
+        return l ? (*o = l, 0) : give_up();
+    }
+    *o = S_PENDING;
+    u->kind[u->open] = C_LIST; /* its level once open; its first item may change it */
+    u->n[u->open] = n;
+    u->open++;
     return 0;
 }
 
@@ -731,6 +747,7 @@ static inline int rcb_map(dunit_t *u, unsigned int n, PyObject **o)
         return give_up();
     *o = d;
     u->kind[u->open] = C_LIST;
+    u->n[u->open] = n;
     u->last = O_OTHER;
     u->open += n != 0;
     return 0;
@@ -745,20 +762,20 @@ static inline int rcb_array_item(dunit_t *u, PyObject **c, PyObject *o)
     uint8_t origin = u->last;
     u->last = O_OTHER;
     PyObject *x = *c;
-    bool list = PyList_CheckExact(x);
-    size_t n = list ? (size_t)PyList_GET_SIZE(x) : (size_t)PyTuple_GET_SIZE(x) + 1;
+    size_t n = u->n[level];
     size_t i = n - s->count; /* this item's index in the msgpack array */
     if (i == 0) {
         u->kind[level] = C_LIST;
-        u->uints[level] = u->intarr[level] = 0;
+        u->uints[level] = u->intarr[level] = u->names[level] = 0;
+        x = o == S_TUPLE ? PyTuple_New((Py_ssize_t)n - 1) : PyList_New((Py_ssize_t)n);
+        if (!x) {
+            if (!IS_SENTINEL(o))
+                Py_DECREF(o);
+            return give_up();
+        }
+        *c = x;
         if (o == S_TUPLE) {
-            PyObject *t = PyTuple_New((Py_ssize_t)n - 1);
-            if (!t)
-                return give_up();
-            Py_DECREF(x);
-            *c = x = t;
             u->kind[level] = C_TUPLE;
-            list = false;
         } else if (o == S_OBJECT) {
             u->kind[level] = C_OBJECT;
         } else if (o == S_ARRAY) {
@@ -954,9 +971,7 @@ static PyObject *finish_object(dunit_t *u, PyObject *l, size_t level)
     PyObject *f[6];
     for (int i = 0; i < 6; i++)
         f[i] = PyList_GET_ITEM(l, i);
-    if (!PyUnicode_CheckExact(f[0]) || PyUnicode_CompareWithASCIIString(f[0], "python.tree") != 0 ||
-        !PyUnicode_CheckExact(f[1]) || PyUnicode_CompareWithASCIIString(f[1], "host") != 0 ||
-        !PyLong_CheckExact(f[2]) || PyLong_AsLong(f[2]) != 1 || !PyLong_CheckExact(f[3]) ||
+    if (u->names[level] != 3 || f[0] != Py_None || f[1] != Py_None || !PyLong_CheckExact(f[2]) || PyLong_AsLong(f[2]) != 1 || !PyLong_CheckExact(f[3]) ||
         PyLong_AsLong(f[3]) != 0 || !PyLong_CheckExact(f[4]) || PyLong_AsLong(f[4]) != 0 ||
         f[5] != Py_None || !u->sub || (u->uints[level] & 0x7e))
         return NULL;
@@ -1021,9 +1036,13 @@ int pg_direct_loads(PyObject *header, PyObject **out)
         return 0;
     /* Only with limits no stricter than the defaults: the bounds above keep
      * every count and cost of a message read here under them. */
-    gser_limits_t lim = GSER_LIMITS_INIT;
-    if (gser_context_get_limits(pg_ctx, &lim) != GSER_OK || lim.max_depth < GSER_DEPTH_MAX ||
-        lim.max_nodes < 65536 || lim.max_bytes < DIRECT_HEADER_MAX || lim.max_expansion < 64)
+    static int limits_ok = -1; /* the context's limits are fixed once it is made */
+    if (limits_ok < 0) {
+        gser_limits_t lim = GSER_LIMITS_INIT;
+        limits_ok = gser_context_get_limits(pg_ctx, &lim) == GSER_OK && lim.max_depth >= GSER_DEPTH_MAX &&
+                    lim.max_nodes >= 65536 && lim.max_bytes >= DIRECT_HEADER_MAX && lim.max_expansion >= 64;
+    }
+    if (!limits_ok)
         return 0;
     PyObject *h = read_unit(p, (size_t)len, 0, false, true);
     if (!h)
