@@ -44,7 +44,7 @@ enum { EXT_MAGIC = 1, EXT_TUPLE = 2, EXT_UINT = 3, EXT_BUFFER = 4, EXT_ARRAY = 5
  * (PG_PACK_MIN), and an escaped tuple of 15 has 16 items. */
 #define DIRECT_ITEMS_MAX 14
 #define DIRECT_DEPTH_MAX 16  /* well under GSER_DEPTH_MAX (30), objects and markers counted */
-#define DIRECT_NODES 1024    /* values in a message */
+#define DIRECT_NODES 512     /* values in a message: what a message past it wastes stays small */
 #define DIRECT_HEADER_MAX 4096 /* bytes a header may have to be read here */
 
 static bool direct_on = true;
@@ -334,8 +334,8 @@ static int w_dict(denc_t *e, dbuf_t *pk, PyObject *o, int depth)
 {
     Py_ssize_t n = PyDict_GET_SIZE(o), pos = 0;
     PyObject *key, *value;
-    if (n && depth + 1 > DIRECT_DEPTH_MAX)
-        return WR_BAIL;
+    if ((n && depth + 1 > DIRECT_DEPTH_MAX) || 2 * n > e->nodes)
+        return WR_BAIL; /* a large dict: the general path, at once */
     bool keys = true;
     while (keys && PyDict_Next(o, &pos, &key, &value))
         keys = is_key(key);
