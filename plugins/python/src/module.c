@@ -559,11 +559,18 @@ PyDoc_STRVAR(direct_doc,
 "Turn the family's direct path for small plain messages on or off (tests\n"
 "compare its bytes with the general path's; benchmarks compare the two);\n"
 "returns the previous setting. _direct(None): the counts of messages it\n"
-"wrote and read, (dumps, loads), changing nothing.");
+"wrote and read, (dumps, loads), changing nothing. _direct(header bytes): what\n"
+"the direct reader makes of a header, Ellipsis where it leaves it to the\n"
+"general decoder (tests, benchmarks).");
 
 static PyObject *py_direct(PyObject *self, PyObject *on)
 {
     (void)self;
+    if (PyBytes_Check(on)) {
+        PyObject *obj;
+        int r = pg_direct_loads(on, &obj);
+        return r < 0 ? NULL : r ? obj : Py_NewRef(Py_Ellipsis);
+    }
     if (on == Py_None) {
         unsigned long long d, l;
         pg_direct_counts(&d, &l);

@@ -4,6 +4,7 @@ straight back. Its bytes are the general path's, byte for byte; what it
 reads is what the general decoder gives (the same object, or the same
 GserError naming the same path), for valid and for mangled headers alike."""
 
+import datetime as dt
 import pickle
 import random
 import struct
@@ -49,6 +50,9 @@ SMALL = [
     [...], ..., {"k": {1: {2: [3, (4, {5})]}}}, [set(), frozenset()], [[[[[[[[1]]]]]]]], list(range(14)),
     tuple(range(14)), {i: str(i) for i in range(14)}, {(i,): i for i in range(14)},
     [{"id": 1, "name": "n"}, {"id": 2, "name": "m"}], [("k", 1, 0.5)] * 10,
+    dt.datetime(2020, 1, 2, 3, 4, 5, 6), dt.datetime.min, dt.datetime.max, dt.datetime(2021, 11, 7, 1, 30, fold=1),
+    [dt.datetime(2020, 1, 1), 1], {"t": dt.datetime(1999, 12, 31)}, {dt.datetime(2020, 1, 1): 1},
+    [{"id": i, "name": f"n{i}", "t": dt.datetime(2020, 1, 1, i), "v": i / 3, "ok": i % 2 == 0} for i in range(10)],
 ]
 
 
@@ -56,7 +60,9 @@ def test_small_messages_go_direct():
     # the 10-element rows of bench_family.py that the direct path takes
     for x in [set(range(10)), frozenset(f"s{i}" for i in range(10)), {("x", i): i for i in range(10)},
               [2**70 + i for i in range(10)], [(f"k{i}", i, i / 3) for i in range(10)], [1.5, 2, "s", None] * 2,
-              [...] * 10]:
+              [...] * 10,
+              [{"id": i, "name": f"n{i}", "t": dt.datetime(2020, 1, 1, i), "v": i / 3, "ok": i % 2 == 0}
+               for i in range(10)]]:
         frames, direct = family(x)
         assert direct, x
         assert len(frames) == 1
@@ -79,9 +85,9 @@ def test_off_means_the_general_path():
 
 def test_what_it_does_not_take_goes_the_general_way():
     # 15 items and more (typed and packed arrays), types it does not write
-    import datetime as dt
     import decimal
     for x in [list(range(15)), set(range(20)), [dt.date(2020, 1, 1)], decimal.Decimal(1), bytearray(b"x"),
+              [dt.datetime(2020, 1, 1)] * 2, dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc),
               b"x" * 70_000, nested(18), "\udcff"]:
         frames, direct = family(x)
         assert not direct, x
@@ -185,6 +191,12 @@ HOSTILE_DIRECT = [
     [ext(6), "python.tree", "device", 1, 0, 0, msgpack.packb(1)],
     [ext(6), "nope", "host", 1, 0, 0, msgpack.packb(1)],
     {"k": [ext(2)]},
+    tree([ext(2), u(6), u(2020 << 46 | 1 << 42 | 1 << 37), None]),  # datetime fields a uint
+    tree([ext(2), u(6), 2020 << 46 | 13 << 42 | 1 << 37, None]),     # month 13
+    tree([ext(2), u(6), -1, None]),
+    tree([ext(2), u(6), 2020 << 46 | 1 << 42 | 1 << 37, 5]),         # a tzinfo of 5
+    tree([ext(2), u(6), 2020 << 46 | 1 << 42 | 1 << 37]),            # no tzinfo field
+    tree([ext(2), u(6), 2020 << 46 | 1 << 42 | 1 << 37 | 3 << 60, None]),  # fold 3
     [ext(4)], [ext(2), ext(2)], [1, ext(2)], {"a": ext(2)}, ext(2), ext(9), ext(3, b"\0" * 4),
     [ext(1, b"GSER")], nested(31), nested(17),
 ]
@@ -211,7 +223,8 @@ def test_mangled_headers_agree_with_the_general_decoder():
     rng = random.Random(39)
     bases = []
     for x in [set(range(10)), {("x", i): i for i in range(5)}, [2**70 + i for i in range(4)], ([1, "a"], {"k": None}),
-              {"a": [1, 2.5, (3, frozenset({4}))], b"b": {1: 2}}, [1 + 2j, ..., 2**64 - 1], (2**63, 5)]:
+              {"a": [1, 2.5, (3, frozenset({4}))], b"b": {1: 2}}, [1 + 2j, ..., 2**64 - 1], (2**63, 5),
+              [{"t": dt.datetime(2020, 1, 1, i, fold=i % 2), "x": i} for i in range(3)]]:
         frames, direct = family(x)
         assert direct, x
         bases.append(bytes(frames[0]))
