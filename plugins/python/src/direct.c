@@ -1135,12 +1135,8 @@ static PyObject *read_unit(const char *p, size_t len, int base, bool ext, bool h
     return NULL;
 }
 
-int pg_direct_loads(PyObject *header, PyObject **out)
+static int direct_loads(const char *p, Py_ssize_t len, PyObject **out)
 {
-    if (!direct_on || trace_on() || !PyBytes_CheckExact(header) || !dt_ready())
-        return 0;
-    Py_ssize_t len = PyBytes_GET_SIZE(header);
-    const char *p = PyBytes_AS_STRING(header);
     if (len < (Py_ssize_t)sizeof header_start || len > DIRECT_HEADER_MAX || memcmp(p, header_start, 7) != 0 ||
         p[7] != 0x02)
         return 0;
@@ -1171,4 +1167,23 @@ int pg_direct_loads(PyObject *header, PyObject **out)
     *out = obj;
     direct_count[1]++;
     return 1;
+}
+
+int pg_direct_loads(PyObject *header, PyObject **out)
+{
+    if (!direct_on || trace_on() || !dt_ready())
+        return 0;
+    if (PyBytes_CheckExact(header))
+        return direct_loads(PyBytes_AS_STRING(header), PyBytes_GET_SIZE(header), out);
+    /* a comm's frame: a bytearray or a memoryview (read, not kept) */
+    if (!PyByteArray_CheckExact(header) && !PyMemoryView_Check(header))
+        return 0;
+    Py_buffer view;
+    if (PyObject_GetBuffer(header, &view, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    int r = direct_loads(view.buf, view.len, out);
+    PyBuffer_Release(&view);
+    return r;
 }

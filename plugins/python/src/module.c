@@ -487,9 +487,10 @@ static PyObject *py_loads(PyObject *self, PyObject *args, PyObject *kw)
 static PyObject *family_loads(pg_state_t *s, PyObject *frames, bool device)
 {
     /* A header with no data frames may be read straight into objects. */
-    if (PyList_CheckExact(frames) && PyList_GET_SIZE(frames) == 1) {
+    if ((PyList_CheckExact(frames) && PyList_GET_SIZE(frames) == 1) ||
+        (PyTuple_CheckExact(frames) && PyTuple_GET_SIZE(frames) == 1)) {
         PyObject *obj;
-        int r = pg_direct_loads(PyList_GET_ITEM(frames, 0), &obj);
+        int r = pg_direct_loads(PySequence_Fast_ITEMS(frames)[0], &obj);
         if (r)
             return r < 0 ? NULL : obj;
     }

@@ -71,6 +71,16 @@ def test_small_messages_go_direct():
         assert counts()[1] == before + 1
 
 
+def test_frames_as_a_comm_gives_them():
+    # bytearray and memoryview headers (Dask's comms), in a list or a tuple
+    frames, direct = family({"a": {1, 2}})
+    for h in (bytearray(frames[0]), memoryview(bytes(frames[0])), memoryview(bytearray(frames[0]))):
+        for seq in (list, tuple):
+            before = counts()[1]
+            assert gser_dask.loads({"gser": 1}, seq([h])) == {"a": {1, 2}}
+            assert counts()[1] == before + 1
+
+
 def test_off_means_the_general_path():
     was = _gser._direct(False)
     try:
