@@ -69,11 +69,20 @@ static bool is_naive_datetime(PyObject *o)
 
 /* One of the standard types the general path packs when a list holds two
  * or more of it (encode.c's enc_packed): left to it. */
-static bool packs(PyObject *o)
+static bool packs(pg_state_t *s, PyObject *o)
 {
     PyTypeObject *t = Py_TYPE(o);
-    return PyDateTimeAPI && (t == PyDateTimeAPI->DateTimeType || t == PyDateTimeAPI->DateType ||
-                             t == PyDateTimeAPI->TimeType || t == PyDateTimeAPI->DeltaType);
+    return (PyDateTimeAPI && (t == PyDateTimeAPI->DateTimeType || t == PyDateTimeAPI->DateType ||
+                              t == PyDateTimeAPI->TimeType || t == PyDateTimeAPI->DeltaType)) ||
+           (s->std.Decimal && (PyObject *)t == s->std.Decimal) || (s->std.UUID && (PyObject *)t == s->std.UUID);
+}
+
+/* decimal.Decimal exactly (the module's types imported on first need). */
+static bool is_decimal(pg_state_t *s, PyObject *o)
+{
+    if (!s->std.tried && pg_std_ready(s) < 0)
+        PyErr_Clear();
+    return s->std.Decimal && (PyObject *)Py_TYPE(o) == s->std.Decimal;
 }
 static unsigned long long direct_count[2]; /* messages written, read here */
 
@@ -194,6 +203,7 @@ static void pk_tag(dbuf_t *pk, pg_tag_t tag, size_t nfields)
 enum { WR_OK = 0, WR_BAIL = 1, WR_NEED_EXT = 2 };
 
 typedef struct denc {
+    pg_state_t *s;
     bool ext;   /* inside a "python.tree": standard types are tagged tuples */
     int nodes;  /* values left */
 } denc_t;
@@ -336,7 +346,7 @@ static int w_seq(denc_t *e, dbuf_t *pk, PyObject *const *items, Py_ssize_t n, bo
                 return WR_BAIL; /* packed complex numbers: the general path */
             if (one && big)
                 return e->ext ? w_packed_ints(pk, items, n, tuple) : WR_NEED_EXT;
-        } else if (packs(items[0])) {
+        } else if (packs(e->s, items[0])) {
             bool one = true;
             for (Py_ssize_t i = 1; i < n && one; i++)
                 one = Py_TYPE(items[i]) == t;
@@ -491,12 +501,31 @@ static int w_value(denc_t *e, dbuf_t *pk, PyObject *o, int depth)
         pk_nil(pk);
         return WR_OK;
     }
-    return w_key(pk, o); /* the other scalars, or not handled */
+    if (w_key(pk, o) == WR_OK) /* the other scalars */
+        return WR_OK;
+    if (is_decimal(e->s, o)) { /* (12, its str) */
+        if (!e->ext)
+            return WR_NEED_EXT;
+        PyObject *str = PyObject_Str(o);
+        Py_ssize_t len;
+        const char *u = str ? PyUnicode_AsUTF8AndSize(str, &len) : NULL;
+        if (!u) {
+            Py_XDECREF(str);
+            PyErr_Clear();
+            return WR_BAIL;
+        }
+        pk_tag(pk, PG_TAG_DECIMAL, 1);
+        pk_str(pk, (size_t)len);
+        pk_str_body(pk, u, (size_t)len);
+        Py_DECREF(str);
+        return WR_OK;
+    }
+    return WR_BAIL;
 }
 
 static const char header_start[8] = {(char)0x94, (char)0xd6, 0x01, 'G', 'S', 'E', 'R', 0x02};
 
-int pg_direct_dumps(PyObject *obj, PyObject **header_out)
+int pg_direct_dumps(pg_state_t *s, PyObject *obj, PyObject **header_out)
 {
     if (!direct_on || trace_on() || !dt_ready())
         return 0;
@@ -505,11 +534,11 @@ int pg_direct_dumps(PyObject *obj, PyObject **header_out)
     dbuf_init(&hdr, initial, sizeof initial);
     dbuf_init(&sub, subinit, sizeof subinit);
     dbuf_write(&hdr, header_start, sizeof header_start);
-    denc_t e = {.ext = false, .nodes = DIRECT_NODES};
+    denc_t e = {.s = s, .ext = false, .nodes = DIRECT_NODES};
     int r = w_value(&e, &hdr, obj, 1);
     if (r == WR_NEED_EXT) { /* again, as a "python.tree" object (encode.c's enc_scope) */
         hdr.len = sizeof header_start;
-        e = (denc_t){.ext = true, .nodes = DIRECT_NODES};
+        e = (denc_t){.s = s, .ext = true, .nodes = DIRECT_NODES};
         r = w_value(&e, &sub, obj, 2);
         if (r == WR_OK && !sub.oom) {
             pk_array(&hdr, 7);
@@ -562,6 +591,7 @@ enum { C_LIST, C_TUPLE, C_TAG, C_OBJECT, C_ARRAY, C_HEADER };
 enum { O_OTHER, O_UINT, O_INTARR };
 
 typedef struct dunit {
+    pg_state_t *s;
     int base;          /* value depth of the unit's root container minus its level */
     bool ext;          /* a "python.tree" sub-header */
     bool header;       /* the header unit: [magic, version, root, frames] */
@@ -582,7 +612,7 @@ typedef struct dunit {
 
 enum { R_FAIL = -10 };
 
-static PyObject *read_unit(const char *p, size_t len, int base, bool ext, bool header);
+static PyObject *read_unit(pg_state_t *s, const char *p, size_t len, int base, bool ext, bool header);
 
 #define msgpack_unpack_struct(name) struct pg_direct##name
 #define msgpack_unpack_func(ret, name) static ret pg_direct##name
@@ -871,7 +901,8 @@ static inline int rcb_array_item(dunit_t *u, PyObject **c, PyObject *o)
                  * rest of the message is read twice. */
                 static const uint32_t built = 1u << PG_TAG_TUPLE | 1u << PG_TAG_INT | 1u << PG_TAG_COMPLEX |
                                               1u << PG_TAG_SET | 1u << PG_TAG_FROZENSET | 1u << PG_TAG_DICT |
-                                              1u << PG_TAG_DATETIME | 1u << PG_TAG_ELLIPSIS | 1u << PG_TAG_PACKED;
+                                              1u << PG_TAG_DATETIME | 1u << PG_TAG_DECIMAL | 1u << PG_TAG_ELLIPSIS |
+                                              1u << PG_TAG_PACKED;
                 unsigned long long tag = PyLong_AsUnsignedLongLong(o);
                 ok = tag < 32 && (built >> tag & 1);
                 u->kind[level] = C_TAG;
@@ -1048,6 +1079,10 @@ static PyObject *finish_tag(dunit_t *u, PyObject *t, size_t level)
                                                              PyDateTimeAPI->DateTimeType);
     }
     case PG_TAG_PACKED: return finish_packed_ints(u, t, level);
+    case PG_TAG_DECIMAL: /* (12, str): Decimal(str), which refuses what is not one */
+        if (n != 2 || !PyUnicode_CheckExact(a) || (!u->s->std.tried && pg_std_ready(u->s) < 0) || !u->s->std.Decimal)
+            return NULL;
+        return PyObject_CallOneArg(u->s->std.Decimal, a);
     default: return NULL;
     }
 }
@@ -1066,7 +1101,7 @@ static bool unbuilt_tag(const unsigned char *q, size_t len)
             uint64_t tag;
             memcpy(&tag, q + 6, 8); /* little-endian host */
             return tag > PG_TAG_COMPLEX && tag != PG_TAG_SET && tag != PG_TAG_FROZENSET && tag != PG_TAG_DICT &&
-                   tag != PG_TAG_DATETIME && tag != PG_TAG_ELLIPSIS &&
+                   tag != PG_TAG_DATETIME && tag != PG_TAG_DECIMAL && tag != PG_TAG_ELLIPSIS &&
                    !(tag == PG_TAG_PACKED && len >= 17 && memcmp(q + 14, "\xd7\x03\x01", 3) == 0);
         }
     }
@@ -1083,7 +1118,7 @@ static PyObject *finish_object(dunit_t *u, size_t level)
     u->sub = NULL;
     if (unbuilt_tag((const unsigned char *)sub, u->sub_len))
         return NULL;
-    return read_unit(sub, u->sub_len, depth + 1, true, false);
+    return read_unit(u->s, sub, u->sub_len, depth + 1, true, false);
 }
 
 static PyObject *finish(dunit_t *u, int kind, PyObject *c, size_t level)
@@ -1098,12 +1133,13 @@ static PyObject *finish(dunit_t *u, int kind, PyObject *c, size_t level)
 
 /* One msgpack unit into its object, or NULL (no exception) if not read here.
  * base: the value depth of the unit's root. */
-static PyObject *read_unit(const char *p, size_t len, int base, bool ext, bool header)
+static PyObject *read_unit(pg_state_t *s, const char *p, size_t len, int base, bool ext, bool header)
 {
     rctx_t ctx;
     pg_direct_init(&ctx);
     /* the per-level arrays are set as containers open */
     dunit_t *u = &ctx.user;
+    u->s = s;
     u->base = header ? 0 : base;
     u->ext = ext;
     u->header = header;
@@ -1135,7 +1171,7 @@ static PyObject *read_unit(const char *p, size_t len, int base, bool ext, bool h
     return NULL;
 }
 
-static int direct_loads(const char *p, Py_ssize_t len, PyObject **out)
+static int direct_loads(pg_state_t *s, const char *p, Py_ssize_t len, PyObject **out)
 {
     if (len < (Py_ssize_t)sizeof header_start || len > DIRECT_HEADER_MAX || memcmp(p, header_start, 7) != 0 ||
         p[7] != 0x02)
@@ -1161,7 +1197,7 @@ static int direct_loads(const char *p, Py_ssize_t len, PyObject **out)
         if (sl && ts + at + sl <= (size_t)len && unbuilt_tag(q + at, sl))
             return 0;
     }
-    PyObject *obj = read_unit(p, (size_t)len, 0, false, true);
+    PyObject *obj = read_unit(s, p, (size_t)len, 0, false, true);
     if (!obj)
         return 0;
     *out = obj;
@@ -1169,12 +1205,12 @@ static int direct_loads(const char *p, Py_ssize_t len, PyObject **out)
     return 1;
 }
 
-int pg_direct_loads(PyObject *header, PyObject **out)
+int pg_direct_loads(pg_state_t *s, PyObject *header, PyObject **out)
 {
     if (!direct_on || trace_on() || !dt_ready())
         return 0;
     if (PyBytes_CheckExact(header))
-        return direct_loads(PyBytes_AS_STRING(header), PyBytes_GET_SIZE(header), out);
+        return direct_loads(s, PyBytes_AS_STRING(header), PyBytes_GET_SIZE(header), out);
     /* a comm's frame: a bytearray or a memoryview (read, not kept) */
     if (!PyByteArray_CheckExact(header) && !PyMemoryView_Check(header))
         return 0;
@@ -1183,7 +1219,7 @@ int pg_direct_loads(PyObject *header, PyObject **out)
         PyErr_Clear();
         return 0;
     }
-    int r = direct_loads(view.buf, view.len, out);
+    int r = direct_loads(s, view.buf, view.len, out);
     PyBuffer_Release(&view);
     return r;
 }

@@ -288,7 +288,7 @@ static PyObject *py_family_dumps(PyObject *self, PyObject *const *args, Py_ssize
         }
     }
     PyObject *direct = NULL;
-    int dr = families == s->fam_host ? pg_direct_dumps(obj, &direct) : 0;
+    int dr = families == s->fam_host ? pg_direct_dumps(s, obj, &direct) : 0;
     if (dr < 0)
         return NULL;
     if (dr) { /* the header is the whole message */
@@ -490,7 +490,7 @@ static PyObject *family_loads(pg_state_t *s, PyObject *frames, bool device)
     if ((PyList_CheckExact(frames) && PyList_GET_SIZE(frames) == 1) ||
         (PyTuple_CheckExact(frames) && PyTuple_GET_SIZE(frames) == 1)) {
         PyObject *obj;
-        int r = pg_direct_loads(PySequence_Fast_ITEMS(frames)[0], &obj);
+        int r = pg_direct_loads(s, PySequence_Fast_ITEMS(frames)[0], &obj);
         if (r)
             return r < 0 ? NULL : obj;
     }
@@ -569,7 +569,7 @@ static PyObject *py_direct(PyObject *self, PyObject *on)
     (void)self;
     if (PyBytes_Check(on)) {
         PyObject *obj;
-        int r = pg_direct_loads(on, &obj);
+        int r = pg_direct_loads(pg_state_of_module(self), on, &obj);
         return r < 0 ? NULL : r ? obj : Py_NewRef(Py_Ellipsis);
     }
     if (on == Py_None) {

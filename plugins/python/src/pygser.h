@@ -501,8 +501,8 @@ int pg_std_ready(pg_state_t *s);
  * *header_out (the whole message: a header with no data frames) or *out
  * set, 0 when the message is not one it handles (no exception: the general
  * path takes it), -1 with an exception set. */
-int pg_direct_dumps(PyObject *obj, PyObject **header_out);
-int pg_direct_loads(PyObject *header, PyObject **out);
+int pg_direct_dumps(pg_state_t *s, PyObject *obj, PyObject **header_out);
+int pg_direct_loads(pg_state_t *s, PyObject *header, PyObject **out);
 /* Turn the direct path on or off (tests, benchmarks); the previous setting. */
 int pg_direct_set(int on);
 void pg_direct_counts(unsigned long long *dumps, unsigned long long *loads);

@@ -5,6 +5,7 @@ reads is what the general decoder gives (the same object, or the same
 GserError naming the same path), for valid and for mangled headers alike."""
 
 import datetime as dt
+import decimal
 import pickle
 import random
 import struct
@@ -53,6 +54,9 @@ SMALL = [
     dt.datetime(2020, 1, 2, 3, 4, 5, 6), dt.datetime.min, dt.datetime.max, dt.datetime(2021, 11, 7, 1, 30, fold=1),
     [dt.datetime(2020, 1, 1), 1], {"t": dt.datetime(1999, 12, 31)}, {dt.datetime(2020, 1, 1): 1},
     [{"id": i, "name": f"n{i}", "t": dt.datetime(2020, 1, 1, i), "v": i / 3, "ok": i % 2 == 0} for i in range(10)],
+    decimal.Decimal("1.00"), decimal.Decimal("-0"), decimal.Decimal("sNaN"), decimal.Decimal("-NaN123"),
+    decimal.Decimal("-1E+999999999"), [decimal.Decimal(1), 2.5], {decimal.Decimal(2): "k"},
+    [(1.5, 2, "s", dt.datetime(2020, 1, 1, i), decimal.Decimal(i))[i % 5] for i in range(10)],
 ]
 
 
@@ -62,7 +66,8 @@ def test_small_messages_go_direct():
               [2**70 + i for i in range(10)], [(f"k{i}", i, i / 3) for i in range(10)], [1.5, 2, "s", None] * 2,
               [...] * 10,
               [{"id": i, "name": f"n{i}", "t": dt.datetime(2020, 1, 1, i), "v": i / 3, "ok": i % 2 == 0}
-               for i in range(10)]]:
+               for i in range(10)],
+              [(1.5, 2, "s", dt.datetime(2020, 1, 1, i), decimal.Decimal(i))[i % 5] for i in range(10)]]:
         frames, direct = family(x)
         assert direct, x
         assert len(frames) == 1
@@ -95,9 +100,9 @@ def test_off_means_the_general_path():
 
 def test_what_it_does_not_take_goes_the_general_way():
     # 15 items and more (typed and packed arrays), types it does not write
-    import decimal
-    for x in [list(range(15)), set(range(20)), [dt.date(2020, 1, 1)], decimal.Decimal(1), bytearray(b"x"),
+    for x in [list(range(15)), set(range(20)), [dt.date(2020, 1, 1)], bytearray(b"x"),
               [dt.datetime(2020, 1, 1)] * 2, dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc),
+              [decimal.Decimal(1), decimal.Decimal(2)],
               b"x" * 70_000, nested(18), "\udcff"]:
         frames, direct = family(x)
         assert not direct, x
@@ -207,6 +212,10 @@ HOSTILE_DIRECT = [
     tree([ext(2), u(6), 2020 << 46 | 1 << 42 | 1 << 37, 5]),         # a tzinfo of 5
     tree([ext(2), u(6), 2020 << 46 | 1 << 42 | 1 << 37]),            # no tzinfo field
     tree([ext(2), u(6), 2020 << 46 | 1 << 42 | 1 << 37 | 3 << 60, None]),  # fold 3
+    tree([ext(2), u(12), "1.2.3"]),                                  # a Decimal that is not one
+    tree([ext(2), u(12), 5]),
+    tree([ext(2), u(12), b"1"]),
+    tree([ext(2), u(12), "1", "2"]),
     [ext(4)], [ext(2), ext(2)], [1, ext(2)], {"a": ext(2)}, ext(2), ext(9), ext(3, b"\0" * 4),
     [ext(1, b"GSER")], nested(31), nested(17),
 ]
@@ -234,7 +243,8 @@ def test_mangled_headers_agree_with_the_general_decoder():
     bases = []
     for x in [set(range(10)), {("x", i): i for i in range(5)}, [2**70 + i for i in range(4)], ([1, "a"], {"k": None}),
               {"a": [1, 2.5, (3, frozenset({4}))], b"b": {1: 2}}, [1 + 2j, ..., 2**64 - 1], (2**63, 5),
-              [{"t": dt.datetime(2020, 1, 1, i, fold=i % 2), "x": i} for i in range(3)]]:
+              [{"t": dt.datetime(2020, 1, 1, i, fold=i % 2), "x": i} for i in range(3)],
+              [decimal.Decimal("1.5"), 2, decimal.Decimal("-NaN7")]]:
         frames, direct = family(x)
         assert direct, x
         bases.append(bytes(frames[0]))
