@@ -72,6 +72,8 @@ static bool is_naive_datetime(PyObject *o)
 static bool packs(pg_state_t *s, PyObject *o)
 {
     PyTypeObject *t = Py_TYPE(o);
+    if (!s->std.tried && pg_std_ready(s) < 0) /* Decimal and UUID known before the first list of them */
+        PyErr_Clear();
     return (PyDateTimeAPI && (t == PyDateTimeAPI->DateTimeType || t == PyDateTimeAPI->DateType ||
                               t == PyDateTimeAPI->TimeType || t == PyDateTimeAPI->DeltaType)) ||
            (s->std.Decimal && (PyObject *)t == s->std.Decimal) || (s->std.UUID && (PyObject *)t == s->std.UUID);

@@ -86,6 +86,19 @@ def test_frames_as_a_comm_gives_them():
             assert counts()[1] == before + 1
 
 
+def test_first_list_of_decimals_in_a_process_is_packed():
+    # before the module has imported decimal itself, a list of Decimals is
+    # still left to the general path's packed list (the same bytes)
+    import subprocess
+    import sys
+    code = ("import decimal, gser, gser.dask\n"
+            "x = [{1}, [decimal.Decimal(1), decimal.Decimal(2)]]\n"
+            "h, f = gser.dask.dumps(x)\n"
+            "assert bytes(f[0]) == bytes(gser.dumps(x, families=('host',))[0])\n"
+            "assert gser._gser._direct(None)[0] == 0\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_off_means_the_general_path():
     was = _gser._direct(False)
     try:
