@@ -279,6 +279,9 @@ def main():
     ap.add_argument("--only", nargs="*", help="only these rows")
     ap.add_argument("--std-sizes", default="10,1000,1000000",
                     help="the std_* rows' sizes, comma-separated (default 10,1000,1000000; empty: none)")
+    ap.add_argument("--no-direct", action="store_true",
+                    help="the family without its direct path for small plain messages (the general path, as "
+                         "before it: an A/B in one build)")
     args = ap.parse_args()
 
     import logging
@@ -289,6 +292,10 @@ def main():
     import numpy as np
 
     import gser.dask  # noqa: F401  (the family, registered with Dask)
+
+    if args.no_direct:
+        from gser import _gser
+        _gser._direct(False)
 
     for name in list(logging.root.manager.loggerDict):
         if name.startswith("distributed"):

@@ -287,6 +287,33 @@ static PyObject *py_family_dumps(PyObject *self, PyObject *const *args, Py_ssize
             Py_XDECREF(recipient);
         }
     }
+    PyObject *direct = NULL;
+    int dr = families == s->fam_host ? pg_direct_dumps(s, obj, &direct) : 0;
+    if (dr < 0)
+        return NULL;
+    if (dr) { /* the header is the whole message */
+        PyObject *header = PyDict_New(), *list = PyList_New(1), *comp = PyTuple_New(1), *one = PyLong_FromLong(1);
+        int bad = !header || !list || !comp || !one || PyDict_SetItem(header, s->str_gser, one) < 0;
+        Py_XDECREF(one);
+        if (bad) {
+            Py_XDECREF(header);
+            Py_XDECREF(list);
+            Py_XDECREF(comp);
+            Py_DECREF(direct);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, 0, direct);
+        PyTuple_SET_ITEM(comp, 0, Py_NewRef(Py_None));
+        bad = PyDict_SetItem(header, s->str_compression, comp);
+        Py_DECREF(comp);
+        if (bad) {
+            Py_DECREF(header);
+            Py_DECREF(list);
+            return NULL;
+        }
+        s->fam_count[PG_FAM_DUMPS]++;
+        return pair_steal(header, list);
+    }
     pg_encode_options_t eo = {.strict = 1, .decline = PG_DECLINE_OBJECT};
     PgOwner *owner = pg_serialize(s, obj, families, &eo, false, GSER_COMPRESSION_NONE);
     if (!owner) {
@@ -459,6 +486,14 @@ static PyObject *py_loads(PyObject *self, PyObject *args, PyObject *kw)
  * frames of writable arrays are copied. */
 static PyObject *family_loads(pg_state_t *s, PyObject *frames, bool device)
 {
+    /* A header with no data frames may be read straight into objects. */
+    if ((PyList_CheckExact(frames) && PyList_GET_SIZE(frames) == 1) ||
+        (PyTuple_CheckExact(frames) && PyTuple_GET_SIZE(frames) == 1)) {
+        PyObject *obj;
+        int r = pg_direct_loads(s, PySequence_Fast_ITEMS(frames)[0], &obj);
+        if (r)
+            return r < 0 ? NULL : obj;
+    }
     PyObject *seq = frames_tuple(frames);
     if (!seq)
         return NULL;
@@ -518,6 +553,32 @@ static PyObject *py_family_loads(PyObject *self, PyObject *const *args, Py_ssize
     Py_DECREF(version);
     s->fam_count[PG_FAM_LOADS]++;
     return family_loads(s, args[1], false);
+}
+
+PyDoc_STRVAR(direct_doc,
+"_direct(on) -> bool\n\n"
+"Turn the family's direct path for small plain messages on or off (tests\n"
+"compare its bytes with the general path's; benchmarks compare the two);\n"
+"returns the previous setting. _direct(None): the counts of messages it\n"
+"wrote and read, (dumps, loads), changing nothing. _direct(header bytes): what\n"
+"the direct reader makes of a header, Ellipsis where it leaves it to the\n"
+"general decoder (tests, benchmarks).");
+
+static PyObject *py_direct(PyObject *self, PyObject *on)
+{
+    (void)self;
+    if (PyBytes_Check(on)) {
+        PyObject *obj;
+        int r = pg_direct_loads(pg_state_of_module(self), on, &obj);
+        return r < 0 ? NULL : r ? obj : Py_NewRef(Py_Ellipsis);
+    }
+    if (on == Py_None) {
+        unsigned long long d, l;
+        pg_direct_counts(&d, &l);
+        return Py_BuildValue("(KK)", d, l);
+    }
+    int t = PyObject_IsTrue(on);
+    return t < 0 ? NULL : PyBool_FromLong(pg_direct_set(t));
 }
 
 static PyObject *py_family_stats(PyObject *self, PyObject *unused)
@@ -641,6 +702,7 @@ static PyMethodDef methods[] = {
     {"loads", (PyCFunction)(void (*)(void))py_loads, METH_VARARGS | METH_KEYWORDS, loads_doc},
     {"_dask_dumps", (PyCFunction)(void (*)(void))py_dask_dumps, METH_FASTCALL, dask_dumps_doc},
     {"_dask_loads", (PyCFunction)(void (*)(void))py_dask_loads, METH_FASTCALL, dask_loads_doc},
+    {"_direct", py_direct, METH_O, direct_doc},
     {"_family_dumps", (PyCFunction)(void (*)(void))py_family_dumps, METH_FASTCALL | METH_KEYWORDS, family_dumps_doc},
     {"_family_loads", (PyCFunction)(void (*)(void))py_family_loads, METH_FASTCALL, family_loads_doc},
     {"_family_stats", py_family_stats, METH_NOARGS, "_family_stats() -> dict: what _family_dumps/_family_loads did"},

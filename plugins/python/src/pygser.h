@@ -497,6 +497,15 @@ enum { PG_SC_NONE, PG_SC_FALSE, PG_SC_TRUE, PG_SC_INT, PG_SC_FLOAT, PG_SC_STR, P
 int pg_std_ready(pg_state_t *s);
 /* An int of n little-endian two's complement bytes, and the other way: the
  * fewest bytes that hold o (an exact int), in a new bytes object. */
+/* The family's direct path for small plain messages (direct.c): 1 with
+ * *header_out (the whole message: a header with no data frames) or *out
+ * set, 0 when the message is not one it handles (no exception: the general
+ * path takes it), -1 with an exception set. */
+int pg_direct_dumps(pg_state_t *s, PyObject *obj, PyObject **header_out);
+int pg_direct_loads(pg_state_t *s, PyObject *header, PyObject **out);
+/* Turn the direct path on or off (tests, benchmarks); the previous setting. */
+int pg_direct_set(int on);
+void pg_direct_counts(unsigned long long *dumps, unsigned long long *loads);
 PyObject *pg_long_from_le(const unsigned char *p, size_t n, bool is_signed);
 PyObject *pg_long_to_le(PyObject *o);
 /* Write exact int o as n little-endian two's complement bytes: 0, or -1 (OverflowError). */

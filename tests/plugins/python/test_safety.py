@@ -429,7 +429,7 @@ def test_standard_types_mutated_are_gser_errors():
     corpus = os.path.join(os.path.dirname(__file__), "..", "..", "fuzz", "corpus")
     seeds = [open(os.path.join(corpus, f), "rb").read() for f in sorted(os.listdir(corpus))
              if f.startswith("python-tree-")]
-    assert len(seeds) == 4
+    assert len(seeds) == 5
     seeds.append(bytes(gser.to_bytes({"std": sample()["std"], "packed": sample()["packed"]})))
     rng = random.Random(39)
     for seed in seeds:

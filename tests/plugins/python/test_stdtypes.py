@@ -393,10 +393,9 @@ def test_hostile_tree_sizes_are_bounded():
 # ---- the property: any nesting of these types, as pickle gives it back ----------------------------
 
 
-def test_property_against_pickle():
-    hypothesis = pytest.importorskip("hypothesis")
-    st = hypothesis.strategies
-
+def std_values(st):
+    """The hypothesis strategy of any nesting of the carried types (also
+    test_family_direct.py's)."""
     tz = st.one_of(st.none(), st.just(UTC),
                    st.builds(dt.timezone, st.timedeltas(min_value=dt.timedelta(hours=-23, minutes=-59),
                                                         max_value=dt.timedelta(hours=23, minutes=59))),
@@ -425,6 +424,12 @@ def test_property_against_pickle():
                             st.lists(st.tuples(hashable_leaf, c), min_size=16, max_size=20),
                             st.lists(hashable_leaf, min_size=16, max_size=40)),
         max_leaves=40)
+    return values
+
+
+def test_property_against_pickle():
+    hypothesis = pytest.importorskip("hypothesis")
+    values = std_values(hypothesis.strategies)
 
     try:
         import gser.dask
