@@ -215,3 +215,16 @@ gser_status_t gux_pool_frame(gux_pool_t *p, size_t size, gser_frame_t *out)
                           .release_arg = b};
     return GSER_OK;
 }
+
+gser_status_t gser_ucx_worker_alloc_host(gser_ucx_worker_t *w, size_t size, gser_frame_t *frame_out)
+{
+    if (!w || !frame_out)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_worker_alloc_host: bad argument");
+    gux_pool_expect(w->pool, size);
+    gser_frame_t f;
+    gser_status_t st = gux_pool_frame(w->pool, size, &f);
+    if (st)
+        return st;
+    *frame_out = f;
+    return GSER_OK;
+}
