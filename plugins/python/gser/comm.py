@@ -451,12 +451,13 @@ def _small(msg, budget=64) -> bool:
 _CACHED_JOIN = 1 << 20
 
 
-def _joined(pieces, worker) -> memoryview:
-    """pieces (bytes-like) joined in one new writable buffer."""
+def _joined(pieces, ep) -> memoryview:
+    """pieces (bytes-like) joined in one new writable buffer (from the cache
+    of ep's worker where large)."""
     n = sum(map(nbytes, pieces))
-    if n < _CACHED_JOIN or worker.closed:
+    if n < _CACHED_JOIN or ep.worker.closed:
         return memoryview(bytearray().join(pieces))
-    out, at = worker.alloc_host(n), 0
+    out, at = ep.worker.alloc_host(n), 0
     for p in pieces:
         p = memoryview(p).cast("B")
         out[at:at + len(p)] = p
@@ -727,7 +728,7 @@ class GserComm(Comm):
                             f"{len(pieces)} came")
         out, k = [], 0
         for c in counts:
-            out.append(pieces[k] if c == 1 else _joined(pieces[k:k + c], ep.worker))
+            out.append(pieces[k] if c == 1 else _joined(pieces[k:k + c], ep))
             k += c
         return out
 

@@ -105,21 +105,25 @@ def test_parts_join_into_the_receive_cache():
     receiver more than the copy (15,400 faults, 45 ms a 64 MiB message).
     The buffer goes back to the cache when the last view of it is gone, and
     the next join of that size reuses it. Loopback, lz4 forced."""
-    pytest.importorskip("numpy")
-    from test_compression import _comm_modules, run
+    pytest.importorskip("distributed")
+    np = pytest.importorskip("numpy")
+    import asyncio
 
-    _comm_modules()
     import dask
-    import numpy as np
-    import gser.comm
-    from distributed.comm.tests import test_comms as dask_tests
+    from distributed.comm import connect, listen
     from distributed.protocol import to_serialize
+
+    import gser.comm
+    import gser.dask  # noqa: F401  (registers gser://)
 
     big = np.repeat(np.arange(1 << 20, dtype=np.int64), 4)  # 32 MiB of runs: 8 parts
 
     async def main():
-        a, b = await dask_tests.get_comm_pair("gser://127.0.0.1")
-        worker = b._ep.worker
+        accepted = asyncio.Queue()
+        lst = await listen("gser://127.0.0.1:0", accepted.put)
+        a = await connect(lst.contact_address)
+        b = await accepted.get()
+        assert b.handshake_options[gser.comm._PARTS_KEY]
         with dask.config.set({"distributed.comm.compression": "lz4"}):
             await a.write({"x": to_serialize(big)})
             got = await b.read()
@@ -127,21 +131,23 @@ def test_parts_join_into_the_receive_cache():
         del got
         # the join itself: a cached buffer, reused once the first is released
         pieces = [memoryview(big)[i:i + (4 << 20)].cast("B") for i in range(0, big.nbytes, 4 << 20)]
-        joined = gser.comm._joined(pieces, worker)
+        joined = gser.comm._joined(pieces, b._ep)
         assert type(joined) is memoryview and not joined.readonly and joined.nbytes == big.nbytes
         assert type(joined.obj).__name__ == "_Frame", type(joined.obj)  # not a bytearray
         assert np.array_equal(np.frombuffer(joined, np.int64), big)
         data = np.frombuffer(joined, np.uint8).ctypes.data
         del joined
+        worker = b._ep.worker
         before = worker.cache_stats()
-        again = gser.comm._joined(pieces, worker)
+        again = gser.comm._joined(pieces, b._ep)
         after = worker.cache_stats()
         assert np.frombuffer(again, np.uint8).ctypes.data == data  # the same memory, warm
         assert after["hits"] == before["hits"] + 1 and after["misses"] == before["misses"], (before, after)
         del again
         # small joins stay bytearrays (malloc reuses those)
-        assert type(gser.comm._joined([b"ab", b"cd"], worker).obj) is bytearray
+        assert type(gser.comm._joined([b"ab", b"cd"], b._ep).obj) is bytearray
         for c in (a, b):
             await c.close()
+        lst.stop()
 
-    run(main())
+    asyncio.run(asyncio.wait_for(main(), 120))
