@@ -827,6 +827,16 @@ TEST(Link, HostBuffersComeFromTheReceiveCache)
     w.reset();
     f.release(const_cast<void *>(f.data), f.release_arg);
     EXPECT_EQ(gser_ucx_worker_alloc_host(nullptr, n, &f), GSER_ERR_INVALID_ARG);
+    // sizes whose size class or alignment would overflow: refused, never a short buffer
+    auto w2 = make_worker(ctx.get(), nullptr);
+    ASSERT_TRUE(w2);
+    for (size_t huge : {SIZE_MAX, SIZE_MAX / 2 + 2, SIZE_MAX - ((size_t)1 << 20)}) {
+        gser_frame_t g{};
+        EXPECT_EQ(gser_ucx_worker_alloc_host(w2.get(), huge, &g), GSER_ERR_NO_MEMORY) << huge;
+        EXPECT_EQ(g.data, nullptr); // untouched on failure
+        EXPECT_NE(std::string(gser_ucx_get_last_error()).find("gser_ucx_worker_alloc_host"), std::string::npos)
+            << gser_ucx_get_last_error();
+    }
 }
 
 TEST(Link, BadArguments)
