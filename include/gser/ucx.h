@@ -252,6 +252,16 @@ typedef struct gser_ucx_cache_stats {
  *  be set (GSER_UCX_CACHE_STATS_INIT). */
 GSER_API gser_status_t gser_ucx_worker_get_cache_stats(gser_ucx_worker_t *worker, gser_ucx_cache_stats_t *out);
 
+/** A host buffer of size bytes (contents undefined) from the worker's cache
+ *  of receive buffers, for a frame the caller fills itself: a receiver that
+ *  joins a message sent in parts gets warm, reused memory as received frames
+ *  do, where a fresh allocation of tens of MiB would fault in every page
+ *  again (malloc maps buffers that large anew each time). frame_out: data,
+ *  size, GSER_MEMORY_HOST and the release that hands the buffer back (from
+ *  any thread, also after the worker is destroyed). The cache grows to hold
+ *  size as for a received message (recv_cache_max_bytes). */
+GSER_API gser_status_t gser_ucx_worker_alloc_host(gser_ucx_worker_t *worker, size_t size, gser_frame_t *frame_out);
+
 /**
  * Whether the worker can still receive. GSER_OK; GSER_INPROGRESS while a
  * check of its receive queue runs; GSER_ERR_CONNECTION once it failed for

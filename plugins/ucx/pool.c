@@ -180,6 +180,8 @@ gser_status_t gux_pool_frame(gux_pool_t *p, size_t size, gser_frame_t *out)
     pool_buf_t *b = NULL;
     if (pooled) {
         cls = size_class(size, &cap);
+        if (cap < size) /* the class's capacity overflowed */
+            return gux_fail(GSER_ERR_NO_MEMORY, "receive: a %zu-byte frame is too large", size);
         pthread_mutex_lock(&p->lock);
         if ((b = p->free[cls])) {
             p->free[cls] = b->next;
@@ -213,5 +215,18 @@ gser_status_t gux_pool_frame(gux_pool_t *p, size_t size, gser_frame_t *out)
         atomic_fetch_add(&p->refs, 1);
     *out = (gser_frame_t){.data = b->data, .size = size, .memory = GSER_MEMORY_HOST, .release = pool_release,
                           .release_arg = b};
+    return GSER_OK;
+}
+
+gser_status_t gser_ucx_worker_alloc_host(gser_ucx_worker_t *w, size_t size, gser_frame_t *frame_out)
+{
+    if (!w || !frame_out)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_worker_alloc_host: bad argument");
+    gser_frame_t f;
+    gser_status_t st = gux_pool_frame(w->pool, size, &f);
+    if (st)
+        return gux_fail(st, "gser_ucx_worker_alloc_host: %zu bytes: %s", size, gser_status_str(st));
+    gux_pool_expect(w->pool, size); /* so that it is kept when released */
+    *frame_out = f;
     return GSER_OK;
 }

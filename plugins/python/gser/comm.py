@@ -442,6 +442,29 @@ def _small(msg, budget=64) -> bool:
     return True
 
 
+# A frame joined from pieces, of this many bytes or more, goes into a buffer
+# of the worker's receive cache: a bytearray of tens of MiB is mapped fresh
+# by malloc every time (over its dynamic mmap threshold), and its page faults
+# cost the receiver more than the copy (64 MiB of columns at 1 Gbit/s: 15,400
+# faults and 45 ms a message, on the message's critical path after its last
+# part; BENCHMARKS.md, issue 40, h40d).
+_CACHED_JOIN = 1 << 20
+
+
+def _joined(pieces, ep) -> memoryview:
+    """pieces (bytes-like) joined in one new writable buffer (from the cache
+    of ep's worker where large)."""
+    n = sum(map(nbytes, pieces))
+    if n < _CACHED_JOIN or ep.worker.closed:
+        return memoryview(bytearray().join(pieces))
+    out, at = ep.worker.alloc_host(n), 0
+    for p in pieces:
+        p = memoryview(p).cast("B")
+        out[at:at + len(p)] = p
+        at += len(p)
+    return out
+
+
 def _closed_error(comm, what, e=None) -> CommClosedError:
     msg = f"{what}: {comm!r}"
     if e is not None:
@@ -705,7 +728,7 @@ class GserComm(Comm):
                             f"{len(pieces)} came")
         out, k = [], 0
         for c in counts:
-            out.append(pieces[k] if c == 1 else memoryview(bytearray().join(pieces[k:k + c])))
+            out.append(pieces[k] if c == 1 else _joined(pieces[k:k + c], ep))
             k += c
         return out
 

@@ -376,6 +376,14 @@ class Worker:
         self._check_open()
         return self._w.cache_stats()
 
+    def alloc_host(self, n: int) -> memoryview:
+        """A writable buffer of n bytes (contents undefined) from the receive
+        cache: warm memory, reused like received frames' (a fresh buffer of
+        tens of MiB faults in every page again). Handed back to the cache
+        when the last view of it is gone."""
+        self._check_open()
+        return memoryview(self._w.alloc_host(n))
+
     def close(self):
         """Destroy the worker with its listeners and endpoints: what is in flight
         ends with ConnectionClosedError. Idempotent."""

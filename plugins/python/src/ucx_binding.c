@@ -576,6 +576,45 @@ static PyObject *worker_cache_stats(PgUcxWorker *self, PyObject *unused)
                          (unsigned long long)s.misses);
 }
 
+/* A frame of the worker's receive cache, handed back when its owner dies. */
+static void host_frame_release(void *p)
+{
+    gser_frame_t *f = p;
+    f->release((void *)f->data, f->release_arg);
+    free(f);
+}
+
+static PyObject *worker_alloc_host(PgUcxWorker *self, PyObject *arg)
+{
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 0)
+        return PyErr_Format(PyExc_ValueError, "_UcxWorker.alloc_host: %zd bytes", n);
+    if (!self->w)
+        return closed_error(ucx_state(self), "_UcxWorker.alloc_host");
+    gser_frame_t *f = malloc(sizeof *f);
+    if (!f)
+        return PyErr_NoMemory();
+    gser_status_t st = gser_ucx_worker_alloc_host(self->w, (size_t)n, f);
+    if (st) {
+        free(f);
+        return ucx_raise(ucx_state(self), st, "gser_ucx_worker_alloc_host");
+    }
+    PgOwner *owner = pg_owner_new(ucx_state(self));
+    if (!owner) {
+        host_frame_release(f);
+        return NULL;
+    }
+    if (pg_owner_on_destroy(owner, host_frame_release, f)) { /* released already */
+        Py_DECREF(owner);
+        return NULL;
+    }
+    PyObject *out = pg_frame_new(owner, f->data, n, false, "B", 1, 0, NULL);
+    Py_DECREF(owner);
+    return out;
+}
+
 static PyObject *worker_closed(PgUcxWorker *self, void *closure)
 {
     (void)closure;
@@ -605,6 +644,9 @@ static PyMethodDef worker_methods[] = {
     {"connect", (PyCFunction)worker_connect, METH_VARARGS,
      "connect(host, port) -> _UcxEndpoint, connecting (gser_ucx_ep_connect_nb): see its state."},
     {"cache_stats", (PyCFunction)worker_cache_stats, METH_NOARGS, "The receive cache's numbers (a dict)."},
+    {"alloc_host", (PyCFunction)worker_alloc_host, METH_O,
+     "alloc_host(n) -> a writable buffer of n bytes (contents undefined) from the receive cache\n"
+     "(gser_ucx_worker_alloc_host), handed back when the last view of it is gone."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -798,6 +798,47 @@ TEST(Link, SendsMeasureTheLink)
     gux_unlock(lp.p.client.get());
 }
 
+// A receiver joining a message sent in parts (gser://) takes its buffer from
+// the receive cache: warm memory, reused, as received frames get.
+TEST(Link, HostBuffersComeFromTheReceiveCache)
+{
+    auto ctx = make_ucx_ctx();
+    ASSERT_TRUE(ctx);
+    auto w = make_worker(ctx.get(), nullptr);
+    ASSERT_TRUE(w);
+    const size_t n = (size_t)24 << 20;
+    gser_frame_t f{};
+    ASSERT_EQ(gser_ucx_worker_alloc_host(w.get(), n, &f), GSER_OK) << gser_ucx_get_last_error();
+    ASSERT_TRUE(f.data && f.release);
+    EXPECT_EQ(f.size, n);
+    EXPECT_EQ(f.memory, GSER_MEMORY_HOST);
+    memset(const_cast<void *>(f.data), 7, n); // writable, all of it
+    const void *first = f.data;
+    f.release(const_cast<void *>(f.data), f.release_arg);
+    gser_ucx_cache_stats_t before = GSER_UCX_CACHE_STATS_INIT, after = GSER_UCX_CACHE_STATS_INIT;
+    ASSERT_EQ(gser_ucx_worker_get_cache_stats(w.get(), &before), GSER_OK);
+    EXPECT_GE(before.cached_bytes, n);
+    ASSERT_EQ(gser_ucx_worker_alloc_host(w.get(), n, &f), GSER_OK) << gser_ucx_get_last_error();
+    ASSERT_EQ(gser_ucx_worker_get_cache_stats(w.get(), &after), GSER_OK);
+    EXPECT_EQ(f.data, first); // the same buffer, its pages faulted in already
+    EXPECT_EQ(after.hits, before.hits + 1);
+    EXPECT_EQ(after.misses, before.misses);
+    // released after the worker: the cache outlives it
+    w.reset();
+    f.release(const_cast<void *>(f.data), f.release_arg);
+    EXPECT_EQ(gser_ucx_worker_alloc_host(nullptr, n, &f), GSER_ERR_INVALID_ARG);
+    // sizes whose size class or alignment would overflow: refused, never a short buffer
+    auto w2 = make_worker(ctx.get(), nullptr);
+    ASSERT_TRUE(w2);
+    for (size_t huge : {SIZE_MAX, SIZE_MAX / 2 + 2, SIZE_MAX - ((size_t)1 << 20)}) {
+        gser_frame_t g{};
+        EXPECT_EQ(gser_ucx_worker_alloc_host(w2.get(), huge, &g), GSER_ERR_NO_MEMORY) << huge;
+        EXPECT_EQ(g.data, nullptr); // untouched on failure
+        EXPECT_NE(std::string(gser_ucx_get_last_error()).find("gser_ucx_worker_alloc_host"), std::string::npos)
+            << gser_ucx_get_last_error();
+    }
+}
+
 TEST(Link, BadArguments)
 {
     int c;
