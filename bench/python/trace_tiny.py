@@ -567,6 +567,21 @@ def _fname(key):
     return f"{f}:{line}({name})"
 
 
+_AREAS = (("idle (epoll)", ("select.epoll",)), ("gser C (_gser)", ("gser._gser",)),
+          ("gser Python (gser/)", ("gser/",)), ("msgpack", ("msgpack",)), ("pickle", ("pickle",)),
+          ("Dask comm (distributed/comm)", ("distributed/comm/",)),
+          ("Dask protocol (distributed/protocol)", ("distributed/protocol/",)),
+          ("tornado + sockets", ("tornado/", "_socket.socket")), ("asyncio", ("asyncio/", "_asyncio", "selectors")),
+          ("Dask other (distributed/, dask/)", ("distributed/", "dask/")))
+
+
+def _area(fn):
+    for name, marks in _AREAS:
+        if any(m in fn for m in marks):
+            return name
+    return "other (builtins, stdlib, toolz)"
+
+
 def _merge_stats(stat_list):
     out = collections.defaultdict(lambda: [0, 0.0, 0.0])
     for st in stat_list:
@@ -626,8 +641,14 @@ def profile_runs(clients, reps, top):
         z = [0, 0.0, 0.0]
         rows = sorted(keys, key=lambda k: -abs(merged[a].get(k, z)[1] - merged[b].get(k, z)[1]))[:top]
         total = {s: sum(v[1] for v in merged[s].values()) for s in (a, b)}
+        areas = {s: collections.Counter() for s in (a, b)}
+        for s in (a, b):
+            for k, v in merged[s].items():
+                areas[s][_area(k)] += v[1]
         out["roles"][role] = {
             "own_time_s_per_run": {s: round(total[s] / reps, 3) for s in (a, b)},
+            "by_area_us_per_task": {s: {k: round(v / per * 1e6, 2) for k, v in areas[s].most_common()}
+                                    for s in (a, b)},
             "top_own": {s: [(k, round(v[1] / per * 1e6, 3), round(v[0] / per, 3))
                             for k, v in sorted(merged[s].items(), key=lambda kv: -kv[1][1])[:top]] for s in (a, b)},
             "rows": [{"fn": k, **{f"{s}_us_per_task": round(merged[s].get(k, z)[1] / per * 1e6, 3) for s in (a, b)},
@@ -636,19 +657,17 @@ def profile_runs(clients, reps, top):
     return out
 
 
-def _gser_setting(direct, spin_us=None, spin_gate=True):
+def _gser_setting(direct, spin_us=None):
     """This process's gser:// (the client's and scheduler's here, a worker's
     through client.run): gser.comm.DIRECT_PARTS (direct: parts made
     without Dask's protocol.dumps / loads call, or through it), and its
-    gser.ucx workers' spin (spin_us None: distributed.comm.gser.spin-us;
-    spin_gate: spin only while a CPU is free)."""
+    gser.ucx workers' spin (spin_us None: distributed.comm.gser.spin-us)."""
     import gser.comm
     gser.comm.DIRECT_PARTS = direct
     if spin_us is None:
         spin_us = float(gser.comm._config("spin-us", gser.comm._SPIN_US) or 0)
     for w in list(gser.comm._workers.values()):
         w.spin_s = spin_us * 1e-6
-        w.spin_if_cpu_free = spin_gate
     return direct
 
 
@@ -664,10 +683,9 @@ def _cpu():
 
 # --unpaced-ab's variants: name -> (scheme, _gser_setting's arguments or None)
 AB_VARIANTS = {
-    "gser": ("gser", (True, None, True)),                 # this tree's gser://
-    "gser_dask_calls": ("gser", (False, None, False)),    # every part through Dask's dumps/loads, spin always (main before)
-    "gser_spin_always": ("gser", (True, None, False)),    # parts direct, spin whether a CPU is free or not
-    "gser_spin_0": ("gser", (True, 0, True)),             # parts direct, no spin
+    "gser": ("gser", (True, None)),                # this tree's gser://
+    "gser_dask_calls": ("gser", (False, None)),    # every part through Dask's dumps/loads (main before)
+    "gser_spin_0": ("gser", (True, 0)),            # parts direct, distributed.comm.gser.spin-us 0
     "tcp": ("tcp", None),
 }
 
@@ -708,6 +726,57 @@ def unpaced_ab(clients, reps, names):
     return times, cpu
 
 
+def _pid():
+    import os
+    return os.getpid()
+
+
+def perf_runs(clients, reps, outdir):
+    """The unpaced run under Linux perf (sampling at 1999 Hz the main
+    process and both workers, every thread, kernel included: the native
+    side that cProfile does not see), --reps runs per scheme alternating:
+    {scheme: {"by_dso": [(share of the samples in %, dso)], "by_symbol":
+    [(%, dso, symbol)], "samples_per_run": n}}. perf's files stay in outdir."""
+    import subprocess
+
+    os.makedirs(outdir, exist_ok=True)
+    for s, c in clients.items():
+        c.run_on_scheduler(_unpaced, float("inf"))
+        one_run(c, False)
+    files = {s: [] for s in clients}
+    for r in range(reps):
+        for s, c in clients.items():
+            pids = [os.getpid(), *c.run(_pid).values()]
+            settle(clients.values())
+            f = os.path.join(outdir, f"{s}-{r}.data")
+            p = subprocess.Popen(["perf", "record", "-q", "-F", "1999", "-o", f, "-p", ",".join(map(str, pids))],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(0.3)  # perf attached
+            one_run(c, False)
+            p.send_signal(2)
+            p.wait(30)
+            files[s].append(f)
+    for s, c in clients.items():
+        c.run_on_scheduler(_unpaced, None)
+    out = {}
+    for s, fs in files.items():
+        by = {"dso": collections.Counter(), "dso,sym": collections.Counter()}
+        for f in fs:
+            for key, counter in by.items():
+                rep = subprocess.run(["perf", "report", "-i", f, "-n", "--sort", key, "--stdio", "-q"],
+                                     capture_output=True, text=True).stdout
+                for line in rep.splitlines():
+                    parts = line.split(None, 2)  # overhead, samples, the rest
+                    if len(parts) == 3 and parts[0].endswith("%") and parts[1].isdigit():
+                        counter[" ".join(parts[2].split())] += int(parts[1])
+        n = sum(by["dso"].values()) or 1
+        out[s] = {"cpu_s_per_run": round(n / 1999 / len(fs), 3),
+                  "by_dso_cpu_s_per_run": [(round(v / 1999 / len(fs), 3), k) for k, v in by["dso"].most_common(12)],
+                  "by_symbol_cpu_s_per_run": [(round(v / 1999 / len(fs), 3), k)
+                                              for k, v in by["dso,sym"].most_common(40)]}
+    return out
+
+
 def print_profile(out):
     print(f"wall s: {out['wall_s']}")
     for s, cpu in out["cpu_s"].items():
@@ -715,6 +784,8 @@ def print_profile(out):
     for role, r in out["roles"].items():
         (a, ta), (b, tb) = r["own_time_s_per_run"].items()
         where = "the main process's loop (the scheduler's, and the client's where it shares it)" if role == "scheduler" else role
+        for s, areas in r["by_area_us_per_task"].items():
+            print(f"== {where}, {s}://: own time per task by area (us): {areas}")
         for s, rows in r["top_own"].items():
             print(f"== {where}, {s}://: most own time per task (us, calls)")
             for k, us, calls in rows:
@@ -745,6 +816,8 @@ def main():
                     "run's CPU in all processes")
     ap.add_argument("--variants", default="gser,gser_dask_calls,tcp", help="--unpaced-ab: which of "
                     + ", ".join(AB_VARIANTS) + " (default gser,gser_dask_calls,tcp)")
+    ap.add_argument("--perf", metavar="DIR", help="instead: the unpaced run under Linux perf (main process and "
+                    "workers, kernel included), --reps runs per scheme; perf's files in DIR")
     ap.add_argument("--top", type=int, default=30, help="--profile: functions listed per process role")
     args = ap.parse_args()
 
@@ -770,6 +843,12 @@ def main():
         dask.config.set({"distributed.scheduler.worker-saturation": float(args.saturation)})
     print(f"# distributed {distributed.__version__}, python {sys.executable}, load {os.getloadavg()}",
           file=sys.stderr, flush=True)
+    if args.perf:
+        with contextlib.ExitStack() as stack:
+            out = perf_runs(row_clients(stack, schemes), args.reps, args.perf)
+        out = {"perf": out, "distributed": distributed.__version__, "load": [round(x, 2) for x in os.getloadavg()]}
+        print(json.dumps(out), flush=True)
+        return 0
     if args.unpaced_ab:
         with contextlib.ExitStack() as stack:
             names = args.variants.split(",")

@@ -168,8 +168,6 @@ class Worker:
         #: How long a receive that found nothing polls before the loop
         #: sleeps on the fd (seconds; 0: never). See Endpoint._spin.
         self.spin_s = max(0.0, float(spin_us)) * 1e-6
-        #: Spin only while a CPU is free (no runnable thread waits for one: _Cpus).
-        self.spin_if_cpu_free = True
         self._w = _gser._UcxWorker(self.context._c, **options)
         self._fd = self._w.fileno()
         self._scheduled = False
@@ -442,40 +440,6 @@ _perf = time.perf_counter
 _SPIN_BACKOFF = 64
 
 
-class _Cpus:
-    """Whether every CPU this process may run on has a runnable thread now
-    (Linux's /proc/loadavg: its fourth field counts the runnable threads of
-    the machine, this one included). A spin pays only where a core is free:
-    where none is, its poll takes the CPU that the peer, or any other
-    process, needs to make progress (issue 39: three busy Dask processes on
-    two cores spun 8% of their CPU away). Elsewhere (no such file): never
-    taken, a spin as before."""
-
-    def __init__(self, path="/proc/loadavg"):
-        self.path = path
-        self.fd = None
-        self.n = 0
-
-    def taken(self) -> bool:
-        if self.fd is None:
-            try:
-                self.n = len(os.sched_getaffinity(0))
-                self.fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            except (OSError, AttributeError):
-                self.fd = -1
-        if self.fd < 0:
-            return False
-        try:
-            b = os.pread(self.fd, 128, 0)
-            return int(b.split(b" ", 4)[3].split(b"/", 1)[0]) > self.n
-        except (OSError, ValueError, IndexError):  # an unexpected layout: as where there is none
-            self.fd = -1
-            return False
-
-
-_cpus = _Cpus()
-
-
 class Listener:
     """Accepts connections for a Worker (from Worker.listen)."""
 
@@ -651,7 +615,7 @@ class Endpoint:
         if w.spin_s and not fut.done():
             if self._spin_skip:
                 self._spin_skip -= 1
-            elif not (w.spin_if_cpu_free and _cpus.taken()):
+            else:
                 self._spin(fut)
         try:
             await fut

@@ -240,48 +240,6 @@ def test_send_nowait_completes_when_the_peer_receives():
     run(main())
 
 
-def test_no_spin_while_every_cpu_is_taken(monkeypatch):
-    """Where every CPU has a runnable thread, a receive that finds nothing
-    sleeps at once (a poll would take the CPU its peer needs) and keeps its
-    backoff for when a CPU is free; with spin_if_cpu_free off it polls."""
-    monkeypatch.setattr(gser.ucx._cpus, "taken", lambda: True)
-
-    async def main():
-        w, lst, a, b = await pair(gser.ucx.Worker(spin_us=20000))
-        for gate, polls in ((True, False), (False, True)):
-            w.spin_if_cpu_free = gate
-            b._spin_skip = 0
-            t0 = asyncio.get_running_loop().time()
-            pending = asyncio.ensure_future(b.recv())
-            await asyncio.sleep(0)
-            took = asyncio.get_running_loop().time() - t0
-            assert (took >= 0.019) == polls, (gate, took)
-            assert b._spin_skip == (gser.ucx._SPIN_BACKOFF if polls else 0)
-            await a.send("wake")
-            assert await asyncio.wait_for(pending, 10) == "wake"
-        w.close()
-
-    run(main())
-
-
-def test_cpus_taken_from_loadavg(tmp_path):
-    """_Cpus reads the runnable threads of /proc/loadavg's layout against the
-    CPUs this process may use; a file it cannot read as that says never."""
-    n = len(os.sched_getaffinity(0))
-    cases = [(f"0.50 0.40 0.30 {n + 1}/200 4242\n", True), (f"0.50 0.40 0.30 {n}/200 4242\n", False),
-             ("1.0 1.0 1.0 1/90 7\n", False), ("not loadavg\n", False), ("1 2 3 x/9 1\n", False)]
-    for i, (text, taken) in enumerate(cases):
-        f = tmp_path / f"loadavg{i}"
-        f.write_text(text)
-        cpus = gser.ucx._Cpus(str(f))
-        assert cpus.taken() is taken, text
-        assert cpus.taken() is taken, text  # read again at each call (pread at 0)
-    assert gser.ucx._Cpus(str(tmp_path / "missing")).taken() is False
-    if os.path.exists("/proc/loadavg"):
-        cpus = gser.ucx._Cpus()
-        assert cpus.taken() in (True, False) and cpus.fd >= 0
-
-
 def cpu_seconds():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -305,13 +263,11 @@ def test_idle_worker_sleeps():
     run(main())
 
 
-def test_spin_polls_once_then_sleeps(monkeypatch):
+def test_spin_polls_once_then_sleeps():
     """Worker(spin_us=...): a receive that finds nothing polls that long
     before the loop sleeps, then the endpoint's next receives sleep at once
     (_SPIN_BACKOFF of them); an idle worker with a receive posted still
     costs no CPU, and messages arrive as without polling."""
-    monkeypatch.setattr(gser.ucx._cpus, "taken", lambda: False)  # a free CPU, whatever else runs here
-
     async def main():
         w, lst, a, b = await pair(gser.ucx.Worker(spin_us=20000))
         assert w.spin_s == pytest.approx(0.02)
