@@ -30,6 +30,23 @@ worker (the cycle) and tasks per batch, where the run's time goes outside
 the cycles (submission until the first compute-task, the last task-finished
 until gather returned), and the floor that Dask's pacing gives.
 --json prints the same as one JSON object per scheme.
+
+Instead of that, on bench_comm.py's cluster_tiny_5000_unpaced run (the
+scheduler's worker-saturation inf for it, every task sent at once):
+
+  --profile      cProfile on the event loops of all three processes (the
+                 main one holds the scheduler and the client), --reps runs
+                 per scheme: each process's CPU, the cyclic GC's
+                 collections and time, own time per task by area (gser's
+                 C and Python, msgpack, Dask's comm and protocol, tornado,
+                 asyncio, idle) and the functions whose time differs most.
+  --perf DIR     Linux perf on the same processes (native code and the
+                 kernel included): CPU per run by library and symbol.
+  --unpaced-ab   the run --reps times for each of --variants (gser:// as
+                 built, gser:// with every part through Dask's
+                 protocol.dumps / loads, spin-us 0, tcp://), the order
+                 rotated round by round: wall and all processes' CPU per
+                 run, medians and ratios against tcp://.
 """
 
 import argparse

@@ -134,8 +134,10 @@ _SAMPLE_BYTES = 10_000  # a sample of each large frame, as gser's own sampling t
 # A whole Dask message encoded by gser in C (a "dask.msg": its dicts, lists,
 # tuples and scalars as gser values) instead of Dask's to_frames and
 # from_frames, between comms whose handshakes both announce _MSG_KEY. Its
-# parts (Serialize, Serialized, ToPickle, Pickled) are made and rebuilt by
-# Dask's own protocol.dumps and loads, one part at a time ("dask.part": the
+# parts (Serialize, Serialized, ToPickle, Pickled) are made and rebuilt as
+# Dask's own protocol.dumps and loads make them (_dump_part, _load_part: its
+# steps without the call, where gser checked that Dask's body; else the
+# call), one part at a time ("dask.part": the
 # part's kind, its sub-header and its frames, as Dask's frames would carry
 # them), so that families, on_error, context, pass-through on the scheduler
 # (deserialize=False) and unpickling are Dask's, in each Dask version. What
