@@ -30,6 +30,23 @@ worker (the cycle) and tasks per batch, where the run's time goes outside
 the cycles (submission until the first compute-task, the last task-finished
 until gather returned), and the floor that Dask's pacing gives.
 --json prints the same as one JSON object per scheme.
+
+Instead of that, on bench_comm.py's cluster_tiny_5000_unpaced run (the
+scheduler's worker-saturation inf for it, every task sent at once):
+
+  --profile      cProfile on the event loops of all three processes (the
+                 main one holds the scheduler and the client), --reps runs
+                 per scheme: each process's CPU, the cyclic GC's
+                 collections and time, own time per task by area (gser's
+                 C and Python, msgpack, Dask's comm and protocol, tornado,
+                 asyncio, idle) and the functions whose time differs most.
+  --perf DIR     Linux perf on the same processes (native code and the
+                 kernel included): CPU per run by library and symbol.
+  --unpaced-ab   the run --reps times for each of --variants (gser:// as
+                 built, gser:// with every part through Dask's
+                 protocol.dumps / loads, spin-us 0, tcp://), the order
+                 rotated round by round: wall and all processes' CPU per
+                 run, medians and ratios against tcp://.
 """
 
 import argparse
@@ -479,6 +496,324 @@ def batch_check(schemes, n, reps):
     return asyncio.run(go())
 
 
+# ---- --profile: cProfile in every process of the unpaced run -------------------------------------------------
+
+def _unpaced(value, dask_scheduler=None):
+    """bench_comm.py's cluster_tiny_5000_unpaced setting, on the scheduler's
+    loop between runs: WORKER_SATURATION value, or None for its own again."""
+    if value is None:
+        value = getattr(dask_scheduler, "_trace_saturation", dask_scheduler.WORKER_SATURATION)
+    elif not hasattr(dask_scheduler, "_trace_saturation"):
+        dask_scheduler._trace_saturation = dask_scheduler.WORKER_SATURATION
+    dask_scheduler.WORKER_SATURATION = value
+
+
+def prof_start(dask_scheduler=None, dask_worker=None):
+    """cProfile on the calling thread (a server's event loop: client.run and
+    run_on_scheduler call a plain function there), and the process's and
+    thread's CPU clocks."""
+    import cProfile
+    import sys
+    import threading
+    import time
+    import types
+
+    mod = sys.modules.setdefault("_gser_prof", types.ModuleType("_gser_prof"))
+    if getattr(mod, "prof", None) is not None:  # the scheduler and client share a loop: profiled once
+        return threading.get_ident()
+    mod.prof = cProfile.Profile()
+    mod.t0 = (time.perf_counter(), time.process_time(), time.thread_time(), threading.get_ident())
+    # The cyclic GC's collections and time per generation (a collection's
+    # time lands on whatever function allocated when it started).
+    mod.gc = [[0, 0.0], [0, 0.0], [0, 0.0]]
+    mod.gc_t = 0.0
+
+    def on_gc(phase, info):
+        if phase == "start":
+            mod.gc_t = time.perf_counter()
+        else:
+            g = mod.gc[info["generation"]]
+            g[0] += 1
+            g[1] += time.perf_counter() - mod.gc_t
+    import gc
+    if getattr(mod, "on_gc", None) in gc.callbacks:
+        gc.callbacks.remove(mod.on_gc)
+    mod.on_gc = on_gc
+    gc.callbacks.append(on_gc)
+    mod.prof.enable()
+    return threading.get_ident()
+
+
+def prof_stop(dask_scheduler=None, dask_worker=None):
+    """(the profile's stats {(file, line, func): (cc, nc, tt, ct, callers)}
+    without callers, wall s, process CPU s, loop thread CPU s, the cyclic
+    GC's [(collections, s)] per generation in all the process's threads)."""
+    import sys
+    import time
+
+    mod = sys.modules["_gser_prof"]
+    if mod.prof is None:  # stopped already (the same loop)
+        return None
+    mod.prof.disable()
+    import gc
+    if mod.on_gc in gc.callbacks:
+        gc.callbacks.remove(mod.on_gc)
+    w0, p0, t0, _ = mod.t0
+    wall, cpu, tcpu = time.perf_counter() - w0, time.process_time() - p0, time.thread_time() - t0
+    mod.prof.create_stats()
+    stats = {k: v[:4] for k, v in mod.prof.stats.items()}
+    mod.prof = None
+    return stats, wall, cpu, tcpu, [(n, round(t, 4)) for n, t in mod.gc]
+
+
+async def _aprof(fn):
+    return fn()
+
+
+def _fname(key):
+    f, line, name = key
+    if f == "~":
+        return name
+    parts = f.replace("\\", "/").split("/")
+    for root in ("distributed", "tornado", "asyncio", "gser", "msgpack", "dask"):
+        if root in parts:
+            f = "/".join(parts[len(parts) - 1 - parts[::-1].index(root):])
+            break
+    else:
+        f = parts[-1]
+    return f"{f}:{line}({name})"
+
+
+_AREAS = (("idle (epoll)", ("select.epoll",)), ("gser C (_gser)", ("gser._gser",)),
+          ("gser Python (gser/)", ("gser/",)), ("msgpack", ("msgpack",)), ("pickle", ("pickle",)),
+          ("Dask comm (distributed/comm)", ("distributed/comm/",)),
+          ("Dask protocol (distributed/protocol)", ("distributed/protocol/",)),
+          ("tornado + sockets", ("tornado/", "_socket.socket")), ("asyncio", ("asyncio/", "_asyncio", "selectors")),
+          ("Dask other (distributed/, dask/)", ("distributed/", "dask/")))
+
+
+def _area(fn):
+    for name, marks in _AREAS:
+        if any(m in fn for m in marks):
+            return name
+    return "other (builtins, stdlib, toolz)"
+
+
+def _merge_stats(stat_list):
+    out = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    for st in stat_list:
+        for k, (cc, nc, tt, ct) in st.items():
+            o = out[_fname(k)]
+            o[0] += nc
+            o[1] += tt
+            o[2] += ct
+    return out
+
+
+def profile_runs(clients, reps, top):
+    """Each scheme's unpaced run under cProfile (scheduler loop, both
+    workers' loops, the client's loop), its runs alternating; per process
+    role: wall, CPU, and the functions whose own time (tottime) differs
+    most between the first two schemes, per task."""
+    prof = {s: {"scheduler": [], "workers": [], "client": [], "cpu": collections.defaultdict(list), "wall": []}
+            for s in clients}
+    for s, c in clients.items():
+        c.run_on_scheduler(_unpaced, float("inf"))
+        one_run(c, False)  # warm-up, unpaced
+    for _ in range(reps):
+        for s, c in clients.items():
+            settle(clients.values())
+            client_tid = c.sync(_aprof, prof_start)
+            sched_tid = c.run_on_scheduler(prof_start)
+            c.run(prof_start)
+            t0, t1, _ = one_run(c, False)
+            wst = c.run(prof_stop)
+            sst = c.run_on_scheduler(prof_stop)
+            cst = c.sync(_aprof, prof_stop) if client_tid != sched_tid else None
+            prof[s]["wall"].append(round(t1 - t0, 3))
+            prof[s]["cpu"]["main_process (scheduler + client)"].append(round(sst[2], 3))
+            prof[s]["cpu"]["main_process_gc (collections, s) per generation"].append(sst[4])
+            prof[s]["cpu"]["workers_gc (collections, s) per generation"].append([st[4] for st in wst.values()])
+            prof[s]["scheduler"].append(sst[0])
+            prof[s]["cpu"]["scheduler_loop_thread"].append(round(sst[3], 3))
+            if cst is not None:
+                prof[s]["client"].append(cst[0])
+                prof[s]["cpu"]["client_loop_thread"].append(round(cst[3], 3))
+            for w, st in sorted(wst.items()):
+                prof[s]["workers"].append(st[0])
+            prof[s]["cpu"]["workers_process_sum"].append(round(sum(st[2] for st in wst.values()), 3))
+            prof[s]["cpu"]["workers_loop_thread_sum"].append(round(sum(st[3] for st in wst.values()), 3))
+    for s, c in clients.items():
+        c.run_on_scheduler(_unpaced, None)
+    schemes = list(clients)
+    out = {"wall_s": {s: prof[s]["wall"] for s in schemes},
+           "cpu_s": {s: dict(prof[s]["cpu"]) for s in schemes}, "roles": {}}
+    per = reps * N_TASKS
+    for role in ("scheduler", "workers", "client"):
+        merged = {s: _merge_stats(prof[s][role]) for s in schemes if prof[s][role]}
+        if len(merged) < 2:
+            continue
+        a, b = schemes[:2]
+        keys = set(merged[a]) | set(merged[b])
+        z = [0, 0.0, 0.0]
+        rows = sorted(keys, key=lambda k: -abs(merged[a].get(k, z)[1] - merged[b].get(k, z)[1]))[:top]
+        total = {s: sum(v[1] for v in merged[s].values()) for s in (a, b)}
+        areas = {s: collections.Counter() for s in (a, b)}
+        for s in (a, b):
+            for k, v in merged[s].items():
+                areas[s][_area(k)] += v[1]
+        out["roles"][role] = {
+            "own_time_s_per_run": {s: round(total[s] / reps, 3) for s in (a, b)},
+            "by_area_us_per_task": {s: {k: round(v / per * 1e6, 2) for k, v in areas[s].most_common()}
+                                    for s in (a, b)},
+            "top_own": {s: [(k, round(v[1] / per * 1e6, 3), round(v[0] / per, 3))
+                            for k, v in sorted(merged[s].items(), key=lambda kv: -kv[1][1])[:top]] for s in (a, b)},
+            "rows": [{"fn": k, **{f"{s}_us_per_task": round(merged[s].get(k, z)[1] / per * 1e6, 3) for s in (a, b)},
+                      **{f"{s}_calls_per_task": round(merged[s].get(k, z)[0] / per, 3) for s in (a, b)}}
+                     for k in rows]}
+    return out
+
+
+def _gser_setting(direct, spin_us=None):
+    """This process's gser:// (the client's and scheduler's here, a worker's
+    through client.run): gser.comm.DIRECT_PARTS (direct: parts made
+    without Dask's protocol.dumps / loads call, or through it), and its
+    gser.ucx workers' spin (spin_us None: distributed.comm.gser.spin-us)."""
+    import gser.comm
+    gser.comm.DIRECT_PARTS = direct
+    if spin_us is None:
+        spin_us = float(gser.comm._config("spin-us", gser.comm._SPIN_US) or 0)
+    for w in list(gser.comm._workers.values()):
+        w.spin_s = spin_us * 1e-6
+    return direct
+
+
+def _gc_collect():
+    import gc
+    gc.collect()
+
+
+def _cpu():
+    import time
+    return time.process_time()
+
+
+# --unpaced-ab's variants: name -> (scheme, _gser_setting's arguments or None)
+AB_VARIANTS = {
+    "gser": ("gser", (True, None)),                # this tree's gser://
+    "gser_dask_calls": ("gser", (False, None)),    # every part through Dask's dumps/loads (main before)
+    "gser_spin_0": ("gser", (True, 0)),            # parts direct, distributed.comm.gser.spin-us 0
+    "tcp": ("tcp", None),
+}
+
+
+def unpaced_ab(clients, reps, names):
+    """bench_comm.py's cluster_tiny_5000_unpaced run in one session for each
+    variant of names (AB_VARIANTS), the order rotated round by round, each
+    run after a settle and a gc.collect in every process: ({variant: [s,
+    ...]}, {variant: {"main": [CPU s], "workers": [CPU s]}}) (the CPU of
+    the main process, the scheduler's and client's, and both workers')."""
+    variants = [(n, *AB_VARIANTS[n]) for n in names]
+    times = {n: [] for n in names}
+    cpu = {n: {"main": [], "workers": []} for n in names}
+    for s, c in clients.items():
+        c.run_on_scheduler(_unpaced, float("inf"))
+        one_run(c, False)  # warm-up, unpaced
+    for r in range(reps):
+        k = r % len(variants)
+        for name, s, setting in variants[k:] + variants[:k]:
+            c = clients[s]
+            if setting is not None:
+                _gser_setting(*setting)
+                c.run(_gser_setting, *setting)
+            settle(clients.values())
+            _gc_collect()
+            c.run(_gc_collect)
+            m0, w0 = _cpu(), c.run(_cpu)
+            t0, t1, _ = one_run(c, False)
+            m1, w1 = _cpu(), c.run(_cpu)
+            times[name].append(round(t1 - t0, 3))
+            cpu[name]["main"].append(round(m1 - m0, 3))
+            cpu[name]["workers"].append(round(sum(w1[w] - w0[w] for w in w1), 3))
+    _gser_setting(*AB_VARIANTS["gser"][1])
+    for s, c in clients.items():
+        c.run_on_scheduler(_unpaced, None)
+        if s == "gser":
+            c.run(_gser_setting, *AB_VARIANTS["gser"][1])
+    return times, cpu
+
+
+def _pid():
+    import os
+    return os.getpid()
+
+
+def perf_runs(clients, reps, outdir):
+    """The unpaced run under Linux perf (sampling at 1999 Hz the main
+    process and both workers, every thread, kernel included: the native
+    side that cProfile does not see), --reps runs per scheme alternating:
+    {scheme: {"by_dso": [(share of the samples in %, dso)], "by_symbol":
+    [(%, dso, symbol)], "samples_per_run": n}}. perf's files stay in outdir."""
+    import subprocess
+
+    os.makedirs(outdir, exist_ok=True)
+    for s, c in clients.items():
+        c.run_on_scheduler(_unpaced, float("inf"))
+        one_run(c, False)
+    files = {s: [] for s in clients}
+    for r in range(reps):
+        for s, c in clients.items():
+            pids = [os.getpid(), *c.run(_pid).values()]
+            settle(clients.values())
+            f = os.path.join(outdir, f"{s}-{r}.data")
+            p = subprocess.Popen(["perf", "record", "-q", "-F", "1999", "-o", f, "-p", ",".join(map(str, pids))],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(0.3)  # perf attached
+            one_run(c, False)
+            p.send_signal(2)
+            p.wait(30)
+            files[s].append(f)
+    for s, c in clients.items():
+        c.run_on_scheduler(_unpaced, None)
+    out = {}
+    for s, fs in files.items():
+        by = {"dso": collections.Counter(), "dso,sym": collections.Counter()}
+        for f in fs:
+            for key, counter in by.items():
+                rep = subprocess.run(["perf", "report", "-i", f, "-n", "--sort", key, "--stdio", "-q"],
+                                     capture_output=True, text=True).stdout
+                for line in rep.splitlines():
+                    parts = line.split(None, 2)  # overhead, samples, the rest
+                    if len(parts) == 3 and parts[0].endswith("%") and parts[1].isdigit():
+                        counter[" ".join(parts[2].split())] += int(parts[1])
+        n = sum(by["dso"].values()) or 1
+        out[s] = {"cpu_s_per_run": round(n / 1999 / len(fs), 3),
+                  "by_dso_cpu_s_per_run": [(round(v / 1999 / len(fs), 3), k) for k, v in by["dso"].most_common(12)],
+                  "by_symbol_cpu_s_per_run": [(round(v / 1999 / len(fs), 3), k)
+                                              for k, v in by["dso,sym"].most_common(40)]}
+    return out
+
+
+def print_profile(out):
+    print(f"wall s: {out['wall_s']}")
+    for s, cpu in out["cpu_s"].items():
+        print(f"{s}:// CPU s per run: {cpu}")
+    for role, r in out["roles"].items():
+        (a, ta), (b, tb) = r["own_time_s_per_run"].items()
+        where = "the main process's loop (the scheduler's, and the client's where it shares it)" if role == "scheduler" else role
+        for s, areas in r["by_area_us_per_task"].items():
+            print(f"== {where}, {s}://: own time per task by area (us): {areas}")
+        for s, rows in r["top_own"].items():
+            print(f"== {where}, {s}://: most own time per task (us, calls)")
+            for k, us, calls in rows:
+                print(f"   {us:>9.2f} {calls:>8.2f}  {k}")
+        print(f"== {where}: own time per run {a} {ta} s, {b} {tb} s; largest differences per task")
+        print(f"   {a + ' us':>9} {b + ' us':>9} {a + ' calls':>10} {b + ' calls':>10}  function")
+        for row in r["rows"]:
+            print(f"   {row[a + '_us_per_task']:>9.2f} {row[b + '_us_per_task']:>9.2f} {row[a + '_calls_per_task']:>10.2f} "
+                  f"{row[b + '_calls_per_task']:>10.2f}  {row['fn']}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--schemes", default="gser,tcp")
@@ -490,6 +825,17 @@ def main():
     ap.add_argument("--batch", type=int, metavar="N", help="instead: one N-task compute-task batch through each "
                     "comm in this process, write -> read (e.g. 2500, what --saturation inf sends at once)")
     ap.add_argument("--dump", help="also pickle each traced run's raw records to this file (to look further)")
+    ap.add_argument("--profile", action="store_true", help="instead: bench_comm.py's cluster_tiny_5000_unpaced "
+                    "run under cProfile in every process (the scheduler's, workers' and client's event loops), "
+                    "--reps runs per scheme; prints the process CPU and the functions whose time differs most")
+    ap.add_argument("--unpaced-ab", action="store_true", help="instead: the unpaced run --reps times for each "
+                    "of --variants of gser:// and tcp://, rotating; prints the runs, medians, ratios and each "
+                    "run's CPU in all processes")
+    ap.add_argument("--variants", default="gser,gser_dask_calls,tcp", help="--unpaced-ab: which of "
+                    + ", ".join(AB_VARIANTS) + " (default gser,gser_dask_calls,tcp)")
+    ap.add_argument("--perf", metavar="DIR", help="instead: the unpaced run under Linux perf (main process and "
+                    "workers, kernel included), --reps runs per scheme; perf's files in DIR")
+    ap.add_argument("--top", type=int, default=30, help="--profile: functions listed per process role")
     args = ap.parse_args()
 
     import logging
@@ -514,6 +860,35 @@ def main():
         dask.config.set({"distributed.scheduler.worker-saturation": float(args.saturation)})
     print(f"# distributed {distributed.__version__}, python {sys.executable}, load {os.getloadavg()}",
           file=sys.stderr, flush=True)
+    if args.perf:
+        with contextlib.ExitStack() as stack:
+            out = perf_runs(row_clients(stack, schemes), args.reps, args.perf)
+        out = {"perf": out, "distributed": distributed.__version__, "load": [round(x, 2) for x in os.getloadavg()]}
+        print(json.dumps(out), flush=True)
+        return 0
+    if args.unpaced_ab:
+        with contextlib.ExitStack() as stack:
+            names = args.variants.split(",")
+            times, cpu = unpaced_ab(row_clients(stack, sorted({AB_VARIANTS[n][0] for n in names})), args.reps, names)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        cpu_med = {k: round(statistics.median(m + w for m, w in zip(v["main"], v["workers"])), 3)
+                   for k, v in cpu.items()}
+        out = {"runs_s": times, "median_s": med, "cpu_s": cpu,
+               "cpu_all_processes_median_s": cpu_med,
+               "cpu_ratio_vs_tcp": {k: round(v / cpu_med["tcp"], 3) for k, v in cpu_med.items()},
+               "uptime_load": [round(x, 2) for x in os.getloadavg()],
+               "ratio_vs_tcp": {k: round(v / med["tcp"], 3) for k, v in med.items()},
+               "distributed": distributed.__version__, "load": [round(x, 2) for x in os.getloadavg()]}
+        print(json.dumps(out), flush=True)
+        return 0
+    if args.profile:
+        with contextlib.ExitStack() as stack:
+            out = profile_runs(row_clients(stack, schemes), args.reps, args.top)
+        out.update(distributed=distributed.__version__, load=[round(x, 2) for x in os.getloadavg()])
+        print(json.dumps(out) if args.json else "", flush=True)
+        if not args.json:
+            print_profile(out)
+        return 0
     with contextlib.ExitStack() as stack:
         clients = row_clients(stack, schemes)  # bench_comm.py's clusters
         for s, c in clients.items():

@@ -78,6 +78,7 @@ import logging
 import math
 import socket
 import struct
+import threading
 import weakref
 
 import dask
@@ -133,8 +134,10 @@ _SAMPLE_BYTES = 10_000  # a sample of each large frame, as gser's own sampling t
 # A whole Dask message encoded by gser in C (a "dask.msg": its dicts, lists,
 # tuples and scalars as gser values) instead of Dask's to_frames and
 # from_frames, between comms whose handshakes both announce _MSG_KEY. Its
-# parts (Serialize, Serialized, ToPickle, Pickled) are made and rebuilt by
-# Dask's own protocol.dumps and loads, one part at a time ("dask.part": the
+# parts (Serialize, Serialized, ToPickle, Pickled) are made and rebuilt as
+# Dask's own protocol.dumps and loads make them (_dump_part, _load_part: its
+# steps without the call, where gser checked that Dask's body; else the
+# call), one part at a time ("dask.part": the
 # part's kind, its sub-header and its frames, as Dask's frames would carry
 # them), so that families, on_error, context, pass-through on the scheduler
 # (deserialize=False) and unpickling are Dask's, in each Dask version. What
@@ -166,12 +169,153 @@ class _Redo(Exception):
 _OFFLOAD = object()  # _encode_msg: encode again on the offload thread
 
 
+# Dask's protocol.dumps and loads for one part, made without the call where
+# the body of the installed Dask's dumps / loads is one gser has checked (its
+# source's sha256, below; per Dask version): the same steps with the same
+# functions, looked up in Dask's module at each call as Dask's code looks
+# them up, in the same order, so the same objects, header dicts and
+# errors (Dask's log line with them) come out; what the copy does not take
+# the ordinary way (a subclass, a header that is not a dict, a frame
+# count that is not a plain int, or any error before a deserializer ran)
+# goes through Dask's call after all. What it saves per part is Dask's
+# outer msgpack of the one-key {"__Serialized__": 1} map and its hook, and
+# a msgpack Packer made per dumps (issue 39: the scheduler reads and writes
+# a part per task in a tiny-task run, 2026.x's workers read one more).
+_DASK_SOURCES = {
+    "dumps": {"5f315c46d7932e30": "2022.12", "ddf64272e6473950": "2026"},
+    "loads": {"b2a81fa31ddf046c": "2022.12", "06d746db9f54c49d": "2026"},
+}
+#: Off: every part through Dask's own protocol.dumps and loads (tests compare).
+DIRECT_PARTS = True
+_checked: dict = {}  # Dask's function -> the variant of its checked source, or None
+_DASK = object()  # _load_part: Dask's loads decides this one
+
+
+def _dask_variant(name):
+    """Which checked body Dask's protocol function name has ("2022.12",
+    "2026"), or None (another body, no source, turned off)."""
+    if not DIRECT_PARTS:
+        return None
+    f = getattr(_dask_protocol, name)
+    try:
+        return _checked[f]
+    except KeyError:
+        pass
+    try:
+        import hashlib
+        import inspect
+
+        digest = hashlib.sha256(inspect.getsource(f).encode()).hexdigest()[:16]
+        variant = _DASK_SOURCES[name].get(digest)
+    except (OSError, TypeError):  # no source installed: Dask's call
+        variant = None
+    _checked[f] = variant
+    return variant
+
+
+_packers = threading.local()  # msgpack.dumps(x, **kw) is Packer(**kw).pack(x): one Packer per thread
+
+
+def _pack_sub_header(kind, sub_header):
+    """Dask's msgpack.dumps of a part's sub-header (with its
+    msgpack_encode_default for a serialized part; a pickled part's without
+    a default), with a kept Packer."""
+    default = _dask_protocol.msgpack_encode_default if kind == 0 else None
+    kept = getattr(_packers, "kept", None)
+    if kept is None:
+        kept = _packers.kept = {}
+    p = kept.get(default)
+    if p is None:
+        p = kept[default] = msgpack.Packer(default=default, use_bin_type=True) if kind == 0 else msgpack.Packer()
+    return p.pack(sub_header)
+
+
+def _compress_in_place(sub_header, sub_frames, context):
+    """Dask's dumps' _inplace_compress_frames, its compress_opts from the context."""
+    P = _dask_protocol
+    opts = {"compression": context["compression"]} if context and "compression" in context else {}
+    compression = list(sub_header.get("compression", [None] * len(sub_frames)))
+    for i in range(len(sub_frames)):
+        if compression[i] is None:
+            compression[i], sub_frames[i] = P.maybe_compress(sub_frames[i], **opts)
+    sub_header["compression"] = tuple(compression)
+
+
+def _dump_part(obj, serializers, on_error, context):
+    """(kind, sub-header, sub-frames...) as Dask's dumps makes them for the
+    part obj, or None: Dask's dumps is to make them (it then gives its own
+    error, where there is one)."""
+    P = _dask_protocol
+    t = type(obj)
+    try:
+        if t is Serialize:
+            kind = 0
+            sub_header, sub_frames = P.serialize_and_split(obj, serializers=serializers, on_error=on_error,
+                                                           context=context, size=_NO_SPLIT)
+            _compress_in_place(sub_header, sub_frames, context)
+        elif t is ToPickle:
+            kind = 1
+            sub_frames = []
+            ensure_memoryview = P.ensure_memoryview
+            sub_header = {"pickled-obj": P.pickle.dumps(obj.data,
+                                                        buffer_callback=lambda x: sub_frames.append(ensure_memoryview(x)))}
+            _compress_in_place(sub_header, sub_frames, context)
+        elif t is Serialized or t is Pickled:
+            kind = int(t is Pickled)
+            sub_header, sub_frames = obj.header, obj.frames
+            if type(sub_header) is not dict or type(sub_frames) is not list:
+                return None  # Dask's [sub_header] + sub_frames decides
+        else:
+            return None
+        if type(sub_frames) is not list:
+            return None
+        sub_header["num-sub-frames"] = len(sub_frames)
+        return (kind, _pack_sub_header(kind, sub_header), *sub_frames)
+    except Exception:
+        return None
+
+
+def _load_part(kind, header, frames, deserialize, deserializers, variant):
+    """What Dask's loads gives back for the part, or _DASK: its loads is to
+    decide (a header it would read otherwise, or would fail on)."""
+    P = _dask_protocol
+    try:
+        if kind == 0:
+            sub_header = msgpack.loads(header, object_hook=P.msgpack_decode_default, use_list=False,
+                                       **P.msgpack_opts)
+        else:
+            sub_header = msgpack.loads(header)
+        n = sub_header["num-sub-frames"]
+        if type(n) is not int or n < 0:
+            return _DASK
+        allow_pickle = kind == 0 or variant != "2022.12" or dask.config.get("distributed.scheduler.pickle")
+    except Exception:
+        return _DASK
+    sub_frames = frames if n >= len(frames) else frames[:n]
+    try:
+        if kind == 0:
+            if not deserialize:
+                return P.Serialized(sub_header, sub_frames)
+            if "compression" in sub_header:
+                sub_frames = P.decompress(sub_header, sub_frames)
+            return P.merge_and_deserialize(sub_header, sub_frames, deserializers=deserializers)
+        if not allow_pickle:
+            raise ValueError("Unpickle on the Scheduler isn't allowed, set `distributed.scheduler.pickle=true`")
+        if variant != "2022.12" and "compression" in sub_header:
+            sub_frames = P.decompress(sub_header, sub_frames)
+        return P.pickle.loads(sub_header["pickled-obj"], buffers=sub_frames)
+    except Exception:
+        P.logger.critical("Failed to deserialize", exc_info=True)  # as Dask's loads logs it
+        raise
+
+
 def _part_dumper(serializers, on_error, make_context, failed, first=None):
     """The encoder's callback: a part as (kind, sub-header, sub-frames...),
-    made by Dask's dumps (with the context make_context() makes, once),
-    after first() (which may raise _Redo). What Dask raises is noted in
-    failed (Dask's error, not a message gser declines)."""
+    made as Dask's dumps makes it (with the context make_context() makes,
+    once), after first() (which may raise _Redo). What Dask raises is
+    noted in failed (Dask's error, not a message gser declines)."""
     context = []
+    direct = _dask_variant("dumps") is not None
 
     def dump(obj):
         if not context:
@@ -179,6 +323,10 @@ def _part_dumper(serializers, on_error, make_context, failed, first=None):
                 first()
             context.append(make_context())
         try:
+            if direct:
+                out = _dump_part(obj, serializers, on_error, context[0])
+                if out is not None:
+                    return out
             frames = _dask_protocol.dumps(obj, serializers=serializers, on_error=on_error, context=context[0],
                                           frame_split_size=_NO_SPLIT)
             return (_PART_KINDS[bytes(frames[0])], *frames[1:])
@@ -192,11 +340,16 @@ def _part_loader(deserialize, deserializers, failed):
     """The decoder's callback: a part as Dask's loads gives it back (in this
     Dask version) from the frames Dask would have sent."""
     alloc = _alloc_state["fn"]
+    variant = _dask_variant("loads")
 
     def load(kind, header, frames):
         if alloc is not None:
             frames = [_received(f, alloc) if type(f) is DeviceArray else f for f in frames]
         try:
+            if variant is not None:
+                out = _load_part(kind, header, frames, deserialize, deserializers, variant)
+                if out is not _DASK:
+                    return out
             return _dask_protocol.loads([_PART_HEADS[kind], header, *frames], deserialize=deserialize,
                                         deserializers=deserializers)
         except BaseException as e:

@@ -568,3 +568,142 @@ def test_compression_setting_followed_write_by_write():
         return seen
 
     assert run(main()) == [None, "zstd", "lz4", "zstd", None, "lz4", None, None]
+
+
+# ---- a part made and rebuilt without Dask's protocol.dumps / loads call -----------------------------
+
+class Failing:
+    """Serializes (pickles); its unpickling raises."""
+    def __reduce__(self):
+        return (_fail, ("no loading this",))
+
+
+def _fail(msg):
+    raise RuntimeError(msg)
+
+
+def _part_objects():
+    ser = serialize(np.arange(5), serializers=("dask", "pickle"))
+    return [
+        to_serialize(np.arange(1000, dtype="f8").reshape(10, 100)),
+        to_serialize(np.int64(7)),
+        to_serialize(7),                               # the gser family's small int (the tiny-task result)
+        to_serialize(Opaque(1)),
+        to_serialize({"a": b"b", "t": (1, 2)}),
+        Serialized(*ser),
+        ToPickle(Opaque(2)),
+        ToPickle(np.arange(3000)),                     # out-of-band buffers: frames of a pickled part
+        Pickled(*_pickled(Opaque(3))),
+        to_serialize(Unserializable()),                # on_error="message": the "error" family
+        to_serialize(Failing()),
+    ]
+
+
+def _dask_part(obj, serializers):
+    from distributed.protocol import core
+
+    frames = core.dumps(obj, serializers=serializers, on_error="message", context={"compression": None},
+                        frame_split_size=gser.comm._NO_SPLIT)
+    return (gser.comm._PART_KINDS[bytes(frames[0])], *frames[1:])
+
+
+@pytest.mark.parametrize("serializers", [gser.comm.SERIALIZERS, ("dask", "pickle")])
+def test_direct_part_dump_is_dasks(serializers):
+    """Each supported Dask version's dumps body is one gser checked (else
+    the test says which one to look at), and the part gser makes without
+    the call is the kind, sub-header bytes and frames Dask's dumps makes."""
+    assert gser.comm._dask_variant("dumps") is not None, "a Dask whose protocol.dumps gser has not checked"
+    assert gser.comm._dask_variant("loads") is not None, "a Dask whose protocol.loads gser has not checked"
+    gser.comm._register_family()  # as every process that uses gser:// does
+    for a, b in zip(_part_objects(), _part_objects()):
+        mine = gser.comm._dump_part(a, serializers, "message", {"compression": None})
+        assert mine is not None, a
+        theirs = _dask_part(b, serializers)
+        assert mine[0] == theirs[0] and bytes(mine[1]) == bytes(theirs[1]), (a, mine[:2], theirs[:2])
+        assert [bytes(f) for f in mine[2:]] == [bytes(f) for f in theirs[2:]], a
+
+
+@pytest.mark.parametrize("deserialize", [True, False])
+def test_direct_part_load_is_dasks(deserialize, caplog):
+    """What gser rebuilds without Dask's loads call is what that call gives:
+    the same types and values, Serialized pass-through with the same header
+    dict (deserialize=False), pickles unpickled as Dask does; a failing
+    unpickle raises Dask's exception with Dask's log line."""
+    from distributed.protocol import core
+
+    gser.comm._register_family()
+    for obj in _part_objects():
+        kind, header, *frames = _dask_part(obj, gser.comm.SERIALIZERS)
+        frames = [memoryview(bytearray(f)) for f in frames]  # as received: writable memoryviews
+        try:
+            theirs = core.loads([gser.comm._PART_HEADS[kind], header, *frames], deserialize=deserialize)
+        except Exception as e:  # noqa: BLE001 (compared)
+            theirs = e
+        with caplog.at_level(logging.CRITICAL, logger="distributed.protocol.core"):
+            caplog.clear()
+            try:
+                mine = gser.comm._load_part(kind, header, list(frames), deserialize, None,
+                                            gser.comm._dask_variant("loads"))
+            except Exception as e:  # noqa: BLE001
+                mine = e
+                assert "Failed to deserialize" in caplog.text
+        assert mine is not gser.comm._DASK, obj
+        assert same(mine, theirs), (obj, mine, theirs)
+        if isinstance(theirs, Serialized):
+            assert type(mine.frames) is type(theirs.frames) is list
+        if type(obj) is Serialize and type(obj.data) is Failing:
+            assert isinstance(mine, RuntimeError) == deserialize
+
+
+def test_direct_part_load_odd_headers_go_to_dask():
+    """A sub-header the copy would not read as Dask does (no frame count, a
+    negative or non-int one, not a map, not msgpack) is Dask's loads' call."""
+    import msgpack
+
+    for header in [msgpack.dumps({"serializer": "pickle"}), msgpack.dumps({"num-sub-frames": -1}),
+                   msgpack.dumps({"num-sub-frames": "1"}), msgpack.dumps({"num-sub-frames": True}),
+                   msgpack.dumps([1, 2]), b"\xc1"]:
+        for kind in (0, 1):
+            assert gser.comm._load_part(kind, header, [b"x"], True, None, "2026") is gser.comm._DASK
+
+
+def test_direct_parts_only_for_checked_dask(monkeypatch):
+    """Another body of Dask's dumps or loads (a patched one here) is called,
+    never copied."""
+    from distributed.protocol import core
+
+    calls = collections.Counter()
+    dumps, loads = core.dumps, core.loads
+
+    def counted_dumps(*a, **k):
+        calls["dumps"] += 1
+        return dumps(*a, **k)
+
+    def counted_loads(*a, **k):
+        calls["loads"] += 1
+        return loads(*a, **k)
+
+    monkeypatch.setattr(core, "dumps", counted_dumps)
+    monkeypatch.setattr(core, "loads", counted_loads)
+    assert gser.comm._dask_variant("dumps") is None and gser.comm._dask_variant("loads") is None
+    got = run(through("gser", [{"x": to_serialize(np.arange(3)), "y": ToPickle(Opaque(4))}]))
+    assert np.array_equal(got[0]["x"], np.arange(3)) and got[0]["y"] == Opaque(4)
+    assert calls == {"dumps": 2, "loads": 2}
+    monkeypatch.undo()
+    calls.clear()
+    got = run(through("gser", [{"x": to_serialize(np.arange(3)), "y": ToPickle(Opaque(4))}]))
+    assert np.array_equal(got[0]["x"], np.arange(3)) and got[0]["y"] == Opaque(4) and not calls
+
+
+@pytest.mark.skipif(not hasattr(dask.config, "get") or distributed.__version__ >= "2023",
+                    reason="distributed 2022.12's loads refuses pickles where distributed.scheduler.pickle is off")
+def test_direct_part_load_refuses_pickle_as_2022():
+    from distributed.protocol import core
+
+    kind, header, *frames = _dask_part(ToPickle(Opaque(2)), gser.comm.SERIALIZERS)
+    with dask.config.set({"distributed.scheduler.pickle": False}):
+        with pytest.raises(ValueError, match="Unpickle on the Scheduler") as theirs:
+            core.loads([gser.comm._PART_HEADS[kind], header, *frames], deserialize=False)
+        with pytest.raises(ValueError, match="Unpickle on the Scheduler") as mine:
+            gser.comm._load_part(kind, header, frames, False, None, gser.comm._dask_variant("loads"))
+    assert str(mine.value) == str(theirs.value)
