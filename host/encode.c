@@ -13,91 +13,12 @@
 #include <msgpack/timestamp.h>
 
 #include "internal.h"
+#include "mpsink.h"
 
 /* The version a message without compressed frames is written in: what
  * readers of version 2 read. */
 #define WIRE_VERSION_PLAIN 2
 
-/* ---- output sink for msgpack-c: growable, with a sticky out-of-memory flag -- */
-
-typedef struct obuf {
-    char *p;
-    size_t len;
-    size_t cap;
-    bool oom;
-    bool heap; /* p was malloc'd; else it is the caller's initial buffer */
-} obuf_t;
-
-static void obuf_init(obuf_t *b, char *initial, size_t cap)
-{
-    *b = (obuf_t){.p = initial, .cap = cap};
-}
-
-static void obuf_free(obuf_t *b)
-{
-    if (b->heap)
-        free(b->p);
-}
-
-/* The slow path of obuf_write: grow (from the initial buffer to the heap). */
-static int obuf_grow_write(obuf_t *b, const void *buf, size_t len)
-{
-    if (b->oom)
-        return -1;
-    size_t cap = b->cap;
-    while (cap - b->len < len) {
-        if (cap > SIZE_MAX / 2) {
-            b->oom = true;
-            return -1;
-        }
-        cap *= 2;
-    }
-    char *np = b->heap ? realloc(b->p, cap) : malloc(cap);
-    if (!np) {
-        b->oom = true;
-        return -1;
-    }
-    if (!b->heap)
-        memcpy(np, b->p, b->len);
-    b->p = np;
-    b->cap = cap;
-    b->heap = true;
-    memcpy(b->p + b->len, buf, len);
-    b->len += len;
-    return 0;
-}
-
-/* Appends one token (a type byte with its fixed payload, or a body). After a
- * failed growth the output is discarded (oom is checked at the end), so what
- * still fits may be written. */
-static inline int obuf_write(obuf_t *b, const void *buf, size_t len)
-{
-    if (len > b->cap - b->len)
-        return obuf_grow_write(b, buf, len);
-    if (len) /* an empty body may come with a NULL pointer */
-        gser__copy_short(b->p + b->len, buf, len);
-    b->len += len;
-    return 0;
-}
-
-/* msgpack-c's pack template (the one msgpack_pack_* are made from),
- * instantiated as pk_* to append straight into an obuf: with the sink known,
- * the compiler turns each token into a few stores instead of an indirect call.
- * The template's timestamp code calls msgpack_pack_ext by name. */
-#define msgpack_pack_inline_func(name) static inline int pk##name
-#define msgpack_pack_inline_func_fixint(name) static inline int pk_fix##name
-#define msgpack_pack_inline_func_cint(name) static inline int pk##name
-#define msgpack_pack_user obuf_t *
-#define msgpack_pack_append_buffer(user, buf, len) return obuf_write(user, buf, len)
-#define msgpack_pack_ext pk_ext
-#if defined(__GNUC__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-function"
-#endif
-#include <msgpack/pack_template.h>
-#if defined(__GNUC__)
-#pragma GCC diagnostic pop
-#endif
 #undef msgpack_pack_ext
 
 static inline void pk_str_with_body(obuf_t *pk, const void *b, size_t l)

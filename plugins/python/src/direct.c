@@ -114,79 +114,10 @@ static bool trace_on(void)
 
 /* ---- writing ---------------------------------------------------------------------------- */
 
-typedef struct dbuf {
-    char *p;
-    size_t len, cap;
-    bool oom, heap;
-} dbuf_t;
-
-static void dbuf_init(dbuf_t *b, char *initial, size_t cap)
-{
-    *b = (dbuf_t){.p = initial, .cap = cap};
-}
-
-static void dbuf_free(dbuf_t *b)
-{
-    if (b->heap)
-        free(b->p);
-}
-
-static int dbuf_grow_write(dbuf_t *b, const void *buf, size_t len)
-{
-    if (b->oom)
-        return -1;
-    size_t cap = b->cap;
-    while (cap - b->len < len) {
-        if (cap > SIZE_MAX / 2) {
-            b->oom = true;
-            return -1;
-        }
-        cap *= 2;
-    }
-    char *np = b->heap ? realloc(b->p, cap) : malloc(cap);
-    if (!np) {
-        b->oom = true;
-        return -1;
-    }
-    if (!b->heap)
-        memcpy(np, b->p, b->len);
-    b->p = np;
-    b->cap = cap;
-    b->heap = true;
-    memcpy(b->p + b->len, buf, len);
-    b->len += len;
-    return 0;
-}
-
-static inline int dbuf_write(dbuf_t *b, const void *buf, size_t len)
-{
-    if (len > b->cap - b->len)
-        return dbuf_grow_write(b, buf, len);
-    if (len)
-        memcpy(b->p + b->len, buf, len);
-    b->len += len;
-    return 0;
-}
-
-/* msgpack-c's pack template, as the core's encoder (host/encode.c) uses it:
- * the same calls give the same bytes. */
-#define msgpack_pack_inline_func(name) static inline int pk##name
-#define msgpack_pack_inline_func_fixint(name) static inline int pk_fix##name
-#define msgpack_pack_inline_func_cint(name) static inline int pk##name
-#define msgpack_pack_user dbuf_t *
-#define msgpack_pack_append_buffer(user, buf, len) return dbuf_write(user, buf, len)
-#define msgpack_pack_ext pk_ext
-#if defined(__GNUC__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-function"
-#endif
-#include <msgpack/pack_template.h>
-#if defined(__GNUC__)
-#pragma GCC diagnostic pop
-#endif
+#include "mpsink.h" /* the core encoder's sink and pack template: the same calls give the same bytes */
 #undef msgpack_pack_ext
 
-static void pk_uint_ext(dbuf_t *pk, uint64_t u)
+static void pk_uint_ext(obuf_t *pk, uint64_t u)
 {
     unsigned char le[8];
     memcpy(le, &u, 8); /* little-endian host, as the core checks */
@@ -195,7 +126,7 @@ static void pk_uint_ext(dbuf_t *pk, uint64_t u)
 }
 
 /* A tagged tuple's start: [ext(2), tag, ...] with nfields after the tag. */
-static void pk_tag(dbuf_t *pk, pg_tag_t tag, size_t nfields)
+static void pk_tag(obuf_t *pk, pg_tag_t tag, size_t nfields)
 {
     pk_array(pk, nfields + 2);
     pk_ext(pk, 0, EXT_TUPLE);
@@ -210,7 +141,7 @@ typedef struct denc {
     int nodes;  /* values left */
 } denc_t;
 
-static int w_value(denc_t *e, dbuf_t *pk, PyObject *o, int depth);
+static int w_value(denc_t *e, obuf_t *pk, PyObject *o, int depth);
 
 /* An exact int: 0 int64, 1 uint64, 2 beyond 64 bits. */
 static int int_class(PyObject *o, int64_t *i, uint64_t *u)
@@ -230,7 +161,7 @@ static int int_class(PyObject *o, int64_t *i, uint64_t *u)
 
 /* A scalar that is a gser map key (encode.c's is_map_key and enc_scalar):
  * WR_OK written, WR_BAIL not one (nothing written). */
-static int w_key(dbuf_t *pk, PyObject *o)
+static int w_key(obuf_t *pk, PyObject *o)
 {
     PyTypeObject *t = Py_TYPE(o);
     if (t == &PyUnicode_Type) {
@@ -282,7 +213,7 @@ static bool is_key(PyObject *o)
 }
 
 /* A list of ints some of which are beyond 64 bits, packed (tag 18, kind 1). */
-static int w_packed_ints(dbuf_t *pk, PyObject *const *items, Py_ssize_t n, bool tuple)
+static int w_packed_ints(obuf_t *pk, PyObject *const *items, Py_ssize_t n, bool tuple)
 {
     int64_t lens[DIRECT_ITEMS_MAX];
     size_t total = 0;
@@ -332,7 +263,7 @@ static int w_packed_ints(dbuf_t *pk, PyObject *const *items, Py_ssize_t n, bool 
 /* A sequence of n items (encode.c's enc_seq for fewer than 15 items): a
  * list, or a tuple (escaped in a "python.tree" when it starts with a uint);
  * a list of ints of which some are beyond 64 bits is packed there. */
-static int w_seq(denc_t *e, dbuf_t *pk, PyObject *const *items, Py_ssize_t n, bool tuple, int depth)
+static int w_seq(denc_t *e, obuf_t *pk, PyObject *const *items, Py_ssize_t n, bool tuple, int depth)
 {
     if (n > DIRECT_ITEMS_MAX || (n && depth + 1 > DIRECT_DEPTH_MAX))
         return WR_BAIL;
@@ -375,7 +306,7 @@ static int w_seq(denc_t *e, dbuf_t *pk, PyObject *const *items, Py_ssize_t n, bo
     return WR_OK;
 }
 
-static int w_dict(denc_t *e, dbuf_t *pk, PyObject *o, int depth)
+static int w_dict(denc_t *e, obuf_t *pk, PyObject *o, int depth)
 {
     Py_ssize_t n = PyDict_GET_SIZE(o), pos = 0;
     PyObject *key, *value;
@@ -412,7 +343,7 @@ static int w_dict(denc_t *e, dbuf_t *pk, PyObject *o, int depth)
     return WR_OK;
 }
 
-static int w_value(denc_t *e, dbuf_t *pk, PyObject *o, int depth)
+static int w_value(denc_t *e, obuf_t *pk, PyObject *o, int depth)
 {
     if (--e->nodes < 0)
         return WR_BAIL;
@@ -532,10 +463,10 @@ int pg_direct_dumps(pg_state_t *s, PyObject *obj, PyObject **header_out)
     if (!direct_on || trace_on() || !dt_ready())
         return 0;
     char initial[1024], subinit[1024];
-    dbuf_t hdr, sub;
-    dbuf_init(&hdr, initial, sizeof initial);
-    dbuf_init(&sub, subinit, sizeof subinit);
-    dbuf_write(&hdr, header_start, sizeof header_start);
+    obuf_t hdr, sub;
+    obuf_init(&hdr, initial, sizeof initial);
+    obuf_init(&sub, subinit, sizeof subinit);
+    obuf_write(&hdr, header_start, sizeof header_start);
     denc_t e = {.s = s, .ext = false, .nodes = DIRECT_NODES};
     int r = w_value(&e, &hdr, obj, 1);
     if (r == WR_NEED_EXT) { /* again, as a "python.tree" object (encode.c's enc_scope) */
@@ -560,8 +491,8 @@ int pg_direct_dumps(pg_state_t *s, PyObject *obj, PyObject **header_out)
     PyObject *b = NULL;
     if (r == WR_OK && !hdr.oom && !sub.oom)
         b = PyBytes_FromStringAndSize(hdr.p, (Py_ssize_t)hdr.len);
-    dbuf_free(&hdr);
-    dbuf_free(&sub);
+    obuf_free(&hdr);
+    obuf_free(&sub);
     if (r != WR_OK || hdr.oom || sub.oom)
         return 0;
     if (!b)
