@@ -17,7 +17,7 @@ them, as between two nodes without RDMA. The namespaces are removed at the
 end, also when the run is interrupted (and those of earlier runs that were
 killed outright, at the start).
 
-For each link, the rows (values: best of --reps, more rounds up to 4 x
+For each link, the rows (values: best of --reps, more rounds up to 16 x
 --reps on a link where a round takes under 0.5 s; a busy machine only ever
 slows a transfer down; every anchor measured in the same run, the schemes
 alternating):
@@ -467,6 +467,9 @@ async def message_client(address, size):
     await comm.close()
 
 
+FAST_ROUNDS = 16  # rounds, x --reps, where a round takes under 0.5 s
+
+
 class MessagePairs:
     """A server and a client process for each variant: servers in the
     second namespace, clients in the first (ns None: both here, on
@@ -512,9 +515,11 @@ class MessagePairs:
 
     def runs(self, kind, reps):
         """{variant: [GB/s, ...]}: reps transfers after a warm-up, the variants
-        alternating (their order rotated round by round); more rounds (up to 4 x reps) while a round takes under
-        0.5 s, because on a fast link one transfer is tens of ms and best of 3
-        of two identical raw sends differed by 20% on this shared machine."""
+        alternating (their order rotated round by round); more rounds (up to
+        FAST_ROUNDS x reps) while a round takes under 0.5 s, because on a fast
+        link one transfer is tens of ms, and two identical raw sends on the
+        unshaped veth differ round by round by up to 2.9x on this shared
+        machine: the paired rows' median needs tens of rounds there."""
         runs = {v: [] for v in self.clients}
         i = 0
         while True:
@@ -525,7 +530,7 @@ class MessagePairs:
                 if i:
                     runs[v].append(x)
             i += 1
-            if i > reps and (i > 4 * reps or time.perf_counter() - t0 >= 0.5):
+            if i > reps and (i > FAST_ROUNDS * reps or time.perf_counter() - t0 >= 0.5):
                 return runs
 
     def close(self):
