@@ -8,6 +8,7 @@
  * 1 GiB tables gains nothing from a 256 MiB cache, since every message would
  * fault in 768 MiB of fresh pages. */
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -178,9 +179,12 @@ gser_status_t gux_pool_frame(gux_pool_t *p, size_t size, gser_frame_t *out)
     unsigned cls = 0;
     bool pooled = p && size >= POOL_MIN;
     pool_buf_t *b = NULL;
+    /* No object is larger than PTRDIFF_MAX (malloc refuses it, ASan aborts) */
+    if (size > PTRDIFF_MAX)
+        return gux_fail(GSER_ERR_NO_MEMORY, "receive: a %zu-byte frame is too large", size);
     if (pooled) {
         cls = size_class(size, &cap);
-        if (cap < size) /* the class's capacity overflowed */
+        if (cap < size || cap > PTRDIFF_MAX) /* the class's capacity overflowed */
             return gux_fail(GSER_ERR_NO_MEMORY, "receive: a %zu-byte frame is too large", size);
         pthread_mutex_lock(&p->lock);
         if ((b = p->free[cls])) {
