@@ -287,49 +287,36 @@ static PyObject *py_family_dumps(PyObject *self, PyObject *const *args, Py_ssize
             Py_XDECREF(recipient);
         }
     }
-    PyObject *direct = NULL;
+    PyObject *direct = NULL, *comp = NULL, *list = NULL;
     int dr = families == s->fam_host ? pg_direct_dumps(s, obj, &direct) : 0;
     if (dr < 0)
         return NULL;
-    if (dr) { /* the header is the whole message */
-        PyObject *header = PyDict_New(), *list = PyList_New(1), *comp = PyTuple_New(1), *one = PyLong_FromLong(1);
-        int bad = !header || !list || !comp || !one || PyDict_SetItem(header, s->str_gser, one) < 0;
-        Py_XDECREF(one);
-        if (bad) {
-            Py_XDECREF(header);
+    if (dr) { /* the header is the whole message: one host frame */
+        list = PyList_New(1);
+        comp = list ? PyTuple_Pack(1, Py_None) : NULL;
+        if (!comp) {
             Py_XDECREF(list);
-            Py_XDECREF(comp);
             Py_DECREF(direct);
             return NULL;
         }
         PyList_SET_ITEM(list, 0, direct);
-        PyTuple_SET_ITEM(comp, 0, Py_NewRef(Py_None));
-        bad = PyDict_SetItem(header, s->str_compression, comp);
-        Py_DECREF(comp);
-        if (bad) {
-            Py_DECREF(header);
-            Py_DECREF(list);
+    } else {
+        pg_encode_options_t eo = {.strict = 1, .decline = PG_DECLINE_OBJECT};
+        PgOwner *owner = pg_serialize(s, obj, families, &eo, false, GSER_COMPRESSION_NONE);
+        if (!owner) {
+            if (PyErr_ExceptionMatches(s->Declined)) {
+                s->fam_count[PG_FAM_DECLINED]++;
+            } else if (PyErr_ExceptionMatches(PyExc_NotImplementedError)) {
+                s->fam_count[PG_FAM_REFUSED]++;
+            } else if (PyErr_ExceptionMatches(s->GserError) || PyErr_ExceptionMatches(PyExc_OverflowError) ||
+                       PyErr_ExceptionMatches(PyExc_UnicodeError)) {
+                s->fam_count[PG_FAM_REFUSED]++;
+                refused_as_not_implemented(obj);
+            }
             return NULL;
         }
-        s->fam_count[PG_FAM_DUMPS]++;
-        return pair_steal(header, list);
+        list = family_frames(s, owner, obj, &comp);
     }
-    pg_encode_options_t eo = {.strict = 1, .decline = PG_DECLINE_OBJECT};
-    PgOwner *owner = pg_serialize(s, obj, families, &eo, false, GSER_COMPRESSION_NONE);
-    if (!owner) {
-        if (PyErr_ExceptionMatches(s->Declined)) {
-            s->fam_count[PG_FAM_DECLINED]++;
-        } else if (PyErr_ExceptionMatches(PyExc_NotImplementedError)) {
-            s->fam_count[PG_FAM_REFUSED]++;
-        } else if (PyErr_ExceptionMatches(s->GserError) || PyErr_ExceptionMatches(PyExc_OverflowError) ||
-                   PyErr_ExceptionMatches(PyExc_UnicodeError)) {
-            s->fam_count[PG_FAM_REFUSED]++;
-            refused_as_not_implemented(obj);
-        }
-        return NULL;
-    }
-    PyObject *comp = NULL;
-    PyObject *list = family_frames(s, owner, obj, &comp);
     /* A new header dict each time: Dask adds "serializer" to it. */
     PyObject *header = list ? PyDict_New() : NULL, *one = header ? PyLong_FromLong(1) : NULL;
     int bad = !one || PyDict_SetItem(header, s->str_gser, one) < 0 || PyDict_SetItem(header, s->str_compression, comp) < 0;
