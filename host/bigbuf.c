@@ -4,13 +4,15 @@
  * Fresh memory is what such buffers cost most: every page is faulted in and
  * zeroed by the kernel, and on a virtual machine whose free memory the host
  * has taken back, each first touch costs more again (measured: the same 2 GiB
- * of writes taking 0.5 s or 5 s of system time depending on that). malloc
- * recycles freed memory, already faulted in, but only below its mapping
- * threshold (which glibc raises up to 32 MiB as large blocks are freed). So:
- * up to GSER_BIGBUF_HEAP_MAX the heap, whose memory the interpreter, numpy
- * and gser all give back to one another, with the large ones advised for
- * huge pages as numpy advises its own; above, an anonymous mapping rounded
- * up to 2 MiB and advised for huge pages, and freed mappings kept (up to
+ * of writes taking 0.5 s or 5 s of system time depending on that). The heap
+ * does not keep such blocks: over glibc's dynamic mapping threshold each is
+ * mapped anew, and under it, allocated on a thread (the offload thread that
+ * decompresses a message's parts) and freed on another, they fill the
+ * thread's arena, whose heaps are trimmed as they empty (measured: every 64
+ * MiB message received in 4 MiB parts faulted in 34 MiB of its decompressed
+ * pieces again: 8,700 page faults, a quarter of its CPU). So: up to
+ * GSER_BIGBUF_HEAP_MAX the heap; above, an anonymous mapping rounded up to 2
+ * MiB and advised for huge pages, and freed mappings kept (up to
  * GSER_BIGBUF_KEEP bytes in all) for the next buffer that fits, already
  * faulted in. A leaf: calls no other gser file.
  */
@@ -18,6 +20,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <gser/testing.h>
 
@@ -41,7 +44,8 @@
 #endif
 
 #define BIGBUF_ALIGN ((size_t)2 << 20) /* a huge page */
-#define BIGBUF_SLOTS 16
+#define BIGBUF_GIVE_MIN ((size_t)64 << 10) /* a tail worth a system call */
+#define BIGBUF_SLOTS 32 /* a 64 MiB message's 4 MiB pieces, and room */
 
 static struct {
     pthread_mutex_t lock;
@@ -54,6 +58,17 @@ static struct {
 static size_t maplen(size_t n)
 {
     return (n + BIGBUF_ALIGN - 1) & ~(BIGBUF_ALIGN - 1);
+}
+
+/* The whole pages of mapping p (len bytes) past its first used bytes given
+ * back: a kept mapping reused holds them, and a compressed frame, far
+ * smaller than the bound it was given, may be held long. */
+static void give_back_tail(void *p, size_t used, size_t len)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t from = (used + page - 1) / page * page;
+    if (from < len && len - from >= BIGBUF_GIVE_MIN)
+        (void)madvise((char *)p + from, len - from, MADV_DONTNEED);
 }
 
 /* The smallest kept mapping of at least len bytes, taken out of the pool
@@ -78,23 +93,10 @@ static void *pool_take(size_t len)
     return p;
 }
 
-/* Heap blocks from this size up are advised for huge pages (numpy's limit). */
-#define BIGBUF_HEAP_HUGE ((size_t)4 << 20)
-
 static void *heap_alloc(size_t n)
 {
     void *buf = NULL;
-    if (posix_memalign(&buf, 64, n ? n : 1))
-        return NULL;
-#ifdef MADV_HUGEPAGE
-    if (n >= BIGBUF_HEAP_HUGE) { /* the whole huge pages inside the block */
-        uintptr_t lo = ((uintptr_t)buf + BIGBUF_ALIGN - 1) & ~(BIGBUF_ALIGN - 1);
-        uintptr_t hi = ((uintptr_t)buf + n) & ~(BIGBUF_ALIGN - 1);
-        if (hi > lo)
-            (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
-    }
-#endif
-    return buf;
+    return posix_memalign(&buf, 64, n ? n : 1) ? NULL : buf;
 }
 
 void *gser__bigbuf_alloc(size_t n)
@@ -112,7 +114,7 @@ void *gser__bigbuf_alloc(size_t n)
         pool.stats.mapped++;
     pthread_mutex_unlock(&pool.lock);
     if (p)
-        return p;
+        return p; /* holds up to len bytes, as a fresh one does once written (its huge pages) */
     p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
         return NULL; /* never the heap instead: the size alone says how to free */
@@ -163,8 +165,12 @@ void gser__bigbuf_free(void *p, size_t n)
 
 void *gser__bigbuf_shrink(void *p, size_t n, size_t used)
 {
-    if (n > GSER_BIGBUF_HEAP_MAX || used >= n)
-        return p; /* a mapping's untouched tail holds no memory */
+    if (used >= n)
+        return p;
+    if (n > GSER_BIGBUF_HEAP_MAX) {
+        give_back_tail(p, used, maplen(n));
+        return p;
+    }
     void *q = realloc(p, used ? used : 1);
     return q ? q : p;
 }

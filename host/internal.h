@@ -527,21 +527,22 @@ GSER_INTERNAL const char *gser__codec_name(int codec);
 
 /* ---- large host buffers (host/bigbuf.c) ------------------------------------- */
 
-#define GSER_BIGBUF_HEAP_MAX ((size_t)32 << 20) /* up to this from the heap (glibc's largest mapping threshold) */
+#define GSER_BIGBUF_HEAP_MAX ((size_t)1 << 20) /* up to this from the heap; above, kept mappings */
 #define GSER_BIGBUF_KEEP ((size_t)128 << 20)    /* freed mappings kept for reuse, at most */
 
 /* Memory for a buffer of n bytes that is written whole before it is read
  * (a file read into it, a frame decompressed or compressed into it), 64-byte
  * aligned, contents undefined: up to GSER_BIGBUF_HEAP_MAX the heap (memory
  * freed by anyone in the process, already faulted in), above it an anonymous
- * mapping advised for huge pages, a freed one reused when one fits. NULL
- * when out of memory. Freed with gser__bigbuf_free(p, n), the same n. Any
- * thread. */
+ * mapping advised for huge pages, a freed one (already faulted in) reused
+ * when one fits. NULL when out of memory. Freed with gser__bigbuf_free(p,
+ * n), the same n. Any thread. */
 GSER_INTERNAL void *gser__bigbuf_alloc(size_t n);
 GSER_INTERNAL void gser__bigbuf_free(void *p, size_t n);
 /* p (gser__bigbuf_alloc(n)) cut to its first used bytes where that gives
- * memory back (a heap block; a mapping's untouched pages hold none): the
- * buffer, perhaps moved; still freed with gser__bigbuf_free(p, n). */
+ * memory back (a heap block moved; a mapping's whole pages past used given
+ * back in place, as a reused one holds them): the buffer, perhaps moved;
+ * still freed with gser__bigbuf_free(p, n). */
 GSER_INTERNAL void *gser__bigbuf_shrink(void *p, size_t n, size_t used);
 /* gser__bigbuf_free as a gser_release_fn: arg is n. */
 GSER_INTERNAL void gser__bigbuf_release(void *data, void *arg);

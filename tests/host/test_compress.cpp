@@ -578,6 +578,65 @@ TEST_F(Compress, AFileReadGivesBackTheHugePagesOfItsCompressedFrames)
     }
 }
 
+// Pages of [lo, hi) in memory (mincore), lo and hi rounded inwards to pages.
+size_t resident_pages(const void *from, const void *to)
+{
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)from + pg - 1) / pg * pg, hi = (uintptr_t)to / pg * pg;
+    if (hi <= lo)
+        return 0;
+    std::vector<unsigned char> in((hi - lo) / pg);
+    EXPECT_EQ(mincore((void *)lo, hi - lo, in.data()), 0) << strerror(errno);
+    size_t n = 0;
+    for (unsigned char c : in)
+        n += c & 1;
+    return n;
+}
+
+TEST_F(Compress, DecompressedFramesOfAFewMiBReuseMemoryAlreadyFaultedIn)
+{
+    // A message received in 4 MiB parts decompresses each into a buffer of
+    // its own: those must come back already faulted in for the next message
+    // (the heap's thread arenas gave them back to the kernel every time).
+    const size_t n = 5u << 20;
+    auto keys = sorted_keys(n / 8);
+    std::string small(10, 's');
+    auto m = two_buffers(ctx(), keys.data(), n, small.data(), small.size());
+    gser_bigbuf_stats_reset();
+    auto f = serialize_with(ctx(), m.get(), GSER_COMPRESSION_LZ4);
+    ASSERT_TRUE(f);
+    const gser_frame_t *fr = gser_frames_get_array(f.get());
+    ASSERT_LT(fr[1].size, n / 2);
+    std::vector<std::string> data;
+    for (size_t i = 1; i < gser_frames_get_count(f.get()); i++)
+        data.emplace_back((const char *)fr[i].data, fr[i].size);
+    std::string hdr = header_bytes(f.get());
+    gser_bigbuf_stats_t st;
+    gser_bigbuf_stats_get(&st);
+    const size_t mapped = st.mapped;
+    EXPECT_EQ(mapped, 1u) << "the compressed frame's buffer";
+    for (int round = 0; round < 3; round++) {
+        SCOPED_TRACE(round);
+        Decoded d = decode(ctx(), hdr, data);
+        ASSERT_EQ(d.st, GSER_OK) << d.err;
+        EXPECT_EQ(buffer_bytes(d.msg.get(), 0), std::string((const char *)keys.data(), n));
+        gser_bigbuf_stats_get(&st);
+        EXPECT_EQ(st.mapped, mapped + 1) << "mapped once, for the first message";
+        EXPECT_EQ(st.reused, (size_t)round);
+    }
+    // That buffer, now kept and faulted in, serves the next compression: its
+    // pages past the compressed bytes are given back (the frame may be held).
+    auto g = serialize_with(ctx(), m.get(), GSER_COMPRESSION_LZ4);
+    ASSERT_TRUE(g);
+    gser_bigbuf_stats_get(&st);
+    EXPECT_EQ(st.reused, 3u);
+    const gser_frame_t *gr = gser_frames_get_array(g.get());
+    ASSERT_EQ(gr[1].size, fr[1].size);
+    const char *at = (const char *)gr[1].data;
+    EXPECT_GT(resident_pages(at, at + gr[1].size), 0u);
+    EXPECT_EQ(resident_pages(at + gr[1].size, at + n), 0u) << "past the compressed bytes";
+}
+
 TEST(CompressDevice, DeviceAndStagedFramesAreNeverCompressed)
 {
     gser_context_options_t o = GSER_CONTEXT_OPTIONS_INIT;
