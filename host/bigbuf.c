@@ -5,12 +5,12 @@
  * zeroed by the kernel, and on a virtual machine whose free memory the host
  * has taken back, each first touch costs more again (measured: the same 2 GiB
  * of writes taking 0.5 s or 5 s of system time depending on that). The heap
- * does not keep such blocks: over glibc's dynamic mapping threshold each is
- * mapped anew, and under it, allocated on a thread (the offload thread that
- * decompresses a message's parts) and freed on another, they fill the
- * thread's arena, whose heaps are trimmed as they empty (measured: every 64
- * MiB message received in 4 MiB parts faulted in 34 MiB of its decompressed
- * pieces again: 8,700 page faults, a quarter of its CPU). So: up to
+ * did not keep such blocks for the next one: glibc maps a block over its
+ * dynamic threshold anew, and trims a thread arena's heaps as they empty
+ * (these are often allocated on the offload thread that decompresses a
+ * message's parts and freed on another). Measured: every 64 MiB message
+ * received in 4 MiB parts faulted in 34 MiB of its decompressed pieces
+ * again, 8,700 page faults and a quarter of the receiver's CPU. So: up to
  * GSER_BIGBUF_HEAP_MAX the heap; above, an anonymous mapping rounded up to 2
  * MiB and advised for huge pages, and freed mappings kept (up to
  * GSER_BIGBUF_KEEP bytes in all) for the next buffer that fits, already
