@@ -11,8 +11,8 @@
  * message's parts and freed on another). Measured: every 64 MiB message
  * received in 4 MiB parts faulted in 34 MiB of its decompressed pieces
  * again, 8,700 page faults and a quarter of the receiver's CPU. So: up to
- * GSER_BIGBUF_HEAP_MAX the heap; above, an anonymous mapping rounded up to 2
- * MiB and advised for huge pages, and freed mappings kept (up to
+ * GSER_BIGBUF_HEAP_MAX the heap; above, an anonymous mapping advised for
+ * huge pages (from 32 MiB rounded up to whole ones), and freed mappings kept (up to
  * GSER_BIGBUF_KEEP bytes in all) for the next buffer that fits, already
  * faulted in. A leaf: calls no other gser file.
  */
@@ -44,6 +44,7 @@
 #endif
 
 #define BIGBUF_ALIGN ((size_t)2 << 20) /* a huge page */
+#define BIGBUF_HUGE_MIN ((size_t)32 << 20)
 #define BIGBUF_GIVE_MIN ((size_t)64 << 10) /* a tail worth a system call */
 #define BIGBUF_SLOTS 32 /* a 64 MiB message's 4 MiB pieces, and room */
 
@@ -55,9 +56,14 @@ static struct {
     gser_bigbuf_stats_t stats;
 } pool = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
+/* A mapping's length for n bytes: whole huge pages from 32 MiB, where the
+ * rounding is at most 6 %; below, whole pages, so that the many frames of a
+ * few MiB a worker may hold cost what they hold (the kernel puts huge pages
+ * only where whole ones fit inside the mapping). */
 static size_t maplen(size_t n)
 {
-    return (n + BIGBUF_ALIGN - 1) & ~(BIGBUF_ALIGN - 1);
+    size_t unit = n >= BIGBUF_HUGE_MIN ? BIGBUF_ALIGN : (size_t)sysconf(_SC_PAGESIZE);
+    return (n + unit - 1) / unit * unit;
 }
 
 /* The whole pages of mapping p (len bytes) past its first used bytes given
@@ -114,7 +120,7 @@ void *gser__bigbuf_alloc(size_t n)
         pool.stats.mapped++;
     pthread_mutex_unlock(&pool.lock);
     if (p)
-        return p; /* holds up to len bytes, as a fresh one does once written (its huge pages) */
+        return p; /* cut to len: it holds what a fresh one would */
     p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
         return NULL; /* never the heap instead: the size alone says how to free */
