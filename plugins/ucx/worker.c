@@ -130,10 +130,10 @@ static gser_status_t ctx_ucp_init(const gser_ucx_context_t *ctx, const char *net
      * fragments through the receiver's FIFO (sysv or posix), which holds 64
      * segments of 8 KiB by default: 512 KiB per time both processes run. On
      * a loaded machine that is one scheduler slice each, and 256 MiB went at
-     * 0.14-0.4 GB/s where a socket's megabytes of buffer let tcp:// go 2-4x
-     * that. 1024 segments (8 MiB, about a socket's buffer) cost each worker
+     * 0.08-0.42 GB/s, mostly below tcp://, whose sockets buffer megabytes
+     * between the two. 1024 segments (8 MiB, about a socket's buffer) cost each worker
      * 8 MiB more of shared memory per transport. The receiver frees what it
-     * read every 64 segments, as often as it does in UCX's FIFO: at UCX's
+     * read every 64 segments (every 32 in UCX's own FIFO): at UCX's
      * half of 1024 a quiet sender waited for 4 MiB at a time (7.5-9 GB/s
      * against 10.5-11.7). A user's FIFO size keeps UCX's release too. */
     if (may_use_shm(ctx->transports) && !getenv("UCX_MM_FIFO_SIZE") && !getenv("UCX_SYSV_FIFO_SIZE") &&
