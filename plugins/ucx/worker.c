@@ -98,11 +98,6 @@ static bool may_use_tcp(const char *tls)
 /* tcp's send and receive segment size (docs/ucx.md, section 7). */
 #define GUX_TCP_SEG_SIZE "512k"
 
-/* Shared memory's FIFO length in segments, and the share of it the
- * receiver reads before it tells the sender (docs/ucx.md, section 7). */
-#define GUX_MM_FIFO_SIZE "1024"
-#define GUX_MM_FIFO_RELEASE_FACTOR "0.0625"
-
 /* A UCX context with the context's settings; net_devices: UCX_NET_DEVICES
  * to use (NULL: the environment's). */
 static gser_status_t ctx_ucp_init(const gser_ucx_context_t *ctx, const char *net_devices, ucp_context_h *out)
@@ -125,25 +120,6 @@ static gser_status_t ctx_ucp_init(const gser_ucx_context_t *ctx, const char *net
     if (may_use_shm(ctx->transports) && !getenv("UCX_POSIX_ERROR_HANDLING") && !getenv("UCX_SYSV_ERROR_HANDLING") &&
         (st = config_default(cfg, "MM_ERROR_HANDLING", "y", false))) /* posix and sysv share it */
         goto out;
-    /* UCX 1.13 has no peer error handling on cma, so between processes of
-     * one host a large message goes as the rendezvous's active-message
-     * fragments through the receiver's FIFO (sysv or posix), which holds 64
-     * segments of 8 KiB by default: 512 KiB per time both processes run. On
-     * a loaded machine that is one scheduler slice each, and 256 MiB went at
-     * 0.08-0.42 GB/s, mostly below tcp://, whose sockets buffer megabytes
-     * between the two. 1024 segments (8 MiB, about a socket's buffer) cost each worker
-     * 8 MiB more of shared memory per transport. The receiver frees what it
-     * read every 64 segments (every 32 in UCX's own FIFO): at UCX's
-     * half of 1024 a quiet sender waited for 4 MiB at a time (7.5-9 GB/s
-     * against 10.5-11.7). A user's FIFO size keeps UCX's release too. */
-    if (may_use_shm(ctx->transports) && !getenv("UCX_MM_FIFO_SIZE") && !getenv("UCX_SYSV_FIFO_SIZE") &&
-        !getenv("UCX_POSIX_FIFO_SIZE")) {
-        if ((st = config_default(cfg, "MM_FIFO_SIZE", GUX_MM_FIFO_SIZE, false))) /* posix and sysv share it */
-            goto out;
-        if (!getenv("UCX_SYSV_FIFO_RELEASE_FACTOR") && !getenv("UCX_POSIX_FIFO_RELEASE_FACTOR") &&
-            (st = config_default(cfg, "MM_FIFO_RELEASE_FACTOR", GUX_MM_FIFO_RELEASE_FACTOR, false)))
-            goto out;
-    }
     /* tcp's put emulation is slower than UCX's active-message rendezvous on
      * tcp, and for local peers it would take large messages off shared
      * memory. */
