@@ -1545,8 +1545,17 @@ static PyObject *dec_std(dec_t *d, gser_value_t *v, gser_value_t *first, size_t 
             bad_std(d, tag, "a numerator or denominator of 2 KiB or more");
             break;
         }
-        x = tag == PG_TAG_RANGE ? PyObject_CallFunctionObjArgs((PyObject *)&PyRange_Type, a, b, c, NULL)
-                                : PyObject_CallFunctionObjArgs(d->s->std.Fraction, a, b, NULL);
+        if (tag == PG_TAG_RANGE) {
+            PyObject *args[3] = {a, b, c};
+            x = PyObject_Vectorcall((PyObject *)&PyRange_Type, args, 3, NULL);
+        } else { /* in lowest terms, as every writer puts it: a message's fraction is never normalised here */
+            const char *why;
+            x = pg_fraction_new(d->s, a, b, &why);
+            if (!x && why) {
+                bad_std(d, tag, why);
+                break;
+            }
+        }
         if (!x)
             std_refused(d, tag);
         break;
