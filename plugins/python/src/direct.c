@@ -517,7 +517,7 @@ static char sentinel[5];
 #define IS_SENTINEL(o) ((char *)(o) >= sentinel && (char *)(o) < sentinel + sizeof sentinel)
 
 /* What an open container is, set at its first item. */
-enum { C_LIST, C_TUPLE, C_TAG, C_OBJECT, C_ARRAY, C_HEADER };
+enum { C_LIST, C_TUPLE, C_TAG, C_OBJECT, C_ARRAY, C_HEADER, C_SET };
 
 /* Where the value just read came from, when a tag's field must be of one
  * wire kind: a uint, or an int array marker. */
@@ -781,6 +781,21 @@ static inline int rcb_array_item(dunit_t *u, PyObject **c, PyObject *o)
                 return R_FAIL;
             u->kind[level] = o == S_MAGIC ? C_HEADER : C_OBJECT;
             u->sub = NULL;
+        } else if (level && !IS_SENTINEL(o) && u->kind[level - 1] == C_TAG && u->n[level - 1] == 3 &&
+                   (u->tag[level - 1] == PG_TAG_SET || u->tag[level - 1] == PG_TAG_FROZENSET) &&
+                   stack_of(u)[level - 1].count == 1) {
+            /* a set's items (its tag's last field): the set itself, not a
+             * list to build it from (PySet_New of the list adds them in
+             * the same order); a frozenset is filled before anything sees it */
+            PyObject *x = u->tag[level - 1] == PG_TAG_SET ? PySet_New(NULL) : PyFrozenSet_New(NULL);
+            int r = x ? PySet_Add(x, o) : -1;
+            Py_DECREF(o);
+            if (r < 0) {
+                Py_XDECREF(x);
+                return give_up();
+            }
+            *c = x;
+            u->kind[level] = C_SET;
         } else {
             PyObject *x = o == S_TUPLE ? PyTuple_New((Py_ssize_t)n - 1) : PyList_New((Py_ssize_t)n);
             if (!x) {
@@ -845,6 +860,10 @@ static inline int rcb_array_item(dunit_t *u, PyObject **c, PyObject *o)
             }
             break;
         case C_ARRAY: PyList_SET_ITEM(x, (Py_ssize_t)i - 1, o); break;
+        case C_SET:
+            ok = PySet_Add(x, o) == 0;
+            Py_DECREF(o);
+            break;
         default: PyList_SET_ITEM(x, (Py_ssize_t)i, o); break;
         }
         if (!ok)
@@ -855,7 +874,7 @@ static inline int rcb_array_item(dunit_t *u, PyObject **c, PyObject *o)
     /* the last item: the container is complete */
     u->open--;
     int kind = u->kind[level];
-    if (kind == C_LIST || kind == C_TUPLE || kind == C_HEADER)
+    if (kind == C_LIST || kind == C_TUPLE || kind == C_HEADER || kind == C_SET)
         return 0;
     PyObject *x = *c, *y = finish(u, kind, x, level);
     if (!y)
@@ -990,9 +1009,13 @@ static PyObject *finish_tag(dunit_t *u, PyObject *t, size_t level)
         return PyComplex_FromDoubles(PyFloat_AS_DOUBLE(a), PyFloat_AS_DOUBLE(b));
     case PG_TAG_SET:
     case PG_TAG_FROZENSET:
-        if (n != 2 || !PyList_CheckExact(a))
+        if (n != 2)
             return NULL;
-        return tag == PG_TAG_SET ? PySet_New(a) : PyFrozenSet_New(a);
+        if (Py_IS_TYPE(a, tag == PG_TAG_SET ? &PySet_Type : &PyFrozenSet_Type))
+            return Py_NewRef(a); /* made as its items came (rcb_array_item) */
+        if (!PyList_CheckExact(a) || PyList_GET_SIZE(a))
+            return NULL; /* an empty one comes as an empty list */
+        return tag == PG_TAG_SET ? PySet_New(NULL) : PyFrozenSet_New(NULL);
     case PG_TAG_DICT: {
         if (n != 3 || !PyList_CheckExact(a) || !PyList_CheckExact(b) || PyList_GET_SIZE(a) != PyList_GET_SIZE(b))
             return NULL;
@@ -1123,14 +1146,30 @@ static int direct_loads(pg_state_t *s, const char *p, Py_ssize_t len, PyObject *
      * with a tag not built here: the general decoder's, at once. */
     static const char tree_start[] = "\x94\xd6\x01GSER\x02\x97\xc7\x00\x06\xabpython.tree\xa4host\x01\x00\x00";
     const size_t ts = sizeof tree_start - 1;
+    /* [magic, 2, root, []] with the frames' empty array last (as both
+     * writers put it): the root is read on its own, the header's other
+     * fields being these fixed bytes; a "python.tree" root's fields too,
+     * its sub-header read straight (one pass, not two). A root that does
+     * not end just before that last byte is not read whole: declined. */
+    bool bare = p[len - 1] == (char)0x90;
     if ((size_t)len > ts + 3 && memcmp(p, tree_start, ts) == 0) {
         const unsigned char *q = (const unsigned char *)p + ts;
         size_t sl = q[0] == 0xc4 ? q[1] : q[0] == 0xc5 ? (size_t)q[1] << 8 | q[2] : 0;
         size_t at = q[0] == 0xc4 ? 2 : 3;
         if (sl && ts + at + sl <= (size_t)len && unbuilt_tag(q + at, sl))
             return 0;
+        if (sl && bare && ts + at + sl + 1 == (size_t)len) {
+            /* the object's value depth is 1 (the header's root), its sub-tree's 2 */
+            PyObject *obj = read_unit(s, (const char *)q + at, sl, 2, true, false);
+            if (!obj)
+                return 0;
+            *out = obj;
+            direct_count[1]++;
+            return 1;
+        }
     }
-    PyObject *obj = read_unit(s, p, (size_t)len, 0, false, true);
+    PyObject *obj = bare ? read_unit(s, p + sizeof header_start, (size_t)len - sizeof header_start - 1, 1, false, false)
+                         : read_unit(s, p, (size_t)len, 0, false, true);
     if (!obj)
         return 0;
     *out = obj;
