@@ -390,8 +390,16 @@ static int w_value(denc_t *e, obuf_t *pk, PyObject *o, int depth)
         if (n > DIRECT_ITEMS_MAX || depth + 1 > DIRECT_DEPTH_MAX)
             return WR_BAIL;
         /* the items in iteration order, as PySequence_List gives them */
-        PyObject *items[DIRECT_ITEMS_MAX], *it = PyObject_GetIter(o), *x;
+        PyObject *items[DIRECT_ITEMS_MAX], *x;
         Py_ssize_t i = 0;
+#if PY_VERSION_HEX < 0x030D0000
+        /* the set's table walked as its iterator walks it, without one */
+        Py_ssize_t pos = 0;
+        Py_hash_t hash;
+        while (i < n && _PySet_NextEntry(o, &pos, &x, &hash))
+            items[i++] = x; /* borrowed: the set holds it */
+#else
+        PyObject *it = PyObject_GetIter(o);
         if (!it) {
             PyErr_Clear();
             return WR_BAIL;
@@ -401,6 +409,7 @@ static int w_value(denc_t *e, obuf_t *pk, PyObject *o, int depth)
             Py_DECREF(x); /* the set holds it */
         }
         Py_DECREF(it);
+#endif
         if (i != n || PyErr_Occurred()) {
             PyErr_Clear();
             return WR_BAIL;
@@ -517,7 +526,11 @@ static char sentinel[5];
 #define IS_SENTINEL(o) ((char *)(o) >= sentinel && (char *)(o) < sentinel + sizeof sentinel)
 
 /* What an open container is, set at its first item. */
-enum { C_LIST, C_TUPLE, C_TAG, C_OBJECT, C_ARRAY, C_HEADER, C_SET };
+enum { C_LIST, C_TUPLE, C_TAG, C_OBJECT, C_ARRAY, C_HEADER, C_SET, C_DICTV };
+
+/* names[] of a C_TAG: its last field was built as the object (a set's
+ * items as the set, a dict's values into the dict). */
+#define BUILT_IN_PLACE 0x80
 
 /* Where the value just read came from, when a tag's field must be of one
  * wire kind: a uint, or an int array marker. */
@@ -796,6 +809,23 @@ static inline int rcb_array_item(dunit_t *u, PyObject **c, PyObject *o)
             }
             *c = x;
             u->kind[level] = C_SET;
+            u->names[level - 1] |= BUILT_IN_PLACE;
+        } else if (level && !IS_SENTINEL(o) && u->kind[level - 1] == C_TAG && u->n[level - 1] == 4 &&
+                   u->tag[level - 1] == PG_TAG_DICT && stack_of(u)[level - 1].count == 1 &&
+                   PyList_CheckExact(PyTuple_GET_ITEM(stack_of(u)[level - 1].obj, 1)) &&
+                   PyList_GET_SIZE(PyTuple_GET_ITEM(stack_of(u)[level - 1].obj, 1)) == (Py_ssize_t)n) {
+            /* a dict's values (its tag's last field, its keys read): the
+             * dict itself, each value set as it comes */
+            PyObject *x = PyDict_New();
+            int r = x ? PyDict_SetItem(x, PyList_GET_ITEM(PyTuple_GET_ITEM(stack_of(u)[level - 1].obj, 1), 0), o) : -1;
+            Py_DECREF(o);
+            if (r < 0) {
+                Py_XDECREF(x);
+                return give_up();
+            }
+            *c = x;
+            u->kind[level] = C_DICTV;
+            u->names[level - 1] |= BUILT_IN_PLACE;
         } else {
             PyObject *x = o == S_TUPLE ? PyTuple_New((Py_ssize_t)n - 1) : PyList_New((Py_ssize_t)n);
             if (!x) {
@@ -864,6 +894,10 @@ static inline int rcb_array_item(dunit_t *u, PyObject **c, PyObject *o)
             ok = PySet_Add(x, o) == 0;
             Py_DECREF(o);
             break;
+        case C_DICTV: /* the keys: the tag's field 2, checked to have n items */
+            ok = PyDict_SetItem(x, PyList_GET_ITEM(PyTuple_GET_ITEM(stack_of(u)[level - 1].obj, 1), i), o) == 0;
+            Py_DECREF(o);
+            break;
         default: PyList_SET_ITEM(x, (Py_ssize_t)i, o); break;
         }
         if (!ok)
@@ -874,7 +908,7 @@ static inline int rcb_array_item(dunit_t *u, PyObject **c, PyObject *o)
     /* the last item: the container is complete */
     u->open--;
     int kind = u->kind[level];
-    if (kind == C_LIST || kind == C_TUPLE || kind == C_HEADER || kind == C_SET)
+    if (kind == C_LIST || kind == C_TUPLE || kind == C_HEADER || kind == C_SET || kind == C_DICTV)
         return 0;
     PyObject *x = *c, *y = finish(u, kind, x, level);
     if (!y)
@@ -1011,12 +1045,14 @@ static PyObject *finish_tag(dunit_t *u, PyObject *t, size_t level)
     case PG_TAG_FROZENSET:
         if (n != 2)
             return NULL;
-        if (Py_IS_TYPE(a, tag == PG_TAG_SET ? &PySet_Type : &PyFrozenSet_Type))
-            return Py_NewRef(a); /* made as its items came (rcb_array_item) */
+        if (u->names[level] & BUILT_IN_PLACE) /* made as its items came (rcb_array_item) */
+            return Py_IS_TYPE(a, tag == PG_TAG_SET ? &PySet_Type : &PyFrozenSet_Type) ? Py_NewRef(a) : NULL;
         if (!PyList_CheckExact(a) || PyList_GET_SIZE(a))
             return NULL; /* an empty one comes as an empty list */
         return tag == PG_TAG_SET ? PySet_New(NULL) : PyFrozenSet_New(NULL);
     case PG_TAG_DICT: {
+        if (n == 3 && (u->names[level] & BUILT_IN_PLACE)) /* its values set as they came (rcb_array_item) */
+            return PyDict_CheckExact(b) && PyDict_GET_SIZE(b) <= PyList_GET_SIZE(a) ? Py_NewRef(b) : NULL;
         if (n != 3 || !PyList_CheckExact(a) || !PyList_CheckExact(b) || PyList_GET_SIZE(a) != PyList_GET_SIZE(b))
             return NULL;
         PyObject *d = PyDict_New();
