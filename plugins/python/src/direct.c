@@ -72,6 +72,8 @@ static bool is_naive_datetime(PyObject *o)
 static bool packs(pg_state_t *s, PyObject *o)
 {
     PyTypeObject *t = Py_TYPE(o);
+    if (t == &PyUnicode_Type || t == &PyFloat_Type || t == &PyTuple_Type || t == &PyList_Type || t == &PyDict_Type)
+        return false; /* never a packed kind: known without the imports */
     if (!s->std.tried && pg_std_ready(s) < 0) /* Decimal and UUID known before the first list of them */
         PyErr_Clear();
     return (PyDateTimeAPI && (t == PyDateTimeAPI->DateTimeType || t == PyDateTimeAPI->DateType ||
@@ -348,6 +350,8 @@ static int w_value(denc_t *e, obuf_t *pk, PyObject *o, int depth)
     if (--e->nodes < 0)
         return WR_BAIL;
     PyTypeObject *t = Py_TYPE(o);
+    if (t == &PyUnicode_Type || t == &PyFloat_Type || o == Py_None || t == &PyBool_Type)
+        return w_key(pk, o); /* the commonest scalars first */
     if (t == &PyList_Type)
         return w_seq(e, pk, PySequence_Fast_ITEMS(o), PyList_GET_SIZE(o), false, depth);
     if (t == &PyTuple_Type)
@@ -610,6 +614,17 @@ static inline rstack_t *stack_of(dunit_t *u)
     return ((rctx_t *)(void *)u)->stack;
 }
 
+/* A dict for n items, sized once (PyDict_New grows twice by 10 items). */
+static inline PyObject *dict_for(unsigned int n)
+{
+#if PY_VERSION_HEX < 0x030D0000
+    return n > 5 ? _PyDict_NewPresized((Py_ssize_t)n) : PyDict_New();
+#else
+    (void)n;
+    return PyDict_New();
+#endif
+}
+
 /* Every failure gives up: the general decoder reads the header again. */
 static int give_up(void)
 {
@@ -764,7 +779,7 @@ static inline int rcb_map(dunit_t *u, unsigned int n, PyObject **o)
     if (container_ok(u, n) || n > u->bytes_left)
         return R_FAIL;
     u->bytes_left -= n; /* a pair takes two bytes at least */
-    PyObject *d = PyDict_New();
+    PyObject *d = dict_for(n);
     if (!d)
         return give_up();
     *o = d;
@@ -816,7 +831,7 @@ static inline int rcb_array_item(dunit_t *u, PyObject **c, PyObject *o)
                    PyList_GET_SIZE(PyTuple_GET_ITEM(stack_of(u)[level - 1].obj, 1)) == (Py_ssize_t)n) {
             /* a dict's values (its tag's last field, its keys read): the
              * dict itself, each value set as it comes */
-            PyObject *x = PyDict_New();
+            PyObject *x = dict_for(n);
             int r = x ? PyDict_SetItem(x, PyList_GET_ITEM(PyTuple_GET_ITEM(stack_of(u)[level - 1].obj, 1), 0), o) : -1;
             Py_DECREF(o);
             if (r < 0) {

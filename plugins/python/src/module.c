@@ -527,8 +527,8 @@ static PyObject *py_family_loads(PyObject *self, PyObject *const *args, Py_ssize
                                                    : PyObject_CallMethod(args[0], "get", "O", s->str_gser);
     if (!version && PyErr_Occurred())
         return NULL;
-    PyObject *one = PyLong_FromLong(1);
-    int same = one && version ? PyObject_RichCompareBool(version, one, Py_EQ) : 0;
+    PyObject *one = PyLong_FromLong(1); /* the small int: the version as written is this object */
+    int same = one && version ? version == one || PyObject_RichCompareBool(version, one, Py_EQ) : 0;
     Py_XDECREF(one);
     if (same < 0) {
         Py_XDECREF(version);
