@@ -72,6 +72,8 @@ static bool is_naive_datetime(PyObject *o)
 static bool packs(pg_state_t *s, PyObject *o)
 {
     PyTypeObject *t = Py_TYPE(o);
+    if (t == &PyUnicode_Type || t == &PyFloat_Type || t == &PyTuple_Type || t == &PyList_Type || t == &PyDict_Type)
+        return false; /* never a packed kind: known without the imports */
     if (!s->std.tried && pg_std_ready(s) < 0) /* Decimal and UUID known before the first list of them */
         PyErr_Clear();
     return (PyDateTimeAPI && (t == PyDateTimeAPI->DateTimeType || t == PyDateTimeAPI->DateType ||
@@ -348,6 +350,8 @@ static int w_value(denc_t *e, obuf_t *pk, PyObject *o, int depth)
     if (--e->nodes < 0)
         return WR_BAIL;
     PyTypeObject *t = Py_TYPE(o);
+    if (t == &PyUnicode_Type || t == &PyFloat_Type || o == Py_None || t == &PyBool_Type)
+        return w_key(pk, o); /* the commonest scalars first */
     if (t == &PyList_Type)
         return w_seq(e, pk, PySequence_Fast_ITEMS(o), PyList_GET_SIZE(o), false, depth);
     if (t == &PyTuple_Type)
@@ -390,8 +394,16 @@ static int w_value(denc_t *e, obuf_t *pk, PyObject *o, int depth)
         if (n > DIRECT_ITEMS_MAX || depth + 1 > DIRECT_DEPTH_MAX)
             return WR_BAIL;
         /* the items in iteration order, as PySequence_List gives them */
-        PyObject *items[DIRECT_ITEMS_MAX], *it = PyObject_GetIter(o), *x;
+        PyObject *items[DIRECT_ITEMS_MAX], *x;
         Py_ssize_t i = 0;
+#if PY_VERSION_HEX < 0x030D0000
+        /* the set's table walked as its iterator walks it, without one */
+        Py_ssize_t pos = 0;
+        Py_hash_t hash;
+        while (i < n && _PySet_NextEntry(o, &pos, &x, &hash))
+            items[i++] = x; /* borrowed: the set holds it */
+#else
+        PyObject *it = PyObject_GetIter(o);
         if (!it) {
             PyErr_Clear();
             return WR_BAIL;
@@ -401,6 +413,7 @@ static int w_value(denc_t *e, obuf_t *pk, PyObject *o, int depth)
             Py_DECREF(x); /* the set holds it */
         }
         Py_DECREF(it);
+#endif
         if (i != n || PyErr_Occurred()) {
             PyErr_Clear();
             return WR_BAIL;
@@ -517,7 +530,11 @@ static char sentinel[5];
 #define IS_SENTINEL(o) ((char *)(o) >= sentinel && (char *)(o) < sentinel + sizeof sentinel)
 
 /* What an open container is, set at its first item. */
-enum { C_LIST, C_TUPLE, C_TAG, C_OBJECT, C_ARRAY, C_HEADER };
+enum { C_LIST, C_TUPLE, C_TAG, C_OBJECT, C_ARRAY, C_HEADER, C_SET, C_DICTV };
+
+/* names[] of a C_TAG: its last field was built as the object (a set's
+ * items as the set, a dict's values into the dict). */
+#define BUILT_IN_PLACE 0x80
 
 /* Where the value just read came from, when a tag's field must be of one
  * wire kind: a uint, or an int array marker. */
@@ -595,6 +612,17 @@ _Static_assert(offsetof(rstack_t, obj) == 0, "a container is its stack entry's f
 static inline rstack_t *stack_of(dunit_t *u)
 {
     return ((rctx_t *)(void *)u)->stack;
+}
+
+/* A dict for n items, sized once (PyDict_New grows twice by 10 items). */
+static inline PyObject *dict_for(unsigned int n)
+{
+#if PY_VERSION_HEX < 0x030D0000
+    return n > 5 ? _PyDict_NewPresized((Py_ssize_t)n) : PyDict_New();
+#else
+    (void)n;
+    return PyDict_New();
+#endif
 }
 
 /* Every failure gives up: the general decoder reads the header again. */
@@ -751,7 +779,7 @@ static inline int rcb_map(dunit_t *u, unsigned int n, PyObject **o)
     if (container_ok(u, n) || n > u->bytes_left)
         return R_FAIL;
     u->bytes_left -= n; /* a pair takes two bytes at least */
-    PyObject *d = PyDict_New();
+    PyObject *d = dict_for(n);
     if (!d)
         return give_up();
     *o = d;
@@ -781,6 +809,38 @@ static inline int rcb_array_item(dunit_t *u, PyObject **c, PyObject *o)
                 return R_FAIL;
             u->kind[level] = o == S_MAGIC ? C_HEADER : C_OBJECT;
             u->sub = NULL;
+        } else if (level && !IS_SENTINEL(o) && u->kind[level - 1] == C_TAG && u->n[level - 1] == 3 &&
+                   (u->tag[level - 1] == PG_TAG_SET || u->tag[level - 1] == PG_TAG_FROZENSET) &&
+                   stack_of(u)[level - 1].count == 1) {
+            /* a set's items (its tag's last field): the set itself, not a
+             * list to build it from (PySet_New of the list adds them in
+             * the same order); a frozenset is filled before anything sees it */
+            PyObject *x = u->tag[level - 1] == PG_TAG_SET ? PySet_New(NULL) : PyFrozenSet_New(NULL);
+            int r = x ? PySet_Add(x, o) : -1;
+            Py_DECREF(o);
+            if (r < 0) {
+                Py_XDECREF(x);
+                return give_up();
+            }
+            *c = x;
+            u->kind[level] = C_SET;
+            u->names[level - 1] |= BUILT_IN_PLACE;
+        } else if (level && !IS_SENTINEL(o) && u->kind[level - 1] == C_TAG && u->n[level - 1] == 4 &&
+                   u->tag[level - 1] == PG_TAG_DICT && stack_of(u)[level - 1].count == 1 &&
+                   PyList_CheckExact(PyTuple_GET_ITEM(stack_of(u)[level - 1].obj, 1)) &&
+                   PyList_GET_SIZE(PyTuple_GET_ITEM(stack_of(u)[level - 1].obj, 1)) == (Py_ssize_t)n) {
+            /* a dict's values (its tag's last field, its keys read): the
+             * dict itself, each value set as it comes */
+            PyObject *x = dict_for(n);
+            int r = x ? PyDict_SetItem(x, PyList_GET_ITEM(PyTuple_GET_ITEM(stack_of(u)[level - 1].obj, 1), 0), o) : -1;
+            Py_DECREF(o);
+            if (r < 0) {
+                Py_XDECREF(x);
+                return give_up();
+            }
+            *c = x;
+            u->kind[level] = C_DICTV;
+            u->names[level - 1] |= BUILT_IN_PLACE;
         } else {
             PyObject *x = o == S_TUPLE ? PyTuple_New((Py_ssize_t)n - 1) : PyList_New((Py_ssize_t)n);
             if (!x) {
@@ -845,6 +905,14 @@ static inline int rcb_array_item(dunit_t *u, PyObject **c, PyObject *o)
             }
             break;
         case C_ARRAY: PyList_SET_ITEM(x, (Py_ssize_t)i - 1, o); break;
+        case C_SET:
+            ok = PySet_Add(x, o) == 0;
+            Py_DECREF(o);
+            break;
+        case C_DICTV: /* the keys: the tag's field 2, checked to have n items */
+            ok = PyDict_SetItem(x, PyList_GET_ITEM(PyTuple_GET_ITEM(stack_of(u)[level - 1].obj, 1), i), o) == 0;
+            Py_DECREF(o);
+            break;
         default: PyList_SET_ITEM(x, (Py_ssize_t)i, o); break;
         }
         if (!ok)
@@ -855,7 +923,7 @@ static inline int rcb_array_item(dunit_t *u, PyObject **c, PyObject *o)
     /* the last item: the container is complete */
     u->open--;
     int kind = u->kind[level];
-    if (kind == C_LIST || kind == C_TUPLE || kind == C_HEADER)
+    if (kind == C_LIST || kind == C_TUPLE || kind == C_HEADER || kind == C_SET || kind == C_DICTV)
         return 0;
     PyObject *x = *c, *y = finish(u, kind, x, level);
     if (!y)
@@ -990,10 +1058,16 @@ static PyObject *finish_tag(dunit_t *u, PyObject *t, size_t level)
         return PyComplex_FromDoubles(PyFloat_AS_DOUBLE(a), PyFloat_AS_DOUBLE(b));
     case PG_TAG_SET:
     case PG_TAG_FROZENSET:
-        if (n != 2 || !PyList_CheckExact(a))
+        if (n != 2)
             return NULL;
-        return tag == PG_TAG_SET ? PySet_New(a) : PyFrozenSet_New(a);
+        if (u->names[level] & BUILT_IN_PLACE) /* made as its items came (rcb_array_item) */
+            return Py_IS_TYPE(a, tag == PG_TAG_SET ? &PySet_Type : &PyFrozenSet_Type) ? Py_NewRef(a) : NULL;
+        if (!PyList_CheckExact(a) || PyList_GET_SIZE(a))
+            return NULL; /* an empty one comes as an empty list */
+        return tag == PG_TAG_SET ? PySet_New(NULL) : PyFrozenSet_New(NULL);
     case PG_TAG_DICT: {
+        if (n == 3 && (u->names[level] & BUILT_IN_PLACE)) /* its values set as they came (rcb_array_item) */
+            return PyDict_CheckExact(b) && PyDict_GET_SIZE(b) <= PyList_GET_SIZE(a) ? Py_NewRef(b) : NULL;
         if (n != 3 || !PyList_CheckExact(a) || !PyList_CheckExact(b) || PyList_GET_SIZE(a) != PyList_GET_SIZE(b))
             return NULL;
         PyObject *d = PyDict_New();
@@ -1123,14 +1197,30 @@ static int direct_loads(pg_state_t *s, const char *p, Py_ssize_t len, PyObject *
      * with a tag not built here: the general decoder's, at once. */
     static const char tree_start[] = "\x94\xd6\x01GSER\x02\x97\xc7\x00\x06\xabpython.tree\xa4host\x01\x00\x00";
     const size_t ts = sizeof tree_start - 1;
+    /* [magic, 2, root, []] with the frames' empty array last (as both
+     * writers put it): the root is read on its own, the header's other
+     * fields being these fixed bytes; a "python.tree" root's fields too,
+     * its sub-header read straight (one pass, not two). A root that does
+     * not end just before that last byte is not read whole: declined. */
+    bool bare = p[len - 1] == (char)0x90;
     if ((size_t)len > ts + 3 && memcmp(p, tree_start, ts) == 0) {
         const unsigned char *q = (const unsigned char *)p + ts;
         size_t sl = q[0] == 0xc4 ? q[1] : q[0] == 0xc5 ? (size_t)q[1] << 8 | q[2] : 0;
         size_t at = q[0] == 0xc4 ? 2 : 3;
         if (sl && ts + at + sl <= (size_t)len && unbuilt_tag(q + at, sl))
             return 0;
+        if (sl && bare && ts + at + sl + 1 == (size_t)len) {
+            /* the object's value depth is 1 (the header's root), its sub-tree's 2 */
+            PyObject *obj = read_unit(s, (const char *)q + at, sl, 2, true, false);
+            if (!obj)
+                return 0;
+            *out = obj;
+            direct_count[1]++;
+            return 1;
+        }
     }
-    PyObject *obj = read_unit(s, p, (size_t)len, 0, false, true);
+    PyObject *obj = bare ? read_unit(s, p + sizeof header_start, (size_t)len - sizeof header_start - 1, 1, false, false)
+                         : read_unit(s, p, (size_t)len, 0, false, true);
     if (!obj)
         return 0;
     *out = obj;

@@ -293,13 +293,15 @@ static PyObject *py_family_dumps(PyObject *self, PyObject *const *args, Py_ssize
         return NULL;
     if (dr) { /* the header is the whole message: one host frame */
         list = PyList_New(1);
-        comp = list ? PyTuple_Pack(1, Py_None) : NULL;
-        if (!comp) {
+        PyObject *header = list ? PyDict_Copy(s->fam_header1) : NULL;
+        if (!header) {
             Py_XDECREF(list);
             Py_DECREF(direct);
             return NULL;
         }
         PyList_SET_ITEM(list, 0, direct);
+        s->fam_count[PG_FAM_DUMPS]++;
+        return pair_steal(header, list);
     } else {
         pg_encode_options_t eo = {.strict = 1, .decline = PG_DECLINE_OBJECT};
         PgOwner *owner = pg_serialize(s, obj, families, &eo, false, GSER_COMPRESSION_NONE);
@@ -525,8 +527,8 @@ static PyObject *py_family_loads(PyObject *self, PyObject *const *args, Py_ssize
                                                    : PyObject_CallMethod(args[0], "get", "O", s->str_gser);
     if (!version && PyErr_Occurred())
         return NULL;
-    PyObject *one = PyLong_FromLong(1);
-    int same = one && version ? PyObject_RichCompareBool(version, one, Py_EQ) : 0;
+    PyObject *one = PyLong_FromLong(1); /* the small int: the version as written is this object */
+    int same = one && version ? version == one || PyObject_RichCompareBool(version, one, Py_EQ) : 0;
     Py_XDECREF(one);
     if (same < 0) {
         Py_XDECREF(version);
@@ -583,7 +585,8 @@ static int family_init(pg_state_t *s)
                    (s->str_gser = PyUnicode_InternFromString("gser")) &&
                    (s->str_compression = PyUnicode_InternFromString("compression")) &&
                    (s->str_recipient = PyUnicode_InternFromString("recipient")) &&
-                   (s->str_gser_device = PyUnicode_InternFromString("gser-device"))
+                   (s->str_gser_device = PyUnicode_InternFromString("gser-device")) &&
+                   (s->fam_header1 = Py_BuildValue("{sis(O)}", "gser", 1, "compression", Py_None))
                ? 0
                : -1;
 }

@@ -83,6 +83,10 @@ typedef struct pg_std {
     bool tried;
     PyObject *Decimal, *UUID, *SafeUUID, *SafeUUID_unknown, *Fraction, *ZoneInfo;
     PyObject *str_int, *str_is_safe; /* interned attribute names */
+    /* Fraction's two slot descriptors (NULL where its __slots__ are not
+     * exactly ("_numerator", "_denominator"): then its constructor is
+     * called) and math.gcd; range's attribute names, interned. */
+    PyObject *frac_num, *frac_den, *gcd, *str_start, *str_stop, *str_step;
 } pg_std_t;
 
 typedef struct pg_state {
@@ -109,6 +113,10 @@ typedef struct pg_state {
      * its families, header and context keys, and what it did (dumps,
      * declined, refused, loads), which gser.dask.stats() adds up. */
     PyObject *fam_host, *fam_device_host, *str_gser, *str_compression, *str_recipient, *str_gser_device;
+    /* the direct path's header, {"gser": 1, "compression": (None,)}: copied
+     * for each message (Dask sets keys of the one it gets; the tuple is
+     * never changed, only replaced) */
+    PyObject *fam_header1;
     unsigned long long fam_count[4];
 } pg_state_t;
 
@@ -495,6 +503,16 @@ enum { PG_SC_NONE, PG_SC_FALSE, PG_SC_TRUE, PG_SC_INT, PG_SC_FLOAT, PG_SC_STR, P
 
 /* Import the classes of pg_std_t (once): 0, or -1 with an exception set. */
 int pg_std_ready(pg_state_t *s);
+/* A Fraction's numerator and denominator (exact ints, new references): 0,
+ * or -1 with an exception set. o is exactly fractions.Fraction. */
+int pg_fraction_parts(pg_state_t *s, PyObject *o, PyObject **num, PyObject **den);
+/* fractions.Fraction(num, den) for exact ints already in lowest terms with
+ * den > 0, without the constructor's parsing and gcd division; NULL with
+ * *why set and no exception where they are not (a message's fields never
+ * normalised), NULL with an exception set for anything else. */
+PyObject *pg_fraction_new(pg_state_t *s, PyObject *num, PyObject *den, const char **why);
+/* range(start, stop, step) of o (exactly a range), new references: 0, or -1. */
+int pg_range_parts(pg_state_t *s, PyObject *o, PyObject *parts[3]);
 /* An int of n little-endian two's complement bytes, and the other way: the
  * fewest bytes that hold o (an exact int), in a new bytes object. */
 /* The family's direct path for small plain messages (direct.c): 1 with

@@ -54,8 +54,9 @@ int pg_type_add(PyObject *m, PyType_Spec *spec, PyTypeObject **slot, const char 
     X((s)->nps.scalar) X((s)->nps.dtype_to_descr) X((s)->nps.descr_to_dtype) X((s)->nps.descr_of)               \
     X((s)->nps.dtype_of) X((s)->np_dtype_to_descr) X((s)->std.Decimal) X((s)->std.UUID)          \
     X((s)->std.SafeUUID) X((s)->std.SafeUUID_unknown) X((s)->std.Fraction) X((s)->std.ZoneInfo)  \
-    X((s)->std.str_int) X((s)->std.str_is_safe) X((s)->fam_host) X((s)->fam_device_host) X((s)->str_gser)      \
-    X((s)->str_compression) X((s)->str_recipient) X((s)->str_gser_device)
+    X((s)->std.str_int) X((s)->std.str_is_safe) X((s)->std.frac_num) X((s)->std.frac_den) X((s)->std.gcd)             \
+    X((s)->std.str_start) X((s)->std.str_stop) X((s)->std.str_step) X((s)->fam_host) X((s)->fam_device_host) X((s)->str_gser)      \
+    X((s)->str_compression) X((s)->str_recipient) X((s)->str_gser_device) X((s)->fam_header1)
 
 int pg_state_traverse(pg_state_t *s, visitproc visit, void *arg)
 {

@@ -13,6 +13,8 @@ static PyObject *import_attr(const char *mod, const char *name)
     return a;
 }
 
+static void fraction_slots(pg_std_t *st);
+
 int pg_std_ready(pg_state_t *s)
 {
     pg_std_t *st = &s->std;
@@ -24,7 +26,10 @@ int pg_std_ready(pg_state_t *s)
         !(st->Fraction = import_attr("fractions", "Fraction")) ||
         !(st->ZoneInfo = import_attr("zoneinfo", "ZoneInfo")) ||
         !(st->str_int = PyUnicode_InternFromString("int")) ||
-        !(st->str_is_safe = PyUnicode_InternFromString("is_safe"))) {
+        !(st->str_is_safe = PyUnicode_InternFromString("is_safe")) ||
+        !(st->gcd = import_attr("math", "gcd")) || !(st->str_start = PyUnicode_InternFromString("start")) ||
+        !(st->str_stop = PyUnicode_InternFromString("stop")) ||
+        !(st->str_step = PyUnicode_InternFromString("step"))) {
         Py_CLEAR(st->Decimal);
         Py_CLEAR(st->UUID);
         Py_CLEAR(st->SafeUUID);
@@ -33,10 +38,34 @@ int pg_std_ready(pg_state_t *s)
         Py_CLEAR(st->ZoneInfo);
         Py_CLEAR(st->str_int);
         Py_CLEAR(st->str_is_safe);
+        Py_CLEAR(st->gcd);
+        Py_CLEAR(st->str_start);
+        Py_CLEAR(st->str_stop);
+        Py_CLEAR(st->str_step);
         return -1; /* tried again next time: an import can fail for a passing reason */
     }
+    fraction_slots(st);
     st->tried = true;
     return 0;
+}
+
+/* Fraction's slot descriptors, where its instances hold nothing else: a
+ * rebuilt Fraction then has its two ints set directly (Fraction(n, d) costs
+ * ~1 us of Python: type checks, a gcd and two divisions). */
+static void fraction_slots(pg_std_t *st)
+{
+    PyTypeObject *t = (PyTypeObject *)st->Fraction;
+    PyObject *slots = PyType_Check(st->Fraction) ? PyDict_GetItemString(t->tp_dict, "__slots__") : NULL;
+    PyObject *num = PyType_Check(st->Fraction) ? PyDict_GetItemString(t->tp_dict, "_numerator") : NULL;
+    PyObject *den = PyType_Check(st->Fraction) ? PyDict_GetItemString(t->tp_dict, "_denominator") : NULL;
+    bool ok = slots && PyTuple_CheckExact(slots) && PyTuple_GET_SIZE(slots) == 2 && num && den &&
+              Py_IS_TYPE(num, &PyMemberDescr_Type) && Py_IS_TYPE(den, &PyMemberDescr_Type) &&
+              !(t->tp_flags & Py_TPFLAGS_IS_ABSTRACT) &&
+              t->tp_dictoffset == 0; /* no __dict__: the two slots are all its state */
+    if (PyErr_Occurred())
+        PyErr_Clear();
+    st->frac_num = ok ? Py_NewRef(num) : NULL;
+    st->frac_den = ok ? Py_NewRef(den) : NULL;
 }
 
 #if PY_VERSION_HEX >= 0x030D0000
@@ -127,4 +156,87 @@ void pg_unpack_time(int64_t v, int *h, int *mi, int *s, int *us, int *fold)
     *s = (int)(u >> 20 & 0x3f);
     *us = (int)(u & 0xfffff);
     *fold = (int)((u >> 37) > 1 ? 2 : u >> 37); /* > 1: refused by the constructor */
+}
+
+int pg_fraction_parts(pg_state_t *s, PyObject *o, PyObject **num, PyObject **den)
+{
+    pg_std_t *st = &s->std;
+    PyObject *n, *d;
+    if (st->frac_num) {
+        n = Py_TYPE(st->frac_num)->tp_descr_get(st->frac_num, o, st->Fraction);
+        d = n ? Py_TYPE(st->frac_den)->tp_descr_get(st->frac_den, o, st->Fraction) : NULL;
+    } else {
+        n = PyObject_GetAttrString(o, "numerator");
+        d = n ? PyObject_GetAttrString(o, "denominator") : NULL;
+    }
+    if (!d) {
+        Py_XDECREF(n);
+        return -1;
+    }
+    *num = n;
+    *den = d;
+    return 0;
+}
+
+/* gcd(|n|, d) == 1 and d > 0, for exact ints: 1 yes, 0 no, -1 error. */
+static int lowest_terms(pg_std_t *st, PyObject *n, PyObject *d)
+{
+    int ovn = 0, ovd = 0;
+    long long a = PyLong_AsLongLongAndOverflow(n, &ovn), b = PyLong_AsLongLongAndOverflow(d, &ovd);
+    if (!ovd && b <= 0)
+        return 0;
+    if (ovd < 0)
+        return 0;
+    if (!ovn && !ovd) {
+        uint64_t x = a < 0 ? 0 - (uint64_t)a : (uint64_t)a, y = (uint64_t)b;
+        while (y) {
+            uint64_t r = x % y;
+            x = y;
+            y = r;
+        }
+        return x == 1;
+    }
+    PyObject *g = PyObject_CallFunctionObjArgs(st->gcd, n, d, NULL);
+    if (!g)
+        return -1;
+    int overflow = 0;
+    long long one = PyLong_AsLongLongAndOverflow(g, &overflow);
+    Py_DECREF(g);
+    return !overflow && one == 1;
+}
+
+PyObject *pg_fraction_new(pg_state_t *s, PyObject *num, PyObject *den, const char **why)
+{
+    pg_std_t *st = &s->std;
+    *why = NULL;
+    int lt = lowest_terms(st, num, den);
+    if (lt <= 0) {
+        if (lt == 0)
+            *why = "a Fraction not in lowest terms or with a denominator that is not positive";
+        return NULL;
+    }
+    if (!st->frac_num)
+        return PyObject_CallFunctionObjArgs(st->Fraction, num, den, NULL);
+    /* object.__new__(Fraction): what Fraction.__new__ does before setting its slots */
+    PyObject *empty = PyTuple_New(0);
+    PyObject *f = empty ? PyBaseObject_Type.tp_new((PyTypeObject *)st->Fraction, empty, NULL) : NULL;
+    Py_XDECREF(empty);
+    if (f && (Py_TYPE(st->frac_num)->tp_descr_set(st->frac_num, f, num) < 0 ||
+              Py_TYPE(st->frac_den)->tp_descr_set(st->frac_den, f, den) < 0))
+        Py_CLEAR(f);
+    return f;
+}
+
+int pg_range_parts(pg_state_t *s, PyObject *o, PyObject *parts[3])
+{
+    PyObject *names[3] = {s->std.str_start, s->std.str_stop, s->std.str_step};
+    for (int i = 0; i < 3; i++) {
+        parts[i] = PyObject_GetAttr(o, names[i]);
+        if (!parts[i]) {
+            while (i--)
+                Py_CLEAR(parts[i]);
+            return -1;
+        }
+    }
+    return 0;
 }

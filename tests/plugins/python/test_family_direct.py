@@ -229,6 +229,21 @@ HOSTILE_DIRECT = [
     tree([ext(2), u(12), 5]),
     tree([ext(2), u(12), b"1"]),
     tree([ext(2), u(12), "1", "2"]),
+    # sets and frozensets are built as their items come: an unhashable item
+    # after the first, duplicates, nesting, the wrong field shapes
+    tree([ext(2), u(3), [1, [2]]]),
+    tree([ext(2), u(4), ["a", "b", {"c": 1}]]),
+    tree([ext(2), u(3), [1, 1, 2, 1]]),
+    tree([ext(2), u(3), [[ext(2), u(4), [1, 2]], 3, [ext(2), u(4), []]]]),
+    tree([ext(2), u(3), [[ext(2), u(3), [1]]]]),       # a set in a set: unhashable
+    tree([ext(2), u(3), [1], [2]]),                   # a field too many
+    tree([ext(2), u(4), [ext(2), 1, 2]]),             # a tuple, not a list
+    tree([ext(2), u(3), []]), tree([ext(2), u(4), []]),
+    tree([[ext(2), u(3), [1, 2]], [ext(2), u(4), [[ext(2), u(1), (2**70).to_bytes(10, "little", signed=True)], u(2**64 - 1)]]]),
+    tree([ext(2), u(5), [[ext(2), u(4), [1]]], [2]]),  # a frozenset as a dict key
+    # fractions and ranges
+    tree([ext(2), u(14), 3, 7]), tree([ext(2), u(14), 6, 14]), tree([ext(2), u(14), 1, 0]),
+    tree([ext(2), u(15), 1, 9, 2]), tree([ext(2), u(15), 1, 9, 0]),
     [ext(4)], [ext(2), ext(2)], [1, ext(2)], {"a": ext(2)}, ext(2), ext(9), ext(3, b"\0" * 4),
     [ext(1, b"GSER")], nested(31), nested(17),
 ]
@@ -237,6 +252,35 @@ HOSTILE_DIRECT = [
 @pytest.mark.parametrize("i", range(len(HOSTILE_DIRECT)))
 def test_hostile_headers_agree_with_the_general_decoder(i):
     agree(header(HOSTILE_DIRECT[i]))
+
+
+def test_headers_read_from_their_root_agree():
+    # the reader takes [magic, 2, root, []] by reading the root between the
+    # fixed bytes and the frames' last 0x90: what is not exactly that agrees
+    sub = msgpack.packb([ext(2), u(3), [1, 2]], use_bin_type=True)
+    obj = b"\x97\xc7\x00\x06\xabpython.tree\xa4host\x01\x00\x00\xc4" + bytes([len(sub)]) + sub
+    start = b"\x94\xd6\x01GSER\x02"
+    for h in [start + b"\x01\x90", start + b"\x01\x90\x90", start + b"\x01\xdc\x00\x00", start + b"\x90",
+              start + b"\x91\x90", start + obj + b"\x90", start + obj + b"\x90\x90", start + obj[:-1] + b"\x90",
+              start + obj + b"\x91\x90", start + obj + b"\xdc\x00\x00", start + b"\x92" + obj + obj + b"\x90",
+              start + obj[:-len(sub) - 2] + b"\xc5\x00" + bytes([len(sub)]) + sub + b"\x90",
+              start + obj[:-len(sub) - 2] + b"\xc4" + bytes([len(sub) + 1]) + sub + b"\x90"]:
+        agree(h)
+    assert gser_dask.loads({"gser": 1}, [start + obj + b"\x90"]) == {1, 2}
+    assert gser_dask.loads({"gser": 1}, [start + b"\x91\x90\x90"]) == [[]]
+
+
+def test_each_header_dict_is_its_own():
+    # the direct path's header dict is a copy of one made once: Dask sets
+    # keys of the one it gets ("serializer", "compression", split offsets)
+    h1, _ = gser_dask.dumps({1, 2})
+    assert h1 == {"gser": 1, "compression": (None,)}
+    h1["serializer"] = "gser"
+    h1["compression"] = ("lz4",)
+    del h1["gser"]
+    h2, f2 = gser_dask.dumps({1, 2})
+    assert h2 == {"gser": 1, "compression": (None,)} and h2 is not h1
+    assert gser_dask.loads(h2, f2) == {1, 2}
 
 
 def test_map_keys_that_are_containers_are_refused():
