@@ -95,18 +95,25 @@ static bool may_use_tcp(const char *tls)
     return may_use(tls, names, sizeof names / sizeof names[0]);
 }
 
+/* The transports of a worker whose posix shared memory found no room. */
+#define GUX_TLS_NO_POSIX "^posix"
+
 /* tcp's send and receive segment size (docs/ucx.md, section 7). */
 #define GUX_TCP_SEG_SIZE "512k"
 
 /* A UCX context with the context's settings; net_devices: UCX_NET_DEVICES
- * to use (NULL: the environment's). */
-static gser_status_t ctx_ucp_init(const gser_ucx_context_t *ctx, const char *net_devices, ucp_context_h *out)
+ * to use (NULL: the environment's); tls: UCX_TLS instead of the context's
+ * (NULL: the context's). */
+static gser_status_t ctx_ucp_init(const gser_ucx_context_t *ctx, const char *net_devices, const char *tls,
+                                  ucp_context_h *out)
 {
     gser_status_t st;
     ucp_config_t *cfg = NULL;
+    if (!tls)
+        tls = ctx->transports;
     if ((st = GUX_CALL("ucp_config_read", ucp_config_read(NULL, NULL, &cfg))))
         return st;
-    if (ctx->transports && (st = config_default(cfg, "TLS", ctx->transports, true)))
+    if (tls && (st = config_default(cfg, "TLS", tls, true)))
         goto out;
     if (net_devices && (st = config_default(cfg, "NET_DEVICES", net_devices, true)))
         goto out;
@@ -196,7 +203,7 @@ gser_status_t gser_ucx_context_create(const gser_ucx_context_options_t *opts, gs
         st = gux_fail(GSER_ERR_NO_MEMORY, "gser_ucx_context_create: out of memory");
         goto fail_ctx;
     }
-    if ((st = ctx_ucp_init(ctx, ctx->net_devices, &ctx->ucp)))
+    if ((st = ctx_ucp_init(ctx, ctx->net_devices, NULL, &ctx->ucp)))
         goto fail_ctx;
 
     ucp_context_attr_t attr = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
@@ -428,7 +435,8 @@ gser_status_t gux_worker_ucx(gser_ucx_worker_t *w, const struct sockaddr *listen
     /* Listening on one address opens no UCX port on other interfaces,
      * unless the user named the devices. */
     bool own = listen && !w->ctx->net_devices && !getenv("UCX_NET_DEVICES") && sa_device(listen, dev);
-    if (own && (st = ctx_ucp_init(w->ctx, dev, &uctx)))
+    bool listen_dev = own;
+    if (own && (st = ctx_ucp_init(w->ctx, dev, NULL, &uctx)))
         return st;
     ucp_worker_params_t wp = {
         .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_NAME,
@@ -437,8 +445,24 @@ gser_status_t gux_worker_ucx(gser_ucx_worker_t *w, const struct sockaddr *listen
     };
     int ufd = -1;
     void *snap = gux_filter_before();
-    if ((st = GUX_CALL("ucp_worker_create", ucp_worker_create(uctx, &wp, &w->ucp))))
-        goto fail_ctx;
+    if ((st = GUX_CALL("ucp_worker_create", ucp_worker_create(uctx, &wp, &w->ucp)))) {
+        /* posix shared memory keeps each worker's FIFO and receive buffers
+         * in /dev/shm, which a container often has 64 MiB of (Docker's and
+         * Kubernetes' default): a cluster's tenth process or so finds it
+         * full, and UCX fails the worker. sysv's segments live elsewhere, so
+         * where the user chose no transports the worker goes without posix
+         * (peers on the host then meet on sysv). */
+        if ((st != GSER_ERR_NO_MEMORY && st != GSER_ERR_UNSUPPORTED) || w->ctx->transports || getenv("UCX_TLS"))
+            goto fail_ctx;
+        if (own)
+            ucp_cleanup(uctx);
+        own = false;
+        if ((st = ctx_ucp_init(w->ctx, listen_dev ? dev : w->ctx->net_devices, GUX_TLS_NO_POSIX, &uctx)))
+            goto fail_ctx;
+        own = true;
+        if ((st = GUX_CALL("ucp_worker_create", ucp_worker_create(uctx, &wp, &w->ucp))))
+            goto fail_ctx;
+    }
     struct epoll_event ev = {.events = EPOLLIN, .data.u64 = GUX_TAG_UCX};
     if ((st = GUX_CALL("ucp_worker_get_efd", ucp_worker_get_efd(w->ucp, &ufd))))
         goto fail_worker;
