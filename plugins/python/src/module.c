@@ -291,17 +291,11 @@ static PyObject *py_family_dumps(PyObject *self, PyObject *const *args, Py_ssize
     int dr = families == s->fam_host ? pg_direct_dumps(s, obj, &direct) : 0;
     if (dr < 0)
         return NULL;
-    if (dr) { /* the header is the whole message: one host frame */
-        list = PyList_New(1);
-        PyObject *header = list ? PyDict_Copy(s->fam_header1) : NULL;
-        if (!header) {
-            Py_XDECREF(list);
+    if (dr) { /* the header is the whole message: one host frame, uncompressed */
+        if ((list = PyList_New(1)))
+            PyList_SET_ITEM(list, 0, direct);
+        else
             Py_DECREF(direct);
-            return NULL;
-        }
-        PyList_SET_ITEM(list, 0, direct);
-        s->fam_count[PG_FAM_DUMPS]++;
-        return pair_steal(header, list);
     } else {
         pg_encode_options_t eo = {.strict = 1, .decline = PG_DECLINE_OBJECT};
         PgOwner *owner = pg_serialize(s, obj, families, &eo, false, GSER_COMPRESSION_NONE);
@@ -319,17 +313,17 @@ static PyObject *py_family_dumps(PyObject *self, PyObject *const *args, Py_ssize
         }
         list = family_frames(s, owner, obj, &comp);
     }
-    /* A new header dict each time: Dask adds "serializer" to it. */
-    PyObject *header = list ? PyDict_New() : NULL, *one = header ? PyLong_FromLong(1) : NULL;
-    int bad = !one || PyDict_SetItem(header, s->str_gser, one) < 0 || PyDict_SetItem(header, s->str_compression, comp) < 0;
-    Py_XDECREF(one);
-    if (bad) {
+    /* A new header dict each time (Dask adds "serializer" to it), copied
+     * from {"gser": 1, "compression": (None,)}; the general path's frames
+     * say their own compression. */
+    PyObject *header = list ? PyDict_Copy(s->fam_header1) : NULL;
+    if (!header || (comp && PyDict_SetItem(header, s->str_compression, comp) < 0)) {
         Py_XDECREF(header);
         Py_XDECREF(comp);
         Py_XDECREF(list);
         return NULL;
     }
-    Py_DECREF(comp);
+    Py_XDECREF(comp);
     s->fam_count[PG_FAM_DUMPS]++;
     return pair_steal(header, list);
 }

@@ -113,9 +113,9 @@ typedef struct pg_state {
      * its families, header and context keys, and what it did (dumps,
      * declined, refused, loads), which gser.dask.stats() adds up. */
     PyObject *fam_host, *fam_device_host, *str_gser, *str_compression, *str_recipient, *str_gser_device;
-    /* the direct path's header, {"gser": 1, "compression": (None,)}: copied
-     * for each message (Dask sets keys of the one it gets; the tuple is
-     * never changed, only replaced) */
+    /* every family header's start, {"gser": 1, "compression": (None,)}:
+     * copied for each message (Dask sets keys of the one it gets; the tuple
+     * is never changed, only replaced) */
     PyObject *fam_header1;
     unsigned long long fam_count[4];
 } pg_state_t;
