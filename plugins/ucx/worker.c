@@ -435,7 +435,7 @@ gser_status_t gux_worker_ucx(gser_ucx_worker_t *w, const struct sockaddr *listen
     /* Listening on one address opens no UCX port on other interfaces,
      * unless the user named the devices. */
     bool own = listen && !w->ctx->net_devices && !getenv("UCX_NET_DEVICES") && sa_device(listen, dev);
-    bool listen_dev = own;
+    const char *devs = own ? dev : w->ctx->net_devices; /* the worker's context's */
     if (own && (st = ctx_ucp_init(w->ctx, dev, NULL, &uctx)))
         return st;
     ucp_worker_params_t wp = {
@@ -457,7 +457,7 @@ gser_status_t gux_worker_ucx(gser_ucx_worker_t *w, const struct sockaddr *listen
         if (own)
             ucp_cleanup(uctx);
         own = false;
-        if ((st = ctx_ucp_init(w->ctx, listen_dev ? dev : w->ctx->net_devices, GUX_TLS_NO_POSIX, &uctx)))
+        if ((st = ctx_ucp_init(w->ctx, devs, GUX_TLS_NO_POSIX, &uctx)))
             goto fail_ctx;
         own = true;
         if ((st = GUX_CALL("ucp_worker_create", ucp_worker_create(uctx, &wp, &w->ucp))))
