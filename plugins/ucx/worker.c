@@ -1,5 +1,6 @@
 /* Transport contexts and workers: UCX initialisation, progress, the event
  * file descriptor and bounded waits. */
+#include <dirent.h>
 #include <errno.h>
 #include <ifaddrs.h>
 #include <inttypes.h>
@@ -95,6 +96,23 @@ static bool may_use_tcp(const char *tls)
     return may_use(tls, names, sizeof names / sizeof names[0]);
 }
 
+/* Whether UCX may use an RDMA transport: the host has such a device and the
+ * transport list may name one of UCX's verbs transports. */
+static bool may_use_rdma(const char *tls)
+{
+    static const char *const names[] = {"all",       "ib",     "rc",       "ud",       "dc",       "rc_v",
+                                        "rc_x",      "ud_v",   "ud_x",     "dc_x",     "rc_verbs", "ud_verbs",
+                                        "rc_mlx5",   "ud_mlx5", "dc_mlx5", "srd"};
+    DIR *d = opendir("/sys/class/infiniband");
+    if (!d)
+        return false;
+    bool devices = false;
+    for (struct dirent *e; !devices && (e = readdir(d));)
+        devices = e->d_name[0] != '.';
+    closedir(d);
+    return devices && may_use(tls, names, sizeof names / sizeof names[0]);
+}
+
 /* The transports of a worker whose posix shared memory found no room. */
 #define GUX_TLS_NO_POSIX "^posix"
 
@@ -142,6 +160,16 @@ static gser_status_t ctx_ucp_init(const gser_ucx_context_t *ctx, const char *net
         !getenv("UCX_TCP_RX_SEG_SIZE") && !getenv("UCX_RX_SEG_SIZE") &&
         ((st = config_default_tl(cfg, "TCP_", "TX_SEG_SIZE", GUX_TCP_SEG_SIZE)) ||
          (st = config_default_tl(cfg, "TCP_", "RX_SEG_SIZE", GUX_TCP_SEG_SIZE))))
+        goto out;
+
+    /* UCX's tcp transport completes an active-message zero-copy send twice
+     * when the socket fails with it halfway out (a peer killed mid-send):
+     * once in its purge, once more in uct_tcp_ep_sendv (1.13.1, and still
+     * in later releases), and its assertion aborts the process (docs/ucx.md,
+     * section 7). Copied sends never take that path; zero copy is kept
+     * where verbs transports (where it pays, and where tcp carries little)
+     * may be used. */
+    if (may_use_tcp(tls) && !may_use_rdma(tls) && (st = config_default(cfg, "ZCOPY_THRESH", "inf", false)))
         goto out;
 
     ucp_params_t params = {

@@ -56,13 +56,14 @@ bool peer_alive(Child &p)
 }
 
 // midclose <scenario> <how> <cycles>: scenario running | stop_cont |
-// stop_destroy | killed; how close (gser_ucx_ep_close, then destroy) or
+// stop_destroy | killed | stop_kill (stopped, then killed: its end resets
+// the connection with data unread); how close (gser_ucx_ep_close, then destroy) or
 // destroy. Sizes: GSER_TEST_MIDCLOSE_SENDS x GSER_TEST_MIDCLOSE_MIB.
 int child_midclose(const std::string &scenario, const std::string &how, int cycles)
 {
     size_t nsends = env_size("GSER_TEST_MIDCLOSE_SENDS", 8);
     size_t big = env_size("GSER_TEST_MIDCLOSE_MIB", 16) << 20;
-    bool killed = scenario == "killed", stop = scenario.rfind("stop", 0) == 0;
+    bool killed = scenario == "killed" || scenario == "stop_kill", stop = scenario.rfind("stop", 0) == 0;
     const char *tls = getenv("UCX_TLS");
     bool tcp = tls && std::string(tls) == "tcp";
     setpgid(0, 0); // its peers go with it (the parent ends the group)
@@ -110,7 +111,15 @@ int child_midclose(const std::string &scenario, const std::string &how, int cycl
             }
             // The peer takes the first messages in; the rest are in flight.
             progress_for(e.worker.get(), 20);
-            if (killed) {
+            if (scenario == "stop_kill") {
+                // Stopped, the peer reads nothing more: this side's socket
+                // fills with a send halfway out; killed, the peer's end
+                // resets the connection with data unread.
+                kill(peer->pid, SIGSTOP);
+                progress_for(e.worker.get(), 20);
+                kill(peer->pid, SIGKILL);
+                progress_for(e.worker.get(), 5);
+            } else if (killed) {
                 kill(peer->pid, SIGKILL);
                 progress_for(e.worker.get(), 5);
             } else if (stop) {
@@ -178,7 +187,7 @@ void run_scenario(const char *scenario, const char *how)
     // fewer cycles there, the same checks.
     const char *tls = getenv("UCX_TLS");
     bool tcp = tls && std::string(tls) == "tcp";
-    if (!tcp && std::string(scenario) == "killed")
+    if (!tcp && (std::string(scenario) == "killed" || std::string(scenario) == "stop_kill"))
         GTEST_SKIP() << "over shared memory UCX keeps the sends a killed peer never read until its worker goes, "
                         "and warns then (docs/ucx.md, \"Close\"): not this issue's fault";
     int cycles = (int)env_size("GSER_TEST_MIDCLOSE_CYCLES", tcp ? 50 : 10);
@@ -204,5 +213,7 @@ TEST(MidClose, DestroyBeforeTheStoppedPeerContinues) { run_scenario("stop_destro
 TEST(MidClose, CloseBeforeTheStoppedPeerContinues) { run_scenario("stop_destroy", "close"); }
 TEST(MidClose, DestroyWithThePeerKilled) { run_scenario("killed", "destroy"); }
 TEST(MidClose, CloseWithThePeerKilled) { run_scenario("killed", "close"); }
+TEST(MidClose, DestroyWithThePeerKilledWhileStopped) { run_scenario("stop_kill", "destroy"); }
+TEST(MidClose, CloseWithThePeerKilledWhileStopped) { run_scenario("stop_kill", "close"); }
 
 } // namespace
