@@ -94,6 +94,7 @@ int child_midclose(const std::string &scenario, const std::string &how, int cycl
             for (double end = mono_ms() + kWaitMs; st != GSER_OK && mono_ms() < end;)
                 st = gser_ucx_ep_connect(e.worker.get(), "127.0.0.1", port, kWaitMs, &ep);
             if (st) {
+                say(std::string("connect: ") + gser_ucx_get_last_error());
                 rc = 11;
                 break;
             }
