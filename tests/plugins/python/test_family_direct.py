@@ -320,3 +320,32 @@ def test_mangled_headers_agree_with_the_general_decoder():
             i, j = sorted(rng.randrange(8, len(h)) for _ in range(2))
             h[i:j] = h[j:]
         agree(bytes(h))
+
+
+# Ints at the edges of the direct path's fast reads and writes (small_int:
+# one and two 30-bit digits, and the one-byte fixints), as scalars, in sets,
+# lists, tuples (a uint first escapes it), dict keys and values, tuple keys.
+EDGE_INTS = [0, 1, -1, 127, 128, -32, -33, 255, 256, 2**29, 2**30 - 1, 2**30, -(2**30), -(2**30) - 1,
+             2**31, 2**59, 2**60 - 1, 2**60, -(2**60) + 1, -(2**60), 2**62, 2**63 - 1, -(2**63), 2**63,
+             2**64 - 1, 2**64, -(2**63) - 1]
+
+
+@pytest.mark.parametrize("i", EDGE_INTS)
+def test_edge_ints_same_bytes_as_the_general_path(i):
+    for x in [i, [i], [i, 0], [0, i], (i,), (i, "x"), {i}, {i, -i, 1}, frozenset({i, 3}), {i: i}, {"k": i},
+              {(i, "x"): i, ("x", i): -i}, [i, -i, i // 3, 5], ({i}, [i])]:
+        assert check_value(x), x
+
+
+def test_items_read_in_place_agree_with_the_general_decoder():
+    # a list's, a set's, a dict's values' and a plain tuple's items past the
+    # first are read without their field checks: still only items
+    for root in [[1, ext(2)], [1, [ext(2)]], tree([ext(2), u(3), [1, ext(2)]]), tree([ext(2), u(3), [1, 2, [3]]]),
+                 tree([ext(2), u(5), [[ext(2), 1], [ext(2), 2]], [3, ext(2)]]),
+                 tree([ext(2), u(5), [[ext(2), 1], [ext(2), 2]], [3, [4]]]),
+                 tree([ext(2), u(5), [[ext(2), 1], [ext(2), 1]], [3, 4]]),
+                 tree([ext(2), u(5), [[ext(2), 1], [ext(2), 2]], [3, 4, 5]]),
+                 tree([ext(2), u(5), [[ext(2), 1], [ext(2), 2]], [3]]),
+                 [ext(2), 1, u(2), ext(2)], [ext(2), "a", u(3), [1]], tree([ext(2), "a", u(3), [1]]),
+                 tree([ext(2), 1, u(2)]), tree([ext(2), 1, 2, [ext(2), u(3), [1, 2]]])]:
+        agree(header(root))
