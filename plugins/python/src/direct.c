@@ -1034,6 +1034,13 @@ static PyObject *finish_array(dunit_t *u, PyObject *l, size_t level)
     size_t es = kind == 1 ? 1 : 8;
     if ((size_t)PyBytes_GET_SIZE(data) != (size_t)count * es)
         return NULL;
+    if (kind == 2 && level && u->kind[level - 1] == C_TAG && u->tag[level - 1] == PG_TAG_PACKED &&
+        u->n[level - 1] - stack_of(u)[level - 1].count == 4) {
+        /* a packed list's lengths (its tag's field 4): their bytes, read
+         * there as int64s, not a list of ints made to be read back */
+        u->made_intarr = true;
+        return Py_NewRef(data);
+    }
     const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(data);
     PyObject *seq = container ? PyTuple_New(count) : PyList_New(count);
     for (Py_ssize_t i = 0; seq && i < count; i++) {
@@ -1069,16 +1076,18 @@ static PyObject *finish_packed_ints(dunit_t *u, PyObject *t, size_t level)
         return NULL;
     PyObject *kd = PyTuple_GET_ITEM(t, 1), *tp = PyTuple_GET_ITEM(t, 2), *lens = PyTuple_GET_ITEM(t, 3),
              *bytes = PyTuple_GET_ITEM(t, 4);
+    /* the lengths: an int array's bytes (finish_array), int64s */
     if (!PyLong_CheckExact(kd) || PyLong_AsLong(kd) != PG_TAG_INT || (tp != Py_True && tp != Py_False) ||
-        !PyBytes_CheckExact(bytes) || (!PyList_CheckExact(lens) && !PyTuple_CheckExact(lens)))
+        !PyBytes_CheckExact(bytes) || !PyBytes_CheckExact(lens))
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(lens);
-    PyObject **ls = PySequence_Fast_ITEMS(lens);
+    Py_ssize_t n = PyBytes_GET_SIZE(lens) / 8;
+    const unsigned char *ls = (const unsigned char *)PyBytes_AS_STRING(lens);
     const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(bytes);
     size_t nbytes = (size_t)PyBytes_GET_SIZE(bytes), at = 0;
     PyObject *seq = tp == Py_True ? PyTuple_New(n) : PyList_New(n);
     for (Py_ssize_t i = 0; seq && i < n; i++) {
-        long long a = PyLong_AsLongLong(ls[i]);
+        int64_t a;
+        memcpy(&a, ls + 8 * i, 8); /* little-endian host */
         PyObject *x = a > 0 && (unsigned long long)a <= nbytes - at ? pg_long_from_le(p + at, (size_t)a, true) : NULL;
         if (!x) {
             Py_CLEAR(seq);
