@@ -902,7 +902,7 @@ static inline int rcb_array_item(dunit_t *u, PyObject **c, PyObject *o)
             else
                 PyList_SET_ITEM(x, 0, o);
         }
-    } else if (u->kind[level] == C_LIST || u->kind[level] == C_SET || u->kind[level] == C_DICTV ||
+    } else if (((1u << u->kind[level]) & (1u << C_LIST | 1u << C_SET | 1u << C_DICTV)) ||
                (u->kind[level] == C_TUPLE && (i >= 2 || origin != O_UINT))) {
         /* An item of a list, a set, a dict's values or a plain tuple past
          * its first: no field to check, no bits to keep (only tags', arrays'
@@ -913,10 +913,10 @@ static inline int rcb_array_item(dunit_t *u, PyObject **c, PyObject *o)
         uint8_t kind = u->kind[level];
         if (IS_SENTINEL(o))
             return R_FAIL;
-        if (kind == C_LIST) {
-            PyList_SET_ITEM(*c, (Py_ssize_t)i, o);
-        } else if (kind == C_TUPLE) {
+        if (kind == C_TUPLE) {
             PyTuple_SET_ITEM(*c, (Py_ssize_t)i - 1, o);
+        } else if (kind == C_LIST) {
+            PyList_SET_ITEM(*c, (Py_ssize_t)i, o);
         } else {
             /* a dict's keys: its tag's field 2, checked to have n items */
             int r = kind == C_SET ? PySet_Add(*c, o)
