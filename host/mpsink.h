@@ -62,10 +62,16 @@ static inline int obuf_grow_write(obuf_t *b, const void *buf, size_t len)
     return 0;
 }
 
+/* A includer may force obuf_write inline (then each token's constant length
+ * folds its copy to a store or two); the bytes are the same either way. */
+#ifndef GSER_MPSINK_INLINE
+#define GSER_MPSINK_INLINE inline
+#endif
+
 /* Appends one token (a type byte with its fixed payload, or a body). After a
  * failed growth the output is discarded (oom is checked at the end), so what
  * still fits may be written. */
-static inline int obuf_write(obuf_t *b, const void *buf, size_t len)
+static GSER_MPSINK_INLINE int obuf_write(obuf_t *b, const void *buf, size_t len)
 {
     if (len > b->cap - b->len)
         return obuf_grow_write(b, buf, len);

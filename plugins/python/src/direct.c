@@ -116,6 +116,9 @@ static bool trace_on(void)
 
 /* ---- writing ---------------------------------------------------------------------------- */
 
+/* The sink's append inlined into each token: a set of 10 ints is ~30 tokens,
+ * each a call with a length-switch copy otherwise. */
+#define GSER_MPSINK_INLINE inline __attribute__((always_inline))
 #include "mpsink.h" /* the core encoder's sink and pack template: the same calls give the same bytes */
 #undef msgpack_pack_ext
 
@@ -145,9 +148,44 @@ typedef struct denc {
 
 static int w_value(denc_t *e, obuf_t *pk, PyObject *o, int depth);
 
+/* An exact int below 2^60 in magnitude (two 30-bit digits; 3.12+: one, its
+ * compact form) read from its digits, without PyLong_AsLongLongAndOverflow's
+ * call and checks: most ints in a message. false for a larger one. */
+static inline bool small_int(PyObject *o, int64_t *v)
+{
+#if PY_VERSION_HEX < 0x030C0000
+    const digit *d = ((PyLongObject *)o)->ob_digit;
+    switch (Py_SIZE(o)) {
+    case 0: *v = 0; return true;
+    case 1: *v = (int64_t)d[0]; return true;
+    case -1: *v = -(int64_t)d[0]; return true;
+    case 2: *v = (int64_t)d[0] | (int64_t)d[1] << PyLong_SHIFT; return true;
+    case -2: *v = -((int64_t)d[0] | (int64_t)d[1] << PyLong_SHIFT); return true;
+    default: return false;
+    }
+#else
+    if (!PyUnstable_Long_IsCompact((PyLongObject *)o))
+        return false;
+    *v = (int64_t)PyUnstable_Long_CompactValue((PyLongObject *)o);
+    return true;
+#endif
+}
+
+/* An int64 as pk_int64 writes it; a fixint (-32..127, one byte) stored
+ * straight, without the sink's call. */
+static inline void pk_small(obuf_t *pk, int64_t v)
+{
+    if (v >= -32 && v <= 127 && pk->len < pk->cap)
+        pk->p[pk->len++] = (char)(uint8_t)v;
+    else
+        pk_int64(pk, v);
+}
+
 /* An exact int: 0 int64, 1 uint64, 2 beyond 64 bits. */
 static int int_class(PyObject *o, int64_t *i, uint64_t *u)
 {
+    if (small_int(o, i))
+        return 0;
     int overflow = 0;
     long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
     if (!overflow) {
@@ -190,7 +228,7 @@ static int w_key(obuf_t *pk, PyObject *o)
         if (c == 2)
             return WR_BAIL;
         if (c == 0)
-            pk_int64(pk, i);
+            pk_small(pk, i);
         else
             pk_uint_ext(pk, u);
     } else if (t == &PyBytes_Type && PyBytes_GET_SIZE(o) < PG_BYTES_FRAME_MIN) {
@@ -211,7 +249,7 @@ static bool is_key(PyObject *o)
         return PyBytes_GET_SIZE(o) < PG_BYTES_FRAME_MIN;
     int64_t i;
     uint64_t u;
-    return t == &PyLong_Type && int_class(o, &i, &u) < 2;
+    return t == &PyLong_Type && (small_int(o, &i) || int_class(o, &i, &u) < 2);
 }
 
 /* A list of ints some of which are beyond 64 bits, packed (tag 18, kind 1). */
@@ -290,7 +328,8 @@ static int w_seq(denc_t *e, obuf_t *pk, PyObject *const *items, Py_ssize_t n, bo
         }
     }
     bool escape = false;
-    if (tuple && n && e->ext && PyLong_Check(items[0])) {
+    int64_t small;
+    if (tuple && n && e->ext && PyLong_Check(items[0]) && !(PyLong_CheckExact(items[0]) && small_int(items[0], &small))) {
         int overflow = 0;
         PyLong_AsLongLongAndOverflow(items[0], &overflow);
         escape = overflow > 0;
@@ -350,8 +389,13 @@ static int w_value(denc_t *e, obuf_t *pk, PyObject *o, int depth)
     if (--e->nodes < 0)
         return WR_BAIL;
     PyTypeObject *t = Py_TYPE(o);
+    int64_t small;
+    if (t == &PyLong_Type && small_int(o, &small)) { /* the commonest item of sets, keys and lists */
+        pk_small(pk, small);
+        return WR_OK;
+    }
     if (t == &PyUnicode_Type || t == &PyFloat_Type || o == Py_None || t == &PyBool_Type)
-        return w_key(pk, o); /* the commonest scalars first */
+        return w_key(pk, o); /* the commonest scalars next */
     if (t == &PyList_Type)
         return w_seq(e, pk, PySequence_Fast_ITEMS(o), PyList_GET_SIZE(o), false, depth);
     if (t == &PyTuple_Type)
@@ -363,7 +407,7 @@ static int w_value(denc_t *e, obuf_t *pk, PyObject *o, int depth)
         uint64_t u = 0;
         int c = int_class(o, &i, &u);
         if (c == 0) {
-            pk_int64(pk, i);
+            pk_small(pk, i);
             return WR_OK;
         }
         if (c == 1) {
@@ -858,6 +902,29 @@ static inline int rcb_array_item(dunit_t *u, PyObject **c, PyObject *o)
             else
                 PyList_SET_ITEM(x, 0, o);
         }
+    } else if (((1u << u->kind[level]) & (1u << C_LIST | 1u << C_SET | 1u << C_DICTV)) ||
+               (u->kind[level] == C_TUPLE && (i >= 2 || origin != O_UINT))) {
+        /* An item of a list, a set, a dict's values or a plain tuple past
+         * its first: no field to check, no bits to keep (only tags', arrays'
+         * and objects' fields are checked by them). Tested one by one, not
+         * through the switch's jump table: its indirect jump, mispredicted as
+         * the kinds alternate (a tuple key, then a value), was a tenth of a
+         * tuple-key dict's read. */
+        uint8_t kind = u->kind[level];
+        if (IS_SENTINEL(o))
+            return R_FAIL;
+        if (kind == C_TUPLE) {
+            PyTuple_SET_ITEM(*c, (Py_ssize_t)i - 1, o);
+        } else if (kind == C_LIST) {
+            PyList_SET_ITEM(*c, (Py_ssize_t)i, o);
+        } else {
+            /* a dict's keys: its tag's field 2, checked to have n items */
+            int r = kind == C_SET ? PySet_Add(*c, o)
+                                  : PyDict_SetItem(*c, PyList_GET_ITEM(PyTuple_GET_ITEM(stack_of(u)[level - 1].obj, 1), i), o);
+            Py_DECREF(o);
+            if (r < 0)
+                return give_up();
+        }
     } else {
         if (IS_SENTINEL(o))
             return R_FAIL;
@@ -905,14 +972,6 @@ static inline int rcb_array_item(dunit_t *u, PyObject **c, PyObject *o)
             }
             break;
         case C_ARRAY: PyList_SET_ITEM(x, (Py_ssize_t)i - 1, o); break;
-        case C_SET:
-            ok = PySet_Add(x, o) == 0;
-            Py_DECREF(o);
-            break;
-        case C_DICTV: /* the keys: the tag's field 2, checked to have n items */
-            ok = PyDict_SetItem(x, PyList_GET_ITEM(PyTuple_GET_ITEM(stack_of(u)[level - 1].obj, 1), i), o) == 0;
-            Py_DECREF(o);
-            break;
         default: PyList_SET_ITEM(x, (Py_ssize_t)i, o); break;
         }
         if (!ok)
@@ -975,6 +1034,13 @@ static PyObject *finish_array(dunit_t *u, PyObject *l, size_t level)
     size_t es = kind == 1 ? 1 : 8;
     if ((size_t)PyBytes_GET_SIZE(data) != (size_t)count * es)
         return NULL;
+    if (kind == 2 && level && u->kind[level - 1] == C_TAG && u->tag[level - 1] == PG_TAG_PACKED &&
+        u->n[level - 1] - stack_of(u)[level - 1].count == 4) {
+        /* a packed list's lengths (its tag's field 4): their bytes, read
+         * there as int64s, not a list of ints made to be read back */
+        u->made_intarr = true;
+        return Py_NewRef(data);
+    }
     const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(data);
     PyObject *seq = container ? PyTuple_New(count) : PyList_New(count);
     for (Py_ssize_t i = 0; seq && i < count; i++) {
@@ -1010,16 +1076,18 @@ static PyObject *finish_packed_ints(dunit_t *u, PyObject *t, size_t level)
         return NULL;
     PyObject *kd = PyTuple_GET_ITEM(t, 1), *tp = PyTuple_GET_ITEM(t, 2), *lens = PyTuple_GET_ITEM(t, 3),
              *bytes = PyTuple_GET_ITEM(t, 4);
+    /* the lengths: an int array's bytes (finish_array), int64s */
     if (!PyLong_CheckExact(kd) || PyLong_AsLong(kd) != PG_TAG_INT || (tp != Py_True && tp != Py_False) ||
-        !PyBytes_CheckExact(bytes) || (!PyList_CheckExact(lens) && !PyTuple_CheckExact(lens)))
+        !PyBytes_CheckExact(bytes) || !PyBytes_CheckExact(lens))
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(lens);
-    PyObject **ls = PySequence_Fast_ITEMS(lens);
+    Py_ssize_t n = PyBytes_GET_SIZE(lens) / 8;
+    const unsigned char *ls = (const unsigned char *)PyBytes_AS_STRING(lens);
     const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(bytes);
     size_t nbytes = (size_t)PyBytes_GET_SIZE(bytes), at = 0;
     PyObject *seq = tp == Py_True ? PyTuple_New(n) : PyList_New(n);
     for (Py_ssize_t i = 0; seq && i < n; i++) {
-        long long a = PyLong_AsLongLong(ls[i]);
+        int64_t a;
+        memcpy(&a, ls + 8 * i, 8); /* little-endian host */
         PyObject *x = a > 0 && (unsigned long long)a <= nbytes - at ? pg_long_from_le(p + at, (size_t)a, true) : NULL;
         if (!x) {
             Py_CLEAR(seq);

@@ -56,6 +56,16 @@ typedef struct enc {
     /* to_gser's results in this encode, {id: (obj, value)}, or NULL: a scope
      * encoded again as a "python.tree" does not call a user's to_gser twice. */
     PyObject *memo;
+    /* enc_scalars' count of a scope's root list that sent the scope round
+     * again as a "python.tree" (need_ext): the retry, which meets that list
+     * first with no Python code run in between, takes the count instead of
+     * walking the list once more (enc_scope keeps it only then). */
+    struct sc_count {
+        PyObject *list; /* borrowed; NULL: none */
+        Py_ssize_t n;
+        size_t nint, nflt, nstr, sbytes;
+        unsigned seen;
+    } sc_kept;
 } enc_t;
 
 /* How enc_seq writes a sequence: a Python list or tuple as it is (in a Dask
@@ -284,6 +294,29 @@ static int enc_append(enc_t *e, gser_value_t *list, PyObject *item, int depth)
  * plain msgpack arrays, below its default array_min of 16). */
 #define PG_ARRAY_MIN 16
 
+/* An exact int below 2^60 in magnitude (3.11: at most two 30-bit digits;
+ * 3.12+: compact) read from its digits, without PyLong_AsLongLongAndOverflow's
+ * call and checks (direct.c's small_int). false for a larger one. */
+static inline bool small_int(PyObject *o, int64_t *v)
+{
+#if PY_VERSION_HEX < 0x030C0000
+    const digit *d = ((PyLongObject *)o)->ob_digit;
+    switch (Py_SIZE(o)) {
+    case 0: *v = 0; return true;
+    case 1: *v = (int64_t)d[0]; return true;
+    case -1: *v = -(int64_t)d[0]; return true;
+    case 2: *v = (int64_t)d[0] | (int64_t)d[1] << PyLong_SHIFT; return true;
+    case -2: *v = -((int64_t)d[0] | (int64_t)d[1] << PyLong_SHIFT); return true;
+    default: return false;
+    }
+#else
+    if (!PyUnstable_Long_IsCompact((PyLongObject *)o))
+        return false;
+    *v = (int64_t)PyUnstable_Long_CompactValue((PyLongObject *)o);
+    return true;
+#endif
+}
+
 /* The fast path for a list or tuple whose items are all exact floats, all
  * bools, or all ints that fit in int64: one pass into a C array the message
  * borrows (gser_msg_new_array), the same typed array the appends would build.
@@ -329,6 +362,11 @@ static int enc_seq_array(enc_t *e, PyObject *o, bool as_tuple, gser_value_t **ou
         if (!v)
             goto nomem;
         for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t small;
+            if (Py_TYPE(items[i]) == &PyLong_Type && small_int(items[i], &small)) {
+                v[i] = small;
+                continue;
+            }
             int overflow = 0;
             long long x = Py_TYPE(items[i]) == &PyLong_Type ? PyLong_AsLongLongAndOverflow(items[i], &overflow) : 0;
             if (Py_TYPE(items[i]) != &PyLong_Type || overflow || (x == -1 && PyErr_Occurred())) {
@@ -418,6 +456,9 @@ static bool is_map_key(PyObject *o)
         return PyBytes_GET_SIZE(o) < PG_BYTES_FRAME_MIN;
     if (t != &PyLong_Type)
         return false;
+    int64_t small;
+    if (small_int(o, &small))
+        return true;
     int overflow = 0;
     PyLong_AsLongLongAndOverflow(o, &overflow);
     if (overflow <= 0)
@@ -1382,6 +1423,11 @@ PG_HOT static int sc_code(PyObject *x, uint64_t *bits)
     if (t == &PyUnicode_Type)
         return PG_SC_STR;
     if (t == &PyLong_Type) {
+        int64_t small;
+        if (small_int(x, &small)) {
+            *bits = (uint64_t)small;
+            return PG_SC_INT;
+        }
         int overflow = 0;
         long long v = PyLong_AsLongLongAndOverflow(x, &overflow);
         if (!overflow) {
@@ -1415,6 +1461,16 @@ static int enc_scalars(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_
         return 0;
     size_t nint = 0, nflt = 0, nstr = 0, sbytes = 0, nother = 0;
     unsigned seen = 0;
+    struct sc_count kept = e->sc_kept;
+    e->sc_kept.list = NULL; /* taken (or not this list's): never used twice */
+    if (kept.list == o && kept.n == n && e->ext) {
+        nint = kept.nint;
+        nflt = kept.nflt;
+        nstr = kept.nstr;
+        sbytes = kept.sbytes;
+        seen = kept.seen;
+        n = 0; /* counted: the loop below is skipped */
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         uint64_t bits;
         int c = sc_code(items[i], &bits);
@@ -1438,10 +1494,13 @@ static int enc_scalars(enc_t *e, PyObject *o, bool tuple, int depth, gser_value_
     }
     /* One kind: a typed array already, or a list of str (packed too inside
      * a "python.tree", where it is no reason to start one). */
+    n = PySequence_Fast_GET_SIZE(o);
     if (!(seen & (seen - 1)) && !(e->ext && seen == 1u << PG_SC_STR) && seen != 1u << PG_SC_ELLIPSIS)
         return 0;
-    if (!e->ext)
+    if (!e->ext) {
+        e->sc_kept = (struct sc_count){o, n, nint, nflt, nstr, sbytes, seen};
         return need_ext(e);
+    }
     if (charge(e, depth + 1, -(int64_t)n * PG_GAIN_PACKED) < 0)
         return -1;
     /* codes, int64s, str lengths, float64s, str bytes: freed with the message */
@@ -1813,8 +1872,14 @@ static int enc_scope(enc_t *e, PyObject *o, int depth, gser_value_t **out)
     Py_ssize_t nfobjs = e->owner->nfobjs;
     e->ext = false;
     e->need_ext = false;
+    e->sc_kept.list = NULL;
     int r = enc_value(e, o, depth, out);
     if (r < 0 && e->need_ext && !PyErr_Occurred()) {
+        /* The root list's count is kept only when it is what sent the scope
+         * round, with nothing noted: then no Python code runs before the
+         * retry meets it again (its first look), so it is unchanged. */
+        if (e->sc_kept.list != o || e->owner->nfobjs != nfobjs)
+            e->sc_kept.list = NULL;
         /* The first try's values stay in the message unused; the frames it
          * noted (large bytes) are forgotten, as they will be noted again. */
         while (e->owner->nfobjs > nfobjs)
@@ -1828,6 +1893,7 @@ static int enc_scope(enc_t *e, PyObject *o, int depth, gser_value_t **out)
         if (r == 0)
             r = enc_typed(e, PG_T_TREE, inner, out);
     }
+    e->sc_kept.list = NULL;
     e->ext = ext;
     return r;
 }
@@ -2136,6 +2202,7 @@ int pg_encode(PgOwner *owner, PyObject *obj, const pg_encode_options_t *opts, si
     e.tz_obj = e.tz_name = NULL;
     e.work = 0;
     e.memo = NULL;
+    e.sc_kept.list = NULL;
     /* A collection Dask would serialize item by item: each top-level item
      * gser carries in the one message saves Dask's per-item work. */
     if (e.decline && opts->decline == PG_DECLINE_COLLECTION) {

@@ -320,3 +320,63 @@ def test_mangled_headers_agree_with_the_general_decoder():
             i, j = sorted(rng.randrange(8, len(h)) for _ in range(2))
             h[i:j] = h[j:]
         agree(bytes(h))
+
+
+# Ints at the edges of the direct path's fast reads and writes (small_int:
+# one and two 30-bit digits, and the one-byte fixints), as scalars, in sets,
+# lists, tuples (a uint first escapes it), dict keys and values, tuple keys.
+EDGE_INTS = [0, 1, -1, 127, 128, -32, -33, 255, 256, 2**29, 2**30 - 1, 2**30, -(2**30), -(2**30) - 1,
+             2**31, 2**59, 2**60 - 1, 2**60, -(2**60) + 1, -(2**60), 2**62, 2**63 - 1, -(2**63), 2**63,
+             2**64 - 1, 2**64, -(2**63) - 1]
+
+
+@pytest.mark.parametrize("i", EDGE_INTS)
+def test_edge_ints_same_bytes_as_the_general_path(i):
+    for x in [i, [i], [i, 0], [0, i], (i,), (i, "x"), {i}, {i, -i, 1}, frozenset({i, 3}), {i: i}, {"k": i},
+              {(i, "x"): i, ("x", i): -i}, [i, -i, i // 3, 5], ({i}, [i])]:
+        assert check_value(x), x
+
+
+def test_items_read_in_place_agree_with_the_general_decoder():
+    # a list's, a set's, a dict's values' and a plain tuple's items past the
+    # first are read without their field checks: still only items
+    for root in [[1, ext(2)], [1, [ext(2)]], tree([ext(2), u(3), [1, ext(2)]]), tree([ext(2), u(3), [1, 2, [3]]]),
+                 tree([ext(2), u(5), [[ext(2), 1], [ext(2), 2]], [3, ext(2)]]),
+                 tree([ext(2), u(5), [[ext(2), 1], [ext(2), 2]], [3, [4]]]),
+                 tree([ext(2), u(5), [[ext(2), 1], [ext(2), 1]], [3, 4]]),
+                 tree([ext(2), u(5), [[ext(2), 1], [ext(2), 2]], [3, 4, 5]]),
+                 tree([ext(2), u(5), [[ext(2), 1], [ext(2), 2]], [3]]),
+                 [ext(2), 1, u(2), ext(2)], [ext(2), "a", u(3), [1]], tree([ext(2), "a", u(3), [1]]),
+                 tree([ext(2), 1, u(2)]), tree([ext(2), 1, 2, [ext(2), u(3), [1, 2]]])]:
+        agree(header(root))
+
+
+def lens(*ns, container=0, kind=2):
+    return [ext(5), container, kind, len(ns), struct.pack(f"<{len(ns)}q", *ns)]
+
+
+def test_packed_int_lengths_read_as_bytes_agree_with_the_general_decoder():
+    # a packed list's lengths are read from the int array's bytes where they
+    # stand (its tag's field 4), and only there
+    b = (2**70).to_bytes(10, "little", signed=True) + (-(2**70)).to_bytes(10, "little", signed=True)
+    for root in [tree([ext(2), u(18), u(1), False, lens(10, 10), b]),       # what the writers put
+                 tree([ext(2), u(18), u(1), True, lens(10, 10, container=1), b]),  # a tuple of lengths
+                 tree([ext(2), u(18), u(1), False, lens(10, 11), b]),       # past the bytes
+                 tree([ext(2), u(18), u(1), False, lens(10, 9), b]),        # short of them
+                 tree([ext(2), u(18), u(1), False, lens(20, 0), b]),        # a length 0
+                 tree([ext(2), u(18), u(1), False, lens(30, -10), b]),      # a negative one
+                 tree([ext(2), u(18), u(1), False, lens(10, 10, kind=3), b]),  # uint lengths
+                 tree([ext(2), u(18), u(1), False, lens(10, 10, kind=4), b]),  # float lengths
+                 tree([ext(2), u(18), u(1), False, [10, 10], b]),           # a list, not an array
+                 tree([ext(2), u(18), u(1), False, lens(10, 10), lens(10, 10)]),  # bytes an array
+                 tree([ext(2), u(18), u(1), lens(10, 10), lens(10, 10), b]),  # an array as the tuple flag
+                 tree([ext(2), u(18), u(1), False, b, b]),
+                 tree([lens(10, 10), [ext(2), u(18), u(1), False, lens(10, 10), b], lens(3)]),
+                 tree({"k": lens(1, 2, 3)}), tree((1, 2, lens(4), lens(5)))]:
+        agree(header(root))
+    for flag, want in ((True, (2**70, -(2**70))), (False, [2**70, -(2**70)])):
+        before = counts()[1]
+        assert gser_dask.loads({"gser": 1}, [header(tree([ext(2), u(18), u(1), flag, lens(10, 10), b]))]) == want
+        assert counts()[1] == before + 1  # read by the direct path
+    frames, direct = family([2**70, -(2**70), 5])
+    assert direct and gser_dask.loads({"gser": 1}, frames) == [2**70, -(2**70), 5]
