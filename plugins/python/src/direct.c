@@ -148,29 +148,6 @@ typedef struct denc {
 
 static int w_value(denc_t *e, obuf_t *pk, PyObject *o, int depth);
 
-/* An exact int below 2^60 in magnitude (two 30-bit digits; 3.12+: one, its
- * compact form) read from its digits, without PyLong_AsLongLongAndOverflow's
- * call and checks: most ints in a message. false for a larger one. */
-static inline bool small_int(PyObject *o, int64_t *v)
-{
-#if PY_VERSION_HEX < 0x030C0000
-    const digit *d = ((PyLongObject *)o)->ob_digit;
-    switch (Py_SIZE(o)) {
-    case 0: *v = 0; return true;
-    case 1: *v = (int64_t)d[0]; return true;
-    case -1: *v = -(int64_t)d[0]; return true;
-    case 2: *v = (int64_t)d[0] | (int64_t)d[1] << PyLong_SHIFT; return true;
-    case -2: *v = -((int64_t)d[0] | (int64_t)d[1] << PyLong_SHIFT); return true;
-    default: return false;
-    }
-#else
-    if (!PyUnstable_Long_IsCompact((PyLongObject *)o))
-        return false;
-    *v = (int64_t)PyUnstable_Long_CompactValue((PyLongObject *)o);
-    return true;
-#endif
-}
-
 /* An int64 as pk_int64 writes it; a fixint (-32..127, one byte) stored
  * straight, without the sink's call. */
 static inline void pk_small(obuf_t *pk, int64_t v)
@@ -184,7 +161,7 @@ static inline void pk_small(obuf_t *pk, int64_t v)
 /* An exact int: 0 int64, 1 uint64, 2 beyond 64 bits. */
 static int int_class(PyObject *o, int64_t *i, uint64_t *u)
 {
-    if (small_int(o, i))
+    if (pg_small_int(o, i))
         return 0;
     int overflow = 0;
     long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
@@ -249,7 +226,7 @@ static bool is_key(PyObject *o)
         return PyBytes_GET_SIZE(o) < PG_BYTES_FRAME_MIN;
     int64_t i;
     uint64_t u;
-    return t == &PyLong_Type && (small_int(o, &i) || int_class(o, &i, &u) < 2);
+    return t == &PyLong_Type && (pg_small_int(o, &i) || int_class(o, &i, &u) < 2);
 }
 
 /* A list of ints some of which are beyond 64 bits, packed (tag 18, kind 1). */
@@ -329,7 +306,7 @@ static int w_seq(denc_t *e, obuf_t *pk, PyObject *const *items, Py_ssize_t n, bo
     }
     bool escape = false;
     int64_t small;
-    if (tuple && n && e->ext && PyLong_Check(items[0]) && !(PyLong_CheckExact(items[0]) && small_int(items[0], &small))) {
+    if (tuple && n && e->ext && PyLong_Check(items[0]) && !(PyLong_CheckExact(items[0]) && pg_small_int(items[0], &small))) {
         int overflow = 0;
         PyLong_AsLongLongAndOverflow(items[0], &overflow);
         escape = overflow > 0;
@@ -390,7 +367,7 @@ static int w_value(denc_t *e, obuf_t *pk, PyObject *o, int depth)
         return WR_BAIL;
     PyTypeObject *t = Py_TYPE(o);
     int64_t small;
-    if (t == &PyLong_Type && small_int(o, &small)) { /* the commonest item of sets, keys and lists */
+    if (t == &PyLong_Type && pg_small_int(o, &small)) { /* the commonest item of sets, keys and lists */
         pk_small(pk, small);
         return WR_OK;
     }

@@ -294,29 +294,6 @@ static int enc_append(enc_t *e, gser_value_t *list, PyObject *item, int depth)
  * plain msgpack arrays, below its default array_min of 16). */
 #define PG_ARRAY_MIN 16
 
-/* An exact int below 2^60 in magnitude (3.11: at most two 30-bit digits;
- * 3.12+: compact) read from its digits, without PyLong_AsLongLongAndOverflow's
- * call and checks (direct.c's small_int). false for a larger one. */
-static inline bool small_int(PyObject *o, int64_t *v)
-{
-#if PY_VERSION_HEX < 0x030C0000
-    const digit *d = ((PyLongObject *)o)->ob_digit;
-    switch (Py_SIZE(o)) {
-    case 0: *v = 0; return true;
-    case 1: *v = (int64_t)d[0]; return true;
-    case -1: *v = -(int64_t)d[0]; return true;
-    case 2: *v = (int64_t)d[0] | (int64_t)d[1] << PyLong_SHIFT; return true;
-    case -2: *v = -((int64_t)d[0] | (int64_t)d[1] << PyLong_SHIFT); return true;
-    default: return false;
-    }
-#else
-    if (!PyUnstable_Long_IsCompact((PyLongObject *)o))
-        return false;
-    *v = (int64_t)PyUnstable_Long_CompactValue((PyLongObject *)o);
-    return true;
-#endif
-}
-
 /* The fast path for a list or tuple whose items are all exact floats, all
  * bools, or all ints that fit in int64: one pass into a C array the message
  * borrows (gser_msg_new_array), the same typed array the appends would build.
@@ -363,7 +340,7 @@ static int enc_seq_array(enc_t *e, PyObject *o, bool as_tuple, gser_value_t **ou
             goto nomem;
         for (Py_ssize_t i = 0; i < n; i++) {
             int64_t small;
-            if (Py_TYPE(items[i]) == &PyLong_Type && small_int(items[i], &small)) {
+            if (Py_TYPE(items[i]) == &PyLong_Type && pg_small_int(items[i], &small)) {
                 v[i] = small;
                 continue;
             }
@@ -457,7 +434,7 @@ static bool is_map_key(PyObject *o)
     if (t != &PyLong_Type)
         return false;
     int64_t small;
-    if (small_int(o, &small))
+    if (pg_small_int(o, &small))
         return true;
     int overflow = 0;
     PyLong_AsLongLongAndOverflow(o, &overflow);
@@ -1424,7 +1401,7 @@ PG_HOT static int sc_code(PyObject *x, uint64_t *bits)
         return PG_SC_STR;
     if (t == &PyLong_Type) {
         int64_t small;
-        if (small_int(x, &small)) {
+        if (pg_small_int(x, &small)) {
             *bits = (uint64_t)small;
             return PG_SC_INT;
         }

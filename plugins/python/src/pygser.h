@@ -48,6 +48,31 @@ static inline int PyModule_AddObjectRef(PyObject *m, const char *name, PyObject 
 #define Py_XNewRef(o) Py_XNewRef((PyObject *)(o))
 #endif
 
+/* An exact int below 2^60 in magnitude read from its digits, without
+ * PyLong_AsLongLongAndOverflow's call and checks: most ints in a message.
+ * 3.11 keeps them in ob_digit (two 30-bit digits at most here; the layout
+ * is 3.11's own, and 3.12 changed it); 3.12+ says whether one is compact
+ * (one digit) and gives its value. false for a larger one. */
+static inline bool pg_small_int(PyObject *o, int64_t *v)
+{
+#if PY_VERSION_HEX < 0x030C0000
+    const digit *d = ((PyLongObject *)o)->ob_digit;
+    switch (Py_SIZE(o)) {
+    case 0: *v = 0; return true;
+    case 1: *v = (int64_t)d[0]; return true;
+    case -1: *v = -(int64_t)d[0]; return true;
+    case 2: *v = (int64_t)d[0] | (int64_t)d[1] << PyLong_SHIFT; return true;
+    case -2: *v = -((int64_t)d[0] | (int64_t)d[1] << PyLong_SHIFT); return true;
+    default: return false;
+    }
+#else
+    if (!PyUnstable_Long_IsCompact((PyLongObject *)o))
+        return false;
+    *v = (int64_t)PyUnstable_Long_CompactValue((PyLongObject *)o);
+    return true;
+#endif
+}
+
 /* ---- module state (state.c) -------------------------------------------------- */
 
 /* What one instance of the module holds (PEP 489 multi-phase initialisation:
