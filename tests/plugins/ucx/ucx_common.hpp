@@ -327,6 +327,25 @@ inline ::testing::AssertionResult same_msg(gser_msg_t *got, const std::vector<si
     return ::testing::AssertionSuccess();
 }
 
+// Where output_of keeps what it took, so that an abort (a failed assertion
+// in UCX, say) still shows it: UCX writes why it aborts to stderr.
+struct CapturedOutput {
+    static inline volatile sig_atomic_t fd = -1, out = -1;
+    static void on_abort(int sig)
+    {
+        if (fd >= 0 && out >= 0) {
+            char buf[4096];
+            ssize_t k;
+            lseek(fd, 0, SEEK_SET);
+            while ((k = read(fd, buf, sizeof buf)) > 0)
+                if (write(out, buf, (size_t)k) != k)
+                    break;
+        }
+        signal(sig, SIG_DFL);
+        raise(sig);
+    }
+};
+
 // What this process writes to its standard output and error while f runs.
 template <typename F> inline std::string output_of(F f)
 {
@@ -340,7 +359,12 @@ template <typename F> inline std::string output_of(F f)
     int out = dup(1), err = dup(2);
     dup2(fd, 1);
     dup2(fd, 2);
+    CapturedOutput::fd = fd;
+    CapturedOutput::out = out;
+    void (*was)(int) = signal(SIGABRT, CapturedOutput::on_abort);
     f();
+    signal(SIGABRT, was);
+    CapturedOutput::fd = CapturedOutput::out = -1;
     fflush(stdout);
     fflush(stderr);
     dup2(out, 1);
