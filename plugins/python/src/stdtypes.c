@@ -240,3 +240,44 @@ int pg_range_parts(pg_state_t *s, PyObject *o, PyObject *parts[3])
     }
     return 0;
 }
+
+/* The table size (slots) CPython's set reaches after n adds of distinct
+ * items (setobject.c's set_add_entry: a resize when fill*5 >= mask*3, to
+ * the smallest power of 2 above used*4, used*2 past 50,000; test_stdtypes.py
+ * checks it against sys.getsizeof). */
+static size_t set_grown_slots(size_t n)
+{
+    size_t mask = PySet_MINSIZE - 1;
+    for (;;) {
+        size_t trigger = (3 * mask + 4) / 5; /* the first used count with 5*used >= 3*mask */
+        if (n < trigger)
+            return mask + 1;
+        size_t min_used = trigger > 50000 ? trigger * 2 : trigger * 4, size = PySet_MINSIZE;
+        while (size <= min_used)
+            size <<= 1;
+        mask = size - 1;
+    }
+}
+
+size_t pg_set_presize(PyObject *set, size_t n, size_t max_bytes)
+{
+#if defined(Py_GIL_DISABLED) || PY_VERSION_HEX >= 0x030F0000
+    (void)set, (void)n, (void)max_bytes; /* a layout not checked here: grown as CPython grows it */
+    return 0;
+#else
+    PySetObject *so = (PySetObject *)set;
+    if (n > (size_t)PY_SSIZE_T_MAX / 64 || !(PySet_CheckExact(set) || PyFrozenSet_CheckExact(set)) ||
+        so->table != so->smalltable || so->fill != 0)
+        return 0;
+    size_t slots = set_grown_slots(n);
+    if (slots <= PySet_MINSIZE || slots > max_bytes / sizeof(setentry))
+        return 0;
+    /* calloc: a fresh mapping is zero already, where CPython's resize clears it */
+    setentry *t = PyMem_Calloc(slots, sizeof(setentry));
+    if (!t)
+        return 0; /* then grown as usual */
+    so->table = t;
+    so->mask = (Py_ssize_t)slots - 1;
+    return slots * sizeof(setentry);
+#endif
+}
