@@ -838,6 +838,15 @@ static int charge_objects(dec_t *d, uint64_t n, uint64_t each)
     return -1;
 }
 
+/* A new set about to get n items: its table made at its final size at once
+ * where the budget has room for it (a hostile count of duplicates then costs
+ * no more than the limits allow), else grown as usual. */
+static void presize_set(dec_t *d, PyObject *x, size_t n)
+{
+    if (n > 64 && d->cost < d->budget)
+        d->cost += pg_set_presize(x, n, d->budget - d->cost);
+}
+
 /* Field i of tagged tuple v, of kind kind (-1: any). */
 static gser_value_t *std_field(dec_t *d, gser_value_t *v, uint64_t tag, size_t i, int kind)
 {
@@ -1425,6 +1434,8 @@ static PyObject *dec_std(dec_t *d, gser_value_t *v, gser_value_t *first, size_t 
             if (charge_objects(d, count, PG_COST_VALUE) < 0)
                 return NULL;
             x = tag == PG_TAG_SET ? PySet_New(NULL) : PyFrozenSet_New(NULL);
+            if (x)
+                presize_set(d, x, count);
             for (size_t i = 0; x && i < count; i++) {
                 uint64_t bits;
                 memcpy(&bits, (const unsigned char *)data + 8 * i, 8);
@@ -1445,9 +1456,14 @@ static PyObject *dec_std(dec_t *d, gser_value_t *v, gser_value_t *first, size_t 
             bad_std(d, tag, "the items are not a list");
             break;
         }
-        x = tag == PG_TAG_SET ? PySet_New(a) : PyFrozenSet_New(a);
-        if (!x)
-            std_refused(d, tag);
+        x = tag == PG_TAG_SET ? PySet_New(NULL) : PyFrozenSet_New(NULL);
+        if (x)
+            presize_set(d, x, (size_t)PyList_GET_SIZE(a));
+        for (Py_ssize_t i = 0; x && i < PyList_GET_SIZE(a); i++)
+            if (PySet_Add(x, PyList_GET_ITEM(a, i)) < 0) {
+                Py_CLEAR(x);
+                std_refused(d, tag); /* an item that cannot be hashed */
+            }
         break;
     }
     case PG_TAG_DICT: {

@@ -549,6 +549,12 @@ int pg_direct_loads(pg_state_t *s, PyObject *header, PyObject **out);
 /* Turn the direct path on or off (tests, benchmarks); the previous setting. */
 int pg_direct_set(int on);
 void pg_direct_counts(unsigned long long *dumps, unsigned long long *loads);
+/* Give a new, empty set or frozenset the table CPython's growth would reach
+ * after n distinct adds, at once (stdtypes.c): the bytes of that table, 0
+ * where it is left to grow as usual (not fresh, a table over max_bytes, a
+ * build whose layout is not known, no memory). The items then go in with
+ * PySet_Add; duplicates only leave it emptier. */
+size_t pg_set_presize(PyObject *set, size_t n, size_t max_bytes);
 PyObject *pg_long_from_le(const unsigned char *p, size_t n, bool is_signed);
 PyObject *pg_long_to_le(PyObject *o);
 /* Write exact int o as n little-endian two's complement bytes: 0, or -1 (OverflowError). */

@@ -240,3 +240,53 @@ int pg_range_parts(pg_state_t *s, PyObject *o, PyObject *parts[3])
     }
     return 0;
 }
+
+/* Where a fresh set's table may be set from outside: the layout and the
+ * growth rule below checked on 3.11, 3.12 and 3.13, GIL builds. */
+#if !defined(Py_GIL_DISABLED) && PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000
+#define PG_SET_PRESIZE 1
+#endif
+
+#ifdef PG_SET_PRESIZE
+/* The table size (slots) CPython's set reaches after n adds of distinct
+ * items (setobject.c's set_add_entry: a resize when fill*5 >= mask*3, to
+ * the smallest power of 2 above used*4, used*2 past 50,000; test_stdtypes.py
+ * checks it against sys.getsizeof). */
+static size_t set_grown_slots(size_t n)
+{
+    size_t mask = PySet_MINSIZE - 1;
+    for (;;) {
+        size_t trigger = (3 * mask + 4) / 5; /* the first used count with 5*used >= 3*mask */
+        if (n < trigger)
+            return mask + 1;
+        size_t min_used = trigger > 50000 ? trigger * 2 : trigger * 4, size = PySet_MINSIZE;
+        while (size <= min_used)
+            size <<= 1;
+        mask = size - 1;
+    }
+}
+
+size_t pg_set_presize(PyObject *set, size_t n, size_t max_bytes)
+{
+    PySetObject *so = (PySetObject *)set;
+    if (n > (size_t)PY_SSIZE_T_MAX / 64 || !(PySet_CheckExact(set) || PyFrozenSet_CheckExact(set)) ||
+        so->table != so->smalltable || so->fill != 0)
+        return 0;
+    size_t slots = set_grown_slots(n);
+    if (slots <= PySet_MINSIZE || slots > max_bytes / sizeof(setentry))
+        return 0;
+    /* calloc: a fresh mapping is zero already, where CPython's resize clears it */
+    setentry *t = PyMem_Calloc(slots, sizeof(setentry));
+    if (!t)
+        return 0; /* then grown as usual */
+    so->table = t;
+    so->mask = (Py_ssize_t)slots - 1;
+    return slots * sizeof(setentry);
+}
+#else
+size_t pg_set_presize(PyObject *set, size_t n, size_t max_bytes)
+{
+    (void)set, (void)n, (void)max_bytes; /* grown as CPython grows it */
+    return 0;
+}
+#endif

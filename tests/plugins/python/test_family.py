@@ -104,3 +104,23 @@ def test_mixed_lists_at_the_root_round_trip():
             assert got == y and type(got) is type(y), y
             assert [type(v) for v in (got if not isinstance(got, dict) else got["k"])] == \
                    [type(v) for v in (y if not isinstance(y, dict) else y["k"])]
+
+
+def test_large_sets_round_trip_at_their_final_size():
+    # Sets past the direct path's size through the family: ints (a typed
+    # array), floats, strs, tuples and a mix (item lists), set and
+    # frozenset, nested in a dict, come back equal, of their type, with the
+    # table a set built by adding has (stdtypes.c presizes it).
+    import itertools
+    import sys
+
+    for n in (1000, 3000):
+        for items, cls in itertools.product(
+                (range(-n // 2, n - n // 2), [i + 0.5 for i in range(n)], [f"s{i}" for i in range(n)],
+                 [(i, f"k{i}") for i in range(n)], [(i, f"s{i}", i + 0.25)[i % 3] for i in range(n)]),
+                (set, frozenset)):
+            obj = {"x": cls(items), "n": len(items)}
+            header, frames = gd.dumps(obj)
+            got = gd.loads(header, frames)
+            assert got == obj and type(got["x"]) is cls
+            assert sys.getsizeof(got["x"]) == sys.getsizeof(cls(items))

@@ -12,6 +12,7 @@ import fractions
 import math
 import pickle
 import struct
+import sys
 import uuid
 import zoneinfo
 
@@ -419,6 +420,71 @@ def test_hostile_tree_sizes_are_bounded():
     # What a well-formed message says it holds comes back.
     ok = T(u(18), u(19), False, b"\x03\x04\x05\x07\x00\x02", [7], [0.5], [1], b"s", [T(u(17))])
     assert load(ok)["x"][1] == [7, 0.5, "s", ..., None, True]
+
+
+# ---- sets read at their final size (stdtypes.c pg_set_presize) ------------------------------------
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 8, 64, 65, 100, 1000, 4914, 4915, 50000, 78642, 78643, 200_000])
+@pytest.mark.parametrize("kind", ["ints", "strs"])
+def test_read_sets_have_the_table_cpythons_growth_gives(n, kind):
+    # A set read from a typed array (ints) or an item list (strs) gets its
+    # table at once, at the size adding its items one by one gives (the
+    # sizes around the resize points): the same memory, and still a set that
+    # grows, shrinks and hashes as any other.
+    items = range(n) if kind == "ints" else [f"s{i}" for i in range(n)]
+    for cls in (set, frozenset):
+        obj = cls(items)
+        out = gser.from_bytes(gser.to_bytes(obj))
+        assert type(out) is cls and out == obj
+        assert sys.getsizeof(out) == sys.getsizeof(cls(items)), (cls, n)
+        if cls is frozenset:
+            assert hash(out) == hash(obj) and {out: 1}[obj] == 1
+        else:
+            out.update(range(-1, -n // 2 - 2, -1))
+            out.difference_update(range(0, n, 3))
+            ref = set(items)
+            ref.update(range(-1, -n // 2 - 2, -1))
+            ref.difference_update(range(0, n, 3))
+            assert out == ref and len(out) == len(ref)
+
+
+def test_read_sets_of_every_int_width_and_float():
+    # The typed arrays a set of numbers is written as (int8 ... int64, uint,
+    # float), each a set of 1,000 equal to what went in, set and frozenset.
+    for items in (range(-100, 100), range(-30000, -29000), range(2**31 - 1000, 2**31),
+                  range(-2**63, -2**63 + 1000), range(2**64 - 1000, 2**64), [i + 0.5 for i in range(1000)]):
+        for cls in (set, frozenset):
+            obj = cls(items)
+            out = gser.from_bytes(gser.to_bytes(obj))
+            assert type(out) is cls and out == obj
+
+
+def test_hostile_set_counts_and_items():
+    # Two million int8 zeros as a set: {0}; the table for two million items
+    # is past what the message may cost (max_expansion times its 2 MB), so
+    # the set grows as items come and stays small.
+    out = load(T(u(3), arr(32, "b", [0] * 2_000_000)))["x"][1]
+    assert out == {0} and sys.getsizeof(out) < 1000
+    # Duplicates within the budget: the set they make, whatever its table.
+    out = load(T(u(4), arr(34, "i", [7, -7] * 50_000)))["x"][1]
+    assert type(out) is frozenset and out == {7, -7}
+    out = load(T(u(3), ["a", "b"] * 500))["x"][1]
+    assert out == {"a", "b"}
+    out.add("c")
+    assert out == {"a", "b", "c"}
+    # An element count the data does not hold, either way.
+    for bad in ([ext(5), 0, 34, 1000, b"\0" * 3996], [ext(5), 0, 34, 999, b"\0" * 4000],
+                [ext(5), 0, 32, 2**62, b"\0" * 16]):
+        with pytest.raises(gser.GserError) as e:
+            load(T(u(3), bad))
+        assert "$.x[1]" in str(e.value) and e.value.status_name == "GSER_ERR_FORMAT", str(e.value)
+    # An item that cannot be hashed after a hundred that can: the set made
+    # so far is dropped, the error names the set.
+    for cls_tag in (3, 4):
+        with pytest.raises(gser.GserError) as e:
+            load(T(u(cls_tag), [f"s{i}" for i in range(100)] + [[1]]))
+        assert "$.x[1]" in str(e.value) and e.value.status_name == "GSER_ERR_FORMAT", str(e.value)
 
 
 # ---- the property: any nesting of these types, as pickle gives it back ----------------------------
