@@ -598,6 +598,23 @@ inline uint16_t port_of(const std::string &line)
     return line.rfind("port ", 0) == 0 ? (uint16_t)std::atoi(line.c_str() + 5) : 0;
 }
 
+// A TCP port of 127.0.0.1 that nothing listens on now (the kernel's pick),
+// or 0.
+inline uint16_t unused_port()
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    socklen_t len = sizeof sa;
+    uint16_t port = 0;
+    if (fd >= 0 && bind(fd, (sockaddr *)&sa, sizeof sa) == 0 && getsockname(fd, (sockaddr *)&sa, &len) == 0)
+        port = ntohs(sa.sin_port);
+    if (fd >= 0)
+        ::close(fd);
+    return port;
+}
+
 // A TCP connection to host:port within timeout_ms, from bind_ip if given:
 // its fd (blocking), or -1.
 inline int raw_connect(uint16_t port, const char *host, int timeout_ms, const char *bind_ip = nullptr)
