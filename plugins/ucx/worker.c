@@ -171,6 +171,20 @@ static gser_status_t ctx_ucp_init(const gser_ucx_context_t *ctx, const char *net
      * may be used. */
     if (may_use_tcp(tls) && !may_use_rdma(tls) && (st = config_default(cfg, "ZCOPY_THRESH", "inf", false)))
         goto out;
+    /* UCX's tcp transport takes up to 16 socket events from one epoll_wait
+     * and handles them in turn. Handling one can fail the endpoint of a
+     * later one (a reply sent from a receive handler on the other socket to
+     * a peer just killed): UCX then hands that endpoint its stale event,
+     * and its assertion aborts the process (1.13.1, and still in later
+     * releases). It takes two sockets to one peer, which UCX has where a
+     * peer restarted on an old port counts its connections from 0 again
+     * (docs/ucx.md, section 6). One event per poll never hands out an event
+     * of a failed endpoint: failing one takes its socket out of the set.
+     * UCX 1.13 applies the bare name to every transport with the key (its
+     * CUDA copy transports too, which then take one completion per
+     * progress call; Debian's UCX has none). */
+    if (may_use_tcp(tls) && (st = config_default_tl(cfg, "TCP_", "MAX_POLL", "1")))
+        goto out;
 
     ucp_params_t params = {
         .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME,
