@@ -234,10 +234,16 @@ TEST_F(Stall, SendsToAStalledPeerEndBeforeTheEndpointGoes)
 {
     bool mid_transfer = mid_transfer_ok();
     size_t rss_warm = 0;
-    int caught = 0;
+    int caught = 0, cycles = 0;
     double t0 = mono_ms();
     std::string out = output_of([&] {
-        for (int c = 0; c < kCycles && !::testing::Test::HasFailure(); c++) {
+        // A cycle where the loaded machine let the peer time out before it
+        // was stopped catches no send: such cycles are made up for, up to
+        // twice the count, so the checks below still see kCycles * 3 / 4
+        // stalls with sends in flight.
+        for (int c = 0; (c < kCycles || (caught < kCycles * 3 / 4 && c < 2 * kCycles)) &&
+                        !::testing::Test::HasFailure();
+             c++, cycles++) {
             EpPtr ep;
             std::vector<gser_ucx_request_t *> sends;
             stall(&ep, &sends, true, mid_transfer);
@@ -272,8 +278,8 @@ TEST_F(Stall, SendsToAStalledPeerEndBeforeTheEndpointGoes)
     });
     std::cout << out; // what the cycles printed: failures included
     size_t rss_end = self_rss_kib();
-    std::cout << "[          ] " << kCycles << " stalled peers (" << caught << " with sends caught) in " << (mono_ms() - t0) / 1000
-              << " s; RSS after 10 cycles " << rss_warm << " KiB, after " << kCycles << " " << rss_end << " KiB"
+    std::cout << "[          ] " << cycles << " stalled peers (" << caught << " with sends caught) in " << (mono_ms() - t0) / 1000
+              << " s; RSS after 10 cycles " << rss_warm << " KiB, after " << cycles << " " << rss_end << " KiB"
               << std::endl;
     EXPECT_FALSE(ucx_warned(out)) << out;
     EXPECT_GE(caught, kCycles * 3 / 4) << "too few cycles caught sends in flight";
