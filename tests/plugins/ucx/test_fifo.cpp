@@ -114,6 +114,21 @@ uint32_t peer_fifo(gser_ucx_ep_t *ep)
     return info.mm_fifo_size;
 }
 
+// Connect client to server (the client's UCX worker started in
+// client_env), check the FIFO size each side heard from the other
+// (server_fifo: the server's), and move a message of n bytes each way.
+void connects_and_moves(Side &server, Side &client, const std::map<std::string, std::string> &client_env,
+                        uint32_t server_fifo, uint32_t client_fifo, size_t n)
+{
+    Outcome o = connect_in(server, client, client_env);
+    ASSERT_EQ(o.sst, GSER_OK) << o.swhy;
+    ASSERT_EQ(o.cst, GSER_OK) << o.cwhy;
+    EXPECT_EQ(peer_fifo(o.cep.get()), server_fifo);
+    EXPECT_EQ(peer_fifo(o.sep.get()), client_fifo);
+    moves(server, client, o, n);
+    close_driving(o.cep, server.worker.get());
+}
+
 TEST(Fifo, DifferentSizesOverSharedMemoryAreRefusedOnBothSides)
 {
     if (on_tcp_only())
@@ -148,13 +163,7 @@ TEST(Fifo, DifferentSizesOverSharedMemoryAreRefusedOnBothSides)
     // The listener goes on, and a client of its size moves a message
     // larger than the FIFO (8 MiB) both ways.
     Side good({}, false);
-    Outcome g = connect_in(server, good, {});
-    ASSERT_EQ(g.sst, GSER_OK) << g.swhy;
-    ASSERT_EQ(g.cst, GSER_OK) << g.cwhy;
-    EXPECT_EQ(peer_fifo(g.cep.get()), 1024u);
-    EXPECT_EQ(peer_fifo(g.sep.get()), 1024u);
-    moves(server, good, g, 16u << 20);
-    close_driving(g.cep, server.worker.get());
+    connects_and_moves(server, good, {}, 1024, 1024, 16u << 20);
 }
 
 TEST(Fifo, TheSmallerSideConnectingIsRefusedToo)
@@ -178,13 +187,7 @@ TEST(Fifo, EqualSizesByTheEnvironmentMoveMessagesLargerThanTheFifo)
     Side server(env, true);
     Side client(env, false);
     ASSERT_TRUE(server.listener && client.worker);
-    Outcome o = connect_in(server, client, env);
-    ASSERT_EQ(o.sst, GSER_OK) << o.swhy;
-    ASSERT_EQ(o.cst, GSER_OK) << o.cwhy;
-    EXPECT_EQ(peer_fifo(o.cep.get()), 64u);
-    EXPECT_EQ(peer_fifo(o.sep.get()), 64u);
-    moves(server, client, o, 4u << 20);
-    close_driving(o.cep, server.worker.get());
+    connects_and_moves(server, client, env, 64, 64, 4u << 20);
 }
 
 TEST(Fifo, DifferentSizesBetweenHostsConnectAndWork)
@@ -194,13 +197,8 @@ TEST(Fifo, DifferentSizesBetweenHostsConnectAndWork)
     Side server({{"UCX_MM_FIFO_SIZE", "256"}}, true, "tcp");
     Side client({}, false, "tcp");
     ASSERT_TRUE(server.listener && client.worker);
-    Outcome o = connect_in(server, client, {});
-    ASSERT_EQ(o.sst, GSER_OK) << o.swhy;
-    ASSERT_EQ(o.cst, GSER_OK) << o.cwhy;
-    EXPECT_EQ(peer_fifo(o.cep.get()), 256u);
-    EXPECT_EQ(peer_fifo(o.sep.get()), 64u); // UCX's own: gser sets none where shared memory is not used
-    moves(server, client, o, 4u << 20);
-    close_driving(o.cep, server.worker.get());
+    // The client's 64 is UCX's own: gser sets none where shared memory is not used.
+    connects_and_moves(server, client, {}, 256, 64, 4u << 20);
 }
 
 TEST(Fifo, APeerOfWireVersion4IsRefusedAsAnotherVersion)
