@@ -141,7 +141,12 @@ typedef struct gser_ucx_context_options {
 
 /** Create a transport context (ucp_init). opts may be NULL. A worker's own
  *  UCX worker, and the ports of UCX's network transports, are opened when
- *  it first listens or connects. */
+ *  it first listens or connects. Where shared memory may be used and the
+ *  environment sets no FIFO size, UCX's shared-memory FIFO holds 1024
+ *  segments; its size goes in every handshake, and two processes of one
+ *  host whose sizes differ are refused (docs/ucx.md sections 2.4 and 7).
+ *  GSER_ERR_INVALID_ARG where the environment gives posix's and sysv's
+ *  FIFOs different sizes (set UCX_MM_FIFO_SIZE instead). */
 GSER_API gser_status_t gser_ucx_context_create(const gser_ucx_context_options_t *opts,
                                                gser_ucx_context_t **ctx_out);
 
