@@ -40,7 +40,7 @@ extern "C" {
 
 /** Version of the transport's own wire protocol (handshake and per-message
  *  layout, docs/ucx.md). Both sides of a connection must speak the same. */
-#define GSER_UCX_WIRE_VERSION 4
+#define GSER_UCX_WIRE_VERSION 5
 
 /** peer_timeout_ms that turns the silent-peer check off. */
 #define GSER_UCX_PEER_TIMEOUT_NONE 0xffffffffu
@@ -141,7 +141,12 @@ typedef struct gser_ucx_context_options {
 
 /** Create a transport context (ucp_init). opts may be NULL. A worker's own
  *  UCX worker, and the ports of UCX's network transports, are opened when
- *  it first listens or connects. */
+ *  it first listens or connects. Where shared memory may be used and the
+ *  environment sets no FIFO size, UCX's shared-memory FIFO holds 1024
+ *  segments; its size goes in every handshake, and two processes of one
+ *  host whose sizes differ are refused (docs/ucx.md sections 2.4 and 7).
+ *  GSER_ERR_INVALID_ARG where the environment gives posix's and sysv's
+ *  FIFOs different sizes (set UCX_MM_FIFO_SIZE instead). */
 GSER_API gser_status_t gser_ucx_context_create(const gser_ucx_context_options_t *opts,
                                                gser_ucx_context_t **ctx_out);
 
@@ -398,7 +403,8 @@ GSER_API gser_status_t gser_ucx_ep_connect(gser_ucx_worker_t *worker, const char
                                            int timeout_ms, gser_ucx_ep_t **ep_out);
 
 /** GSER_OK when ready, GSER_INPROGRESS while the handshake runs, else why
- *  the endpoint failed (GSER_ERR_CONNECTION, GSER_ERR_WIRE_VERSION,
+ *  the endpoint failed (GSER_ERR_CONNECTION, GSER_ERR_WIRE_VERSION (also
+ *  for two processes of one host whose shared-memory FIFO sizes differ),
  *  GSER_ERR_CANCELED after gser_ucx_ep_close, ...); then
  *  gser_ucx_get_last_error() says why in words (for GSER_ERR_ACCESS: which
  *  side lacks the shared secret, or that the secrets differ). */
@@ -418,6 +424,10 @@ typedef struct gser_ucx_peer_info {
     uint16_t local_port;
     char peer_host[48];
     uint16_t peer_port;
+    /** The segments of the peer's shared-memory FIFO (UCX_MM_FIFO_SIZE as
+     *  its UCX reads it; docs/ucx.md section 7). Since transport wire
+     *  version 5. */
+    uint32_t mm_fifo_size;
 } gser_ucx_peer_info_t;
 
 #define GSER_UCX_PEER_INFO_INIT GSER_STRUCT_INIT(gser_ucx_peer_info_t)

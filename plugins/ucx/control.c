@@ -254,7 +254,8 @@ static gser_status_t hello_make(gser_ucx_worker_t *w, gux_ctl_t *c)
                      .caps = (w->ctx->caps & ~(uint32_t)(GUX_CODECS | GSER_UCX_CAP_CHUNKED)) | w->announce_codecs |
                              (w->announce_chunked ? GSER_UCX_CAP_CHUNKED : 0),
                      .flags = w->ctx->secret ? GUX_HELLO_SECRET : 0,
-                     .timeout_ms = ctl_timeout(w)};
+                     .timeout_ms = ctl_timeout(w),
+                     .mm_fifo = w->mm_fifo};
     gser_status_t st = gux_nonce(h.nonce);
     if (st)
         return st;
@@ -273,7 +274,8 @@ static gser_status_t hello_check(gser_ucx_worker_t *w, const gux_hello_t *h, boo
     if (h->wire_version != w->announce_version || h->gser_wire_version < 2 || h->gser_wire_version > GSER_WIRE_VERSION)
         return gux_fail(GSER_ERR_WIRE_VERSION,
                         "handshake: the peer speaks transport wire version %u and gser wire version %u, "
-                        "this side %u and 2 to %u",
+                        "this side %u and 2 to %u: refused (the two sides need gser releases of one transport "
+                        "wire version)",
                         h->wire_version, h->gser_wire_version, w->announce_version, GSER_WIRE_VERSION);
     bool peer_secret = (h->flags & GUX_HELLO_SECRET) != 0, mine = w->ctx->secret != NULL;
     if (peer_secret && !mine)
@@ -351,10 +353,25 @@ static uint64_t bye_value(const unsigned char *body)
     return v;
 }
 
+gser_status_t gux_fifo_mismatch(const gser_ucx_ep_t *ep, const char *tl)
+{
+    return gux_fail(GSER_ERR_WIRE_VERSION,
+                    "handshake: the peer %s's shared-memory FIFO holds %u segments, this side's %u%s%s%s: set "
+                    "UCX_MM_FIFO_SIZE alike in every process of a host",
+                    ep->ctl.peer_name, ep->peer.mm_fifo_size, ep->worker->mm_fifo, tl ? " (the endpoint's lanes use " : "",
+                    tl ? tl : "", tl ? ")" : "");
+}
+
 /* A bye from the peer, as the status and message this side fails with. */
-static gser_status_t bye_status(const gux_ctl_t *c, const unsigned char *body)
+static gser_status_t bye_status(gux_ctl_t *c, const unsigned char *body)
 {
     uint64_t v = bye_value(body);
+    gser_ucx_ep_t *ep = ep_of(c);
+    /* The peer refused this side's FIFO size before this side's own check
+     * (endpoint.c, fifo_check): the same status and words on both sides. */
+    if (c->rec.reason == GUX_BYE_ERROR && v == (uint64_t) - (int64_t)GSER_ERR_WIRE_VERSION &&
+        ep->state == GUX_EP_CONNECTING && ep->peer_known && ep->peer.mm_fifo_size != ep->worker->mm_fifo)
+        return gux_fifo_mismatch(ep, NULL);
     switch (c->rec.reason) {
     case GUX_BYE_SILENT:
         return gux_fail(GSER_ERR_CONNECTION,
@@ -444,6 +461,7 @@ static void peer_info_set(gser_ucx_ep_t *ep, const gux_hello_t *h)
     ep->peer.wire_version = h->wire_version;
     ep->peer.gser_wire_version = h->gser_wire_version;
     ep->peer.caps = h->caps;
+    ep->peer.mm_fifo_size = h->mm_fifo;
     ep->peer_known = true;
 }
 
@@ -663,7 +681,7 @@ static void pconn_drop(gser_ucx_worker_t *w, gux_pconn_t *pc, uint64_t *counter,
     (*counter)++;
     pconn_free(w, pc);
     if (st)
-        gux_listener_failure(l, st);
+        gux_listener_failure(l, st, gser_ucx_get_last_error());
 }
 
 /* The client proved what it had to: it gets an endpoint, and this side's

@@ -166,27 +166,66 @@ static bool discards_running(const gser_ucx_worker_t *w)
     return false;
 }
 
+/* UCX's description of ep's lanes (ucp_ep_print_info: one line per lane,
+ * "<resource>:<transport>/<device>"), to free; NULL if it could not be had. */
+static char *ep_lanes_text(gser_ucx_ep_t *ep)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f)
+        return NULL;
+    ucp_ep_print_info(ep->ucp, f);
+    fclose(f);
+    if (text && getenv("GSER_UCX_DEBUG_LANES"))
+        fprintf(stderr, "gser: endpoint lanes:\n%s", text);
+    return text;
+}
+
 /* Whether UCX connected ep through its tcp transport (a lane of it):
  * only that transport has the fault; over shared memory UCX does not see
  * a killed peer, and the steps would wait for it for good. */
 static bool ep_on_tcp(gser_ucx_ep_t *ep)
 {
     if (!ep->lanes_known && ep->wired && ep->ucp) {
-        char *text = NULL;
-        size_t len = 0;
-        FILE *f = open_memstream(&text, &len);
-        ep->on_tcp = true; /* when in doubt: the steps are safe anywhere */
-        if (f) {
-            ucp_ep_print_info(ep->ucp, f);
-            fclose(f);
-            ep->on_tcp = text && strstr(text, ":tcp/") != NULL;
-            if (getenv("GSER_UCX_DEBUG_LANES"))
-                fprintf(stderr, "gser: endpoint lanes (tcp: %d):\n%s", ep->on_tcp, text ? text : "");
-        }
+        char *text = ep_lanes_text(ep);
+        ep->on_tcp = !text || strstr(text, ":tcp/") != NULL; /* when in doubt: the steps are safe anywhere */
         free(text);
         ep->lanes_known = true;
     }
     return ep->on_tcp;
+}
+
+/* UCX's shared-memory transports that send through the peer's FIFO (each
+ * an "mm" transport: UCX_<NAME>_FIFO_SIZE inherits UCX_MM_FIFO_SIZE). */
+static const char *const fifo_tls[] = {":posix/", ":sysv/", ":xpmem/"};
+
+/* Once UCX has connected ep (its lanes are known) and before it is ready:
+ * a peer whose shared-memory FIFO size differs from this side's is refused
+ * where a lane goes through shared memory, as UCX's sender indexes the
+ * peer's FIFO by its own size (docs/ucx.md, section 2.4). Nothing has
+ * gone through a FIFO by then: UCX 1.13 connects shared memory from the
+ * worker address without a message of its own (no mm send on either side
+ * before either check, counted), and the caller's first message waits for
+ * the ready state. Between hosts (tcp lanes) sizes may differ. Both sides
+ * check their own lanes: the server before its ready record. */
+static gser_status_t fifo_check(gser_ucx_ep_t *ep)
+{
+    if (ep->peer.mm_fifo_size == ep->worker->mm_fifo)
+        return GSER_OK;
+    char *text = ep_lanes_text(ep);
+    const char *tl = NULL;
+    for (size_t i = 0; text && !tl && i < sizeof fifo_tls / sizeof fifo_tls[0]; i++)
+        if (strstr(text, fifo_tls[i]))
+            tl = fifo_tls[i];
+    free(text);
+    if (!text)
+        return gux_fifo_mismatch(ep, "what UCX did not describe"); /* when in doubt: refused */
+    if (!tl)
+        return GSER_OK;
+    char name[8];
+    snprintf(name, sizeof name, "%.*s", (int)strlen(tl) - 2, tl + 1);
+    return gux_fifo_mismatch(ep, name);
 }
 
 /* Take ep's UCX endpoint the next step towards its close (see above). */
@@ -512,25 +551,35 @@ bool gser_ucx_status_is_peer_error(gser_status_t st)
     return st != GSER_OK && st != GSER_ERR_INVALID_ARG && st != GSER_ERR_STATE;
 }
 
-static void failure_push(gser_ucx_listener_t *l, gser_status_t st)
+static void failure_push(gser_ucx_listener_t *l, gser_status_t st, const char *why)
 {
     st = peer_status(st);
     if (l->nfailures == l->failures_cap) {
         size_t cap = l->failures_cap ? l->failures_cap * 2 : 4;
-        gser_status_t *f = realloc(l->failures, cap * sizeof *f);
+        gux_failure_t *f = realloc(l->failures, cap * sizeof *f);
         if (!f)
             return; /* the failure goes unreported; the connection is still cleaned up */
         l->failures = f;
         l->failures_cap = cap;
     }
-    l->failures[l->nfailures++] = st;
+    gux_failure_t *f = &l->failures[l->nfailures++];
+    f->st = st;
+    snprintf(f->why, sizeof f->why, "%s", why && *why ? why : gser_status_str(st));
 }
 
-void gux_listener_failure(gser_ucx_listener_t *l, gser_status_t st)
+/* Take the oldest failure off l's list; the thread's last error says why. */
+static gser_status_t failure_pop(gser_ucx_listener_t *l)
+{
+    gux_failure_t f = l->failures[0];
+    memmove(l->failures, l->failures + 1, --l->nfailures * sizeof *l->failures);
+    return gux_fail(f.st, "accept: a connection failed its handshake (the listener goes on): %s", f.why);
+}
+
+void gux_listener_failure(gser_ucx_listener_t *l, gser_status_t st, const char *why)
 {
     /* Reported from gux_eps_process (a callback must not run in the middle
      * of the socket work that found the failure). */
-    failure_push(l, st);
+    failure_push(l, st, why);
     l->worker->eps_dirty = true;
 }
 
@@ -552,10 +601,12 @@ static bool listener_report(gser_ucx_listener_t *l, gser_ucx_ep_t *ep)
     }
     l->stats.failed++;
     if (l->cb) {
-        l->cb(l, NULL, peer_status(ep->error), l->user_data);
+        gser_status_t st = gux_fail(peer_status(ep->error),
+                                    "accept: a connection failed its handshake (the listener goes on): %s", ep->why);
+        l->cb(l, NULL, st, l->user_data);
         return true;
     }
-    failure_push(l, ep->error);
+    failure_push(l, ep->error, ep->why);
     return false;
 }
 
@@ -566,8 +617,7 @@ static bool listeners_report(gser_ucx_worker_t *w)
     for (gux_list_t *n = w->listeners.next; n != &w->listeners; n = n->next) {
         gser_ucx_listener_t *l = gux_container(n, gser_ucx_listener_t, wlink);
         if (l->cb && l->nfailures) {
-            gser_status_t st = l->failures[0];
-            memmove(l->failures, l->failures + 1, --l->nfailures * sizeof *l->failures);
+            gser_status_t st = failure_pop(l);
             l->cb(l, NULL, st, l->user_data);
             return true;
         }
@@ -658,6 +708,12 @@ static bool ep_process(gser_ucx_ep_t *ep)
                  ucs_status_string(ep->ucx_error));
         gux_ep_fail(ep, GSER_ERR_CONNECTION);
         gux_probe_start(w); /* as in gux_ep_lost */
+    }
+    if (ep->state == GUX_EP_CONNECTING && ep->wired && !ep->fifo_checked) {
+        gser_status_t st = fifo_check(ep);
+        ep->fifo_checked = true;
+        if (st)
+            gux_ep_fail(ep, st);
     }
     /* Ready when UCX has connected both ends: the client learns of the
      * server's end from its ready record, so that both are ready when the
@@ -813,9 +869,7 @@ gser_status_t gser_ucx_listener_accept(gser_ucx_listener_t *l, int timeout_ms, g
         goto out;
     }
     if (l->nfailures) {
-        st = l->failures[0];
-        memmove(l->failures, l->failures + 1, --l->nfailures * sizeof *l->failures);
-        gux_fail(st, "accept: a connection failed its handshake (the listener goes on): %s", gser_status_str(st));
+        st = failure_pop(l);
         goto out;
     }
     if (gux_list_empty(&l->accepted)) { /* only a failed worker ends the wait with neither */

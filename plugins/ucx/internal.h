@@ -277,6 +277,7 @@ struct gser_ucx_context {
     unsigned handshake_ms;
     unsigned char *secret; /* NULL: none */
     size_t secret_len;
+    uint32_t mm_fifo;      /* the shared-memory FIFO size of ucp (worker.c, mm_fifo_size) */
 };
 
 /* Something on the worker's epoll set that gser owns: a listening socket or
@@ -390,6 +391,7 @@ struct gser_ucx_worker {
     size_t chunk;
     unsigned depth;
     uint32_t announce_version;
+    uint32_t mm_fifo;         /* the shared-memory FIFO size of ucp_ctx, in its hellos */
     uint32_t announce_codecs; /* GSER_UCX_CAP_LZ4/_ZSTD this worker announces and reads */
     uint32_t announce_gser_version; /* GSER_WIRE_VERSION (tests: an older peer's) */
     int compression;          /* gser_ucx_compression_t of its endpoints */
@@ -443,6 +445,7 @@ struct gser_ucx_ep {
     double last_purge; /* when a message of the peer was last discarded */
     double flush_started;
     bool lanes_known, on_tcp; /* UCX connected it through tcp (endpoint.c, ep_on_tcp) */
+    bool fifo_checked;        /* its lanes were checked against the peer's FIFO size (endpoint.c, fifo_check) */
     bool drain;      /* failed by the peer: messages that fully arrived are still delivered */
     double lost_at;  /* the peer left (control connection): close UCX's endpoint when UCX sees it, or later */
     /* The peer closed after sending peer_sent messages whole (its bye):
@@ -493,6 +496,12 @@ struct gser_ucx_ep {
     bool zombie;     /* destroyed by the caller while UCX still held parts of it */
 };
 
+/* A handshake's failure as its listener reports it: the status and why. */
+typedef struct gux_failure {
+    gser_status_t st;
+    char why[256];
+} gux_failure_t;
+
 struct gser_ucx_listener {
     gser_ucx_worker_t *worker;
     gux_io_t io; /* the listening socket */
@@ -505,7 +514,7 @@ struct gser_ucx_listener {
     size_t nadmitting; /* admitted endpoints whose handshake runs: with npending, at most GUX_MAX_PENDING */
     double resume_at; /* out of file descriptors: accept again then (0: not resting) */
     gser_ucx_listener_stats_t stats;
-    gser_status_t *failures; /* handshake failures not yet reported */
+    gux_failure_t *failures; /* handshake failures not yet reported */
     size_t nfailures, failures_cap;
     gux_list_t wlink;
 };
@@ -630,6 +639,9 @@ GUX_INTERNAL gser_status_t gux_ctl_connect(gser_ucx_ep_t *ep, const struct socka
 GUX_INTERNAL void gux_ctl_read_now(gser_ucx_ep_t *ep);
 /* The listening side's endpoint is connected: tell the client. */
 GUX_INTERNAL gser_status_t gux_ctl_ready(gser_ucx_ep_t *ep);
+/* GSER_ERR_WIRE_VERSION with the words for a peer of another shared-memory
+ * FIFO size; tl: the shared-memory transport of ep's lanes (NULL: not told). */
+GUX_INTERNAL gser_status_t gux_fifo_mismatch(const gser_ucx_ep_t *ep, const char *tl);
 /* Close ep's control connection; reason (GUX_BYE_*, 0: none) and value go
  * to the peer in a bye when the connection is open. */
 GUX_INTERNAL void gux_ctl_close(gser_ucx_ep_t *ep, unsigned reason, uint64_t value);
@@ -665,7 +677,7 @@ GUX_INTERNAL void gux_eps_process(gser_ucx_worker_t *w);
  * longer counts against its listener's handshakes. */
 GUX_INTERNAL void gux_ep_admitted(gser_ucx_ep_t *ep);
 /* A listener's handshake failed before an endpoint existed: report st once. */
-GUX_INTERNAL void gux_listener_failure(gser_ucx_listener_t *l, gser_status_t st);
+GUX_INTERNAL void gux_listener_failure(gser_ucx_listener_t *l, gser_status_t st, const char *why);
 /* The status for a UCX operation of ep that ended with st (recorded). */
 GUX_INTERNAL gser_status_t gux_ep_part_error(gser_ucx_ep_t *ep, ucs_status_t st, const char *what);
 /* Fail ep with st (the thread's last message says why, and is kept in

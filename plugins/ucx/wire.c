@@ -66,6 +66,7 @@ void gux_hello_encode(const gux_hello_t *h, unsigned char out[GUX_HELLO_LEN])
     put_le(out + 16, h->caps, 4);
     put_le(out + 20, h->flags, 4);
     put_le(out + 24, h->timeout_ms, 4);
+    put_le(out + 28, h->mm_fifo, 4);
     memcpy(out + 32, h->nonce, GUX_NONCE_LEN);
 }
 
@@ -82,10 +83,13 @@ gser_status_t gux_hello_decode(const unsigned char in[GUX_HELLO_LEN], gux_hello_
     };
     memcpy(h.nonce, in + 32, GUX_NONCE_LEN);
     /* Another version may give these bytes a meaning: the caller reports
-     * the version mismatch instead. */
-    if (h.wire_version == GSER_UCX_WIRE_VERSION && (get_le(in + 28, 4) != 0 || (h.flags & ~(uint32_t)GUX_HELLO_SECRET)))
-        return gux_fail(GSER_ERR_FORMAT, "handshake: the peer's hello sets unknown flags (0x%x) or reserved bytes",
-                        h.flags);
+     * the version mismatch instead. Bytes 28..31 were reserved before
+     * version 5, which carries the FIFO size there. */
+    if (h.wire_version == GSER_UCX_WIRE_VERSION) {
+        h.mm_fifo = (uint32_t)get_le(in + 28, 4);
+        if (h.flags & ~(uint32_t)GUX_HELLO_SECRET)
+            return gux_fail(GSER_ERR_FORMAT, "handshake: the peer's hello sets unknown flags (0x%x)", h.flags);
+    }
     *out = h;
     return GSER_OK;
 }

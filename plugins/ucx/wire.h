@@ -39,13 +39,15 @@ typedef struct gux_hello {
     uint32_t caps;              /* GSER_UCX_CAP_* */
     uint32_t flags;             /* GUX_HELLO_* */
     uint32_t timeout_ms;        /* this side's peer timeout (0: none): the peer heartbeats often enough for it */
+    uint32_t mm_fifo;           /* this side's shared-memory FIFO size in segments (version 5; 0 before) */
     unsigned char nonce[GUX_NONCE_LEN];
 } gux_hello_t;
 
 GUX_HIDDEN void gux_hello_encode(const gux_hello_t *h, unsigned char out[GUX_HELLO_LEN]);
 /* GSER_ERR_BAD_MAGIC if the bytes are not a gser UCX hello. Versions are
- * returned as sent (the caller compares them); the reserved bytes are
- * checked only when the version is this build's (GSER_ERR_FORMAT). */
+ * returned as sent (the caller compares them); the flags are checked only
+ * when the version is this build's (GSER_ERR_FORMAT). The FIFO size is
+ * read only from a version-5 hello (0 from others). */
 GUX_HIDDEN gser_status_t gux_hello_decode(const unsigned char in[GUX_HELLO_LEN], gux_hello_t *out);
 
 /* Records after the hellos: a 16-byte header, then len bytes of body.

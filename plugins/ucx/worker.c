@@ -119,16 +119,93 @@ static bool may_use_rdma(const char *tls)
 /* tcp's send and receive segment size (docs/ucx.md, section 7). */
 #define GUX_TCP_SEG_SIZE "512k"
 
+/* Shared memory's FIFO length in segments, and the share of it the
+ * receiver reads before it tells the sender (docs/ucx.md, section 7). */
+#define GUX_MM_FIFO_SIZE 1024
+#define GUX_MM_FIFO_RELEASE_FACTOR "0.0625"
+/* UCX's own FIFO length (UCX_MM_FIFO_SIZE's default in 1.13 and later). */
+#define GUX_UCX_MM_FIFO_SIZE 64
+
+static bool may_use_posix(const char *tls)
+{
+    static const char *const names[] = {"all", "sm", "shm", "mm", "posix"};
+    return may_use(tls, names, sizeof names / sizeof names[0]);
+}
+
+static bool may_use_sysv(const char *tls)
+{
+    static const char *const names[] = {"all", "sm", "shm", "mm", "sysv"};
+    return may_use(tls, names, sizeof names / sizeof names[0]);
+}
+
+/* Whether gser sets the FIFO: shared memory may be used and the
+ * environment names no FIFO size. */
+static bool sets_mm_fifo(const char *tls)
+{
+    return may_use_shm(tls) && !getenv("UCX_MM_FIFO_SIZE") && !getenv("UCX_SYSV_FIFO_SIZE") &&
+           !getenv("UCX_POSIX_FIFO_SIZE");
+}
+
+/* One transport's FIFO size as UCX reads it: its own variable, else the
+ * one it inherits (UCX_MM_FIFO_SIZE), else gser's or UCX's default. *from:
+ * the variable it came from (NULL: a default). */
+static uint32_t mm_fifo_of(const char *var, uint32_t dflt, const char **from)
+{
+    const char *v = getenv(var);
+    *from = var;
+    if (!v) {
+        v = getenv("UCX_MM_FIFO_SIZE");
+        *from = "UCX_MM_FIFO_SIZE";
+    }
+    if (!v) {
+        *from = NULL;
+        return dflt;
+    }
+    /* UCX reads an unsigned integer ("%u"): what follows the digits is
+     * ignored; a size it cannot read fails its own initialisation. */
+    unsigned long n = strtoul(v, NULL, 10);
+    return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+}
+
+/* The shared-memory FIFO size UCX ends up with in a context made for tls,
+ * which the handshake carries (docs/ucx.md, sections 2 and 7). Computed
+ * from the environment the way UCX reads it (UCX_POSIX_FIFO_SIZE and
+ * UCX_SYSV_FIFO_SIZE inherit UCX_MM_FIFO_SIZE) and from what gser sets:
+ * UCX's API has no reading back of a transport's setting short of opening
+ * UCT's memory domains beside UCP's. One size is carried: where posix and
+ * sysv may both be used and the environment gives them different sizes,
+ * the context is refused. */
+static gser_status_t mm_fifo_size(const char *tls, uint32_t *out)
+{
+    uint32_t dflt = sets_mm_fifo(tls) ? GUX_MM_FIFO_SIZE : GUX_UCX_MM_FIFO_SIZE;
+    const char *pfrom, *sfrom;
+    uint32_t posix = mm_fifo_of("UCX_POSIX_FIFO_SIZE", dflt, &pfrom);
+    uint32_t sysv = mm_fifo_of("UCX_SYSV_FIFO_SIZE", dflt, &sfrom);
+    bool p = may_use_posix(tls), s = may_use_sysv(tls);
+    if (p && s && posix != sysv)
+        return gux_fail(GSER_ERR_INVALID_ARG,
+                        "gser_ucx_context_create: posix's shared-memory FIFO would hold %" PRIu32
+                        " segments (%s) and sysv's %" PRIu32
+                        " (%s): the handshake carries one size; set UCX_MM_FIFO_SIZE instead, alike in every process "
+                        "of a host",
+                        posix, pfrom ? pfrom : "the default", sysv, sfrom ? sfrom : "the default");
+    *out = p || !s ? posix : sysv;
+    return GSER_OK;
+}
+
 /* A UCX context with the context's settings; net_devices: UCX_NET_DEVICES
  * to use (NULL: the environment's); tls: UCX_TLS instead of the context's
- * (NULL: the context's). */
+ * (NULL: the context's). *fifo: its shared-memory FIFO size (mm_fifo_size). */
 static gser_status_t ctx_ucp_init(const gser_ucx_context_t *ctx, const char *net_devices, const char *tls,
-                                  ucp_context_h *out)
+                                  ucp_context_h *out, uint32_t *fifo)
 {
     gser_status_t st;
     ucp_config_t *cfg = NULL;
     if (!tls)
         tls = ctx->transports;
+    uint32_t fifo_size = 0;
+    if ((st = mm_fifo_size(tls, &fifo_size)))
+        return st;
     if ((st = GUX_CALL("ucp_config_read", ucp_config_read(NULL, NULL, &cfg))))
         return st;
     if (tls && (st = config_default(cfg, "TLS", tls, true)))
@@ -145,6 +222,28 @@ static gser_status_t ctx_ucp_init(const gser_ucx_context_t *ctx, const char *net
     if (may_use_shm(ctx->transports) && !getenv("UCX_POSIX_ERROR_HANDLING") && !getenv("UCX_SYSV_ERROR_HANDLING") &&
         (st = config_default(cfg, "MM_ERROR_HANDLING", "y", false))) /* posix and sysv share it */
         goto out;
+    /* UCX 1.13 has no peer error handling on cma, so between processes of
+     * one host a large message goes as the rendezvous's active-message
+     * fragments through the receiver's FIFO (sysv or posix), which holds 64
+     * segments of 8 KiB by default: 512 KiB per time both processes run. On
+     * a loaded machine that is one scheduler slice each, and 256 MiB went at
+     * 0.08-0.42 GB/s, mostly below tcp://, whose sockets buffer megabytes
+     * between the two. 1024 segments (8 MiB, about a socket's buffer) cost
+     * each worker 8 MiB more of shared memory per transport. The receiver
+     * frees what it read every 64 segments (every 32 in UCX's own FIFO): at
+     * UCX's half of 1024 a quiet sender waited for 4 MiB at a time (7.5-9
+     * GB/s against 10.5-11.7). A user's FIFO size keeps UCX's release too.
+     * UCX's sender indexes the peer's FIFO with its own size: the handshake
+     * refuses peers of one host whose sizes differ (control.c, fifo_check). */
+    if (sets_mm_fifo(tls)) {
+        char size[16];
+        snprintf(size, sizeof size, "%d", GUX_MM_FIFO_SIZE);
+        if ((st = config_default(cfg, "MM_FIFO_SIZE", size, false))) /* posix and sysv inherit it */
+            goto out;
+        if (!getenv("UCX_SYSV_FIFO_RELEASE_FACTOR") && !getenv("UCX_POSIX_FIFO_RELEASE_FACTOR") &&
+            (st = config_default(cfg, "MM_FIFO_RELEASE_FACTOR", GUX_MM_FIFO_RELEASE_FACTOR, false)))
+            goto out;
+    }
     /* tcp's put emulation is slower than UCX's active-message rendezvous on
      * tcp, and for local peers it would take large messages off shared
      * memory. */
@@ -192,7 +291,8 @@ static gser_status_t ctx_ucp_init(const gser_ucx_context_t *ctx, const char *net
         .mt_workers_shared = 1,
         .name = "gser",
     };
-    st = GUX_CALL("ucp_init", ucp_init(&params, cfg, out));
+    if (!(st = GUX_CALL("ucp_init", ucp_init(&params, cfg, out))))
+        *fifo = fifo_size;
 out:
     ucp_config_release(cfg);
     return st;
@@ -245,7 +345,7 @@ gser_status_t gser_ucx_context_create(const gser_ucx_context_options_t *opts, gs
         st = gux_fail(GSER_ERR_NO_MEMORY, "gser_ucx_context_create: out of memory");
         goto fail_ctx;
     }
-    if ((st = ctx_ucp_init(ctx, ctx->net_devices, NULL, &ctx->ucp)))
+    if ((st = ctx_ucp_init(ctx, ctx->net_devices, NULL, &ctx->ucp, &ctx->mm_fifo)))
         goto fail_ctx;
 
     ucp_context_attr_t attr = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
@@ -478,7 +578,8 @@ gser_status_t gux_worker_ucx(gser_ucx_worker_t *w, const struct sockaddr *listen
      * unless the user named the devices. */
     bool own = listen && !w->ctx->net_devices && !getenv("UCX_NET_DEVICES") && sa_device(listen, dev);
     const char *devs = own ? dev : w->ctx->net_devices; /* the worker's context's */
-    if (own && (st = ctx_ucp_init(w->ctx, dev, NULL, &uctx)))
+    uint32_t fifo = w->ctx->mm_fifo;
+    if (own && (st = ctx_ucp_init(w->ctx, dev, NULL, &uctx, &fifo)))
         return st;
     ucp_worker_params_t wp = {
         .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_NAME,
@@ -499,7 +600,7 @@ gser_status_t gux_worker_ucx(gser_ucx_worker_t *w, const struct sockaddr *listen
         if (own)
             ucp_cleanup(uctx);
         own = false;
-        if ((st = ctx_ucp_init(w->ctx, devs, GUX_TLS_NO_POSIX, &uctx)))
+        if ((st = ctx_ucp_init(w->ctx, devs, GUX_TLS_NO_POSIX, &uctx, &fifo)))
             goto fail_ctx;
         own = true;
         if ((st = GUX_CALL("ucp_worker_create", ucp_worker_create(uctx, &wp, &w->ucp))))
@@ -523,6 +624,7 @@ gser_status_t gux_worker_ucx(gser_ucx_worker_t *w, const struct sockaddr *listen
     }
     w->ucp_ctx = uctx;
     w->ucp_ctx_own = own;
+    w->mm_fifo = fifo;
     gux_filter_after(w, snap); /* UCX's ports admit only peers gser admitted */
     return GSER_OK;
 fail_worker:

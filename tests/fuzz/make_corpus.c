@@ -502,7 +502,7 @@ int main(int argc, char **argv)
     }
     gux_hello_t hello = {GSER_UCX_WIRE_VERSION, GSER_WIRE_VERSION,
                          GSER_UCX_CAP_LZ4 | GSER_UCX_CAP_ZSTD | GSER_UCX_CAP_CHUNKED,
-                         GUX_HELLO_SECRET, 10000, {7}};
+                         GUX_HELLO_SECRET, 10000, 1024, {7}};
     unsigned char hb[GUX_HELLO_LEN];
     gux_hello_encode(&hello, hb);
     char path[600];
@@ -533,6 +533,12 @@ int main(int argc, char **argv)
     hello.flags = 0;
     gux_hello_encode(&hello, hb);
     snprintf(path, sizeof path, "%s/hello-nosecret.bin", udir);
+    if (write_bytes(path, hb, sizeof hb, NULL, 0))
+        return 1;
+    hello.wire_version = 4; /* the release before the FIFO size: refused as another version */
+    hello.mm_fifo = 0;
+    gux_hello_encode(&hello, hb);
+    snprintf(path, sizeof path, "%s/hello-v4.bin", udir);
     if (write_bytes(path, hb, sizeof hb, NULL, 0))
         return 1;
     hello.wire_version = 99;

@@ -209,7 +209,7 @@ struct Raw {
 
 std::string hello_bytes(uint32_t version, uint32_t flags, uint32_t timeout_ms = 0, uint32_t gser_version = GSER_WIRE_VERSION)
 {
-    gux_hello_t h{version, gser_version, 0, flags, timeout_ms, {}};
+    gux_hello_t h{version, gser_version, 0, flags, timeout_ms, 64, {}};
     unsigned char b[GUX_HELLO_LEN];
     gux_hello_encode(&h, b);
     return std::string((const char *)b, sizeof b);
@@ -251,6 +251,7 @@ std::vector<std::pair<std::string, std::string>> hostile_payloads(unsigned seed)
     v.push_back({"http", kHttp});
     v.push_back({"tls client hello", std::string((const char *)kTlsHello, sizeof kTlsHello)});
     v.push_back({"hello, version 99", hello_bytes(99, 0)});
+    v.push_back({"hello, version 4 (before the FIFO size)", hello_bytes(4, 0)});
     v.push_back({"hello, gser version 99", hello_bytes(GSER_UCX_WIRE_VERSION, 0, 0, 99)});
     v.push_back({"hello, unknown flags", hello_bytes(GSER_UCX_WIRE_VERSION, 0x80)});
     v.push_back({"hello, secret flag", hello_bytes(GSER_UCX_WIRE_VERSION, GUX_HELLO_SECRET)});

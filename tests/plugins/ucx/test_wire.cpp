@@ -13,7 +13,7 @@ namespace {
 
 TEST(Wire, HelloRoundTripAndMagic)
 {
-    gux_hello_t h{GSER_UCX_WIRE_VERSION, GSER_WIRE_VERSION, GSER_UCX_CAP_CUDA, GUX_HELLO_SECRET, 0x00312345u, {}};
+    gux_hello_t h{GSER_UCX_WIRE_VERSION, GSER_WIRE_VERSION, GSER_UCX_CAP_CUDA, GUX_HELLO_SECRET, 0x00312345u, 1024, {}};
     for (int i = 0; i < GUX_NONCE_LEN; i++)
         h.nonce[i] = (unsigned char)(i + 1);
     unsigned char b[GUX_HELLO_LEN];
@@ -25,6 +25,10 @@ TEST(Wire, HelloRoundTripAndMagic)
     EXPECT_EQ(b[20], GUX_HELLO_SECRET);
     EXPECT_EQ(b[24], 0x45);
     EXPECT_EQ(b[27], 0x00);
+    EXPECT_EQ(b[28], 0x00); // the FIFO size, 1024 = 0x400
+    EXPECT_EQ(b[29], 0x04);
+    EXPECT_EQ(b[30], 0x00);
+    EXPECT_EQ(b[31], 0x00);
     EXPECT_EQ(b[32], 1);
     EXPECT_EQ(b[63], 32);
     gux_hello_t g{};
@@ -34,20 +38,26 @@ TEST(Wire, HelloRoundTripAndMagic)
     EXPECT_EQ(g.caps, h.caps);
     EXPECT_EQ(g.flags, h.flags);
     EXPECT_EQ(g.timeout_ms, h.timeout_ms);
+    EXPECT_EQ(g.mm_fifo, 1024u);
     EXPECT_EQ(std::memcmp(g.nonce, h.nonce, GUX_NONCE_LEN), 0);
-    // Reserved bytes and unknown flags are refused in this version ...
+    // Unknown flags are refused in this version ...
     unsigned char c[GUX_HELLO_LEN];
-    std::memcpy(c, b, sizeof c);
-    c[28] = 1;
-    EXPECT_EQ(gux_hello_decode(c, &g), GSER_ERR_FORMAT);
     std::memcpy(c, b, sizeof c);
     c[21] = 1;
     EXPECT_EQ(gux_hello_decode(c, &g), GSER_ERR_FORMAT);
     EXPECT_NE(std::string(gser_ucx_get_last_error()).find("flags"), std::string::npos);
-    // ... and left to another version, whose hello is read for its versions.
+    // ... and left to another version, whose hello is read for its
+    // versions; bytes 28..31 are a FIFO size only in version 5 (version 4
+    // had them reserved).
     c[8] = 99;
     ASSERT_EQ(gux_hello_decode(c, &g), GSER_OK);
     EXPECT_EQ(g.wire_version, 99u);
+    EXPECT_EQ(g.mm_fifo, 0u);
+    std::memcpy(c, b, sizeof c);
+    c[8] = 4;
+    ASSERT_EQ(gux_hello_decode(c, &g), GSER_OK);
+    EXPECT_EQ(g.wire_version, 4u);
+    EXPECT_EQ(g.mm_fifo, 0u);
     b[3] ^= 1;
     EXPECT_EQ(gux_hello_decode(b, &g), GSER_ERR_BAD_MAGIC);
 }

@@ -27,6 +27,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -91,6 +92,48 @@ inline void close_driving(EpPtr &ep, gser_ucx_worker_t *peer)
     stop = true;
     t.join();
 }
+
+// Unsets the variables names and sets those of set while it lives; puts
+// back what was there (UCX reads its settings when a context or worker is
+// made).
+class ScopedEnv {
+  public:
+    ScopedEnv(std::initializer_list<const char *> names, const std::map<std::string, std::string> &set)
+    {
+        for (const char *n : names)
+            save(n);
+        for (auto &kv : set)
+            save(kv.first.c_str());
+        for (auto &kv : saved_)
+            unsetenv(kv.first.c_str());
+        for (auto &kv : set)
+            setenv(kv.first.c_str(), kv.second.c_str(), 1);
+    }
+    ~ScopedEnv()
+    {
+        for (auto &kv : saved_) {
+            if (kv.second)
+                setenv(kv.first.c_str(), kv.second->c_str(), 1);
+            else
+                unsetenv(kv.first.c_str());
+        }
+    }
+    ScopedEnv(const ScopedEnv &) = delete;
+    ScopedEnv &operator=(const ScopedEnv &) = delete;
+
+  private:
+    void save(const char *n)
+    {
+        if (saved_.count(n))
+            return;
+        const char *v = std::getenv(n);
+        saved_[n] = v ? std::optional<std::string>(v) : std::nullopt;
+    }
+    std::map<std::string, std::optional<std::string>> saved_;
+};
+
+// The shared-memory FIFO's variables (docs/ucx.md, section 7).
+#define GSER_TEST_FIFO_ENV "UCX_MM_FIFO_SIZE", "UCX_SYSV_FIFO_SIZE", "UCX_POSIX_FIFO_SIZE"
 
 inline UcxCtxPtr make_ucx_ctx(unsigned peer_timeout_ms = 0)
 {
