@@ -879,10 +879,10 @@ static PyObject *endpoint_peer_info(PgUcxEndpoint *self, PyObject *unused)
     gser_status_t st = gser_ucx_ep_get_peer_info(self->ep, &info);
     if (st)
         return ucx_raise(ucx_state(self), st, "gser_ucx_ep_get_peer_info");
-    return Py_BuildValue("{s:k,s:k,s:k,s:s,s:H,s:s,s:H}", "wire_version", (unsigned long)info.wire_version,
+    return Py_BuildValue("{s:k,s:k,s:k,s:s,s:H,s:s,s:H,s:k}", "wire_version", (unsigned long)info.wire_version,
                          "gser_wire_version", (unsigned long)info.gser_wire_version, "caps", (unsigned long)info.caps,
                          "local_host", info.local_host, "local_port", info.local_port, "peer_host", info.peer_host,
-                         "peer_port", info.peer_port);
+                         "peer_port", info.peer_port, "mm_fifo_size", (unsigned long)info.mm_fifo_size);
 }
 
 /* Serialize (and compress) without the endpoint: may run on any thread,
@@ -1151,7 +1151,8 @@ static PyMethodDef endpoint_methods[] = {
      "set_compression(c): what this endpoint compresses (\"auto\": by transport, None/False,\n"
      "\"lz4\", \"zstd\"), over its worker's; only codecs the peer announced are used."},
     {"peer_info", (PyCFunction)endpoint_peer_info, METH_NOARGS,
-     "peer_info() -> dict: what the peer announced in the handshake (wire_version, gser_wire_version, caps), "
+     "peer_info() -> dict: what the peer announced in the handshake (wire_version, gser_wire_version, caps, "
+     "mm_fifo_size: the segments of its shared-memory FIFO), "
      "and the connection's addresses (local_host, local_port, peer_host, peer_port)."},
     {NULL, NULL, 0, NULL},
 };

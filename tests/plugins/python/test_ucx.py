@@ -52,6 +52,9 @@ def test_objects_and_order():
             assert got["i"] == m["i"] and got["t"] == (1, None) and np.array_equal(got["arr"], m["arr"])
         info = a.peer_info()
         assert info["wire_version"] == gser._gser.UCX_WIRE_VERSION and info["cuda"] is False
+        if not any(os.environ.get(v) for v in ("UCX_TLS", "UCX_MM_FIFO_SIZE", "UCX_POSIX_FIFO_SIZE",
+                                               "UCX_SYSV_FIFO_SIZE")):
+            assert info["mm_fifo_size"] == 1024  # gser's shared-memory FIFO, as the peer announced it
         assert a.state == b.state == "ready" and not a.closed
         w.close()
 
