@@ -562,8 +562,9 @@ class Endpoint:
         return None if e is None else _translate(e)
 
     def peer_info(self) -> dict:
-        """The peer's handshake (wire_version, gser_wire_version, caps, cuda) and
-        the connection's addresses (local_host, local_port, peer_host, peer_port)."""
+        """The peer's handshake (wire_version, gser_wire_version, caps, cuda,
+        mm_fifo_size: its shared-memory FIFO's segments) and the connection's
+        addresses (local_host, local_port, peer_host, peer_port)."""
         info = self._c.peer_info()
         info["cuda"] = bool(info["caps"] & _gser.UCX_CAP_CUDA)
         return info
