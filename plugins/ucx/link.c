@@ -79,6 +79,16 @@
  * many times slower warm (its fix is the cold one over this); in between
  * the cold run says nothing a warm one would not (tried again). */
 #define GUX_LINK_COLD_MAX 2.5
+/* While raw wins by the measurements alone (gser_ucx_ep_raw_wins: no
+ * sample), the codecs' speeds are timed again on a message let through to
+ * gser_ucx_ep_choose_compression once this long passed since their last
+ * sample or this many messages went without one, whichever comes first
+ * (and GUX_LINK_SAMPLE_MS, so that the message let through is sampled):
+ * their speed follows the data and the load, and a codec faster than the
+ * link would compress again. On the unshaped veth a 64 MiB message is
+ * 40-50 ms: one in 16 or so pays the frames path's 2-3 %. */
+#define GUX_LINK_FRESH_MS 1000.0
+#define GUX_LINK_FRESH_MSGS 16u
 
 enum { SAMPLE_PIECE = GSER_COMPRESS_SAMPLE_SIZE, SAMPLE_PIECES = GSER_COMPRESS_NSAMPLES };
 
@@ -87,6 +97,9 @@ static double dmax(double a, double b)
 {
     return a > b ? a : b;
 }
+
+static const int link_codecs[2] = {GSER_COMPRESSION_LZ4, GSER_COMPRESSION_ZSTD};
+static const uint32_t link_codec_bits[2] = {GSER_UCX_CAP_LZ4, GSER_UCX_CAP_ZSTD};
 
 static int codec_index(int codec)
 {
@@ -128,8 +141,6 @@ double gux_link_time(const gux_link_model_t *m, int codec, size_t bytes, size_t 
 
 int gux_link_choose(const gux_link_model_t *m, size_t bytes, size_t chunk, uint32_t allowed, double *times)
 {
-    static const int codecs[2] = {GSER_COMPRESSION_LZ4, GSER_COMPRESSION_ZSTD};
-    static const uint32_t bits[2] = {GSER_UCX_CAP_LZ4, GSER_UCX_CAP_ZSTD};
     double t[3] = {gux_link_time(m, GSER_COMPRESSION_NONE, bytes, chunk), 0, 0};
     /* Data a codec does not shrink to gser's threshold is not compressed
      * (the serializer and the chunk pipeline send it as it is): that
@@ -137,8 +148,8 @@ int gux_link_choose(const gux_link_model_t *m, size_t bytes, size_t chunk, uint3
      * float64, zstd's sample at 0.94: modelled 6 % faster than raw at 1
      * Gbit/s, went 6 % slower). */
     for (int i = 0; i < 2; i++)
-        t[i + 1] = (allowed & bits[i]) && m->codec[i].ratio <= GSER_COMPRESS_THRESHOLD
-                       ? gux_link_time(m, codecs[i], bytes, chunk)
+        t[i + 1] = (allowed & link_codec_bits[i]) && m->codec[i].ratio <= GSER_COMPRESS_THRESHOLD
+                       ? gux_link_time(m, link_codecs[i], bytes, chunk)
                        : 0;
     if (times)
         memcpy(times, t, sizeof t);
@@ -148,10 +159,33 @@ int gux_link_choose(const gux_link_model_t *m, size_t bytes, size_t chunk, uint3
     double best_t = t[0] * (1 - GUX_LINK_MARGIN);
     for (int i = 0; i < 2; i++)
         if (t[i + 1] > 0 && t[i + 1] < best_t) {
-            best = codecs[i];
+            best = link_codecs[i];
             best_t = t[i + 1];
         }
     return best;
+}
+
+/* Every codec's time grows with its ratio (the wire term, whole or as the
+ * pipe's pace), so its best case is data that shrinks to nothing: where
+ * the model takes raw even then (t >= (1 - GUX_LINK_MARGIN) times raw's,
+ * the fix included), it takes raw for any data. Whole, that is
+ * fix (c + d) rate >= 0.97; in n chunks fix ((n - 1) max(c, d) + c + d) rate
+ * >= 0.97 n, towards fix max(c, d) rate >= 0.97 (c, d: the samples' seconds
+ * a byte times GUX_LINK_CPU_FACTOR): lz4 sampled at 1.46 GB/s compressing
+ * needs a link of 0.94 GB/s or more for 64 MiB in chunks of 4 MiB. */
+bool gux_link_raw_wins(const gux_link_model_t *m, size_t bytes, size_t chunk, uint32_t allowed)
+{
+    if (!(m->rate > 0))
+        return false; /* not measured: the first message measures it */
+    gux_link_model_t best = *m;
+    for (int i = 0; i < 2; i++) {
+        if (!(allowed & link_codec_bits[i]))
+            continue;
+        if (!best.codec[i].known)
+            return false; /* not sampled: it could win */
+        best.codec[i].ratio = 0;
+    }
+    return gux_link_choose(&best, bytes, chunk, allowed, NULL) == GSER_COMPRESSION_NONE;
 }
 
 void gux_link_add_rate(gux_link_t *l, double rate, bool raw)
@@ -398,6 +432,20 @@ static void link_host(gser_ucx_ep_t *ep, bool put, double now)
     slot->at = now;
 }
 
+/* codec is ep's decision for a message of total candidate bytes, at now
+ * (under the worker's lock): what its sends are timed as, the codec run it
+ * opens, extends or ends, and what the worker's next endpoints to that
+ * host start from. */
+static void link_decided(gser_ucx_ep_t *ep, int codec, size_t total, size_t chunk, double now)
+{
+    gux_link_t *l = &ep->link;
+    l->last = codec;
+    l->decided = true;
+    l->decisions++;
+    gux_link_run_note(l, codec, (double)total, link_time_base(&l->m, codec, total, chunk), now);
+    link_host(ep, true, now);
+}
+
 bool gux_ep_link_aware(const gser_ucx_ep_t *ep)
 {
     const gser_ucx_worker_t *w = ep->worker;
@@ -548,6 +596,7 @@ gser_status_t gser_ucx_ep_choose_compression(gser_ucx_ep_t *ep, const gser_frame
     if (sample) {
         l->sampled_at = now;
         l->samples++;
+        l->since_sample = 0;
         for (int i = 0; i < 2; i++)
             if (cs[i].ok)
                 gux_link_add_codec(l, i ? GSER_COMPRESSION_ZSTD : GSER_COMPRESSION_LZ4, cs[i].ratio, cs[i].ctime,
@@ -601,15 +650,43 @@ gser_status_t gser_ucx_ep_choose_compression(gser_ucx_ep_t *ep, const gser_frame
             l->probes++;
         }
     }
-    l->last = codec;
-    l->decided = true;
-    l->decisions++;
-    gux_link_run_note(l, codec, (double)total, link_time_base(&l->m, codec, total, chunk), now);
+    link_decided(ep, codec, total, chunk, now);
     if (explore && l->run.open && l->run.codec == codec)
         l->run.tried = true;
-    link_host(ep, true, now);
     gux_unlock(w);
     *codec_out = codec;
+    return GSER_OK;
+}
+
+gser_status_t gser_ucx_ep_raw_wins(gser_ucx_ep_t *ep, size_t bytes, bool pipelined, bool *raw_out)
+{
+    if (!ep || !raw_out)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_raw_wins: NULL argument");
+    gser_ucx_worker_t *w = ep->worker;
+    gux_lock(w);
+    if (!ep->peer_known) {
+        gux_unlock(w);
+        return gux_fail(GSER_ERR_STATE, "gser_ucx_ep_raw_wins: the handshake is not done");
+    }
+    gux_link_t *l = &ep->link;
+    double now = gux_now_ms(), age = now - l->sampled_at;
+    size_t chunk = pipelined ? w->zchunk : 0;
+    uint32_t both = w->announce_codecs & ep->peer.caps & GUX_CODECS;
+    /* the codecs' speeds are old: the message goes to be sampled */
+    bool stale = age >= GUX_LINK_SAMPLE_MS && (age >= GUX_LINK_FRESH_MS || l->since_sample >= GUX_LINK_FRESH_MSGS);
+    bool raw = gux_ep_link_aware(ep) && bytes >= GUX_LINK_MSG_MIN && l->decided && l->sampled_at > 0 && !stale;
+    if (raw) {
+        gux_link_run_settle(l); /* what the last messages took, before the model decides */
+        raw = gux_link_raw_wins(&l->m, bytes, chunk, both);
+    }
+    if (raw) {
+        gux_link_choose(&l->m, bytes, chunk, both, l->estimate); /* on the last sample's ratios, for the stats */
+        link_decided(ep, GSER_COMPRESSION_NONE, bytes, chunk, now);
+        l->raw_wins++;
+        l->since_sample++;
+    }
+    gux_unlock(w);
+    *raw_out = raw;
     return GSER_OK;
 }
 
@@ -639,6 +716,7 @@ gser_status_t gser_ucx_ep_get_link_stats(const gser_ucx_ep_t *ep, gser_ucx_link_
         s.fix[i] = l->m.codec[i].fix;
     s.runs = l->runs;
     s.explores = l->explores;
+    s.raw_wins = l->raw_wins;
     gux_unlock(w);
     return gux_struct_write("gser_ucx_ep_get_link_stats", "out", "GSER_UCX_LINK_STATS_INIT", out, &s, sizeof s);
 }

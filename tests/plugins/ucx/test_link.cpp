@@ -438,6 +438,52 @@ TEST(LinkModel, MixedRunsAreNotMeasured)
     EXPECT_FALSE(l.run.open);
 }
 
+// Raw wins whatever the data exactly where the model takes raw for data
+// that shrinks to nothing. Whole: fix (c + d) rate >= 0.97 (c, d: the
+// samples' seconds a byte times 1.5); in n chunks, fix ((n - 1) max(c, d) +
+// c + d) rate >= 0.97 n. Just past that rate, raw wins for every ratio;
+// just short of it, some ratio has a codec chosen.
+TEST(LinkModel, RawWinsWhateverTheRatio)
+{
+    gux_link_model_t m = model(0);
+    m.codec[1].known = false; // lz4 only: its bound is the one checked
+    const double c = 1.5 * m.codec[0].ctime, d = 1.5 * m.codec[0].dtime;
+    const size_t chunk = 4u << 20, n = k64M / chunk;
+    for (double fix : {0.0, 0.5, 2.0}) {
+        m.codec[0].fix = fix;
+        const double f = fix > 0 ? fix : 1;
+        for (size_t ch : {(size_t)0, chunk}) {
+            SCOPED_TRACE("fix " + std::to_string(fix) + " chunk " + std::to_string(ch));
+            const double at = ch ? 0.97 * (double)n / (f * ((double)(n - 1) * std::max(c, d) + c + d))
+                                 : 0.97 / (f * (c + d));
+            gux_link_model_t k = m;
+            k.rate = at * 1.001;
+            EXPECT_TRUE(gux_link_raw_wins(&k, k64M, ch, GSER_UCX_CAP_LZ4));
+            for (double r : {0.001, 0.01, 0.1, 0.5, 0.9}) {
+                k.codec[0].ratio = r;
+                EXPECT_EQ(gux_link_choose(&k, k64M, ch, GSER_UCX_CAP_LZ4, nullptr), GSER_COMPRESSION_NONE) << r;
+            }
+            k = m;
+            k.rate = at * 0.999;
+            EXPECT_FALSE(gux_link_raw_wins(&k, k64M, ch, GSER_UCX_CAP_LZ4));
+            k.codec[0].ratio = 1e-4;
+            EXPECT_EQ(gux_link_choose(&k, k64M, ch, GSER_UCX_CAP_LZ4, nullptr), GSER_COMPRESSION_LZ4);
+        }
+    }
+    // every codec the peer reads counts: at 200 MB/s raw beats zstd
+    // whatever it does (compressing, the pipe's pace, takes 10 ns a byte
+    // against the wire's 5), not lz4 (3 ns)
+    gux_link_model_t both = model(200e6);
+    EXPECT_FALSE(gux_link_raw_wins(&both, k64M, chunk, GUX_CODECS));
+    EXPECT_TRUE(gux_link_raw_wins(&both, k64M, chunk, GSER_UCX_CAP_ZSTD));
+    EXPECT_TRUE(gux_link_raw_wins(&both, k64M, chunk, 0)); // no codec: raw
+    // a codec not sampled yet could win; an unmeasured link is not known to
+    both.codec[1].known = false;
+    EXPECT_FALSE(gux_link_raw_wins(&both, k64M, chunk, GSER_UCX_CAP_ZSTD));
+    gux_link_model_t unmeasured = model(0);
+    EXPECT_FALSE(gux_link_raw_wins(&unmeasured, k64M, chunk, GSER_UCX_CAP_ZSTD));
+}
+
 // ---- on endpoints (loopback; the mode forced to AUTO, since the default
 // compresses nothing towards this host) ----
 
@@ -714,6 +760,107 @@ TEST(Link, ForcedCodecStaysForced)
     }
 }
 
+bool raw_wins(LinkPair &lp, size_t bytes, bool pipelined = true)
+{
+    bool raw = false;
+    EXPECT_EQ(gser_ucx_ep_raw_wins(lp.p.cep.get(), bytes, pipelined, &raw), GSER_OK) << gser_ucx_get_last_error();
+    return raw;
+}
+
+// Where the measurements say raw wins whatever the data, a message is
+// decided raw without a sample (the caller then sends it as forced None
+// does); where a codec could win, nothing is decided; the codecs are timed
+// again after 16 such messages (or 1 s).
+TEST(Link, RawWinsDecidesWithoutASample)
+{
+    LinkPair lp;
+    ASSERT_NO_FATAL_FAILURE(lp.open(GSER_UCX_COMPRESSION_AUTO));
+    auto b = runs(8u << 20);
+    EXPECT_FALSE(raw_wins(lp, b.size())); // nothing decided, nothing sampled yet
+    lp.set_rate(1e12);
+    EXPECT_FALSE(raw_wins(lp, b.size()));
+    EXPECT_EQ(choose(lp, b), GSER_COMPRESSION_NONE); // sampled, decided raw
+    gser_ucx_link_stats_t s = lp.stats();
+    ASSERT_EQ(s.samples, 1u);
+    ASSERT_EQ(s.decisions, 1u);
+    EXPECT_FALSE(raw_wins(lp, (1u << 20) - 1)); // small messages keep the last decision
+    for (unsigned i = 1; i <= 16; i++)
+        EXPECT_TRUE(raw_wins(lp, b.size())) << i;
+    s = lp.stats();
+    EXPECT_EQ(s.raw_wins, 16u);
+    EXPECT_EQ(s.decisions, 17u);
+    EXPECT_EQ(s.samples, 1u); // none taken
+    EXPECT_EQ(s.codec, GSER_COMPRESSION_NONE);
+    EXPECT_GT(s.estimate[0], 0);
+    // the 17th message goes to be sampled, once the last sample is 100 ms old
+    EXPECT_TRUE(raw_wins(lp, b.size()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(120));
+    EXPECT_FALSE(raw_wins(lp, b.size()));
+    EXPECT_EQ(lp.stats().raw_wins, 17u);
+    EXPECT_EQ(choose(lp, b), GSER_COMPRESSION_NONE);
+    EXPECT_EQ(lp.stats().samples, 2u);
+    EXPECT_TRUE(raw_wins(lp, b.size()));
+    // a link slower than the codecs: nothing decided, the sample decides
+    lp.set_rate(1e6);
+    s = lp.stats();
+    EXPECT_FALSE(raw_wins(lp, b.size()));
+    gser_ucx_link_stats_t t = lp.stats();
+    EXPECT_EQ(t.decisions, s.decisions);
+    EXPECT_EQ(t.raw_wins, s.raw_wins);
+    EXPECT_NE(choose(lp, b), GSER_COMPRESSION_NONE);
+    // and after a second, a sample is due whatever the count
+    LinkPair idle;
+    ASSERT_NO_FATAL_FAILURE(idle.open(GSER_UCX_COMPRESSION_AUTO));
+    idle.set_rate(1e12);
+    EXPECT_EQ(choose(idle, b), GSER_COMPRESSION_NONE);
+    EXPECT_TRUE(raw_wins(idle, b.size()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1050));
+    EXPECT_FALSE(raw_wins(idle, b.size()));
+    // forced codecs are never decided by the link
+    for (int mode : {GSER_UCX_COMPRESSION_LZ4, GSER_UCX_COMPRESSION_NONE}) {
+        LinkPair f;
+        ASSERT_NO_FATAL_FAILURE(f.open(mode));
+        f.set_rate(1e12);
+        choose(f, b);
+        EXPECT_FALSE(raw_wins(f, b.size()));
+        EXPECT_EQ(f.stats().decisions, 0u);
+    }
+}
+
+// A message decided raw by the measurements alone is timed as raw: its
+// sends measure the link's rate, as a sampled raw decision's do, even
+// where the decision before it was a codec.
+TEST(Link, RawWinsSendsMeasureTheLink)
+{
+    LinkPair lp;
+    ASSERT_NO_FATAL_FAILURE(lp.open(GSER_UCX_COMPRESSION_AUTO));
+    auto b = runs(12u << 20);
+    lp.set_rate(1e6);
+    ASSERT_NE(choose(lp, b), GSER_COMPRESSION_NONE); // sampled; a codec
+    inject(lp, model(2e9));                         // then the link measured faster than either codec
+    ASSERT_TRUE(raw_wins(lp, b.size()));
+    EXPECT_EQ(codec_of(lp.p.cep.get()), GSER_COMPRESSION_NONE);
+    gser_ucx_link_stats_t before = lp.stats();
+    gser_frame_t f = host_frame(b);
+    gser_ucx_request_t *sr = nullptr, *rr = nullptr;
+    ASSERT_EQ(gser_ucx_ep_recv_nb(lp.p.sep.get(), nullptr, &rr), GSER_OK);
+    ReqPtr r(rr);
+    ASSERT_EQ(gser_ucx_ep_send_nb(lp.p.cep.get(), &f, 1, nullptr, &sr), GSER_OK) << gser_ucx_get_last_error();
+    ReqPtr sp(sr);
+    EXPECT_EQ(drive({lp.p.server.get(), lp.p.client.get()}, rr), GSER_OK) << gser_ucx_get_last_error();
+    EXPECT_EQ(drive({lp.p.server.get(), lp.p.client.get()}, sr), GSER_OK) << gser_ucx_get_last_error();
+    gser_ucx_link_stats_t after = lp.stats();
+    gux_lock(lp.p.client.get());
+    double zrate = lp.p.cep->link.zrate;
+    unsigned inflight = lp.p.cep->link.inflight;
+    gux_unlock(lp.p.client.get());
+    EXPECT_EQ(inflight, 0u);
+    if (after.rate_samples == before.rate_samples)
+        GTEST_SKIP() << "UCX completed the 12 MiB send at once here: nothing timed";
+    EXPECT_NE(after.send_rate, before.send_rate); // a raw window: the link's rate
+    EXPECT_EQ(zrate, 0);                          // not a compressed one
+}
+
 // A peer that announces no codec gets raw frames, link or not.
 TEST(Link, PeerWithoutCodecsGetsRaw)
 {
@@ -844,6 +991,13 @@ TEST(Link, BadArguments)
     int c;
     EXPECT_EQ(gser_ucx_ep_choose_compression(nullptr, nullptr, 0, false, 0, &c), GSER_ERR_INVALID_ARG);
     EXPECT_EQ(gser_ucx_ep_get_link_stats(nullptr, nullptr), GSER_ERR_INVALID_ARG);
+    bool raw = true;
+    EXPECT_EQ(gser_ucx_ep_raw_wins(nullptr, 1u << 20, false, &raw), GSER_ERR_INVALID_ARG);
+    EXPECT_TRUE(raw); // untouched on failure
+    EXPECT_NE(std::string(gser_ucx_get_last_error()).find("gser_ucx_ep_raw_wins"), std::string::npos);
+    LinkPair lp;
+    ASSERT_NO_FATAL_FAILURE(lp.open(GSER_UCX_COMPRESSION_AUTO));
+    EXPECT_EQ(gser_ucx_ep_raw_wins(lp.p.cep.get(), 1u << 20, false, nullptr), GSER_ERR_INVALID_ARG);
 }
 
 } // namespace
