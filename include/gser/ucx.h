@@ -517,7 +517,7 @@ GSER_API gser_status_t gser_ucx_ep_choose_compression(gser_ucx_ep_t *ep, const g
  *  sends the message uncompressed. false where the message needs
  *  gser_ucx_ep_choose_compression: no link-aware compression, a message
  *  under 1 MiB, nothing decided or sampled yet, the codecs' speeds due to
- *  be timed again (after 1 s or 16 such messages), or a codec that could
+ *  be timed again (after 16 such messages or 10 s), or a codec that could
  *  win on data that shrinks enough; nothing is recorded then. pipelined:
  *  as for gser_ucx_ep_choose_compression. Costs a few arithmetic
  *  operations under the worker's lock. GSER_ERR_STATE before the

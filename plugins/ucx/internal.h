@@ -174,7 +174,7 @@ GUX_INTERNAL bool gux_ep_chunked(const gser_ucx_ep_t *ep);
 typedef struct gux_link_model {
     double rate; /* wire bytes per second; 0: unknown */
     bool cold;   /* rate is one measurement, of a cold connection: the next replaces it */
-    struct {
+    struct gux_link_codec {
         bool known;
         double ratio, ctime, dtime;
         /* What the codec's messages really took over what the model said
@@ -183,6 +183,11 @@ typedef struct gux_link_model {
         unsigned runs;  /* measurements folded into fix */
         bool tried;     /* sent once to learn fix (explore) */
         bool cold_fix;  /* fix is a cold run's bound (link.c): a warm run replaces it */
+        /* ctime and dtime on samples the codec shrank to gser's threshold
+         * (a codec is faster on data it cannot shrink: lz4 13.8 GB/s on
+         * random float64, 1.3 on columns), for gux_link_raw_wins */
+        bool shrunk;
+        double shrunk_ctime, shrunk_dtime;
     } codec[2];
 } gux_link_model_t;
 

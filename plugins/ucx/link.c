@@ -81,13 +81,16 @@
 #define GUX_LINK_COLD_MAX 2.5
 /* While raw wins by the measurements alone (gser_ucx_ep_raw_wins: no
  * sample), the codecs' speeds are timed again on a message let through to
- * gser_ucx_ep_choose_compression once this long passed since their last
- * sample or this many messages went without one, whichever comes first
+ * gser_ucx_ep_choose_compression once this many messages went without a
+ * sample, or this long passed since the last one, whichever comes first
  * (and GUX_LINK_SAMPLE_MS, so that the message let through is sampled):
  * their speed follows the data and the load, and a codec faster than the
- * link would compress again. On the unshaped veth a 64 MiB message is
- * 40-50 ms: one in 16 or so pays the frames path's 2-3 %. */
-#define GUX_LINK_FRESH_MS 1000.0
+ * link would compress again. The count sets the cost where messages come
+ * back to back (one in 16 pays gser://'s frames path, 2-3 % of a message
+ * on the unshaped veth: 0.2 %), the time where they are sparse: at 1 s,
+ * bench_links' rounds (a message of each variant, 0.5-1 s a round on the
+ * loaded machine) sent 5 of 7 auto messages of columns to be sampled. */
+#define GUX_LINK_FRESH_MS 10000.0
 #define GUX_LINK_FRESH_MSGS 16u
 
 enum { SAMPLE_PIECE = GSER_COMPRESS_SAMPLE_SIZE, SAMPLE_PIECES = GSER_COMPRESS_NSAMPLES };
@@ -172,7 +175,12 @@ int gux_link_choose(const gux_link_model_t *m, size_t bytes, size_t chunk, uint3
  * fix (c + d) rate >= 0.97; in n chunks fix ((n - 1) max(c, d) + c + d) rate
  * >= 0.97 n, towards fix max(c, d) rate >= 0.97 (c, d: the samples' seconds
  * a byte times GUX_LINK_CPU_FACTOR): lz4 sampled at 1.46 GB/s compressing
- * needs a link of 0.94 GB/s or more for 64 MiB in chunks of 4 MiB. */
+ * needs a link of 0.94 GB/s or more for 64 MiB in chunks of 4 MiB. The
+ * speeds are those the codec had on data it shrank to gser's threshold:
+ * on data it does not shrink (the last sample's, then) it is far faster
+ * (lz4 13.8 GB/s on random float64, which no link here reaches) but
+ * compresses nothing; a codec that never shrank a sample here is not
+ * known to lose. */
 bool gux_link_raw_wins(const gux_link_model_t *m, size_t bytes, size_t chunk, uint32_t allowed)
 {
     if (!(m->rate > 0))
@@ -181,9 +189,11 @@ bool gux_link_raw_wins(const gux_link_model_t *m, size_t bytes, size_t chunk, ui
     for (int i = 0; i < 2; i++) {
         if (!(allowed & link_codec_bits[i]))
             continue;
-        if (!best.codec[i].known)
-            return false; /* not sampled: it could win */
+        if (!best.codec[i].known || !best.codec[i].shrunk)
+            return false; /* not sampled (on data it shrinks): it could win */
         best.codec[i].ratio = 0;
+        best.codec[i].ctime = best.codec[i].shrunk_ctime;
+        best.codec[i].dtime = best.codec[i].shrunk_dtime;
     }
     return gux_link_choose(&best, bytes, chunk, allowed, NULL) == GSER_COMPRESSION_NONE;
 }
@@ -210,6 +220,12 @@ void gux_link_add_rate(gux_link_t *l, double rate, bool raw)
     l->m.cold = first;
 }
 
+/* A speed (seconds a byte) folded into its moving average (avg 0: none yet). */
+static double speed_avg(double avg, double t)
+{
+    return avg > 0 ? (1 - GUX_LINK_SPEED_ALPHA) * avg + GUX_LINK_SPEED_ALPHA * t : t;
+}
+
 void gux_link_add_codec(gux_link_t *l, int codec, double ratio, double ctime, double dtime)
 {
     int i = codec_index(codec);
@@ -217,14 +233,16 @@ void gux_link_add_codec(gux_link_t *l, int codec, double ratio, double ctime, do
         return;
     if (ratio > 1)
         ratio = 1; /* frames that do not shrink are sent as they are */
-    if (l->m.codec[i].known) {
-        ctime = (1 - GUX_LINK_SPEED_ALPHA) * l->m.codec[i].ctime + GUX_LINK_SPEED_ALPHA * ctime;
-        dtime = (1 - GUX_LINK_SPEED_ALPHA) * l->m.codec[i].dtime + GUX_LINK_SPEED_ALPHA * dtime;
+    struct gux_link_codec *c = &l->m.codec[i];
+    if (ratio <= GSER_COMPRESS_THRESHOLD) { /* (averaged over such samples only) */
+        c->shrunk_ctime = speed_avg(c->shrunk ? c->shrunk_ctime : 0, ctime);
+        c->shrunk_dtime = speed_avg(c->shrunk ? c->shrunk_dtime : 0, dtime);
+        c->shrunk = true;
     }
-    l->m.codec[i].known = true;
-    l->m.codec[i].ratio = ratio;
-    l->m.codec[i].ctime = ctime;
-    l->m.codec[i].dtime = dtime;
+    c->ctime = speed_avg(c->known ? c->ctime : 0, ctime);
+    c->dtime = speed_avg(c->known ? c->dtime : 0, dtime);
+    c->known = true;
+    c->ratio = ratio;
 }
 
 void gux_link_add_fix(gux_link_t *l, int codec, double real, double est)
