@@ -86,8 +86,8 @@
  * (and GUX_LINK_SAMPLE_MS, so that the message let through is sampled):
  * their speed follows the data and the load, and a codec faster than the
  * link would compress again. The count sets the cost where messages come
- * back to back (one in 16 pays gser://'s frames path, 2-3 % of a message
- * on the unshaped veth: 0.2 %), the time where they are sparse: at 1 s,
+ * back to back (one in 16 takes gser://'s frames path and a sample, 0.8
+ * ms), the time where they are sparse: at 1 s,
  * bench_links' rounds (a message of each variant, 0.5-1 s a round on the
  * loaded machine) sent 5 of 7 auto messages of columns to be sampled. */
 #define GUX_LINK_FRESH_MS 10000.0
