@@ -146,7 +146,9 @@ def test_unshaped_link_sends_raw(two_hosts):
     assert got["messages"][0]["paths"] == ["frames"], got  # nothing measured yet: sampled
     assert stats["ratio"][0] < 0.5, got  # it would compress
     assert stats["send_rate"] > 200e6, got
-    assert "zstd" not in got["codecs"], got
+    # (under load the veth can measure slower than zstd compresses: then zstd may be tried)
+    if min(m["stats"]["send_rate"] for m in got["messages"]) > stats["compress_rate"][1]:
+        assert "zstd" not in got["codecs"], got
     if stats["send_rate"] > stats["compress_rate"][0]:
         assert got["codecs"][-1] is None, got
     check_paths(got, 16 << 20)
