@@ -86,7 +86,11 @@ On faster links these rows have no target: two cores compress slower than
                                      names which). Target: >= 0.95. Extra
                                      fields: auto_codecs (what auto's
                                      endpoint chose for each message, the
-                                     warm-ups included), forced (each forced
+                                     warm-ups included), auto_raw_wins (how
+                                     many of them it decided raw by its
+                                     measurements alone: sent as forced None
+                                     sends, one "dask.msg", no sample),
+                                     forced (each forced
                                      variant's GB/s). GSER_BENCH_LINK_STATS=1
                                      prints each client's Endpoint.link_stats
                                      on stderr.
@@ -456,10 +460,11 @@ async def message_client(address, size):
         rx = ack.pop("rx", None)
         assert ack == {"ack": len(data)}, ack
         ep = getattr(comm, "_ep", None)
-        codec = ep.link_stats["codec"] if ep is not None and hasattr(ep, "link_stats") else None
-        if ep is not None and os.environ.get("GSER_BENCH_LINK_STATS"):
-            print(json.dumps(ep.link_stats), file=sys.stderr, flush=True)
-        out = {"gbs": nbytes / dt / 1e9, "codec": codec}
+        stats = ep.link_stats if ep is not None and hasattr(ep, "link_stats") else {}
+        if stats and os.environ.get("GSER_BENCH_LINK_STATS"):
+            print(json.dumps(stats), file=sys.stderr, flush=True)
+        # raw_wins: decisions raw by the measurements alone (sent as one "dask.msg", no sample) so far
+        out = {"gbs": nbytes / dt / 1e9, "codec": stats.get("codec"), "raw_wins": stats.get("raw_wins")}
         if usage:
             u1 = _usage()
             out.update(tx={k: u1[k] - u0[k] for k in u1}, rx=rx)
@@ -476,7 +481,7 @@ class MessagePairs:
     127.0.0.1, UCX as it comes: shared memory)."""
 
     def __init__(self, ns, variants, size=BIG):
-        self.procs, self.clients, self.codecs = [], {}, {}
+        self.procs, self.clients, self.codecs, self.raw_wins = [], {}, {}, {}
         host = ADDR[1] if ns else "127.0.0.1"
         try:
             for v in variants:
@@ -509,6 +514,10 @@ class MessagePairs:
             if line.startswith("{"):
                 d = json.loads(line)
                 self.codecs.setdefault(variant, []).append(d.get("codec"))
+                # messages of kind decided raw by the measurements alone
+                n, last = d.get("raw_wins") or 0, self.raw_wins.get(variant, 0)
+                self.raw_wins[variant] = n
+                self.raw_wins[variant, kind] = self.raw_wins.get((variant, kind), 0) + (n > last)
                 self.last = d
                 return d["gbs"]
         raise RuntimeError(f"{variant}: the client ended (exit {c.wait()})")
@@ -549,7 +558,7 @@ def compression_case(ns, link, rate, args):
     pairs = MessagePairs(ns, variants, args.message_mib << 20)
     try:
         runs = {kind: pairs.runs(kind, args.reps) for kind in args.datasets}
-        codecs = pairs.codecs
+        codecs, raw_wins = pairs.codecs, pairs.raw_wins
     finally:
         pairs.close()
     best = {kind: {v: max(r) for v, r in rs.items()} for kind, rs in runs.items()}
@@ -577,6 +586,7 @@ def compression_case(ns, link, rate, args):
         row(args.json, f"link_{link}_{'cols' if kind == 'columns' else kind}_auto_vs_best_forced",
             best[kind]["gser_auto"], "GB/s", f"gser:// best forced: {top[5:]} (GB/s)", forced[top], ">= 0.95",
             runs[kind]["gser_auto"], runs[kind][top], auto_codecs=codecs.get("gser_auto"),
+            auto_raw_wins=raw_wins.get(("gser_auto", kind), 0),
             forced={v[5:]: round(x, 4) for v, x in forced.items()})
         paired_row(args.json, f"link_{link}_{'cols' if kind == 'columns' else kind}_auto_vs_best_forced_paired",
                    runs[kind])

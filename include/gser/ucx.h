@@ -495,6 +495,9 @@ typedef struct gser_ucx_link_stats {
     double fix[2];
     uint64_t runs;     /**< codec runs measured (they set fix) */
     uint64_t explores; /**< messages sent with a codec to learn its fix */
+    /** Of the decisions, those raw by the measurements alone, without a
+     *  sample (gser_ucx_ep_raw_wins). Since 0.2. */
+    uint64_t raw_wins;
 } gser_ucx_link_stats_t;
 
 #define GSER_UCX_LINK_STATS_INIT GSER_STRUCT_INIT(gser_ucx_link_stats_t)
@@ -514,6 +517,22 @@ GSER_API gser_status_t gser_ucx_ep_get_link_stats(const gser_ucx_ep_t *ep, gser_
  *  GSER_ERR_STATE before the handshake is done. Since 0.2. */
 GSER_API gser_status_t gser_ucx_ep_choose_compression(gser_ucx_ep_t *ep, const gser_frame_t *frames, size_t nframes,
                                                       bool pipelined, int zstd_level, int *codec_out);
+
+/** Whether, with link-aware compression, the endpoint's measurements
+ *  already say that a message of bytes candidate bytes moves fastest raw
+ *  whatever its data (the link's measured rate against every codec's
+ *  measured speeds, at the best ratio a codec could reach): then that is
+ *  recorded as the message's decision, as gser_ucx_ep_choose_compression
+ *  would record it, without a sample, and *raw_out is true; the caller
+ *  sends the message uncompressed. false where the message needs
+ *  gser_ucx_ep_choose_compression: no link-aware compression, a message
+ *  under 1 MiB, nothing decided or sampled yet, the codecs' speeds due to
+ *  be timed again (after 16 such messages or 10 s), or a codec that could
+ *  win on data that shrinks enough; nothing is recorded then. pipelined:
+ *  as for gser_ucx_ep_choose_compression. Costs a few arithmetic
+ *  operations under the worker's lock. GSER_ERR_STATE before the
+ *  handshake is done. Since 0.2. */
+GSER_API gser_status_t gser_ucx_ep_raw_wins(gser_ucx_ep_t *ep, size_t bytes, bool pipelined, bool *raw_out);
 
 /** The worker an endpoint belongs to. */
 GSER_API gser_ucx_worker_t *gser_ucx_ep_get_worker(const gser_ucx_ep_t *ep);

@@ -174,7 +174,7 @@ GUX_INTERNAL bool gux_ep_chunked(const gser_ucx_ep_t *ep);
 typedef struct gux_link_model {
     double rate; /* wire bytes per second; 0: unknown */
     bool cold;   /* rate is one measurement, of a cold connection: the next replaces it */
-    struct {
+    struct gux_link_codec {
         bool known;
         double ratio, ctime, dtime;
         /* What the codec's messages really took over what the model said
@@ -183,6 +183,11 @@ typedef struct gux_link_model {
         unsigned runs;  /* measurements folded into fix */
         bool tried;     /* sent once to learn fix (explore) */
         bool cold_fix;  /* fix is a cold run's bound (link.c): a warm run replaces it */
+        /* ctime and dtime on samples the codec shrank to gser's threshold
+         * (a codec is faster on data it cannot shrink: lz4 13.8 GB/s on
+         * random float64, 1.3 on columns), for gux_link_raw_wins */
+        bool shrunk;
+        double shrunk_ctime, shrunk_dtime;
     } codec[2];
 } gux_link_model_t;
 
@@ -217,6 +222,8 @@ typedef struct gux_link {
     bool decided;          /* ... once there is one */
     double estimate[3];
     uint64_t decisions, samples, rate_samples, probes, runs, explores;
+    uint64_t raw_wins;         /* decisions raw by the measurements alone (gser_ucx_ep_raw_wins) */
+    uint64_t since_sample;     /* of those, since the codecs were last timed */
     uint64_t cold_runs; /* cold runs that bounded a codec's fix */
 } gux_link_t;
 
@@ -258,6 +265,10 @@ GUX_INTERNAL void gux_link_done(gux_link_t *l, size_t len, double now_ms);
 GUX_INTERNAL void gux_link_at_once(gux_link_t *l, size_t len, double now_ms, bool ok);
 /* Measure the open codec run if all it sent completed (before deciding). */
 GUX_INTERNAL void gux_link_run_settle(gux_link_t *l);
+/* Whether raw moves bytes fastest in m whatever the data's ratio (every
+ * codec in allowed sampled; chunk as gux_link_time's): the model's choice
+ * with each codec's ratio taken as 0, its best case, is raw. */
+GUX_INTERNAL bool gux_link_raw_wins(const gux_link_model_t *m, size_t bytes, size_t chunk, uint32_t allowed);
 /* Whether ep decides by the link (AUTO in effect and a codec to choose). */
 GUX_INTERNAL bool gux_ep_link_aware(const gser_ucx_ep_t *ep);
 

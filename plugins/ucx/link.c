@@ -79,6 +79,19 @@
  * many times slower warm (its fix is the cold one over this); in between
  * the cold run says nothing a warm one would not (tried again). */
 #define GUX_LINK_COLD_MAX 2.5
+/* While raw wins by the measurements alone (gser_ucx_ep_raw_wins: no
+ * sample), the codecs' speeds are timed again on a message let through to
+ * gser_ucx_ep_choose_compression once this many messages went without a
+ * sample, or this long passed since the last one, whichever comes first
+ * (and GUX_LINK_SAMPLE_MS, so that the message let through is sampled):
+ * their speed follows the data and the load, and a codec faster than the
+ * link would compress again. The count sets the cost where messages come
+ * back to back (one in 16 takes gser://'s frames path and a sample, 0.8
+ * ms), the time where they are sparse: at 1 s,
+ * bench_links' rounds (a message of each variant, 0.5-1 s a round on the
+ * loaded machine) sent 5 of 7 auto messages of columns to be sampled. */
+#define GUX_LINK_FRESH_MS 10000.0
+#define GUX_LINK_FRESH_MSGS 16u
 
 enum { SAMPLE_PIECE = GSER_COMPRESS_SAMPLE_SIZE, SAMPLE_PIECES = GSER_COMPRESS_NSAMPLES };
 
@@ -87,6 +100,9 @@ static double dmax(double a, double b)
 {
     return a > b ? a : b;
 }
+
+static const int link_codecs[2] = {GSER_COMPRESSION_LZ4, GSER_COMPRESSION_ZSTD};
+static const uint32_t link_codec_bits[2] = {GSER_UCX_CAP_LZ4, GSER_UCX_CAP_ZSTD};
 
 static int codec_index(int codec)
 {
@@ -128,8 +144,6 @@ double gux_link_time(const gux_link_model_t *m, int codec, size_t bytes, size_t 
 
 int gux_link_choose(const gux_link_model_t *m, size_t bytes, size_t chunk, uint32_t allowed, double *times)
 {
-    static const int codecs[2] = {GSER_COMPRESSION_LZ4, GSER_COMPRESSION_ZSTD};
-    static const uint32_t bits[2] = {GSER_UCX_CAP_LZ4, GSER_UCX_CAP_ZSTD};
     double t[3] = {gux_link_time(m, GSER_COMPRESSION_NONE, bytes, chunk), 0, 0};
     /* Data a codec does not shrink to gser's threshold is not compressed
      * (the serializer and the chunk pipeline send it as it is): that
@@ -137,8 +151,8 @@ int gux_link_choose(const gux_link_model_t *m, size_t bytes, size_t chunk, uint3
      * float64, zstd's sample at 0.94: modelled 6 % faster than raw at 1
      * Gbit/s, went 6 % slower). */
     for (int i = 0; i < 2; i++)
-        t[i + 1] = (allowed & bits[i]) && m->codec[i].ratio <= GSER_COMPRESS_THRESHOLD
-                       ? gux_link_time(m, codecs[i], bytes, chunk)
+        t[i + 1] = (allowed & link_codec_bits[i]) && m->codec[i].ratio <= GSER_COMPRESS_THRESHOLD
+                       ? gux_link_time(m, link_codecs[i], bytes, chunk)
                        : 0;
     if (times)
         memcpy(times, t, sizeof t);
@@ -148,10 +162,40 @@ int gux_link_choose(const gux_link_model_t *m, size_t bytes, size_t chunk, uint3
     double best_t = t[0] * (1 - GUX_LINK_MARGIN);
     for (int i = 0; i < 2; i++)
         if (t[i + 1] > 0 && t[i + 1] < best_t) {
-            best = codecs[i];
+            best = link_codecs[i];
             best_t = t[i + 1];
         }
     return best;
+}
+
+/* Every codec's time grows with its ratio (the wire term, whole or as the
+ * pipe's pace), so its best case is data that shrinks to nothing: where
+ * the model takes raw even then (t >= (1 - GUX_LINK_MARGIN) times raw's,
+ * the fix included), it takes raw for any data. Whole, that is
+ * fix (c + d) rate >= 0.97; in n chunks fix ((n - 1) max(c, d) + c + d) rate
+ * >= 0.97 n, towards fix max(c, d) rate >= 0.97 (c, d: the samples' seconds
+ * a byte times GUX_LINK_CPU_FACTOR): lz4 sampled at 1.46 GB/s compressing
+ * needs a link of 0.94 GB/s or more for 64 MiB in chunks of 4 MiB. The
+ * speeds are those the codec had on data it shrank to gser's threshold:
+ * on data it does not shrink (the last sample's, then) it is far faster
+ * (lz4 13.8 GB/s on random float64, which no link here reaches) but
+ * compresses nothing; a codec that never shrank a sample here is not
+ * known to lose. */
+bool gux_link_raw_wins(const gux_link_model_t *m, size_t bytes, size_t chunk, uint32_t allowed)
+{
+    if (!(m->rate > 0))
+        return false; /* not measured: the first message measures it */
+    gux_link_model_t best = *m;
+    for (int i = 0; i < 2; i++) {
+        if (!(allowed & link_codec_bits[i]))
+            continue;
+        if (!best.codec[i].known || !best.codec[i].shrunk)
+            return false; /* not sampled (on data it shrinks): it could win */
+        best.codec[i].ratio = 0;
+        best.codec[i].ctime = best.codec[i].shrunk_ctime;
+        best.codec[i].dtime = best.codec[i].shrunk_dtime;
+    }
+    return gux_link_choose(&best, bytes, chunk, allowed, NULL) == GSER_COMPRESSION_NONE;
 }
 
 void gux_link_add_rate(gux_link_t *l, double rate, bool raw)
@@ -176,6 +220,12 @@ void gux_link_add_rate(gux_link_t *l, double rate, bool raw)
     l->m.cold = first;
 }
 
+/* A speed (seconds a byte) folded into its moving average (avg 0: none yet). */
+static double speed_avg(double avg, double t)
+{
+    return avg > 0 ? (1 - GUX_LINK_SPEED_ALPHA) * avg + GUX_LINK_SPEED_ALPHA * t : t;
+}
+
 void gux_link_add_codec(gux_link_t *l, int codec, double ratio, double ctime, double dtime)
 {
     int i = codec_index(codec);
@@ -183,14 +233,16 @@ void gux_link_add_codec(gux_link_t *l, int codec, double ratio, double ctime, do
         return;
     if (ratio > 1)
         ratio = 1; /* frames that do not shrink are sent as they are */
-    if (l->m.codec[i].known) {
-        ctime = (1 - GUX_LINK_SPEED_ALPHA) * l->m.codec[i].ctime + GUX_LINK_SPEED_ALPHA * ctime;
-        dtime = (1 - GUX_LINK_SPEED_ALPHA) * l->m.codec[i].dtime + GUX_LINK_SPEED_ALPHA * dtime;
+    struct gux_link_codec *c = &l->m.codec[i];
+    if (ratio <= GSER_COMPRESS_THRESHOLD) { /* (averaged over such samples only) */
+        c->shrunk_ctime = speed_avg(c->shrunk ? c->shrunk_ctime : 0, ctime);
+        c->shrunk_dtime = speed_avg(c->shrunk ? c->shrunk_dtime : 0, dtime);
+        c->shrunk = true;
     }
-    l->m.codec[i].known = true;
-    l->m.codec[i].ratio = ratio;
-    l->m.codec[i].ctime = ctime;
-    l->m.codec[i].dtime = dtime;
+    c->ctime = speed_avg(c->known ? c->ctime : 0, ctime);
+    c->dtime = speed_avg(c->known ? c->dtime : 0, dtime);
+    c->known = true;
+    c->ratio = ratio;
 }
 
 void gux_link_add_fix(gux_link_t *l, int codec, double real, double est)
@@ -398,6 +450,20 @@ static void link_host(gser_ucx_ep_t *ep, bool put, double now)
     slot->at = now;
 }
 
+/* codec is ep's decision for a message of total candidate bytes, at now
+ * (under the worker's lock): what its sends are timed as, the codec run it
+ * opens, extends or ends, and what the worker's next endpoints to that
+ * host start from. */
+static void link_decided(gser_ucx_ep_t *ep, int codec, size_t total, size_t chunk, double now)
+{
+    gux_link_t *l = &ep->link;
+    l->last = codec;
+    l->decided = true;
+    l->decisions++;
+    gux_link_run_note(l, codec, (double)total, link_time_base(&l->m, codec, total, chunk), now);
+    link_host(ep, true, now);
+}
+
 bool gux_ep_link_aware(const gser_ucx_ep_t *ep)
 {
     const gser_ucx_worker_t *w = ep->worker;
@@ -548,6 +614,7 @@ gser_status_t gser_ucx_ep_choose_compression(gser_ucx_ep_t *ep, const gser_frame
     if (sample) {
         l->sampled_at = now;
         l->samples++;
+        l->since_sample = 0;
         for (int i = 0; i < 2; i++)
             if (cs[i].ok)
                 gux_link_add_codec(l, i ? GSER_COMPRESSION_ZSTD : GSER_COMPRESSION_LZ4, cs[i].ratio, cs[i].ctime,
@@ -601,15 +668,43 @@ gser_status_t gser_ucx_ep_choose_compression(gser_ucx_ep_t *ep, const gser_frame
             l->probes++;
         }
     }
-    l->last = codec;
-    l->decided = true;
-    l->decisions++;
-    gux_link_run_note(l, codec, (double)total, link_time_base(&l->m, codec, total, chunk), now);
+    link_decided(ep, codec, total, chunk, now);
     if (explore && l->run.open && l->run.codec == codec)
         l->run.tried = true;
-    link_host(ep, true, now);
     gux_unlock(w);
     *codec_out = codec;
+    return GSER_OK;
+}
+
+gser_status_t gser_ucx_ep_raw_wins(gser_ucx_ep_t *ep, size_t bytes, bool pipelined, bool *raw_out)
+{
+    if (!ep || !raw_out)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_raw_wins: NULL argument");
+    gser_ucx_worker_t *w = ep->worker;
+    gux_lock(w);
+    if (!ep->peer_known) {
+        gux_unlock(w);
+        return gux_fail(GSER_ERR_STATE, "gser_ucx_ep_raw_wins: the handshake is not done");
+    }
+    gux_link_t *l = &ep->link;
+    double now = gux_now_ms(), age = now - l->sampled_at;
+    size_t chunk = pipelined ? w->zchunk : 0;
+    uint32_t both = w->announce_codecs & ep->peer.caps & GUX_CODECS;
+    /* the codecs' speeds are old: the message goes to be sampled */
+    bool stale = age >= GUX_LINK_SAMPLE_MS && (age >= GUX_LINK_FRESH_MS || l->since_sample >= GUX_LINK_FRESH_MSGS);
+    bool raw = gux_ep_link_aware(ep) && bytes >= GUX_LINK_MSG_MIN && l->decided && l->sampled_at > 0 && !stale;
+    if (raw) {
+        gux_link_run_settle(l); /* what the last messages took, before the model decides */
+        raw = gux_link_raw_wins(&l->m, bytes, chunk, both);
+    }
+    if (raw) {
+        gux_link_choose(&l->m, bytes, chunk, both, l->estimate); /* on the last sample's ratios, for the stats */
+        link_decided(ep, GSER_COMPRESSION_NONE, bytes, chunk, now);
+        l->raw_wins++;
+        l->since_sample++;
+    }
+    gux_unlock(w);
+    *raw_out = raw;
     return GSER_OK;
 }
 
@@ -639,6 +734,7 @@ gser_status_t gser_ucx_ep_get_link_stats(const gser_ucx_ep_t *ep, gser_ucx_link_
         s.fix[i] = l->m.codec[i].fix;
     s.runs = l->runs;
     s.explores = l->explores;
+    s.raw_wins = l->raw_wins;
     gux_unlock(w);
     return gux_struct_write("gser_ucx_ep_get_link_stats", "out", "GSER_UCX_LINK_STATS_INIT", out, &s, sizeof s);
 }

@@ -708,7 +708,9 @@ class GserComm(Comm):
             if self._link_aware is None:
                 self._link_aware = not ep.closed and ep.link_stats["link_aware"]
             # A large message the transport may compress goes as Dask's
-            # frames below, where the endpoint chooses its codec by the link.
+            # frames below, where the endpoint chooses its codec by the link
+            # (unless its measurements say raw wins whatever the data:
+            # _encode_msg's first()).
             compressible = codec is not None or self._link_aware
             encoded = self._encode_msg(ep, msg, serializers, on_error, dask_codec, codec, compressible, False)
             if encoded is _OFFLOAD:  # as to_frames offloads (its name for Dask's offload)
@@ -718,7 +720,6 @@ class GserComm(Comm):
                 owner, size = encoded
                 self._post(ep._send_then, owner, True)
                 return size
-        in_parts = bool(self.handshake_options.get(_PARTS_KEY) and self.allow_offload and OFFLOAD_THRESHOLD)
         frames = await to_frames(
             msg,
             allow_offload=self.allow_offload and not _small(msg),
@@ -728,7 +729,7 @@ class GserComm(Comm):
             frame_split_size=_NO_SPLIT,
         )
         size = sum(map(nbytes, frames))
-        in_parts = in_parts and size > 2 * _PART_BYTES
+        in_parts = self._in_parts(size)
         # "auto" between hosts: the endpoint picks the codec (or none) that
         # moves this message fastest on its link (docs/ucx.md 4.5)
         codec = None if ep.closed else ep.choose_compression(frames, in_parts) if size >= _LINK_MIN else ep.compression
@@ -751,6 +752,11 @@ class GserComm(Comm):
         else:
             self._post(ep.send_frames_nowait, frames)
         return size
+
+    def _in_parts(self, size) -> bool:
+        """Whether a compressed message of size bytes goes in parts (_write_parts)."""
+        return bool(self.handshake_options.get(_PARTS_KEY) and self.allow_offload and OFFLOAD_THRESHOLD
+                    and size > 2 * _PART_BYTES)
 
     def _serialize_context(self, dask_codec):
         """The context Dask's serializers get from this comm."""
@@ -777,13 +783,19 @@ class GserComm(Comm):
         threshold = 0 if offloaded or not self.allow_offload else _offload_threshold()
 
         # An endpoint that chooses by its link chooses for messages from
-        # _LINK_MIN: those go as frames, where it is asked.
+        # _LINK_MIN: those go as frames, where it is asked and samples them,
+        # unless its last decision was raw and its measurements say raw
+        # wins whatever the data (the link faster than every codec: it
+        # records that decision without a sample); then the message goes
+        # as forced None sends it, one "dask.msg" (docs/ucx.md 4.5).
         limit = min(threshold, _LINK_MIN) if self._link_aware else threshold
 
         def first():  # before the first part is serialized
             if compressible:
                 size = _parts_size(msg)
-                if size is None or size > limit:
+                if size is None or (size > limit and not (
+                        codec is None and self._link_aware and size >= _LINK_MIN
+                        and ep.raw_wins(size, self._in_parts(size)))):
                     raise _Redo(None)
             if _msg_size(msg) > threshold:
                 raise _Redo(_OFFLOAD)

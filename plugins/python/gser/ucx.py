@@ -590,12 +590,27 @@ class Endpoint:
         except GserError as e:
             raise _translate(e) from None
 
+    def raw_wins(self, nbytes, pipelined=False) -> bool:
+        """Whether, with link-aware compression, what the endpoint measured
+        already says a message of nbytes (1 MiB or more) moves fastest raw
+        whatever its data: the link's rate against every codec's speed at
+        the best ratio a codec could reach. True: recorded as the message's
+        decision (as choose_compression would), no sample taken: send it
+        uncompressed. False: ask choose_compression (nothing decided or
+        sampled yet, the codecs due to be timed again, or a codec could win
+        on data that shrinks enough). docs/ucx.md 4.5."""
+        try:
+            return self._c.raw_wins(nbytes, pipelined)
+        except GserError as e:
+            raise _translate(e) from None
+
     @property
     def link_stats(self) -> dict:
         """The link-aware compression's measurements and last decision:
         codec, link_aware, send_rate (bytes/s), per codec (lz4, zstd) ratio,
         compress_rate and decompress_rate, estimate (seconds: raw, lz4, zstd),
-        and counts (decisions, samples, rate_samples, probes)."""
+        and counts (decisions, samples, rate_samples, probes, runs,
+        explores, raw_wins: decisions raw without a sample)."""
         try:
             return self._c.link_stats
         except GserError as e:

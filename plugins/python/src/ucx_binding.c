@@ -996,6 +996,23 @@ out:
     return result;
 }
 
+static PyObject *endpoint_raw_wins(PgUcxEndpoint *self, PyObject *args)
+{
+    Py_ssize_t nbytes;
+    int pipelined = 0;
+    if (!PyArg_ParseTuple(args, "n|p:raw_wins", &nbytes, &pipelined))
+        return NULL;
+    if (nbytes < 0)
+        return PyErr_Format(PyExc_ValueError, "raw_wins: nbytes must be >= 0, not %zd", nbytes);
+    if (!self->ep)
+        return closed_error(ucx_state(self), "_UcxEndpoint.raw_wins");
+    bool raw = false;
+    gser_status_t st = gser_ucx_ep_raw_wins(self->ep, (size_t)nbytes, pipelined != 0, &raw);
+    if (st)
+        return ucx_raise(ucx_state(self), st, "gser_ucx_ep_raw_wins");
+    return PyBool_FromLong(raw);
+}
+
 static PyObject *endpoint_link_stats(PgUcxEndpoint *self, void *closure)
 {
     (void)closure;
@@ -1008,14 +1025,15 @@ static PyObject *endpoint_link_stats(PgUcxEndpoint *self, void *closure)
     PyObject *codec = codec_object(s.codec);
     if (!codec)
         return NULL;
-    return Py_BuildValue("{s:N,s:O,s:d,s:(dd),s:(dd),s:(dd),s:(ddd),s:K,s:K,s:K,s:K,s:(dd),s:K,s:K}", "codec", codec, "link_aware",
+    return Py_BuildValue("{s:N,s:O,s:d,s:(dd),s:(dd),s:(dd),s:(ddd),s:K,s:K,s:K,s:K,s:(dd),s:K,s:K,s:K}", "codec", codec,
+                         "link_aware",
                          s.link_aware ? Py_True : Py_False, "send_rate", s.send_rate, "ratio", s.ratio[0], s.ratio[1],
                          "compress_rate", s.compress_rate[0], s.compress_rate[1], "decompress_rate",
                          s.decompress_rate[0], s.decompress_rate[1], "estimate", s.estimate[0], s.estimate[1],
                          s.estimate[2], "decisions", (unsigned long long)s.decisions, "samples",
                          (unsigned long long)s.samples, "rate_samples", (unsigned long long)s.rate_samples, "probes",
                          (unsigned long long)s.probes, "fix", s.fix[0], s.fix[1], "runs", (unsigned long long)s.runs,
-                         "explores", (unsigned long long)s.explores);
+                         "explores", (unsigned long long)s.explores, "raw_wins", (unsigned long long)s.raw_wins);
 }
 
 static PgUcxRequest *request_new(PgUcxEndpoint *ep, PyObject *user, bool recv)
@@ -1147,6 +1165,10 @@ static PyMethodDef endpoint_methods[] = {
      "choose_compression(frames, pipelined=False) -> \"lz4\", \"zstd\" or None: the codec to send these\n"
      "frames with (gser_ucx_ep_choose_compression: by the link's measurements when the endpoint\n"
      "decides by its link, else the compression property)."},
+    {"raw_wins", (PyCFunction)endpoint_raw_wins, METH_VARARGS,
+     "raw_wins(nbytes, pipelined=False) -> bool: whether the link's measurements already say a message\n"
+     "of nbytes goes fastest raw whatever its data (gser_ucx_ep_raw_wins: then recorded as its\n"
+     "decision, no sample); False: ask choose_compression."},
     {"set_compression", (PyCFunction)endpoint_set_compression, METH_O,
      "set_compression(c): what this endpoint compresses (\"auto\": by transport, None/False,\n"
      "\"lz4\", \"zstd\"), over its worker's; only codecs the peer announced are used."},

@@ -1,11 +1,16 @@
 """A gser:// client for test_link_compression.py, run in a network namespace:
 
-    link_peer.py ADDRESS COUNT MIB
+    link_peer.py ADDRESS COUNT MIB [PAUSE]
 
 connects to an echo server (comm_peer.py serve), sends COUNT messages of MIB
 MiB of compressible columns, each waited for and checked on its way back,
-and prints one JSON line: the codec each message went with and the
-endpoint's link_stats after the last."""
+and prints one JSON line: for each message the codec it went with, the way
+the comm sent it ("msg": one gser-encoded "dask.msg", as forced None sends;
+"frames": Dask's frames, sent as they are; "prepared": Dask's frames
+serialized with a codec off the loop, whole or in parts) and the
+endpoint's link_stats after it; and the link_stats after the last. PAUSE:
+after that many messages, print {"paused": PAUSE} and wait for a line on
+stdin (the test shapes the link meanwhile)."""
 
 import asyncio
 import json
@@ -25,21 +30,45 @@ def columns(mib):
     return np.stack([keys.astype(np.float64), price], axis=1)
 
 
-async def main(address, count, mib):
+def watch(ep, paths):
+    """Record in paths (a set) which of ep's sending calls the comm makes."""
+    def wrap(name, path):
+        method = getattr(ep, name)
+
+        def called(*args, **kw):
+            paths.add(path)
+            return method(*args, **kw)
+        setattr(ep, name, called)
+
+    wrap("_send_then", "msg")
+    wrap("send_frames_nowait", "frames")
+    wrap("prepare_frames", "prepared")
+
+
+async def main(address, count, mib, pause):
     import gser.dask  # noqa: F401  (gser://)
 
     comm = await connect(address, timeout=20)
     data = columns(mib)
-    codecs = []
-    for _ in range(count):
+    paths = set()
+    watch(comm._ep, paths)
+    messages = []
+    for i in range(count):
+        if i == pause:
+            print(json.dumps({"paused": pause}), flush=True)
+            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        paths.clear()
         await comm.write({"data": to_serialize(data)})
+        sent = sorted(paths)
         back = await comm.read()
         assert np.array_equal(back["data"], data)
-        codecs.append(comm._ep.link_stats["codec"])
-    print(json.dumps({"codecs": codecs, "stats": comm._ep.link_stats}), flush=True)
+        stats = comm._ep.link_stats
+        messages.append({"codec": stats["codec"], "paths": sent, "stats": stats})
+    print(json.dumps({"codecs": [m["codec"] for m in messages], "messages": messages, "stats": comm._ep.link_stats}),
+          flush=True)
     await comm.close()
 
 
 if __name__ == "__main__":
     warnings.simplefilter("ignore", DeprecationWarning)
-    asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
+    asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else -1))

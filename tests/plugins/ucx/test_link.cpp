@@ -9,6 +9,7 @@
 #include <limits>
 #include <random>
 #include <thread>
+#include <type_traits>
 
 extern "C" {
 #include "internal.h"
@@ -19,13 +20,28 @@ namespace {
 constexpr double kMiB = 1 << 20;
 constexpr size_t k64M = 64u << 20;
 
+using LinkCodec = std::remove_reference_t<decltype(gux_link_model_t{}.codec[0])>;
+
+// A codec as sampled once: ratio, seconds a byte each way (the same on
+// data it shrank, where it did).
+LinkCodec sampled(double ratio, double ctime, double dtime)
+{
+    LinkCodec c{};
+    c.known = true;
+    c.ratio = ratio;
+    c.ctime = c.shrunk_ctime = ctime;
+    c.dtime = c.shrunk_dtime = dtime;
+    c.shrunk = ratio <= GSER_COMPRESS_THRESHOLD;
+    return c;
+}
+
 // Speeds of this kind of machine's cores (bytes per second).
 gux_link_model_t model(double rate)
 {
     gux_link_model_t m{};
     m.rate = rate;
-    m.codec[0] = {true, 0.5, 1 / 500e6, 1 / 2e9, 0, 0, false, false};  // lz4: halves, fast
-    m.codec[1] = {true, 0.3, 1 / 150e6, 1 / 800e6, 0, 0, false, false}; // zstd: smaller, slower
+    m.codec[0] = sampled(0.5, 1 / 500e6, 1 / 2e9);  // lz4: halves, fast
+    m.codec[1] = sampled(0.3, 1 / 150e6, 1 / 800e6); // zstd: smaller, slower
     return m;
 }
 
@@ -98,7 +114,7 @@ TEST(LinkModel, DataThatDoesNotShrinkGoesRaw)
     // still have it pay: raw
     m = model(125e6);
     m.codec[0].ratio = 1;
-    m.codec[1] = {true, 0.94, 1 / 2e9, 1 / 4e9, 0, 0, false, false}; // random float64 under zstd
+    m.codec[1] = sampled(0.94, 1 / 2e9, 1 / 4e9); // random float64 under zstd
     gux_link_model_t pays = m;
     pays.codec[1].ratio = 0.9;
     double t[3];
@@ -115,7 +131,7 @@ TEST(LinkModel, PipeliningCounts)
 {
     gux_link_model_t m{};
     m.rate = 125e6;
-    m.codec[0] = {true, 0.5, 1 / 300e6, 1 / 1e9, 0, 0, false, false};
+    m.codec[0] = sampled(0.5, 1 / 300e6, 1 / 1e9);
     EXPECT_EQ(gux_link_choose(&m, k64M, 0, GUX_CODECS, nullptr), GSER_COMPRESSION_NONE);
     EXPECT_EQ(gux_link_choose(&m, k64M, 4 << 20, GUX_CODECS, nullptr), GSER_COMPRESSION_LZ4);
 }
@@ -126,7 +142,7 @@ TEST(LinkModel, MarginKeepsRaw)
 {
     gux_link_model_t m{};
     m.rate = 100e6;
-    m.codec[0] = {true, 0.98, 1 / 1e12, 1 / 1e12, 0, 0, false, false}; // 2 % smaller, for free
+    m.codec[0] = sampled(0.98, 1 / 1e12, 1 / 1e12); // 2 % smaller, for free
     EXPECT_EQ(gux_link_choose(&m, k64M, 0, GUX_CODECS, nullptr), GSER_COMPRESSION_NONE);
     m.codec[0].ratio = 0.9;
     EXPECT_EQ(gux_link_choose(&m, k64M, 0, GUX_CODECS, nullptr), GSER_COMPRESSION_LZ4);
@@ -346,7 +362,7 @@ TEST(LinkModel, ColdRunFarSlowerThanModelledTurnsTheCodecAway)
 {
     gux_link_t l{};
     gux_link_model_t ref = model(0);
-    ref.codec[0] = {true, 0.5, 1 / 1.5e9, 1 / 3e9, 0, 0, false, false}; // lz4 as sampled here
+    ref.codec[0] = sampled(0.5, 1 / 1.5e9, 1 / 3e9); // lz4 as sampled here
     gux_link_add_codec(&l, GSER_COMPRESSION_LZ4, ref.codec[0].ratio, ref.codec[0].ctime, ref.codec[0].dtime);
     gux_link_add_rate(&l, 0.7e9, true);
     gux_link_add_rate(&l, 0.7e9, true); // not the cold first measurement
@@ -436,6 +452,78 @@ TEST(LinkModel, MixedRunsAreNotMeasured)
     gux_link_posted(&l, 5000, true);
     gux_link_run_note(&l, GSER_COMPRESSION_LZ4, (double)k64M, 1.0, 5001);
     EXPECT_FALSE(l.run.open);
+}
+
+// Raw wins whatever the data exactly where the model takes raw for data
+// that shrinks to nothing. Whole: fix (c + d) rate >= 0.97 (c, d: the
+// samples' seconds a byte times 1.5); in n chunks, fix ((n - 1) max(c, d) +
+// c + d) rate >= 0.97 n. Just past that rate, raw wins for every ratio;
+// just short of it, some ratio has a codec chosen.
+TEST(LinkModel, RawWinsWhateverTheRatio)
+{
+    gux_link_model_t m = model(0);
+    m.codec[1].known = false; // lz4 only: its bound is the one checked
+    const double c = 1.5 * m.codec[0].ctime, d = 1.5 * m.codec[0].dtime;
+    const size_t chunk = 4u << 20, n = k64M / chunk;
+    for (double fix : {0.0, 0.5, 2.0}) {
+        m.codec[0].fix = fix;
+        const double f = fix > 0 ? fix : 1;
+        for (size_t ch : {(size_t)0, chunk}) {
+            SCOPED_TRACE("fix " + std::to_string(fix) + " chunk " + std::to_string(ch));
+            const double at = ch ? 0.97 * (double)n / (f * ((double)(n - 1) * std::max(c, d) + c + d))
+                                 : 0.97 / (f * (c + d));
+            gux_link_model_t k = m;
+            k.rate = at * 1.001;
+            EXPECT_TRUE(gux_link_raw_wins(&k, k64M, ch, GSER_UCX_CAP_LZ4));
+            for (double r : {0.001, 0.01, 0.1, 0.5, 0.9}) {
+                k.codec[0].ratio = r;
+                EXPECT_EQ(gux_link_choose(&k, k64M, ch, GSER_UCX_CAP_LZ4, nullptr), GSER_COMPRESSION_NONE) << r;
+            }
+            k = m;
+            k.rate = at * 0.999;
+            EXPECT_FALSE(gux_link_raw_wins(&k, k64M, ch, GSER_UCX_CAP_LZ4));
+            k.codec[0].ratio = 1e-4;
+            EXPECT_EQ(gux_link_choose(&k, k64M, ch, GSER_UCX_CAP_LZ4, nullptr), GSER_COMPRESSION_LZ4);
+        }
+    }
+    // every codec the peer reads counts: at 200 MB/s raw beats zstd
+    // whatever it does (compressing, the pipe's pace, takes 10 ns a byte
+    // against the wire's 5), not lz4 (3 ns)
+    gux_link_model_t both = model(200e6);
+    EXPECT_FALSE(gux_link_raw_wins(&both, k64M, chunk, GUX_CODECS));
+    EXPECT_TRUE(gux_link_raw_wins(&both, k64M, chunk, GSER_UCX_CAP_ZSTD));
+    EXPECT_TRUE(gux_link_raw_wins(&both, k64M, chunk, 0)); // no codec: raw
+    // a codec not sampled yet could win; an unmeasured link is not known to
+    both.codec[1].known = false;
+    EXPECT_FALSE(gux_link_raw_wins(&both, k64M, chunk, GSER_UCX_CAP_ZSTD));
+    gux_link_model_t unmeasured = model(0);
+    EXPECT_FALSE(gux_link_raw_wins(&unmeasured, k64M, chunk, GSER_UCX_CAP_ZSTD));
+}
+
+// A codec is far faster on data it cannot shrink (lz4: 13.8 GB/s on random
+// float64, 1.3-1.46 on columns, on these cores): the bound takes its
+// speeds on samples it shrank, so random data after columns still goes raw
+// on a 1.5 GB/s link; a codec that never shrank a sample is not known to
+// lose.
+TEST(LinkModel, RawWinsOnTheCodecsSpeedOnDataItShrinks)
+{
+    gux_link_t l{};
+    l.m.rate = 1.5e9;
+    gux_link_add_codec(&l, GSER_COMPRESSION_LZ4, 1.0, 1 / 13.8e9, 1 / 43e9); // random only
+    EXPECT_FALSE(gux_link_raw_wins(&l.m, k64M, 4u << 20, GSER_UCX_CAP_LZ4));
+    gux_link_add_codec(&l, GSER_COMPRESSION_LZ4, 0.23, 1 / 1.4e9, 1 / 3.4e9); // columns
+    EXPECT_TRUE(gux_link_raw_wins(&l.m, k64M, 4u << 20, GSER_UCX_CAP_LZ4));
+    gux_link_add_codec(&l, GSER_COMPRESSION_LZ4, 1.0, 1 / 13.8e9, 1 / 43e9); // random again
+    EXPECT_TRUE(gux_link_raw_wins(&l.m, k64M, 4u << 20, GSER_UCX_CAP_LZ4));
+    // the speeds averaged over both kinds (2.5 GB/s compressing) would beat the link
+    gux_link_model_t mixed = l.m;
+    mixed.codec[0].shrunk_ctime = mixed.codec[0].ctime;
+    mixed.codec[0].shrunk_dtime = mixed.codec[0].dtime;
+    EXPECT_FALSE(gux_link_raw_wins(&mixed, k64M, 4u << 20, GSER_UCX_CAP_LZ4));
+    // columns that lz4 compresses faster than the link moves raw: not raw
+    gux_link_add_codec(&l, GSER_COMPRESSION_LZ4, 0.1, 1 / 6e9, 1 / 8e9);
+    gux_link_add_codec(&l, GSER_COMPRESSION_LZ4, 0.1, 1 / 6e9, 1 / 8e9);
+    EXPECT_FALSE(gux_link_raw_wins(&l.m, k64M, 4u << 20, GSER_UCX_CAP_LZ4));
 }
 
 // ---- on endpoints (loopback; the mode forced to AUTO, since the default
@@ -596,7 +684,7 @@ TEST(Link, CloseCodecTriedOnceAndColdRateProbedOnce)
     fast.set_rate(1e12);
     EXPECT_EQ(choose(fast, b), GSER_COMPRESSION_NONE);
     m = model(100e6);
-    m.codec[0] = {true, 0.5, 3e-9, 1e-9, 0, 0, false, false}; // halves, but costs a little more than it saves
+    m.codec[0] = sampled(0.5, 3e-9, 1e-9); // halves, but costs a little more than it saves
     m.codec[1].known = false;
     inject(fast, m);
     double t[3];
@@ -712,6 +800,115 @@ TEST(Link, ForcedCodecStaysForced)
         EXPECT_EQ(s.codec, want);
         EXPECT_EQ(s.decisions, 0u);
     }
+}
+
+bool raw_wins(LinkPair &lp, size_t bytes, bool pipelined = true)
+{
+    bool raw = false;
+    EXPECT_EQ(gser_ucx_ep_raw_wins(lp.p.cep.get(), bytes, pipelined, &raw), GSER_OK) << gser_ucx_get_last_error();
+    return raw;
+}
+
+// Where the measurements say raw wins whatever the data, a message is
+// decided raw without a sample (the caller then sends it as forced None
+// does); where a codec could win, nothing is decided; the codecs are timed
+// again after 16 such messages (or 10 s).
+TEST(Link, RawWinsDecidesWithoutASample)
+{
+    LinkPair lp;
+    ASSERT_NO_FATAL_FAILURE(lp.open(GSER_UCX_COMPRESSION_AUTO));
+    auto b = runs(8u << 20);
+    EXPECT_FALSE(raw_wins(lp, b.size())); // nothing decided, nothing sampled yet
+    lp.set_rate(1e12);
+    EXPECT_FALSE(raw_wins(lp, b.size()));
+    EXPECT_EQ(choose(lp, b), GSER_COMPRESSION_NONE); // sampled, decided raw
+    gser_ucx_link_stats_t s = lp.stats();
+    ASSERT_EQ(s.samples, 1u);
+    ASSERT_EQ(s.decisions, 1u);
+    EXPECT_FALSE(raw_wins(lp, (1u << 20) - 1)); // small messages keep the last decision
+    for (unsigned i = 1; i <= 16; i++)
+        EXPECT_TRUE(raw_wins(lp, b.size())) << i;
+    s = lp.stats();
+    EXPECT_EQ(s.raw_wins, 16u);
+    EXPECT_EQ(s.decisions, 17u);
+    EXPECT_EQ(s.samples, 1u); // none taken
+    EXPECT_EQ(s.codec, GSER_COMPRESSION_NONE);
+    EXPECT_GT(s.estimate[0], 0);
+    // the 17th message goes to be sampled, once the last sample is 100 ms old
+    EXPECT_TRUE(raw_wins(lp, b.size()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(120));
+    EXPECT_FALSE(raw_wins(lp, b.size()));
+    EXPECT_EQ(lp.stats().raw_wins, 17u);
+    EXPECT_EQ(choose(lp, b), GSER_COMPRESSION_NONE);
+    EXPECT_EQ(lp.stats().samples, 2u);
+    EXPECT_TRUE(raw_wins(lp, b.size()));
+    // a link slower than the codecs: nothing decided, the sample decides
+    lp.set_rate(1e6);
+    s = lp.stats();
+    EXPECT_FALSE(raw_wins(lp, b.size()));
+    gser_ucx_link_stats_t t = lp.stats();
+    EXPECT_EQ(t.decisions, s.decisions);
+    EXPECT_EQ(t.raw_wins, s.raw_wins);
+    EXPECT_NE(choose(lp, b), GSER_COMPRESSION_NONE);
+    // and 10 s after the last sample, one is due whatever the count
+    LinkPair idle;
+    ASSERT_NO_FATAL_FAILURE(idle.open(GSER_UCX_COMPRESSION_AUTO));
+    idle.set_rate(1e12);
+    EXPECT_EQ(choose(idle, b), GSER_COMPRESSION_NONE);
+    EXPECT_TRUE(raw_wins(idle, b.size()));
+    gux_lock(idle.p.client.get());
+    double sampled = idle.p.cep->link.sampled_at;
+    idle.p.cep->link.sampled_at = sampled - 9900; // (white-box: the clock moved on)
+    gux_unlock(idle.p.client.get());
+    EXPECT_TRUE(raw_wins(idle, b.size()));
+    gux_lock(idle.p.client.get());
+    idle.p.cep->link.sampled_at = sampled - 10001;
+    gux_unlock(idle.p.client.get());
+    EXPECT_FALSE(raw_wins(idle, b.size()));
+    EXPECT_EQ(idle.stats().raw_wins, 2u);
+    // forced codecs are never decided by the link
+    for (int mode : {GSER_UCX_COMPRESSION_LZ4, GSER_UCX_COMPRESSION_NONE}) {
+        LinkPair f;
+        ASSERT_NO_FATAL_FAILURE(f.open(mode));
+        f.set_rate(1e12);
+        choose(f, b);
+        EXPECT_FALSE(raw_wins(f, b.size()));
+        EXPECT_EQ(f.stats().decisions, 0u);
+    }
+}
+
+// A message decided raw by the measurements alone is timed as raw: its
+// sends measure the link's rate, as a sampled raw decision's do, even
+// where the decision before it was a codec.
+TEST(Link, RawWinsSendsMeasureTheLink)
+{
+    LinkPair lp;
+    ASSERT_NO_FATAL_FAILURE(lp.open(GSER_UCX_COMPRESSION_AUTO));
+    auto b = runs(12u << 20);
+    lp.set_rate(1e6);
+    ASSERT_NE(choose(lp, b), GSER_COMPRESSION_NONE); // sampled; a codec
+    inject(lp, model(2e9));                         // then the link measured faster than either codec
+    ASSERT_TRUE(raw_wins(lp, b.size()));
+    EXPECT_EQ(codec_of(lp.p.cep.get()), GSER_COMPRESSION_NONE);
+    gser_ucx_link_stats_t before = lp.stats();
+    gser_frame_t f = host_frame(b);
+    gser_ucx_request_t *sr = nullptr, *rr = nullptr;
+    ASSERT_EQ(gser_ucx_ep_recv_nb(lp.p.sep.get(), nullptr, &rr), GSER_OK);
+    ReqPtr r(rr);
+    ASSERT_EQ(gser_ucx_ep_send_nb(lp.p.cep.get(), &f, 1, nullptr, &sr), GSER_OK) << gser_ucx_get_last_error();
+    ReqPtr sp(sr);
+    EXPECT_EQ(drive({lp.p.server.get(), lp.p.client.get()}, rr), GSER_OK) << gser_ucx_get_last_error();
+    EXPECT_EQ(drive({lp.p.server.get(), lp.p.client.get()}, sr), GSER_OK) << gser_ucx_get_last_error();
+    gser_ucx_link_stats_t after = lp.stats();
+    gux_lock(lp.p.client.get());
+    double zrate = lp.p.cep->link.zrate;
+    unsigned inflight = lp.p.cep->link.inflight;
+    gux_unlock(lp.p.client.get());
+    EXPECT_EQ(inflight, 0u);
+    if (after.rate_samples == before.rate_samples)
+        GTEST_SKIP() << "UCX completed the 12 MiB send at once here: nothing timed";
+    EXPECT_NE(after.send_rate, before.send_rate); // a raw window: the link's rate
+    EXPECT_EQ(zrate, 0);                          // not a compressed one
 }
 
 // A peer that announces no codec gets raw frames, link or not.
@@ -844,6 +1041,13 @@ TEST(Link, BadArguments)
     int c;
     EXPECT_EQ(gser_ucx_ep_choose_compression(nullptr, nullptr, 0, false, 0, &c), GSER_ERR_INVALID_ARG);
     EXPECT_EQ(gser_ucx_ep_get_link_stats(nullptr, nullptr), GSER_ERR_INVALID_ARG);
+    bool raw = true;
+    EXPECT_EQ(gser_ucx_ep_raw_wins(nullptr, 1u << 20, false, &raw), GSER_ERR_INVALID_ARG);
+    EXPECT_TRUE(raw); // untouched on failure
+    EXPECT_NE(std::string(gser_ucx_get_last_error()).find("gser_ucx_ep_raw_wins"), std::string::npos);
+    LinkPair lp;
+    ASSERT_NO_FATAL_FAILURE(lp.open(GSER_UCX_COMPRESSION_AUTO));
+    EXPECT_EQ(gser_ucx_ep_raw_wins(lp.p.cep.get(), 1u << 20, false, nullptr), GSER_ERR_INVALID_ARG);
 }
 
 } // namespace
