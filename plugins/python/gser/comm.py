@@ -737,10 +737,12 @@ class GserComm(Comm):
             await self._write_parts(ep, frames, codec)
             return size
         prepared = None
-        if self.allow_offload and OFFLOAD_THRESHOLD and not ep.closed:
+        if OFFLOAD_THRESHOLD and not ep.closed:
             if codec is not None and size > OFFLOAD_THRESHOLD:
                 # Compressing is the large message's cost: off the event
-                # loop, as Dask offloads serialization.
+                # loop, as Dask offloads serialization; also from a comm
+                # that does not offload Dask's work (the scheduler's: its
+                # loop serves the whole cluster).
                 prepared = await self._prepare(ep, frames, codec)
         # Posted, not waited for: as a socket's buffer would, the transport
         # holds the frames until the peer takes them (a large message
@@ -787,22 +789,34 @@ class GserComm(Comm):
         # unless its last decision was raw and its measurements say raw
         # wins whatever the data (the link faster than every codec: it
         # records that decision without a sample); then the message goes
-        # as forced None sends it, one "dask.msg" (docs/ucx.md 4.5).
-        limit = min(threshold, _LINK_MIN) if self._link_aware else threshold
+        # as forced None sends it, one "dask.msg" (docs/ucx.md 4.5). Also
+        # on a comm that does not offload (the scheduler's): a large result
+        # it forwards to a client is asked too, though not a message of more
+        # items than _parts_size counts (its batches of thousands of small
+        # ops stay one "dask.msg"). None: nothing goes as frames for its
+        # size (the offloaded pass: the loop's pass decided).
+        if offloaded:
+            limit = None
+        elif self._link_aware:
+            limit = min(threshold, _LINK_MIN) if threshold else _LINK_MIN
+        else:
+            limit = threshold or None
 
         def first():  # before the first part is serialized
-            if compressible:
+            if compressible and limit is not None:
                 size = _parts_size(msg)
+                if size is None and not threshold:
+                    size = 0
                 if size is None or (size > limit and not (
                         codec is None and self._link_aware and size >= _LINK_MIN
                         and ep.raw_wins(size, self._in_parts(size)))):
                     raise _Redo(None)
-            if _msg_size(msg) > threshold:
+            if threshold and _msg_size(msg) > threshold:
                 raise _Redo(_OFFLOAD)
 
         failed = []
         dump = _part_dumper(serializers, on_error, functools.partial(self._serialize_context, dask_codec), failed,
-                            first if threshold else None)
+                            first if threshold or limit is not None else None)
         try:
             return ep._c.prepare(msg, None, codec, parts=(_PART_TYPES, dump, _DASK_PICKLES))
         except _Redo as redo:

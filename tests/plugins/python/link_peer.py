@@ -10,10 +10,13 @@ the comm sent it ("msg": one gser-encoded "dask.msg", as forced None sends;
 serialized with a codec off the loop, whole or in parts) and the
 endpoint's link_stats after it; and the link_stats after the last. PAUSE:
 after that many messages, print {"paused": PAUSE} and wait for a line on
-stdin (the test shapes the link meanwhile)."""
+stdin (the test shapes the link meanwhile). LINK_PEER_NO_OFFLOAD=1 in the
+environment: the comm does not offload (allow_offload False, as the
+scheduler's comms)."""
 
 import asyncio
 import json
+import os
 import sys
 import warnings
 
@@ -49,6 +52,8 @@ async def main(address, count, mib, pause):
     import gser.dask  # noqa: F401  (gser://)
 
     comm = await connect(address, timeout=20)
+    if os.environ.get("LINK_PEER_NO_OFFLOAD"):
+        comm.allow_offload = False  # as the scheduler's comms are
     data = columns(mib)
     paths = set()
     watch(comm._ep, paths)

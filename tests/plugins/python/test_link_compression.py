@@ -42,13 +42,16 @@ def shape(rate):
                         "latency", "20ms"], check=True, capture_output=True, timeout=30)
 
 
-def exchange(count, mib, compression="auto", pause=None, then=None):
+def exchange(count, mib, compression="auto", pause=None, then=None, offload=True):
     """link_peer.py's report after count messages of mib MiB from the second
     namespace to an echo server in the first, both with compression; after
-    pause messages, then() runs (between two messages)."""
+    pause messages, then() runs (between two messages); offload False: the
+    sending comm does not offload (as the scheduler's)."""
     from test_comm import Peer
 
     env = dict(os.environ, UCX_TLS="tcp", DASK_DISTRIBUTED__COMM__COMPRESSION=compression)
+    if not offload:
+        env["LINK_PEER_NO_OFFLOAD"] = "1"
     with Peer("serve", ADDR[0], prefix=("ip", "netns", "exec", NS[0]), env=env) as server:
         assert server.address.startswith("gser://"), server.address
         argv = ["ip", "netns", "exec", NS[1], sys.executable, os.path.join(HERE, "link_peer.py"), server.address,
@@ -128,6 +131,22 @@ def test_slow_link_compresses(two_hosts):
     # never raw by the measurements alone: the link is slower than the codecs
     assert stats["raw_wins"] == 0, got
     check_paths(got, 8 << 20)
+
+
+def test_slow_link_compresses_what_a_comm_without_offload_sends(two_hosts):
+    """The scheduler's comms do not offload (allow_offload False), and the
+    results a client gathers go through the scheduler: at 100 Mbit/s a large
+    message from such a comm is asked of the link too, and goes compressed
+    after the first (raw: it measures the link), compressed off the event
+    loop as Dask's frames."""
+    shape("100mbit")
+    got = exchange(3, 16, offload=False)  # over distributed.comm.offload (10 MiB): prepared
+    stats = got["stats"]
+    assert stats["link_aware"] and stats["decisions"] == 3, got
+    assert got["codecs"][0] is None, got
+    assert all(c in ("lz4", "zstd") for c in got["codecs"][1:]), got
+    assert all("msg" not in m["paths"] for m in got["messages"]), got
+    assert all("prepared" in m["paths"] for m in got["messages"][1:]), got
 
 
 def test_unshaped_link_sends_raw(two_hosts):
