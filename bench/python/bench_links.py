@@ -4,7 +4,7 @@ given rates, measured in the same run.
 
     PYTHONPATH=<build>/plugins/python /usr/bin/python3 bench/python/bench_links.py [--json]
         [--links 100mbit,1gbit,10gbit,unshaped] [--reps 3] [--gser-bench-ucx PATH]
-        [--cases transfer,c,compression,cluster,shm] [--cluster-reps 2] [--shuffle-rows N]
+        [--cases transfer,c,compression,cluster,gather,shm] [--cluster-reps 2] [--shuffle-rows N]
         [--variants gser_auto,gser_none,gser_lz4,gser_zstd,tcp_lz4,tcp_none] [--datasets columns,random]
         [--message-mib 256]
     (or: ninja -C <build> bench-python-links)
@@ -141,7 +141,20 @@ link shaped to the rate (tests/plugins/python/netcluster.py; 10.78.0.0/24):
                                      Target (100 Mbit/s, 1 Gbit/s): <= 0.8,
                                      (unshaped): <= 1.0; and equal
 
---cases picks cases (transfer, c, compression, cluster, shm; default all).
+The gather (--cases gather), for each link: a scheduler, one worker and a
+client in namespaces of their own; the worker makes a 64 MiB DataFrame of
+compressible columns and the client gathers it --cluster-reps + 1 times,
+through the scheduler, as Dask's client gathers by default:
+
+  cluster_<link>_gather_64mib_vs_tcp_lz4   seconds, best of the gathers
+                                     after the first (whose time is in
+                                     first_s: each endpoint's first large
+                                     message goes raw and measures the
+                                     link), gser:// (auto) against Dask's
+                                     tcp:// with lz4; "equal": every gather
+                                     returned the worker's frame. No target.
+
+--cases picks cases (transfer, c, compression, cluster, gather, shm; default all).
 --json prints one object per line: name, value, unit, anchor, anchor_value,
 ratio (value / anchor_value), target (on ratio), and the runs behind the
 values. More cases for each link: add a function to CASES.
@@ -679,10 +692,34 @@ def cluster_case(ns, link, rate, args):
         times["gser"], times["tcp"], equal=equal)
 
 
-CASES = [python_case, c_case, compression_case, cluster_case]
+GATHER_MIB = 64
+
+
+def gather_case(ns, link, rate, args):
+    """A 64 MiB result of compressible columns gathered by a client through
+    the scheduler (three namespaces: scheduler, one worker, client):
+    gser:// (auto) against Dask's tcp:// with lz4."""
+    if "gather" not in args.cases:
+        return
+    with netcluster.NetCluster(workers=1, rate=LINKS[link][0]) as net:
+        clusters = {"gser": net.start("gser", env={"DASK_DISTRIBUTED__COMM__COMPRESSION": "auto"}, preload="gser.dask"),
+                    "tcp": net.start("tcp", env={"DASK_DISTRIBUTED__COMM__COMPRESSION": "lz4"})}
+        got = {p: net.client(c, "gather", mib=GATHER_MIB, reps=args.cluster_reps + 1) for p, c in clusters.items()}
+    equal = all(r["equal"] for r in got.values())
+    for p, r in got.items():
+        if not args.json:
+            print(f"  gather {link} {p}: first {r['seconds'][0]:.3f} s, then {', '.join(f'{x:.3f}' for x in r['seconds'][1:])}")
+    first = {p: r["seconds"][0] for p, r in got.items()}
+    later = {p: r["seconds"][1:] for p, r in got.items()}
+    row(args.json, f"cluster_{link}_gather_{GATHER_MIB}mib_vs_tcp_lz4", min(later["gser"]), "s",
+        "Dask tcp:// with lz4, same gather (s)", min(later["tcp"]), None, later["gser"], later["tcp"], equal=equal,
+        first_s=first)
+
+
+CASES = [python_case, c_case, compression_case, cluster_case, gather_case]
 #: --cases: the 256 MiB transfer (python_case), the C rows, the compression
 #: rows, the cluster's shuffle, the shared-memory compression rows
-ALL_CASES = ("transfer", "c", "compression", "cluster", "shm")
+ALL_CASES = ("transfer", "c", "compression", "cluster", "gather", "shm")
 
 
 def default_bench_ucx():

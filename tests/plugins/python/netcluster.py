@@ -400,6 +400,37 @@ def workload_xxt(client, n=2000, chunks=500, seed=42):
     return {"sum": float(got), "type": type(got).__name__, "local": float(y.compute(scheduler="sync"))}
 
 
+def _columns(mib, seed):
+    """mib MiB of a DataFrame's compressible columns (sorted ids, prices in
+    runs, small counts), made where it runs."""
+    import numpy as np
+    import pandas as pd
+
+    rows = (mib << 20) // 24
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame({"id": np.arange(rows, dtype="int64"),
+                         "price": np.repeat(rng.random(rows // 64 + 1).round(2), 64)[:rows],
+                         "qty": rng.integers(0, 100, rows).astype("int64")})
+
+
+def workload_gather(client, mib=64, reps=3, seed=5):
+    """A result of mib MiB of columns made on a worker, gathered by the
+    client reps times (through the scheduler, as Dask's client gathers by
+    default): the seconds of each gather, and whether each was the
+    worker's frame."""
+    import pandas as pd
+
+    fut = client.submit(_columns, mib, seed, pure=False)
+    want = _columns(mib, seed)
+    times, equal = [], True
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        got = client.gather(fut)
+        times.append(time.perf_counter() - t0)
+        equal = equal and isinstance(got, pd.DataFrame) and got.equals(want)
+    return {"seconds": times, "equal": equal}
+
+
 def workload_facts(client):
     """How the cluster talked: the addresses, and on each worker the schemes
     of the peers it fetched data from, the bytes, gser's counters and the
@@ -428,7 +459,8 @@ def workload_suite(client, xxt=None, shuffle=None):
             "facts": workload_facts(client)}
 
 
-WORKLOADS = {"suite": workload_suite, "shuffle": workload_shuffle, "xxt": workload_xxt, "facts": workload_facts}
+WORKLOADS = {"suite": workload_suite, "shuffle": workload_shuffle, "xxt": workload_xxt, "facts": workload_facts,
+             "gather": workload_gather}
 
 
 def client_main(argv):
