@@ -228,23 +228,14 @@ gser_status_t send_msg_async(CodecPair &cp, gser_context_t *ctx, gser_msg_t *msg
 }
 
 // Receive one message on the server's end of cp.
-// sender: the status of a send_msg_async whose client is progressed on
-// its thread until that send returns; the client is progressed here after
-// that, as a live process goes on progressing its worker (UCX's tcp may
-// still hold the message's last bytes in its send buffer when the send
-// completes: under ASan and load the receiver then waited for the peer
-// timeout, 2 of about 20 runs).
+// sender: the status of a send_msg_async (drive_recv).
 gser_status_t recv_one(CodecPair &cp, gser_context_t *ctx, MsgPtr *out, const std::atomic<int> *sender = nullptr)
 {
     gser_ucx_request_t *rr = nullptr;
     EXPECT_EQ(gser_ucx_ep_recv_nb(cp.p.sep.get(), nullptr, &rr), GSER_OK) << gser_ucx_get_last_error();
     ReqPtr r(rr);
-    // (a worker of one thread at a time: the client only once its send returned)
-    if (sender && !drive_until({cp.p.server.get()}, [&] {
-            return sender->load() != GSER_INPROGRESS || gser_ucx_request_query(rr) != GSER_INPROGRESS;
-        }))
-        return GSER_ERR_TIMEOUT;
-    gser_status_t st = drive({cp.p.client.get(), cp.p.server.get()}, rr);
+    gser_status_t st = sender ? drive_recv(cp.p.server.get(), cp.p.client.get(), rr, *sender)
+                              : drive({cp.p.client.get(), cp.p.server.get()}, rr);
     if (st)
         return st;
     gser_msg_t *m = nullptr;
@@ -381,7 +372,7 @@ TEST(Compress, SizeOfAReceiveAsItCame)
     bool c2 = true;
     EXPECT_EQ(gser_ucx_request_get_size(plain, &n2, &c2), GSER_ERR_STATE); // still running
     EXPECT_EQ(n2, 0u);
-    gser_status_t rst = drive({cp.p.server.get()}, plain);
+    gser_status_t rst = drive_recv(cp.p.server.get(), cp.p.client.get(), plain, sst);
     t.join();
     UCX_OK((gser_status_t)sst.load());
     UCX_OK(rst);

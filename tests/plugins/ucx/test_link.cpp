@@ -936,7 +936,7 @@ TEST(Link, PeerWithoutCodecsGetsRaw)
     gser_ucx_request_t *rr = nullptr;
     ASSERT_EQ(gser_ucx_ep_recv_nb(lp.p.sep.get(), nullptr, &rr), GSER_OK);
     ReqPtr r(rr);
-    EXPECT_EQ(drive({lp.p.server.get()}, rr), GSER_OK);
+    EXPECT_EQ(drive_recv(lp.p.server.get(), lp.p.client.get(), rr, sst), GSER_OK);
     t.join();
     EXPECT_EQ(sst.load(), GSER_OK);
     size_t wire = 0;
@@ -974,7 +974,7 @@ TEST(Link, SendsMeasureTheLink)
         gser_ucx_request_t *rr = nullptr;
         ASSERT_EQ(gser_ucx_ep_recv_nb(lp.p.sep.get(), nullptr, &rr), GSER_OK);
         ReqPtr r(rr);
-        ASSERT_EQ(drive({lp.p.server.get()}, rr), GSER_OK) << gser_ucx_get_last_error();
+        ASSERT_EQ(drive_recv(lp.p.server.get(), lp.p.client.get(), rr, sst), GSER_OK) << gser_ucx_get_last_error();
         gser_msg_t *got = nullptr;
         ASSERT_EQ(gser_ucx_request_deserialize(rr, ctx.get(), nullptr, &got), GSER_OK);
         MsgPtr g(got);

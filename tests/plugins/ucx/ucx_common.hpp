@@ -181,6 +181,23 @@ inline bool drive_until(std::initializer_list<gser_ucx_worker_t *> ws, Pred pred
     return true;
 }
 
+// Progress server until req (a receive) is done, and client too once
+// sender, the status of a send running on another thread (GSER_INPROGRESS
+// until it returns), says the send returned: that thread progresses client
+// until then (one thread at a time), and UCX's tcp may still hold the
+// message's last bytes, sent only as client progresses again, as a live
+// process's worker does (under ASan and load a receiver that progressed
+// only server waited for the peer timeout in 2 of 30 runs).
+inline gser_status_t drive_recv(gser_ucx_worker_t *server, gser_ucx_worker_t *client, gser_ucx_request_t *req,
+                                const std::atomic<int> &sender, int timeout_ms = kWaitMs)
+{
+    if (!drive_until({server}, [&] {
+            return sender.load() != GSER_INPROGRESS || gser_ucx_request_query(req) != GSER_INPROGRESS;
+        }, timeout_ms))
+        return GSER_ERR_TIMEOUT;
+    return drive({client, server}, req, timeout_ms);
+}
+
 // A listener of w on 127.0.0.1, on a free port (nullptr on failure, which
 // the test reports).
 inline ListenerPtr listen_local(gser_ucx_worker_t *w, gser_ucx_accept_fn cb = nullptr, void *user_data = nullptr)
