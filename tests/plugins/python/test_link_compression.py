@@ -187,6 +187,9 @@ def test_unshaped_link_sends_raw(two_hosts):
         assert sum(msgs[i]["stats"]["rate_samples"] - msgs[i - 1]["stats"]["rate_samples"] for i in fast) >= 1, got
 
 
+@pytest.mark.skipif(bool(os.environ.get("GSER_PY_SANITIZED")),
+                    reason="the model's timing under the sanitizers: the codecs run instrumented, several times "
+                           "slower, so when raw stops winning on a 1 Gbit/s link is not what it is on a real build")
 def test_link_that_slows_samples_again(two_hosts):
     """On the unshaped veth raw wins by the measurements alone; once the
     link is shaped to 1 Gbit/s, the raw messages' sends measure it slower,
