@@ -234,7 +234,7 @@ static gser_status_t ctx_ucp_init(const gser_ucx_context_t *ctx, const char *net
      * UCX's half of 1024 a quiet sender waited for 4 MiB at a time (7.5-9
      * GB/s against 10.5-11.7). A user's FIFO size keeps UCX's release too.
      * UCX's sender indexes the peer's FIFO with its own size: the handshake
-     * refuses peers of one host whose sizes differ (control.c, fifo_check). */
+     * refuses peers of one host whose sizes differ (endpoint.c, fifo_check). */
     if (sets_mm_fifo(tls)) {
         char size[16];
         snprintf(size, sizeof size, "%d", GUX_MM_FIFO_SIZE);
