@@ -7,8 +7,9 @@ MiB of compressible columns, each waited for and checked on its way back,
 and prints one JSON line: for each message the codec it went with, the way
 the comm sent it ("msg": one gser-encoded "dask.msg", as forced None sends;
 "frames": Dask's frames, sent as they are; "prepared": Dask's frames
-serialized with a codec off the loop, whole or in parts) and the
-endpoint's link_stats after it; and the link_stats after the last. PAUSE:
+serialized with a codec off the loop, whole or in parts), how many calls
+of each way, the endpoint's link_stats once it was written ("written") and
+after its round trip, and the round trip's seconds; and the link_stats after the last. PAUSE:
 after that many messages, print {"paused": PAUSE} and wait for a line on
 stdin (the test shapes the link meanwhile). LINK_PEER_NO_OFFLOAD=1 in the
 environment: the comm does not offload (allow_offload False, as the
@@ -18,6 +19,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 import warnings
 
 import numpy as np
@@ -34,12 +36,13 @@ def columns(mib):
 
 
 def watch(ep, paths):
-    """Record in paths (a set) which of ep's sending calls the comm makes."""
+    """Count in paths (a dict) the calls the comm makes of each of ep's
+    sending ways."""
     def wrap(name, path):
         method = getattr(ep, name)
 
         def called(*args, **kw):
-            paths.add(path)
+            paths[path] = paths.get(path, 0) + 1
             return method(*args, **kw)
         setattr(ep, name, called)
 
@@ -55,7 +58,7 @@ async def main(address, count, mib, pause):
     if os.environ.get("LINK_PEER_NO_OFFLOAD"):
         comm.allow_offload = False  # as the scheduler's comms are
     data = columns(mib)
-    paths = set()
+    paths = {}
     watch(comm._ep, paths)
     messages = []
     for i in range(count):
@@ -63,12 +66,15 @@ async def main(address, count, mib, pause):
             print(json.dumps({"paused": pause}), flush=True)
             await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         paths.clear()
+        t0 = time.perf_counter()
         await comm.write({"data": to_serialize(data)})
-        sent = sorted(paths)
+        sent, calls, written = sorted(paths), dict(paths), comm._ep.link_stats
         back = await comm.read()
+        seconds = time.perf_counter() - t0
         assert np.array_equal(back["data"], data)
         stats = comm._ep.link_stats
-        messages.append({"codec": stats["codec"], "paths": sent, "stats": stats})
+        messages.append({"codec": stats["codec"], "paths": sent, "calls": calls, "stats": stats, "written": written,
+                         "seconds": seconds})
     print(json.dumps({"codecs": [m["codec"] for m in messages], "messages": messages, "stats": comm._ep.link_stats}),
           flush=True)
     await comm.close()

@@ -42,11 +42,12 @@ def shape(rate):
                         "latency", "20ms"], check=True, capture_output=True, timeout=30)
 
 
-def exchange(count, mib, compression="auto", pause=None, then=None, offload=True):
+def exchange(count, mib, compression="auto", pause=None, then=None, offload=True, server_out=None):
     """link_peer.py's report after count messages of mib MiB from the second
     namespace to an echo server in the first, both with compression; after
     pause messages, then() runs (between two messages); offload False: the
-    sending comm does not offload (as the scheduler's)."""
+    sending comm does not offload (as the scheduler's); server_out: a list
+    the echo server's process is put in."""
     from test_comm import Peer
 
     env = dict(os.environ, UCX_TLS="tcp", DASK_DISTRIBUTED__COMM__COMPRESSION=compression)
@@ -54,6 +55,8 @@ def exchange(count, mib, compression="auto", pause=None, then=None, offload=True
         env["LINK_PEER_NO_OFFLOAD"] = "1"
     with Peer("serve", ADDR[0], prefix=("ip", "netns", "exec", NS[0]), env=env) as server:
         assert server.address.startswith("gser://"), server.address
+        if server_out is not None:
+            server_out.append(server.proc)
         argv = ["ip", "netns", "exec", NS[1], sys.executable, os.path.join(HERE, "link_peer.py"), server.address,
                 str(count), str(mib)] + ([str(pause)] if pause is not None else [])
         client = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -137,16 +140,57 @@ def test_slow_link_compresses_what_a_comm_without_offload_sends(two_hosts):
     """The scheduler's comms do not offload (allow_offload False), and the
     results a client gathers go through the scheduler: at 100 Mbit/s a large
     message from such a comm is asked of the link too, and goes compressed
-    after the first (raw: it measures the link), compressed off the event
-    loop as Dask's frames."""
+    (its first 8 MiB raw: they measure the link), compressed off the event
+    loop as Dask's frames, in parts."""
     shape("100mbit")
     got = exchange(3, 16, offload=False)  # over distributed.comm.offload (10 MiB): prepared
     stats = got["stats"]
-    assert stats["link_aware"] and stats["decisions"] == 3, got
-    assert got["codecs"][0] is None, got
-    assert all(c in ("lz4", "zstd") for c in got["codecs"][1:]), got
+    assert stats["link_aware"] and stats["decisions"] == 4, got  # the first message decided twice
+    assert all(c in ("lz4", "zstd") for c in got["codecs"]), got
+    assert got["messages"][0]["calls"] == {"frames": 2, "prepared": 2}, got
     assert all("msg" not in m["paths"] for m in got["messages"]), got
-    assert all("prepared" in m["paths"] for m in got["messages"][1:]), got
+    assert all(m["calls"] == {"prepared": 4} for m in got["messages"][1:]), got  # in parts
+
+
+def test_first_large_message_measures_the_link_with_its_start(two_hosts):
+    """At 100 Mbit/s, the first large message of an endpoint whose link
+    nothing measured yet goes raw only for its first 8 MiB, in parts: once
+    those measured the link, the rest goes with the codec the endpoint
+    then chooses (a whole message raw took 5.4 s of 64 MiB there). A
+    message of less than 12 MiB measures the link whole, raw."""
+    shape("100mbit")
+    got = exchange(2, 32)
+    first = got["messages"][0]
+    assert first["calls"] == {"frames": 2, "prepared": 6}, got  # 2 parts of 4 MiB raw, 6 compressed
+    assert first["codec"] in ("lz4", "zstd"), got
+    assert first["stats"]["decisions"] == 2, got  # raw for the start, then the rest's codec
+    assert 5e6 < first["stats"]["send_rate"] < 40e6, got  # 12.5 MB/s, measured by the start
+    assert got["codecs"][1] in ("lz4", "zstd") and got["messages"][1]["calls"] == {"prepared": 8}, got
+    small = exchange(1, 11)["messages"][0]
+    assert small["codec"] is None and small["calls"] == {"frames": 1}, small
+
+
+def test_first_large_message_does_not_wait_for_a_stopped_peer(two_hosts):
+    """The start of a first large message is waited for (it measures the
+    link), but not for ever: towards a peer that receives nothing (its
+    process stopped) the write goes on after 5 s, the rest as the endpoint
+    then decides, raw (nothing measured), and the message arrives whole
+    once the peer goes on."""
+    import signal
+    import threading
+
+    servers = []
+
+    def stop():
+        server = servers[0]
+        server.send_signal(signal.SIGSTOP)
+        threading.Timer(8, server.send_signal, (signal.SIGCONT,)).start()
+
+    got = exchange(1, 16, pause=0, then=stop, server_out=servers)
+    written = got["messages"][0]["written"]
+    assert written["link_aware"] and written["decisions"] == 2, got  # the start raw, then the rest
+    assert written["send_rate"] == 0 and written["codec"] is None, got  # the rest decided unmeasured: raw
+    assert got["messages"][0]["calls"] == {"frames": 4}, got
 
 
 def test_unshaped_link_sends_raw(two_hosts):
@@ -160,9 +204,9 @@ def test_unshaped_link_sends_raw(two_hosts):
     sends still measure the link."""
     got = exchange(10, 16)
     stats = got["stats"]
-    assert stats["link_aware"] and stats["decisions"] == 10, got
-    assert got["codecs"][0] is None, got  # the first measures the link
-    assert got["messages"][0]["paths"] == ["frames"], got  # nothing measured yet: sampled
+    assert stats["link_aware"] and stats["decisions"] == 11, got  # the first decided twice
+    # nothing measured yet: sampled, its first 8 MiB raw (they measure the link)
+    assert got["messages"][0]["calls"]["frames"] >= 2 and "msg" not in got["messages"][0]["paths"], got
     assert stats["ratio"][0] < 0.5, got  # it would compress
     assert stats["send_rate"] > 200e6, got
     # (under load the veth can measure slower than zstd compresses: then zstd may be tried)
