@@ -195,6 +195,8 @@ typedef struct gux_link_model {
 typedef struct gux_link {
     gux_link_model_t m;    /* m.rate: of raw sends (compressed ones only raise it) */
     double zrate;          /* bytes per second of compressed sends (their wire may wait on CPU) */
+    double held;           /* a raw window far below m.rate, not taken yet (link.c; 0: none) */
+    bool slowing;          /* the last raw windows were far below, and taken */
     unsigned inflight;     /* timed sends posted, not completed */
     double busy_since;     /* ms: start of the busy time not yet counted */
     double win_bytes;      /* bytes completed in the current window */

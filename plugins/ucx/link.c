@@ -34,6 +34,17 @@
 /* Weight of a new rate measurement: a link that gets busy shows within a
  * few windows. */
 #define GUX_LINK_RATE_ALPHA 0.3
+/* A raw window below this share of the rate is held until the next raw
+ * one: taken (both) if that is below too, dropped if not. One window under
+ * load on either end says little of the link, and a rate taken too low
+ * costs for long: at 2 cores busy a probe measured the unshaped veth at
+ * 0.30 GB/s (its first message 1.6), lz4 was modelled 0.09 s against raw's
+ * 0.23, and with probes spaced by what the model says they cost (6.8 s)
+ * lz4 went 45 messages before a probe measured 0.61 (BENCHMARKS.md,
+ * 2026-12-06). Held, the next message goes as the rate before it says.
+ * Once two were taken, the low ones after them are too (the link slowed),
+ * until one is not low. */
+#define GUX_LINK_DROP 0.5
 /* Weight of a new codec speed (small samples time noisily); the ratio is
  * the last sample's (the data is what changes it). */
 #define GUX_LINK_SPEED_ALPHA 0.5
@@ -198,6 +209,18 @@ bool gux_link_raw_wins(const gux_link_model_t *m, size_t bytes, size_t chunk, ui
     return gux_link_choose(&best, bytes, chunk, allowed, NULL) == GSER_COMPRESSION_NONE;
 }
 
+/* A raw window's rate taken into the model. A connection's first large
+ * message is slow (slow start, the receiver's first allocations: 0.38 GB/s
+ * at 10 Gbit/s, later ones 1.2): the first measurement stands until the
+ * next replaces it. */
+static void rate_fold(gux_link_t *l, double rate)
+{
+    bool first = !(l->m.rate > 0);
+    l->m.rate = l->m.rate > 0 && !l->m.cold ? (1 - GUX_LINK_RATE_ALPHA) * l->m.rate + GUX_LINK_RATE_ALPHA * rate
+                                            : rate;
+    l->m.cold = first;
+}
+
 void gux_link_add_rate(gux_link_t *l, double rate, bool raw)
 {
     if (!(rate > 0) || !isfinite(rate))
@@ -211,13 +234,16 @@ void gux_link_add_rate(gux_link_t *l, double rate, bool raw)
         l->zrate = l->zrate > 0 ? (1 - GUX_LINK_RATE_ALPHA) * l->zrate + GUX_LINK_RATE_ALPHA * rate : rate;
         return;
     }
-    /* A connection's first large message is slow (slow start, the
-     * receiver's first allocations: 0.38 GB/s at 10 Gbit/s, later ones
-     * 1.2): the first measurement stands until the next replaces it. */
-    bool first = !(l->m.rate > 0);
-    l->m.rate = l->m.rate > 0 && !l->m.cold ? (1 - GUX_LINK_RATE_ALPHA) * l->m.rate + GUX_LINK_RATE_ALPHA * rate
-                                            : rate;
-    l->m.cold = first;
+    bool low = l->m.rate > 0 && rate < GUX_LINK_DROP * l->m.rate;
+    if (low && !l->slowing && !(l->held > 0)) {
+        l->held = rate;
+        return;
+    }
+    if (low && l->held > 0)
+        rate_fold(l, l->held); /* two in a row: the link is slower, and the next low ones are taken at once */
+    l->slowing = low;
+    l->held = 0;
+    rate_fold(l, rate);
 }
 
 /* A speed (seconds a byte) folded into its moving average (avg 0: none yet). */

@@ -248,10 +248,12 @@ def test_link_that_slows_samples_again(two_hosts):
     if msgs[pause - 1]["stats"]["raw_wins"] == 0:
         pytest.skip(f"raw never won by the measurements before the link slowed (a loaded machine): "
                     f"{msgs[pause - 1]['stats']}")
-    # The rate's moving average (weight 0.3 a window, one window a message
-    # here) falls from about 1.2 GB/s below lz4's bound (its sampled speed
-    # over 1.5: 0.6-0.9 GB/s) within 1-3 messages.
-    bound = 5
+    # The first window far below the rate is held until the next (one low
+    # window may be load); then the rate's moving average (weight 0.3 a
+    # window, one window a message here) falls from about 1.2-1.8 GB/s
+    # below lz4's bound (its sampled speed over 1.5: 0.6-0.9 GB/s) within
+    # 2-4 messages.
+    bound = 6
     sampled = [i for i in range(pause, pause + bound) if msgs[i]["stats"]["raw_wins"] == msgs[i - 1]["stats"]["raw_wins"]]
     assert any(i + 1 in sampled for i in sampled), got  # two in a row: the condition failed, not a refresh
     assert any(c in ("lz4", "zstd") for c in got["codecs"][pause:]), got
