@@ -511,7 +511,11 @@ GSER_API gser_status_t gser_ucx_ep_get_link_stats(const gser_ucx_ep_t *ep, gser_
  *  after timing each codec on a sample of the frames when the last sample
  *  is old; messages under 1 MiB get the last decision and cost nothing.
  *  pipelined: the frames will be compressed in chunks pipelined with the
- *  wire (route 3, messages in parts). zstd_level: the zstd level the
+ *  wire (route 3, messages in parts); a raw decision that is a probe (the
+ *  stats' probes count grew: the link measured again) is then taken to
+ *  cost only the message's first 8 MiB, which the caller sends raw,
+ *  waits for, and asks again for the rest (gser:// does; docs/ucx.md
+ *  4.5). zstd_level: the zstd level the
  *  caller compresses with (0: zstd's default). Otherwise what
  *  gser_ucx_ep_get_compression says. gser_ucx_ep_send_msg calls it.
  *  GSER_ERR_STATE before the handshake is done. Since 0.2. */

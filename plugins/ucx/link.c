@@ -60,6 +60,10 @@
 /* A rate of one (cold) measurement is re-measured by a probe after one
  * compressed message where raw is modelled within this factor of the codec. */
 #define GUX_LINK_COLD_PROBE 3.0
+/* A pipelined caller (gser://'s messages in parts) probes with a message's
+ * first GUX_LINK_PROBE_BYTES raw, then asks again for the rest: a probe
+ * costs that share of the message, and is spaced by that cost. */
+#define GUX_LINK_PROBE_BYTES ((size_t)8 << 20)
 /* What a worker remembers of a peer host stays good this long. */
 #define GUX_LINK_HOST_MS 60000.0
 /* A codec's fix (its messages' real time over the model's) is a moving
@@ -686,7 +690,9 @@ gser_status_t gser_ucx_ep_choose_compression(gser_ucx_ep_t *ep, const gser_frame
         /* Compressed sends do not measure the link: raw goes now and then
          * to measure it again, the more rarely the more that costs. */
         double best = l->estimate[codec == GSER_COMPRESSION_LZ4 ? 1 : 2];
-        double wait = dmax(GUX_LINK_PROBE_MS, GUX_LINK_PROBE_COST * (l->estimate[0] - best) * 1e3);
+        bool part = pipelined && total > GUX_LINK_PROBE_BYTES;
+        double share = part ? (double)GUX_LINK_PROBE_BYTES / (double)total : 1;
+        double wait = dmax(GUX_LINK_PROBE_MS, GUX_LINK_PROBE_COST * (l->estimate[0] - best) * share * 1e3);
         /* a cold rate is re-measured after one compressed message where
          * that costs little (the faster the link, the colder its first
          * message looks) */

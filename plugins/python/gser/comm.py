@@ -135,10 +135,13 @@ _SAMPLE_BYTES = 10_000  # a sample of each large frame, as gser's own sampling t
 # message raw is what a slow link makes slow: a 64 MiB result gathered
 # through the scheduler at 100 Mbit/s took 11.6 s, raw on both legs, where
 # tcp:// + lz4 took 3.7. So a message of more than _MEASURE_MIN bytes on an
-# endpoint whose link is not measured goes in parts: raw until _MEASURE_BYTES
-# went (twice Linux's largest default socket send buffer, as the link's
-# windows take), and once those sends completed (the link measured), the
-# rest with the codec the endpoint then chooses for it. A peer that takes
+# endpoint whose link is not measured goes in parts: its first _MEASURE_BYTES
+# raw as one part (twice Linux's largest default socket send buffer, as the
+# link's windows take), and once that part's sends completed (the link
+# measured), the rest with the codec the endpoint then chooses for it. So
+# does a raw decision that is a probe (the link measured again): a probe
+# costs that part, not the message (gser_ucx_ep_choose_compression). A peer
+# that takes
 # longer than _MEASURE_WAIT seconds to receive them (not reading) is not
 # waited for: the rest goes as the endpoint then decides (raw, unmeasured).
 _MEASURE_BYTES = 8 << 20
@@ -651,6 +654,7 @@ class GserComm(Comm):
         self._peer_addr = peer_addr
         self._compression = "auto"  # what the endpoint was told (its worker's default)
         self._link_aware = None  # whether it then chooses its codec by the link (asked once)
+        self._probes = 0  # the endpoint's probes seen (link_stats): a raw decision that is one is sent measured
         self._sending = 0  # sends the transport still holds buffers of
         self._drained = None  # a future close() waits on until _sending is 0
         # A comm dropped without close() must not keep its connection.
@@ -752,7 +756,8 @@ class GserComm(Comm):
             return size
         if in_parts and codec is None and size > _MEASURE_MIN and not ep.closed:
             stats = ep.link_stats
-            if stats["link_aware"] and not stats["send_rate"] > 0:  # raw only to measure the link
+            probe, self._probes = stats["probes"] > self._probes, stats["probes"]
+            if stats["link_aware"] and (probe or not stats["send_rate"] > 0):  # raw only to measure the link
                 await self._write_parts(ep, frames, None, measure=True)
                 return size
         prepared = None
@@ -891,9 +896,10 @@ class GserComm(Comm):
         """frames as consecutive messages of about _PART_BYTES, host frames
         larger than that cut into pieces, the first message led by the
         marker: each part is compressed on the offload thread while the one
-        before is sent. measure: the endpoint's link is not measured yet;
-        the first _MEASURE_BYTES go raw and measure it, the rest with the
-        codec the endpoint then chooses for them (codec: None)."""
+        before is sent. measure: the link is to be measured (not measured
+        yet, or a probe): the first _MEASURE_BYTES go raw as one part and
+        measure it, the rest with the codec the endpoint then chooses for
+        them (codec: None)."""
         pieces, counts = [], []
         for f in frames:
             if type(f) is memoryview or isinstance(f, (bytes, bytearray)):
@@ -907,7 +913,9 @@ class GserComm(Comm):
         for p in pieces:
             part.append(p)
             n += nbytes(p)
-            if n >= _PART_BYTES:
+            # (measure: the first part is the raw start, one message, so
+            # that the receiver takes all of it as it comes)
+            if n >= (_MEASURE_BYTES if measure and not parts else _PART_BYTES):
                 parts.append(part)
                 part, n = [], 0
         if part:
@@ -916,12 +924,9 @@ class GserComm(Comm):
         parts[0].insert(0, head)
         k = 0
         if measure:
-            done, sent = None, 0
-            while k < len(parts) and sent < _MEASURE_BYTES:
-                sent += sum(map(nbytes, parts[k]))
-                done = asyncio.get_running_loop().create_future()
-                self._post(ep.send_frames_nowait, parts[k], done=done)
-                k += 1
+            k = 1
+            done = asyncio.get_running_loop().create_future()
+            self._post(ep.send_frames_nowait, parts[0], done=done)
             try:
                 await asyncio.wait_for(done, _MEASURE_WAIT)
             except asyncio.TimeoutError:
@@ -945,8 +950,15 @@ class GserComm(Comm):
                             f"{nframes} frames in a marker of {len(head)} bytes")
         counts = struct.unpack_from(f"<{nframes}I", head, _PARTS_HEAD.size)
         pieces = list(frames[1:])
-        for _ in range(nparts - 1):
-            pieces.extend(await ep.recv_frames(offload=offload))  # every compressed part off the loop
+        # the other parts' receives posted at once (raw ones come at the
+        # link's pace, not a loop turn each); every compressed one
+        # decompressed off the loop
+        left = nparts - 1
+        while left:  # (a hostile marker's count posts 64 receives at a time)
+            n = min(left, 64)
+            for part in await ep.recv_frames_many(n, offload=offload):
+                pieces.extend(part)
+            left -= n
         if sum(counts) != len(pieces) or 0 in counts:
             raise GserError(f"gser://: a message in parts announced {sum(counts)} pieces in {nframes} frames, "
                             f"{len(pieces)} came")

@@ -769,6 +769,44 @@ class Endpoint:
         offload_bytes: as for recv()."""
         return frames_of(await self.recv(offload=offload, offload_bytes=offload_bytes))
 
+    async def recv_frames_many(self, count: int, *, offload=None, offload_bytes: int = 0) -> list:
+        """The next count messages sent with send_frames, as recv_frames
+        gives each (a list of their frame lists), their receives posted at
+        once: the transport takes each message as it arrives, where one
+        receive after another waits a loop turn between messages (a
+        message in parts, raw on a fast link: 0.2 GB/s on a busy receiver
+        against the link's 1.6). Cancelled or failed, the receives not yet
+        matched are withdrawn (the endpoint stays usable)."""
+        loop = self.worker._loop
+        reqs, futs = [], []
+        try:
+            for _ in range(count):
+                req = self._c.recv()
+                fut = loop.create_future()
+                req.user = fut  # before any progress can complete it
+                reqs.append(req)
+                futs.append(fut)
+            self.worker._progress()
+            out = []
+            for fut in futs:
+                req = await fut
+                nbytes, compressed = req.size if offload is not None else (0, False)
+                if compressed and nbytes > offload_bytes:
+                    self.offloaded += 1
+                    msg = await offload(req.result)
+                else:
+                    msg = req.result()
+                out.append(frames_of(msg))
+            return out
+        except GserError as e:
+            raise _translate(e) from None
+        finally:
+            left = [r for r in reqs if not r.done]
+            for r in left:
+                r.cancel()
+            if left:
+                self.worker.kick()
+
     # -- teardown ------------------------------------------------------------------------
 
     def abort(self):

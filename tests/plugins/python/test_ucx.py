@@ -213,6 +213,33 @@ def test_cancel_unmatched_receive_keeps_endpoint():
     run(main())
 
 
+def test_receives_posted_at_once():
+    """recv_frames_many posts its receives together and gives each
+    message's frames in order; cancelled with some unmatched, those are
+    withdrawn and the endpoint goes on with the next message."""
+    async def main():
+        w, lst, a, b = await pair()
+        big = [np.arange(i << 18, dtype=np.int64) for i in range(1, 4)]  # 2, 4, 6 MiB
+        for x in big:
+            a.send_frames_nowait([b"h", x])
+        got = await b.recv_frames_many(3)
+        assert [bytes(m[0]) for m in got] == [b"h"] * 3
+        assert all(np.array_equal(np.frombuffer(m[1], np.int64), x) for m, x in zip(got, big))
+        a.send_frames_nowait([b"one"])
+        many = asyncio.ensure_future(b.recv_frames_many(3))
+        await asyncio.sleep(0.1)
+        assert not many.done()
+        many.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await many
+        assert b.state == "ready"
+        await a.send_frames([b"after"])
+        assert [bytes(f) for f in await b.recv_frames()] == [b"after"]  # not taken by a withdrawn receive
+        w.close()
+
+    run(main())
+
+
 def test_worker_close_ends_pending_operations():
     async def main():
         w, lst, a, b = await pair()
