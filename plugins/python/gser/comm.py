@@ -141,9 +141,9 @@ _SAMPLE_BYTES = 10_000  # a sample of each large frame, as gser's own sampling t
 # measured), the rest with the codec the endpoint then chooses for it. So
 # does a raw decision that is a probe (the link measured again): a probe
 # costs that part, not the message (gser_ucx_ep_choose_compression). A peer
-# that takes
-# longer than _MEASURE_WAIT seconds to receive them (not reading) is not
-# waited for: the rest goes as the endpoint then decides (raw, unmeasured).
+# that takes longer than _MEASURE_WAIT seconds to receive it (not reading)
+# is not waited for: the rest goes as the endpoint then decides (raw,
+# unmeasured).
 _MEASURE_BYTES = 8 << 20
 _MEASURE_MIN = _MEASURE_BYTES + _PART_BYTES
 _MEASURE_WAIT = 5.0
@@ -780,7 +780,8 @@ class GserComm(Comm):
         return size
 
     def _in_parts(self, size) -> bool:
-        """Whether a compressed message of size bytes goes in parts (_write_parts)."""
+        """Whether a message of size bytes goes in parts (_write_parts) where
+        it is compressed or measures the link."""
         return bool(self.handshake_options.get(_PARTS_KEY) and OFFLOAD_THRESHOLD and size > 2 * _PART_BYTES)
 
     def _serialize_context(self, dask_codec):
