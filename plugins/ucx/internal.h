@@ -234,8 +234,12 @@ typedef struct gux_link {
 #define GUX_LINK_HOSTS 16
 typedef struct gux_link_host {
     char host[48];
-    gux_link_model_t m;
+    gux_link_model_t m; /* m.rate 0: nothing measured yet */
     double at; /* ms: last written (0: free) */
+    /* ms: an endpoint (measurer) went raw to measure the link, nothing
+     * measured yet (0: none) */
+    double measuring;
+    const void *measurer;
 } gux_link_host_t;
 
 /* The model's seconds to move bytes raw (codec NONE), or compressed with
@@ -262,6 +266,9 @@ GUX_INTERNAL void gux_link_add_fix(gux_link_t *l, int codec, double real, double
 /* A timed send (len >= GUX_LINK_PART_MIN) was posted / completed, at now_ms. */
 GUX_INTERNAL void gux_link_posted(gux_link_t *l, double now_ms, bool raw);
 GUX_INTERNAL void gux_link_done(gux_link_t *l, size_t len, double now_ms);
+/* gux_link_done for ep's link; a rate it measures is shared with the
+ * worker's next endpoints to the peer's host (under the worker's lock). */
+GUX_INTERNAL void gux_ep_link_done(gser_ucx_ep_t *ep, size_t len, double now_ms);
 /* A timed send that was posted completed at once (ok) or failed: it says
  * nothing of the wire, but ends a codec run's work as a completion does. */
 GUX_INTERNAL void gux_link_at_once(gux_link_t *l, size_t len, double now_ms, bool ok);

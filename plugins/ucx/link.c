@@ -66,6 +66,9 @@
 #define GUX_LINK_PROBE_BYTES ((size_t)8 << 20)
 /* What a worker remembers of a peer host stays good this long. */
 #define GUX_LINK_HOST_MS 60000.0
+/* An endpoint measuring a link spares the others to that host a raw
+ * message this long (its message may never complete). */
+#define GUX_LINK_MEASURING_MS 5000.0
 /* A codec's fix (its messages' real time over the model's) is a moving
  * average of its runs, each within these bounds (a run that waited on
  * something else says little more). */
@@ -455,35 +458,77 @@ void gux_link_done(gux_link_t *l, size_t len, double now_ms)
     l->win_kind = l->inflight ? l->win_kind : 0;
 }
 
-/* Share what ep learnt with the worker's next endpoints to the same host
- * (put), or start from what an earlier one learnt (get). */
-static void link_host(gser_ucx_ep_t *ep, bool put, double now)
+/* The worker's slot for ep's peer host (create: taking the oldest where
+ * there is none), or NULL. */
+static gux_link_host_t *host_slot(gser_ucx_ep_t *ep, bool create, double now)
 {
     gser_ucx_worker_t *w = ep->worker;
     const char *host = ep->peer.peer_host;
     if (!host[0])
-        return;
-    gux_link_host_t *slot = NULL, *oldest = &w->link_hosts[0];
+        return NULL;
+    gux_link_host_t *oldest = &w->link_hosts[0];
     for (int i = 0; i < GUX_LINK_HOSTS; i++) {
         gux_link_host_t *h = &w->link_hosts[i];
         if (h->at > 0 && strcmp(h->host, host) == 0)
-            slot = h;
+            return h;
         if (h->at < oldest->at)
             oldest = h;
     }
+    if (!create)
+        return NULL;
+    memset(oldest, 0, sizeof *oldest);
+    snprintf(oldest->host, sizeof oldest->host, "%s", host);
+    oldest->at = now;
+    return oldest;
+}
+
+/* Share what ep learnt with the worker's next endpoints to the same host
+ * (put), or start from what an earlier one learnt (get). */
+static void link_host(gser_ucx_ep_t *ep, bool put, double now)
+{
     if (!put) {
-        if (slot && now - slot->at < GUX_LINK_HOST_MS)
+        gux_link_host_t *slot = host_slot(ep, false, now);
+        if (slot && slot->m.rate > 0 && now - slot->at < GUX_LINK_HOST_MS)
             ep->link.m = slot->m;
         return;
     }
     if (!(ep->link.m.rate > 0))
         return;
-    if (!slot) {
-        slot = oldest;
-        snprintf(slot->host, sizeof slot->host, "%s", host);
+    gux_link_host_t *slot = host_slot(ep, true, now);
+    if (slot) {
+        slot->m = ep->link.m;
+        slot->at = now;
     }
-    slot->m = ep->link.m;
-    slot->at = now;
+}
+
+/* With nothing measured, ep's raw message is to measure the link (true),
+ * unless another endpoint of the worker to that host went raw to measure
+ * it in the last GUX_LINK_MEASURING_MS (false): then ep compresses as
+ * Dask's "auto" does. A shuffle's first wave at 100 Mbit/s sent 16
+ * messages of 3.3 MiB raw at once, each the first of its endpoint. */
+static bool host_measures(gser_ucx_ep_t *ep, double now)
+{
+    gux_link_host_t *slot = host_slot(ep, true, now);
+    if (!slot)
+        return true;
+    if (slot->measuring > 0 && now - slot->measuring < GUX_LINK_MEASURING_MS && slot->measurer != (const void *)ep)
+        return false;
+    slot->measuring = now;
+    slot->measurer = ep;
+    return true;
+}
+
+void gux_ep_link_done(gser_ucx_ep_t *ep, size_t len, double now_ms)
+{
+    uint64_t n = ep->link.rate_samples;
+    gux_link_done(&ep->link, len, now_ms);
+    /* A rate just measured goes to the worker's next endpoints to that host
+     * now, not at this endpoint's next decision: Dask opens a comm for a
+     * few messages (a shuffle's 51 messages of 3.3 MiB at 100 Mbit/s went
+     * over some 25 endpoints, each one's first raw, before anything was
+     * shared). */
+    if (ep->link.rate_samples != n && ep->link.m.rate > 0)
+        link_host(ep, true, now_ms);
 }
 
 /* codec is ep's decision for a message of total candidate bytes, at now
@@ -644,8 +689,8 @@ gser_status_t gser_ucx_ep_choose_compression(gser_ucx_ep_t *ep, const gser_frame
 
     gux_lock(w);
     gux_link_t *l = &ep->link;
-    if (!l->decided && !(l->m.rate > 0))
-        link_host(ep, false, now); /* an earlier endpoint to this host measured it */
+    if (!(l->m.rate > 0))
+        link_host(ep, false, now); /* another endpoint to this host measured it */
     gux_link_run_settle(l); /* what the last messages took, before the model decides */
     if (sample) {
         l->sampled_at = now;
@@ -657,6 +702,9 @@ gser_status_t gser_ucx_ep_choose_compression(gser_ucx_ep_t *ep, const gser_frame
                                    cs[i].dtime);
     }
     int codec = gux_link_choose(&l->m, total, chunk, both, l->estimate);
+    if (!(l->m.rate > 0) && !host_measures(ep, now) && (both & GSER_UCX_CAP_LZ4) && l->m.codec[0].known &&
+        l->m.codec[0].ratio <= GSER_COMPRESS_THRESHOLD)
+        codec = GSER_COMPRESSION_LZ4;
     if (!l->decided)
         l->probed_at = now;
     bool explore = false;

@@ -12,7 +12,7 @@ static void send_cb_timed(void *ucx_req, ucs_status_t st, void *user_data)
 {
     gser_ucx_request_t *r = user_data;
     if (r->ep && r->link_parts && st == UCS_OK)
-        gux_link_done(&r->ep->link, r->link_bytes / r->link_parts, gux_now_ms());
+        gux_ep_link_done(r->ep, r->link_bytes / r->link_parts, gux_now_ms());
     gux_send_cb(ucx_req, st, user_data);
 }
 

@@ -250,7 +250,7 @@ static void chunk_send_cb(void *ucx_req, ucs_status_t st, void *user_data)
     s->xfer_status = st;
     gser_ucx_request_t *r = s->op->req;
     if (s->timed && st == UCS_OK && r->ep)
-        gux_link_done(&r->ep->link, s->timed, gux_now_ms());
+        gux_ep_link_done(r->ep, s->timed, gux_now_ms());
     s->timed = 0;
 }
 

@@ -832,6 +832,50 @@ TEST(LinkModel, LowWindowIsHeldUntilTheNext)
     EXPECT_EQ(l.rate_samples, 9u);
 }
 
+// With nothing measured, one endpoint of a worker to a host measures the
+// link with a raw message; the others to that host meanwhile compress with
+// lz4 where the sample shrinks (as Dask's "auto"), and the rate it measures
+// is theirs at once, not after its next decision: Dask opens a comm for a
+// few messages (a shuffle's first wave went raw on every endpoint).
+TEST(Link, OneEndpointMeasuresAHostForTheOthers)
+{
+    LinkPair lp;
+    ASSERT_NO_FATAL_FAILURE(lp.open(GSER_UCX_COMPRESSION_AUTO));
+    auto b = runs(8u << 20);
+    gser_frame_t f[2] = {gser_frame_t{}, host_frame(b)};
+    auto choose2 = [&](gser_ucx_ep_t *ep) {
+        int c = -1;
+        EXPECT_EQ(gser_ucx_ep_choose_compression(ep, f, 2, true, 1, &c), GSER_OK) << gser_ucx_get_last_error();
+        return c;
+    };
+    EXPECT_EQ(choose(lp, b), GSER_COMPRESSION_NONE); // nothing measured: raw, to measure
+    EXPECT_EQ(choose(lp, b), GSER_COMPRESSION_NONE); // (the measuring endpoint, again)
+    EpPtr cep2, sep2, cep3, sep3;
+    ASSERT_NO_FATAL_FAILURE(lp.p.connect(&cep2, &sep2));
+    EXPECT_EQ(choose2(cep2.get()), GSER_COMPRESSION_LZ4); // another measures: lz4, the sample shrinks
+    auto noise = std::vector<unsigned char>(8u << 20);
+    std::mt19937 rng(7);
+    for (auto &x : noise)
+        x = (unsigned char)rng();
+    gser_frame_t g[2] = {gser_frame_t{}, host_frame(noise)};
+    int c = -1;
+    ASSERT_NO_FATAL_FAILURE(lp.p.connect(&cep3, &sep3));
+    ASSERT_EQ(gser_ucx_ep_choose_compression(cep3.get(), g, 2, true, 1, &c), GSER_OK);
+    EXPECT_EQ(c, GSER_COMPRESSION_NONE); // data that does not shrink: raw
+    gser_ucx_worker_t *w = lp.p.client.get();
+    gux_lock(w);
+    double t0 = gux_now_ms();
+    gux_link_posted(&lp.p.cep->link, t0, true);
+    gux_ep_link_done(lp.p.cep.get(), 8u << 20, t0 + 671); // 12.5 MB/s
+    gux_unlock(w);
+    ASSERT_NEAR(lp.stats().send_rate, 12.5e6, 0.1e6);
+    EXPECT_NE(choose2(cep2.get()), GSER_COMPRESSION_NONE); // by the model now, on the host's rate
+    gser_ucx_link_stats_t s = GSER_UCX_LINK_STATS_INIT;
+    ASSERT_EQ(gser_ucx_ep_get_link_stats(cep2.get(), &s), GSER_OK);
+    EXPECT_NEAR(s.send_rate, 12.5e6, 0.1e6);
+    EXPECT_GT(s.estimate[0], 0.0);
+}
+
 TEST(Link, ForcedCodecStaysForced)
 {
     for (int mode : {GSER_UCX_COMPRESSION_LZ4, GSER_UCX_COMPRESSION_ZSTD, GSER_UCX_COMPRESSION_NONE}) {
