@@ -82,7 +82,9 @@ typedef enum gser_ucx_compression {
      *  codec (none, lz4, zstd) that moves it fastest given the rate the
      *  endpoint's sends achieve and each codec's measured speed and ratio
      *  (docs/ucx.md 4.5); the first such message goes raw (it measures
-     *  the link), smaller ones before it lz4 */
+     *  the link) unless another endpoint of the worker to that host
+     *  measures it now (then lz4 where the sample shrinks), smaller ones
+     *  before it lz4 */
     GSER_UCX_COMPRESSION_AUTO = 2,
     GSER_UCX_COMPRESSION_LZ4 = 3,  /**< sampled, lz4 only (nothing when the peer lacks it) */
     GSER_UCX_COMPRESSION_ZSTD = 4, /**< sampled, zstd only (nothing when the peer lacks it) */
