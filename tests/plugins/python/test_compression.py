@@ -620,8 +620,8 @@ def test_comm_parts_with_lying_markers_are_refused():
         def __init__(self, parts):
             self.parts = list(parts)
 
-        async def recv_frames(self, offload=None, offload_bytes=0):
-            return self.parts.pop(0)
+        async def recv_frames_many(self, count, offload=None, offload_bytes=0):
+            return [self.parts.pop(0) for _ in range(count)]
 
     def marker(nparts, counts, extra=b""):
         return memoryview(gser.comm._PARTS_HEAD.pack(gser.comm._PARTS_MAGIC, nparts, len(counts))
