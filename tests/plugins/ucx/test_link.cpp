@@ -996,14 +996,16 @@ TEST(Link, RawWinsSendsMeasureTheLink)
     EXPECT_EQ(drive({lp.p.server.get(), lp.p.client.get()}, sr), GSER_OK) << gser_ucx_get_last_error();
     gser_ucx_link_stats_t after = lp.stats();
     gux_lock(lp.p.client.get());
-    double zrate = lp.p.cep->link.zrate;
+    double zrate = lp.p.cep->link.zrate, held = lp.p.cep->link.held;
     unsigned inflight = lp.p.cep->link.inflight;
     gux_unlock(lp.p.client.get());
     EXPECT_EQ(inflight, 0u);
     if (after.rate_samples == before.rate_samples)
         GTEST_SKIP() << "UCX completed the 12 MiB send at once here: nothing timed";
-    EXPECT_NE(after.send_rate, before.send_rate); // a raw window: the link's rate
-    EXPECT_EQ(zrate, 0);                          // not a compressed one
+    // a raw window: the link's rate, or held until the next where it was
+    // below half the injected 2 GB/s (loopback tcp on a loaded machine)
+    EXPECT_TRUE(after.send_rate != before.send_rate || held > 0) << after.send_rate;
+    EXPECT_EQ(zrate, 0); // not a compressed one
 }
 
 // A peer that announces no codec gets raw frames, link or not.
