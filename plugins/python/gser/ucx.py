@@ -753,14 +753,17 @@ class Endpoint:
         loop free. Other messages are deserialized here: without
         compression, deserializing only views the received frames."""
         try:
-            req = await self._wait(self._c.recv())
-            nbytes, compressed = req.size if offload is not None else (0, False)
-            if compressed and nbytes > offload_bytes:
-                self.offloaded += 1
-                return await offload(functools.partial(req.result, device=device))
-            return req.result(device=device)
+            return await self._load(await self._wait(self._c.recv()), device, offload, offload_bytes)
         except GserError as e:
             raise _translate(e) from None
+
+    async def _load(self, req, device, offload, offload_bytes):
+        """A completed receive's message, loaded here or through offload (recv)."""
+        nbytes, compressed = req.size if offload is not None else (0, False)
+        if compressed and nbytes > offload_bytes:
+            self.offloaded += 1
+            return await offload(functools.partial(req.result, device=device))
+        return req.result(device=device)
 
     async def recv_frames(self, *, offload=None, offload_bytes: int = 0) -> list:
         """The next message sent with send_frames: memoryviews of bytes over
@@ -789,14 +792,7 @@ class Endpoint:
             self.worker._progress()
             out = []
             for fut in futs:
-                req = await fut
-                nbytes, compressed = req.size if offload is not None else (0, False)
-                if compressed and nbytes > offload_bytes:
-                    self.offloaded += 1
-                    msg = await offload(req.result)
-                else:
-                    msg = req.result()
-                out.append(frames_of(msg))
+                out.append(frames_of(await self._load(await fut, False, offload, offload_bytes)))
             return out
         except GserError as e:
             raise _translate(e) from None
