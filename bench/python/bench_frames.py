@@ -18,7 +18,7 @@ Rows:
   scalar_msg     a scheduler-like message holding numpy scalars (float64,
                  int64, datetime64) through the family, against pickle:
                  small messages must stay cheap. Target <= 1.0.
-  shuffle_16     a 16-partition ddf.shuffle(on="key", shuffle="tasks") of
+  shuffle_16     a 16-partition task shuffle (netcluster.task_shuffle) of
                  such frames (--shuffle-rows rows in all, default 400,000),
                  computed and gathered on LocalCluster(protocol="gser"),
                  against the same on tcp:// without gser. Target <= 0.9.
@@ -30,12 +30,17 @@ anchor, anchor_value, ratio (value / anchor_value), target (on ratio).
 """
 
 import argparse
+import os
 import pickle
 import statistics
 import sys
 import time
 
 from benchlib import Report, machine_line  # bench/python: the script's own folder
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                "tests", "plugins", "python"))
+import netcluster  # noqa: E402  (its task_shuffle: the keyword each Dask names)
 
 
 
@@ -155,7 +160,7 @@ def shuffle_ms(rows, parts, reps, protocol, gser_on):
             client.wait_for_workers(2)
 
             def run():
-                out = ddf.shuffle(on="key", shuffle="tasks").compute()
+                out = netcluster.task_shuffle(ddf, "key").compute()
                 assert len(out) == rows
             run()
             t = []

@@ -345,12 +345,17 @@ def _shuffled(rows, npartitions, seed):
 
 
 def task_shuffle(ddf, on, **kwargs):
-    """ddf's task shuffle on column on, by the keyword this Dask knows
-    (method= from 2023 on, shuffle= before)."""
-    try:
-        return ddf.shuffle(on=on, method="tasks", **kwargs)
-    except TypeError:
-        return ddf.shuffle(on=on, shuffle="tasks", **kwargs)
+    """ddf's task shuffle on column on, by the keyword this Dask names
+    (shuffle_method= in dask-expr, shuffle= in 2022.12). Looked up, not
+    tried: dask-expr takes any unknown keyword into **options and would run
+    its default, the P2P shuffle."""
+    import inspect
+
+    params = inspect.signature(ddf.shuffle).parameters
+    key = next((k for k in ("shuffle_method", "method", "shuffle") if k in params), None)
+    if key is None:
+        raise TypeError(f"this Dask's shuffle names no method keyword: {list(params)}")
+    return ddf.shuffle(on=on, **{key: "tasks"}, **kwargs)
 
 
 _DIGEST_META = {"rows": "i8", "hash": "u8", "keys": "i8"}

@@ -2,7 +2,8 @@
 (Client(serializers=gser.dask.SERIALIZERS, deserializers=gser.dask.DESERIALIZERS)),
 runs the workloads of the project's examples: dask.array reductions (numpy
 scalar results) and dask.dataframe results (groupby, sums, head,
-value_counts, a task shuffle), on LocalCluster(protocol="gser") and on a
+value_counts, a task shuffle and a shuffle by Dask's default method: P2P
+from 2024 on), on LocalCluster(protocol="gser") and on a
 tcp:// LocalCluster with the family on. The client refuses pickled data,
 so every result it gets came through gser (or Dask's "dask" family)."""
 
@@ -16,6 +17,7 @@ pytest.importorskip("distributed")
 pytest.importorskip("dask.dataframe")
 
 import gser.dask  # noqa: E402
+from netcluster import task_shuffle  # noqa: E402  (tests/plugins/python: the suite's own folder)
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:make_current is deprecated:DeprecationWarning"),
@@ -53,7 +55,8 @@ def workloads(client):
         "t_max": ddf.t.max(),
         "value_counts": ddf.s.value_counts(),
         "frame": ddf[ddf.v > 0.5],
-        "shuffle": ddf.shuffle(on="k", shuffle="tasks"),
+        "shuffle": task_shuffle(ddf, "k"),
+        "shuffle_default": ddf.shuffle(on="k"),
     }
     results = dict(zip(out, client.compute(list(out.values()), sync=True)))
     results["head"] = ddf.head(7, npartitions=2)
@@ -78,9 +81,10 @@ def check(results, reference):
     pd.testing.assert_frame_equal(results["frame"], results["expected_frame"], check_exact=True, check_dtype=False)
     pd.testing.assert_frame_equal(results["frame"], reference["frame"], check_exact=True)
     pd.testing.assert_frame_equal(results["head"], reference["head"], check_exact=True)
-    sh = results["shuffle"]
-    assert len(sh) == results["expected_shuffle_len"]
-    pd.testing.assert_frame_equal(sh.sort_values(["t"]), reference["shuffle"].sort_values(["t"]), check_exact=True)
+    for k in ("shuffle", "shuffle_default"):
+        sh = results[k]
+        assert len(sh) == results["expected_shuffle_len"], k
+        pd.testing.assert_frame_equal(sh.sort_values(["t"]), reference[k].sort_values(["t"]), check_exact=True)
 
 
 @pytest.fixture(scope="module")
