@@ -5,6 +5,7 @@ given rates, measured in the same run.
     PYTHONPATH=<build>/plugins/python /usr/bin/python3 bench/python/bench_links.py [--json]
         [--links 100mbit,1gbit,10gbit,unshaped] [--reps 3] [--gser-bench-ucx PATH]
         [--cases transfer,c,compression,cluster,gather,shm] [--cluster-reps 2] [--shuffle-rows N]
+        [--shuffle-methods tasks,p2p]
         [--variants gser_auto,gser_none,gser_lz4,gser_zstd,tcp_lz4,tcp_none] [--datasets columns,random]
         [--message-mib 256]
     (or: ninja -C <build> bench-python-links)
@@ -127,19 +128,34 @@ The cluster (--cases cluster), for each link: a scheduler, four workers and
 a client, each in a network namespace of its own, joined by a bridge, every
 link shaped to the rate (tests/plugins/python/netcluster.py; 10.78.0.0/24):
 
-  cluster_<link>_shuffle_4m_vs_tcp_lz4  a dask.dataframe task shuffle of
+  cluster_<link>_shuffle_4m_vs_tcp_lz4  a dask.dataframe task shuffle
+                                     (method "tasks", named by the keyword
+                                     each Dask knows) of
                                      --shuffle-rows (4,000,000) rows x 8
                                      columns, made on the workers, 16
                                      partitions: seconds, best of
                                      --cluster-reps (2) after a small
                                      warm-up shuffle, gser:// (auto,
                                      gser.dask preloaded) against Dask's
-                                     tcp:// with lz4, the runs alternating.
+                                     tcp:// with lz4, the runs alternating
+                                     (which runs first rotates each round).
                                      "equal": every run's output partitions
                                      equal (rows and an order-free hash of
                                      them) and exactly the input's rows.
                                      Target (100 Mbit/s, 1 Gbit/s): <= 0.8,
                                      (unshaped): <= 1.0; and equal
+  cluster_<link>_shuffle_4m_vs_tcp_lz4_paired  the same runs round by
+                                     round: the median of gser:// / tcp://
+                                     per round (both ran within seconds of
+                                     each other), its spread (min, quartiles,
+                                     max) and each scheme's median seconds.
+                                     Same targets: the judge with
+                                     --cluster-reps 5 or more, since one fast
+                                     run decides a best-of row
+  cluster_<link>_p2p_shuffle_4m_vs_tcp_lz4[_paired]  the same by Dask's
+                                     P2P shuffle (--shuffle-methods
+                                     tasks,p2p), its default since 2024;
+                                     no target
 
 The gather (--cases gather), for each link: a scheduler, one worker and a
 client in namespaces of their own; the worker makes a 64 MiB DataFrame of
@@ -667,29 +683,44 @@ SHUFFLE_ROWS, SHUFFLE_PARTS = 4_000_000, 16
 
 
 def cluster_case(ns, link, rate, args):
-    """A task shuffle of 4,000,000 rows x 8 columns on five namespaces over
-    links of this rate: gser:// (auto) against Dask's tcp:// with lz4."""
+    """A shuffle of 4,000,000 rows x 8 columns on five namespaces over links
+    of this rate, by each of --shuffle-methods: gser:// (auto) against
+    Dask's tcp:// with lz4."""
     if "cluster" not in args.cases:
         return
     with netcluster.NetCluster(workers=4, rate=LINKS[link][0]) as net:
         clusters = {"gser": net.start("gser", env={"DASK_DISTRIBUTED__COMM__COMPRESSION": "auto"}, preload="gser.dask"),
                     "tcp": net.start("tcp", env={"DASK_DISTRIBUTED__COMM__COMPRESSION": "lz4"})}
-        times = {p: [] for p in clusters}
-        results = []
-        for i in range(args.cluster_reps):
-            for p, c in clusters.items():
-                r = net.client(c, "shuffle", rows=args.shuffle_rows, npartitions=SHUFFLE_PARTS,
-                               warmup_rows=args.shuffle_rows // 40, check_input=i == 0)
-                times[p] += r["seconds"]
-                results.append(r)
+        order = list(clusters)
+        got = {}
+        for method in args.shuffle_methods:
+            times = {p: [] for p in clusters}
+            results = []
+            for i in range(args.cluster_reps):
+                # Rotated each round, so neither scheme always runs right after the other's load.
+                for p in order[i % 2:] + order[:i % 2]:
+                    r = net.client(clusters[p], "shuffle", rows=args.shuffle_rows, npartitions=SHUFFLE_PARTS,
+                                   warmup_rows=args.shuffle_rows // 40, check_input=i == 0, method=method)
+                    times[p] += r["seconds"]
+                    results.append(r)
+            got[method] = times, results
         dead = [name for c in clusters.values() for name in c.dead()]
-    first = results[0]
-    equal = (not dead and all(r["parts"] == first["parts"] for r in results)
-             and netcluster.shuffle_ok(first) and netcluster.shuffle_ok(results[1]))
-    row(args.json, f"cluster_{link}_shuffle_{args.shuffle_rows // 1_000_000}m_vs_tcp_lz4", min(times["gser"]), "s",
-        "Dask tcp:// with lz4, same shuffle (s)", min(times["tcp"]),
-        "<= 0.8" if link in ("100mbit", "1gbit") else "<= 1.0" if link == "unshaped" else None,
-        times["gser"], times["tcp"], equal=equal)
+    for method, (times, results) in got.items():
+        first = results[0]
+        equal = (not dead and all(r["parts"] == first["parts"] for r in results)
+                 and netcluster.shuffle_ok(first) and netcluster.shuffle_ok(results[1]))
+        kind = "shuffle" if method == "tasks" else f"{method}_shuffle"
+        name = f"cluster_{link}_{kind}_{args.shuffle_rows // 1_000_000}m_vs_tcp_lz4"
+        target = None
+        if method == "tasks":
+            target = "<= 0.8" if link in ("100mbit", "1gbit") else "<= 1.0" if link == "unshaped" else None
+        row(args.json, name, min(times["gser"]), "s", "Dask tcp:// with lz4, same shuffle (s)", min(times["tcp"]),
+            target, times["gser"], times["tcp"], equal=equal)
+        per = [g / t for g, t in zip(times["gser"], times["tcp"])]
+        spread = [round(quantile(per, q), 4) for q in (0, 0.25, 0.75, 1)]
+        row(args.json, name + "_paired", quantile(per, 0.5), "x", "tcp:// + lz4 same round (median of ratios)", 1.0,
+            target, per, equal=equal, rounds=len(per), spread=spread,
+            medians_s={p: round(quantile(ts, 0.5), 4) for p, ts in times.items()})
 
 
 GATHER_MIB = 64
@@ -739,6 +770,9 @@ def main():
                     help="the C benchmark (default: <build>/plugins/ucx/bench/gser-bench-ucx); 'none': skip the C rows")
     ap.add_argument("--cases", default=",".join(ALL_CASES),
                     help=f"comma-separated, of {', '.join(ALL_CASES)} (default: all)")
+    ap.add_argument("--shuffle-methods", default="tasks", type=lambda v: v.split(","),
+                    help="shuffles of the cluster case, by Dask's method names: tasks (the targets' rows), p2p "
+                         "(Dask's default since 2024: rows reported)")
     ap.add_argument("--cluster-reps", type=int, default=2,
                     help="shuffles per scheme and link in the cluster case, best reported (default 2)")
     ap.add_argument("--shuffle-rows", type=int, default=SHUFFLE_ROWS,

@@ -335,41 +335,48 @@ def _digest(df, npartitions):
                          "keys": np.array([df["k"].nunique()], "int64")})
 
 
-def _shuffled(rows, npartitions, seed):
-    """The input (made on the workers) and its task shuffle on column k."""
+def _shuffled(rows, npartitions, seed, method="tasks"):
+    """The input (made on the workers) and its shuffle on column k."""
     import dask.dataframe as dd
 
     ddf = dd.from_map(_part, range(npartitions), rows=rows // npartitions, seed=seed, meta=_part(0, 0, seed),
                       enforce_metadata=False)
-    return ddf, task_shuffle(ddf, "k", npartitions=npartitions)
+    return ddf, shuffle_by(ddf, "k", method, npartitions=npartitions)
 
 
-def task_shuffle(ddf, on, **kwargs):
-    """ddf's task shuffle on column on, by the keyword this Dask names
-    (shuffle_method= in dask-expr, shuffle= in 2022.12). Looked up, not
-    tried: dask-expr takes any unknown keyword into **options and would run
-    its default, the P2P shuffle."""
+def shuffle_by(ddf, on, method, **kwargs):
+    """ddf's shuffle on column on by method ("tasks", "p2p"), by the keyword
+    this Dask names (shuffle_method= in dask-expr, shuffle= in 2022.12).
+    Looked up, not tried: dask-expr takes any unknown keyword into
+    **options and would run its default, the P2P shuffle."""
     import inspect
 
     params = inspect.signature(ddf.shuffle).parameters
     key = next((k for k in ("shuffle_method", "method", "shuffle") if k in params), None)
     if key is None:
         raise TypeError(f"this Dask's shuffle names no method keyword: {list(params)}")
-    return ddf.shuffle(on=on, **{key: "tasks"}, **kwargs)
+    return ddf.shuffle(on=on, **{key: method}, **kwargs)
+
+
+def task_shuffle(ddf, on, **kwargs):
+    """ddf's task shuffle on column on (shuffle_by)."""
+    return shuffle_by(ddf, on, "tasks", **kwargs)
 
 
 _DIGEST_META = {"rows": "i8", "hash": "u8", "keys": "i8"}
 
 
-def workload_shuffle(client, rows=200_000, npartitions=8, seed=7, reps=1, warmup_rows=0, check_input=True):
-    """A dask.dataframe task shuffle on column k: per output partition its
-    digest (the last run's), the input's digest (check_input), and the
-    seconds of each of reps runs (after one untimed shuffle of warmup_rows)."""
+def workload_shuffle(client, rows=200_000, npartitions=8, seed=7, reps=1, warmup_rows=0, check_input=True,
+                     method="tasks"):
+    """A dask.dataframe shuffle on column k (method: shuffle_by's): per
+    output partition its digest (the last run's), the input's digest
+    (check_input), and the seconds of each of reps runs (after one untimed
+    shuffle of warmup_rows)."""
     import pandas as pd
 
     if warmup_rows:
-        client.compute(_shuffled(warmup_rows, npartitions, seed + 1)[1].map_partitions(len), sync=True)
-    ddf, shuffled = _shuffled(rows, npartitions, seed)
+        client.compute(_shuffled(warmup_rows, npartitions, seed + 1, method)[1].map_partitions(len), sync=True)
+    ddf, shuffled = _shuffled(rows, npartitions, seed, method)
     times = []
     out = None
     for _ in range(reps):
