@@ -142,8 +142,9 @@ link shaped to the rate (tests/plugins/python/netcluster.py; 10.78.0.0/24):
                                      "equal": every run's output partitions
                                      equal (rows and an order-free hash of
                                      them) and exactly the input's rows.
-                                     Target (100 Mbit/s, 1 Gbit/s): <= 0.8,
-                                     (unshaped): <= 1.0; and equal
+                                     Target (100 Mbit/s): <= 0.8,
+                                     (unshaped): <= 1.0 (1 and 10 Gbit/s:
+                                     reported, as issue 40 asks); and equal
   cluster_<link>_shuffle_4m_vs_tcp_lz4_paired  the same runs round by
                                      round: the median of gser:// / tcp://
                                      per round (both ran within seconds of
@@ -713,7 +714,7 @@ def cluster_case(ns, link, rate, args):
         name = f"cluster_{link}_{kind}_{args.shuffle_rows // 1_000_000}m_vs_tcp_lz4"
         target = None
         if method == "tasks":
-            target = "<= 0.8" if link in ("100mbit", "1gbit") else "<= 1.0" if link == "unshaped" else None
+            target = "<= 0.8" if link == "100mbit" else "<= 1.0" if link == "unshaped" else None
         row(args.json, name, min(times["gser"]), "s", "Dask tcp:// with lz4, same shuffle (s)", min(times["tcp"]),
             target, times["gser"], times["tcp"], equal=equal)
         per = [g / t for g, t in zip(times["gser"], times["tcp"])]
