@@ -204,6 +204,7 @@ typedef struct gux_link {
     int win_kind;          /* its sends: 0 none yet, 1 raw, 2 compressed, 3 both (not counted) */
     double win_first_ms;   /* its first completion (0: none yet) ... */
     double win_first_bytes; /* ... and the bytes completed with it */
+    bool win_cont;          /* the window goes on from a busy one (its buffers were full at its start) */
     /* A codec run: compressed messages with one codec, from the first's
      * decision to the last timed completion, against the model's time for
      * them (uncorrected), to learn that codec's fix. */

@@ -702,6 +702,42 @@ TEST(Link, CloseCodecTriedOnceAndColdRateProbedOnce)
 // but not that much: the whole period's rate stands. Where they went
 // slower than the whole, the buffers took the first send at once: their
 // rate is the link's.
+// Every busy period after idle starts on empty buffers, not only the
+// first: a probe's first send goes in at once, and the rate is that of the
+// sends after it. At 1 Gbit/s gser://'s 8 MiB probes read 230-243 MB/s
+// over the whole period, and lz4 was chosen over zstd on that rate.
+TEST(LinkModel, ProbeAfterIdleIsNotTheBuffers)
+{
+    const double link = 125e6, part = 4194304;
+    gux_link_t l{};
+    for (int msg = 0; msg < 2; msg++) { // measured: 16 MiB periods at the link's rate
+        double t0 = 1000.0 * msg;
+        gux_link_posted(&l, t0, true);
+        gux_link_done(&l, 16u << 20, t0 + 16 * kMiB / link * 1e3);
+    }
+    ASSERT_NEAR(l.m.rate, link, 1e3);
+    gux_link_posted(&l, 5000, true);
+    gux_link_posted(&l, 5000, true);
+    gux_link_done(&l, (size_t)part, 5001);                          // into the buffers
+    gux_link_done(&l, (size_t)part, 5001 + part / link * 1e3);      // the wire
+    EXPECT_EQ(l.rate_samples, 3u);
+    EXPECT_NEAR(l.m.rate, link, 0.01 * link); // not 0.7 * 125 + 0.3 * 249 MB/s
+    // a window that goes on from a busy one (split at GUX_LINK_WIN_MS)
+    // started on full buffers: its first completion is the wire's, and
+    // the rate is the whole window's
+    for (int i = 0; i < 4; i++)
+        gux_link_posted(&l, 10000, true);
+    gux_link_done(&l, 8u << 20, 10067);
+    gux_link_done(&l, 8u << 20, 11001); // a second busy: the window closes (far below: held)
+    ASSERT_EQ(l.rate_samples, 4u);
+    EXPECT_TRUE(l.win_cont);
+    double before = l.m.rate;
+    gux_link_done(&l, 8u << 20, 11011);
+    gux_link_done(&l, 8u << 20, 11078);
+    ASSERT_EQ(l.rate_samples, 5u);
+    EXPECT_NEAR(l.m.rate, 0.7 * before + 0.3 * 16 * kMiB / 0.077, 0.01 * link); // not after the first: 125
+}
+
 TEST(LinkModel, FirstRateSkipsAColdStart)
 {
     const double part = 4194304; // gser://'s first 8 MiB of a message that measures the link
@@ -744,17 +780,18 @@ TEST(LinkModel, FirstRateSkipsAColdStart)
     EXPECT_FALSE(cold.m.cold);
 }
 
-// A chosen codec whose messages went as fast as modelled or faster (its
-// fix 1 or less, from a warm run or a cold run's bound) is not left for a
-// try of the other; one that went slower than modelled is.
-TEST(Link, NoTryWhileTheChoiceDeliversAsModelled)
+// A codec close to the choice and never run is tried once, whatever the
+// chosen codec's own fix: one that went as fast as modelled (fix 1 or
+// less) says nothing of the other's model. Kept from the try, lz4 stayed
+// the choice at 1 Gbit/s at 0.72 of zstd forced.
+TEST(Link, CloseCodecTriedWhateverTheChoicesFix)
 {
     auto b = runs(8u << 20);
     gux_link_model_t m = model(60e6); // lz4 the model's choice, zstd close to it
     double t[3];
     ASSERT_EQ(gux_link_choose(&m, 8u << 20, 4u << 20, GUX_CODECS, t), GSER_COMPRESSION_LZ4);
     ASSERT_LT(t[2], 1.6 * t[1]);
-    for (double fix : {0.9, 1.0}) {
+    for (double fix : {0.9, 1.0, 1 + (t[2] / t[1] - 1) / 2}) {
         SCOPED_TRACE("fix " + std::to_string(fix));
         LinkPair lp;
         ASSERT_NO_FATAL_FAILURE(lp.open(GSER_UCX_COMPRESSION_AUTO));
@@ -763,24 +800,13 @@ TEST(Link, NoTryWhileTheChoiceDeliversAsModelled)
         gux_link_model_t k = m;
         k.codec[0].fix = fix;
         k.codec[0].runs = 1;
+        ASSERT_EQ(gux_link_choose(&k, 8u << 20, 4u << 20, GUX_CODECS, nullptr), GSER_COMPRESSION_LZ4);
         inject(lp, k);
+        EXPECT_EQ(choose(lp, b), GSER_COMPRESSION_ZSTD); // tried once
         for (int i = 0; i < 3; i++)
             EXPECT_EQ(choose(lp, b), GSER_COMPRESSION_LZ4);
-        EXPECT_EQ(lp.stats().explores, 0u);
+        EXPECT_EQ(lp.stats().explores, 1u);
     }
-    // slower than modelled, still the choice: zstd is tried once
-    LinkPair lp;
-    ASSERT_NO_FATAL_FAILURE(lp.open(GSER_UCX_COMPRESSION_AUTO));
-    lp.set_rate(1e12);
-    EXPECT_EQ(choose(lp, b), GSER_COMPRESSION_NONE);
-    gux_link_model_t k = m;
-    k.codec[0].fix = 1 + (t[2] / t[1] - 1) / 2;
-    k.codec[0].runs = 1;
-    ASSERT_EQ(gux_link_choose(&k, 8u << 20, 4u << 20, GUX_CODECS, nullptr), GSER_COMPRESSION_LZ4);
-    inject(lp, k);
-    EXPECT_EQ(choose(lp, b), GSER_COMPRESSION_ZSTD);
-    EXPECT_EQ(choose(lp, b), GSER_COMPRESSION_LZ4);
-    EXPECT_EQ(lp.stats().explores, 1u);
 }
 
 // The first measurement of a link is taken as it is and replaced by the
