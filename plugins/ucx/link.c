@@ -29,7 +29,7 @@
 #define GUX_LINK_WIN_BYTES ((double)(8u << 20))
 /* Before any measurement, a busy period of this much is measured. */
 #define GUX_LINK_FIRST_BYTES ((double)(1u << 20))
-/* (first_rate) */
+/* (idle_rate) */
 #define GUX_LINK_FIRST_FAST 1.5
 /* Weight of a new rate measurement: a link that gets busy shows within a
  * few windows. */
@@ -411,7 +411,7 @@ void gux_link_at_once(gux_link_t *l, size_t len, double now_ms, bool ok)
  * - In between, the buffers took the last send's end early: the whole
  *   (the three 22 MB sends of a 64 MiB message at 1 Gbit/s completed 238,
  *   272 and 541 ms after posting: 148 MB/s after the first, 124 whole). */
-static double first_rate(const gux_link_t *l, double rate, double now_ms, bool first)
+static double idle_rate(const gux_link_t *l, double rate, double now_ms, bool first)
 {
     double b = l->win_bytes - l->win_first_bytes, ms = now_ms - l->win_first_ms;
     if (!(l->win_first_ms > 0) || b < GUX_LINK_FIRST_BYTES || !(ms > 0))
@@ -451,7 +451,7 @@ void gux_link_done(gux_link_t *l, size_t len, double now_ms)
          * grown read 230-243 MB/s over the whole period. A waited start
          * counts only on a connection's first period. */
         if (!l->win_cont)
-            rate = first_rate(l, rate, now_ms, !(l->m.rate > 0));
+            rate = idle_rate(l, rate, now_ms, !(l->m.rate > 0));
         if (l->win_kind == 1 || l->win_kind == 2) /* raw and compressed mixed: neither's rate */
             gux_link_add_rate(l, rate, l->win_kind == 1);
     } else if (l->inflight) {
