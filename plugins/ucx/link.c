@@ -398,8 +398,8 @@ void gux_link_at_once(gux_link_t *l, size_t len, double now_ms, bool ok)
 /* The rate of a busy period after idle (rate: over all of it), from the
  * rate of its sends after the first completion (after):
  * - (first: the connection's first measured period) The start may wait on
- *   the receiver's first receive and TCP's slow
- *   start (at 10 Gbit/s and on the unshaped veth, first messages measured
+ *   the receiver's first receive and TCP's slow start (at 10 Gbit/s and
+ *   on the unshaped veth, first messages measured
  *   0.19-0.46 GB/s where later ones moved 1.2-1.5): where after is more
  *   than GUX_LINK_FIRST_FAST times the whole, the start waited, and after
  *   is the link's rate.

@@ -695,13 +695,6 @@ TEST(Link, CloseCodecTriedOnceAndColdRateProbedOnce)
     EXPECT_EQ(fast.stats().explores, 0u);
 }
 
-// A connection's first measured period whose sends after the first
-// completion went more than 1.5 times faster than the whole waited at its
-// start (the receiver's first receive, slow start): their rate is the
-// link's. On a slow link the sockets' buffers make the rest look faster,
-// but not that much: the whole period's rate stands. Where they went
-// slower than the whole, the buffers took the first send at once: their
-// rate is the link's.
 // Every busy period after idle starts on empty buffers, not only the
 // first: a probe's first send goes in at once, and the rate is that of the
 // sends after it. At 1 Gbit/s gser://'s 8 MiB probes read 230-243 MB/s
@@ -738,6 +731,13 @@ TEST(LinkModel, ProbeAfterIdleIsNotTheBuffers)
     EXPECT_NEAR(l.m.rate, 0.7 * before + 0.3 * 16 * kMiB / 0.077, 0.01 * link); // not after the first: 125
 }
 
+// A connection's first measured period whose sends after the first
+// completion went more than 1.5 times faster than the whole waited at its
+// start (the receiver's first receive, slow start): their rate is the
+// link's. On a slow link the sockets' buffers make the rest look faster,
+// but not that much: the whole period's rate stands. Where they went
+// slower than the whole, the buffers took the first send at once: their
+// rate is the link's.
 TEST(LinkModel, FirstRateSkipsAColdStart)
 {
     const double part = 4194304; // gser://'s first 8 MiB of a message that measures the link
