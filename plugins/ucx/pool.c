@@ -22,11 +22,17 @@
 
 /* A buffer: its bytes, and where it goes back to. Buffers of 2 MiB and more
  * are 2 MiB aligned and asked to use huge pages: the kernel copies received
- * bytes into them page by page, and so does the CPU's TLB. */
+ * bytes into them page by page, and so does the CPU's TLB. They are
+ * mappings of their own, never heap memory: the advice stays with the
+ * address range after the buffer is freed, and the heap then faults in
+ * whatever it places there (numpy's arrays) 2 MiB at a time, each zeroed
+ * whole once glibc gave the pages back (what such faults cost a Dask
+ * worker: BENCHMARKS.md, 2026-12-06). */
 typedef struct pool_buf {
     struct pool_buf *next; /* in a free list */
     gux_pool_t *pool;      /* NULL: not cached */
     unsigned cls;
+    size_t maplen; /* 0: heap memory */
     void *data;
 } pool_buf_t;
 
@@ -93,8 +99,32 @@ void gux_pool_stats(gux_pool_t *p, gser_ucx_cache_stats_t *out)
 
 static void buf_free(pool_buf_t *b)
 {
-    free(b->data);
+    if (b->maplen)
+        munmap(b->data, b->maplen);
+    else
+        free(b->data);
     free(b);
+}
+
+/* A mapping of len bytes (a multiple of POOL_HUGE) aligned to POOL_HUGE:
+ * one that large, cut at both ends. NULL when none is to be had. */
+static void *huge_map(size_t len)
+{
+    size_t over = len + POOL_HUGE;
+    if (over < len)
+        return NULL;
+    char *p = mmap(NULL, over, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    size_t head = (POOL_HUGE - (uintptr_t)p % POOL_HUGE) % POOL_HUGE;
+    if (head)
+        munmap(p, head);
+    if (over - head > len)
+        munmap(p + head + len, over - head - len);
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p + head, len, MADV_HUGEPAGE); /* a hint: no huge pages is fine */
+#endif
+    return p + head;
 }
 
 static void pool_free_all(gux_pool_t *p)
@@ -204,14 +234,12 @@ gser_status_t gux_pool_frame(gux_pool_t *p, size_t size, gser_frame_t *out)
         if (!(b = malloc(sizeof *b)))
             return gux_fail(GSER_ERR_NO_MEMORY, "receive: out of memory");
         b->data = NULL;
-        if (posix_memalign(&b->data, align, rounded ? rounded : align)) {
+        b->maplen = align == POOL_HUGE ? rounded : 0;
+        if (b->maplen ? !(b->data = huge_map(rounded))
+                      : posix_memalign(&b->data, align, rounded ? rounded : align) != 0) {
             free(b);
             return gux_fail(GSER_ERR_NO_MEMORY, "receive: cannot allocate a %zu-byte frame", size);
         }
-#ifdef MADV_HUGEPAGE
-        if (align == POOL_HUGE)
-            madvise(b->data, rounded, MADV_HUGEPAGE); /* a hint: no huge pages is fine */
-#endif
         b->pool = pooled ? p : NULL;
         b->cls = cls;
     }

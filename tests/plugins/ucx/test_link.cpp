@@ -7,6 +7,10 @@
 #include "ucx_common.hpp"
 
 #include <limits>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+#include <sys/mman.h>
 #include <random>
 #include <thread>
 #include <type_traits>
@@ -1157,6 +1161,67 @@ TEST(Link, HostBuffersComeFromTheReceiveCache)
         EXPECT_NE(std::string(gser_ucx_get_last_error()).find("gser_ucx_worker_alloc_host"), std::string::npos)
             << gser_ucx_get_last_error();
     }
+}
+
+// The VmFlags of the mapping holding p ("" where none does).
+static std::string mapping_flags(const void *p)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f)
+        return "?";
+    char line[512];
+    bool in = false;
+    std::string flags;
+    const uintptr_t a = (uintptr_t)p;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
+            in = a >= lo && a < hi;
+        else if (in && !strncmp(line, "VmFlags:", 8)) {
+            flags = line + 8;
+            break;
+        }
+    }
+    fclose(f);
+    return flags;
+}
+
+// Receive buffers of 2 MiB and more are asked to use huge pages, and are
+// mappings of their own: advice given to heap memory stays with the address
+// range after the buffer is freed, and the heap then faults in what it puts
+// there (numpy's arrays) 2 MiB at a time, each zeroed whole.
+TEST(Link, LargeHostBuffersLeaveNoAdviceBehind)
+{
+    auto ctx = make_ucx_ctx();
+    ASSERT_TRUE(ctx);
+    auto w = make_worker(ctx.get(), nullptr);
+    ASSERT_TRUE(w);
+    const size_t n = (size_t)5 << 20;
+#ifdef __GLIBC__
+    // A heap that serves blocks this large and keeps them when freed, as
+    // glibc's does once its dynamic thresholds rose with large blocks freed.
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 64 << 20);
+#endif
+    gser_frame_t f{};
+    ASSERT_EQ(gser_ucx_worker_alloc_host(w.get(), n, &f), GSER_OK) << gser_ucx_get_last_error();
+    memset(const_cast<void *>(f.data), 1, n);
+    EXPECT_EQ((uintptr_t)f.data % ((uintptr_t)2 << 20), 0u);
+#ifdef MADV_HUGEPAGE
+    std::string held = mapping_flags(f.data);
+    if (held != "?") {
+        EXPECT_NE(held.find(" hg"), std::string::npos) << held; // advised
+    }
+#endif
+    const void *p = f.data;
+    w.reset(); // its cache closed: the release frees the buffer
+    f.release(const_cast<void *>(f.data), f.release_arg);
+    std::string after = mapping_flags(p);
+#ifdef __GLIBC__
+    mallopt(M_MMAP_THRESHOLD, 128 << 10); // glibc's defaults
+    mallopt(M_TRIM_THRESHOLD, 128 << 10);
+#endif
+    EXPECT_EQ(after.find(" hg"), std::string::npos) << "the freed buffer's range is still advised: " << after;
 }
 
 TEST(Link, BadArguments)
