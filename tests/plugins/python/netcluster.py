@@ -18,8 +18,9 @@ and up, client .100). Each veth is shaped on both ends, so every node's link
 runs at the rate in both directions, as a switch port would. Processes run
 under `ip netns exec` with UCX_TLS=tcp (UCX would otherwise use shared
 memory between the namespaces of one machine), workers without a nanny (a
-worker that dies stays dead: the check sees it), the client as a subprocess
-that prints its result as JSON (python3 netcluster.py client ...).
+worker that dies stays dead: the check sees it) but with the environment a
+nanny gives its worker (nanny_environ), the client as a subprocess that
+prints its result as JSON (python3 netcluster.py client ...).
 
 Everything is removed on close(): processes (killed by their ids, with
 their process groups), namespaces, the bridge with them. Namespaces left by
@@ -97,6 +98,28 @@ def remove_stale():
             owner = name[len(NS_PREFIX):].split("-")[0]
             if owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
                 shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+
+
+def nanny_environ() -> dict:
+    """The variables Dask's nanny sets in its worker's environment
+    (distributed.nanny.pre-spawn-environ and .environ), as `dask worker` and
+    LocalCluster run workers by default. Among them MALLOC_TRIM_THRESHOLD_,
+    which also fixes glibc's thresholds: without it glibc raises them as
+    large blocks are freed, and a worker whose received frames come from
+    malloc (Dask's tcp://) then keeps its heap where one whose frames do not
+    (gser://'s own mappings) faults its arrays in anew (BENCHMARKS.md,
+    2026-12-06: zeroing pages took 12-15 % of the gser:// workers' CPU in
+    the 100 Mbit/s shuffle, 0.2-9 % of tcp://'s). {} where this Python has
+    no Dask."""
+    try:
+        import dask
+        import distributed  # noqa: F401 (its defaults join dask.config)
+    except ImportError:
+        return {}
+    out = {}
+    for key in ("distributed.nanny.pre-spawn-environ", "distributed.nanny.environ"):
+        out.update({str(k): str(v) for k, v in (dask.config.get(key, default=None) or {}).items()})
+    return out
 
 
 class Proc:
@@ -231,7 +254,9 @@ class NetCluster:
     def start(self, protocol, env=None, preload=None, timeout=120) -> Cluster:
         """A scheduler and the workers on protocol ("gser", "tcp"), with
         `preload` (a module, e.g. gser.dask) in every process; returns once
-        every worker is registered."""
+        every worker is registered. Workers also get nanny_environ(), where
+        env does not set the same names."""
+        wenv = self.env({**nanny_environ(), **(env or {})})
         env = self.env(env)
         name = f"{protocol}{len(self.clusters)}"
         sfile = os.path.join(self.tmp, f"{name}.json")
@@ -250,7 +275,7 @@ class NetCluster:
             procs.append(Proc(f"{name}-{w}", self._exec(w, [
                 PY, "-m", "distributed.cli.dask_worker", "--scheduler-file", sfile, "--protocol", protocol,
                 "--host", self.nodes[w], "--nthreads", "1", "--no-nanny", "--no-dashboard", "--name", w,
-                "--memory-limit", "0", "--local-directory", wdir] + pre), env, self.tmp))
+                "--memory-limit", "0", "--local-directory", wdir] + pre), wenv, self.tmp))
         registered = [p for p in procs if p.name.startswith(f"{name}-w")]
         self._wait(lambda: all("Registered to:" in p.tail(1 << 20) for p in registered), cluster, timeout,
                    f"{len(workers)} registered workers")
@@ -446,9 +471,11 @@ def workload_gather(client, mib=64, reps=3, seed=5):
 def workload_facts(client):
     """How the cluster talked: the addresses, and on each worker the schemes
     of the peers it fetched data from, the bytes, gser's counters and the
-    codecs its gser:// connections compress with."""
+    codecs its gser:// connections compress with, and its environment's
+    values of nanny_environ()'s names."""
 
     def on_worker(dask_worker):
+        import os
         import sys
 
         log = list(dask_worker.transfer_incoming_log)
@@ -458,7 +485,8 @@ def workload_facts(client):
         codecs = None if comm is None else sorted(
             {str(ep.compression) for w in list(comm._workers.values()) for ep in w.endpoints if ep.state == "ready"})
         return {"peers": sorted({e["who"].split("://")[0] for e in log}),
-                "fetched_bytes": int(sum(e["total"] for e in log)), "gser": stats, "codecs": codecs}
+                "fetched_bytes": int(sum(e["total"] for e in log)), "gser": stats, "codecs": codecs,
+                "environ": {k: os.environ.get(k) for k in nanny_environ()}}
 
     info = client.scheduler_info()
     return {"scheduler": client.scheduler.address, "workers": sorted(info["workers"]),

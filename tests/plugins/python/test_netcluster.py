@@ -97,6 +97,16 @@ def test_gser_carried_it(runs):
                for w in tfacts["on_workers"].values())
 
 
+def test_workers_run_as_a_nannys_would(runs):
+    """Workers run without a nanny but with what Dask's nanny sets in its
+    worker's environment (MALLOC_TRIM_THRESHOLD_ among them), both schemes."""
+    want = netcluster.nanny_environ()
+    assert "MALLOC_TRIM_THRESHOLD_" in want, want  # every Dask here has it
+    for protocol, (result, _, _) in runs.items():
+        for addr, w in result["facts"]["on_workers"].items():
+            assert w["environ"] == want, (protocol, addr, w["environ"])
+
+
 def test_data_crossed_the_links(runs):
     """Transfers went over the shaped links between the namespaces: each
     worker sent at least its share of the shuffle's and transpose's bytes."""
