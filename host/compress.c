@@ -25,6 +25,65 @@ static size_t codec_bound(int codec, size_t n)
     return codec == CODEC_LZ4 ? (size_t)LZ4_compressBound((int)n) : ZSTD_compressBound(n);
 }
 
+/* zstd's contexts, one of each per thread that uses them, kept for its
+ * next frame: a one-shot call allocates its context's tables (hundreds of
+ * KiB), faults them in and clears them for every frame, and a Dask
+ * shuffle's frames are columns of about 100 KiB. In bench_links' 100 Mbit/s
+ * shuffle a quarter of the workers' zstd time went to faulting in such
+ * tables (BENCHMARKS.md, 2026-12-06). A thread's contexts go with it. */
+typedef struct zstd_ctxs {
+    ZSTD_CCtx *c;
+    ZSTD_DCtx *d;
+} zstd_ctxs_t;
+
+static pthread_key_t zstd_key;
+static pthread_once_t zstd_once = PTHREAD_ONCE_INIT;
+static bool zstd_key_ok;
+
+static void zstd_ctxs_free(void *arg)
+{
+    zstd_ctxs_t *z = arg;
+    ZSTD_freeCCtx(z->c);
+    ZSTD_freeDCtx(z->d);
+    free(z);
+}
+
+static void zstd_key_init(void)
+{
+    zstd_key_ok = pthread_key_create(&zstd_key, zstd_ctxs_free) == 0;
+}
+
+/* This thread's contexts; NULL where they cannot be had (the caller then
+ * makes a one-shot call). */
+static zstd_ctxs_t *zstd_ctxs(void)
+{
+    pthread_once(&zstd_once, zstd_key_init);
+    if (!zstd_key_ok)
+        return NULL;
+    zstd_ctxs_t *z = pthread_getspecific(zstd_key);
+    if (!z && (z = calloc(1, sizeof *z)) && pthread_setspecific(zstd_key, z) != 0) {
+        free(z);
+        z = NULL;
+    }
+    return z;
+}
+
+static ZSTD_CCtx *zstd_cctx(void)
+{
+    zstd_ctxs_t *z = zstd_ctxs();
+    if (z && !z->c)
+        z->c = ZSTD_createCCtx();
+    return z ? z->c : NULL;
+}
+
+static ZSTD_DCtx *zstd_dctx(void)
+{
+    zstd_ctxs_t *z = zstd_ctxs();
+    if (z && !z->d)
+        z->d = ZSTD_createDCtx();
+    return z ? z->d : NULL;
+}
+
 /* Compress src[0..n) into dst (capacity cap): the compressed size, or 0 on failure. */
 static size_t codec_compress(int codec, int level, const void *src, size_t n, void *dst, size_t cap)
 {
@@ -32,7 +91,9 @@ static size_t codec_compress(int codec, int level, const void *src, size_t n, vo
         int r = LZ4_compress_fast(src, dst, (int)n, (int)cap, level > 1 ? level : 1);
         return r > 0 ? (size_t)r : 0;
     }
-    size_t r = ZSTD_compress(dst, cap, src, n, level ? level : ZSTD_CLEVEL_DEFAULT);
+    ZSTD_CCtx *cc = zstd_cctx();
+    level = level ? level : ZSTD_CLEVEL_DEFAULT;
+    size_t r = cc ? ZSTD_compressCCtx(cc, dst, cap, src, n, level) : ZSTD_compress(dst, cap, src, n, level);
     return ZSTD_isError(r) ? 0 : r;
 }
 
@@ -315,7 +376,8 @@ static gser_status_t block_decompress(gser_context_t *ctx, const char *what, siz
                                    where_str(&at), raw);
         got = (size_t)r;
     } else {
-        got = ZSTD_decompress(dst, raw, src, size);
+        ZSTD_DCtx *dc = zstd_dctx();
+        got = dc ? ZSTD_decompressDCtx(dc, dst, raw, src, size) : ZSTD_decompress(dst, raw, src, size);
         if (ZSTD_isError(got))
             return gser__error_set(
                 ctx, GSER_ERR_COMPRESSED, "%s: %s: zstd data %s (declared %zu bytes): %s", what, where_str(&at),

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <thread>
 
 #include "common.hpp"
 
@@ -639,6 +640,73 @@ TEST_F(Compress, DecompressedFramesOfAFewMiBReuseMemoryAlreadyFaultedIn)
     const char *at = (const char *)gr[1].data;
     EXPECT_GT(resident_pages(at, at + gr[1].size), 0u);
     EXPECT_EQ(resident_pages(at + gr[1].size, at + n - (1u << 20)), 0u) << "past the compressed bytes";
+}
+
+// The size of a zstd frame's header (RFC 8878 3.1.1): where its first block
+// starts; SIZE_MAX where f is no zstd frame.
+size_t zstd_header_size(const std::string &f)
+{
+    if (f.size() < 5 || (unsigned char)f[0] != 0x28 || (unsigned char)f[1] != 0xb5 || (unsigned char)f[2] != 0x2f ||
+        (unsigned char)f[3] != 0xfd)
+        return SIZE_MAX;
+    unsigned fhd = (unsigned char)f[4];
+    bool single = fhd >> 5 & 1;
+    static const size_t did[4] = {0, 1, 2, 4}, fcs[4] = {0, 2, 4, 8};
+    return 5 + (single ? 0 : 1) + did[fhd & 3] + ((fhd >> 6) == 0 ? (single ? 1 : 0) : fcs[fhd >> 6]);
+}
+
+// zstd's contexts are kept per thread for the next frame: a context used
+// at one level and size compresses right at another, one that read corrupt
+// data reads the next frame right, threads at it at once keep to their own,
+// and a thread's contexts go with it (LeakSanitizer checks, in CI).
+TEST(CompressThreads, ZstdContextsKeptPerThreadServeEveryLevelSizeAndError)
+{
+    auto work = [](unsigned seed, std::string *fail) {
+        auto ctx = make_ctx();
+        std::string small(10, 's');
+        for (int round = 0; round < 6; round++) {
+            const size_t n = (round % 2 ? kBig : kBig / 8) + seed * 8;
+            std::vector<int64_t> keys = sorted_keys(n / 8);
+            keys[(size_t)round] = (int64_t)seed; // each thread's data its own
+            auto m = two_buffers(ctx.get(), keys.data(), n, small.data(), small.size());
+            auto f = serialize_with(ctx.get(), m.get(), GSER_COMPRESSION_ZSTD, round % 3 == 2 ? 19 : round % 3 + 1);
+            if (!f || gser_frames_get_count(f.get()) != 2) {
+                *fail = "serialize, round " + std::to_string(round);
+                return;
+            }
+            const gser_frame_t *fr = gser_frames_get_array(f.get());
+            std::string hdr = header_bytes(f.get()), good((const char *)fr[1].data, fr[1].size), bad = good;
+            // the first block's type set to the reserved one (zstd has no
+            // checksum here: changed literals would read as other data)
+            size_t at = zstd_header_size(good);
+            if (at >= bad.size()) {
+                *fail = "no zstd frame header, round " + std::to_string(round);
+                return;
+            }
+            bad[at] = (char)(bad[at] | 0x06);
+            Decoded d = decode(ctx.get(), hdr, {bad});
+            if (d.st != GSER_ERR_COMPRESSED) {
+                *fail = "corrupt data read as " + std::string(gser_status_str(d.st)) + ", round " + std::to_string(round);
+                return;
+            }
+            d = decode(ctx.get(), hdr, {good});
+            if (d.st != GSER_OK || buffer_bytes(d.msg.get(), 0) != std::string((const char *)keys.data(), n)) {
+                *fail = "round " + std::to_string(round) + ": " + d.err;
+                return;
+            }
+        }
+    };
+    std::vector<std::string> fails(4);
+    std::vector<std::thread> threads;
+    for (unsigned t = 0; t < fails.size(); t++)
+        threads.emplace_back(work, t + 1, &fails[t]);
+    for (auto &t : threads)
+        t.join();
+    for (unsigned t = 0; t < fails.size(); t++)
+        EXPECT_EQ(fails[t], "") << "thread " << t;
+    std::string here; // and this thread, after them
+    work(9, &here);
+    EXPECT_EQ(here, "");
 }
 
 TEST(CompressDevice, DeviceAndStagedFramesAreNeverCompressed)
