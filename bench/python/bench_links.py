@@ -137,7 +137,10 @@ link shaped to the rate (tests/plugins/python/netcluster.py; 10.78.0.0/24):
                                      --cluster-reps (2) after a small
                                      warm-up shuffle, gser:// (auto,
                                      gser.dask preloaded) against Dask's
-                                     tcp:// with lz4, the runs alternating
+                                     tcp:// with lz4, workers with the
+                                     environment Dask's nanny gives them
+                                     (netcluster.nanny_environ), the runs
+                                     alternating
                                      (which runs first rotates each round).
                                      "equal": every run's output partitions
                                      equal (rows and an order-free hash of
