@@ -121,11 +121,14 @@ typedef struct squeeze {
 } squeeze_t;
 
 /* Whether src[0..n) is worth compressing whole: evenly spread samples
- * (Dask's are random) shrink to the threshold. Data no larger than the
- * sample is, and its own compression decides. */
+ * (Dask's are random) shrink to the threshold. Data of up to
+ * GSER_COMPRESS_SAMPLE_WHOLE is, and its own compression decides: the
+ * sample would cost up to as much again as the data (a shuffle's frames
+ * of 15-125 KB at 100 Mbit/s: the samples were a fifth of zstd's time,
+ * BENCHMARKS.md, 2026-12-06). */
 static bool sample_pays(const squeeze_t *q, const char *src, size_t n)
 {
-    if (n <= SAMPLE)
+    if (n <= GSER_COMPRESS_SAMPLE_WHOLE)
         return true;
     size_t step = (n - GSER_COMPRESS_SAMPLE_SIZE) / (GSER_COMPRESS_NSAMPLES - 1);
     for (size_t k = 0; k < GSER_COMPRESS_NSAMPLES; k++)

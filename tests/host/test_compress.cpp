@@ -224,6 +224,51 @@ TEST_F(Compress, AFrameThatOnlyLooksCompressibleInTheSampleIsKeptWhole)
     EXPECT_EQ(header_version(f.get()), 2u);
 }
 
+TEST_F(Compress, FramesUpToSampleWholeAreJudgedWholeAndLargerOnesBySample)
+{
+    // Random where the evenly spread samples fall, zeros elsewhere: the
+    // sample says no, the whole frame shrinks to about a quarter. Up to
+    // GSER_COMPRESS_SAMPLE_WHOLE bytes the frame is not sampled and its own
+    // result decides; one byte more and the sample does.
+    for (int codec : {GSER_COMPRESSION_LZ4, GSER_COMPRESSION_ZSTD}) {
+        for (size_t n : {(size_t)GSER_COMPRESS_SAMPLE_WHOLE, (size_t)GSER_COMPRESS_SAMPLE_WHOLE + 1}) {
+            SCOPED_TRACE(std::to_string(codec) + " " + std::to_string(n));
+            std::vector<unsigned char> v(n, 0);
+            auto rnd = random_bytes(GSER_COMPRESS_SAMPLE_SIZE * GSER_COMPRESS_NSAMPLES);
+            size_t step = (n - GSER_COMPRESS_SAMPLE_SIZE) / (GSER_COMPRESS_NSAMPLES - 1);
+            for (size_t k = 0; k < GSER_COMPRESS_NSAMPLES; k++)
+                std::memcpy(&v[k * step], &rnd[k * GSER_COMPRESS_SAMPLE_SIZE], GSER_COMPRESS_SAMPLE_SIZE);
+            std::string small(10, 's');
+            auto m = two_buffers(ctx(), v.data(), n, small.data(), small.size());
+            auto f = serialize_with(ctx(), m.get(), codec);
+            ASSERT_TRUE(f);
+            const gser_frame_t *fr = gser_frames_get_array(f.get());
+            if (n > GSER_COMPRESS_SAMPLE_WHOLE) {
+                EXPECT_EQ(fr[1].data, (const void *)v.data()) << "sampled: the samples are random";
+                EXPECT_EQ(header_version(f.get()), 2u);
+                continue;
+            }
+            EXPECT_LT(fr[1].size, n / 3) << "compressed whole";
+            EXPECT_EQ(header_version(f.get()), 3u);
+            auto back = deserialize(ctx(), f.get());
+            ASSERT_TRUE(back);
+            EXPECT_EQ(buffer_bytes(back.get(), 0), std::string((const char *)v.data(), n));
+        }
+    }
+    // and a frame of that size that only looks compressible where samples
+    // would fall is still sent as it is: its own compression decides
+    auto rnd = random_bytes(GSER_COMPRESS_SAMPLE_WHOLE);
+    size_t step = (rnd.size() - GSER_COMPRESS_SAMPLE_SIZE) / (GSER_COMPRESS_NSAMPLES - 1);
+    for (size_t k = 0; k < GSER_COMPRESS_NSAMPLES; k++)
+        std::memset(&rnd[k * step], 0, GSER_COMPRESS_SAMPLE_SIZE / 4);
+    std::string small(10, 's');
+    auto m = two_buffers(ctx(), rnd.data(), rnd.size(), small.data(), small.size());
+    auto f = serialize_with(ctx(), m.get(), GSER_COMPRESSION_ZSTD);
+    ASSERT_TRUE(f);
+    EXPECT_EQ(gser_frames_get_array(f.get())[1].data, (const void *)rnd.data());
+    EXPECT_EQ(header_version(f.get()), 2u);
+}
+
 TEST_F(Compress, TheThresholdDecidesFrameByFrame)
 {
     // a counter shrinks to about half with lz4, zeros to almost nothing
