@@ -328,3 +328,70 @@ def test_parts_join_into_the_receive_cache():
         lst.stop()
 
     asyncio.run(asyncio.wait_for(main(), 120))
+
+
+def test_probes_measure_with_a_longer_start():
+    """A raw decision that is a probe, of a message of more than 20 MiB in
+    parts, goes raw for its first 16 MiB as one part (a probe's connection
+    has grown socket buffers, which take a shorter start at once: 8 MiB
+    read 1 Gbit/s at 1.38 times the link); probes of 12-20 MiB, and a first
+    message before anything measured the link, start with 8 MiB. The
+    endpoint's decisions are scripted (loopback): raw every time, a probe
+    where the test says so."""
+    pytest.importorskip("distributed")
+    np = pytest.importorskip("numpy")
+    import asyncio
+
+    import dask
+    from distributed.comm import connect, listen
+    from distributed.protocol import to_serialize
+
+    import gser.comm
+    import gser.dask  # noqa: F401  (registers gser://)
+    import gser.ucx
+
+    script = {"probes": 0, "rate": 0.0}
+
+    class Scripted(gser.ucx.Endpoint):
+        def choose_compression(self, frames, pipelined=False):
+            return None
+
+        @property
+        def link_stats(self):
+            return dict(super().link_stats, link_aware=True, send_rate=script["rate"], probes=script["probes"])
+
+    async def main():
+        accepted = asyncio.Queue()
+        lst = await listen("gser://127.0.0.1:0", accepted.put)
+        a = await connect(lst.contact_address)
+        b = await accepted.get()
+        a._ep.__class__ = Scripted
+        sends = []
+        send = a._ep.send_frames_nowait
+
+        def counted(frames, *args, **kw):
+            sends.append(sum(memoryview(f).nbytes for f in frames))
+            return send(frames, *args, **kw)
+        a._ep.send_frames_nowait = counted
+
+        async def first_part(mib, rate, probe):
+            script["rate"] = rate
+            script["probes"] += probe
+            sends.clear()
+            data = np.arange((mib << 20) // 8, dtype=np.int64)
+            await a.write({"x": to_serialize(data)})
+            got = await b.read()
+            assert np.array_equal(got["x"], data)
+            assert sum(sends) >= data.nbytes, sends  # raw, every byte
+            return sends[0] >> 20
+
+        with dask.config.set({"distributed.comm.compression": "auto"}):
+            assert await first_part(40, 0.0, 0) == 8  # nothing measured: the first 8 MiB
+            assert await first_part(40, 1e8, 1) == 16  # a probe of 40 MiB
+            assert await first_part(18, 1e8, 1) == 8  # a probe of 18 MiB
+            assert await first_part(40, 1e8, 0) == 40  # measured, raw, no probe: whole
+        for c in (a, b):
+            await c.close()
+        lst.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 120))
