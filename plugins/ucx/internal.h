@@ -219,6 +219,7 @@ typedef struct gux_link {
     double sampled_at;     /* ms: codecs last timed (0: never) */
     double probed_at;      /* ms: last raw probe (or first decision) */
     uint64_t since_probe;  /* compressed decisions since */
+    double saved;          /* s: what they saved over raw, in the model */
     bool cold_probed;      /* the probe that re-measures a cold rate went */
     bool warm;             /* a codec run ended: the first is cold, not measured */
     int last;              /* last decision (gser_compression_t) ... */

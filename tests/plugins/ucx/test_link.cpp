@@ -699,6 +699,55 @@ TEST(Link, CloseCodecTriedOnceAndColdRateProbedOnce)
     EXPECT_EQ(fast.stats().explores, 0u);
 }
 
+// While compressing, a probe comes once the compressed messages since the
+// last one saved 50 times what it costs (in the model), and at least 4 of
+// them and 1 s after it: not after idle time. Spaced by time, a 100 Mbit/s
+// shuffle's first round after a pause sent 8 of its 24 messages raw.
+TEST(Link, ProbesAreSpacedByWhatCompressingSavedNotByIdleTime)
+{
+    auto small = runs(8u << 20), large = runs(64u << 20);
+    for (bool pipelined : {false, true}) {
+        SCOPED_TRACE(pipelined);
+        LinkPair lp;
+        ASSERT_NO_FATAL_FAILURE(lp.open(GSER_UCX_COMPRESSION_AUTO));
+        lp.set_rate(1e12);
+        EXPECT_EQ(choose(lp, small), GSER_COMPRESSION_NONE); // decided once: sampled
+        gux_link_model_t m = model(20e6);                   // a codec saves most of raw's time
+        m.codec[0].tried = m.codec[1].tried = true;          // no codec left to try
+        inject(lp, m);
+        auto idle = [&](double ms) { // as if the endpoint's last probe was ms ago
+            gux_lock(lp.p.client.get());
+            lp.p.cep->link.probed_at = gux_now_ms() - ms;
+            gux_unlock(lp.p.client.get());
+        };
+        auto &b = pipelined ? large : small;
+        double t[3];
+        int want = gux_link_choose(&m, b.size(), pipelined ? (4u << 20) : 0, GUX_CODECS, t);
+        ASSERT_NE(want, GSER_COMPRESSION_NONE);
+        // a probe of a message in parts costs its first 16 MiB, of a whole
+        // one all of it: it comes after 50 times that share's savings, at
+        // the message after them (12.5 messages' worth: the 14th)
+        unsigned every = pipelined ? 14 : 51;
+        idle(3.6e6); // an hour without messages
+        uint64_t probes = lp.stats().probes;
+        for (unsigned k = 1; k < every; k++)
+            ASSERT_EQ(choose(lp, b, pipelined), want) << k;
+        EXPECT_EQ(lp.stats().probes, probes) << "idle time alone calls no probe";
+        EXPECT_EQ(choose(lp, b, pipelined), GSER_COMPRESSION_NONE) << "saved 50 times the probe's cost";
+        EXPECT_EQ(lp.stats().probes, probes + 1);
+        // saved enough again, but within a second of the last probe
+        for (unsigned k = 0; k < every + 5; k++)
+            ASSERT_EQ(choose(lp, b, pipelined), want) << k;
+        idle(1100);
+        EXPECT_EQ(choose(lp, b, pipelined), GSER_COMPRESSION_NONE);
+        for (unsigned k = 0; k < 3; k++) // and at least 4 compressed messages between probes
+            ASSERT_EQ(choose(lp, b, pipelined), want) << k;
+        idle(1100);
+        EXPECT_EQ(choose(lp, b, pipelined), want);
+        EXPECT_EQ(lp.stats().probes, probes + 2);
+    }
+}
+
 // Every busy period after idle starts on empty buffers, not only the
 // first: a probe's first send goes in at once, and the rate is that of the
 // sends after it. At 1 Gbit/s gser://'s 8 MiB probes read 230-243 MB/s
