@@ -94,7 +94,11 @@
  * chosen, when the model puts it within this factor of that: its sample
  * may be what misleads (zstd at 1 Gbit/s: modelled 0.20 s, took 0.15).
  * Never instead of raw: a codec's sample errs fast (lz4 on the unshaped
- * veth: modelled 1.15 times raw, took 5 times). */
+ * veth: modelled 1.15 times raw, took 5 times). Nor lz4 instead of zstd:
+ * lz4's errs fast too (its 64 MiB messages at 1 Gbit/s took 1.6 times
+ * the model, zstd's 0.57-0.63), so a model that puts it behind zstd is
+ * right, and a try cost one message of four at 0.45 of zstd's speed
+ * (BENCHMARKS.md, 2026-12-06). */
 #define GUX_LINK_EXPLORE 1.6
 /* ... if it shrinks the data at least this much (gser's own threshold) */
 #define GUX_LINK_EXPLORE_RATIO 0.9
@@ -725,27 +729,22 @@ gser_status_t gser_ucx_ep_choose_compression(gser_ucx_ep_t *ep, const gser_frame
     if (!l->decided)
         l->probed_at = now;
     bool explore = false;
-    double chosen_t = l->estimate[codec == GSER_COMPRESSION_LZ4 ? 1 : codec == GSER_COMPRESSION_ZSTD ? 2 : 0];
-    /* Also while the chosen codec's messages go as fast as modelled: that
-     * says nothing of the other's model. Kept from a try then, lz4 (fix
-     * 1.0) stayed the choice at 1 Gbit/s at 0.72 of zstd forced, whose
-     * model was 1.6 times too slow; a try costs one message. */
-    for (int i = 0; i < 2 && codec != GSER_COMPRESSION_NONE && chosen_t > 0; i++) {
-        /* a codec whose messages were never timed on this link, close to
-         * the choice: its sample may be what misleads the model (lz4's
-         * sampled speed did not hold at 64 MiB, zstd's did), so it goes
-         * once to learn its fix */
-        int c = i ? GSER_COMPRESSION_ZSTD : GSER_COMPRESSION_LZ4;
-        if (c != codec && (both & (i ? GSER_UCX_CAP_ZSTD : GSER_UCX_CAP_LZ4)) && l->m.codec[i].known &&
-            !l->m.codec[i].runs && !l->m.codec[i].tried && l->m.codec[i].ratio < GUX_LINK_EXPLORE_RATIO &&
-            l->estimate[i + 1] > 0 &&
-            l->estimate[i + 1] < GUX_LINK_EXPLORE * chosen_t) {
-            l->m.codec[i].tried = true;
-            codec = c;
-            explore = true;
-            l->explores++;
-            break;
-        }
+    /* zstd whose messages were never timed on this link, close to lz4
+     * chosen: its sample may be what misleads the model (lz4's sampled
+     * speed did not hold at 64 MiB, zstd's did), so it goes once to learn
+     * its fix (GUX_LINK_EXPLORE: never lz4 instead of zstd). Also while
+     * lz4's messages go as fast as modelled: that says nothing of zstd's
+     * model. Kept from a try then, lz4 (fix 1.0) stayed the choice at 1
+     * Gbit/s at 0.72 of zstd forced, whose model was 1.6 times too slow; a
+     * try costs one message. */
+    struct gux_link_codec *z = &l->m.codec[1];
+    if (codec == GSER_COMPRESSION_LZ4 && (both & GSER_UCX_CAP_ZSTD) && z->known && !z->runs && !z->tried &&
+        z->ratio < GUX_LINK_EXPLORE_RATIO && l->estimate[2] > 0 && l->estimate[1] > 0 &&
+        l->estimate[2] < GUX_LINK_EXPLORE * l->estimate[1]) {
+        z->tried = true;
+        codec = GSER_COMPRESSION_ZSTD;
+        explore = true;
+        l->explores++;
     }
     if (codec != GSER_COMPRESSION_NONE && !explore) {
         /* Compressed sends do not measure the link: raw goes now and then
