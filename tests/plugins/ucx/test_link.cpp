@@ -657,6 +657,15 @@ void inject(LinkPair &lp, const gux_link_model_t &m)
     gux_unlock(lp.p.client.get());
 }
 
+// An auto endpoint that decided once (raw, on a link faster than any
+// codec), so that its codecs are sampled: a model injected next stays.
+void open_sampled(LinkPair &lp, const std::vector<unsigned char> &b)
+{
+    ASSERT_NO_FATAL_FAILURE(lp.open(GSER_UCX_COMPRESSION_AUTO));
+    lp.set_rate(1e12);
+    EXPECT_EQ(choose(lp, b), GSER_COMPRESSION_NONE);
+}
+
 // A codec never run on the link, close to the chosen one, is tried once
 // (its sample may be what misleads the model); never instead of raw. A
 // rate of one cold measurement is re-measured by one raw probe after one
@@ -664,10 +673,8 @@ void inject(LinkPair &lp, const gux_link_model_t &m)
 TEST(Link, CloseCodecTriedOnceAndColdRateProbedOnce)
 {
     LinkPair lp;
-    ASSERT_NO_FATAL_FAILURE(lp.open(GSER_UCX_COMPRESSION_AUTO));
     auto b = runs(8u << 20);
-    lp.set_rate(1e12);
-    EXPECT_EQ(choose(lp, b), GSER_COMPRESSION_NONE); // decided once: sampled
+    ASSERT_NO_FATAL_FAILURE(open_sampled(lp, b));
     gux_link_model_t m = model(60e6); // lz4 the model's choice, zstd within 1.2 times, raw 2 times
     m.cold = true;
     inject(lp, m);
@@ -709,9 +716,7 @@ TEST(Link, ProbesAreSpacedByWhatCompressingSavedNotByIdleTime)
     for (bool pipelined : {false, true}) {
         SCOPED_TRACE(pipelined);
         LinkPair lp;
-        ASSERT_NO_FATAL_FAILURE(lp.open(GSER_UCX_COMPRESSION_AUTO));
-        lp.set_rate(1e12);
-        EXPECT_EQ(choose(lp, small), GSER_COMPRESSION_NONE); // decided once: sampled
+        ASSERT_NO_FATAL_FAILURE(open_sampled(lp, small));
         gux_link_model_t m = model(20e6);                   // a codec saves most of raw's time
         m.codec[0].tried = m.codec[1].tried = true;          // no codec left to try
         inject(lp, m);
@@ -847,9 +852,7 @@ TEST(Link, CloseCodecTriedWhateverTheChoicesFix)
     for (double fix : {0.9, 1.0, 1 + (t[2] / t[1] - 1) / 2}) {
         SCOPED_TRACE("fix " + std::to_string(fix));
         LinkPair lp;
-        ASSERT_NO_FATAL_FAILURE(lp.open(GSER_UCX_COMPRESSION_AUTO));
-        lp.set_rate(1e12);
-        EXPECT_EQ(choose(lp, b), GSER_COMPRESSION_NONE); // decided once: sampled
+        ASSERT_NO_FATAL_FAILURE(open_sampled(lp, b));
         gux_link_model_t k = m;
         k.codec[0].fix = fix;
         k.codec[0].runs = 1;
@@ -881,9 +884,7 @@ TEST(Link, LighterCodecIsNotTriedInsteadOfZstd)
     for (double fix : {0.0, 1.0}) { // zstd's messages not timed yet, or timed as modelled
         SCOPED_TRACE("fix " + std::to_string(fix));
         LinkPair lp;
-        ASSERT_NO_FATAL_FAILURE(lp.open(GSER_UCX_COMPRESSION_AUTO));
-        lp.set_rate(1e12);
-        EXPECT_EQ(choose(lp, b), GSER_COMPRESSION_NONE); // decided once: sampled
+        ASSERT_NO_FATAL_FAILURE(open_sampled(lp, b));
         gux_link_model_t k = m;
         k.codec[1].fix = fix;
         k.codec[1].runs = fix > 0;
