@@ -148,7 +148,7 @@ _SAMPLE_BYTES = 10_000  # a sample of each large frame, as gser's own sampling t
 # a connection whose socket buffers grew (about 5 MiB at 1 Gbit/s), which
 # take the start of a raw part at once; its sends after the first
 # completion then read the link at (bytes - first send) / (bytes -
-# buffers): 1.38 times the link for 8 MiB (172 MB/s measured on 125),
+# buffers): about 1.33 times the link for 8 MiB (172 MB/s measured on 125),
 # about 1.09 for 16 MiB (gser_ucx's GUX_LINK_PROBE_BYTES, which spaces
 # probes by that share).
 _MEASURE_BYTES = 8 << 20
