@@ -121,15 +121,23 @@ typedef struct squeeze {
 } squeeze_t;
 
 /* Whether src[0..n) is worth compressing whole: evenly spread samples
- * (Dask's are random) shrink to the threshold. Data of up to
- * GSER_COMPRESS_SAMPLE_WHOLE is, and its own compression decides: the
- * sample would cost up to as much again as the data (a shuffle's frames
- * of 15-125 KB at 100 Mbit/s: the samples were a fifth of zstd's time,
- * BENCHMARKS.md, 2026-12-06). */
+ * (Dask's are random) shrink to the threshold. Data no larger than the
+ * sample is, and its own compression decides. Up to
+ * GSER_COMPRESS_SAMPLE_WHOLE one piece from the middle is the sample: five
+ * would cost up to as much again as the data (a shuffle's frames of
+ * 15-125 KB at 100 Mbit/s: the samples were a fifth of zstd's time), and
+ * none would compress a frame that does not shrink whole (random float64
+ * of 150 KB with zstd took twice Dask's time; BENCHMARKS.md, 2026-12-06). */
 static bool sample_pays(const squeeze_t *q, const char *src, size_t n)
 {
-    if (n <= GSER_COMPRESS_SAMPLE_WHOLE)
+    if (n <= SAMPLE)
         return true;
+    if (n <= GSER_COMPRESS_SAMPLE_WHOLE) {
+        size_t piece = GSER_COMPRESS_SAMPLE_SIZE;
+        return pays(codec_compress(q->codec, q->level, src + (n - piece) / 2, piece, q->sample_out,
+                                   codec_bound(q->codec, piece)),
+                    piece, q->threshold);
+    }
     size_t step = (n - GSER_COMPRESS_SAMPLE_SIZE) / (GSER_COMPRESS_NSAMPLES - 1);
     for (size_t k = 0; k < GSER_COMPRESS_NSAMPLES; k++)
         memcpy(q->sample + k * GSER_COMPRESS_SAMPLE_SIZE, src + k * step, GSER_COMPRESS_SAMPLE_SIZE);

@@ -57,10 +57,10 @@ typedef struct gser_frame {
  *  GSER_COMPRESS_SAMPLE_SIZE bytes spread over it are compressed together,
  *  then the whole frame if the sample shrank to at most
  *  GSER_COMPRESS_THRESHOLD of its size, and the result is kept if it also
- *  did. A frame of at most GSER_COMPRESS_SAMPLE_WHOLE bytes is compressed
- *  whole without a sample (unlike Dask, which samples any frame larger
- *  than the sample): its own result decides. The wire values of the codecs
- *  are LZ4 and ZSTD. */
+ *  did. A frame of at most GSER_COMPRESS_SAMPLE_WHOLE bytes is sampled by
+ *  one piece from its middle instead (unlike Dask, which takes five from
+ *  any frame larger than the sample), and one no larger than the five
+ *  pieces is not sampled. The wire values of the codecs are LZ4 and ZSTD. */
 typedef enum gser_compression {
     GSER_COMPRESSION_NONE = 0, /**< no compression (the default) */
     GSER_COMPRESSION_LZ4 = 1,  /**< LZ4 block format (liblz4); frames over 2,113,929,216 bytes stay as they are */
@@ -71,7 +71,7 @@ typedef enum gser_compression {
 #define GSER_COMPRESS_MIN_SIZE 10000   /**< smaller frames are not compressed (Dask's min_size) */
 #define GSER_COMPRESS_SAMPLE_SIZE 10000 /**< bytes per sample (Dask's sample_size) */
 #define GSER_COMPRESS_NSAMPLES 5        /**< samples per frame (Dask's nsamples) */
-#define GSER_COMPRESS_SAMPLE_WHOLE 200000 /**< frames up to this are compressed whole, unsampled (4 samples' worth) */
+#define GSER_COMPRESS_SAMPLE_WHOLE 200000 /**< frames up to this are sampled by one piece, not five */
 #define GSER_COMPRESS_THRESHOLD 0.9     /**< kept when compressed size <= this times the input (Dask's 0.9) */
 #define GSER_COMPRESS_CHUNK_MIN ((size_t)4096)    /**< smallest gser_serialize_options_t.compression_chunk_size */
 #define GSER_COMPRESS_CHUNK_MAX ((size_t)1 << 30) /**< largest gser_serialize_options_t.compression_chunk_size */

@@ -224,21 +224,31 @@ TEST_F(Compress, AFrameThatOnlyLooksCompressibleInTheSampleIsKeptWhole)
     EXPECT_EQ(header_version(f.get()), 2u);
 }
 
-TEST_F(Compress, FramesUpToSampleWholeAreJudgedWholeAndLargerOnesBySample)
+// Random bytes at the given sample pieces of a frame of n bytes (k of
+// GSER_COMPRESS_NSAMPLES evenly spread, as sample_pays takes them; the
+// middle one, k = 2, is also the one piece of a frame of up to
+// GSER_COMPRESS_SAMPLE_WHOLE), zeros elsewhere.
+std::vector<unsigned char> random_at(size_t n, std::initializer_list<size_t> pieces)
 {
-    // Random where the evenly spread samples fall, zeros elsewhere: the
-    // sample says no, the whole frame shrinks to about a quarter. Up to
-    // GSER_COMPRESS_SAMPLE_WHOLE bytes the frame is not sampled and its own
-    // result decides; one byte more and the sample does.
+    std::vector<unsigned char> v(n, 0);
+    auto rnd = random_bytes(GSER_COMPRESS_SAMPLE_SIZE * GSER_COMPRESS_NSAMPLES);
+    size_t step = (n - GSER_COMPRESS_SAMPLE_SIZE) / (GSER_COMPRESS_NSAMPLES - 1);
+    for (size_t k : pieces)
+        std::memcpy(&v[k * step], &rnd[k * GSER_COMPRESS_SAMPLE_SIZE], GSER_COMPRESS_SAMPLE_SIZE);
+    return v;
+}
+
+TEST_F(Compress, FramesUpToSampleWholeAreJudgedByTheirMiddleAndLargerOnesByFiveSamples)
+{
+    // Up to GSER_COMPRESS_SAMPLE_WHOLE bytes the sample is one piece from
+    // the middle: random at the other four places, the frame is compressed
+    // (it shrinks to about a quarter); one byte more, random at all five,
+    // and the five samples say no.
+    std::string small(10, 's');
     for (int codec : {GSER_COMPRESSION_LZ4, GSER_COMPRESSION_ZSTD}) {
         for (size_t n : {(size_t)GSER_COMPRESS_SAMPLE_WHOLE, (size_t)GSER_COMPRESS_SAMPLE_WHOLE + 1}) {
             SCOPED_TRACE(std::to_string(codec) + " " + std::to_string(n));
-            std::vector<unsigned char> v(n, 0);
-            auto rnd = random_bytes(GSER_COMPRESS_SAMPLE_SIZE * GSER_COMPRESS_NSAMPLES);
-            size_t step = (n - GSER_COMPRESS_SAMPLE_SIZE) / (GSER_COMPRESS_NSAMPLES - 1);
-            for (size_t k = 0; k < GSER_COMPRESS_NSAMPLES; k++)
-                std::memcpy(&v[k * step], &rnd[k * GSER_COMPRESS_SAMPLE_SIZE], GSER_COMPRESS_SAMPLE_SIZE);
-            std::string small(10, 's');
+            auto v = n > GSER_COMPRESS_SAMPLE_WHOLE ? random_at(n, {0, 1, 2, 3, 4}) : random_at(n, {0, 1, 3, 4});
             auto m = two_buffers(ctx(), v.data(), n, small.data(), small.size());
             auto f = serialize_with(ctx(), m.get(), codec);
             ASSERT_TRUE(f);
@@ -254,14 +264,21 @@ TEST_F(Compress, FramesUpToSampleWholeAreJudgedWholeAndLargerOnesBySample)
             ASSERT_TRUE(back);
             EXPECT_EQ(buffer_bytes(back.get(), 0), std::string((const char *)v.data(), n));
         }
+        // random only in the middle: the one piece says no (though the
+        // whole would shrink), and a frame that shrinks nowhere costs that
+        // piece, not its whole compression
+        auto v = random_at(GSER_COMPRESS_SAMPLE_WHOLE, {2});
+        auto m = two_buffers(ctx(), v.data(), v.size(), small.data(), small.size());
+        auto f = serialize_with(ctx(), m.get(), codec);
+        ASSERT_TRUE(f);
+        EXPECT_EQ(gser_frames_get_array(f.get())[1].data, (const void *)v.data()) << codec;
     }
-    // and a frame of that size that only looks compressible where samples
-    // would fall is still sent as it is: its own compression decides
+    // and a frame of that size that only looks compressible where its
+    // piece falls is still sent as it is: its own compression decides
     auto rnd = random_bytes(GSER_COMPRESS_SAMPLE_WHOLE);
     size_t step = (rnd.size() - GSER_COMPRESS_SAMPLE_SIZE) / (GSER_COMPRESS_NSAMPLES - 1);
     for (size_t k = 0; k < GSER_COMPRESS_NSAMPLES; k++)
         std::memset(&rnd[k * step], 0, GSER_COMPRESS_SAMPLE_SIZE / 4);
-    std::string small(10, 's');
     auto m = two_buffers(ctx(), rnd.data(), rnd.size(), small.data(), small.size());
     auto f = serialize_with(ctx(), m.get(), GSER_COMPRESSION_ZSTD);
     ASSERT_TRUE(f);
