@@ -506,6 +506,13 @@ async def message_client(address, size):
 
 
 FAST_ROUNDS = 16  # rounds, x --reps, where a round takes under 0.5 s
+# Untimed rounds first. Two, not one: an auto endpoint's first message to a
+# host measures the link (its first 8 MiB raw), so its second is the first
+# sent whole compressed, and the receiver has no buffers yet for the share
+# that came raw: 8 MiB of fresh memory, 70-140 ms of page clearing on these
+# VMs (BENCHMARKS.md, 2026-12-06), paid once per peer. The forced variants
+# get the same two.
+WARMUP_ROUNDS = 2
 
 
 class MessagePairs:
@@ -556,7 +563,7 @@ class MessagePairs:
         raise RuntimeError(f"{variant}: the client ended (exit {c.wait()})")
 
     def runs(self, kind, reps):
-        """{variant: [GB/s, ...]}: reps transfers after a warm-up, the variants
+        """{variant: [GB/s, ...]}: reps transfers after WARMUP_ROUNDS untimed rounds, the variants
         alternating (their order rotated round by round); more rounds (up to
         FAST_ROUNDS x reps) while a round takes under 0.5 s, because on a fast
         link one transfer is tens of ms, and two identical raw sends on the
@@ -569,10 +576,11 @@ class MessagePairs:
             order = list(self.clients)
             for v in order[i % len(order):] + order[:i % len(order)]:  # no variant always first
                 x = self.send(v, kind)
-                if i:
+                if i >= WARMUP_ROUNDS:
                     runs[v].append(x)
             i += 1
-            if i > reps and (i > FAST_ROUNDS * reps or time.perf_counter() - t0 >= 0.5):
+            timed = i - WARMUP_ROUNDS
+            if timed >= reps and (timed >= FAST_ROUNDS * reps or time.perf_counter() - t0 >= 0.5):
                 return runs
 
     def close(self):
