@@ -49,8 +49,11 @@ distributed.comm.compression is honoured as tcp:// honours it ("auto",
 "lz4", "zstd", None/False), by the transport: it compresses host frames
 (sampled, as Dask's maybe_compress) and the peer's transport decompresses
 them, so Dask's frames stay uncompressed and their "compression" entries
-None. "auto" compresses nothing towards the same host and samples lz4
-towards other hosts (docs/ucx.md section 4.5). Large messages (more than
+None. Towards a peer on the same host (the two addresses' IPs equal)
+nothing is compressed whatever the setting, as tcp:// does from Dask 2023
+on (Dask 2022.12's tcp:// compresses there, and so does gser:// under
+it); towards other hosts "auto" picks the codec, or none, that moves each
+message fastest on the link (docs/ucx.md section 4.5). Large messages (more than
 distributed.comm.offload bytes, as they travel) are compressed, and
 received ones decompressed and deserialized, on Dask's offload thread, as
 Dask offloads serializing and deserializing them; small ones on the loop.
@@ -477,6 +480,13 @@ def _compression():
 
 _compression_of: dict = {}
 
+# Whether the running Dask compresses nothing between two comms of one host,
+# whatever distributed.comm.compression says: its Comm.same_host, with which
+# handshake_info announces no compression (Dask 2023 on; 2022.12 compresses
+# there too). gser:// follows, so a setting means what it means to tcp://.
+_SAME_HOST_RAW = isinstance(getattr(Comm, "same_host", None), property)
+_FORCED = ("lz4", "zstd")
+
 
 def _compression_for(setting):
     if isinstance(setting, str):
@@ -662,6 +672,7 @@ class GserComm(Comm):
         self._local_addr = local_addr
         self._peer_addr = peer_addr
         self._compression = "auto"  # what the endpoint was told (its worker's default)
+        self._same_host = None  # whether the peer is on this host (asked once, where Dask asks)
         self._link_aware = None  # whether it then chooses its codec by the link (asked once)
         self._probes = 0  # the endpoint's probes seen (link_stats): a raw decision that is one is sent measured
         self._sending = 0  # sends the transport still holds buffers of
@@ -725,6 +736,8 @@ class GserComm(Comm):
             self.abort()
             raise _closed_error(self, "write", ep.error())
         gser_codec, dask_codec = _compression()
+        if (dask_codec is not None or gser_codec in _FORCED) and self._raw_to_same_host():
+            gser_codec, dask_codec = None, None  # as tcp:// (auto: the transport knows the host itself)
         if gser_codec != self._compression:
             ep.set_compression(gser_codec)
             self._compression = gser_codec
@@ -788,6 +801,20 @@ class GserComm(Comm):
         else:
             self._post(ep.send_frames_nowait, frames)
         return size
+
+    def _raw_to_same_host(self) -> bool:
+        """Whether Dask, as it runs here, sends this comm's messages
+        uncompressed whatever the setting: its peer is on this host (Dask's
+        Comm.same_host: the two addresses' IPs equal)."""
+        if self._same_host is None:
+            same = False
+            if _SAME_HOST_RAW:
+                try:
+                    same = bool(Comm.same_host.fget(self))
+                except Exception:  # an address Dask cannot resolve: its host names compared
+                    same = get_address_host(self._local_addr) == get_address_host(self._peer_addr)
+            self._same_host = same
+        return self._same_host
 
     def _in_parts(self, size) -> bool:
         """Whether a message of size bytes goes in parts (_write_parts) where

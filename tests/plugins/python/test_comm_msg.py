@@ -40,14 +40,16 @@ def run(coro, timeout=60):
     return asyncio.run(bounded())
 
 
-async def pair(scheme, deserialize=True):
-    """(client side, server side), Dask's handshake done."""
+async def pair(scheme, deserialize=True, host="127.0.0.1"):
+    """(client side, server side), Dask's handshake done. host 127.0.0.2: a
+    listener at another address than the client's (127.0.0.1), so that Dask
+    (2023 on) takes the peer for another host's."""
     q = asyncio.Queue()
 
     async def handle(comm):
         await q.put(comm)
 
-    async with listen(f"{scheme}://127.0.0.1", handle, deserialize=deserialize) as listener:
+    async with listen(f"{scheme}://{host}", handle, deserialize=deserialize) as listener:
         client = await connect(listener.contact_address, deserialize=deserialize)
     return client, await q.get()
 
@@ -532,11 +534,12 @@ def test_compression_setting_followed_write_by_write():
     """distributed.comm.compression is read at every write (gser.comm caches
     what a setting means, never the setting): dask.config.set in a context,
     nested ones, leaving them, and a change made in Dask's config dict itself
-    each hold from the next write on, on one comm."""
+    each hold from the next write on, on one comm (towards another address:
+    towards this host's own, current Dask compresses nothing)."""
     cfg = dask.config.config["distributed"]["comm"]
 
     async def main():
-        client, server = await pair("gser")
+        client, server = await pair("gser", host="127.0.0.2")
         seen = []
 
         async def write():

@@ -277,6 +277,12 @@ def test_ucx_worker_option_refused():
     run(main())
 
 
+# Where gser:// comms that are to compress listen: another address than the
+# client's 127.0.0.1, so that Dask (2023 on: Comm.same_host) takes the peer
+# for another host's, and a forced codec compresses as it does between nodes.
+OTHER_ADDRESS = "127.0.0.2"
+
+
 def _comm_modules():
     pytest.importorskip("distributed")
     try:  # what these tests (and test_comm, whose peers they use) take from distributed's own tests
@@ -295,7 +301,9 @@ def test_comm_honours_distributed_comm_compression(setting, codec):
     """gser:// reads distributed.comm.compression at each write: the codecs gser
     has compress in the transport (Dask's frames and their "compression"
     entries stay uncompressed/None on the receiving side), any other (zlib)
-    is Dask's own; the data arrives equal either way."""
+    is Dask's own; the data arrives equal either way. The listener is at
+    127.0.0.2, another address than the client's: towards the same one,
+    Dask from 2023 on compresses nothing (the test below)."""
     _comm_modules()
     import dask
     from distributed.comm.tests import test_comms as dask_tests
@@ -303,7 +311,7 @@ def test_comm_honours_distributed_comm_compression(setting, codec):
     from distributed.protocol.compression import decompress
 
     async def main():
-        a, b = await dask_tests.get_comm_pair("gser://127.0.0.1", deserialize=False)
+        a, b = await dask_tests.get_comm_pair(f"gser://{OTHER_ADDRESS}", deserialize=False)
         data = compressible()
         with dask.config.set({"distributed.comm.compression": setting}):
             await a.write({"x": to_serialize(data)})
@@ -326,17 +334,56 @@ def test_comm_honours_distributed_comm_compression(setting, codec):
 
 
 @ucx_only
+@pytest.mark.parametrize("setting", ["lz4", "zstd", "zlib"])
+@pytest.mark.parametrize("listen_at", ["127.0.0.1", OTHER_ADDRESS])
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_comm_compresses_towards_its_own_host_as_tcp_does(setting, listen_at):
+    """Whether a forced codec compresses towards a peer at the same address
+    (127.0.0.1 to 127.0.0.1) is what the running Dask's tcp:// does: from
+    Dask 2023 on nothing is compressed there (Comm.same_host), 2022.12
+    compresses. Towards another address (127.0.0.2) both compress. Asked of
+    tcp:// itself in the same test, not of the version."""
+    _comm_modules()
+    import dask
+    from distributed.comm.tests import test_comms as dask_tests
+    from distributed.protocol import to_serialize
+
+    async def compressed(scheme):
+        """Whether the message went compressed: by gser's transport (the
+        endpoint's codec) or in Dask's frames (their "compression" entries)."""
+        with dask.config.set({"distributed.comm.compression": setting}):  # tcp:// reads it at the handshake
+            a, b = await dask_tests.get_comm_pair(f"{scheme}://{listen_at}", deserialize=False)
+            data = compressible()
+            await a.write({"x": to_serialize(data)})
+            got = (await b.read())["x"]
+        entries = got.header.get("compression") or [None] * len(got.frames)
+        by_gser = scheme == "gser" and a._ep.compression is not None
+        await a.close()
+        await b.close()
+        return by_gser or any(c not in (None, False) for c in entries)
+
+    async def main():
+        return await compressed("tcp"), await compressed("gser")
+
+    tcp, gser_ = run(main())
+    if listen_at == OTHER_ADDRESS:
+        assert tcp, "tcp:// compresses towards another address"
+    assert gser_ == tcp
+
+
+@ucx_only
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_comm_settings_differ_per_write_and_side():
     """Each side compresses by its own setting (both read every codec), so
-    writes under different settings on the two ends of one comm interoperate."""
+    writes under different settings on the two ends of one comm interoperate
+    (another address than the client's: see the test above)."""
     _comm_modules()
     import dask
     from distributed.comm.tests import test_comms as dask_tests
     from distributed.protocol import to_serialize
 
     async def main():
-        a, b = await dask_tests.get_comm_pair("gser://127.0.0.1")
+        a, b = await dask_tests.get_comm_pair(f"gser://{OTHER_ADDRESS}")
         data = compressible()
         for sa, sb in [("lz4", "zstd"), ("zstd", None), (None, "lz4"), ("auto", "zstd")]:
             with dask.config.set({"distributed.comm.compression": sa}):
@@ -380,7 +427,7 @@ def test_comm_large_messages_compress_off_the_event_loop(monkeypatch):
     monkeypatch.setattr(gser.comm, "offload", counting)
 
     async def main():
-        a, b = await dask_tests.get_comm_pair("gser://127.0.0.1")
+        a, b = await dask_tests.get_comm_pair(f"gser://{OTHER_ADDRESS}")
         big = np.repeat(np.arange(1 << 20, dtype=np.int64), 4)  # 32 MiB of runs
         with dask.config.set({"distributed.comm.compression": "lz4"}):
             await a.write({"x": to_serialize(big)})
@@ -528,7 +575,7 @@ def test_comm_large_compressed_messages_decompress_off_the_event_loop(monkeypatc
     monkeypatch.setattr(gser.comm, "OFFLOAD_THRESHOLD", 1 << 20)
 
     async def main():
-        a, b = await dask_tests.get_comm_pair("gser://127.0.0.1")
+        a, b = await dask_tests.get_comm_pair(f"gser://{OTHER_ADDRESS}")
         a.handshake_options[gser.comm._PARTS_KEY] = False  # one message, not parts (tested below)
         big = np.repeat(np.arange(1 << 20, dtype=np.int64), 4)  # 32 MiB of runs: a few MiB in lz4
         with dask.config.set({"distributed.comm.compression": "lz4"}):
@@ -586,7 +633,7 @@ def test_comm_large_compressible_messages_travel_in_parts(monkeypatch):
             return await b.read()
 
     async def main():
-        a, b = await dask_tests.get_comm_pair("gser://127.0.0.1")
+        a, b = await dask_tests.get_comm_pair(f"gser://{OTHER_ADDRESS}")
         assert a.handshake_options[gser.comm._PARTS_KEY] and b.handshake_options[gser.comm._PARTS_KEY]
         offloaded = b._ep.offloaded
         got = await exchange(a, b, {"x": to_serialize(big), "y": to_serialize(np.arange(10)), "z": "small"})
@@ -595,7 +642,7 @@ def test_comm_large_compressible_messages_travel_in_parts(monkeypatch):
         assert b._ep.offloaded - offloaded >= 7  # the parts after the first that came compressed: off the loop
         got = await exchange(a, b, {"x": to_serialize(rnd)})
         assert np.array_equal(got["x"], rnd) and len(prepared) == 1, prepared  # does not compress: whole
-        a2, b2 = await dask_tests.get_comm_pair("gser://127.0.0.1",
+        a2, b2 = await dask_tests.get_comm_pair(f"gser://{OTHER_ADDRESS}",
                                                 connect_args={"handshake_overrides": {gser.comm._PARTS_KEY: 0}})
         assert not a2.handshake_options[gser.comm._PARTS_KEY] and not b2.handshake_options[gser.comm._PARTS_KEY]
         for x, y in ((a2, b2), (b2, a2)):
@@ -654,7 +701,7 @@ def test_comm_sides_with_different_settings_in_two_processes():
     from distributed.protocol import to_serialize
 
     env = dict(os.environ, DASK_DISTRIBUTED__COMM__COMPRESSION="zstd")
-    with Peer("serve", "127.0.0.1", env=env) as peer:
+    with Peer("serve", OTHER_ADDRESS, env=env) as peer:
         async def main():
             comm = await connect(peer.address)
             data = compressible()
