@@ -540,6 +540,19 @@ GSER_API gser_status_t gser_ucx_ep_choose_compression(gser_ucx_ep_t *ep, const g
  *  handshake is done. Since 0.2. */
 GSER_API gser_status_t gser_ucx_ep_raw_wins(gser_ucx_ep_t *ep, size_t bytes, bool pipelined, bool *raw_out);
 
+/** Every send of the message that gser_ucx_ep_choose_compression last
+ *  decided for (one send, or all of its parts) is posted: with link-aware
+ *  compression, that message is timed from its decision to its last send's
+ *  completion, which is what corrects the model for its codec. Without
+ *  this call the endpoint guesses the message's end from the compressed
+ *  bytes its sample predicted; a message whose frames compress below 64
+ *  KiB each, or better than its sample, then kept its timing open through
+ *  the sends after it (a 100 Mbit/s shuffle's messages "took" 3 s for 0.6
+ *  s of wire, and the endpoint went raw: docs/ucx.md 4.5).
+ *  gser_ucx_ep_send_msg calls it. Nothing to do without a compressed
+ *  decision. Since 0.2. */
+GSER_API gser_status_t gser_ucx_ep_mark_posted(gser_ucx_ep_t *ep);
+
 /** The worker an endpoint belongs to. */
 GSER_API gser_ucx_worker_t *gser_ucx_ep_get_worker(const gser_ucx_ep_t *ep);
 

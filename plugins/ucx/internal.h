@@ -215,7 +215,12 @@ typedef struct gux_link {
         double start, last_done; /* ms */
         double est;              /* s: the model's (uncorrected) */
         double raw, wire, expect; /* bytes: decided, completed, predicted on the wire */
+        uint64_t id;   /* (nonzero) which run a send request joined */
+        unsigned reqs; /* its send requests not completed */
+        bool posted;   /* its messages are all posted (gser_ucx_ep_mark_posted) */
     } run;
+    uint64_t run_ids;      /* the last run's id */
+    bool marks_posted;     /* the caller says when a message is posted: runs end on their requests */
     double sampled_at;     /* ms: codecs last timed (0: never) */
     double probed_at;      /* ms: last raw probe (or first decision) */
     uint64_t since_probe;  /* compressed decisions since */
@@ -276,6 +281,13 @@ GUX_INTERNAL void gux_ep_link_done(gser_ucx_ep_t *ep, size_t len, double now_ms)
 GUX_INTERNAL void gux_link_at_once(gux_link_t *l, size_t len, double now_ms, bool ok);
 /* Measure the open codec run if all it sent completed (before deciding). */
 GUX_INTERNAL void gux_link_run_settle(gux_link_t *l);
+/* A send request is posted: the id of the open run it joins (every
+ * request until the run's messages are marked posted), or 0. */
+GUX_INTERNAL uint64_t gux_link_run_join(gux_link_t *l);
+/* A request of run id completed (ok) or failed, at now_ms. */
+GUX_INTERNAL void gux_link_run_req_done(gux_link_t *l, uint64_t id, bool ok, double now_ms);
+/* The open run's messages are all posted (gser_ucx_ep_mark_posted). */
+GUX_INTERNAL void gux_link_run_posted(gux_link_t *l, double now_ms);
 /* Whether raw moves bytes fastest in m whatever the data's ratio (every
  * codec in allowed sampled; chunk as gux_link_time's): the model's choice
  * with each codec's ratio taken as 0, its best case, is raw. */
@@ -586,6 +598,7 @@ struct gser_ucx_request {
     int zcodec, zlevel; /* route 3's codec (GSER_COMPRESSION_*) and level */
     size_t link_bytes;  /* bytes of its timed sends (link.c) ... */
     unsigned link_parts; /* ... and how many */
+    uint64_t link_run;   /* the codec run it joined (link.c; 0: none) */
 
     /* receive */
     bool short_head;      /* the head is of the short form (GUX_KIND_SHORT) */

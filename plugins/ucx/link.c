@@ -346,8 +346,45 @@ static void run_close(gux_link_t *l)
 
 void gux_link_run_settle(gux_link_t *l)
 {
-    if (l->run.open && !l->inflight)
-        run_close(l); /* all it sent completed */
+    /* all it sent completed (where messages are marked posted: all its
+     * requests, however small their sends) */
+    if (l->run.open && (l->marks_posted ? !l->run.reqs : !l->inflight))
+        run_close(l);
+}
+
+uint64_t gux_link_run_join(gux_link_t *l)
+{
+    if (!l->run.open || l->run.posted)
+        return 0; /* sends after the run's messages: not theirs to time */
+    l->run.reqs++;
+    return l->run.id;
+}
+
+void gux_link_run_req_done(gux_link_t *l, uint64_t id, bool ok, double now_ms)
+{
+    if (!id || !l->run.open || id != l->run.id)
+        return;
+    if (!ok) {
+        l->run.open = false; /* a failed send times nothing */
+        return;
+    }
+    if (l->run.reqs)
+        l->run.reqs--;
+    if (l->marks_posted && now_ms > l->run.last_done)
+        l->run.last_done = now_ms;
+    if (l->marks_posted && l->run.posted && !l->run.reqs)
+        run_close(l);
+}
+
+void gux_link_run_posted(gux_link_t *l, double now_ms)
+{
+    (void)now_ms;
+    l->marks_posted = true;
+    if (!l->run.open)
+        return;
+    l->run.posted = true;
+    if (!l->run.reqs)
+        run_close(l); /* all it sent completed already */
 }
 
 void gux_link_run_note(gux_link_t *l, int codec, double raw, double est, double now_ms)
@@ -356,6 +393,7 @@ void gux_link_run_note(gux_link_t *l, int codec, double raw, double est, double 
     if (l->run.open) {
         if (codec == l->run.codec) { /* queued behind it: one run */
             int i = codec_index(codec);
+            l->run.posted = false; /* until this message is posted too */
             l->run.raw += raw;
             l->run.est += est;
             l->run.expect += raw * l->m.codec[i].ratio;
@@ -369,6 +407,9 @@ void gux_link_run_note(gux_link_t *l, int codec, double raw, double est, double 
     if (i < 0 || !(est > 0) || l->inflight)
         return;
     l->run.open = true;
+    l->run.id = ++l->run_ids;
+    l->run.reqs = 0;
+    l->run.posted = false;
     l->run.tried = false;
     l->run.codec = codec;
     l->run.start = now_ms;
@@ -389,8 +430,8 @@ void gux_link_posted(gux_link_t *l, double now_ms, bool raw)
 /* A send of the open run completed. */
 static void run_done(gux_link_t *l, size_t len, double now_ms)
 {
-    if (!l->run.open)
-        return;
+    if (!l->run.open || l->marks_posted)
+        return; /* (marked: its requests time it, gux_link_run_req_done) */
     l->run.last_done = now_ms;
     l->run.wire += (double)len;
     /* the pipe drained with the run's bytes across (drained earlier, the
@@ -807,6 +848,16 @@ gser_status_t gser_ucx_ep_raw_wins(gser_ucx_ep_t *ep, size_t bytes, bool pipelin
     }
     gux_unlock(w);
     *raw_out = raw;
+    return GSER_OK;
+}
+
+gser_status_t gser_ucx_ep_mark_posted(gser_ucx_ep_t *ep)
+{
+    if (!ep)
+        return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_mark_posted: NULL endpoint");
+    gux_lock(ep->worker);
+    gux_link_run_posted(&ep->link, gux_now_ms());
+    gux_unlock(ep->worker);
     return GSER_OK;
 }
 

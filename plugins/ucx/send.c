@@ -73,6 +73,8 @@ void gux_send_ready(gser_ucx_request_t *r)
         if (r->ep) /* part of the message may be out: the stream is torn */
             gux_ep_fail(r->ep, st);
     }
+    if (r->link_run && r->ep)
+        gux_link_run_req_done(&r->ep->link, r->link_run, st == GSER_OK, gux_now_ms());
     gux_req_complete(r, st);
 }
 
@@ -288,6 +290,7 @@ static gser_status_t send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames, size
         (st = send_req_new(ep, params, req_out != NULL, &job, &r)) ||
         (st = send_head_write(r, frames, nframes, &job)))
         goto out;
+    r->link_run = gux_link_run_join(&ep->link);
     r->posting = true;
     if ((st = send_head_post(r, &job))) /* nothing went out: the endpoint is as it was */
         goto out;
@@ -327,12 +330,14 @@ gser_status_t gser_ucx_ep_send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames,
 
 /* gser_ucx_ep_send, with send_nb's zcodec. */
 static gser_status_t send_wait(gser_ucx_ep_t *ep, const gser_frame_t *frames, size_t nframes, int timeout_ms,
-                               int zcodec, int zlevel)
+                               int zcodec, int zlevel, bool decided)
 {
     gser_ucx_request_t *r;
     gser_status_t st = send_nb(ep, frames, nframes, NULL, &r, zcodec, zlevel);
     if (st)
         return st;
+    if (decided) /* the whole message is posted: its request times it */
+        gser_ucx_ep_mark_posted(ep);
     st = gser_ucx_request_wait(r, timeout_ms);
     if (st == GSER_ERR_TIMEOUT) {
         gser_ucx_worker_t *w = ep->worker;
@@ -351,7 +356,7 @@ static gser_status_t send_wait(gser_ucx_ep_t *ep, const gser_frame_t *frames, si
 
 gser_status_t gser_ucx_ep_send(gser_ucx_ep_t *ep, const gser_frame_t *frames, size_t nframes, int timeout_ms)
 {
-    return send_wait(ep, frames, nframes, timeout_ms, GSER_COMPRESSION_NONE, 0);
+    return send_wait(ep, frames, nframes, timeout_ms, GSER_COMPRESSION_NONE, 0, false);
 }
 
 /* The codec a message sent on ep is serialized with: the endpoint's
@@ -474,7 +479,8 @@ gser_status_t gser_ucx_ep_send_msg(gser_ucx_ep_t *ep, gser_context_t *ctx, const
         gux_fail(st, "serialize: device work failed: %s", gser_context_get_last_error(ctx));
         goto out;
     }
-    st = send_wait(ep, gser_frames_get_array(f), gser_frames_get_count(f), timeout_ms, zcodec, so.compression_level);
+    st = send_wait(ep, gser_frames_get_array(f), gser_frames_get_count(f), timeout_ms, zcodec, so.compression_level,
+                   link_aware);
 out:
     gser_frames_destroy(f);
     return st;

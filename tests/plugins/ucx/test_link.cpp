@@ -329,6 +329,78 @@ TEST(LinkModel, CodecSlowerThanItsSampleIsDerated)
     EXPECT_EQ(l.runs, 3u);
 }
 
+// A message marked posted (gser_ucx_ep_mark_posted) is timed by its send
+// requests, however small their sends: a 100 Mbit/s shuffle's message of
+// 22.7 MB went zstd in frames of under 64 KiB each, which time nothing; its
+// run, timed by the bytes its sample predicted, stayed open through the
+// sends after it and "took" 3 s for 0.6 s of wire (fix 6.25: the endpoint
+// went raw, the shuffle 1.8 times slower).
+TEST(LinkModel, MarkedMessageIsTimedByItsRequests)
+{
+    gux_link_t l{};
+    add_model_codecs(&l);
+    gux_link_add_rate(&l, 12.5e6, true);
+    l.warm = true;
+    const double raw = 22.7e6, est = 0.5;
+    // unmarked (as before): the run's timed bytes fall short of the
+    // sample's prediction, and a later message's timed send extends it
+    gux_link_run_note(&l, GSER_COMPRESSION_ZSTD, raw, est, 0);
+    gux_link_posted(&l, 1, false);
+    gux_link_done(&l, 1 << 20, 550);
+    EXPECT_EQ(l.runs, 0u);
+    gux_link_posted(&l, 2900, false); // the next message's, undecided (under 1 MiB)
+    gux_link_done(&l, 100 << 10, 3000);
+    gux_link_run_settle(&l);
+    ASSERT_EQ(l.runs, 1u);
+    EXPECT_NEAR(l.m.codec[1].fix, 6.0, 1e-9);
+
+    // marked: the run ends with its last request, at 1.1 times the model
+    gux_link_t m{};
+    add_model_codecs(&m);
+    gux_link_add_rate(&m, 12.5e6, true);
+    m.warm = true;
+    gux_link_run_note(&m, GSER_COMPRESSION_ZSTD, raw, est, 0);
+    uint64_t a = gux_link_run_join(&m), b = gux_link_run_join(&m);
+    ASSERT_NE(a, 0u);
+    ASSERT_EQ(a, b); // (its two parts)
+    gux_link_run_posted(&m, 10);
+    EXPECT_EQ(gux_link_run_join(&m), 0u); // a send after the message is not the run's
+    gux_link_posted(&m, 1, false);
+    gux_link_done(&m, 1 << 20, 300); // its timed sends say nothing of its end
+    gux_link_run_req_done(&m, a, true, 400);
+    EXPECT_EQ(m.runs, 0u);
+    gux_link_run_req_done(&m, b, true, 550);
+    ASSERT_EQ(m.runs, 1u);
+    EXPECT_NEAR(m.m.codec[1].fix, 1.1, 1e-9);
+    gux_link_posted(&m, 2900, false);
+    gux_link_done(&m, 100 << 10, 3000);
+    gux_link_run_settle(&m);
+    EXPECT_EQ(m.runs, 1u);
+    EXPECT_NEAR(m.m.codec[1].fix, 1.1, 1e-9);
+
+    // a message queued behind an open run joins it until it is posted too;
+    // a request of an older run, or a failed one, times nothing
+    gux_link_run_note(&m, GSER_COMPRESSION_ZSTD, raw, est, 5000);
+    uint64_t c = gux_link_run_join(&m);
+    gux_link_run_posted(&m, 5010);
+    gux_link_run_note(&m, GSER_COMPRESSION_ZSTD, raw, est, 5100);
+    uint64_t d = gux_link_run_join(&m);
+    ASSERT_EQ(c, d);
+    gux_link_run_req_done(&m, a, true, 5200); // (the closed run's id)
+    gux_link_run_req_done(&m, c, true, 5300);
+    EXPECT_EQ(m.runs, 1u); // d is still out, and the second message not marked
+    gux_link_run_posted(&m, 5310);
+    gux_link_run_req_done(&m, d, true, 6100); // both: 1.1 s for 1.0 modelled
+    ASSERT_EQ(m.runs, 2u);
+    EXPECT_NEAR(m.m.codec[1].fix, 0.5 * 1.1 + 0.5 * 1.1, 1e-9);
+    gux_link_run_note(&m, GSER_COMPRESSION_ZSTD, raw, est, 7000);
+    uint64_t e = gux_link_run_join(&m);
+    gux_link_run_posted(&m, 7010);
+    gux_link_run_req_done(&m, e, false, 9000);
+    gux_link_run_settle(&m);
+    EXPECT_EQ(m.runs, 2u);
+}
+
 // An endpoint's first compressed message is cold (its compression path's
 // first buffers, threads and pages; measured up to about 2.2 times the
 // next): its run only bounds the codec's fix. Between 1 and 2.5 times the
@@ -1315,6 +1387,8 @@ TEST(Link, BadArguments)
     EXPECT_EQ(gser_ucx_ep_raw_wins(nullptr, 1u << 20, false, &raw), GSER_ERR_INVALID_ARG);
     EXPECT_TRUE(raw); // untouched on failure
     EXPECT_NE(std::string(gser_ucx_get_last_error()).find("gser_ucx_ep_raw_wins"), std::string::npos);
+    EXPECT_EQ(gser_ucx_ep_mark_posted(nullptr), GSER_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(gser_ucx_get_last_error()).find("gser_ucx_ep_mark_posted"), std::string::npos);
     LinkPair lp;
     ASSERT_NO_FATAL_FAILURE(lp.open(GSER_UCX_COMPRESSION_AUTO));
     EXPECT_EQ(gser_ucx_ep_raw_wins(lp.p.cep.get(), 1u << 20, false, nullptr), GSER_ERR_INVALID_ARG);
