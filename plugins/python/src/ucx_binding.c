@@ -1013,6 +1013,17 @@ static PyObject *endpoint_raw_wins(PgUcxEndpoint *self, PyObject *args)
     return PyBool_FromLong(raw);
 }
 
+static PyObject *endpoint_mark_posted(PgUcxEndpoint *self, PyObject *unused)
+{
+    (void)unused;
+    if (!self->ep)
+        return closed_error(ucx_state(self), "_UcxEndpoint.mark_posted");
+    gser_status_t st = gser_ucx_ep_mark_posted(self->ep);
+    if (st)
+        return ucx_raise(ucx_state(self), st, "gser_ucx_ep_mark_posted");
+    Py_RETURN_NONE;
+}
+
 static PyObject *endpoint_link_stats(PgUcxEndpoint *self, void *closure)
 {
     (void)closure;
@@ -1169,6 +1180,9 @@ static PyMethodDef endpoint_methods[] = {
      "raw_wins(nbytes, pipelined=False) -> bool: whether the link's measurements already say a message\n"
      "of nbytes goes fastest raw whatever its data (gser_ucx_ep_raw_wins: then recorded as its\n"
      "decision, no sample); False: ask choose_compression."},
+    {"mark_posted", (PyCFunction)endpoint_mark_posted, METH_NOARGS,
+     "mark_posted(): every send of the message choose_compression last decided for is posted\n"
+     "(gser_ucx_ep_mark_posted): the link times it to its last send's completion."},
     {"set_compression", (PyCFunction)endpoint_set_compression, METH_O,
      "set_compression(c): what this endpoint compresses (\"auto\": by transport, None/False,\n"
      "\"lz4\", \"zstd\"), over its worker's; only codecs the peer announced are used."},

@@ -13,7 +13,8 @@ after its round trip, and the round trip's seconds; and the link_stats after the
 after that many messages, print {"paused": PAUSE} and wait for a line on
 stdin (the test shapes the link meanwhile). LINK_PEER_NO_OFFLOAD=1 in the
 environment: the comm does not offload (allow_offload False, as the
-scheduler's comms)."""
+scheduler's comms). LINK_PEER_PIECE_KIB=K: each message is the columns cut
+in arrays of K KiB, one frame each (a shuffle's pieces), not one array."""
 
 import asyncio
 import json
@@ -58,6 +59,10 @@ async def main(address, count, mib, pause):
     if os.environ.get("LINK_PEER_NO_OFFLOAD"):
         comm.allow_offload = False  # as the scheduler's comms are
     data = columns(mib)
+    piece = int(os.environ.get("LINK_PEER_PIECE_KIB", 0)) << 10
+    if piece:
+        flat = data.reshape(-1)
+        data = [flat[i:i + piece // 8].copy() for i in range(0, len(flat), piece // 8)]
     paths = {}
     watch(comm._ep, paths)
     messages = []
@@ -67,11 +72,14 @@ async def main(address, count, mib, pause):
             await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         paths.clear()
         t0 = time.perf_counter()
-        await comm.write({"data": to_serialize(data)})
+        await comm.write({"data": [to_serialize(a) for a in data] if piece else to_serialize(data)})
         sent, calls, written = sorted(paths), dict(paths), comm._ep.link_stats
         back = await comm.read()
         seconds = time.perf_counter() - t0
-        assert np.array_equal(back["data"], data)
+        if piece:
+            assert len(back["data"]) == len(data) and all(map(np.array_equal, back["data"], data))
+        else:
+            assert np.array_equal(back["data"], data)
         stats = comm._ep.link_stats
         messages.append({"codec": stats["codec"], "paths": sent, "calls": calls, "stats": stats, "written": written,
                          "seconds": seconds})
