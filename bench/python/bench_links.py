@@ -691,7 +691,7 @@ def shm_case(args):
 
 # ---- the cluster: a scheduler, four workers and a client, each in a namespace -----------------------
 
-SHUFFLE_ROWS, SHUFFLE_PARTS = 4_000_000, 16
+SHUFFLE_ROWS, SHUFFLE_PARTS, CLUSTER_WORKERS = 4_000_000, 16, 4
 
 
 def cluster_case(ns, link, rate, args):
@@ -700,7 +700,7 @@ def cluster_case(ns, link, rate, args):
     Dask's tcp:// with lz4."""
     if "cluster" not in args.cases:
         return
-    with netcluster.NetCluster(workers=4, rate=LINKS[link][0]) as net:
+    with netcluster.NetCluster(workers=args.cluster_workers, rate=LINKS[link][0]) as net:
         clusters = {"gser": net.start("gser", env={"DASK_DISTRIBUTED__COMM__COMPRESSION": "auto"}, preload="gser.dask"),
                     "tcp": net.start("tcp", env={"DASK_DISTRIBUTED__COMM__COMPRESSION": "lz4"})}
         order = list(clusters)
@@ -722,7 +722,8 @@ def cluster_case(ns, link, rate, args):
         equal = (not dead and all(r["parts"] == first["parts"] for r in results)
                  and netcluster.shuffle_ok(first) and netcluster.shuffle_ok(results[1]))
         kind = "shuffle" if method == "tasks" else f"{method}_shuffle"
-        name = f"cluster_{link}_{kind}_{args.shuffle_rows // 1_000_000}m_vs_tcp_lz4"
+        shape = "" if args.cluster_workers == CLUSTER_WORKERS else f"_{args.cluster_workers}w"
+        name = f"cluster_{link}_{kind}_{args.shuffle_rows // 1_000_000}m{shape}_vs_tcp_lz4"
         target = None
         if method == "tasks":
             target = "<= 0.8" if link == "100mbit" else "<= 1.0" if link == "unshaped" else None
@@ -787,6 +788,8 @@ def main():
                          "(Dask's default since 2024: rows reported)")
     ap.add_argument("--cluster-reps", type=int, default=2,
                     help="shuffles per scheme and link in the cluster case, best reported (default 2)")
+    ap.add_argument("--cluster-workers", type=int, default=CLUSTER_WORKERS,
+                    help=f"workers of the shuffle's cluster, each in a namespace (default {CLUSTER_WORKERS})")
     ap.add_argument("--shuffle-rows", type=int, default=SHUFFLE_ROWS,
                     help=f"rows of the cluster case's shuffle (default {SHUFFLE_ROWS:,})")
     ap.add_argument("--variants", default=",".join(VARIANTS),

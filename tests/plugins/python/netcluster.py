@@ -482,10 +482,13 @@ def workload_facts(client):
         stats = sys.modules["gser.dask"].stats() if "gser.dask" in sys.modules else None
         comm = sys.modules.get("gser.comm")
         # what the open gser::ucx endpoints compress with (as negotiated)
-        codecs = None if comm is None else sorted(
-            {str(ep.compression) for w in list(comm._workers.values()) for ep in w.endpoints if ep.state == "ready"})
+        eps = [] if comm is None else [ep for w in list(comm._workers.values()) for ep in w.endpoints
+                                       if ep.state == "ready"]
+        codecs = None if comm is None else sorted({str(ep.compression) for ep in eps})
+        # what each link-aware endpoint measured and last chose (gser.ucx.Endpoint.link_stats)
+        links = None if comm is None else [s for s in (ep.link_stats for ep in eps) if s["link_aware"]]
         return {"peers": sorted({e["who"].split("://")[0] for e in log}),
-                "fetched_bytes": int(sum(e["total"] for e in log)), "gser": stats, "codecs": codecs,
+                "fetched_bytes": int(sum(e["total"] for e in log)), "gser": stats, "codecs": codecs, "links": links,
                 "environ": {k: os.environ.get(k) for k in nanny_environ()}}
 
     info = client.scheduler_info()

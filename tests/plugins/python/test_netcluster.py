@@ -90,10 +90,13 @@ def test_gser_carried_it(runs):
     auto = dask.config.get("distributed.comm.compression") == "auto"
     for addr, w in facts["on_workers"].items():
         assert w["codecs"] and set(w["codecs"]) <= ({"lz4", "zstd", "None"} if auto else {"None"}), (addr, w)
+        # the link-aware endpoints' measurements (none where Dask does not compress)
+        assert all(s["link_aware"] and s["decisions"] >= 0 for s in w["links"]), (addr, w)
+        assert auto or not w["links"], (addr, w)
     # and tcp:// is Dask's own: the same checks tell the two apart
     tfacts = runs["tcp"][0]["facts"]
     assert all(w.startswith("tcp://") for w in tfacts["workers"])
-    assert all(w["peers"] == ["tcp"] and w["gser"] is None and w["codecs"] is None
+    assert all(w["peers"] == ["tcp"] and w["gser"] is None and w["codecs"] is None and w["links"] is None
                for w in tfacts["on_workers"].values())
 
 
