@@ -4,7 +4,7 @@ given rates, measured in the same run.
 
     PYTHONPATH=<build>/plugins/python /usr/bin/python3 bench/python/bench_links.py [--json]
         [--links 100mbit,1gbit,10gbit,unshaped] [--reps 3] [--gser-bench-ucx PATH]
-        [--cases transfer,c,compression,cluster,gather,shm] [--cluster-reps 2] [--shuffle-rows N]
+        [--cases transfer,c,compression,cluster,gather,shm] [--cluster-reps 2] [--shuffle-rows N] [--cluster-workers 4]
         [--shuffle-methods tasks,p2p]
         [--variants gser_auto,gser_none,gser_lz4,gser_zstd,tcp_lz4,tcp_none] [--datasets columns,random]
         [--message-mib 256]
@@ -156,6 +156,10 @@ link shaped to the rate (tests/plugins/python/netcluster.py; 10.78.0.0/24):
                                      Same targets: the judge with
                                      --cluster-reps 5 or more, since one fast
                                      run decides a best-of row
+  cluster_<link>_shuffle_<rows>m_<n>w_vs_tcp_lz4[_paired]  the same with
+                                     --cluster-workers n (not 4) and
+                                     --shuffle-rows: issue 40's 100 Mbit/s
+                                     measurement had 2 workers and 2M rows
   cluster_<link>_p2p_shuffle_4m_vs_tcp_lz4[_paired]  the same by Dask's
                                      P2P shuffle (--shuffle-methods
                                      tasks,p2p), its default since 2024;
