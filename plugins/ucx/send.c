@@ -311,6 +311,8 @@ static gser_status_t send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames, size
     st = GSER_OK;
 out:
     if (r) {
+        if (r->link_run) /* nothing went out: the run it joined times nothing */
+            gux_link_run_req_done(&ep->link, r->link_run, false, gux_now_ms());
         r->status = st;
         r->user_holds = false;
         r->cb = NULL;

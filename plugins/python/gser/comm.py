@@ -810,8 +810,11 @@ class GserComm(Comm):
         its parts' compressed frames of under 64 KiB, which time nothing,
         kept a 100 Mbit/s shuffle's timing open through the sends after it,
         and the endpoint went raw)."""
-        if not ep.closed:
-            ep.mark_posted()
+        try:
+            if not ep.closed:
+                ep.mark_posted()
+        except gser.ucx.ConnectionClosedError:
+            pass  # all of it was posted: the next read or write reports the endpoint's end
 
     def _raw_to_same_host(self) -> bool:
         """Whether Dask, as it runs here, sends this comm's messages
