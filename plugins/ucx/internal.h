@@ -287,7 +287,7 @@ GUX_INTERNAL uint64_t gux_link_run_join(gux_link_t *l);
 /* A request of run id completed (ok) or failed, at now_ms. */
 GUX_INTERNAL void gux_link_run_req_done(gux_link_t *l, uint64_t id, bool ok, double now_ms);
 /* The open run's messages are all posted (gser_ucx_ep_mark_posted). */
-GUX_INTERNAL void gux_link_run_posted(gux_link_t *l, double now_ms);
+GUX_INTERNAL void gux_link_run_posted(gux_link_t *l);
 /* Whether raw moves bytes fastest in m whatever the data's ratio (every
  * codec in allowed sampled; chunk as gux_link_time's): the model's choice
  * with each codec's ratio taken as 0, its best case, is raw. */

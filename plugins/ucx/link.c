@@ -376,9 +376,8 @@ void gux_link_run_req_done(gux_link_t *l, uint64_t id, bool ok, double now_ms)
         run_close(l);
 }
 
-void gux_link_run_posted(gux_link_t *l, double now_ms)
+void gux_link_run_posted(gux_link_t *l)
 {
-    (void)now_ms;
     l->marks_posted = true;
     if (!l->run.open)
         return;
@@ -856,7 +855,7 @@ gser_status_t gser_ucx_ep_mark_posted(gser_ucx_ep_t *ep)
     if (!ep)
         return gux_fail(GSER_ERR_INVALID_ARG, "gser_ucx_ep_mark_posted: NULL endpoint");
     gux_lock(ep->worker);
-    gux_link_run_posted(&ep->link, gux_now_ms());
+    gux_link_run_posted(&ep->link);
     gux_unlock(ep->worker);
     return GSER_OK;
 }

@@ -363,7 +363,7 @@ TEST(LinkModel, MarkedMessageIsTimedByItsRequests)
     uint64_t a = gux_link_run_join(&m), b = gux_link_run_join(&m);
     ASSERT_NE(a, 0u);
     ASSERT_EQ(a, b); // (its two parts)
-    gux_link_run_posted(&m, 10);
+    gux_link_run_posted(&m);
     EXPECT_EQ(gux_link_run_join(&m), 0u); // a send after the message is not the run's
     gux_link_posted(&m, 1, false);
     gux_link_done(&m, 1 << 20, 300); // its timed sends say nothing of its end
@@ -382,20 +382,20 @@ TEST(LinkModel, MarkedMessageIsTimedByItsRequests)
     // a request of an older run, or a failed one, times nothing
     gux_link_run_note(&m, GSER_COMPRESSION_ZSTD, raw, est, 5000);
     uint64_t c = gux_link_run_join(&m);
-    gux_link_run_posted(&m, 5010);
+    gux_link_run_posted(&m);
     gux_link_run_note(&m, GSER_COMPRESSION_ZSTD, raw, est, 5100);
     uint64_t d = gux_link_run_join(&m);
     ASSERT_EQ(c, d);
     gux_link_run_req_done(&m, a, true, 5200); // (the closed run's id)
     gux_link_run_req_done(&m, c, true, 5300);
     EXPECT_EQ(m.runs, 1u); // d is still out, and the second message not marked
-    gux_link_run_posted(&m, 5310);
+    gux_link_run_posted(&m);
     gux_link_run_req_done(&m, d, true, 6100); // both: 1.1 s for 1.0 modelled
     ASSERT_EQ(m.runs, 2u);
     EXPECT_NEAR(m.m.codec[1].fix, 0.5 * 1.1 + 0.5 * 1.1, 1e-9);
     gux_link_run_note(&m, GSER_COMPRESSION_ZSTD, raw, est, 7000);
     uint64_t e = gux_link_run_join(&m);
-    gux_link_run_posted(&m, 7010);
+    gux_link_run_posted(&m);
     gux_link_run_req_done(&m, e, false, 9000);
     gux_link_run_settle(&m);
     EXPECT_EQ(m.runs, 2u);
