@@ -500,6 +500,10 @@ typedef struct gser_ucx_link_stats {
     /** Of the decisions, those raw by the measurements alone, without a
      *  sample (gser_ucx_ep_raw_wins). Since 0.2. */
     uint64_t raw_wins;
+    /** Per codec, [0] lz4 and [1] zstd: what its messages really
+     *  compressed to over what their samples said, by which the model
+     *  multiplies the sample's ratio (0: not measured yet). Since 0.2. */
+    double ratio_fix[2];
 } gser_ucx_link_stats_t;
 
 #define GSER_UCX_LINK_STATS_INIT GSER_STRUCT_INIT(gser_ucx_link_stats_t)

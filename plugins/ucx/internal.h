@@ -188,6 +188,9 @@ typedef struct gux_link_model {
          * random float64, 1.3 on columns), for gux_link_raw_wins */
         bool shrunk;
         double shrunk_ctime, shrunk_dtime;
+        /* What the codec's messages really compressed to over what their
+         * samples said (0: none measured yet: 1; link.c) */
+        double rfix;
     } codec[2];
 } gux_link_model_t;
 
@@ -218,6 +221,7 @@ typedef struct gux_link {
         uint64_t id;   /* (nonzero) which run a send request joined */
         unsigned reqs; /* its send requests not completed */
         bool posted;   /* its messages are all posted (gser_ucx_ep_mark_posted) */
+        double sent;   /* bytes its requests posted (-1: some compress as they go: unknown) */
     } run;
     uint64_t run_ids;      /* the last run's id */
     bool marks_posted;     /* the caller says when a message is posted: runs end on their requests */
@@ -281,9 +285,11 @@ GUX_INTERNAL void gux_ep_link_done(gser_ucx_ep_t *ep, size_t len, double now_ms)
 GUX_INTERNAL void gux_link_at_once(gux_link_t *l, size_t len, double now_ms, bool ok);
 /* Measure the open codec run if all it sent completed (before deciding). */
 GUX_INTERNAL void gux_link_run_settle(gux_link_t *l);
-/* A send request is posted: the id of the open run it joins (every
- * request until the run's messages are marked posted), or 0. */
-GUX_INTERNAL uint64_t gux_link_run_join(gux_link_t *l);
+/* A send request of bytes is posted (compressing: its frames are
+ * compressed in chunks as it goes, their size unknown here): the id of the
+ * open run it joins (every request until the run's messages are marked
+ * posted), or 0. */
+GUX_INTERNAL uint64_t gux_link_run_join(gux_link_t *l, size_t bytes, bool compressing);
 /* A request of run id completed (ok) or failed, at now_ms. */
 GUX_INTERNAL void gux_link_run_req_done(gux_link_t *l, uint64_t id, bool ok, double now_ms);
 /* The open run's messages are all posted (gser_ucx_ep_mark_posted). */

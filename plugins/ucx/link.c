@@ -85,11 +85,21 @@
 #define GUX_LINK_FIX_ALPHA 0.5
 #define GUX_LINK_FIX_MIN 0.25
 #define GUX_LINK_FIX_MAX 8.0
+/* (a run's ratio over its samples' within these) */
+#define GUX_LINK_RFIX_MIN 0.1
+#define GUX_LINK_RFIX_MAX 10.0
 /* A codec run is measured once nothing is in flight and this share of the
  * wire bytes its samples' ratios predict completed; runs of fewer raw
  * bytes are not measured. */
 #define GUX_LINK_RUN_FULL 0.9
 #define GUX_LINK_RUN_BYTES ((double)(1u << 20))
+/* A run whose requests posted fewer bytes than this (Linux's largest
+ * default socket send buffer, tcp_wmem) is not timed: its sends complete
+ * as the buffers take them, so its time is the compressing alone (a 100
+ * Mbit/s shuffle's messages of 3.3 MB, about 1 MB under zstd: 10 ms where
+ * the model said 0.1 s, which set zstd's fix to its floor and lz4's lower
+ * still, and turned endpoints to lz4). Its bytes still correct the ratio. */
+#define GUX_LINK_RUN_WIRE ((double)(4u << 20))
 /* A codec never run on this link is tried once, instead of the codec
  * chosen, when the model puts it within this factor of that: its sample
  * may be what misleads (zstd at 1 Gbit/s: modelled 0.20 s, took 0.15).
@@ -125,7 +135,14 @@
 #define GUX_LINK_FRESH_MS 10000.0
 #define GUX_LINK_FRESH_MSGS 16u
 
-enum { SAMPLE_PIECE = GSER_COMPRESS_SAMPLE_SIZE, SAMPLE_PIECES = GSER_COMPRESS_NSAMPLES };
+/* A message's sample: this many pieces of this many bytes, spread over its
+ * frames. A shuffle's message is tens of columns of unlike data (a random
+ * float64 column at 0.94 under zstd beside a constant one at 0.0): Dask's
+ * five pieces of 10,000 bytes (gser's own sampling's) hit five of them and
+ * said 0.50-0.84 of the message's zstd ratio (lz4's 1.05); sixteen of 4
+ * KiB said 0.97-1.07 (lz4's 0.95-1.03; 16 messages of 3.4 MB from the
+ * bench's shuffle, BENCHMARKS.md 2026-12-06). */
+enum { SAMPLE_PIECE = 4096, SAMPLE_PIECES = 16 };
 
 /* (no libm: the static library's consumers do not link it) */
 static double dmax(double a, double b)
@@ -153,7 +170,10 @@ static double link_time_base(const gux_link_model_t *m, int codec, size_t bytes,
     if (i < 0 || !m->codec[i].known)
         return -1;
     double c = GUX_LINK_CPU_FACTOR * m->codec[i].ctime, d = GUX_LINK_CPU_FACTOR * m->codec[i].dtime;
-    double w = m->codec[i].ratio / m->rate;
+    /* the sample's ratio as the codec's messages bore it out (at most raw:
+     * frames that do not shrink go as they are) */
+    double r = m->codec[i].ratio * (m->codec[i].rfix > 0 ? m->codec[i].rfix : 1);
+    double w = (r < 1 ? r : 1) / m->rate;
     if (!chunk || bytes <= chunk)
         return b * (c + w + d); /* compressed, sent, decompressed in turn */
     /* n chunks: compressing (here), the wire and decompressing (there)
@@ -325,6 +345,20 @@ static void cold_bound(gux_link_t *l, int i, double real, double est, bool tried
     l->cold_runs++;
 }
 
+/* A run's bytes on the wire over what its samples' ratios said, folded
+ * into the codec's rfix. A shuffle's messages are columns of unlike
+ * data (a random float64 column at 0.94 under zstd beside a constant one
+ * at 0.0): five samples of 10 KB said 0.04-0.17 where its messages
+ * compressed to 0.29, and the error, taken into the codec's time fix
+ * (zstd's 1-3, lz4's 0.6-0.9), turned endpoints to lz4 at 100 Mbit/s. */
+static void ratio_fold(struct gux_link_codec *c, double f)
+{
+    if (!(f > 0) || !isfinite(f))
+        return;
+    f = f < GUX_LINK_RFIX_MIN ? GUX_LINK_RFIX_MIN : f > GUX_LINK_RFIX_MAX ? GUX_LINK_RFIX_MAX : f;
+    c->rfix = c->rfix > 0 ? (1 - GUX_LINK_FIX_ALPHA) * c->rfix + GUX_LINK_FIX_ALPHA * f : f;
+}
+
 /* The open run measured: from its first decision to its last completion.
  * An endpoint's first compressed message is cold, as its first raw one is
  * (buffers, threads and pages its compression path touches for the first
@@ -334,12 +368,21 @@ static void run_close(gux_link_t *l)
 {
     if (l->run.last_done > l->run.start && l->run.raw >= GUX_LINK_RUN_BYTES) {
         int i = codec_index(l->run.codec);
+        bool sized = l->run.posted && l->run.sent > 0;
+        if (i >= 0 && sized && l->run.expect > 0)
+            ratio_fold(&l->m.codec[i], l->run.sent / l->run.expect);
         double real = (l->run.last_done - l->run.start) / 1e3;
-        if (l->warm)
+        if (sized && l->run.sent < GUX_LINK_RUN_WIRE) {
+            /* its bytes fit the sockets' buffers: its sends completed
+             * before the wire carried them, its time says nothing of it */
+        } else if (l->warm) {
             gux_link_add_fix(l, l->run.codec, real, l->run.est);
-        else if (i >= 0)
-            cold_bound(l, i, real, l->run.est, l->run.tried);
-        l->warm = true;
+            l->warm = true;
+        } else {
+            if (i >= 0)
+                cold_bound(l, i, real, l->run.est, l->run.tried);
+            l->warm = true;
+        }
     }
     l->run.open = false;
 }
@@ -352,11 +395,12 @@ void gux_link_run_settle(gux_link_t *l)
         run_close(l);
 }
 
-uint64_t gux_link_run_join(gux_link_t *l)
+uint64_t gux_link_run_join(gux_link_t *l, size_t bytes, bool compressing)
 {
     if (!l->run.open || l->run.posted)
         return 0; /* sends after the run's messages: not theirs to time */
     l->run.reqs++;
+    l->run.sent = compressing || l->run.sent < 0 ? -1 : l->run.sent + (double)bytes;
     return l->run.id;
 }
 
@@ -409,6 +453,7 @@ void gux_link_run_note(gux_link_t *l, int codec, double raw, double est, double 
     l->run.id = ++l->run_ids;
     l->run.reqs = 0;
     l->run.posted = false;
+    l->run.sent = 0;
     l->run.tried = false;
     l->run.codec = codec;
     l->run.start = now_ms;
@@ -882,8 +927,10 @@ gser_status_t gser_ucx_ep_get_link_stats(const gser_ucx_ep_t *ep, gser_ucx_link_
     s.samples = l->samples;
     s.rate_samples = l->rate_samples;
     s.probes = l->probes;
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 2; i++) {
         s.fix[i] = l->m.codec[i].fix;
+        s.ratio_fix[i] = l->m.codec[i].rfix;
+    }
     s.runs = l->runs;
     s.explores = l->explores;
     s.raw_wins = l->raw_wins;

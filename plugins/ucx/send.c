@@ -290,7 +290,10 @@ static gser_status_t send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames, size
         (st = send_req_new(ep, params, req_out != NULL, &job, &r)) ||
         (st = send_head_write(r, frames, nframes, &job)))
         goto out;
-    r->link_run = gux_link_run_join(&ep->link);
+    size_t bytes = 0;
+    for (size_t i = 0; i < nframes; i++)
+        bytes += frames[i].size;
+    r->link_run = gux_link_run_join(&ep->link, bytes, job.zchunked);
     r->posting = true;
     if ((st = send_head_post(r, &job))) /* nothing went out: the endpoint is as it was */
         goto out;

@@ -621,7 +621,9 @@ class Endpoint:
         codec, link_aware, send_rate (bytes/s), per codec (lz4, zstd) ratio,
         compress_rate and decompress_rate, estimate (seconds: raw, lz4, zstd),
         and counts (decisions, samples, rate_samples, probes, runs,
-        explores, raw_wins: decisions raw without a sample)."""
+        explores, raw_wins: decisions raw without a sample); per codec fix
+        (its messages' time over the model's) and ratio_fix (their size
+        over their samples')."""
         try:
             return self._c.link_stats
         except GserError as e:

@@ -1036,7 +1036,7 @@ static PyObject *endpoint_link_stats(PgUcxEndpoint *self, void *closure)
     PyObject *codec = codec_object(s.codec);
     if (!codec)
         return NULL;
-    return Py_BuildValue("{s:N,s:O,s:d,s:(dd),s:(dd),s:(dd),s:(ddd),s:K,s:K,s:K,s:K,s:(dd),s:K,s:K,s:K}", "codec", codec,
+    return Py_BuildValue("{s:N,s:O,s:d,s:(dd),s:(dd),s:(dd),s:(ddd),s:K,s:K,s:K,s:K,s:(dd),s:K,s:K,s:K,s:(dd)}", "codec", codec,
                          "link_aware",
                          s.link_aware ? Py_True : Py_False, "send_rate", s.send_rate, "ratio", s.ratio[0], s.ratio[1],
                          "compress_rate", s.compress_rate[0], s.compress_rate[1], "decompress_rate",
@@ -1044,7 +1044,8 @@ static PyObject *endpoint_link_stats(PgUcxEndpoint *self, void *closure)
                          s.estimate[2], "decisions", (unsigned long long)s.decisions, "samples",
                          (unsigned long long)s.samples, "rate_samples", (unsigned long long)s.rate_samples, "probes",
                          (unsigned long long)s.probes, "fix", s.fix[0], s.fix[1], "runs", (unsigned long long)s.runs,
-                         "explores", (unsigned long long)s.explores, "raw_wins", (unsigned long long)s.raw_wins);
+                         "explores", (unsigned long long)s.explores, "raw_wins", (unsigned long long)s.raw_wins,
+                         "ratio_fix", s.ratio_fix[0], s.ratio_fix[1]);
 }
 
 static PgUcxRequest *request_new(PgUcxEndpoint *ep, PyObject *user, bool recv)

@@ -158,8 +158,10 @@ def test_messages_of_small_frames_time_their_codec(two_hosts):
     # came back (not at the next message's decision)
     for i, m in enumerate(got["messages"][2:], 2):
         assert m["stats"]["runs"] >= i - 1, (i, got)
-    fix = stats["fix"][("lz4", "zstd").index(got["codecs"][-1])]
-    assert 0.25 <= fix < 3, got  # (each run's ratio is clamped to 0.25-8)
+    i = ("lz4", "zstd").index(got["codecs"][-1])
+    assert 0.25 <= stats["fix"][i] < 3, got  # (each run's ratio is clamped to 0.25-8)
+    # and what its messages compressed to, against their samples' ratio
+    assert stats["ratio_fix"][i] > 0, got
 
 
 def test_slow_link_compresses_what_a_comm_without_offload_sends(two_hosts):

@@ -360,11 +360,11 @@ TEST(LinkModel, MarkedMessageIsTimedByItsRequests)
     gux_link_add_rate(&m, 12.5e6, true);
     m.warm = true;
     gux_link_run_note(&m, GSER_COMPRESSION_ZSTD, raw, est, 0);
-    uint64_t a = gux_link_run_join(&m), b = gux_link_run_join(&m);
+    uint64_t a = gux_link_run_join(&m, 0, false), b = gux_link_run_join(&m, 0, false);
     ASSERT_NE(a, 0u);
     ASSERT_EQ(a, b); // (its two parts)
     gux_link_run_posted(&m);
-    EXPECT_EQ(gux_link_run_join(&m), 0u); // a send after the message is not the run's
+    EXPECT_EQ(gux_link_run_join(&m, 0, false), 0u); // a send after the message is not the run's
     gux_link_posted(&m, 1, false);
     gux_link_done(&m, 1 << 20, 300); // its timed sends say nothing of its end
     gux_link_run_req_done(&m, a, true, 400);
@@ -381,10 +381,10 @@ TEST(LinkModel, MarkedMessageIsTimedByItsRequests)
     // a message queued behind an open run joins it until it is posted too;
     // a request of an older run, or a failed one, times nothing
     gux_link_run_note(&m, GSER_COMPRESSION_ZSTD, raw, est, 5000);
-    uint64_t c = gux_link_run_join(&m);
+    uint64_t c = gux_link_run_join(&m, 0, false);
     gux_link_run_posted(&m);
     gux_link_run_note(&m, GSER_COMPRESSION_ZSTD, raw, est, 5100);
-    uint64_t d = gux_link_run_join(&m);
+    uint64_t d = gux_link_run_join(&m, 0, false);
     ASSERT_EQ(c, d);
     gux_link_run_req_done(&m, a, true, 5200); // (the closed run's id)
     gux_link_run_req_done(&m, c, true, 5300);
@@ -394,11 +394,75 @@ TEST(LinkModel, MarkedMessageIsTimedByItsRequests)
     ASSERT_EQ(m.runs, 2u);
     EXPECT_NEAR(m.m.codec[1].fix, 0.5 * 1.1 + 0.5 * 1.1, 1e-9);
     gux_link_run_note(&m, GSER_COMPRESSION_ZSTD, raw, est, 7000);
-    uint64_t e = gux_link_run_join(&m);
+    uint64_t e = gux_link_run_join(&m, 0, false);
     gux_link_run_posted(&m);
     gux_link_run_req_done(&m, e, false, 9000);
     gux_link_run_settle(&m);
     EXPECT_EQ(m.runs, 2u);
+}
+
+// A marked run's requests say how many bytes its messages compressed to:
+// over what the samples' ratio said, that corrects the codec's ratio in the
+// model (rfix). A shuffle's samples said 0.04-0.17 under zstd where its
+// messages went at 0.29.
+TEST(LinkModel, MessagesRatioCorrectsTheSamples)
+{
+    gux_link_t l{};
+    add_model_codecs(&l); // lz4 0.5, zstd 0.3
+    gux_link_add_rate(&l, 12.5e6, true);
+    l.warm = true;
+    const size_t raw = 22u << 20, chunk = 4u << 20;
+    ASSERT_EQ(gux_link_choose(&l.m, raw, chunk, GUX_CODECS, nullptr), GSER_COMPRESSION_ZSTD);
+    const double zt = gux_link_time(&l.m, GSER_COMPRESSION_ZSTD, raw, chunk);
+    const double lt = gux_link_time(&l.m, GSER_COMPRESSION_LZ4, raw, chunk);
+    // zstd's message compressed to 0.6, in two parts, and took what the model said
+    gux_link_run_note(&l, GSER_COMPRESSION_ZSTD, (double)raw, zt, 0);
+    uint64_t a = gux_link_run_join(&l, (size_t)(0.3 * raw), false);
+    uint64_t b = gux_link_run_join(&l, (size_t)(0.3 * raw), false);
+    gux_link_run_posted(&l);
+    gux_link_run_req_done(&l, a, true, 100);
+    gux_link_run_req_done(&l, b, true, zt * 1e3);
+    ASSERT_EQ(l.runs, 1u);
+    EXPECT_NEAR(l.m.codec[1].rfix, 2.0, 1e-6);
+    EXPECT_NEAR(l.m.codec[1].fix, 1.0, 1e-9);
+    EXPECT_EQ(l.m.codec[0].rfix, 0.0); // lz4's own messages say nothing yet
+    EXPECT_NEAR(gux_link_time(&l.m, GSER_COMPRESSION_LZ4, raw, chunk), lt, 1e-12);
+    // zstd at 0.6 moves more bytes than lz4 at 0.5
+    EXPECT_GT(gux_link_time(&l.m, GSER_COMPRESSION_ZSTD, raw, chunk), lt);
+    EXPECT_EQ(gux_link_choose(&l.m, raw, chunk, GUX_CODECS, nullptr), GSER_COMPRESSION_LZ4);
+    // a message compressed in chunks as it goes (route 3) says nothing of its size
+    gux_link_run_note(&l, GSER_COMPRESSION_ZSTD, (double)raw, zt, 5000);
+    uint64_t c = gux_link_run_join(&l, 1000, true);
+    gux_link_run_posted(&l);
+    gux_link_run_req_done(&l, c, true, 5000 + zt * 1e3);
+    ASSERT_EQ(l.runs, 2u);
+    EXPECT_NEAR(l.m.codec[1].rfix, 2.0, 1e-6);
+    // a message whose bytes fit the sockets' buffers (under 4 MiB) completes
+    // as they take them: its size corrects the ratio, its time nothing
+    const size_t small = 3300000;
+    const double st = gux_link_time(&l.m, GSER_COMPRESSION_ZSTD, small, 0);
+    const double fix = l.m.codec[1].fix;
+    gux_link_run_note(&l, GSER_COMPRESSION_ZSTD, (double)small, st, 7000);
+    uint64_t s = gux_link_run_join(&l, (size_t)(0.3 * small), false); // at its sample's ratio
+    gux_link_run_posted(&l);
+    gux_link_run_req_done(&l, s, true, 7010);
+    EXPECT_EQ(l.runs, 2u);
+    EXPECT_EQ(l.m.codec[1].fix, fix);
+    EXPECT_NEAR(l.m.codec[1].rfix, 0.5 * 2.0 + 0.5 * 1.0, 1e-6);
+    // nor does an unmarked run; and the corrected ratio never passes raw's
+    gux_link_t u = l;
+    u.marks_posted = false;
+    gux_link_run_note(&u, GSER_COMPRESSION_ZSTD, (double)raw, zt, 9000);
+    gux_link_posted(&u, 9001, false);
+    gux_link_done(&u, raw, 9000 + zt * 1e3);
+    EXPECT_NEAR(u.m.codec[1].rfix, 1.5, 1e-6);
+    gux_link_model_t big = l.m;
+    big.codec[1].rfix = 10;
+    gux_link_model_t one = l.m;
+    one.codec[1].ratio = 1;
+    one.codec[1].rfix = 1;
+    EXPECT_NEAR(gux_link_time(&big, GSER_COMPRESSION_ZSTD, raw, 0), gux_link_time(&one, GSER_COMPRESSION_ZSTD, raw, 0),
+                1e-12);
 }
 
 // An endpoint's first compressed message is cold (its compression path's
