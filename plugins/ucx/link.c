@@ -65,6 +65,13 @@
 /* A rate of one (cold) measurement is re-measured by a probe after one
  * compressed message where raw is modelled within this factor of the codec. */
 #define GUX_LINK_COLD_PROBE 3.0
+/* ... and only where that rate is this fast or faster: a first message
+ * reads a fast link low (slow start, the receiver's first allocations:
+ * 0.19-0.46 GB/s on links that then moved 1.2-1.5) but a slow one as it is
+ * (100 Mbit/s: 10.6 MB/s of 12.5), and there, with zstd at its real ratio
+ * (about 0.3), raw is within the factor above whatever the rate: every
+ * endpoint's probe was a raw round of a 4-worker shuffle (4.2 s for 2.4). */
+#define GUX_LINK_COLD_PROBE_RATE 50e6
 /* A pipelined caller (gser://'s messages in parts) probes with a message's
  * first GUX_LINK_PROBE_BYTES raw, then asks again for the rest: a probe
  * costs that share of the message, and is spaced by that cost. A probe's
@@ -848,7 +855,7 @@ gser_status_t gser_ucx_ep_choose_compression(gser_ucx_ep_t *ep, const gser_frame
          * that costs little (the faster the link, the colder its first
          * message looks) */
         bool cold = l->m.cold && !l->cold_probed && l->since_probe >= 1 &&
-                    l->estimate[0] < GUX_LINK_COLD_PROBE * best;
+                    l->estimate[0] < GUX_LINK_COLD_PROBE * best && l->m.rate >= GUX_LINK_COLD_PROBE_RATE;
         l->cold_probed |= cold;
         if (cold || (++l->since_probe >= GUX_LINK_PROBE_EVERY && now - l->probed_at >= GUX_LINK_PROBE_MS &&
                      l->saved >= GUX_LINK_PROBE_COST * gain * share)) {

@@ -825,6 +825,15 @@ TEST(Link, CloseCodecTriedOnceAndColdRateProbedOnce)
     EXPECT_EQ(s.explores, 1u);
     EXPECT_EQ(s.probes, 1u);
     EXPECT_EQ(s.runs, 0u); // nothing was sent: no run measured
+    // a slow link's first message reads it as it is: no cold probe there
+    LinkPair slow;
+    ASSERT_NO_FATAL_FAILURE(open_sampled(slow, b));
+    gux_link_model_t sm = model(12.5e6);
+    sm.cold = true;
+    inject(slow, sm);
+    for (int i = 0; i < 6; i++)
+        EXPECT_NE(choose(slow, b), GSER_COMPRESSION_NONE);
+    EXPECT_EQ(slow.stats().probes, 0u);
     // raw the choice, a codec close to it: not tried
     LinkPair fast;
     ASSERT_NO_FATAL_FAILURE(fast.open(GSER_UCX_COMPRESSION_AUTO));
