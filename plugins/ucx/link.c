@@ -100,13 +100,14 @@
  * bytes are not measured. */
 #define GUX_LINK_RUN_FULL 0.9
 #define GUX_LINK_RUN_BYTES ((double)(1u << 20))
-/* A run whose requests posted fewer bytes than this (Linux's largest
- * default socket send buffer, tcp_wmem) is not timed: its sends complete
- * as the buffers take them, so its time is the compressing alone (a 100
- * Mbit/s shuffle's messages of 3.3 MB, about 1 MB under zstd: 10 ms where
- * the model said 0.1 s, which set zstd's fix to its floor and lz4's lower
- * still, and turned endpoints to lz4). Its bytes still correct the ratio. */
-#define GUX_LINK_RUN_WIRE ((double)(4u << 20))
+/* The bytes a full socket's buffer holds (UCX_TCP_SNDBUF=auto: Linux
+ * sizes it to the path, up to tcp_wmem's 4 MiB). Measured between two
+ * namespaces over tbf, a plain TCP socket's last 2.65 MB (send buffer
+ * 3.1 MB) reached the peer after its send returned at 1 Gbit/s, 1.19 MB
+ * (1.5 MB) at 100 Mbit/s: taken as at 1 Gbit/s, where codecs the wire
+ * paces and codecs the cores pace compete (both sides of 100 Mbit/s
+ * are wire-paced, their tails alike). */
+#define GUX_LINK_BUFFERED ((double)(3u << 20))
 /* A codec never run on this link is tried once, instead of the codec
  * chosen, when the model puts it within this factor of that: its sample
  * may be what misleads (zstd at 1 Gbit/s: modelled 0.20 s, took 0.15).
@@ -366,7 +367,30 @@ static void ratio_fold(struct gux_link_codec *c, double f)
     c->rfix = c->rfix > 0 ? (1 - GUX_LINK_FIX_ALPHA) * c->rfix + GUX_LINK_FIX_ALPHA * f : f;
 }
 
-/* The open run measured: from its first decision to its last completion.
+/* What the open run's bytes still took after its last send completed: a
+ * send completes once the socket's buffer takes it, and where the wire is
+ * the pipe's pace (not the codec) that buffer is full at the end, up to
+ * GUX_LINK_BUFFERED still on the wire after it. At 1 Gbit/s lz4's 64 MiB messages
+ * of columns (15.4 MB sent) completed in 0.10-0.11 s, as zstd's (4.5 MB,
+ * compressing the pace); from end to end lz4's took 0.16-0.19 s and
+ * zstd's 0.11-0.15, but timed without the tail the two tied, and lz4 kept
+ * the choice at 0.74-0.78 of zstd forced. */
+static double run_tail(const gux_link_t *l, int i)
+{
+    if (i < 0 || !l->m.codec[i].known)
+        return 0;
+    const struct gux_link_codec *c = &l->m.codec[i];
+    double r = c->ratio * (c->rfix > 0 ? c->rfix : 1);
+    if (r > 1)
+        r = 1;
+    if (r / l->m.rate < GUX_LINK_CPU_FACTOR * dmax(c->ctime, c->dtime))
+        return 0; /* the codec sets the pace: the buffers drain as it goes */
+    return (l->run.sent < GUX_LINK_BUFFERED ? l->run.sent : GUX_LINK_BUFFERED) / l->m.rate;
+}
+
+/* The open run measured: from its first decision to its last completion
+ * (sized: plus its tail, and at least its bytes' time on the wire, which
+ * it took whenever its sends completed).
  * An endpoint's first compressed message is cold, as its first raw one is
  * (buffers, threads and pages its compression path touches for the first
  * time: at 1 Gbit/s zstd's took 0.26 s where later ones took 0.15): it
@@ -379,17 +403,13 @@ static void run_close(gux_link_t *l)
         if (i >= 0 && sized && l->run.expect > 0)
             ratio_fold(&l->m.codec[i], l->run.sent / l->run.expect);
         double real = (l->run.last_done - l->run.start) / 1e3;
-        if (sized && l->run.sent < GUX_LINK_RUN_WIRE) {
-            /* its bytes fit the sockets' buffers: its sends completed
-             * before the wire carried them, its time says nothing of it */
-        } else if (l->warm) {
+        if (sized && l->m.rate > 0)
+            real = dmax(real + run_tail(l, i), l->run.sent / l->m.rate);
+        if (l->warm)
             gux_link_add_fix(l, l->run.codec, real, l->run.est);
-            l->warm = true;
-        } else {
-            if (i >= 0)
-                cold_bound(l, i, real, l->run.est, l->run.tried);
-            l->warm = true;
-        }
+        else if (i >= 0)
+            cold_bound(l, i, real, l->run.est, l->run.tried);
+        l->warm = true;
     }
     l->run.open = false;
 }

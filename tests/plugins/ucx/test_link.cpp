@@ -415,16 +415,20 @@ TEST(LinkModel, MessagesRatioCorrectsTheSamples)
     ASSERT_EQ(gux_link_choose(&l.m, raw, chunk, GUX_CODECS, nullptr), GSER_COMPRESSION_ZSTD);
     const double zt = gux_link_time(&l.m, GSER_COMPRESSION_ZSTD, raw, chunk);
     const double lt = gux_link_time(&l.m, GSER_COMPRESSION_LZ4, raw, chunk);
-    // zstd's message compressed to 0.6, in two parts, and took what the model said
+    // zstd's message compressed to 0.6, in two parts, and took the wire's
+    // time for that: its last send completed as the socket's buffer took
+    // its last 3 MiB, which went on the wire after (the wire sets this
+    // pipe's pace: the buffer was full)
+    const double sent = 2 * (double)(size_t)(0.3 * raw), zreal = sent / 12.5e6;
     gux_link_run_note(&l, GSER_COMPRESSION_ZSTD, (double)raw, zt, 0);
     uint64_t a = gux_link_run_join(&l, (size_t)(0.3 * raw), false);
     uint64_t b = gux_link_run_join(&l, (size_t)(0.3 * raw), false);
     gux_link_run_posted(&l);
     gux_link_run_req_done(&l, a, true, 100);
-    gux_link_run_req_done(&l, b, true, zt * 1e3);
+    gux_link_run_req_done(&l, b, true, (sent - (3u << 20)) / 12.5e6 * 1e3);
     ASSERT_EQ(l.runs, 1u);
     EXPECT_NEAR(l.m.codec[1].rfix, 2.0, 1e-6);
-    EXPECT_NEAR(l.m.codec[1].fix, 1.0, 1e-9);
+    EXPECT_NEAR(l.m.codec[1].fix, zreal / zt, 1e-9);
     EXPECT_EQ(l.m.codec[0].rfix, 0.0); // lz4's own messages say nothing yet
     EXPECT_NEAR(gux_link_time(&l.m, GSER_COMPRESSION_LZ4, raw, chunk), lt, 1e-12);
     // zstd at 0.6 moves more bytes than lz4 at 0.5
@@ -437,8 +441,10 @@ TEST(LinkModel, MessagesRatioCorrectsTheSamples)
     gux_link_run_req_done(&l, c, true, 5000 + zt * 1e3);
     ASSERT_EQ(l.runs, 2u);
     EXPECT_NEAR(l.m.codec[1].rfix, 2.0, 1e-6);
-    // a message whose bytes fit the sockets' buffers (under 4 MiB) completes
-    // as they take them: its size corrects the ratio, its time nothing
+    // a message whose bytes fit the socket's buffer completes as it takes
+    // them: it took at least its bytes' time on the wire, from its start
+    // (a 100 Mbit/s shuffle's zstd messages "took" 10 ms where the model
+    // said 0.1 s, and set zstd's fix to its floor)
     const size_t small = 3300000;
     const double st = gux_link_time(&l.m, GSER_COMPRESSION_ZSTD, small, 0);
     const double fix = l.m.codec[1].fix;
@@ -446,8 +452,10 @@ TEST(LinkModel, MessagesRatioCorrectsTheSamples)
     uint64_t s = gux_link_run_join(&l, (size_t)(0.3 * small), false); // at its sample's ratio
     gux_link_run_posted(&l);
     gux_link_run_req_done(&l, s, true, 7010);
-    EXPECT_EQ(l.runs, 2u);
-    EXPECT_EQ(l.m.codec[1].fix, fix);
+    EXPECT_EQ(l.runs, 3u);
+    const double wire = (double)(size_t)(0.3 * small) / 12.5e6;
+    ASSERT_GT(wire, 0.01 * 4);
+    EXPECT_NEAR(l.m.codec[1].fix, 0.5 * fix + 0.5 * ((0.01 + wire) / st), 1e-9);
     EXPECT_NEAR(l.m.codec[1].rfix, 0.5 * 2.0 + 0.5 * 1.0, 1e-6);
     // nor does an unmarked run; and the corrected ratio never passes raw's
     gux_link_t u = l;
@@ -463,6 +471,38 @@ TEST(LinkModel, MessagesRatioCorrectsTheSamples)
     one.codec[1].rfix = 1;
     EXPECT_NEAR(gux_link_time(&big, GSER_COMPRESSION_ZSTD, raw, 0), gux_link_time(&one, GSER_COMPRESSION_ZSTD, raw, 0),
                 1e-12);
+}
+
+// A send completes once the socket's buffer takes it. Where the wire sets a
+// message's pace the buffer is full when its last send completes, and
+// those bytes (up to 3 MiB) still take the wire: at 1 Gbit/s lz4's 64 MiB
+// messages of columns completed as fast as zstd's, and took 0.16-0.19 s
+// from end to end to zstd's 0.11-0.15. Where the codec sets the pace the
+// buffer drains as it goes, and its run is timed as it completed.
+TEST(LinkModel, WireBoundRunCountsItsBufferedTail)
+{
+    const double rate = 125e6, tail = (double)(3u << 20) / rate;
+    const size_t raw = 64u << 20, chunk = 4u << 20;
+    for (int pace_wire = 0; pace_wire < 2; pace_wire++) {
+        gux_link_t l{};
+        l.marks_posted = true;
+        gux_link_add_rate(&l, rate, true);
+        l.warm = true;
+        // lz4 (0.25, sampled at 1.3 GB/s): the wire's 2 ns a byte beat its
+        // 1.2; at 200 MB/s it sets the pace
+        const double ctime = pace_wire ? 1 / 1.3e9 : 1 / 200e6;
+        gux_link_add_codec(&l, GSER_COMPRESSION_LZ4, 0.25, ctime, 1 / 2e9);
+        const double est = gux_link_time(&l.m, GSER_COMPRESSION_LZ4, raw, chunk);
+        const double sent = 0.25 * raw, done = pace_wire ? 0.12 : 0.35; // (64 MiB at 200 MB/s: 0.34 s)
+        gux_link_run_note(&l, GSER_COMPRESSION_LZ4, (double)raw, est, 0);
+        uint64_t id = gux_link_run_join(&l, (size_t)sent, false);
+        gux_link_run_posted(&l);
+        gux_link_run_req_done(&l, id, true, done * 1e3);
+        ASSERT_EQ(l.runs, 1u);
+        const double real = pace_wire ? done + tail : done;
+        ASSERT_GT(real, sent / rate); // (not the floor)
+        EXPECT_NEAR(l.m.codec[0].fix, real / est, 1e-9) << pace_wire;
+    }
 }
 
 // An endpoint's first compressed message is cold (its compression path's
