@@ -166,6 +166,14 @@ static int codec_index(int codec)
     return codec == GSER_COMPRESSION_LZ4 ? 0 : codec == GSER_COMPRESSION_ZSTD ? 1 : -1;
 }
 
+/* The codec's sampled ratio as its messages bore it out (at most raw:
+ * frames that do not shrink go as they are). */
+static double codec_ratio(const struct gux_link_codec *c)
+{
+    double r = c->ratio * (c->rfix > 0 ? c->rfix : 1);
+    return r < 1 ? r : 1;
+}
+
 /* The model's time without the codecs' fixes. */
 static double link_time_base(const gux_link_model_t *m, int codec, size_t bytes, size_t chunk)
 {
@@ -178,10 +186,7 @@ static double link_time_base(const gux_link_model_t *m, int codec, size_t bytes,
     if (i < 0 || !m->codec[i].known)
         return -1;
     double c = GUX_LINK_CPU_FACTOR * m->codec[i].ctime, d = GUX_LINK_CPU_FACTOR * m->codec[i].dtime;
-    /* the sample's ratio as the codec's messages bore it out (at most raw:
-     * frames that do not shrink go as they are) */
-    double r = m->codec[i].ratio * (m->codec[i].rfix > 0 ? m->codec[i].rfix : 1);
-    double w = (r < 1 ? r : 1) / m->rate;
+    double w = codec_ratio(&m->codec[i]) / m->rate;
     if (!chunk || bytes <= chunk)
         return b * (c + w + d); /* compressed, sent, decompressed in turn */
     /* n chunks: compressing (here), the wire and decompressing (there)
@@ -320,18 +325,24 @@ void gux_link_add_codec(gux_link_t *l, int codec, double ratio, double ctime, do
     c->ratio = ratio;
 }
 
+/* A measured factor f, within lo-hi, folded into avg (0: none yet) with
+ * weight GUX_LINK_FIX_ALPHA. */
+static double fix_fold(double avg, double f, double lo, double hi)
+{
+    f = f < lo ? lo : f > hi ? hi : f;
+    return avg > 0 ? (1 - GUX_LINK_FIX_ALPHA) * avg + GUX_LINK_FIX_ALPHA * f : f;
+}
+
 void gux_link_add_fix(gux_link_t *l, int codec, double real, double est)
 {
     int i = codec_index(codec);
     if (i < 0 || !(real > 0) || !(est > 0) || !isfinite(real / est))
         return;
-    double f = real / est;
-    f = f < GUX_LINK_FIX_MIN ? GUX_LINK_FIX_MIN : f > GUX_LINK_FIX_MAX ? GUX_LINK_FIX_MAX : f;
-    double *fix = &l->m.codec[i].fix;
+    struct gux_link_codec *c = &l->m.codec[i];
     /* a warm run replaces what a cold one bounded */
-    *fix = *fix > 0 && !l->m.codec[i].cold_fix ? (1 - GUX_LINK_FIX_ALPHA) * *fix + GUX_LINK_FIX_ALPHA * f : f;
-    l->m.codec[i].cold_fix = false;
-    l->m.codec[i].runs++;
+    c->fix = fix_fold(c->cold_fix ? 0 : c->fix, real / est, GUX_LINK_FIX_MIN, GUX_LINK_FIX_MAX);
+    c->cold_fix = false;
+    c->runs++;
     l->runs++;
 }
 
@@ -361,10 +372,8 @@ static void cold_bound(gux_link_t *l, int i, double real, double est, bool tried
  * (zstd's 1-3, lz4's 0.6-0.9), turned endpoints to lz4 at 100 Mbit/s. */
 static void ratio_fold(struct gux_link_codec *c, double f)
 {
-    if (!(f > 0) || !isfinite(f))
-        return;
-    f = f < GUX_LINK_RFIX_MIN ? GUX_LINK_RFIX_MIN : f > GUX_LINK_RFIX_MAX ? GUX_LINK_RFIX_MAX : f;
-    c->rfix = c->rfix > 0 ? (1 - GUX_LINK_FIX_ALPHA) * c->rfix + GUX_LINK_FIX_ALPHA * f : f;
+    if (f > 0 && isfinite(f))
+        c->rfix = fix_fold(c->rfix, f, GUX_LINK_RFIX_MIN, GUX_LINK_RFIX_MAX);
 }
 
 /* What the open run's bytes still took after its last send completed: a
@@ -380,10 +389,7 @@ static double run_tail(const gux_link_t *l, int i)
     if (i < 0 || !l->m.codec[i].known)
         return 0;
     const struct gux_link_codec *c = &l->m.codec[i];
-    double r = c->ratio * (c->rfix > 0 ? c->rfix : 1);
-    if (r > 1)
-        r = 1;
-    if (r / l->m.rate < GUX_LINK_CPU_FACTOR * dmax(c->ctime, c->dtime))
+    if (codec_ratio(c) / l->m.rate < GUX_LINK_CPU_FACTOR * dmax(c->ctime, c->dtime))
         return 0; /* the codec sets the pace: the buffers drain as it goes */
     return (l->run.sent < GUX_LINK_BUFFERED ? l->run.sent : GUX_LINK_BUFFERED) / l->m.rate;
 }
