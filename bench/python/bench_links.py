@@ -152,7 +152,16 @@ link shaped to the rate (tests/plugins/python/netcluster.py; 10.78.0.0/24):
                                      round: the median of gser:// / tcp://
                                      per round (both ran within seconds of
                                      each other), its spread (min, quartiles,
-                                     max) and each scheme's median seconds.
+                                     max) and each scheme's median seconds;
+                                     cpu_floor_s: each scheme's median CPU
+                                     seconds of all its processes in a
+                                     round over the cores, the least a
+                                     round can take here whatever the
+                                     links; sent_mb: the bytes all nodes
+                                     sent in a client's run (warm-up in);
+                                     wire_s: the most one node sent in it
+                                     over the link's rate, the least the
+                                     run's sends take.
                                      Same targets: the judge with
                                      --cluster-reps 5 or more, since one fast
                                      run decides a best-of row
@@ -711,17 +720,24 @@ def cluster_case(ns, link, rate, args):
         got = {}
         for method in args.shuffle_methods:
             times = {p: [] for p in clusters}
+            cpu = {p: [] for p in clusters}
+            sent = {p: [] for p in clusters}
             results = []
             for i in range(args.cluster_reps):
                 # Rotated each round, so neither scheme always runs right after the other's load.
                 for p in order[i % 2:] + order[:i % 2]:
+                    tx0 = net.tx_bytes()
                     r = net.client(clusters[p], "shuffle", rows=args.shuffle_rows, npartitions=SHUFFLE_PARTS,
                                    warmup_rows=args.shuffle_rows // 40, check_input=i == 0, method=method)
                     times[p] += r["seconds"]
+                    cpu[p] += [sum(c.values()) for c in r.get("cpu", [])]
+                    tx1 = net.tx_bytes()
+                    sent[p].append({n: tx1[n] - tx0[n] for n in tx1})  # (the client's run, warm-up included)
                     results.append(r)
-            got[method] = times, results
+            got[method] = times, cpu, sent, results
         dead = [name for c in clusters.values() for name in c.dead()]
-    for method, (times, results) in got.items():
+    cores = len(os.sched_getaffinity(0))
+    for method, (times, cpu, sent, results) in got.items():
         first = results[0]
         equal = (not dead and all(r["parts"] == first["parts"] for r in results)
                  and netcluster.shuffle_ok(first) and netcluster.shuffle_ok(results[1]))
@@ -737,7 +753,13 @@ def cluster_case(ns, link, rate, args):
         spread = [round(quantile(per, q), 4) for q in (0, 0.25, 0.75, 1)]
         row(args.json, name + "_paired", quantile(per, 0.5), "x", "tcp:// + lz4 same round (median of ratios)", 1.0,
             target, per, equal=equal, rounds=len(per), spread=spread,
-            medians_s={p: round(quantile(ts, 0.5), 4) for p, ts in times.items()})
+            medians_s={p: round(quantile(ts, 0.5), 4) for p, ts in times.items()},
+            # every process's CPU seconds in a round over the cores: the
+            # least a round can take here, whatever its links
+            cpu_floor_s={p: round(quantile(cs, 0.5) / cores, 4) for p, cs in cpu.items() if cs}, cores=cores,
+            sent_mb={p: round(quantile([sum(b.values()) for b in bs], 0.5) / 1e6, 2) for p, bs in sent.items()},
+            wire_s={p: round(quantile([max(b.values()) for b in bs], 0.5) / rate, 4) for p, bs in sent.items()}
+            if rate else None)
 
 
 GATHER_MIB = 64

@@ -391,6 +391,20 @@ def task_shuffle(ddf, on, **kwargs):
 _DIGEST_META = {"rows": "i8", "hash": "u8", "keys": "i8"}
 
 
+def _cpu_seconds(client) -> dict:
+    """CPU seconds (user and system) each process of the cluster has used so
+    far: "sched", "client", and each worker by address. On a machine of
+    few cores a round can wait on them all rather than on the links: their
+    sum over the cores is the least it can take (bench_links' cpu_floor)."""
+    def used():
+        t = os.times()
+        return t.user + t.system
+
+    out = {"sched": client.run_on_scheduler(used), "client": used()}
+    out.update(client.run(used))
+    return out
+
+
 def workload_shuffle(client, rows=200_000, npartitions=8, seed=7, reps=1, warmup_rows=0, check_input=True,
                      method="tasks"):
     """A dask.dataframe shuffle on column k (method: shuffle_by's): per
@@ -403,13 +417,18 @@ def workload_shuffle(client, rows=200_000, npartitions=8, seed=7, reps=1, warmup
         client.compute(_shuffled(warmup_rows, npartitions, seed + 1, method)[1].map_partitions(len), sync=True)
     ddf, shuffled = _shuffled(rows, npartitions, seed, method)
     times = []
+    cpu = []
     out = None
     for _ in range(reps):
+        c0 = _cpu_seconds(client)
         t0 = time.perf_counter()
         out = client.compute(shuffled.map_partitions(_digest, npartitions, meta=_DIGEST_META), sync=True)
         times.append(time.perf_counter() - t0)
+        c1 = _cpu_seconds(client)
+        cpu.append({k: round(c1[k] - c0[k], 4) for k in c0 if k in c1})
     assert isinstance(out, pd.DataFrame) and out["hash"].dtype == "uint64", out.dtypes
-    result = {"parts": [[int(r), int(h), int(t)] for r, h, t in out.itertuples(index=False)], "seconds": times}
+    result = {"parts": [[int(r), int(h), int(t)] for r, h, t in out.itertuples(index=False)], "seconds": times,
+              "cpu": cpu}
     if check_input:
         inp = client.compute(ddf.map_partitions(_digest, npartitions, meta=_DIGEST_META), sync=True)
         result.update(input_rows=int(inp["rows"].sum()), input_hash=int(inp["hash"].to_numpy().sum(dtype="uint64")),

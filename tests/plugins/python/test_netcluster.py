@@ -11,6 +11,8 @@ must still be alive at the end.
 
 Needs root, ip and tc: skipped, with the reason, elsewhere. Not timed."""
 
+import os
+
 import pytest
 
 import gser
@@ -64,6 +66,24 @@ def test_shuffle_equal(runs):
     # input's (which partition a key goes to is Dask's own hashing).
     assert all(rows > 0 for rows, _, _ in g["parts"]), g["parts"]
     assert sum(keys for _, _, keys in g["parts"]) == g["input_keys"], (g["parts"], g["input_keys"])
+
+
+def test_shuffle_cpu_counted(runs):
+    """bench_links' cpu_floor_s: each timed shuffle says the CPU seconds of
+    every process of its cluster, the workers' by their address on its
+    protocol; the workers did the shuffle's work, and no process used more
+    than the machine's cores for the whole run."""
+    cores = len(os.sched_getaffinity(0))
+    for protocol, (result, _, _) in runs.items():
+        sh = result["shuffle"]
+        assert len(sh["cpu"]) == len(sh["seconds"]) == 1, sh
+        cpu = sh["cpu"][0]
+        workers = sorted(k for k in cpu if k not in ("sched", "client"))
+        assert sorted(cpu) == sorted(["sched", "client"] + workers), cpu
+        assert workers == sorted(result["facts"]["workers"]), (cpu, result["facts"])
+        assert all(w.startswith(protocol + "://") for w in workers), cpu
+        assert all(cpu[w] > 0 for w in workers), cpu
+        assert all(0 <= v <= cores * sh["seconds"][0] + 0.05 for v in cpu.values()), (cpu, sh["seconds"])
 
 
 def test_gser_carried_it(runs):
