@@ -604,6 +604,7 @@ struct gser_ucx_request {
     int zcodec, zlevel; /* route 3's codec (GSER_COMPRESSION_*) and level */
     size_t link_bytes;  /* bytes of its timed sends (link.c) ... */
     unsigned link_parts; /* ... and how many */
+    size_t link_whole;   /* timed as one send of this many bytes (none of its sends is large enough alone) */
     uint64_t link_run;   /* the codec run it joined (link.c; 0: none) */
 
     /* receive */

@@ -20,7 +20,7 @@ static void send_cb_timed(void *ucx_req, ucs_status_t st, void *user_data)
 static gser_status_t post_send(gser_ucx_request_t *r, const void *buf, size_t len, uint64_t tag,
                                ucs_memory_type_t mem)
 {
-    bool timed = len >= GUX_LINK_PART_MIN && mem == UCS_MEMORY_TYPE_HOST;
+    bool timed = !r->link_whole && len >= GUX_LINK_PART_MIN && mem == UCS_MEMORY_TYPE_HOST;
     ucp_request_param_t p = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMORY_TYPE,
         .cb.send = timed ? send_cb_timed : gux_send_cb,
@@ -43,6 +43,20 @@ static gser_status_t post_send(gser_ucx_request_t *r, const void *buf, size_t le
     return gux_req_track(r, sp, "send: ucp_tag_send_nbx", false);
 }
 
+/* r's sends, timed as one, completed (ok) or not: the link's rate counts
+ * them as a send of their bytes. */
+static void send_whole_done(gser_ucx_request_t *r, bool ok)
+{
+    size_t n = r->link_whole;
+    r->link_whole = 0;
+    if (!n || !r->ep)
+        return;
+    if (ok)
+        gux_ep_link_done(r->ep, n, gux_now_ms());
+    else
+        gux_link_at_once(&r->ep->link, n, gux_now_ms(), false);
+}
+
 /* Send a short head at once, or not at all (UCS_ERR_NO_RESOURCE: UCX's
  * queue to the peer is full). */
 static ucs_status_t short_send_now(gser_ucx_ep_t *ep, const void *head, size_t len)
@@ -62,6 +76,7 @@ static ucs_status_t short_send_now(gser_ucx_ep_t *ep, const void *head, size_t l
 void gux_send_ready(gser_ucx_request_t *r)
 {
     if (r->status != GSER_INPROGRESS) {
+        send_whole_done(r, false);
         gux_req_release_if_idle(r);
         return;
     }
@@ -73,6 +88,7 @@ void gux_send_ready(gser_ucx_request_t *r)
         if (r->ep) /* part of the message may be out: the stream is torn */
             gux_ep_fail(r->ep, st);
     }
+    send_whole_done(r, st == GSER_OK);
     if (r->link_run && r->ep)
         gux_link_run_req_done(&r->ep->link, r->link_run, st == GSER_OK, gux_now_ms());
     gux_req_complete(r, st);
@@ -143,6 +159,30 @@ typedef struct {
     uint8_t *routes; /* routes_stack or malloc'd; unread for a short head */
     uint8_t routes_stack[64];
 } send_job_t;
+
+/* The bytes a message whose frames are each too small to time (under
+ * GUX_LINK_PART_MIN) sends in all, head included, where that is enough to
+ * time its sends as one; else 0 (a large frame is timed itself; device
+ * frames and staged or chunked ones are not, or are timed by staging). A
+ * message of a DataFrame's pieces is hundreds of frames of 10-60 KB, the
+ * first ones inlined into its head: with only the head timed (which the
+ * socket takes at once), the link of a 400,000-row shuffle at 100 Mbit/s
+ * was never measured and every message went raw to measure it
+ * (BENCHMARKS.md, 2026-12-07). */
+static size_t send_whole_bytes(const gser_frame_t *frames, size_t nframes, const send_job_t *job)
+{
+    if (job->short_head || job->staged || job->zchunked)
+        return 0;
+    size_t n = job->head_len;
+    for (size_t i = 1; i < nframes; i++) {
+        if (job->routes[i] != GUX_ROUTE_TAG)
+            continue;
+        if (frames[i].memory != GSER_MEMORY_HOST || frames[i].size >= GUX_LINK_PART_MIN)
+            return 0;
+        n += frames[i].size;
+    }
+    return n >= GUX_LINK_PART_MIN ? n : 0;
+}
 
 /* GSER_ERR_INVALID_ARG naming the first frame that sets a reserved field. */
 static gser_status_t frames_reserved_check(const gser_frame_t *frames, size_t nframes)
@@ -294,6 +334,8 @@ static gser_status_t send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames, size
     for (size_t i = 0; i < nframes; i++)
         bytes += frames[i].size;
     r->link_run = gux_link_run_join(&ep->link, bytes, job.zchunked);
+    if ((r->link_whole = send_whole_bytes(frames, nframes, &job)))
+        gux_link_posted(&ep->link, gux_now_ms(), !ep->link.decided || ep->link.last == GSER_COMPRESSION_NONE);
     r->posting = true;
     if ((st = send_head_post(r, &job))) /* nothing went out: the endpoint is as it was */
         goto out;
@@ -306,6 +348,10 @@ static gser_status_t send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames, size
         r->fail_status = st;
         gux_ep_fail(ep, st);
     }
+    if (r->link_whole && r->outstanding == 0) { /* all taken at once: no rate */
+        gux_link_at_once(&ep->link, r->link_whole, gux_now_ms(), !st);
+        r->link_whole = 0;
+    }
     if (r->outstanding == 0)
         gux_send_ready(r);
     if (req_out)
@@ -316,6 +362,7 @@ out:
     if (r) {
         if (r->link_run) /* nothing went out: the run it joined times nothing */
             gux_link_run_req_done(&ep->link, r->link_run, false, gux_now_ms());
+        send_whole_done(r, false);
         r->status = st;
         r->user_holds = false;
         r->cb = NULL;
