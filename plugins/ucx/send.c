@@ -160,7 +160,7 @@ typedef struct {
     uint8_t routes_stack[64];
 } send_job_t;
 
-/* The bytes a message whose frames are each too small to time (under
+/* The bytes a raw message whose frames are each too small to time (under
  * GUX_LINK_PART_MIN) sends in all, head included, where that is enough to
  * time its sends as one; else 0 (a large frame is timed itself; device
  * frames and staged or chunked ones are not, or are timed by staging). A
@@ -334,8 +334,11 @@ static gser_status_t send_nb(gser_ucx_ep_t *ep, const gser_frame_t *frames, size
     for (size_t i = 0; i < nframes; i++)
         bytes += frames[i].size;
     r->link_run = gux_link_run_join(&ep->link, bytes, job.zchunked);
-    if ((r->link_whole = send_whole_bytes(frames, nframes, &job)))
-        gux_link_posted(&ep->link, gux_now_ms(), !ep->link.decided || ep->link.last == GSER_COMPRESSION_NONE);
+    /* (raw only: compressed sends set no rate, and timed they would mix the
+     * raw probes' windows, which then measured nothing) */
+    if (!ep->link.decided || ep->link.last == GSER_COMPRESSION_NONE)
+        if ((r->link_whole = send_whole_bytes(frames, nframes, &job)))
+            gux_link_posted(&ep->link, gux_now_ms(), true);
     r->posting = true;
     if ((st = send_head_post(r, &job))) /* nothing went out: the endpoint is as it was */
         goto out;
