@@ -162,7 +162,7 @@ link shaped to the rate (tests/plugins/python/netcluster.py; 10.78.0.0/24):
                                      wire_s: the most one node sent in it
                                      over the link's rate, the least the
                                      run's sends take; bounds: what these
-                                     say the ratio can be (cluster_bounds)
+                                     say the ratio can be (cluster_bounds).
                                      Same targets: the judge with
                                      --cluster-reps 5 or more, since one fast
                                      run decides a best-of row
